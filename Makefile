@@ -1,0 +1,26 @@
+# Two commands work on a fresh machine: `make demo` and `make test`.
+# Both create .venv through scripts/install.sh on first use.
+VENV   ?= .venv
+PYTHON := $(VENV)/bin/python
+STAMP  := $(VENV)/.mindspeed_rl_installed
+export PYTHONWARNINGS ?= ignore::UserWarning,ignore::DeprecationWarning,ignore::FutureWarning
+
+.PHONY: setup demo test docs clean-demo
+
+$(STAMP): scripts/install.sh requirements/cpu.txt setup.py
+	bash scripts/install.sh
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(PYTHON) cli/train_ppo.py --config-name ppo_tiny_cpu dry_run=true
+	$(PYTHON) cli/check_env.py --model tiny_qwen25
+
+test: $(STAMP)
+	$(PYTHON) -m pytest tests
+
+docs: $(STAMP)
+	$(PYTHON) -m mindspeed_rl.config_cls.docs > docs/config.md
+
+clean-demo:
+	rm -rf demo_assets

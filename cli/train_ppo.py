@@ -1,0 +1,49 @@
+"""PPO training entry point (MindSpeed-RL style).
+
+    python cli/train_ppo.py --config-name ppo_qwen25_32b_A3 [key=value ...]
+    python cli/train_ppo.py --config-name ppo_tiny_cpu dry_run=true
+
+The config is validated completely before anything heavy is imported; a user error exits 2
+with one message naming the key. ``dry_run=true`` validates, prints the batch plan, exits 0.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+from mindspeed_rl.config_cls import batch_plan, load_ppo_config, missing_paths
+from mindspeed_rl.utils.cli import UserError, report_user_errors
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config-name", required=True,
+                        help="config under configs/ (e.g. ppo_qwen25_32b_A3) or a path to a YAML file")
+    parser.add_argument("--config-dir", "--config-path", dest="config_dir", default=None,
+                        help="folder to look the config name up in (default: the project's configs/)")
+    parser.add_argument("overrides", nargs="*", help="Hydra-style overrides: section.key=value")
+    return parser.parse_args(argv)
+
+
+@report_user_errors
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    cfg = load_ppo_config(args.config_name, args.overrides, args.config_dir)
+    print(batch_plan(cfg), flush=True)
+    problems = missing_paths(cfg)
+    if cfg.dry_run:
+        for problem in problems:
+            print(f"warning: {problem} (a real run stops here)")
+        print("dry_run: the config is valid; nothing was started.")
+        return 0
+    if problems:
+        for problem in problems[1:]:
+            print(f"config error: {problem}", file=sys.stderr)
+        raise problems[0]
+    raise UserError("PPO training is not in this build yet: run with dry_run=true to validate a config "
+                    "(cli/check_env.py checks the device and megatron-core)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Device layer: npu | cuda | cpu. The only place with device-specific code.
+
+    from mindspeed_rl.accelerator import get_accelerator
+    acc = get_accelerator()          # detected once per process (MINDSPEED_RL_DEVICE overrides)
+    acc.kind, acc.dist_backend, acc.ray_resource, acc.device(local_rank), acc.memory_stats()
+    acc.prepare_megatron()           # before building megatron-core models
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from .base import Accelerator
+from .detect import ENV_VAR, KINDS, DeviceUnavailable, detect_device_kind
+
+_ACCELERATOR: Optional[Accelerator] = None
+
+
+def make_accelerator(kind: str) -> Accelerator:
+    if kind == "npu":
+        from .npu import NpuAccelerator
+
+        return NpuAccelerator()
+    if kind == "cuda":
+        from .cuda import CudaAccelerator
+
+        return CudaAccelerator()
+    if kind == "cpu":
+        from .cpu import CpuAccelerator
+
+        return CpuAccelerator()
+    raise DeviceUnavailable(f"unknown device kind {kind!r}; expected one of {', '.join(KINDS)}")
+
+
+def get_accelerator() -> Accelerator:
+    global _ACCELERATOR
+    if _ACCELERATOR is None:
+        _ACCELERATOR = make_accelerator(detect_device_kind())
+    return _ACCELERATOR
+
+
+def reset_accelerator() -> None:
+    """Forget the detected device (tests)."""
+    global _ACCELERATOR
+    _ACCELERATOR = None
+
+
+__all__ = ["Accelerator", "DeviceUnavailable", "ENV_VAR", "KINDS", "detect_device_kind",
+           "get_accelerator", "make_accelerator", "reset_accelerator"]

@@ -1,0 +1,48 @@
+"""NVIDIA GPUs: nccl, Ray resource "GPU"."""
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from .base import Accelerator, host_rss_gib
+
+
+class CudaAccelerator(Accelerator):
+    kind = "cuda"
+    dist_backend = "nccl"
+    ray_resource = "GPU"
+
+    def device_count(self) -> int:
+        return torch.cuda.device_count()
+
+    def device(self, local_rank: int = 0) -> torch.device:
+        return torch.device("cuda", local_rank % max(1, self.device_count()))
+
+    def set_device(self, local_rank: int = 0) -> torch.device:
+        dev = self.device(local_rank)
+        torch.cuda.set_device(dev)
+        return dev
+
+    def current_device(self) -> torch.device:
+        return torch.device("cuda", torch.cuda.current_device())
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+    def memory_stats(self) -> Dict[str, float]:
+        g = 2**30
+        return {"allocated_gib": torch.cuda.memory_allocated() / g,
+                "reserved_gib": torch.cuda.memory_reserved() / g,
+                "max_allocated_gib": torch.cuda.max_memory_allocated() / g,
+                "host_rss_gib": host_rss_gib()}
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        torch.cuda.manual_seed_all(seed)
+
+    def prepare_megatron(self) -> None:
+        return None

@@ -1,0 +1,48 @@
+"""Which device kind this process runs on: npu > cuda > cpu, or MINDSPEED_RL_DEVICE."""
+from __future__ import annotations
+
+import importlib
+import os
+
+KINDS = ("npu", "cuda", "cpu")
+ENV_VAR = "MINDSPEED_RL_DEVICE"
+
+
+class DeviceUnavailable(RuntimeError):
+    """The device kind asked for (MINDSPEED_RL_DEVICE) is not usable in this process."""
+
+
+def npu_available() -> bool:
+    """torch_npu importable and at least one NPU visible."""
+    try:
+        torch_npu = importlib.import_module("torch_npu")
+    except Exception:  # noqa: BLE001 - any import failure means no usable NPU
+        return False
+    try:
+        return bool(torch_npu.npu.is_available()) and torch_npu.npu.device_count() > 0
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available()) and torch.cuda.device_count() > 0
+
+
+def detect_device_kind() -> str:
+    """The device kind: MINDSPEED_RL_DEVICE if set (and usable), else the best one present."""
+    forced = os.environ.get(ENV_VAR, "").strip().lower()
+    if forced:
+        if forced not in KINDS:
+            raise DeviceUnavailable(f"{ENV_VAR}={forced!r}: must be one of {', '.join(KINDS)}")
+        if forced == "npu" and not npu_available():
+            raise DeviceUnavailable(f"{ENV_VAR}=npu but torch_npu is not importable or no NPU is visible")
+        if forced == "cuda" and not cuda_available():
+            raise DeviceUnavailable(f"{ENV_VAR}=cuda but torch.cuda.is_available() is false")
+        return forced
+    if npu_available():
+        return "npu"
+    if cuda_available():
+        return "cuda"
+    return "cpu"

@@ -1,0 +1,63 @@
+"""Ascend NPUs: torch_npu, hccl, Ray resource "NPU", MindSpeed's megatron adaptor."""
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Dict
+
+import torch
+
+from .base import Accelerator, host_rss_gib
+
+log = logging.getLogger(__name__)
+
+
+class NpuAccelerator(Accelerator):
+    kind = "npu"
+    dist_backend = "hccl"
+    ray_resource = "NPU"
+
+    def __init__(self) -> None:
+        self.torch_npu = importlib.import_module("torch_npu")  # registers torch.npu
+
+    @property
+    def _npu(self):
+        return torch.npu  # type: ignore[attr-defined]
+
+    def device_count(self) -> int:
+        return self._npu.device_count()
+
+    def device(self, local_rank: int = 0) -> torch.device:
+        return torch.device("npu", local_rank % max(1, self.device_count()))
+
+    def set_device(self, local_rank: int = 0) -> torch.device:
+        dev = self.device(local_rank)
+        self._npu.set_device(dev)
+        return dev
+
+    def current_device(self) -> torch.device:
+        return torch.device("npu", self._npu.current_device())
+
+    def synchronize(self) -> None:
+        self._npu.synchronize()
+
+    def empty_cache(self) -> None:
+        self._npu.empty_cache()
+
+    def memory_stats(self) -> Dict[str, float]:
+        g = 2**30
+        return {"allocated_gib": self._npu.memory_allocated() / g,
+                "reserved_gib": self._npu.memory_reserved() / g,
+                "max_allocated_gib": self._npu.max_memory_allocated() / g,
+                "host_rss_gib": host_rss_gib()}
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+        self._npu.manual_seed_all(seed)
+
+    def prepare_megatron(self) -> None:
+        """MindSpeed patches megatron-core for NPU (fused kernels, hccl) when installed."""
+        try:
+            importlib.import_module("mindspeed.megatron_adaptor")
+        except ImportError:
+            log.warning("MindSpeed is not installed: megatron-core runs on NPU without its fused kernels")

@@ -1,0 +1,98 @@
+"""Write docs/config.md from the typed sections (one source for validation and docs).
+
+    python -m mindspeed_rl.config_cls.docs > docs/config.md
+"""
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from .base import _type_name
+from .generate_config import GenerateConfig, SamplingConfig
+from .megatron_config import MegatronConfig
+from .model_config import ModelConfig
+from .rl_config import IntegratedModeConfig, ResourceConfig, RLConfig
+
+INTRO = """# Config reference
+
+Generated from `mindspeed_rl/config_cls/` by `python -m mindspeed_rl.config_cls.docs > docs/config.md`;
+a test keeps the two in step.
+
+A run config is composed by Hydra, as in MindSpeed-RL:
+
+    python cli/train_ppo.py --config-name ppo_qwen25_32b_A3 rl_config.n_samples_per_prompt=4 dry_run=true
+
+- `defaults:` pulls model files from `configs/model/` (`- model: [qwen25_32b]`) and `megatron_training.model`
+  (or a role's `model`) picks one; a model named there but not listed in `defaults` is read from
+  `configs/model/<name>.yaml`.
+- `actor_config`, `critic_config` (and `reward_config` for a reward model) take any key of
+  `megatron_training` and override it for that role.
+- Overrides `section.key=value` may set any key below, whether or not the YAML spells it out.
+- `dry_run=true` validates, prints the batch plan and exits 0.
+
+Every key is checked before anything heavy starts. A wrong key, type or range, or a rule that
+involves several keys, stops the run with exit code 2 and one message naming the full key path
+(and the closest known key when the name is misspelt). Rules across keys:
+
+- `global_batch_size x n_samples_per_prompt` must be a multiple of `rl_config.mini_batch_size`
+  (mini-batches count responses).
+- `mini_batch_size` must be a multiple of `micro_batch_size x DP` of the actor and the critic,
+  where `DP = num_npus / (TP x PP)`.
+- `TP x PP` must divide the role's `num_npus`; TP must divide the heads and the query groups.
+- `infer_tensor_parallel_size` must be a multiple or a divisor of the actor's TP and divide its devices.
+- `max_prompt_length + sampling_config.max_tokens <= max_model_len`.
+- `verifier_function` and `verifier_weight` have the same length and name registered verifiers.
+- the actor's and the critic's `save` folders differ; `bf16` and `fp16` are not both set.
+- `num_layer_list` (uneven pipeline stages) lists PP positive counts summing to `num_layers`.
+- tokenizer, data and `load` folders must exist (`dry_run` reports them as warnings).
+
+Flags that only mean something on one device (fused kernels, flash attention, sequence parallel,
+gradient-accumulation fusion) are accepted on every device and mapped to what the device has; the
+log says so once.
+"""
+
+SECTIONS = [
+    ("megatron_training / actor_config / critic_config / reward_config", MegatronConfig),
+    ("model.<name> (configs/model/<name>.yaml)", ModelConfig),
+    ("rl_config", RLConfig),
+    ("rl_config.actor_resource / critic_resource / reward_resource", ResourceConfig),
+    ("rl_config.integrated_mode_config", IntegratedModeConfig),
+    ("generate_config", GenerateConfig),
+    ("generate_config.sampling_config", SamplingConfig),
+]
+
+
+def _default(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        return repr(f.default) if f.default is not None else "null"
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        value = f.default_factory()  # type: ignore[misc]
+        return "(section)" if dataclasses.is_dataclass(value) else repr(value)
+    return "**required**"
+
+
+def _rules(f: dataclasses.Field) -> str:
+    m = f.metadata
+    parts = []
+    if m.get("choices"):
+        parts.append("one of " + ", ".join(f"`{c}`" for c in m["choices"]))
+    for key, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+        if m.get(key) is not None:
+            parts.append(f"{sym} {m[key]}")
+    return "; ".join(parts)
+
+
+def render() -> str:
+    out = [INTRO]
+    for title, cls in SECTIONS:
+        hints = typing.get_type_hints(cls)
+        out.append(f"\n## {title}\n\n{cls.__doc__.strip()}\n")
+        out.append("| key | type | default | allowed | meaning |\n|---|---|---|---|---|")
+        for f in dataclasses.fields(cls):
+            out.append(f"| `{f.name}` | {_type_name(hints[f.name])} | {_default(f)} | {_rules(f)} | "
+                       f"{f.metadata.get('doc', '')} |")
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")

@@ -1,0 +1,45 @@
+"""The ``generate_config`` section: rollout engine and sampling."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .base import opt
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling of rollout responses."""
+
+    seed: int = opt(1, "Sampling seed.", ge=0)
+    logprobs: int = opt(1, "Log-probs returned per generated token (1: the sampled token).", ge=0)
+    max_tokens: int = opt(2048, "Most new tokens per response.", ge=1)
+    top_p: float = opt(1.0, "Nucleus sampling mass.", gt=0, le=1)
+    top_k: int = opt(-1, "Top-k sampling (-1: off).", ge=-1)
+    min_p: float = opt(0.0, "Minimum probability relative to the most likely token.", ge=0, le=1)
+    temperature: float = opt(1.0, "Sampling temperature (0: greedy).", ge=0)
+    detokenize: bool = opt(False, "Return response text as well as token ids.")
+
+
+@dataclass
+class GenerateConfig:
+    """Rollout engine (vLLM or the fallback) inside the integrated actor."""
+
+    backend: str = opt("auto", "Rollout engine: vllm, fallback (megatron-core), or auto (vLLM when it "
+                               "can run the model, else fallback; the log says which and why).",
+                       choices=("auto", "vllm", "fallback"))
+    enforce_eager: bool = opt(True, "No CUDA/NPU graphs.")
+    trust_remote_code: bool = opt(False, "Allow model code from the checkpoint folder.")
+    offload_train_optimizer: bool = opt(False, "Move optimizer state to host during rollout.")
+    offload_train_grad: bool = opt(False, "Move gradients to host during rollout.")
+    offload_train_param: bool = opt(False, "Move training weights to host during rollout.")
+    infer_tensor_parallel_size: int = opt(1, "Tensor-parallel size of the engine (equal, multiple or "
+                                             "divisor of the actor's).", ge=1)
+    infer_pipeline_parallel_size: int = opt(1, "Pipeline-parallel size of the engine.", ge=1, le=1)
+    infer_expert_parallel_size: int = opt(1, "Expert-parallel size of the engine.", ge=1, le=1)
+    max_num_seqs: int = opt(256, "Most sequences the engine runs at once.", ge=1)
+    max_model_len: int = opt(4096, "Longest prompt + response the engine accepts.", ge=1)
+    max_num_batched_tokens: int = opt(8192, "Token budget of one engine step.", ge=1)
+    dtype: str = opt("bfloat16", "Engine weights dtype.", choices=("bfloat16", "float16", "float32", "auto"))
+    gpu_memory_utilization: float = opt(0.5, "Fraction of device memory for the engine (CPU: of host "
+                                             "memory, as a KV-cache byte budget).", gt=0, le=1)
+    sampling_config: SamplingConfig = opt(doc="Sampling settings.", factory=SamplingConfig)

@@ -1,0 +1,104 @@
+"""Compose a run config with Hydra (defaults list, config groups) and apply CLI overrides.
+
+``key=value`` overrides are parsed with Hydra's override grammar but applied here, after
+composition, so that a key the YAML does not spell out (but the schema knows) can be set
+without Hydra's ``+`` prefix, and an unknown key is reported by the schema validator with
+its full path and the closest known key, not as a Hydra stack trace.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .base import ConfigError
+from .ppo_config import PPOConfig, build_ppo_config
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
+GROUPS = ("model",)
+
+
+def resolve_config_name(name: str, config_dir: Optional[str] = None) -> Tuple[str, str]:
+    """``name`` may be a name under configs/ or a path to a YAML file. Returns (dir, name)."""
+    if name.endswith((".yaml", ".yml")) or os.sep in name:
+        path = os.path.abspath(name)
+        if not os.path.isfile(path):
+            raise ConfigError("--config-name", f"file {name!r} does not exist")
+        return os.path.dirname(path), os.path.splitext(os.path.basename(path))[0]
+    config_dir = os.path.abspath(config_dir or CONFIG_DIR)
+    path = os.path.join(config_dir, f"{name}.yaml")
+    if not os.path.isfile(path):
+        known = sorted(f[:-5] for f in os.listdir(config_dir) if f.endswith(".yaml")) if os.path.isdir(config_dir) else []
+        from .base import closest_key
+
+        hint = closest_key(name, known)
+        raise ConfigError("--config-name", f"no config {name!r} in {config_dir}"
+                                           + (f"; did you mean {hint!r}?" if hint else f"; available: {', '.join(known)}"))
+    return config_dir, name
+
+
+def _parse_overrides(overrides: Sequence[str]) -> List[Any]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for text in overrides:
+        try:
+            parsed.extend(parser.parse_overrides([text]))
+        except OverrideParseException as exc:
+            key = text.split("=", 1)[0].lstrip("+~") if "=" in text else text
+            raise ConfigError(key, f"cannot parse override {text!r}: {str(exc).splitlines()[0]}") from None
+    return parsed
+
+
+def compose(config_name: str, overrides: Sequence[str] = (), config_dir: Optional[str] = None) -> Tuple[Dict, str]:
+    """Compose ``config_name`` with ``overrides``; returns (plain dict, config dir)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    config_dir, name = resolve_config_name(config_name, config_dir)
+    parsed = _parse_overrides(overrides)
+    group_overrides = [o.input_line for o in parsed if o.key_or_group.split(".")[0] in GROUPS
+                       and not o.key_or_group.startswith("model.")]
+    value_overrides = [o for o in parsed if o.input_line not in group_overrides]
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            cfg = hydra_compose(config_name=name, overrides=group_overrides)
+    except (HydraException, OmegaConfBaseException) as exc:
+        raise ConfigError(name, f"cannot compose config: {str(exc).splitlines()[0]}") from None
+    finally:
+        GlobalHydra.instance().clear()
+    OmegaConf.set_struct(cfg, False)
+    for o in value_overrides:
+        key = o.key_or_group
+        if o.is_sweep_override():
+            raise ConfigError(key, f"{o.input_line!r} is a Hydra sweep (several values); runs take one value. "
+                                   f"Quote a value that contains commas: {key}='\"a,b\"'")
+        try:
+            if o.is_delete():
+                parent, _, leaf = key.rpartition(".")
+                node = OmegaConf.select(cfg, parent) if parent else cfg
+                if node is None or leaf not in node:
+                    raise ConfigError(key, "cannot delete: key is not in the config")
+                node.pop(leaf)
+            else:
+                OmegaConf.update(cfg, key, o.value(), merge=True, force_add=True)
+        except OmegaConfBaseException as exc:
+            raise ConfigError(key, f"cannot apply override {o.input_line!r}: {str(exc).splitlines()[0]}") from None
+    try:
+        data = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(getattr(exc, "full_key", "") or name, f"cannot resolve: {str(exc).splitlines()[0]}") from None
+    data.pop("hydra", None)
+    return data, config_dir
+
+
+def load_ppo_config(config_name: str, overrides: Sequence[str] = (), config_dir: Optional[str] = None) -> PPOConfig:
+    data, resolved_dir = compose(config_name, overrides, config_dir)
+    data.pop("defaults", None)
+    return build_ppo_config(data, resolved_dir)

@@ -1,0 +1,97 @@
+"""Megatron training section.
+
+``megatron_training`` holds the defaults shared by every role; ``actor_config`` and
+``critic_config`` hold the same keys and override them per role (MindSpeed-RL's scheme).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+from .base import opt
+
+
+@dataclass
+class MegatronConfig:
+    """Megatron-core training settings of one role (after merging the role's overrides)."""
+
+    # model and tokenizer
+    model: str = opt(doc="Name of the model section to use (a key under `model:`, or a file "
+                         "configs/model/<name>.yaml).")
+    tokenizer_type: str = opt("PretrainedFromHF", "Tokenizer kind.",
+                              choices=("PretrainedFromHF", "HuggingFaceTokenizer"))
+    tokenizer_name_or_path: Optional[str] = opt(None, "Folder holding the HF tokenizer files.")
+    use_mcore_models: bool = opt(True, "Use megatron-core models (always true here).")
+    # numerics and kernels: accepted everywhere, mapped to what the device has
+    bf16: bool = opt(False, "Train in bfloat16 (params fp32 in the optimizer).")
+    fp16: bool = opt(False, "Train in float16 with loss scaling.")
+    use_fused_rmsnorm: bool = opt(False, "Fused RMSNorm kernel (NPU: MindSpeed; CUDA: TE; CPU: torch).")
+    use_fused_swiglu: bool = opt(False, "Fused SwiGLU kernel where the device has one.")
+    use_fused_rotary_pos_emb: bool = opt(False, "Fused RoPE kernel where the device has one.")
+    use_flash_attn: bool = opt(False, "Flash attention where the device has it.")
+    no_masked_softmax_fusion: bool = opt(False, "Disable the fused masked softmax.")
+    attention_softmax_in_fp32: bool = opt(True, "Attention softmax in fp32.")
+    no_gradient_accumulation_fusion: bool = opt(False, "Disable the fused wgrad accumulation (CPU: always off).")
+    sequence_parallel: bool = opt(False, "Megatron sequence parallelism (needs TP > 1).")
+    use_distributed_optimizer: bool = opt(False, "Shard optimizer state across data-parallel ranks.")
+    recompute_granularity: Optional[str] = opt(None, "Activation recomputation.", choices=("full", "selective"))
+    recompute_method: Optional[str] = opt(None, "Which layers to recompute (full granularity).",
+                                          choices=("uniform", "block"))
+    recompute_num_layers: Optional[int] = opt(None, "Layers per recompute chunk.", ge=1)
+    attention_dropout: float = opt(0.0, "Attention dropout.", ge=0, lt=1)
+    hidden_dropout: float = opt(0.0, "Hidden dropout.", ge=0, lt=1)
+    init_method_std: float = opt(0.02, "Std of the normal init of fresh weights.", gt=0)
+    distributed_backend: str = opt("nccl", "torch.distributed backend; mapped to the device's own "
+                                           "(hccl on NPU, nccl on CUDA, gloo on CPU).",
+                                   choices=("nccl", "hccl", "gloo"))
+    # parallelism
+    tensor_model_parallel_size: int = opt(1, "Tensor-parallel size.", ge=1)
+    pipeline_model_parallel_size: int = opt(1, "Pipeline-parallel size.", ge=1)
+    num_layer_list: Optional[str] = opt(None, "Uneven layers per pipeline stage, e.g. '3,5'.")
+    # batches and schedule
+    global_batch_size: int = opt(1, "Prompts per PPO iteration.", ge=1)
+    micro_batch_size: int = opt(1, "Samples per forward/backward micro-batch per data-parallel rank.", ge=1)
+    seq_length: int = opt(2048, "Longest training sequence (prompt + response).", ge=1)
+    train_iters: int = opt(1, "PPO iterations to run.", ge=1)
+    save_interval: int = opt(100, "Save actor and critic every this many iterations.", ge=1)
+    stage: str = opt("ray_ppo", "Training stage.", choices=("ray_ppo",))
+    seed: int = opt(1234, "Seed of weights init, data order and sampling.", ge=0)
+    # optimizer
+    lr: float = opt(1e-6, "Peak learning rate.", gt=0)
+    min_lr: float = opt(0.0, "Floor of the decaying learning rate.", ge=0)
+    lr_decay_style: str = opt("constant", "Learning-rate schedule.", choices=("constant", "cosine", "linear"))
+    lr_decay_iters: Optional[int] = opt(None, "Iterations of decay (default train_iters).", ge=1)
+    lr_warmup_fraction: float = opt(0.0, "Fraction of the decay iterations spent in linear warm-up.", ge=0, le=1)
+    weight_decay: float = opt(0.01, "AdamW weight decay.", ge=0)
+    clip_grad: float = opt(1.0, "Global gradient-norm clip (0 disables).", ge=0)
+    adam_beta1: float = opt(0.9, "Adam beta1.", ge=0, lt=1)
+    adam_beta2: float = opt(0.999, "Adam beta2.", ge=0, lt=1)
+    adam_eps: float = opt(1e-8, "Adam epsilon.", gt=0)
+    # checkpoints
+    load: Optional[str] = opt(None, "Checkpoint folder to load (Megatron layout).")
+    save: Optional[str] = opt(None, "Checkpoint folder to save into.")
+    finetune: bool = opt(True, "true: load weights only and start at iteration 0; false: resume "
+                               "iteration, data position, optimizer and RNG.")
+    no_load_optim: bool = opt(False, "On resume, do not load the optimizer state.")
+    no_load_rng: bool = opt(False, "On resume, do not load the RNG states.")
+    no_save_optim: bool = opt(False, "Do not save the optimizer state.")
+    no_save_rng: bool = opt(False, "Do not save the RNG states.")
+    no_shared_storage: bool = opt(False, "Nodes do not share a filesystem (each node writes its own shards).")
+    # data
+    data_path: Optional[str] = opt(None, "Prefix of the preprocessed dataset (cli/preprocess_data.py output_prefix).")
+    split: str = opt("100,0,0", "train,valid,test split weights.")
+    no_shuffle: bool = opt(False, "Serve prompts in file order.")
+    full_shuffle_instruction_dataset: bool = opt(False, "Shuffle across epochs as one permutation.")
+    no_pad_to_seq_lengths: bool = opt(False, "Pad batches to their longest sample, not to seq_length.")
+    dataset_additional_keys: List[str] = opt(doc="Extra dataset fields carried with each prompt (e.g. labels).",
+                                             factory=list)
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+
+    def layers_per_stage(self, num_layers: int) -> List[int]:
+        if self.num_layer_list:
+            return [int(x) for x in self.num_layer_list.split(",")]
+        pp = self.pipeline_model_parallel_size
+        return [num_layers // pp] * pp

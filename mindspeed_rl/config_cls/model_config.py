@@ -1,0 +1,79 @@
+"""Model architecture section: one file per model under configs/model/<name>.yaml."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .base import ConfigError, opt
+
+
+@dataclass
+class ModelConfig:
+    """Transformer architecture, Megatron naming (Qwen2.5 and Llama families)."""
+
+    num_layers: int = opt(doc="Number of transformer layers.", ge=1)
+    hidden_size: int = opt(doc="Hidden (model) dimension.", ge=1)
+    ffn_hidden_size: int = opt(doc="MLP inner dimension (per gate/up branch with swiglu).", ge=1)
+    num_attention_heads: int = opt(doc="Query heads.", ge=1)
+    max_position_embeddings: int = opt(doc="Longest position the RoPE tables cover.", ge=1)
+    padded_vocab_size: Optional[int] = opt(
+        None, "Embedding rows; padded past the tokenizer's vocab so TP can split it evenly.", ge=1)
+    make_vocab_size_divisible_by: int = opt(
+        128, "When padded_vocab_size is not given, the tokenizer's vocab is padded to a multiple "
+             "of this times tensor_model_parallel_size.", ge=1)
+    kv_channels: Optional[int] = opt(None, "Head dimension; default hidden_size / num_attention_heads.", ge=1)
+    group_query_attention: bool = opt(False, "Use grouped-query attention (num_query_groups K/V heads).")
+    num_query_groups: Optional[int] = opt(None, "K/V heads when group_query_attention is true.", ge=1)
+    rotary_base: float = opt(10000.0, "RoPE base (theta).", gt=0)
+    rotary_percent: float = opt(1.0, "Fraction of the head dimension that gets RoPE.", gt=0, le=1)
+    position_embedding_type: str = opt("rope", "Position embedding.", choices=("rope", "learned_absolute"))
+    use_rotary_position_embeddings: bool = opt(True, "Legacy Megatron spelling of position_embedding_type rope.")
+    normalization: str = opt("RMSNorm", "Norm layer.", choices=("RMSNorm", "LayerNorm"))
+    norm_epsilon: float = opt(1e-5, "Norm epsilon.", gt=0)
+    swiglu: bool = opt(True, "SwiGLU MLP (gate and up projections fused in linear_fc1).")
+    add_qkv_bias: bool = opt(False, "Bias on the Q/K/V projection only (Qwen2 family).")
+    disable_bias_linear: bool = opt(True, "No bias on any other linear layer.")
+    untie_embeddings_and_output_weights: bool = opt(
+        False, "Separate output layer instead of reusing the word embeddings.")
+    attention_softmax_in_fp32: bool = opt(True, "Compute the attention softmax in fp32.")
+    use_mcore_models: bool = opt(True, "Megatron-core GPTModel (the only implementation here).")
+    model_type_hf: str = opt("qwen2", "HF architecture the converters map to.",
+                             choices=("qwen2", "qwen25", "llama2", "llama"))
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_query_groups if self.group_query_attention else self.num_attention_heads
+
+    def validate(self) -> None:
+        path = getattr(self, "_path", "model")
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
+            raise ConfigError(f"{path}.num_attention_heads",
+                              f"hidden_size {self.hidden_size} is not divisible by "
+                              f"num_attention_heads {self.num_attention_heads}; set kv_channels")
+        if self.group_query_attention:
+            if self.num_query_groups is None:
+                raise ConfigError(f"{path}.num_query_groups",
+                                  "required when group_query_attention is true")
+            if self.num_attention_heads % self.num_query_groups:
+                raise ConfigError(f"{path}.num_query_groups",
+                                  f"{self.num_query_groups} does not divide num_attention_heads "
+                                  f"{self.num_attention_heads}")
+        if not self.use_mcore_models:
+            raise ConfigError(f"{path}.use_mcore_models", "only megatron-core models are supported; set true")
+
+    def parameter_count(self, vocab_size: Optional[int] = None) -> int:
+        """Parameters of the GPT model (embedding, layers, final norm, output layer)."""
+        vocab = vocab_size or self.padded_vocab_size or 0
+        h, f, d = self.hidden_size, self.ffn_hidden_size, self.head_dim
+        q, kv = self.num_attention_heads * d, self.kv_heads * d
+        attn = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.add_qkv_bias else 0)
+        mlp = h * f * (2 if self.swiglu else 1) + f * h
+        norms = 2 * h
+        per_layer = attn + mlp + norms
+        embed = vocab * h
+        out = vocab * h if self.untie_embeddings_and_output_weights else 0
+        return embed + self.num_layers * per_layer + h + out

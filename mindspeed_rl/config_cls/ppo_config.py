@@ -1,0 +1,315 @@
+"""The whole PPO run config: sections, role merging, cross-field rules, the batch plan."""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional
+
+from .base import ConfigError, build_section, closest_key, load_yaml
+from .generate_config import GenerateConfig
+from .megatron_config import MegatronConfig
+from .model_config import ModelConfig
+from .rl_config import RLConfig
+
+TOP_LEVEL_KEYS = ("defaults", "model", "megatron_training", "actor_config", "critic_config",
+                  "rl_config", "generate_config", "reward_config", "dry_run", "hydra")
+
+
+@dataclass
+class RoleConfig:
+    """One Megatron role (actor, critic, reward): its merged training settings and its model."""
+
+    name: str
+    megatron: MegatronConfig
+    model: ModelConfig
+    num_devices: int
+
+    @property
+    def tp(self) -> int:
+        return self.megatron.tensor_model_parallel_size
+
+    @property
+    def pp(self) -> int:
+        return self.megatron.pipeline_model_parallel_size
+
+    @property
+    def dp(self) -> int:
+        return self.num_devices // (self.tp * self.pp)
+
+
+@dataclass
+class PPOConfig:
+    megatron_training: MegatronConfig
+    actor: RoleConfig
+    critic: RoleConfig
+    reward: Optional[RoleConfig]
+    rl: RLConfig
+    generate: GenerateConfig
+    dry_run: bool = False
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def samples_per_iteration(self) -> int:
+        return self.megatron_training.global_batch_size * self.rl.n_samples_per_prompt
+
+    @property
+    def world_size(self) -> int:
+        """Devices that count for the throughput metrics (DESIGN.md, Metrics)."""
+        if self.rl.use_integrated_worker:
+            return self.actor.num_devices
+        total = self.actor.num_devices + self.critic.num_devices
+        return total + (self.reward.num_devices if self.reward else 0)
+
+
+def _load_model_section(name: str, models: Mapping[str, Any], config_dir: Optional[str], key: str) -> Mapping:
+    if name in models:
+        return models[name]
+    if config_dir:
+        path = os.path.join(config_dir, "model", f"{name}.yaml")
+        if os.path.isfile(path):
+            data = load_yaml(path) or {}
+            return data.get(name, data)
+    known = sorted(models)
+    if config_dir and os.path.isdir(os.path.join(config_dir, "model")):
+        known += sorted(f[:-5] for f in os.listdir(os.path.join(config_dir, "model")) if f.endswith(".yaml"))
+    hint = closest_key(name, known)
+    raise ConfigError(key, f"model {name!r} is not defined under `model:` nor as configs/model/{name}.yaml"
+                           + (f"; did you mean {hint!r}?" if hint else ""))
+
+
+def _role(name: str, section_key: str, data: Mapping, base: Mapping, models: Mapping,
+          config_dir: Optional[str], num_devices: int) -> RoleConfig:
+    overrides = data.get(section_key) or {}
+    if not isinstance(overrides, Mapping):
+        raise ConfigError(section_key, f"must be a mapping of keys, got {overrides!r}")
+    build_section(MegatronConfig, overrides, section_key, require=False)  # names the role's own bad keys
+    merged = {**base, **overrides}
+    where = section_key if "model" in overrides else "megatron_training"
+    megatron = build_section(MegatronConfig, merged, where)
+    model_name = megatron.model
+    model_data = _load_model_section(model_name, models, config_dir, f"{where}.model")
+    model = build_section(ModelConfig, model_data, f"model.{model_name}")
+    model.validate()
+    return RoleConfig(name=name, megatron=megatron, model=model, num_devices=num_devices)
+
+
+def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) -> PPOConfig:
+    """Validate the composed config mapping and return the typed config (raises ConfigError)."""
+    if not isinstance(data, Mapping):
+        raise ConfigError("", "the config must be a mapping of sections")
+    for key in data:
+        if key not in TOP_LEVEL_KEYS:
+            hint = closest_key(str(key), TOP_LEVEL_KEYS)
+            raise ConfigError(str(key), "unknown section" + (f"; did you mean '{hint}'?" if hint else ""))
+    models = data.get("model") or {}
+    if not isinstance(models, Mapping):
+        raise ConfigError("model", "must map model names to their architecture sections")
+    base = data.get("megatron_training")
+    if not isinstance(base, Mapping):
+        raise ConfigError("megatron_training", "required section is missing or not a mapping")
+    megatron_training = build_section(MegatronConfig, base, "megatron_training", require=False)
+    rl = build_section(RLConfig, data.get("rl_config"), "rl_config")
+    generate = build_section(GenerateConfig, data.get("generate_config"), "generate_config")
+    actor = _role("actor", "actor_config", data, base, models, config_dir, rl.actor_resource.num_npus)
+    critic = _role("critic", "critic_config", data, base, models, config_dir, rl.critic_resource.num_npus)
+    reward = None
+    if data.get("reward_config") is not None:
+        if rl.reward_resource is None:
+            raise ConfigError("rl_config.reward_resource", "required when reward_config is given")
+        reward = _role("reward", "reward_config", data, base, models, config_dir, rl.reward_resource.num_npus)
+    dry_run = data.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        raise ConfigError("dry_run", f"got {dry_run!r}, expected true or false")
+    cfg = PPOConfig(megatron_training=megatron_training, actor=actor, critic=critic, reward=reward,
+                    rl=rl, generate=generate, dry_run=dry_run, raw=dict(data))
+    check_cross_fields(cfg)
+    return cfg
+
+
+def _role_key(role: RoleConfig, name: str) -> str:
+    return f"{role.name}_config.{name}" if role.name != "reward" else f"reward_config.{name}"
+
+
+def check_cross_fields(cfg: PPOConfig) -> None:
+    """Rules that involve more than one key. Each error names the key to change."""
+    rl, gen = cfg.rl, cfg.generate
+    samples = cfg.samples_per_iteration
+    if samples % rl.mini_batch_size:
+        raise ConfigError("rl_config.mini_batch_size",
+                          f"{rl.mini_batch_size} does not divide global_batch_size x n_samples_per_prompt = "
+                          f"{cfg.megatron_training.global_batch_size} x {rl.n_samples_per_prompt} = {samples}")
+    roles = [cfg.actor, cfg.critic] + ([cfg.reward] if cfg.reward else [])
+    for role in roles:
+        m, model = role.megatron, role.model
+        if role.num_devices % (role.tp * role.pp):
+            raise ConfigError(_role_key(role, "tensor_model_parallel_size"),
+                              f"TP {role.tp} x PP {role.pp} = {role.tp * role.pp} does not divide the "
+                              f"{role.name}'s {role.num_devices} devices (rl_config.{role.name}_resource.num_npus)")
+        if model.num_attention_heads % role.tp:
+            raise ConfigError(_role_key(role, "tensor_model_parallel_size"),
+                              f"TP {role.tp} does not divide num_attention_heads {model.num_attention_heads} "
+                              f"of model {m.model}")
+        if model.kv_heads % role.tp:
+            raise ConfigError(_role_key(role, "tensor_model_parallel_size"),
+                              f"TP {role.tp} does not divide num_query_groups {model.kv_heads} of model {m.model}")
+        layers = m.layers_per_stage(model.num_layers)
+        if m.num_layer_list:
+            if len(layers) != role.pp or sum(layers) != model.num_layers or min(layers) < 1:
+                raise ConfigError(_role_key(role, "num_layer_list"),
+                                  f"{m.num_layer_list!r} must list {role.pp} positive layer counts summing to "
+                                  f"num_layers {model.num_layers}")
+        elif model.num_layers % role.pp:
+            raise ConfigError(_role_key(role, "pipeline_model_parallel_size"),
+                              f"PP {role.pp} does not divide num_layers {model.num_layers}; set num_layer_list")
+        if role.name != "reward":
+            per_rank = rl.mini_batch_size / role.dp
+            if rl.mini_batch_size % (m.micro_batch_size * role.dp):
+                raise ConfigError(_role_key(role, "micro_batch_size"),
+                                  f"mini_batch_size {rl.mini_batch_size} over DP {role.dp} gives {per_rank:g} "
+                                  f"samples per rank, not a multiple of micro_batch_size {m.micro_batch_size}")
+        if m.bf16 and m.fp16:
+            raise ConfigError(_role_key(role, "fp16"), "bf16 and fp16 are both true; pick one")
+        if m.min_lr > m.lr:
+            raise ConfigError(_role_key(role, "min_lr"), f"{m.min_lr} is above lr {m.lr}")
+    if rl.use_integrated_worker and cfg.critic.num_devices > cfg.actor.num_devices:
+        raise ConfigError("rl_config.critic_resource.num_npus",
+                          f"{cfg.critic.num_devices} exceeds actor_resource.num_npus {cfg.actor.num_devices}: "
+                          "in integrated mode the critic shares the actor's devices")
+    itp, tp = gen.infer_tensor_parallel_size, cfg.actor.tp
+    if itp % tp and tp % itp:
+        raise ConfigError("generate_config.infer_tensor_parallel_size",
+                          f"{itp} is neither a multiple nor a divisor of the actor's TP {tp}")
+    if cfg.actor.num_devices % itp:
+        raise ConfigError("generate_config.infer_tensor_parallel_size",
+                          f"{itp} does not divide the actor's {cfg.actor.num_devices} devices")
+    if cfg.actor.model.num_attention_heads % itp or cfg.actor.model.kv_heads % itp:
+        raise ConfigError("generate_config.infer_tensor_parallel_size",
+                          f"{itp} does not divide the heads ({cfg.actor.model.num_attention_heads}) and "
+                          f"query groups ({cfg.actor.model.kv_heads}) of the actor's model")
+    needed = rl.max_prompt_length + gen.sampling_config.max_tokens
+    if needed > gen.max_model_len:
+        raise ConfigError("generate_config.max_model_len",
+                          f"{gen.max_model_len} is below rl_config.max_prompt_length + "
+                          f"sampling_config.max_tokens = {needed}")
+    if gen.max_num_batched_tokens < gen.max_model_len and gen.max_num_batched_tokens < rl.max_prompt_length:
+        raise ConfigError("generate_config.max_num_batched_tokens",
+                          f"{gen.max_num_batched_tokens} cannot hold one prompt of max_prompt_length "
+                          f"{rl.max_prompt_length}")
+    if len(rl.verifier_function) != len(rl.verifier_weight):
+        raise ConfigError("rl_config.verifier_weight",
+                          f"{len(rl.verifier_weight)} weights for {len(rl.verifier_function)} verifier functions "
+                          f"{rl.verifier_function}")
+    if rl.rule_reward:
+        from ..rewards.registry import known_verifiers
+
+        known = known_verifiers()
+        for i, name in enumerate(rl.verifier_function):
+            if name not in known:
+                hint = closest_key(name, known)
+                raise ConfigError(f"rl_config.verifier_function[{i}]",
+                                  f"unknown verifier {name!r}" + (f"; did you mean {hint!r}?" if hint else "")
+                                  + f"; registered: {', '.join(sorted(known))}")
+    elif cfg.reward is None:
+        raise ConfigError("rl_config.rule_reward", "false, but no reward_config (reward model) is given: "
+                                                   "nothing would score the responses")
+    if rl.kl_ctrl_type == "adaptive" and (rl.kl_target is None or rl.kl_horizon is None):
+        raise ConfigError("rl_config.kl_target" if rl.kl_target is None else "rl_config.kl_horizon",
+                          "required when kl_ctrl_type is adaptive")
+    if rl.adv_estimator == "group_norm" and rl.n_samples_per_prompt < 2:
+        raise ConfigError("rl_config.n_samples_per_prompt", "group_norm advantages need at least 2 samples per prompt")
+    a_save, c_save = cfg.actor.megatron.save, cfg.critic.megatron.save
+    if a_save and c_save and os.path.abspath(a_save) == os.path.abspath(c_save):
+        raise ConfigError("critic_config.save", f"{c_save!r} is also the actor's save folder; "
+                                                "actor and critic need separate folders")
+
+
+def missing_paths(cfg: PPOConfig) -> List[ConfigError]:
+    """Files and folders the run needs that do not exist (errors naming their keys)."""
+    problems: List[ConfigError] = []
+    roles = [cfg.actor, cfg.critic] + ([cfg.reward] if cfg.reward else [])
+    seen = set()
+    for role in roles:
+        m = role.megatron
+        checks = [("tokenizer_name_or_path", m.tokenizer_name_or_path, "folder"),
+                  ("load", m.load, "folder")]
+        if role.name == "actor":
+            checks.append(("data_path", m.data_path, "dataset prefix"))
+        for key, value, what in checks:
+            if key == "load" and value and not m.finetune and not os.path.exists(value):
+                continue  # resume from a folder that does not exist yet: fresh start, said in the log
+            full = _role_key(role, key) if key in _explicit(cfg, role) else f"megatron_training.{key}"
+            if (full, value) in seen:
+                continue
+            seen.add((full, value))
+            if value is None:
+                if key in ("tokenizer_name_or_path", "data_path"):
+                    problems.append(ConfigError(full, "required to run (not only for dry_run)"))
+                continue
+            exists = os.path.exists(value) or (what == "dataset prefix" and glob.glob(value + "*"))
+            if not exists:
+                problems.append(ConfigError(full, f"{what} {value!r} does not exist"))
+    ref = cfg.rl.integrated_mode_config.ref_model_load_path
+    if ref and not os.path.exists(ref):
+        problems.append(ConfigError("rl_config.integrated_mode_config.ref_model_load_path",
+                                    f"folder {ref!r} does not exist"))
+    return problems
+
+
+def _explicit(cfg: PPOConfig, role: RoleConfig) -> set:
+    section = cfg.raw.get(f"{role.name}_config") or {}
+    return set(section) if isinstance(section, Mapping) else set()
+
+
+def devices_per_node() -> int:
+    """Devices of one node as the launcher says (NPUS_PER_NODE), 16 by default (an Atlas A3 node)."""
+    value = os.environ.get("NPUS_PER_NODE", "16")
+    try:
+        return max(1, int(value))
+    except ValueError:
+        raise ConfigError("NPUS_PER_NODE", f"environment variable must be an integer, got {value!r}") from None
+
+
+def batch_plan(cfg: PPOConfig) -> str:
+    """A human-readable account of how one iteration's samples are split."""
+    gbs, n = cfg.megatron_training.global_batch_size, cfg.rl.n_samples_per_prompt
+    samples, mini = cfg.samples_per_iteration, cfg.rl.mini_batch_size
+    per_node = devices_per_node()
+    devices = cfg.actor.num_devices
+    nodes = -(-devices // per_node)
+    node_text = f"{nodes} node{'s' if nodes > 1 else ''} x {min(per_node, devices)}"
+    gen = cfg.generate
+    infer_dp = devices // gen.infer_tensor_parallel_size
+    lines = [
+        "Batch plan",
+        f"  iteration : {gbs} prompts x {n} samples = {samples} responses",
+        f"  update    : {samples} / mini_batch_size {mini} = {samples // mini} mini-batches per epoch"
+        f" x {cfg.rl.epochs} epoch(s) = {samples // mini * cfg.rl.epochs} optimizer steps per role",
+        f"  devices   : {devices} ({node_text}, NPUS_PER_NODE={per_node}), integrated="
+        f"{cfg.rl.use_integrated_worker}, throughput world_size={cfg.world_size}",
+        f"  rollout   : infer TP {gen.infer_tensor_parallel_size} x PP {gen.infer_pipeline_parallel_size}, "
+        f"{infer_dp} engine(s), {samples / infer_dp:g} responses each, up to {gen.sampling_config.max_tokens} "
+        f"new tokens",
+    ]
+    for role in (cfg.actor, cfg.critic) + ((cfg.reward,) if cfg.reward else ()):
+        m = role.megatron
+        per_rank = mini // role.dp if role.name != "reward" else samples // role.dp
+        micro = per_rank // m.micro_batch_size
+        params = role.model.parameter_count() / 1e9
+        lines.append(
+            f"  {role.name:<10}: {role.num_devices} devices = TP {role.tp} x PP {role.pp} x DP {role.dp}; "
+            f"model {m.model} ({params:.2f}B params); "
+            + (f"{per_rank} samples per DP rank per mini-batch = {micro} micro-batch(es) of {m.micro_batch_size}; "
+               f"lr {m.lr:g}" if role.name != "reward" else f"{per_rank} samples per DP rank to score"))
+    lines.append(f"  forward   : actor_forward_micro_batch_size {cfg.rl.actor_forward_micro_batch_size}, "
+                 f"ref_forward_micro_batch_size {cfg.rl.ref_forward_micro_batch_size}")
+    return "\n".join(lines)
+
+
+def to_plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, list):
+        return [to_plain(v) for v in obj]
+    return obj

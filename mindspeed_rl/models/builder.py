@@ -1,0 +1,193 @@
+"""Build a megatron-core GPTModel from a model section and a role's megatron settings.
+
+Flags that only mean something on one device (fused kernels, flash attention, sequence
+parallel, gradient-accumulation fusion) are accepted everywhere and mapped here, in one
+place, to what the current device supports; each mapping is logged once.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+from ..accelerator import get_accelerator
+from ..config_cls.megatron_config import MegatronConfig
+from ..config_cls.model_config import ModelConfig
+
+log = logging.getLogger(__name__)
+_LOGGED: set = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _LOGGED:
+        _LOGGED.add(message)
+        log.warning(message)
+
+
+def params_dtype(megatron: MegatronConfig) -> torch.dtype:
+    if megatron.bf16:
+        return torch.bfloat16
+    if megatron.fp16:
+        return torch.float16
+    return torch.float32
+
+
+def device_features(kind: str) -> Dict[str, bool]:
+    """What the device kind can do with megatron-core's fused paths."""
+    te = False
+    if kind == "cuda":
+        try:
+            import transformer_engine  # noqa: F401
+
+            te = True
+        except ImportError:
+            te = False
+    return {
+        "transformer_engine": te,
+        "rope_fusion": kind in ("cuda", "npu") and te or kind == "npu",
+        "gradient_accumulation_fusion": kind == "npu" or te,
+        "sequence_parallel": kind in ("cuda", "npu"),
+        "masked_softmax_fusion": kind == "cuda",
+        "flash_attn": kind in ("cuda", "npu"),
+    }
+
+
+def pipeline_layout(megatron: MegatronConfig, num_layers: int) -> Optional[str]:
+    """Megatron's layout string for an uneven ``num_layer_list`` (e.g. '3,5' -> 'Et*3|t*5L')."""
+    if not megatron.num_layer_list:
+        return None
+    counts = megatron.layers_per_stage(num_layers)
+    stages = []
+    for i, count in enumerate(counts):
+        stage = ("E" if i == 0 else "") + (f"t*{count}" if count else "") + ("L" if i == len(counts) - 1 else "")
+        stages.append(stage)
+    return "|".join(stages)
+
+
+def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optional[str] = None):
+    """megatron-core TransformerConfig for this model and role on device ``kind``."""
+    from megatron.core.transformer import TransformerConfig
+
+    kind = kind or get_accelerator().kind
+    feats = device_features(kind)
+    tp = megatron.tensor_model_parallel_size
+    sequence_parallel = megatron.sequence_parallel and tp > 1
+    if megatron.sequence_parallel and not feats["sequence_parallel"]:
+        _say_once(f"sequence_parallel: not supported on {kind} (torch norm); running without it")
+        sequence_parallel = False
+    rope_fusion = megatron.use_fused_rotary_pos_emb and feats["rope_fusion"]
+    if megatron.use_fused_rotary_pos_emb and not rope_fusion:
+        _say_once(f"use_fused_rotary_pos_emb: no fused RoPE kernel on {kind}; using the unfused one")
+    grad_acc_fusion = not megatron.no_gradient_accumulation_fusion and feats["gradient_accumulation_fusion"]
+    softmax_fusion = not megatron.no_masked_softmax_fusion and feats["masked_softmax_fusion"]
+    for flag, ok in (("use_flash_attn", feats["flash_attn"]), ("use_fused_rmsnorm", kind != "cpu"),
+                     ("use_fused_swiglu", kind != "cpu")):
+        if getattr(megatron, flag) and not ok:
+            _say_once(f"{flag}: no such kernel on {kind}; using the torch implementation")
+    dtype = params_dtype(megatron)
+    kwargs = dict(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        ffn_hidden_size=model.ffn_hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.kv_heads,
+        kv_channels=model.head_dim,
+        normalization=model.normalization,
+        layernorm_epsilon=model.norm_epsilon,
+        gated_linear_unit=model.swiglu,
+        activation_func=F.silu if model.swiglu else F.gelu,
+        add_bias_linear=not model.disable_bias_linear,
+        add_qkv_bias=model.add_qkv_bias,
+        attention_softmax_in_fp32=megatron.attention_softmax_in_fp32 or model.attention_softmax_in_fp32,
+        hidden_dropout=megatron.hidden_dropout,
+        attention_dropout=megatron.attention_dropout,
+        init_method_std=megatron.init_method_std,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=megatron.pipeline_model_parallel_size,
+        sequence_parallel=sequence_parallel,
+        params_dtype=dtype,
+        bf16=megatron.bf16,
+        fp16=megatron.fp16,
+        pipeline_dtype=dtype,
+        autocast_dtype=dtype,
+        use_cpu_initialization=kind == "cpu",
+        perform_initialization=True,
+        bias_activation_fusion=kind != "cpu" and model.swiglu,
+        bias_dropout_fusion=kind != "cpu",
+        masked_softmax_fusion=softmax_fusion,
+        persist_layer_norm=False,
+        apply_rope_fusion=rope_fusion,
+        gradient_accumulation_fusion=grad_acc_fusion,
+        cross_entropy_loss_fusion=False,
+        recompute_granularity=megatron.recompute_granularity,
+        recompute_method=megatron.recompute_method if megatron.recompute_granularity == "full" else None,
+        recompute_num_layers=megatron.recompute_num_layers if megatron.recompute_granularity == "full" else None,
+        deallocate_pipeline_outputs=False,
+    )
+    layout = pipeline_layout(megatron, model.num_layers)
+    if layout is not None:
+        kwargs["pipeline_model_parallel_layout"] = layout
+    return TransformerConfig(**kwargs)
+
+
+def layer_spec(model: ModelConfig, kind: Optional[str] = None):
+    """The fastest layer spec the device has: TE on CUDA (if installed), local otherwise.
+
+    On NPU MindSpeed's adaptor patches the local spec's modules with its fused kernels.
+    """
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    kind = kind or get_accelerator().kind
+    if kind == "cuda" and device_features(kind)["transformer_engine"]:
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
+    return gpt_layer_specs.get_gpt_layer_local_spec(normalization=model.normalization)
+
+
+def padded_vocab_size(model: ModelConfig, tokenizer_vocab: Optional[int], tp: int) -> int:
+    if model.padded_vocab_size:
+        return model.padded_vocab_size
+    if tokenizer_vocab is None:
+        raise ValueError("padded_vocab_size is not set and no tokenizer vocab size was given")
+    multiple = model.make_vocab_size_divisible_by * tp
+    return -(-tokenizer_vocab // multiple) * multiple
+
+
+def build_gpt_model(model: ModelConfig, megatron: MegatronConfig, *, pre_process: Optional[bool] = None,
+                    post_process: Optional[bool] = None, vocab_size: Optional[int] = None):
+    """A GPTModel for this pipeline stage (parallel_state must be initialised)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    acc = get_accelerator()
+    acc.prepare_megatron()
+    config = transformer_config(model, megatron, acc.kind)
+    if pre_process is None:
+        pre_process = ps.is_pipeline_first_stage(ignore_virtual=True)
+    if post_process is None:
+        post_process = ps.is_pipeline_last_stage(ignore_virtual=True)
+    vocab = vocab_size or padded_vocab_size(model, None, megatron.tensor_model_parallel_size)
+    gpt = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(model, acc.kind),
+        vocab_size=vocab,
+        max_sequence_length=model.max_position_embeddings,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
+        position_embedding_type=model.position_embedding_type,
+        rotary_percent=model.rotary_percent,
+        rotary_base=int(model.rotary_base),
+    )
+    if acc.kind != "cpu":
+        gpt = gpt.to(acc.current_device())
+    return gpt
+
+
+def layer_range(megatron: MegatronConfig, num_layers: int, pp_rank: int) -> Tuple[int, int]:
+    """[first, last) global layer numbers held by pipeline stage ``pp_rank``."""
+    counts: List[int] = megatron.layers_per_stage(num_layers)
+    start = sum(counts[:pp_rank])
+    return start, start + counts[pp_rank]

@@ -1,0 +1,90 @@
+"""Built-in rule verifiers.
+
+- acc_for_ppo (alias gsm8k, math): 1 when the response's final answer equals the label.
+  The answer is taken from the last \\boxed{...}, else after the last '####', else the last
+  number; equality is numeric when both sides are numbers, else math-verify's symbolic check.
+- format: 1 when the response has the <think>...</think><answer>...</answer> shape anywhere.
+- strict_format: 1 when the whole response is exactly that shape.
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from .registry import register_verifier
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+_FORMAT = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.S)
+_STRICT_FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.S)
+
+
+def last_boxed(text: str) -> Optional[str]:
+    """Content of the last \\boxed{...}, braces balanced."""
+    start = text.rfind("\\boxed")
+    if start < 0:
+        return None
+    i = text.find("{", start)
+    if i < 0:
+        return None
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1:j].strip()
+    return None
+
+
+def extract_answer(text: str) -> Optional[str]:
+    """The final answer of a response: \\boxed{} > text after '####' > the last number."""
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    if "####" in text:
+        tail = text.rsplit("####", 1)[1].strip()
+        if tail:
+            return tail.splitlines()[0].strip()
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
+def _as_number(text: str) -> Optional[float]:
+    cleaned = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    try:
+        return float(cleaned)
+    except ValueError:
+        return None
+
+
+def answers_match(answer: str, label: str) -> bool:
+    a, b = _as_number(answer), _as_number(label)
+    if a is not None and b is not None:
+        return abs(a - b) <= 1e-6 * max(1.0, abs(b))
+    if answer.strip() == label.strip():
+        return True
+    from math_verify import parse, verify
+
+    try:
+        return bool(verify(parse(f"${label}$"), parse(f"${answer}$")))
+    except Exception:  # noqa: BLE001 - an unparsable answer is simply wrong
+        return False
+
+
+@register_verifier("acc_for_ppo", "gsm8k", "math")
+def accuracy(response: str, label: str) -> float:
+    answer = extract_answer(response)
+    if answer is None or label is None:
+        return 0.0
+    return 1.0 if answers_match(answer, str(label)) else 0.0
+
+
+@register_verifier("format")
+def format_reward(response: str, label: str) -> float:
+    return 1.0 if _FORMAT.search(response) else 0.0
+
+
+@register_verifier("strict_format")
+def strict_format_reward(response: str, label: str) -> float:
+    return 1.0 if _STRICT_FORMAT.match(response) else 0.0

@@ -1,0 +1,52 @@
+"""torch.distributed and megatron parallel-state set-up for one process group."""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from ..accelerator import get_accelerator
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_distributed(rank: int = 0, world_size: int = 1, master_addr: Optional[str] = None,
+                     master_port: Optional[int] = None, local_rank: Optional[int] = None) -> None:
+    """Initialise torch.distributed with the device's backend (hccl / nccl / gloo)."""
+    if dist.is_initialized():
+        return
+    acc = get_accelerator()
+    os.environ["MASTER_ADDR"] = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(master_port or os.environ.get("MASTER_PORT") or free_port())
+    acc.set_device(rank if local_rank is None else local_rank)
+    dist.init_process_group(acc.dist_backend, rank=rank, world_size=world_size)
+
+
+def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 1234) -> None:
+    """megatron parallel_state for TP x PP (DP is what remains), and the model-parallel RNG."""
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    get_accelerator().prepare_megatron()
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    # Every rank seeds identically first: with CPU initialisation megatron DDP does not
+    # broadcast initial parameters, so replicas must build identical weights.
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def destroy() -> None:
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

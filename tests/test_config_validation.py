@@ -1,0 +1,136 @@
+"""Config validation: malformed configs exit 2 with a message naming the key; plans print."""
+import os
+import subprocess
+import time
+
+import pytest
+
+from cli import train_ppo
+from tests.conftest import PYTHON, ROOT
+
+A3 = ["--config-name", "ppo_qwen25_32b_A3", "dry_run=true"]
+
+# (overrides, key the message must name, extra text the message must hold)
+MALFORMED = [
+    (["rl_config.gama=0.9"], "rl_config.gama", "did you mean 'rl_config.gamma'"),
+    (["megatron_training.global_batch_size=0"], "megatron_training.global_batch_size", ">= 1"),
+    (["megatron_training.global_batch_size=abc"], "megatron_training.global_batch_size", "integer"),
+    (["rl_config.mini_batch_size=100"], "rl_config.mini_batch_size", "does not divide"),
+    (["actor_config.micro_batch_size=3"], "actor_config.micro_batch_size", "micro_batch_size 3"),
+    (["actor_config.tensor_model_parallel_size=3"], "actor_config.tensor_model_parallel_size", "does not divide"),
+    (["critic_config.tensor_model_parallel_size=16"], "critic_config.tensor_model_parallel_size", "num_attention_heads 40"),
+    (["generate_config.infer_tensor_parallel_size=3"], "generate_config.infer_tensor_parallel_size", "multiple nor a divisor"),
+    (["generate_config.sampling_config.top_p=1.5"], "generate_config.sampling_config.top_p", "<= 1"),
+    (["generate_config.sampling_config.temperature=-1"], "generate_config.sampling_config.temperature", ">= 0"),
+    (["generate_config.dtype=float64"], "generate_config.dtype", "bfloat16"),
+    (["rl_config.kl_penalty=kll"], "rl_config.kl_penalty", "did you mean 'kl'"),
+    (["rl_config.adv_estimator=grpo"], "rl_config.adv_estimator", "gae"),
+    (["rl_config.verifier_weight=[1.0,2.0]"], "rl_config.verifier_weight", "2 weights for 1"),
+    (["rl_config.verifier_function=[acc_for_ppo_x]"], "rl_config.verifier_function[0]", "did you mean 'acc_for_ppo'"),
+    (["critic_config.save=./ckpt"], "critic_config.save", "separate folders"),
+    (["megatron_training.bf16=maybe"], "megatron_training.bf16", "true or false"),
+    (["actor_config.fp16=true"], "actor_config.fp16", "bf16 and fp16"),
+    (["rl_config.kl_ctrl_type=adaptive"], "rl_config.kl_target", "adaptive"),
+    (["generate_config.max_model_len=1024"], "generate_config.max_model_len", "4096"),
+    (["actor_config.model=qwen99"], "actor_config.model", "qwen99"),
+    (["rl_config.critic_resource.num_npus=64"], "rl_config.critic_resource.num_npus", "shares the actor's devices"),
+    (["model.qwen25_32b.num_query_groups=7"], "model.qwen25_32b.num_query_groups", "does not divide"),
+    (["actor_config.lr_decay_style=cosin"], "actor_config.lr_decay_style", "did you mean 'cosine'"),
+    (["actor_config.pipeline_model_parallel_size=2", "actor_config.tensor_model_parallel_size=4",
+      "actor_config.num_layer_list='30,30'"], "actor_config.num_layer_list", "summing to num_layers 64"),
+    (["rl_config.epochs=1,2"], "rl_config.epochs", "Hydra sweep"),
+    (["rl_config.clip_ratio=1.5"], "rl_config.clip_ratio", "< 1"),
+    (["foo.bar=1"], "foo", "unknown section"),
+    (["rl_config.actor_resource=5"], "rl_config.actor_resource", "mapping"),
+    (["megatron_training.dataset_additional_keys=labels"], "megatron_training.dataset_additional_keys", "list"),
+    (["rl_config.adv_estimator=group_norm", "rl_config.n_samples_per_prompt=1"], "rl_config.n_samples_per_prompt", "at least 2"),
+    (["dry_run=yes"], "dry_run", "true or false"),
+    (["rl_config.gamma=[1,"], "rl_config.gamma", "cannot parse"),
+    (["rl_config.rule_reward=false"], "rl_config.rule_reward", "reward_config"),
+    (["generate_config.sampling_config.max_tokenz=5"], "generate_config.sampling_config.max_tokenz", "max_tokens"),
+    (["model.qwen25_32b.hidden_size=5121"], "model.qwen25_32b.num_attention_heads", "not divisible"),
+    (["rl_config.gamma=1.5"], "rl_config.gamma", "<= 1"),
+    (["megatron_training.seed=-3"], "megatron_training.seed", ">= 0"),
+]
+
+
+@pytest.mark.parametrize("overrides,key,text", MALFORMED, ids=[m[1] + ":" + m[0][-1] for m in MALFORMED])
+def test_malformed_config_exits_2_naming_the_key(overrides, key, text, capsys):
+    rc = train_ppo.main(A3 + overrides)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert key in err, err
+    assert text in err, err
+    assert "Traceback" not in err
+
+
+def test_at_least_25_distinct_malformed_configs():
+    assert len({m[1] for m in MALFORMED}) >= 25
+
+
+def test_unknown_config_name_suggests(capsys):
+    assert train_ppo.main(["--config-name", "ppo_qwen25_32b_A4", "dry_run=true"]) == 2
+    err = capsys.readouterr().err
+    assert "--config-name" in err and "ppo_qwen25_32b_A3" in err
+
+
+def test_missing_paths_refused_without_dry_run(tmp_path, capsys):
+    rc = train_ppo.main(["--config-name", "ppo_qwen25_32b_A3",
+                         f"megatron_training.tokenizer_name_or_path={tmp_path}/nope"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "megatron_training.tokenizer_name_or_path" in err and "does not exist" in err
+
+
+def test_a3_dry_run_prints_plan_for_two_nodes_of_16(capsys):
+    assert train_ppo.main(A3) == 0
+    out = capsys.readouterr().out
+    assert "128 prompts x 8 samples = 1024 responses" in out
+    assert "32 (2 nodes x 16" in out
+    assert "TP 8 x PP 1 x DP 4" in out
+    assert "8 mini-batches per epoch" in out
+    assert "32 micro-batch(es) of 1" in out
+    assert "dry_run" in out
+
+
+def test_overrides_of_keys_absent_from_yaml_are_applied(capsys):
+    assert train_ppo.main(A3 + ["rl_config.kl_target=0.1", "rl_config.n_samples_per_prompt=4"]) == 0
+    assert "128 prompts x 4 samples = 512 responses" in capsys.readouterr().out
+
+
+def test_model_not_in_defaults_is_read_from_its_file(capsys):
+    assert train_ppo.main(A3 + ["actor_config.model=qwen25_7b", "actor_config.tensor_model_parallel_size=4",
+                                "generate_config.infer_tensor_parallel_size=4"]) == 0
+    assert "model qwen25_7b" in capsys.readouterr().out
+
+
+def test_tiny_cpu_config_is_valid(capsys):
+    assert train_ppo.main(["--config-name", "ppo_tiny_cpu", "dry_run=true"]) == 0
+    out = capsys.readouterr().out
+    assert "model tiny_qwen25" in out
+
+
+def test_cli_subprocess_exit_code_message_and_speed():
+    start = time.perf_counter()
+    proc = subprocess.run([PYTHON, "cli/train_ppo.py", "--config-name", "ppo_qwen25_32b_A3", "rl_config.gama=1"],
+                          cwd=ROOT, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == \
+        "config error: rl_config.gama: unknown key; did you mean 'rl_config.gamma'?"
+    assert "Traceback" not in proc.stderr
+    assert elapsed < 10  # generous for a loaded CI box; typically well under a second
+
+
+def test_a3_dry_run_subprocess():
+    proc = subprocess.run([PYTHON, "cli/train_ppo.py", "--config-name", "ppo_qwen25_32b_A3", "dry_run=true"],
+                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NPUS_PER_NODE": "16"})
+    assert proc.returncode == 0, proc.stderr
+    assert "2 nodes x 16" in proc.stdout
+
+
+def test_config_docs_are_in_step_with_the_schema():
+    from mindspeed_rl.config_cls.docs import render
+
+    with open(os.path.join(ROOT, "docs", "config.md"), encoding="utf-8") as fh:
+        assert fh.read() == render(), "docs/config.md is stale: run `make docs`"
