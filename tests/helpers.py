@@ -11,3 +11,38 @@ def tiny_model_config(**overrides) -> ModelConfig:
     cfg = ModelConfig(**values)
     cfg.validate()
     return cfg
+
+
+def tiny_role(name: str = "actor", tp: int = 1, pp: int = 1, num_devices: int = 1, model=None, **megatron):
+    from mindspeed_rl.config_cls import MegatronConfig, RoleConfig
+
+    values = dict(model="tiny", tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, lr=1e-3,
+                  weight_decay=0.0, clip_grad=1.0, seed=1)
+    values.update(megatron)
+    return RoleConfig(name=name, megatron=MegatronConfig(**values), model=model or tiny_model_config(),
+                      num_devices=num_devices)
+
+
+def make_batch(batch: int = 4, seq: int = 20, vocab: int = 256, seed: int = 0, left_pad: bool = True):
+    """Left-padded prompts followed by responses, as rollouts produce them."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, vocab, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    for b in range(batch):
+        pad = (b * 3) % 5 if left_pad else 0
+        mask[b, :pad] = 0
+        ids[b, :pad] = 0
+        tail = (b * 2) % 4
+        if tail:
+            mask[b, seq - tail:] = 0
+            ids[b, seq - tail:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def sft_loss(outputs, mb):
+    """Mean negative log-likelihood over real next tokens of the micro-batch."""
+    mask = mb["attention_mask"][:, 1:].float() * mb["attention_mask"][:, :-1].float()
+    nll = -(outputs["log_probs"][:, 1:] * mask).sum() / mask.sum().clamp(min=1)
+    return nll, {}

@@ -1,0 +1,1 @@
+"""Weights: hf <-> mcore name maps, TP/PP split and merge, the Megatron checkpoint layout."""

@@ -1,0 +1,86 @@
+"""Split full megatron-core (local spec) weights into tensor-parallel shards and merge them back.
+
+Rules (DESIGN.md): qkv, word embeddings, output layer and their biases chunk on dim 0 (whole
+query groups per rank, because megatron stores qkv grouped as [q of the group's heads; k; v]);
+linear_fc1 of a SwiGLU MLP is cat(gate, up), so rank r holds cat(gate chunk r, up chunk r);
+linear_proj and linear_fc2 chunk on dim 1; norms are replicated. A value head
+(``output_layer.weight`` with one row) is replicated.
+"""
+from __future__ import annotations
+
+import re
+from typing import List, Sequence
+
+import torch
+
+_LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
+
+
+def tp_rule(name: str, shape: Sequence[int], swiglu: bool = True) -> str:
+    """How parameter ``name`` is laid out across TP ranks: replicate | dim0 | dim1 | swiglu."""
+    if name.endswith("_extra_state"):
+        return "replicate"
+    if "layernorm" in name or name.endswith("norm.weight") or name.endswith("norm.bias"):
+        return "replicate"
+    if name.startswith("output_layer.") and len(shape) == 2 and shape[0] == 1:
+        return "replicate"  # value head: hidden -> 1
+    if "linear_fc1" in name:
+        return "swiglu" if swiglu else "dim0"
+    if "linear_qkv" in name or "word_embeddings" in name or name.startswith("output_layer."):
+        return "dim0"
+    if ("linear_proj" in name or "linear_fc2" in name) and name.endswith("weight"):
+        return "dim1"
+    if "linear_proj" in name or "linear_fc2" in name:
+        return "replicate"  # row-parallel bias is added after the reduce
+    raise KeyError(f"no tensor-parallel rule for parameter {name!r}")
+
+
+def split_tp(name: str, full: torch.Tensor, tp: int, rank: int, swiglu: bool = True) -> torch.Tensor:
+    """Rank ``rank``'s shard of the full tensor ``full``."""
+    rule = tp_rule(name, full.shape, swiglu)
+    if tp == 1 or rule == "replicate":
+        return full
+    if rule == "dim0":
+        return full.chunk(tp, dim=0)[rank]
+    if rule == "dim1":
+        return full.chunk(tp, dim=1)[rank]
+    gate, up = full.chunk(2, dim=0)
+    return torch.cat([gate.chunk(tp, dim=0)[rank], up.chunk(tp, dim=0)[rank]], dim=0)
+
+
+def merge_tp(name: str, shards: List[torch.Tensor], swiglu: bool = True) -> torch.Tensor:
+    """The full tensor from the shards of every TP rank, in rank order."""
+    rule = tp_rule(name, shards[0].shape if len(shards) == 1 else shards[0].shape, swiglu)
+    if len(shards) == 1 or rule == "replicate":
+        return shards[0]
+    if rule == "dim0":
+        return torch.cat(shards, dim=0)
+    if rule == "dim1":
+        return torch.cat(shards, dim=1)
+    gates, ups = zip(*(s.chunk(2, dim=0) for s in shards))
+    return torch.cat(list(gates) + list(ups), dim=0)
+
+
+def layer_number(name: str) -> int:
+    """Layer index in a parameter name (-1 when it has none)."""
+    m = _LAYER.search(name)
+    return int(m.group(2)) if m else -1
+
+
+def shift_layer(name: str, offset: int) -> str:
+    """Renumber the layer index in ``name`` by ``offset`` (PP stages number their layers from 0)."""
+    m = _LAYER.search(name)
+    if not m:
+        return name
+    return name[:m.start(2)] + str(int(m.group(2)) + offset) + name[m.end(2):]
+
+
+def stage_of(name: str, stage_starts: Sequence[int], num_stages: int) -> List[int]:
+    """The pipeline stages that hold global parameter ``name`` (embedding first, head last)."""
+    layer = layer_number(name)
+    if layer >= 0:
+        stage = max(i for i, start in enumerate(stage_starts) if start <= layer)
+        return [stage]
+    if name.startswith("embedding."):
+        return [0]
+    return [num_stages - 1]  # final_layernorm, output_layer

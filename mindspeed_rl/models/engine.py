@@ -1,0 +1,271 @@
+"""Megatron-core engine of one role: model (TP/PP/DP), optimizer, lr schedule, micro-batching.
+
+The engine knows nothing about PPO. A loss function is passed in; it receives the head's
+outputs for one micro-batch (``log_probs``/``entropy`` for an LM head, ``values`` for a value
+head, each aligned with the tokens: position t holds the quantity that predicts or values
+token t, position 0 is 0) and returns ``(loss, metrics)``, where ``loss`` is the micro-batch's
+share of the mini-batch loss (already divided by the mini-batch's global normaliser, summed
+over micro-batches and data-parallel ranks). The engine undoes megatron's division by the
+number of micro-batches and DP's gradient averaging, so the gradient is exactly d(sum of
+shares)/d(theta).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ..accelerator import get_accelerator
+from ..config_cls.ppo_config import RoleConfig
+from .builder import build_gpt_model, params_dtype
+from .heads import attach_value_head, log_probs_and_entropy
+
+Batch = Dict[str, torch.Tensor]
+LossFn = Callable[[Dict[str, torch.Tensor], Batch], Tuple[torch.Tensor, Dict[str, float]]]
+
+
+def megatron_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, S] (1 = real token) -> megatron's [B, 1, S, S] boolean mask, True where masked.
+
+    A query may attend to earlier real keys only (causal and key padding); padded query rows
+    attend to themselves so softmax stays finite.
+    """
+    s = attention_mask.shape[1]
+    causal = torch.ones(s, s, dtype=torch.bool, device=attention_mask.device).tril()
+    keep = causal[None] & attention_mask.bool()[:, None, :]
+    keep = keep | torch.eye(s, dtype=torch.bool, device=attention_mask.device)[None]
+    return (~keep).unsqueeze(1)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions count real tokens only, so left padding does not shift RoPE."""
+    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
+
+
+def split_micro_batches(batch: Batch, micro_batch_size: int) -> List[Batch]:
+    size = next(iter(batch.values())).shape[0]
+    return [{k: v[i:i + micro_batch_size] for k, v in batch.items()} for i in range(0, size, micro_batch_size)]
+
+
+@dataclass
+class StepResult:
+    loss: float
+    grad_norm: float
+    lr: float
+    update_successful: bool
+    metrics: Dict[str, float]
+
+
+class MegatronEngine:
+    """One role's megatron-core model on this rank, trainable or frozen.
+
+    head: "lm" (actor, reference) or "value" (critic, reward model).
+    """
+
+    def __init__(self, role: RoleConfig, *, head: str = "lm", trainable: bool = True,
+                 total_steps: int = 1, vocab_size: Optional[int] = None, value_head_init_std: float = 0.0):
+        from megatron.core import parallel_state as ps
+
+        if head not in ("lm", "value"):
+            raise ValueError(f"head must be 'lm' or 'value', got {head!r}")
+        self.role, self.head, self.trainable = role, head, trainable
+        self.megatron = role.megatron
+        self.acc = get_accelerator()
+        self.device = self.acc.current_device()
+        gpt = build_gpt_model(role.model, role.megatron, vocab_size=vocab_size)
+        if head == "value":
+            attach_value_head(gpt, role.model.hidden_size, init_std=value_head_init_std)
+        self.config = gpt.config
+        self.pp_last = ps.is_pipeline_last_stage(ignore_virtual=True)
+        self.dp_size = ps.get_data_parallel_world_size()
+        self.optimizer = None
+        self.scheduler = None
+        if trainable:
+            self.model = [self._wrap_ddp(gpt)]
+            self._build_optimizer(total_steps)
+        else:
+            gpt.eval()
+            for p in gpt.parameters():
+                p.requires_grad_(False)
+            self.model = [gpt]
+
+    # ----- set-up -----------------------------------------------------------------------
+    def _wrap_ddp(self, gpt):
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, overlap_param_gather=False,
+            use_distributed_optimizer=self.megatron.use_distributed_optimizer, bucket_size=None)
+        return DistributedDataParallel(config=gpt.config, ddp_config=ddp_config, module=gpt)
+
+    def _build_optimizer(self, total_steps: int) -> None:
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        m = self.megatron
+        opt_config = OptimizerConfig(
+            optimizer="adam", lr=m.lr, min_lr=m.min_lr, weight_decay=m.weight_decay,
+            adam_beta1=m.adam_beta1, adam_beta2=m.adam_beta2, adam_eps=m.adam_eps,
+            clip_grad=m.clip_grad, bf16=m.bf16, fp16=m.fp16, params_dtype=params_dtype(m),
+            use_distributed_optimizer=m.use_distributed_optimizer,
+            loss_scale=None if m.fp16 else 1.0)
+        self.optimizer = get_megatron_optimizer(opt_config, self.model, use_gloo_process_groups=False)
+        decay_steps = max(1, m.lr_decay_iters or total_steps)
+        warmup = int(m.lr_warmup_fraction * decay_steps)
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer, init_lr=0.0 if warmup else m.lr, max_lr=m.lr, min_lr=m.min_lr,
+            lr_warmup_steps=warmup, lr_decay_steps=decay_steps, lr_decay_style=m.lr_decay_style,
+            start_wd=m.weight_decay, end_wd=m.weight_decay, wd_incr_steps=decay_steps,
+            wd_incr_style="constant")
+        self.config.finalize_model_grads_func = finalize_model_grads
+        self.config.grad_scale_func = self.optimizer.scale_loss
+
+    # ----- forward / backward -------------------------------------------------------------
+    def _head_outputs(self, output: torch.Tensor, mb: Batch, temperature: float,
+                      with_entropy: bool) -> Dict[str, torch.Tensor]:
+        if self.head == "value":
+            values = output.squeeze(-1).float()
+            aligned = torch.zeros_like(values)
+            aligned[:, 1:] = values[:, :-1]
+            return {"values": aligned, "raw_values": values}
+        tokens = mb["input_ids"]
+        log_p, entropy = log_probs_and_entropy(output[:, :-1], tokens[:, 1:], temperature, with_entropy)
+        zero = torch.zeros_like(log_p[:, :1])
+        out = {"log_probs": torch.cat([zero, log_p], dim=1)}
+        if entropy is not None:
+            out["entropy"] = torch.cat([zero, entropy], dim=1)
+        return out
+
+    def _loss_wrapper(self, mb: Batch, loss_fn: Optional[LossFn], scale: float, temperature: float,
+                      with_entropy: bool, output: torch.Tensor):
+        outputs = self._head_outputs(output, mb, temperature, with_entropy)
+        if loss_fn is None:  # forward only: hand the outputs back
+            return output.sum() * 0.0, {k: v.detach() for k, v in outputs.items()}
+        loss, metrics = loss_fn(outputs, mb)
+        return loss * scale, {"loss": loss.detach().clone(), **metrics}
+
+    def _forward_step(self, loss_fn, scale, temperature, with_entropy, data_iterator, model):
+        mb = next(data_iterator)
+        mask = mb["attention_mask"]
+        output = model(mb["input_ids"], position_ids_from_mask(mask), megatron_attention_mask(mask))
+        return output, partial(self._loss_wrapper, mb, loss_fn, scale, temperature, with_entropy)
+
+    def _run(self, batch: Batch, micro_batch_size: int, loss_fn: Optional[LossFn], forward_only: bool,
+             temperature: float = 1.0, with_entropy: bool = True) -> List[Dict]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        batch = {k: v.to(self.device) for k, v in batch.items()}
+        micro = split_micro_batches(batch, micro_batch_size)
+        scale = float(len(micro) * (1 if forward_only else self.dp_size))
+        fwd_bwd = get_forward_backward_func()
+        return fwd_bwd(
+            forward_step_func=partial(self._forward_step, loss_fn, scale, temperature, with_entropy),
+            data_iterator=iter(micro), model=self.model, num_microbatches=len(micro),
+            seq_length=batch["input_ids"].shape[1], micro_batch_size=micro_batch_size,
+            forward_only=forward_only)
+
+    @torch.no_grad()
+    def forward(self, batch: Batch, micro_batch_size: int, temperature: float = 1.0,
+                with_entropy: bool = False) -> Dict[str, torch.Tensor]:
+        """Head outputs for the whole batch, returned on every rank of the model-parallel group."""
+        for chunk in self.model:
+            chunk.eval()
+        stores = self._run(batch, micro_batch_size, None, True, temperature, with_entropy)
+        outputs = {k: torch.cat([s[k] for s in stores]) for k in stores[0]} if self.pp_last else None
+        return self._broadcast_from_last_stage(outputs, batch)
+
+    def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int,
+                   temperature: float = 1.0) -> StepResult:
+        """One optimizer step over ``batch`` (one mini-batch on this DP rank)."""
+        if not self.trainable:
+            raise RuntimeError(f"{self.role.name} is frozen: it has no optimizer")
+        for chunk in self.model:
+            chunk.train()
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        stores = self._run(batch, micro_batch_size, loss_fn, False, temperature, True)
+        update_successful, grad_norm, _ = self.optimizer.step()
+        if update_successful:
+            self.scheduler.step(increment=1)
+        metrics = self._reduce_metrics(stores)
+        return StepResult(loss=metrics.pop("loss", 0.0), grad_norm=float(grad_norm or 0.0),
+                          lr=self.current_lr(), update_successful=bool(update_successful), metrics=metrics)
+
+    def current_lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer else 0.0
+
+    # ----- cross-rank plumbing ------------------------------------------------------------------
+    def _reduce_metrics(self, stores: List[Dict]) -> Dict[str, float]:
+        """Each metric summed over micro-batches and DP ranks (they are shares of the mini-batch)."""
+        from megatron.core import parallel_state as ps
+
+        keys = [sorted(stores[0]) if stores else []]
+        if ps.get_pipeline_model_parallel_world_size() > 1:
+            dist.broadcast_object_list(keys, src=ps.get_pipeline_model_parallel_last_rank(),
+                                       group=ps.get_pipeline_model_parallel_group())
+        keys = keys[0]
+        values = torch.tensor([float(sum(float(s[k]) for s in stores)) if self.pp_last else 0.0 for k in keys],
+                              dtype=torch.float64, device=self._comm_device())
+        if ps.get_pipeline_model_parallel_world_size() > 1:
+            dist.broadcast(values, src=ps.get_pipeline_model_parallel_last_rank(),
+                           group=ps.get_pipeline_model_parallel_group())
+        if self.dp_size > 1:
+            dist.all_reduce(values, group=ps.get_data_parallel_group())
+        return {k: float(v) for k, v in zip(keys, values.tolist())}
+
+    def _comm_device(self) -> torch.device:
+        return torch.device("cpu") if self.acc.kind == "cpu" else self.device
+
+    def _broadcast_from_last_stage(self, outputs: Optional[Dict[str, torch.Tensor]], batch: Batch):
+        from megatron.core import parallel_state as ps
+
+        if ps.get_pipeline_model_parallel_world_size() == 1:
+            return {k: v.cpu() for k, v in outputs.items()}
+        src = ps.get_pipeline_model_parallel_last_rank()
+        group = ps.get_pipeline_model_parallel_group()
+        names = [sorted(outputs) if outputs is not None else None]
+        dist.broadcast_object_list(names, src=src, group=group)
+        shape = tuple(batch["input_ids"].shape)
+        result = {}
+        for name in names[0]:
+            t = outputs[name].float().contiguous() if outputs is not None else torch.empty(shape)
+            t = t.to(self._comm_device())
+            dist.broadcast(t, src=src, group=group)
+            result[name] = t.cpu()
+        return result
+
+    # ----- weights ---------------------------------------------------------------------------------
+    def unwrapped(self):
+        """The GPTModel of this rank (without the DDP wrapper)."""
+        chunk = self.model[0]
+        return getattr(chunk, "module", chunk)
+
+    def named_weights(self) -> Iterable[Tuple[str, torch.Tensor]]:
+        for name, tensor in self.unwrapped().state_dict().items():
+            if isinstance(tensor, torch.Tensor) and not name.endswith("_extra_state"):
+                yield name, tensor
+
+    @torch.no_grad()
+    def load_weights(self, weights: Dict[str, torch.Tensor]) -> None:
+        """Copy this rank's shards into the model (and the optimizer's fp32 main copy)."""
+        model = self.unwrapped()
+        own = dict(model.named_parameters())
+        missing = [n for n in own if n not in weights]
+        if missing:
+            raise KeyError(f"weights for {self.role.name} lack {missing[:3]}{'...' if len(missing) > 3 else ''}")
+        for name, param in own.items():
+            src = weights[name]
+            if tuple(src.shape) != tuple(param.shape):
+                raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)} != model shape {tuple(param.shape)}")
+            param.copy_(src.to(param.dtype))
+        if self.optimizer is not None:
+            self.optimizer.reload_model_params()
+
+
+def is_finite(x: float) -> bool:
+    return not (math.isnan(x) or math.isinf(x))

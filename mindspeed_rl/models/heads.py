@@ -1,0 +1,118 @@
+"""Output heads: token log-probs and entropy from vocab-parallel logits; the value head.
+
+Logits stay split across tensor-parallel ranks (each holds V/TP vocabulary rows); only
+per-token scalars cross ranks, never the full vocabulary.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def _tp_group():
+    from megatron.core import parallel_state as ps
+
+    return ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_world_size(), \
+        ps.get_tensor_model_parallel_rank()
+
+
+def _tp_sum(x: torch.Tensor) -> torch.Tensor:
+    """Sum over TP ranks; the backward passes the gradient through unchanged."""
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+
+    return reduce_from_tensor_model_parallel_region(x)
+
+
+def log_probs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
+                          with_entropy: bool = True) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Per-token log p(token) and entropy from vocab-parallel logits.
+
+    logits: [..., V/TP] this rank's vocabulary slice, tokens: [...] global token ids.
+        z = logits / temperature,  m = max_v z (all ranks),  Z = sum_v exp(z - m)
+        log p(t) = (z_t - m) - log Z
+        H = log Z - sum_v softmax(z)_v (z_v - m)
+    """
+    group, tp, rank = _tp_group()
+    z = logits.float()
+    if temperature != 1.0:
+        z = z / temperature
+    with torch.no_grad():
+        m = z.max(dim=-1, keepdim=True).values
+        if tp > 1:
+            dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+    shifted = z - m
+    exp = shifted.exp()
+    sum_exp = _tp_sum(exp.sum(dim=-1)) if tp > 1 else exp.sum(dim=-1)
+    log_z = sum_exp.log()
+    vocab_part = z.shape[-1]
+    local = tokens - rank * vocab_part
+    inside = (local >= 0) & (local < vocab_part)
+    picked = shifted.gather(-1, local.clamp(0, vocab_part - 1).unsqueeze(-1)).squeeze(-1) * inside
+    target = _tp_sum(picked) if tp > 1 else picked
+    log_p = target - log_z
+    entropy = None
+    if with_entropy:
+        weighted = (exp * shifted).sum(dim=-1)
+        weighted = _tp_sum(weighted) if tp > 1 else weighted
+        entropy = log_z - weighted / sum_exp
+    return log_p, entropy
+
+
+class ValueHead(nn.Module):
+    """hidden -> 1, replicated on every TP rank; stands in for GPTModel's output layer.
+
+    Same call convention as megatron's ColumnParallelLinear (returns (output, bias)), so
+    GPTModel's forward yields values of shape [batch, seq, 1]. With sequence parallelism the
+    hidden states are gathered along the sequence first.
+    """
+
+    def __init__(self, hidden_size: int, sequence_parallel: bool = False, init_std: float = 0.0,
+                 dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype))
+        if init_std > 0:
+            nn.init.normal_(self.weight, std=init_std)
+        self.sequence_parallel = sequence_parallel
+        # megatron DDP / optimizer attributes of a replicated parameter
+        self.weight.tensor_model_parallel = False
+        self.weight.sequence_parallel = False
+
+    def forward(self, hidden: torch.Tensor, weight: Optional[torch.Tensor] = None,
+                runtime_gather_output: Optional[bool] = None) -> Tuple[torch.Tensor, None]:
+        if self.sequence_parallel:
+            from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
+        return torch.nn.functional.linear(hidden, self.weight), None
+
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):  # pragma: no cover
+        from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
+
+        return make_sharded_tensors_for_checkpoint(self.state_dict(prefix="", keep_vars=True), prefix, {},
+                                                   sharded_offsets)
+
+
+def attach_value_head(gpt, hidden_size: int, init_std: float = 0.0) -> None:
+    """Replace the LM output layer of a last-stage GPTModel with a value head."""
+    if not getattr(gpt, "post_process", False):
+        return
+    dtype = next(gpt.parameters()).dtype
+    device = next(gpt.parameters()).device
+    head = ValueHead(hidden_size, sequence_parallel=gpt.config.sequence_parallel, init_std=init_std,
+                     dtype=dtype).to(device)
+    gpt.output_layer = head
+    gpt.share_embeddings_and_output_weights = False
+
+
+def last_token_values(values: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The value at the last valid token of each row: the ORM score of the whole sequence.
+
+    values: [batch, seq], attention_mask: [batch, seq] with 1 on real tokens (left or right padded).
+        score_b = values[b, max{t : mask[b, t] = 1}]
+    """
+    positions = torch.arange(attention_mask.shape[1], device=attention_mask.device)
+    last = (attention_mask.long() * positions).argmax(dim=1)
+    return values.gather(1, last.unsqueeze(1)).squeeze(1)

@@ -1,0 +1,69 @@
+"""Worker of the multi-process parallel-equivalence tests (run through torch.multiprocessing)."""
+import os
+
+import torch
+import torch.distributed as torch_dist
+
+
+def global_sft_loss(normaliser):
+    def loss_fn(outputs, mb):
+        mask = mb["attention_mask"][:, 1:].float() * mb["attention_mask"][:, :-1].float()
+        share = -(outputs["log_probs"][:, 1:] * mask).sum() / normaliser
+        return share, {"tokens": float(mask.sum())}
+    return loss_fn
+
+
+def value_loss(normaliser):
+    def loss_fn(outputs, mb):
+        mask = mb["attention_mask"].float()
+        return ((outputs["values"] - 1.0) ** 2 * mask).sum() / normaliser, {}
+    return loss_fn
+
+
+def run(rank, world, spec, workdir, port):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    from megatron.core import parallel_state as ps
+
+    from mindspeed_rl.checkpoint.sharding import merge_state_dicts, shard_state_dict
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.utils import dist
+    from tests.helpers import make_batch, tiny_model_config, tiny_role
+
+    tp, pp = spec["tp"], spec["pp"]
+    dist.init_distributed(rank, world, master_port=port)
+    dist.init_model_parallel(tp, pp, seed=5)
+    model = tiny_model_config(num_layers=4)
+    layer_list = spec.get("num_layer_list")
+    counts = [int(x) for x in layer_list.split(",")] if layer_list else [model.num_layers // pp] * pp
+    tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+    dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+    results = {}
+    batch = make_batch(8, 20, vocab=model.padded_vocab_size, seed=1)
+    rows = batch["input_ids"].shape[0] // dp
+    local = {k: v[dp_rank * rows:(dp_rank + 1) * rows] for k, v in batch.items()}
+    normaliser = float((batch["attention_mask"][:, 1:] * batch["attention_mask"][:, :-1]).sum())
+    for head in ("lm", "value"):
+        full = torch.load(os.path.join(workdir, f"full_{head}.pt"), weights_only=True)
+        role = tiny_role("actor" if head == "lm" else "critic", tp=tp, pp=pp, num_devices=world, model=model,
+                         num_layer_list=layer_list, use_distributed_optimizer=spec.get("dist_opt", False),
+                         lr=1e-4)
+        engine = MegatronEngine(role, head=head, total_steps=4)
+        engine.load_weights(shard_state_dict(full, tp, tp_rank, counts, pp_rank))
+        out = engine.forward(local, micro_batch_size=2, with_entropy=True)
+        loss_fn = global_sft_loss(normaliser) if head == "lm" else value_loss(float(batch["attention_mask"].sum()))
+        step = engine.train_step(local, loss_fn, micro_batch_size=2)
+        gathered = [None] * world
+        torch_dist.all_gather_object(gathered, (pp_rank, tp_rank, dp_rank, out,
+                                                {k: v.clone() for k, v in engine.named_weights()}))
+        if rank == 0:
+            outs = [g[3] for g in sorted(gathered, key=lambda g: g[2]) if g[0] == pp - 1 and g[1] == 0]
+            results[head] = {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
+            shards = [[next(g[4] for g in gathered if g[0] == p and g[1] == t and g[2] == 0) for t in range(tp)]
+                      for p in range(pp)]
+            results[head + "_weights"] = merge_state_dicts(shards, counts)
+            results[head + "_loss"] = step.loss
+            results[head + "_grad_norm"] = step.grad_norm
+    if rank == 0:
+        torch.save(results, os.path.join(workdir, f"result_{spec['name']}.pt"))
+    dist.destroy()

@@ -1,0 +1,82 @@
+"""TP=2, PP=2, DP=2 give the same log-probs, values, losses and updated weights as TP=1.
+
+Each layout runs in its own spawned processes (gloo on CPU); fp32, max abs diff <= 1e-5.
+"""
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from mindspeed_rl.utils.dist import free_port
+from tests import parallel_worker
+
+LAYOUTS = [
+    dict(name="tp1", tp=1, pp=1, world=1),
+    dict(name="tp2", tp=2, pp=1, world=2),
+    dict(name="pp2", tp=1, pp=2, world=2, num_layer_list="1,3"),
+    dict(name="dp2", tp=1, pp=1, world=2, dist_opt=True),
+]
+TOL = 1e-5
+
+
+def _spawn(spec, workdir):
+    mp.start_processes(parallel_worker.run, args=(spec["world"], spec, workdir, free_port()),
+                       nprocs=spec["world"], join=True, start_method="spawn")
+    return torch.load(os.path.join(workdir, f"result_{spec['name']}.pt"), weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("parallel"))
+    torch.manual_seed(0)
+    from tests.helpers import tiny_model_config
+
+    model = tiny_model_config(num_layers=4)
+    h, f, v = model.hidden_size, model.ffn_hidden_size, model.padded_vocab_size
+    qkv = (model.num_attention_heads + 2 * model.kv_heads) * model.head_dim
+    full = {"embedding.word_embeddings.weight": torch.randn(v, h) * 0.05,
+            "decoder.final_layernorm.weight": 1 + 0.1 * torch.randn(h),
+            "output_layer.weight": torch.randn(v, h) * 0.05}
+    for i in range(model.num_layers):
+        p = f"decoder.layers.{i}."
+        full.update({p + "input_layernorm.weight": 1 + 0.1 * torch.randn(h),
+                     p + "self_attention.linear_qkv.weight": torch.randn(qkv, h) * 0.05,
+                     p + "self_attention.linear_qkv.bias": torch.randn(qkv) * 0.05,
+                     p + "self_attention.linear_proj.weight": torch.randn(h, h) * 0.05,
+                     p + "pre_mlp_layernorm.weight": 1 + 0.1 * torch.randn(h),
+                     p + "mlp.linear_fc1.weight": torch.randn(2 * f, h) * 0.05,
+                     p + "mlp.linear_fc2.weight": torch.randn(h, f) * 0.05})
+    torch.save(full, os.path.join(workdir, "full_lm.pt"))
+    critic = dict(full)
+    critic["output_layer.weight"] = torch.randn(1, h) * 0.1
+    torch.save(critic, os.path.join(workdir, "full_value.pt"))
+    return {spec["name"]: _spawn(spec, workdir) for spec in LAYOUTS}
+
+
+def _max_diff(a, b):
+    return (a - b).abs().max().item()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"])
+def test_outputs_and_losses_match_tp1(results, layout):
+    ref, got = results["tp1"], results[layout]
+    assert _max_diff(ref["lm"]["log_probs"], got["lm"]["log_probs"]) <= TOL
+    assert _max_diff(ref["lm"]["entropy"], got["lm"]["entropy"]) <= TOL
+    assert _max_diff(ref["value"]["values"], got["value"]["values"]) <= TOL
+    assert ref["value"]["values"].abs().max() > 1e-3  # the value head is not trivially zero
+    assert abs(ref["lm_loss"] - got["lm_loss"]) <= TOL
+    assert abs(ref["value_loss"] - got["value_loss"]) <= TOL
+    assert abs(ref["lm_grad_norm"] - got["lm_grad_norm"]) <= 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"])
+def test_one_optimizer_step_gives_the_same_weights(results, layout):
+    ref, got = results["tp1"], results[layout]
+    for head in ("lm", "value"):
+        ref_w, got_w = ref[head + "_weights"], got[head + "_weights"]
+        assert set(ref_w) == set(got_w)
+        worst = max(_max_diff(ref_w[k], got_w[k]) for k in ref_w)
+        assert worst <= TOL, f"{layout} {head}: max weight diff {worst}"
