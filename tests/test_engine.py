@@ -1,0 +1,155 @@
+"""The megatron-core engine on one CPU process: heads, schedules, frozen models, offload."""
+import math
+
+import pytest
+import torch
+
+from mindspeed_rl.models.engine import (MegatronEngine, megatron_attention_mask, position_ids_from_mask,
+                                        split_micro_batches)
+from mindspeed_rl.models.heads import last_token_values, log_probs_and_entropy
+from mindspeed_rl.models.offload import Offloader
+from mindspeed_rl.utils import dist
+from tests.helpers import make_batch, sft_loss, tiny_role
+
+
+@pytest.fixture(scope="module", autouse=True)
+def single_process_world():
+    dist.init_distributed()
+    dist.init_model_parallel(seed=11)
+    yield
+    dist.destroy()
+
+
+def test_log_probs_and_entropy_match_full_softmax():
+    logits = torch.randn(3, 7, 50, dtype=torch.float64).float()
+    tokens = torch.randint(0, 50, (3, 7))
+    for temperature in (1.0, 0.7):
+        log_p, entropy = log_probs_and_entropy(logits, tokens, temperature)
+        ref = torch.log_softmax(logits / temperature, dim=-1)
+        assert torch.allclose(log_p, ref.gather(-1, tokens[..., None]).squeeze(-1), atol=1e-5)
+        assert torch.allclose(entropy, -(ref.exp() * ref).sum(-1), atol=1e-5)
+
+
+def test_log_prob_gradient_matches_autograd_of_log_softmax():
+    logits = torch.randn(2, 5, 30, requires_grad=True)
+    tokens = torch.randint(0, 30, (2, 5))
+    log_p, entropy = log_probs_and_entropy(logits, tokens)
+    (log_p.sum() + entropy.sum()).backward()
+    ours = logits.grad.clone()
+    logits.grad = None
+    ref = torch.log_softmax(logits, -1)
+    (ref.gather(-1, tokens[..., None]).sum() - (ref.exp() * ref).sum()).backward()
+    assert torch.allclose(ours, logits.grad, atol=1e-5)
+
+
+def test_last_token_values_left_and_right_padding():
+    values = torch.arange(12.0).reshape(2, 6)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
+    assert last_token_values(values, mask).tolist() == [4.0, 11.0]
+
+
+def test_masks_and_positions():
+    mask = torch.tensor([[0, 1, 1, 0]])
+    m = megatron_attention_mask(mask)[0, 0]
+    assert m.shape == (4, 4)
+    assert not m[2, 1] and m[1, 2] and m[2, 0]   # causal, padded key masked
+    assert not m[0, 0]                            # a padded query keeps itself (finite softmax)
+    assert position_ids_from_mask(mask).tolist() == [[0, 0, 1, 1]]
+    parts = split_micro_batches({"x": torch.arange(5)}, 2)
+    assert [p["x"].tolist() for p in parts] == [[0, 1], [2, 3], [4]]
+
+
+def test_sft_loss_decreases_and_step_reports():
+    engine = MegatronEngine(tiny_role(lr=3e-3), total_steps=10)
+    batch = make_batch(8, 16, seed=3)
+    losses = [engine.train_step(batch, sft_loss, micro_batch_size=4) for _ in range(6)]
+    assert losses[-1].loss < losses[0].loss - 0.5
+    assert all(r.update_successful and r.grad_norm > 0 and math.isfinite(r.grad_norm) for r in losses)
+    assert losses[0].lr == pytest.approx(3e-3)
+
+
+def test_padding_does_not_change_log_probs():
+    engine = MegatronEngine(tiny_role(), trainable=False)
+    batch = make_batch(2, 12, seed=4, left_pad=False)
+    batch["attention_mask"][:] = 1
+    padded = {"input_ids": torch.cat([torch.zeros(2, 3, dtype=torch.long), batch["input_ids"]], 1),
+              "attention_mask": torch.cat([torch.zeros(2, 3, dtype=torch.long), batch["attention_mask"]], 1)}
+    a = engine.forward(batch, 2)["log_probs"]
+    b = engine.forward(padded, 2)["log_probs"][:, 3:]
+    assert torch.allclose(a[:, 1:], b[:, 1:], atol=1e-5)
+
+
+@pytest.mark.parametrize("style", ["constant", "linear", "cosine"])
+def test_lr_schedules(style):
+    lr, min_lr, steps, warmup_fraction = 1e-3, 1e-4, 10, 0.2
+    engine = MegatronEngine(tiny_role(lr=lr, min_lr=min_lr, lr_decay_style=style,
+                                      lr_warmup_fraction=warmup_fraction), total_steps=steps)
+    batch = make_batch(2, 8)
+    seen = [engine.current_lr()] + [engine.train_step(batch, sft_loss, 2).lr for _ in range(steps)]
+    warmup = int(warmup_fraction * steps)
+    for step, value in enumerate(seen):
+        if step <= warmup:
+            expected = lr * step / warmup
+        else:
+            ratio = (step - warmup) / (steps - warmup)
+            if style == "constant":
+                expected = lr
+            elif style == "linear":
+                expected = min_lr + (lr - min_lr) * (1 - ratio)
+            else:
+                expected = min_lr + (lr - min_lr) * 0.5 * (math.cos(math.pi * ratio) + 1)
+        assert value == pytest.approx(expected, rel=1e-6, abs=1e-12), (style, step)
+
+
+def test_frozen_reference_is_never_updated():
+    actor = MegatronEngine(tiny_role(lr=1e-2), total_steps=5)
+    ref = MegatronEngine(tiny_role(), trainable=False)
+    ref.load_weights(dict(actor.named_weights()))
+    before = {k: v.clone() for k, v in ref.named_weights()}
+    for _ in range(3):
+        actor.train_step(make_batch(4, 10), sft_loss, 2)
+    after = dict(ref.named_weights())
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert ref.optimizer is None and not ref.unwrapped().training
+    assert not any(p.requires_grad for p in ref.unwrapped().parameters())
+    changed = sum(not torch.equal(before[k], v) for k, v in actor.named_weights())
+    assert changed > 0
+    with pytest.raises(RuntimeError, match="frozen"):
+        ref.train_step(make_batch(2, 8), sft_loss, 2)
+
+
+@pytest.mark.parametrize("dist_opt,bf16", [(False, False), (True, False), (False, True)])
+def test_offload_round_trip_is_exact_and_training_continues(dist_opt, bf16):
+    batch = make_batch(4, 10, seed=5)
+    engines = []
+    for _ in range(2):
+        dist.init_model_parallel(seed=11)
+        torch.manual_seed(7)
+        engines.append(MegatronEngine(tiny_role(use_distributed_optimizer=dist_opt, bf16=bf16), total_steps=5))
+    a, b = engines
+    b.load_weights(dict(a.named_weights()))
+    for e in engines:
+        e.train_step(batch, sft_loss, 2)
+    off = Offloader(a)
+    snapshot = {name: [t.clone() for t in getter()] for name, getter in
+                (("param", off.param_tensors), ("grad", off.grad_tensors), ("optimizer", off.optimizer_tensors))}
+    assert snapshot["optimizer"], "Adam state exists after a step"
+    moved = off.offload()
+    assert moved["param"] > 0 and moved["grad"] > 0 and moved["optimizer"] > 0
+    assert all(t.untyped_storage().nbytes() == 0 for t in off.param_tensors())
+    off.onload()
+    for name, getter in (("param", off.param_tensors), ("grad", off.grad_tensors),
+                         ("optimizer", off.optimizer_tensors)):
+        assert all(torch.equal(x, y) for x, y in zip(snapshot[name], getter())), name
+    ra, rb = a.train_step(batch, sft_loss, 2), b.train_step(batch, sft_loss, 2)
+    assert ra.loss == rb.loss
+    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a.named_weights(), b.named_weights()))
+
+
+def test_value_head_engine_outputs_values():
+    critic = MegatronEngine(tiny_role("critic"), head="value", value_head_init_std=0.1, total_steps=3)
+    batch = make_batch(4, 10)
+    out = critic.forward(batch, 2)
+    assert out["values"].shape == (4, 10) and torch.all(out["values"][:, 0] == 0)
+    assert torch.equal(out["values"][:, 1:], out["raw_values"][:, :-1])
+    assert critic.unwrapped().output_layer.weight.shape == (1, 64)
