@@ -153,3 +153,41 @@ def test_value_head_engine_outputs_values():
     assert out["values"].shape == (4, 10) and torch.all(out["values"][:, 0] == 0)
     assert torch.equal(out["values"][:, 1:], out["raw_values"][:, :-1])
     assert critic.unwrapped().output_layer.weight.shape == (1, 64)
+
+
+@pytest.mark.parametrize("recompute", [dict(recompute_granularity="full", recompute_method="uniform",
+                                            recompute_num_layers=1),
+                                       dict(recompute_granularity="selective")])
+def test_activation_recompute_gives_the_same_step(recompute):
+    batch = make_batch(4, 12, seed=9)
+    results, initial = [], None
+    for extra in ({}, recompute):
+        dist.init_model_parallel(seed=11)
+        engine = MegatronEngine(tiny_role(**extra), total_steps=2)
+        if initial is None:
+            initial = {k: v.clone() for k, v in engine.named_weights()}
+        engine.load_weights(initial)
+        results.append(engine.train_step(batch, sft_loss, 2))
+    plain, recomputed = results
+    assert recomputed.loss == pytest.approx(plain.loss, abs=1e-6)
+    assert recomputed.grad_norm == pytest.approx(plain.grad_norm, rel=1e-5)
+
+
+def test_device_only_flags_are_mapped_on_cpu_with_one_log_line(caplog):
+    from mindspeed_rl.config_cls import MegatronConfig
+    from mindspeed_rl.models import builder
+    from tests.helpers import tiny_model_config
+
+    builder._LOGGED.clear()
+    m = MegatronConfig(model="t", sequence_parallel=True, use_fused_rotary_pos_emb=True, use_flash_attn=True,
+                       use_fused_rmsnorm=True, tensor_model_parallel_size=1, num_layer_list="1,1",
+                       pipeline_model_parallel_size=2)
+    with caplog.at_level("WARNING"):
+        cfg = builder.transformer_config(tiny_model_config(), m, "cpu")
+        builder.transformer_config(tiny_model_config(), m, "cpu")
+    assert not cfg.sequence_parallel and not cfg.apply_rope_fusion and not cfg.gradient_accumulation_fusion
+    assert cfg.use_cpu_initialization
+    text = caplog.text
+    for flag in ("use_fused_rotary_pos_emb", "use_flash_attn", "use_fused_rmsnorm"):
+        assert text.count(flag) == 1, flag
+    assert builder.pipeline_layout(m, 2) == "Et*1|t*1L"
