@@ -1,0 +1,95 @@
+"""Convert checkpoints between HF and Megatron-core layouts (MindSpeed-LLM's flags).
+
+    # HF -> Megatron, TP 8 (critic / reward: add --orm)
+    python cli/convert_ckpt.py --use-mcore-models --model-type GPT --load-model-type hf --save-model-type mg \\
+        --target-tensor-parallel-size 8 --target-pipeline-parallel-size 1 --add-qkv-bias \\
+        --load-dir ./Qwen2.5-32B --save-dir ./ckpt --model-type-hf qwen25 --params-dtype bf16 \\
+        --tokenizer-model ./Qwen2.5-32B/tokenizer.json
+
+    # Megatron -> HF: writes <save-dir>/mg2hf, config taken from the HF files in --save-dir
+    python cli/convert_ckpt.py --load-model-type mg --save-model-type hf --load-dir ./ckpt \\
+        --save-dir ./Qwen2.5-32B --model-type-hf qwen25
+
+    # Megatron -> Megatron with another TP/PP
+    python cli/convert_ckpt.py --load-model-type mg --save-model-type mg --load-dir ./ckpt \\
+        --save-dir ./ckpt_tp4pp2 --target-tensor-parallel-size 4 --target-pipeline-parallel-size 2
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from typing import Optional, Sequence
+
+from mindspeed_rl.utils.cli import UserError, report_user_errors
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--load-model-type", choices=("hf", "mg"), required=True)
+    p.add_argument("--save-model-type", choices=("hf", "mg"), required=True)
+    p.add_argument("--load-dir", required=True)
+    p.add_argument("--save-dir", required=True)
+    p.add_argument("--target-tensor-parallel-size", type=int, default=1)
+    p.add_argument("--target-pipeline-parallel-size", type=int, default=1)
+    p.add_argument("--num-layer-list", default=None, help="uneven layers per pipeline stage, e.g. 3,5")
+    p.add_argument("--model-type-hf", choices=("qwen2", "qwen25", "llama2", "llama"), default="qwen25")
+    p.add_argument("--params-dtype", choices=("fp32", "bf16", "fp16"), default=None,
+                   help="dtype of the saved weights (default: fp32 for hf->mg, unchanged otherwise)")
+    p.add_argument("--add-qkv-bias", action="store_true", help="the model has q/k/v biases (Qwen2 family)")
+    p.add_argument("--tokenizer-model", default=None, help="tokenizer file or folder (checked to exist)")
+    p.add_argument("--orm", action="store_true", help="critic / reward model: the value head <-> score.weight")
+    p.add_argument("--use-mcore-models", action="store_true", help="accepted (megatron-core is the only kind)")
+    p.add_argument("--model-type", default="GPT", choices=("GPT",))
+    p.add_argument("--max-shard-size-gb", type=float, default=2.0, help="HF output shard size")
+    return p.parse_args(argv)
+
+
+@report_user_errors
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    from mindspeed_rl.checkpoint import convert
+    from mindspeed_rl.checkpoint.megatron_layout import CheckpointError
+
+    if not os.path.isdir(args.load_dir):
+        raise UserError(f"--load-dir {args.load_dir}: folder does not exist")
+    if args.tokenizer_model and not os.path.exists(args.tokenizer_model):
+        raise UserError(f"--tokenizer-model {args.tokenizer_model}: does not exist")
+    for flag in ("target_tensor_parallel_size", "target_pipeline_parallel_size"):
+        if getattr(args, flag) < 1:
+            raise UserError(f"--{flag.replace('_', '-')} must be >= 1")
+    start = time.perf_counter()
+    try:
+        if args.load_model_type == "hf" and args.save_model_type == "mg":
+            model_type = "llama2" if args.model_type_hf in ("llama", "llama2") and not args.add_qkv_bias else args.model_type_hf
+            cfg = convert.hf_to_mg(args.load_dir, args.save_dir, args.target_tensor_parallel_size,
+                                   args.target_pipeline_parallel_size, args.num_layer_list,
+                                   args.params_dtype or "fp32", args.orm, model_type)
+            where = args.save_dir
+            print(f"converted {args.load_dir} ({cfg.num_layers} layers) -> {where} "
+                  f"(TP {args.target_tensor_parallel_size}, PP {args.target_pipeline_parallel_size}, release)")
+        elif args.load_model_type == "mg" and args.save_model_type == "hf":
+            if not os.path.isfile(os.path.join(args.save_dir, "config.json")):
+                raise UserError(f"--save-dir {args.save_dir}: needs the original HF config.json (and tokenizer "
+                                "files) to take the config from; the result goes to <save-dir>/mg2hf")
+            where = convert.mg_to_hf(args.load_dir, args.save_dir, args.params_dtype, args.orm or None,
+                                     int(args.max_shard_size_gb * 1024**3))
+            print(f"converted {args.load_dir} -> {where}")
+        elif args.load_model_type == "mg" and args.save_model_type == "mg":
+            convert.mg_to_mg(args.load_dir, args.save_dir, args.target_tensor_parallel_size,
+                             args.target_pipeline_parallel_size, args.num_layer_list, args.params_dtype)
+            print(f"resharded {args.load_dir} -> {args.save_dir} (TP {args.target_tensor_parallel_size}, "
+                  f"PP {args.target_pipeline_parallel_size})")
+        else:
+            raise UserError("hf -> hf is not a conversion; use --save-model-type mg")
+    except (convert.ConversionError, CheckpointError) as exc:
+        raise UserError(str(exc)) from None
+    print(f"done in {time.perf_counter() - start:.1f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,316 @@
+"""hf <-> mcore conversion, one pipeline stage and one layer at a time.
+
+Peak host memory stays near one stage's weights plus one layer: HF shards are read lazily
+(safetensors ``safe_open``, or ``torch.load(mmap=True)`` for .bin), megatron rank files are
+memory-mapped, and HF output is written in safetensors shards as they fill.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+from tqdm import tqdm
+
+from ..config_cls.model_config import ModelConfig
+from . import hf_mapping as hm
+from . import megatron_layout as ml
+from .sharding import stage_starts
+from .tp_split import layer_number, merge_tp, shift_layer, split_tp
+
+log = logging.getLogger(__name__)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "tokenizer.model", "generation_config.json", "added_tokens.json",
+                   "chat_template.jinja")
+
+
+class ConversionError(RuntimeError):
+    """Bad converter input (missing files, unknown tensors, inconsistent flags)."""
+
+
+class HFReader:
+    """Lazy access to the tensors of a HF model folder (sharded or not, safetensors or .bin)."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self._handles: Dict[str, object] = {}
+        self.weight_map = self._weight_map()
+
+    def _weight_map(self) -> Dict[str, str]:
+        for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+            path = os.path.join(self.folder, index)
+            if os.path.isfile(path):
+                with open(path, encoding="utf-8") as fh:
+                    return json.load(fh)["weight_map"]
+        for single in ("model.safetensors", "pytorch_model.bin"):
+            path = os.path.join(self.folder, single)
+            if os.path.isfile(path):
+                return {name: single for name in self._open(single).keys()}
+        raise ConversionError(f"{self.folder}: no model.safetensors(.index.json) or pytorch_model.bin(.index.json)")
+
+    def _open(self, filename: str):
+        if filename not in self._handles:
+            path = os.path.join(self.folder, filename)
+            if not os.path.isfile(path):
+                raise ConversionError(f"{path}: named by the index but missing")
+            if filename.endswith(".safetensors"):
+                from safetensors import safe_open
+
+                self._handles[filename] = safe_open(path, framework="pt")
+            else:
+                self._handles[filename] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return self._handles[filename]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.weight_map
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self.weight_map:
+            raise ConversionError(f"{self.folder}: tensor {name!r} not found")
+        handle = self._open(self.weight_map[name])
+        return handle.get_tensor(name) if hasattr(handle, "get_tensor") else handle[name]
+
+
+def read_hf_config(folder: str) -> dict:
+    path = os.path.join(folder, "config.json")
+    if not os.path.isfile(path):
+        raise ConversionError(f"{folder}: no config.json")
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def layer_counts(num_layers: int, pp: int, num_layer_list: Optional[str]) -> List[int]:
+    if num_layer_list:
+        counts = [int(x) for x in num_layer_list.split(",")]
+        if len(counts) != pp or sum(counts) != num_layers or min(counts) < 1:
+            raise ConversionError(f"--num-layer-list {num_layer_list}: needs {pp} positive counts summing to {num_layers}")
+        return counts
+    if num_layers % pp:
+        raise ConversionError(f"{num_layers} layers do not split evenly into {pp} stages; give --num-layer-list")
+    return [num_layers // pp] * pp
+
+
+def checkpoint_config(cfg: ModelConfig, tp: int, pp: int, counts: Sequence[int], dtype: str, orm: bool) -> dict:
+    return {"model": dataclasses.asdict(cfg), "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
+            "num_layer_list": ",".join(map(str, counts)), "params_dtype": dtype, "orm": orm}
+
+
+def _check_parallel(cfg: ModelConfig, tp: int) -> None:
+    if cfg.num_attention_heads % tp or cfg.kv_heads % tp:
+        raise ConversionError(f"--target-tensor-parallel-size {tp} does not divide the {cfg.num_attention_heads} heads "
+                              f"/ {cfg.kv_heads} query groups")
+    if (cfg.padded_vocab_size or 0) % tp:
+        raise ConversionError(f"--target-tensor-parallel-size {tp} does not divide the vocab {cfg.padded_vocab_size}")
+
+
+def _write_stage(save_dir: str, iteration, pp_rank: int, pp: int, tp: int, full: Dict[str, torch.Tensor],
+                 start: int, config: dict, swiglu: bool) -> None:
+    for tp_rank in range(tp):
+        shard = {}
+        for name, tensor in full.items():
+            local = shift_layer(name, -start) if layer_number(name) >= 0 else name
+            shard[local] = split_tp(name, tensor, tp, tp_rank, swiglu).clone()
+        ml.write_rank(save_dir, iteration, tp_rank, pp_rank, pp, {"model": shard, "iteration": 0, "config": config})
+
+
+def hf_to_mg(load_dir: str, save_dir: str, tp: int = 1, pp: int = 1, num_layer_list: Optional[str] = None,
+             dtype: str = "fp32", orm: bool = False, model_type_hf: Optional[str] = None,
+             seed: int = 1234) -> ModelConfig:
+    """Convert a HF folder into a Megatron 'release' checkpoint with TP x PP rank files."""
+    reader = HFReader(load_dir)
+    cfg = hm.model_config_from_hf(read_hf_config(load_dir), model_type_hf)
+    if cfg.add_qkv_bias and hm.HF_LAYER.format(i=0) + "self_attn.q_proj.bias" not in reader:
+        raise ConversionError(f"{load_dir}: --add-qkv-bias / {cfg.model_type_hf} expects q/k/v biases, none found")
+    _check_parallel(cfg, tp)
+    counts = layer_counts(cfg.num_layers, pp, num_layer_list)
+    starts = stage_starts(counts)
+    torch_dtype = DTYPES[dtype]
+    config = checkpoint_config(cfg, tp, pp, counts, dtype, orm)
+    head = _value_head(reader, cfg, orm, seed) if orm else None
+    ml.begin_save(save_dir, "release")
+    bar = tqdm(total=cfg.num_layers + 2, desc="hf -> mcore", unit="layer")
+    for pp_rank in range(pp):
+        full: Dict[str, torch.Tensor] = {}
+        if pp_rank == 0:
+            full[hm.EMBED[1]] = reader.get(hm.EMBED[0])
+            bar.update(1)
+        for i in range(starts[pp_rank], starts[pp_rank] + counts[pp_rank]):
+            hf_layer = {n: reader.get(n) for n in hm.hf_layer_names(i, cfg)}
+            full.update(hm.layer_hf_to_mcore(i, hf_layer, cfg))
+            bar.update(1)
+        if pp_rank == pp - 1:
+            full[hm.FINAL_NORM[1]] = reader.get(hm.FINAL_NORM[0])
+            if orm:
+                full[hm.OUTPUT_MG] = head
+            elif cfg.untie_embeddings_and_output_weights:
+                full[hm.OUTPUT_MG] = reader.get("lm_head.weight")
+            elif pp > 1:
+                full[hm.OUTPUT_MG] = reader.get(hm.EMBED[0])  # tied: the last stage keeps a copy
+            bar.update(1)
+        full = {k: v.to(torch_dtype) for k, v in full.items()}
+        _write_stage(save_dir, "release", pp_rank, pp, tp, full, starts[pp_rank], config, cfg.swiglu)
+        del full
+    bar.close()
+    ml.commit_save(save_dir, "release", tp * pp)
+    return cfg
+
+
+def _value_head(reader: HFReader, cfg: ModelConfig, orm: bool, seed: int) -> torch.Tensor:
+    if "score.weight" in reader:
+        score = reader.get("score.weight")
+        if score.shape[0] != 1:
+            raise ConversionError(f"score.weight has {score.shape[0]} labels; an ORM / critic needs num_labels=1")
+        return score
+    log.warning("--orm: %s has no score.weight (a causal LM): the value head is initialised "
+                "N(0, 1/(hidden+1)) so a critic can start from this model", reader.folder)
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(1, cfg.hidden_size, generator=gen) / (cfg.hidden_size + 1)
+
+
+# ---------------------------------------------------------------------------------------------
+def read_mg_config(load_dir: str) -> Tuple[dict, str, int, int]:
+    iteration, iter_dir = ml.latest_iteration_dir(load_dir)
+    tp, pp = ml.layout_of(iter_dir)
+    first = torch.load(ml.rank_file(iter_dir, 0, 0, pp), map_location="cpu", weights_only=False, mmap=True)
+    config = first.get("config")
+    if not config or "model" not in config:
+        raise ConversionError(f"{load_dir}: the checkpoint stores no model config")
+    return config, iter_dir, tp, pp
+
+
+def iter_mg_stages(load_dir: str) -> Iterator[Tuple[int, Dict[str, torch.Tensor]]]:
+    """(pp_rank, full TP-merged weights of that stage with global layer numbers), stage by stage."""
+    config, iter_dir, tp, pp = read_mg_config(load_dir)
+    counts = [int(x) for x in config["num_layer_list"].split(",")]
+    starts = stage_starts(counts)
+    swiglu = config["model"].get("swiglu", True)
+    for pp_rank in range(pp):
+        shards = [torch.load(ml.rank_file(iter_dir, t, pp_rank, pp), map_location="cpu", weights_only=False,
+                             mmap=True)["model"] for t in range(tp)]
+        merged = {}
+        for name in shards[0]:
+            if name.endswith("_extra_state"):
+                continue
+            global_name = shift_layer(name, starts[pp_rank]) if layer_number(name) >= 0 else name
+            merged[global_name] = merge_tp(global_name, [s[name] for s in shards], swiglu)
+        yield pp_rank, merged
+        del shards, merged
+
+
+class SafetensorsShardWriter:
+    """Writes HF tensors into numbered safetensors shards of at most ``max_bytes`` each + an index."""
+
+    def __init__(self, folder: str, max_bytes: int):
+        self.folder, self.max_bytes = folder, max_bytes
+        self.pending: Dict[str, torch.Tensor] = {}
+        self.pending_bytes = 0
+        self.files: List[Tuple[str, List[str]]] = []
+        self.total = 0
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        size = tensor.numel() * tensor.element_size()
+        if self.pending and self.pending_bytes + size > self.max_bytes:
+            self.flush()
+        self.pending[name] = tensor.contiguous()
+        self.pending_bytes += size
+        self.total += size
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        from safetensors.torch import save_file
+
+        tmp = f"shard-{len(self.files):05d}.tmp"
+        save_file(self.pending, os.path.join(self.folder, tmp), metadata={"format": "pt"})
+        self.files.append((tmp, list(self.pending)))
+        self.pending, self.pending_bytes = {}, 0
+
+    def close(self) -> None:
+        self.flush()
+        n = len(self.files)
+        if n == 1:
+            os.replace(os.path.join(self.folder, self.files[0][0]), os.path.join(self.folder, "model.safetensors"))
+            return
+        weight_map = {}
+        for i, (tmp, names) in enumerate(self.files):
+            final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            os.replace(os.path.join(self.folder, tmp), os.path.join(self.folder, final))
+            weight_map.update({name: final for name in names})
+        with open(os.path.join(self.folder, "model.safetensors.index.json"), "w", encoding="utf-8") as fh:
+            json.dump({"metadata": {"total_size": self.total}, "weight_map": weight_map}, fh, indent=2)
+
+
+def mg_to_hf(load_dir: str, save_dir: str, dtype: Optional[str] = None, orm: Optional[bool] = None,
+             max_shard_bytes: int = 2 * 1024**3) -> str:
+    """Convert the latest Megatron checkpoint into ``<save_dir>/mg2hf`` (config from ``save_dir``)."""
+    config, _, _, _ = read_mg_config(load_dir)
+    cfg = ModelConfig(**config["model"])
+    orm = config.get("orm", False) if orm is None else orm
+    hf_config = read_hf_config(save_dir)
+    out_dir = os.path.join(save_dir, "mg2hf")
+    staging = out_dir + ".tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging)
+    torch_dtype = DTYPES[dtype] if dtype else None
+    writer = SafetensorsShardWriter(staging, max_shard_bytes)
+    bar = tqdm(total=cfg.num_layers + 2, desc="mcore -> hf", unit="layer")
+    for _, stage in iter_mg_stages(load_dir):
+        cast = (lambda t: t.to(torch_dtype)) if torch_dtype else (lambda t: t)
+        if hm.EMBED[1] in stage:
+            writer.add(hm.EMBED[0], cast(stage[hm.EMBED[1]]))
+            bar.update(1)
+        layers = sorted({layer_number(n) for n in stage if layer_number(n) >= 0})
+        for i in layers:
+            for name, tensor in hm.layer_mcore_to_hf(i, stage, cfg).items():
+                writer.add(name, cast(tensor))
+            bar.update(1)
+        if hm.FINAL_NORM[1] in stage:
+            writer.add(hm.FINAL_NORM[0], cast(stage[hm.FINAL_NORM[1]]))
+            if hm.OUTPUT_MG in stage and (orm or cfg.untie_embeddings_and_output_weights):
+                writer.add(hm.head_name_hf(orm), cast(stage[hm.OUTPUT_MG]))
+            bar.update(1)
+    bar.close()
+    writer.close()
+    if orm:
+        arch = hf_config.get("architectures", ["Qwen2ForCausalLM"])[0].replace("ForCausalLM", "ForSequenceClassification")
+        hf_config.update(architectures=[arch], num_labels=1)
+    if torch_dtype is not None:
+        hf_config["torch_dtype"] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype]
+    with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as fh:
+        json.dump(hf_config, fh, indent=2)
+    for name in TOKENIZER_FILES:
+        src = os.path.join(save_dir, name)
+        if os.path.isfile(src):
+            shutil.copy2(src, os.path.join(staging, name))
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(staging, out_dir)
+    return out_dir
+
+
+def mg_to_mg(load_dir: str, save_dir: str, tp: int, pp: int, num_layer_list: Optional[str] = None,
+             dtype: Optional[str] = None) -> None:
+    """Reshard a Megatron checkpoint's weights to another TP x PP (saved as 'release')."""
+    config, _, _, _ = read_mg_config(load_dir)
+    cfg = ModelConfig(**config["model"])
+    _check_parallel(cfg, tp)
+    counts = layer_counts(cfg.num_layers, pp, num_layer_list)
+    starts = stage_starts(counts)
+    out_config = checkpoint_config(cfg, tp, pp, counts, dtype or config.get("params_dtype", "fp32"),
+                                   config.get("orm", False))
+    full: Dict[str, torch.Tensor] = {}
+    for _, stage in iter_mg_stages(load_dir):
+        full.update({k: (v.to(DTYPES[dtype]) if dtype else v).clone() for k, v in stage.items()})
+    ml.begin_save(save_dir, "release")
+    for pp_rank in range(pp):
+        lo, hi = starts[pp_rank], starts[pp_rank] + counts[pp_rank]
+        part = {n: t for n, t in full.items()
+                if (lo <= layer_number(n) < hi) or (layer_number(n) < 0 and (
+                    (n.startswith("embedding.") and pp_rank == 0) or
+                    (not n.startswith("embedding.") and pp_rank == pp - 1)))}
+        _write_stage(save_dir, "release", pp_rank, pp, tp, part, lo, out_config, cfg.swiglu)
+    ml.commit_save(save_dir, "release", tp * pp)

@@ -1,0 +1,146 @@
+"""The Megatron checkpoint layout on disk.
+
+    <dir>/latest_checkpointed_iteration.txt        "release" or an iteration number
+    <dir>/iter_0000200/mp_rank_00/model_optim_rng.pt        (TP rank 00, PP = 1)
+    <dir>/iter_0000200/mp_rank_01_002/model_optim_rng.pt    (TP rank 01, PP rank 002)
+    <dir>/release/...                                      (converted weights, no training state)
+
+Each file holds the rank's model shard and, from training, its optimizer shard, RNG states,
+iteration, consumed samples and the config. Saving writes into ``<iter>.tmp``, renames it to
+``<iter>`` once every rank has written, then replaces the tracker file: a crash leaves either
+the previous complete checkpoint or the new complete one, never a half-written one that looks
+complete.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import torch
+
+TRACKER = "latest_checkpointed_iteration.txt"
+FILE = "model_optim_rng.pt"
+CHECKPOINT_VERSION = 3.0
+_RANK_DIR = re.compile(r"^mp_rank_(\d+)(?:_(\d+))?$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, incomplete, or laid out differently from the run."""
+
+
+def iteration_dir_name(iteration: Union[int, str]) -> str:
+    return "release" if iteration == "release" else f"iter_{int(iteration):07d}"
+
+
+def rank_dir_name(tp_rank: int, pp_rank: int, pp: int) -> str:
+    return f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+
+
+def read_tracker(ckpt_dir: str) -> Optional[Union[int, str]]:
+    """The tracker's iteration ('release' or int), or None when there is no checkpoint."""
+    path = os.path.join(ckpt_dir, TRACKER)
+    if not os.path.isfile(path):
+        return None
+    text = open(path, encoding="utf-8").read().strip()
+    if text == "release":
+        return "release"
+    try:
+        return int(text)
+    except ValueError:
+        raise CheckpointError(f"{path}: expected 'release' or an iteration number, found {text!r}") from None
+
+
+def latest_iteration_dir(ckpt_dir: str) -> Tuple[Union[int, str], str]:
+    iteration = read_tracker(ckpt_dir)
+    if iteration is None:
+        raise CheckpointError(f"{ckpt_dir}: no {TRACKER}; not a Megatron checkpoint folder "
+                              f"(convert a HF model with cli/convert_ckpt.py --load-model-type hf)")
+    path = os.path.join(ckpt_dir, iteration_dir_name(iteration))
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{ckpt_dir}: the tracker names {iteration_dir_name(iteration)}, which does not exist")
+    return iteration, path
+
+
+def layout_of(iter_dir: str) -> Tuple[int, int]:
+    """(TP, PP) of the rank folders in an iteration folder."""
+    tps, pps = set(), set()
+    for name in os.listdir(iter_dir):
+        m = _RANK_DIR.match(name)
+        if m and os.path.isfile(os.path.join(iter_dir, name, FILE)):
+            tps.add(int(m.group(1)))
+            pps.add(int(m.group(2)) if m.group(2) is not None else 0)
+    if not tps:
+        raise CheckpointError(f"{iter_dir}: no mp_rank_*/{FILE} files")
+    tp, pp = max(tps) + 1, max(pps) + 1
+    if len(tps) != tp or len(pps) != pp:
+        raise CheckpointError(f"{iter_dir}: rank folders are incomplete (TP ranks {sorted(tps)}, PP ranks {sorted(pps)})")
+    return tp, pp
+
+
+def rank_file(iter_dir: str, tp_rank: int, pp_rank: int, pp: int) -> str:
+    return os.path.join(iter_dir, rank_dir_name(tp_rank, pp_rank, pp), FILE)
+
+
+def load_rank(ckpt_dir: str, tp_rank: int, pp_rank: int, expected: Optional[Tuple[int, int]] = None,
+              mmap: bool = True) -> Dict[str, Any]:
+    """Load one rank's file of the latest checkpoint, refusing a TP/PP layout that differs."""
+    _, iter_dir = latest_iteration_dir(ckpt_dir)
+    tp, pp = layout_of(iter_dir)
+    if expected is not None and (tp, pp) != tuple(expected):
+        raise CheckpointError(
+            f"{ckpt_dir} is saved with TP={tp}, PP={pp} but the run uses TP={expected[0]}, PP={expected[1]}. "
+            f"Reshard it: python cli/convert_ckpt.py --load-model-type mg --save-model-type mg "
+            f"--load-dir {ckpt_dir} --save-dir {ckpt_dir.rstrip('/')}_tp{expected[0]}pp{expected[1]} "
+            f"--target-tensor-parallel-size {expected[0]} --target-pipeline-parallel-size {expected[1]}")
+    return torch.load(rank_file(iter_dir, tp_rank, pp_rank, pp), map_location="cpu", weights_only=False, mmap=mmap)
+
+
+def staging_dir(ckpt_dir: str, iteration: Union[int, str]) -> str:
+    return os.path.join(ckpt_dir, iteration_dir_name(iteration) + ".tmp")
+
+
+def write_rank(ckpt_dir: str, iteration: Union[int, str], tp_rank: int, pp_rank: int, pp: int,
+               payload: Dict[str, Any]) -> str:
+    """Write one rank's file into the staging folder of ``iteration``."""
+    path = os.path.join(staging_dir(ckpt_dir, iteration), rank_dir_name(tp_rank, pp_rank, pp), FILE)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    payload = {"checkpoint_version": CHECKPOINT_VERSION, **payload}
+    torch.save(payload, path + ".part")
+    os.replace(path + ".part", path)
+    return path
+
+
+def begin_save(ckpt_dir: str, iteration: Union[int, str]) -> None:
+    """Clear a staging folder left by an interrupted save (call on one rank, then barrier)."""
+    os.makedirs(ckpt_dir, exist_ok=True)
+    shutil.rmtree(staging_dir(ckpt_dir, iteration), ignore_errors=True)
+
+
+def commit_save(ckpt_dir: str, iteration: Union[int, str], expected_files: int) -> str:
+    """Publish the staged iteration (call on one rank after every rank has written)."""
+    staged = staging_dir(ckpt_dir, iteration)
+    found = sum(1 for root, _, files in os.walk(staged) for f in files if f == FILE)
+    if found != expected_files:
+        raise CheckpointError(f"{staged}: {found} rank files written, {expected_files} expected; not published")
+    final = os.path.join(ckpt_dir, iteration_dir_name(iteration))
+    if os.path.isdir(final):
+        shutil.rmtree(final)
+    os.replace(staged, final)
+    tracker = os.path.join(ckpt_dir, TRACKER)
+    with open(tracker + ".part", "w", encoding="utf-8") as fh:
+        fh.write(f"{iteration}\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tracker + ".part", tracker)
+    return final
+
+
+def list_iterations(ckpt_dir: str) -> List[int]:
+    out = []
+    for name in os.listdir(ckpt_dir) if os.path.isdir(ckpt_dir) else []:
+        m = re.match(r"^iter_(\d{7})$", name)
+        if m:
+            out.append(int(m.group(1)))
+    return sorted(out)

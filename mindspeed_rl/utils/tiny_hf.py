@@ -1,0 +1,67 @@
+"""Tiny HF models and tokenizers built offline (no model hub): for tests, the demo and benches."""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Optional
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def build_tokenizer(out_dir: str, texts: Iterable[str], vocab_size: int = 1024):
+    """Train a byte-level BPE on ``texts`` and save it as a HF fast tokenizer in ``out_dir``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    os.makedirs(out_dir, exist_ok=True)
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def hf_config_for(model, vocab_size: Optional[int] = None, orm: bool = False):
+    """A transformers Qwen2 config matching a ModelConfig."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=vocab_size or model.padded_vocab_size, hidden_size=model.hidden_size,
+        intermediate_size=model.ffn_hidden_size, num_hidden_layers=model.num_layers,
+        num_attention_heads=model.num_attention_heads, num_key_value_heads=model.kv_heads,
+        max_position_embeddings=model.max_position_embeddings, rms_norm_eps=model.norm_epsilon,
+        rope_theta=model.rotary_base, tie_word_embeddings=not model.untie_embeddings_and_output_weights,
+        num_labels=1, pad_token_id=0, bos_token_id=0, eos_token_id=0,
+        architectures=["Qwen2ForSequenceClassification" if orm else "Qwen2ForCausalLM"])
+
+
+def build_hf_model(out_dir: str, model, seed: int = 0, orm: bool = False, max_shard_size: str = "5GB",
+                   tokenizer_dir: Optional[str] = None, safe_serialization: bool = True):
+    """A randomly initialised Qwen2 causal LM (or ORM) with ``model``'s shape, saved to ``out_dir``."""
+    import shutil
+
+    import torch
+    from transformers import Qwen2ForCausalLM, Qwen2ForSequenceClassification
+
+    torch.manual_seed(seed)
+    cls = Qwen2ForSequenceClassification if orm else Qwen2ForCausalLM
+    hf = cls(hf_config_for(model, orm=orm)).float().eval()
+    with torch.no_grad():  # non-trivial norms and biases so conversions are really checked
+        for name, p in hf.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.1 * torch.randn_like(p))
+            if name.endswith("bias"):
+                p.normal_(0, 0.05)
+    hf.save_pretrained(out_dir, max_shard_size=max_shard_size)
+    if not safe_serialization:  # the legacy .bin layout (transformers 5 writes safetensors only)
+        for f in os.listdir(out_dir):
+            if f.startswith("model") and (f.endswith(".safetensors") or f.endswith(".index.json")):
+                os.remove(os.path.join(out_dir, f))
+        torch.save(hf.state_dict(), os.path.join(out_dir, "pytorch_model.bin"))
+    if tokenizer_dir:
+        for f in os.listdir(tokenizer_dir):
+            shutil.copy2(os.path.join(tokenizer_dir, f), os.path.join(out_dir, f))
+    return hf
