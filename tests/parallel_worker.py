@@ -67,3 +67,34 @@ def run(rank, world, spec, workdir, port):
     if rank == 0:
         torch.save(results, os.path.join(workdir, f"result_{spec['name']}.pt"))
     dist.destroy()
+
+
+def run_converted(rank, world, spec, workdir, port):
+    """Load a converted Megatron checkpoint at TP x PP and save its logits (LM) or values (ORM)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    from megatron.core import parallel_state as ps
+
+    from mindspeed_rl.checkpoint.convert import read_mg_config
+    from mindspeed_rl.checkpoint.engine_io import load_weights_only
+    from mindspeed_rl.config_cls import ModelConfig
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.utils import dist
+    from tests.helpers import tiny_role
+
+    tp, pp = spec["tp"], spec["pp"]
+    dist.init_distributed(rank, world, master_port=port)
+    dist.init_model_parallel(tp, pp, seed=5)
+    batch = torch.load(os.path.join(workdir, "batch.pt"))
+    out = {}
+    for kind in ("lm", "value"):
+        mg_dir = os.path.join(workdir, f"mg_{kind}_{spec['name']}")
+        config = read_mg_config(mg_dir)[0]
+        role = tiny_role(tp=tp, pp=pp, num_devices=world, model=ModelConfig(**config["model"]),
+                         num_layer_list=config["num_layer_list"] if pp > 1 else None)
+        engine = MegatronEngine(role, head=kind, trainable=False)
+        load_weights_only(engine, mg_dir)
+        out[kind] = engine.forward(batch, micro_batch_size=2, with_logits=kind == "lm")
+    if rank == 0:
+        torch.save(out, os.path.join(workdir, f"converted_{spec['name']}.pt"))
+    dist.destroy()

@@ -191,3 +191,27 @@ def test_device_only_flags_are_mapped_on_cpu_with_one_log_line(caplog):
     for flag in ("use_fused_rotary_pos_emb", "use_flash_attn", "use_fused_rmsnorm"):
         assert text.count(flag) == 1, flag
     assert builder.pipeline_layout(m, 2) == "Et*1|t*1L"
+
+
+@pytest.mark.parametrize("dist_opt", [False, True])
+def test_engine_save_load_resumes_the_same_trajectory(tmp_path, dist_opt):
+    from mindspeed_rl.checkpoint import megatron_layout as ml
+    from mindspeed_rl.checkpoint.engine_io import load_engine, save_engine
+
+    batch = make_batch(4, 10, seed=8)
+    dist.init_model_parallel(seed=11)
+    a = MegatronEngine(tiny_role(use_distributed_optimizer=dist_opt, lr=1e-2), total_steps=6)
+    a.train_step(batch, sft_loss, 2)
+    save_engine(a, str(tmp_path), iteration=1, extra={"consumed_samples": 4})
+    assert ml.read_tracker(str(tmp_path)) == 1
+    torch.manual_seed(123)
+    noise_after_save = torch.rand(3)
+    next_a = a.train_step(batch, sft_loss, 2)
+    b = MegatronEngine(tiny_role(use_distributed_optimizer=dist_opt, lr=1e-2), total_steps=6)
+    payload = load_engine(b, str(tmp_path))
+    assert payload["iteration"] == 1 and payload["consumed_samples"] == 4
+    next_b = b.train_step(batch, sft_loss, 2)
+    assert next_b.loss == next_a.loss and next_b.lr == next_a.lr
+    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a.named_weights(), b.named_weights()))
+    torch.manual_seed(123)
+    assert torch.equal(torch.rand(3), noise_after_save)

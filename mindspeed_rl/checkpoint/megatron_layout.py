@@ -97,6 +97,25 @@ def load_rank(ckpt_dir: str, tp_rank: int, pp_rank: int, expected: Optional[Tupl
     return torch.load(rank_file(iter_dir, tp_rank, pp_rank, pp), map_location="cpu", weights_only=False, mmap=mmap)
 
 
+def write_extra(ckpt_dir: str, iteration: Union[int, str], tp_rank: int, pp_rank: int, pp: int,
+                name: str, payload: Any) -> str:
+    """Write another file (e.g. a DP rank's optimizer shard) beside a rank's model file."""
+    path = os.path.join(staging_dir(ckpt_dir, iteration), rank_dir_name(tp_rank, pp_rank, pp), name)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    torch.save(payload, path + ".part")
+    os.replace(path + ".part", path)
+    return path
+
+
+def load_extra(ckpt_dir: str, tp_rank: int, pp_rank: int, name: str) -> Any:
+    _, iter_dir = latest_iteration_dir(ckpt_dir)
+    _, pp = layout_of(iter_dir)
+    path = os.path.join(iter_dir, rank_dir_name(tp_rank, pp_rank, pp), name)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: missing (saved with another data-parallel size?)")
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
 def staging_dir(ckpt_dir: str, iteration: Union[int, str]) -> str:
     return os.path.join(ckpt_dir, iteration_dir_name(iteration) + ".tmp")
 
@@ -121,7 +140,7 @@ def begin_save(ckpt_dir: str, iteration: Union[int, str]) -> None:
 def commit_save(ckpt_dir: str, iteration: Union[int, str], expected_files: int) -> str:
     """Publish the staged iteration (call on one rank after every rank has written)."""
     staged = staging_dir(ckpt_dir, iteration)
-    found = sum(1 for root, _, files in os.walk(staged) for f in files if f == FILE)
+    found = sum(1 for root, _, files in os.walk(staged) for f in files if f.endswith(".pt"))
     if found != expected_files:
         raise CheckpointError(f"{staged}: {found} rank files written, {expected_files} expected; not published")
     final = os.path.join(ckpt_dir, iteration_dir_name(iteration))

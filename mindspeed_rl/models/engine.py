@@ -114,7 +114,7 @@ class MegatronEngine:
             clip_grad=m.clip_grad, bf16=m.bf16, fp16=m.fp16, params_dtype=params_dtype(m),
             use_distributed_optimizer=m.use_distributed_optimizer,
             loss_scale=None if m.fp16 else 1.0)
-        self.optimizer = get_megatron_optimizer(opt_config, self.model, use_gloo_process_groups=False)
+        self.optimizer = get_megatron_optimizer(opt_config, self.model, use_gloo_process_groups=True)
         decay_steps = max(1, m.lr_decay_iters or total_steps)
         warmup = int(m.lr_warmup_fraction * decay_steps)
         self.scheduler = OptimizerParamScheduler(
@@ -127,7 +127,7 @@ class MegatronEngine:
 
     # ----- forward / backward -------------------------------------------------------------
     def _head_outputs(self, output: torch.Tensor, mb: Batch, temperature: float,
-                      with_entropy: bool) -> Dict[str, torch.Tensor]:
+                      with_entropy: bool, with_logits: bool = False) -> Dict[str, torch.Tensor]:
         if self.head == "value":
             values = output.squeeze(-1).float()
             aligned = torch.zeros_like(values)
@@ -139,24 +139,28 @@ class MegatronEngine:
         out = {"log_probs": torch.cat([zero, log_p], dim=1)}
         if entropy is not None:
             out["entropy"] = torch.cat([zero, entropy], dim=1)
+        if with_logits:  # full vocabulary, gathered over TP: for checks and generation only
+            from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
+
+            out["logits"] = gather_from_tensor_model_parallel_region(output.float())
         return out
 
     def _loss_wrapper(self, mb: Batch, loss_fn: Optional[LossFn], scale: float, temperature: float,
-                      with_entropy: bool, output: torch.Tensor):
-        outputs = self._head_outputs(output, mb, temperature, with_entropy)
+                      with_entropy: bool, with_logits: bool, output: torch.Tensor):
+        outputs = self._head_outputs(output, mb, temperature, with_entropy, with_logits)
         if loss_fn is None:  # forward only: hand the outputs back
             return output.sum() * 0.0, {k: v.detach() for k, v in outputs.items()}
         loss, metrics = loss_fn(outputs, mb)
         return loss * scale, {"loss": loss.detach().clone(), **metrics}
 
-    def _forward_step(self, loss_fn, scale, temperature, with_entropy, data_iterator, model):
+    def _forward_step(self, loss_fn, scale, temperature, with_entropy, with_logits, data_iterator, model):
         mb = next(data_iterator)
         mask = mb["attention_mask"]
         output = model(mb["input_ids"], position_ids_from_mask(mask), megatron_attention_mask(mask))
-        return output, partial(self._loss_wrapper, mb, loss_fn, scale, temperature, with_entropy)
+        return output, partial(self._loss_wrapper, mb, loss_fn, scale, temperature, with_entropy, with_logits)
 
     def _run(self, batch: Batch, micro_batch_size: int, loss_fn: Optional[LossFn], forward_only: bool,
-             temperature: float = 1.0, with_entropy: bool = True) -> List[Dict]:
+             temperature: float = 1.0, with_entropy: bool = True, with_logits: bool = False) -> List[Dict]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         batch = {k: v.to(self.device) for k, v in batch.items()}
@@ -164,18 +168,18 @@ class MegatronEngine:
         scale = float(len(micro) * (1 if forward_only else self.dp_size))
         fwd_bwd = get_forward_backward_func()
         return fwd_bwd(
-            forward_step_func=partial(self._forward_step, loss_fn, scale, temperature, with_entropy),
+            forward_step_func=partial(self._forward_step, loss_fn, scale, temperature, with_entropy, with_logits),
             data_iterator=iter(micro), model=self.model, num_microbatches=len(micro),
             seq_length=batch["input_ids"].shape[1], micro_batch_size=micro_batch_size,
             forward_only=forward_only)
 
     @torch.no_grad()
     def forward(self, batch: Batch, micro_batch_size: int, temperature: float = 1.0,
-                with_entropy: bool = False) -> Dict[str, torch.Tensor]:
+                with_entropy: bool = False, with_logits: bool = False) -> Dict[str, torch.Tensor]:
         """Head outputs for the whole batch, returned on every rank of the model-parallel group."""
         for chunk in self.model:
             chunk.eval()
-        stores = self._run(batch, micro_batch_size, None, True, temperature, with_entropy)
+        stores = self._run(batch, micro_batch_size, None, True, temperature, with_entropy, with_logits)
         outputs = {k: torch.cat([s[k] for s in stores]) for k in stores[0]} if self.pp_last else None
         return self._broadcast_from_last_stage(outputs, batch)
 
@@ -230,10 +234,11 @@ class MegatronEngine:
         group = ps.get_pipeline_model_parallel_group()
         names = [sorted(outputs) if outputs is not None else None]
         dist.broadcast_object_list(names, src=src, group=group)
-        shape = tuple(batch["input_ids"].shape)
+        shapes = [{k: tuple(v.shape) for k, v in outputs.items()} if outputs is not None else None]
+        dist.broadcast_object_list(shapes, src=src, group=group)
         result = {}
         for name in names[0]:
-            t = outputs[name].float().contiguous() if outputs is not None else torch.empty(shape)
+            t = outputs[name].float().contiguous() if outputs is not None else torch.empty(shapes[0][name])
             t = t.to(self._comm_device())
             dist.broadcast(t, src=src, group=group)
             result[name] = t.cpu()

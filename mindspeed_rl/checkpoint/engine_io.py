@@ -1,0 +1,150 @@
+"""Save and load a MegatronEngine in the Megatron checkpoint layout (model, optimizer, RNG, state).
+
+Every rank of the engine's world calls these together. Each (TP, PP) rank file is written by
+the rank with DP rank 0; with the distributed optimizer its state is first gathered to DP rank 0
+(megatron's ``get_parameter_state_dp_zero``) so the file is complete whatever the DP size.
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Dict, Optional
+
+import torch
+import torch.distributed as dist
+
+from . import megatron_layout as ml
+
+
+def _ranks():
+    from megatron.core import parallel_state as ps
+
+    return (ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(),
+            ps.get_data_parallel_rank(), ps.get_tensor_model_parallel_world_size(),
+            ps.get_pipeline_model_parallel_world_size())
+
+
+def rng_state() -> Dict[str, Any]:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
+             "tracker": get_cuda_rng_tracker().get_states()}
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:  # pragma: no cover
+        pass
+    from ..accelerator import get_accelerator
+
+    acc = get_accelerator()
+    if acc.kind == "cuda":
+        state["device"] = torch.cuda.get_rng_state()
+    elif acc.kind == "npu":
+        state["device"] = torch.npu.get_rng_state()  # type: ignore[attr-defined]
+    return state
+
+
+def set_rng_state(state: Dict[str, Any]) -> None:
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+    get_cuda_rng_tracker().set_states(state["tracker"])
+    if "device" in state:
+        from ..accelerator import get_accelerator
+
+        kind = get_accelerator().kind
+        if kind == "cuda":
+            torch.cuda.set_rng_state(state["device"])
+        elif kind == "npu":
+            torch.npu.set_rng_state(state["device"])  # type: ignore[attr-defined]
+
+
+def _optimizer_state(engine) -> Optional[Dict[str, Any]]:
+    """Optimizer + scheduler state of this rank. With the distributed optimizer each DP rank holds
+    its own shard (the inner torch optimizers' state), saved to its own file."""
+    opt = engine.optimizer
+    if opt is None:
+        return None
+    state = {"scheduler": engine.scheduler.state_dict()}
+    if engine.megatron.use_distributed_optimizer:
+        state["shards"] = [sub.optimizer.state_dict() for sub in _sub_optimizers(opt)]
+    else:
+        state["optimizer"] = opt.state_dict()
+    return state
+
+
+def _sub_optimizers(opt):
+    return list(getattr(opt, "chained_optimizers", None) or [opt])
+
+
+def _dp_file(dp_rank: int) -> str:
+    return f"distrib_optim_dp{dp_rank:03d}.pt"
+
+
+def save_engine(engine, ckpt_dir: str, iteration: int, extra: Optional[Dict[str, Any]] = None,
+                save_optim: bool = True, save_rng: bool = True) -> None:
+    """Write ``iteration`` of this engine under ``ckpt_dir`` (atomic: staged, renamed, tracker last)."""
+    from ..checkpoint.convert import checkpoint_config
+
+    tp_rank, pp_rank, dp_rank, tp, pp = _ranks()
+    world_rank = dist.get_rank()
+    if world_rank == 0:
+        ml.begin_save(ckpt_dir, iteration)
+    dist.barrier()
+    optim = _optimizer_state(engine) if save_optim else None
+    if dp_rank == 0:
+        m = engine.megatron
+        counts = m.layers_per_stage(engine.role.model.num_layers)
+        payload = {"model": {k: v.detach().cpu() for k, v in engine.named_weights()},
+                   "iteration": iteration,
+                   "config": checkpoint_config(engine.role.model, tp, pp, counts,
+                                               "bf16" if m.bf16 else "fp16" if m.fp16 else "fp32",
+                                               engine.head == "value"),
+                   **(extra or {})}
+        if optim is not None:
+            payload["optimizer"] = {k: v for k, v in optim.items() if k != "shards"}
+        if save_rng:
+            payload["rng_state"] = rng_state()
+        ml.write_rank(ckpt_dir, iteration, tp_rank, pp_rank, pp, payload)
+    if optim is not None and "shards" in optim:
+        ml.write_extra(ckpt_dir, iteration, tp_rank, pp_rank, pp, _dp_file(dp_rank), optim["shards"])
+    dist.barrier()
+    if world_rank == 0:
+        sharded = optim is not None and "shards" in optim
+        dp = dist.get_world_size() // (tp * pp)
+        ml.commit_save(ckpt_dir, iteration, tp * pp * (1 + dp if sharded else 1))
+    dist.barrier()
+
+
+def load_engine(engine, ckpt_dir: str, load_optim: bool = True, load_rng: bool = True) -> Dict[str, Any]:
+    """Load the latest checkpoint into the engine; returns the payload (iteration, extras)."""
+    tp_rank, pp_rank, dp_rank, tp, pp = _ranks()
+    payload = ml.load_rank(ckpt_dir, tp_rank, pp_rank, expected=(tp, pp), mmap=False)
+    engine.load_weights(payload["model"])
+    if load_optim and engine.optimizer is not None:
+        optim = payload.get("optimizer")
+        if optim is None:
+            raise ml.CheckpointError(f"{ckpt_dir}: has no optimizer state; set no_load_optim: true to start it fresh")
+        engine.scheduler.load_state_dict(optim["scheduler"])
+        if engine.megatron.use_distributed_optimizer:
+            shards = ml.load_extra(ckpt_dir, tp_rank, pp_rank, _dp_file(dp_rank))
+            for sub, state in zip(_sub_optimizers(engine.optimizer), shards):
+                sub.optimizer.load_state_dict(state)
+        elif "optimizer" in optim:
+            engine.optimizer.load_state_dict(optim["optimizer"])
+        else:
+            raise ml.CheckpointError(f"{ckpt_dir}: saved with the distributed optimizer; set "
+                                     "use_distributed_optimizer: true or no_load_optim: true")
+    if load_rng and payload.get("rng_state") is not None:
+        set_rng_state(payload["rng_state"])
+    return payload
+
+
+def load_weights_only(engine, ckpt_dir: str) -> Dict[str, Any]:
+    """finetune: weights from the latest (or release) checkpoint, nothing else."""
+    return load_engine(engine, ckpt_dir, load_optim=False, load_rng=False)
