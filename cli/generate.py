@@ -1,0 +1,136 @@
+"""Generate responses from a Megatron checkpoint (its stored config suffices) or a HF folder.
+
+    python cli/generate.py --load-dir ./ckpt --tokenizer-name-or-path ./Qwen2.5-7B \\
+        --input prompts.jsonl --output out.jsonl [--max-new-tokens 128] [--temperature 0] [--top-p 1] [--seed 1]
+
+Input: jsonl with a "prompt" per line (text, used as is). Output: one jsonl line per prompt with
+prompt, response (text), token_ids (the response's ids) and logprobs (per response token).
+Runs on one device with the megatron-core model (any TP/PP checkpoint is merged first).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Optional, Sequence
+
+from mindspeed_rl.utils.cli import UserError, report_user_errors
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--load-dir", required=True, help="Megatron checkpoint folder or HF model folder")
+    p.add_argument("--tokenizer-name-or-path", default=None, help="HF tokenizer folder (default: --load-dir)")
+    p.add_argument("--input", required=True)
+    p.add_argument("--output", required=True)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=-1)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=16)
+    return p.parse_args(argv)
+
+
+def read_prompts(path: str):
+    if not os.path.isfile(path):
+        raise UserError(f"--input {path}: file does not exist")
+    prompts = []
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise UserError(f"{path}:{number}: not JSON ({exc.msg})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("prompt"), str):
+                raise UserError(f"{path}:{number}: needs a string field 'prompt'")
+            prompts.append(row["prompt"])
+    if not prompts:
+        raise UserError(f"{path}: no prompts")
+    return prompts
+
+
+def load_model(load_dir: str):
+    """(GPTModel on one rank, ModelConfig) from a Megatron checkpoint or a HF folder."""
+    import tempfile
+
+    from mindspeed_rl.checkpoint import convert
+    from mindspeed_rl.checkpoint.megatron_layout import TRACKER
+    from mindspeed_rl.config_cls import MegatronConfig, ModelConfig
+    from mindspeed_rl.models.builder import build_gpt_model
+
+    if os.path.isfile(os.path.join(load_dir, TRACKER)):
+        config = convert.read_mg_config(load_dir)[0]
+        weights = {}
+        for _, stage in convert.iter_mg_stages(load_dir):
+            weights.update({k: v.clone() for k, v in stage.items()})
+    elif os.path.isfile(os.path.join(load_dir, "config.json")):
+        with tempfile.TemporaryDirectory() as tmp:
+            convert.hf_to_mg(load_dir, tmp)
+            config = convert.read_mg_config(tmp)[0]
+            weights = {}
+            for _, stage in convert.iter_mg_stages(tmp):
+                weights.update({k: v.clone() for k, v in stage.items()})
+    else:
+        raise UserError(f"--load-dir {load_dir}: neither a Megatron checkpoint ({TRACKER}) nor a HF folder (config.json)")
+    if config.get("orm"):
+        raise UserError(f"--load-dir {load_dir}: a reward/critic checkpoint (value head) cannot generate text")
+    model_cfg = ModelConfig(**config["model"])
+    gpt = build_gpt_model(model_cfg, MegatronConfig(model="checkpoint"))
+    missing = set(dict(gpt.named_parameters())) - set(weights)
+    if missing:
+        raise UserError(f"--load-dir {load_dir}: checkpoint lacks {sorted(missing)[:3]}")
+    import torch
+
+    with torch.no_grad():
+        for name, param in gpt.named_parameters():
+            param.copy_(weights[name].to(param.dtype))
+    return gpt, model_cfg
+
+
+@report_user_errors
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    if args.temperature < 0 or args.max_new_tokens < 1:
+        raise UserError("--temperature must be >= 0 and --max-new-tokens >= 1")
+    prompts = read_prompts(args.input)
+    tok_dir = args.tokenizer_name_or_path or args.load_dir
+    if not os.path.isdir(tok_dir):
+        raise UserError(f"--tokenizer-name-or-path {tok_dir}: folder does not exist")
+    from transformers import AutoTokenizer
+    from tqdm import tqdm
+
+    from mindspeed_rl.rollout.fallback import generate
+    from mindspeed_rl.utils import dist
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--tokenizer-name-or-path {tok_dir}: cannot load a tokenizer ({exc})") from None
+    dist.init_distributed()
+    dist.init_model_parallel(seed=args.seed)
+    gpt, _ = load_model(args.load_dir)
+    encoded = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    results = []
+    for start in tqdm(range(0, len(encoded), args.batch_size), desc="generate", unit="batch"):
+        results += generate(gpt, encoded[start:start + args.batch_size], args.max_new_tokens,
+                            tokenizer.eos_token_id, pad, args.temperature, args.top_k, args.top_p,
+                            seed=args.seed + start, vocab_size=len(tokenizer))
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    with open(args.output + ".part", "w", encoding="utf-8") as fh:
+        for prompt, out in zip(prompts, results):
+            fh.write(json.dumps({"prompt": prompt, "response": tokenizer.decode(out.response_ids, skip_special_tokens=True),
+                                 "token_ids": out.response_ids, "logprobs": out.logprobs,
+                                 "finish_reason": out.finish_reason}) + "\n")
+    os.replace(args.output + ".part", args.output)
+    dist.destroy()
+    print(f"wrote {len(results)} responses to {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

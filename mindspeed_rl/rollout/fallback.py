@@ -1,0 +1,69 @@
+"""Generation with the megatron-core model itself (no vLLM): the fallback rollout engine.
+
+Each step re-runs the model over the whole (left-padded) sequence, so it is O(length^2): right
+for small models, tests and machines without vLLM, not for production rollout.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import torch
+
+from ..models.engine import megatron_attention_mask, position_ids_from_mask
+from .sampling import sample_next
+
+
+@dataclass
+class GenerationOutput:
+    prompt_ids: List[int]
+    response_ids: List[int]
+    logprobs: List[float]
+    finish_reason: str  # "stop" (EOS) or "length"
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int):
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if p:
+            ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+            mask[i, width - len(p):] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_token_id: Optional[int],
+             pad_token_id: int = 0, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0,
+             min_p: float = 0.0, seed: Optional[int] = None, vocab_size: Optional[int] = None,
+             batch_size: int = 64) -> List[GenerationOutput]:
+    """Sample responses from a single-rank (TP=PP=1) GPTModel with an LM head."""
+    model.eval()
+    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    outputs: List[GenerationOutput] = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start:start + batch_size]
+        ids, mask = left_pad(chunk, pad_token_id)
+        done = torch.zeros(len(chunk), dtype=torch.bool)
+        responses = [[] for _ in chunk]
+        logps = [[] for _ in chunk]
+        reasons = ["length"] * len(chunk)
+        for _ in range(max_new_tokens):
+            logits = model(ids, position_ids_from_mask(mask), megatron_attention_mask(mask))[:, -1]
+            if vocab_size is not None:
+                logits = logits[:, :vocab_size]  # never sample the embedding's padding rows
+            tokens, token_logps = sample_next(logits, temperature, top_k, top_p, min_p, generator)
+            active = ~done
+            for i in torch.nonzero(active).flatten().tolist():
+                responses[i].append(int(tokens[i]))
+                logps[i].append(float(token_logps[i]))
+                if eos_token_id is not None and int(tokens[i]) == eos_token_id:
+                    done[i] = True
+                    reasons[i] = "stop"
+            ids = torch.cat([ids, torch.where(active, tokens, pad_token_id).unsqueeze(1)], dim=1)
+            mask = torch.cat([mask, active.long().unsqueeze(1)], dim=1)
+            if bool(done.all()):
+                break
+        outputs.extend(GenerationOutput(list(p), r, lp, why) for p, r, lp, why in zip(chunk, responses, logps, reasons))
+    return outputs
