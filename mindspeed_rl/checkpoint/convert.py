@@ -54,16 +54,18 @@ class HFReader:
         raise ConversionError(f"{self.folder}: no model.safetensors(.index.json) or pytorch_model.bin(.index.json)")
 
     def _open(self, filename: str):
+        if filename.endswith(".safetensors"):  # opened per read: no mapping (and RSS) kept alive
+            path = os.path.join(self.folder, filename)
+            if not os.path.isfile(path):
+                raise ConversionError(f"{path}: named by the index but missing")
+            from safetensors import safe_open
+
+            return safe_open(path, framework="pt")
         if filename not in self._handles:
             path = os.path.join(self.folder, filename)
             if not os.path.isfile(path):
                 raise ConversionError(f"{path}: named by the index but missing")
-            if filename.endswith(".safetensors"):
-                from safetensors import safe_open
-
-                self._handles[filename] = safe_open(path, framework="pt")
-            else:
-                self._handles[filename] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            self._handles[filename] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         return self._handles[filename]
 
     def __contains__(self, name: str) -> bool:
@@ -72,8 +74,11 @@ class HFReader:
     def get(self, name: str) -> torch.Tensor:
         if name not in self.weight_map:
             raise ConversionError(f"{self.folder}: tensor {name!r} not found")
-        handle = self._open(self.weight_map[name])
-        return handle.get_tensor(name) if hasattr(handle, "get_tensor") else handle[name]
+        filename = self.weight_map[name]
+        if filename.endswith(".safetensors"):
+            with self._open(filename) as handle:
+                return handle.get_tensor(name)
+        return self._open(filename)[name]
 
 
 def read_hf_config(folder: str) -> dict:
@@ -108,14 +113,23 @@ def _check_parallel(cfg: ModelConfig, tp: int) -> None:
         raise ConversionError(f"--target-tensor-parallel-size {tp} does not divide the vocab {cfg.padded_vocab_size}")
 
 
-def _write_stage(save_dir: str, iteration, pp_rank: int, pp: int, tp: int, full: Dict[str, torch.Tensor],
-                 start: int, config: dict, swiglu: bool) -> None:
-    for tp_rank in range(tp):
-        shard = {}
-        for name, tensor in full.items():
-            local = shift_layer(name, -start) if layer_number(name) >= 0 else name
-            shard[local] = split_tp(name, tensor, tp, tp_rank, swiglu).clone()
-        ml.write_rank(save_dir, iteration, tp_rank, pp_rank, pp, {"model": shard, "iteration": 0, "config": config})
+class StageShards:
+    """The TP shards of one pipeline stage, filled tensor by tensor (the full tensor is not kept)."""
+
+    def __init__(self, tp: int, start: int, swiglu: bool):
+        self.tp, self.start, self.swiglu = tp, start, swiglu
+        self.shards: List[Dict[str, torch.Tensor]] = [{} for _ in range(tp)]
+
+    def add(self, name: str, tensor: torch.Tensor) -> None:
+        local = shift_layer(name, -self.start) if layer_number(name) >= 0 else name
+        for tp_rank in range(self.tp):
+            self.shards[tp_rank][local] = split_tp(name, tensor, self.tp, tp_rank, self.swiglu).clone()
+
+    def write(self, save_dir: str, iteration, pp_rank: int, pp: int, config: dict) -> None:
+        for tp_rank in range(self.tp):
+            ml.write_rank(save_dir, iteration, tp_rank, pp_rank, pp,
+                          {"model": self.shards[tp_rank], "iteration": 0, "config": config})
+            self.shards[tp_rank] = {}
 
 
 def hf_to_mg(load_dir: str, save_dir: str, tp: int = 1, pp: int = 1, num_layer_list: Optional[str] = None,
@@ -135,26 +149,26 @@ def hf_to_mg(load_dir: str, save_dir: str, tp: int = 1, pp: int = 1, num_layer_l
     ml.begin_save(save_dir, "release")
     bar = tqdm(total=cfg.num_layers + 2, desc="hf -> mcore", unit="layer")
     for pp_rank in range(pp):
-        full: Dict[str, torch.Tensor] = {}
+        stage = StageShards(tp, starts[pp_rank], cfg.swiglu)
         if pp_rank == 0:
-            full[hm.EMBED[1]] = reader.get(hm.EMBED[0])
+            stage.add(hm.EMBED[1], reader.get(hm.EMBED[0]).to(torch_dtype))
             bar.update(1)
         for i in range(starts[pp_rank], starts[pp_rank] + counts[pp_rank]):
             hf_layer = {n: reader.get(n) for n in hm.hf_layer_names(i, cfg)}
-            full.update(hm.layer_hf_to_mcore(i, hf_layer, cfg))
+            for name, tensor in hm.layer_hf_to_mcore(i, hf_layer, cfg).items():
+                stage.add(name, tensor.to(torch_dtype))
+            del hf_layer
             bar.update(1)
         if pp_rank == pp - 1:
-            full[hm.FINAL_NORM[1]] = reader.get(hm.FINAL_NORM[0])
+            stage.add(hm.FINAL_NORM[1], reader.get(hm.FINAL_NORM[0]).to(torch_dtype))
             if orm:
-                full[hm.OUTPUT_MG] = head
+                stage.add(hm.OUTPUT_MG, head.to(torch_dtype))
             elif cfg.untie_embeddings_and_output_weights:
-                full[hm.OUTPUT_MG] = reader.get("lm_head.weight")
+                stage.add(hm.OUTPUT_MG, reader.get("lm_head.weight").to(torch_dtype))
             elif pp > 1:
-                full[hm.OUTPUT_MG] = reader.get(hm.EMBED[0])  # tied: the last stage keeps a copy
+                stage.add(hm.OUTPUT_MG, reader.get(hm.EMBED[0]).to(torch_dtype))  # tied: last stage keeps a copy
             bar.update(1)
-        full = {k: v.to(torch_dtype) for k, v in full.items()}
-        _write_stage(save_dir, "release", pp_rank, pp, tp, full, starts[pp_rank], config, cfg.swiglu)
-        del full
+        stage.write(save_dir, "release", pp_rank, pp, config)
     bar.close()
     ml.commit_save(save_dir, "release", tp * pp)
     return cfg
@@ -308,9 +322,11 @@ def mg_to_mg(load_dir: str, save_dir: str, tp: int, pp: int, num_layer_list: Opt
     ml.begin_save(save_dir, "release")
     for pp_rank in range(pp):
         lo, hi = starts[pp_rank], starts[pp_rank] + counts[pp_rank]
-        part = {n: t for n, t in full.items()
-                if (lo <= layer_number(n) < hi) or (layer_number(n) < 0 and (
-                    (n.startswith("embedding.") and pp_rank == 0) or
-                    (not n.startswith("embedding.") and pp_rank == pp - 1)))}
-        _write_stage(save_dir, "release", pp_rank, pp, tp, part, lo, out_config, cfg.swiglu)
+        stage = StageShards(tp, lo, cfg.swiglu)
+        for n, t in full.items():
+            layer = layer_number(n)
+            if (lo <= layer < hi) or (layer < 0 and ((n.startswith("embedding.") and pp_rank == 0) or
+                                                     (not n.startswith("embedding.") and pp_rank == pp - 1))):
+                stage.add(n, t)
+        stage.write(save_dir, "release", pp_rank, pp, out_config)
     ml.commit_save(save_dir, "release", tp * pp)
