@@ -216,6 +216,36 @@ def iter_mg_stages(load_dir: str) -> Iterator[Tuple[int, Dict[str, torch.Tensor]
         del shards, merged
 
 
+def iter_mg_pieces(load_dir: str) -> Iterator[Dict[str, torch.Tensor]]:
+    """The merged weights piece by piece (embedding, each layer, final norm + head), global names.
+
+    The rank files are re-opened (memory-mapped) for every piece and released after it, so the
+    pages read stay out of the process's resident memory once a piece is merged.
+    """
+    config, iter_dir, tp, pp = read_mg_config(load_dir)
+    counts = [int(x) for x in config["num_layer_list"].split(",")]
+    starts = stage_starts(counts)
+    swiglu = config["model"].get("swiglu", True)
+
+    def merged(pp_rank: int, wanted) -> Dict[str, torch.Tensor]:
+        shards = [torch.load(ml.rank_file(iter_dir, t, pp_rank, pp), map_location="cpu", weights_only=False,
+                             mmap=True)["model"] for t in range(tp)]
+        out = {}
+        for name in shards[0]:
+            if name.endswith("_extra_state") or not wanted(name):
+                continue
+            global_name = shift_layer(name, starts[pp_rank]) if layer_number(name) >= 0 else name
+            out[global_name] = merge_tp(global_name, [s[name] for s in shards], swiglu).clone()
+        del shards
+        return out
+
+    yield merged(0, lambda n: n.startswith("embedding."))
+    for pp_rank in range(pp):
+        for local in range(counts[pp_rank]):
+            yield merged(pp_rank, lambda n, i=local: layer_number(n) == i)
+    yield merged(pp - 1, lambda n: layer_number(n) < 0 and not n.startswith("embedding."))
+
+
 class SafetensorsShardWriter:
     """Writes HF tensors into numbered safetensors shards of at most ``max_bytes`` each + an index."""
 
@@ -273,21 +303,19 @@ def mg_to_hf(load_dir: str, save_dir: str, dtype: Optional[str] = None, orm: Opt
     torch_dtype = DTYPES[dtype] if dtype else None
     writer = SafetensorsShardWriter(staging, max_shard_bytes)
     bar = tqdm(total=cfg.num_layers + 2, desc="mcore -> hf", unit="layer")
-    for _, stage in iter_mg_stages(load_dir):
-        cast = (lambda t: t.to(torch_dtype)) if torch_dtype else (lambda t: t)
-        if hm.EMBED[1] in stage:
-            writer.add(hm.EMBED[0], cast(stage[hm.EMBED[1]]))
-            bar.update(1)
-        layers = sorted({layer_number(n) for n in stage if layer_number(n) >= 0})
+    cast = (lambda t: t.to(torch_dtype)) if torch_dtype else (lambda t: t)
+    for piece in iter_mg_pieces(load_dir):
+        if hm.EMBED[1] in piece:
+            writer.add(hm.EMBED[0], cast(piece[hm.EMBED[1]]))
+        layers = {layer_number(n) for n in piece if layer_number(n) >= 0}
         for i in layers:
-            for name, tensor in hm.layer_mcore_to_hf(i, stage, cfg).items():
+            for name, tensor in hm.layer_mcore_to_hf(i, piece, cfg).items():
                 writer.add(name, cast(tensor))
-            bar.update(1)
-        if hm.FINAL_NORM[1] in stage:
-            writer.add(hm.FINAL_NORM[0], cast(stage[hm.FINAL_NORM[1]]))
-            if hm.OUTPUT_MG in stage and (orm or cfg.untie_embeddings_and_output_weights):
-                writer.add(hm.head_name_hf(orm), cast(stage[hm.OUTPUT_MG]))
-            bar.update(1)
+        if hm.FINAL_NORM[1] in piece:
+            writer.add(hm.FINAL_NORM[0], cast(piece[hm.FINAL_NORM[1]]))
+            if hm.OUTPUT_MG in piece and (orm or cfg.untie_embeddings_and_output_weights):
+                writer.add(hm.head_name_hf(orm), cast(piece[hm.OUTPUT_MG]))
+        bar.update(1)
     bar.close()
     writer.close()
     if orm:
