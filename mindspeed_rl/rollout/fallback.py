@@ -10,6 +10,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from ..datasets.padding import left_pad
 from ..models.engine import megatron_attention_mask, position_ids_from_mask
 from .sampling import sample_next
 
@@ -20,17 +21,6 @@ class GenerationOutput:
     response_ids: List[int]
     logprobs: List[float]
     finish_reason: str  # "stop" (EOS) or "length"
-
-
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int):
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(prompts), width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        if p:
-            ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
-            mask[i, width - len(p):] = 1
-    return ids, mask
 
 
 @torch.no_grad()

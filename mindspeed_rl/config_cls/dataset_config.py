@@ -1,0 +1,47 @@
+"""configs/datasets/<name>.yaml: what cli/preprocess_data.py reads."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List
+
+from .base import ConfigError, opt
+
+HANDLERS = ("R1AlpacaStyleInstructionHandler", "AlpacaStyleInstructionHandler")
+MAP_KEYS = ("prompt", "query", "response", "system")
+
+
+@dataclass
+class DatasetConfig:
+    """Preprocessing of one dataset into indexed files."""
+
+    input: str = opt(doc="A .jsonl, .json (array) or .parquet file, or a folder of them.")
+    tokenizer_name_or_path: str = opt(doc="HF tokenizer folder.")
+    output_prefix: str = opt(doc="Prefix of the output files (<prefix>_packed_<field>_document.bin/.idx).")
+    tokenizer_type: str = opt("HuggingFaceTokenizer", "Tokenizer kind.",
+                              choices=("HuggingFaceTokenizer", "PretrainedFromHF"))
+    handler_name: str = opt("R1AlpacaStyleInstructionHandler", "How rows become samples.", choices=HANDLERS)
+    workers: int = opt(1, "Worker processes.", ge=1)
+    log_interval: int = opt(1000, "Log progress every this many rows.", ge=1)
+    prompt_type: str = opt("qwen_r1", "Chat template from configs/model/templates.json.")
+    map_keys: Dict[str, str] = opt(doc="Row field of prompt, query, response and system ('' = none).",
+                                   factory=lambda: {"prompt": "question", "query": "", "response": "answer",
+                                                    "system": ""})
+    dataset_additional_keys: List[str] = opt(doc="Extra fields stored with each prompt (labels: the answer).",
+                                             factory=lambda: ["labels"])
+    seq_length: int = opt(2048, "Prompts longer than this many tokens are skipped.", ge=1)
+
+    def validate(self) -> None:
+        from ..datasets.templates import template_names
+
+        for key, value in self.map_keys.items():
+            if key not in MAP_KEYS:
+                raise ConfigError(f"map_keys.{key}", f"unknown; allowed: {', '.join(MAP_KEYS)}")
+            if not isinstance(value, str):
+                raise ConfigError(f"map_keys.{key}", f"got {value!r}, expected a field name (string)")
+        if not self.map_keys.get("prompt"):
+            raise ConfigError("map_keys.prompt", "required: the row field holding the prompt")
+        if "labels" in self.dataset_additional_keys and not self.map_keys.get("response"):
+            raise ConfigError("map_keys.response", "required when dataset_additional_keys has labels")
+        if self.prompt_type not in template_names():
+            raise ConfigError("prompt_type", f"{self.prompt_type!r} is not in configs/model/templates.json "
+                                             f"({', '.join(template_names())})")

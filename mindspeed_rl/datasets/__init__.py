@@ -1,0 +1,1 @@
+"""Data: chat templates, preprocessing handlers, indexed datasets, the prompt loader."""

@@ -1,0 +1,87 @@
+"""Rows -> samples. A handler returns (sample, None) or (None, skip reason)."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple
+
+from ..config_cls.dataset_config import DatasetConfig
+from .templates import apply_template
+
+Sample = Dict[str, Any]
+
+
+class AlpacaStyleInstructionHandler:
+    """Prompt from map_keys.prompt (+ query, system) in the chat template; labels = the response."""
+
+    def __init__(self, cfg: DatasetConfig, tokenizer):
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.keys = {k: v for k, v in cfg.map_keys.items() if v}
+
+    def _field(self, row: dict, role: str, required: bool) -> Tuple[Optional[str], Optional[str]]:
+        name = self.keys.get(role)
+        if not name:
+            return "", None
+        if name not in row or row[name] is None:
+            return (None, f"missing_key:{name}") if required else ("", None)
+        value = row[name]
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and role == "response":
+            value = str(value)
+        if not isinstance(value, str):
+            return None, f"not_a_string:{name}"
+        return value, None
+
+    def label(self, response: str) -> str:
+        return response.strip()
+
+    def process(self, row: Any) -> Tuple[Optional[Sample], Optional[str]]:
+        if not isinstance(row, dict):
+            return None, "not_an_object"
+        prompt, why = self._field(row, "prompt", True)
+        if why:
+            return None, why
+        if not prompt.strip():
+            return None, "empty_prompt"
+        query, why = self._field(row, "query", False)
+        if why:
+            return None, why
+        system, why = self._field(row, "system", False)
+        if why:
+            return None, why
+        text = apply_template(self.cfg.prompt_type, prompt, query, system or None)
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) > self.cfg.seq_length:
+            return None, "too_long"
+        sample: Sample = {"input_ids": ids}
+        for key in self.cfg.dataset_additional_keys:
+            if key == "labels":
+                response, why = self._field(row, "response", True)
+                if why:
+                    return None, why
+                label = self.label(response)
+                if not label:
+                    return None, "empty_label"
+                sample["labels"] = label
+            else:
+                value = row.get(key)
+                if value is None:
+                    return None, f"missing_key:{key}"
+                sample[key] = value if isinstance(value, str) else str(value)
+        return sample, None
+
+
+class R1AlpacaStyleInstructionHandler(AlpacaStyleInstructionHandler):
+    """As the Alpaca handler, with labels reduced to the final answer.
+
+    GSM8K's '... #### 72' gives '72'; a \\boxed{...} answer gives its content; otherwise the
+    whole (stripped) response is the label.
+    """
+
+    def label(self, response: str) -> str:
+        from ..rewards.verifiers import last_boxed
+
+        if "####" in response:
+            return response.rsplit("####", 1)[1].strip().replace(",", "")
+        boxed = last_boxed(response)
+        return boxed if boxed is not None else response.strip()
+
+
+HANDLERS = {cls.__name__: cls for cls in (AlpacaStyleInstructionHandler, R1AlpacaStyleInstructionHandler)}

@@ -1,0 +1,106 @@
+"""Prompts for training: the indexed files, a seeded epoch-wise sampler that resumes exactly."""
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .padding import left_pad
+from .preprocess import field_prefix
+
+
+class DatasetMissing(FileNotFoundError):
+    """The preprocessed files named by data_path are not there."""
+
+
+class PromptDataset:
+    """Prompt token ids and text fields (labels, ...) of one preprocessed dataset.
+
+    Prompts longer than ``max_prompt_length`` tokens are left out (their count is in ``dropped``).
+    """
+
+    def __init__(self, output_prefix: str, additional_keys: Sequence[str] = ("labels",),
+                 max_prompt_length: Optional[int] = None):
+        from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+        self.prefix = output_prefix
+        fields = {"input_ids": field_prefix(output_prefix, "input_ids")}
+        fields.update({k: field_prefix(output_prefix, k) for k in additional_keys})
+        for name, prefix in fields.items():
+            if not os.path.isfile(prefix + ".bin") or not os.path.isfile(prefix + ".idx"):
+                raise DatasetMissing(f"data_path {output_prefix}: {prefix}.bin/.idx not found "
+                                     f"(run cli/preprocess_data.py to make them)")
+        self.fields = {name: IndexedDataset(prefix, mmap=True) for name, prefix in fields.items()}
+        lengths = np.asarray(self.fields["input_ids"].sequence_lengths)
+        keep = np.ones(len(lengths), dtype=bool) if max_prompt_length is None else lengths <= max_prompt_length
+        self.indices = np.nonzero(keep & (lengths > 0))[0]
+        self.dropped = int(len(lengths) - len(self.indices))
+        if len(self.indices) == 0:
+            raise DatasetMissing(f"data_path {output_prefix}: no prompt fits max_prompt_length {max_prompt_length}")
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, i: int) -> Dict:
+        row = int(self.indices[i])
+        item = {"index": row, "input_ids": self.fields["input_ids"][row].astype(np.int64).tolist()}
+        for name, ds in self.fields.items():
+            if name != "input_ids":
+                item[name] = ds[row].tobytes().decode("utf-8")
+        return item
+
+
+class PromptSampler:
+    """Global batches of dataset positions, epoch after epoch, from a consumed-samples counter.
+
+    Epoch e visits every prompt once, in the order ``permutation(seed + e)`` (or file order with
+    ``shuffle=False``). The state is just ``consumed_samples``: restoring it gives exactly the
+    batches an uninterrupted run would have seen next.
+    """
+
+    def __init__(self, size: int, global_batch_size: int, seed: int, shuffle: bool = True,
+                 consumed_samples: int = 0):
+        if size < 1 or global_batch_size < 1:
+            raise ValueError("size and global_batch_size must be >= 1")
+        self.size, self.global_batch_size = size, global_batch_size
+        self.seed, self.shuffle = seed, shuffle
+        self.consumed_samples = consumed_samples
+        self._orders: Dict[int, np.ndarray] = {}
+
+    def _order(self, epoch: int) -> np.ndarray:
+        if epoch not in self._orders:
+            if len(self._orders) > 2:
+                self._orders.pop(min(self._orders))
+            self._orders[epoch] = (np.random.RandomState(self.seed + epoch).permutation(self.size)
+                                   if self.shuffle else np.arange(self.size))
+        return self._orders[epoch]
+
+    def position(self, k: int) -> int:
+        return int(self._order(k // self.size)[k % self.size])
+
+    @property
+    def epoch(self) -> int:
+        return self.consumed_samples // self.size
+
+    def next_batch(self) -> List[int]:
+        start = self.consumed_samples
+        batch = [self.position(k) for k in range(start, start + self.global_batch_size)]
+        self.consumed_samples += self.global_batch_size
+        return batch
+
+    def state_dict(self) -> Dict:
+        return {"consumed_samples": self.consumed_samples, "seed": self.seed, "shuffle": self.shuffle}
+
+    def load_state_dict(self, state: Dict) -> None:
+        self.consumed_samples = int(state["consumed_samples"])
+
+
+def collate_prompts(items: Sequence[Dict], pad_id: int) -> Dict:
+    """Left-padded prompt batch plus the text columns."""
+    ids, mask = left_pad([it["input_ids"] for it in items], pad_id)
+    batch = {"input_ids": ids, "attention_mask": mask}
+    for key in items[0]:
+        if key not in ("input_ids",):
+            batch[key] = [it[key] for it in items]
+    return batch
