@@ -98,3 +98,94 @@ def run_converted(rank, world, spec, workdir, port):
     if rank == 0:
         torch.save(out, os.path.join(workdir, f"converted_{spec['name']}.pt"))
     dist.destroy()
+
+
+def run_rollout(rank, world, spec, workdir, port):
+    """Actor at TP x PP; each rank runs its own in-process rollout engine (infer TP 1) on its prompts.
+
+    Saves (prompts, outputs of every rank, the actor's log-probs of those tokens) on rank 0.
+    """
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+    from mindspeed_rl.datasets.padding import left_pad
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.rollout.factory import make_rollout_engine
+    from mindspeed_rl.rollout.resharding import iter_full_weights
+    from mindspeed_rl.utils import dist
+    from tests.helpers import tiny_model_config, tiny_role
+
+    tp, pp = spec["tp"], spec["pp"]
+    dist.init_distributed(rank, world, master_port=port)
+    dist.init_model_parallel(tp, pp, seed=5)
+    model = tiny_model_config(num_layers=4, hidden_size=128, ffn_hidden_size=256, padded_vocab_size=512)
+    actor = MegatronEngine(tiny_role(tp=tp, pp=pp, num_devices=world, model=model), trainable=False)
+    full = torch.load(os.path.join(workdir, "actor_full.pt"), weights_only=True)
+    from megatron.core import parallel_state as ps
+
+    from mindspeed_rl.checkpoint.sharding import shard_state_dict
+    actor.load_weights(shard_state_dict(full, tp, ps.get_tensor_model_parallel_rank(), [4 // pp] * pp,
+                                        ps.get_pipeline_model_parallel_rank()))
+    gen = GenerateConfig(backend=spec["backend"], dtype="float32", max_model_len=128, max_num_seqs=16,
+                         max_num_batched_tokens=1024, gpu_memory_utilization=0.005)
+    engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0, vocab_size=512)
+    stats = engine.update_weights(iter_full_weights(actor))
+    prompts = [[5 + rank, 6, 7, 8], [9, 10 + rank, 11]]
+    outs = engine.generate(prompts, SamplingConfig(temperature=spec.get("temperature", 1.0), max_tokens=10, seed=3), n=2)
+    mine = [(prompts[o.prompt_index], o.response_ids, o.logprobs) for o in outs]
+    everyone = [None] * world
+    torch.distributed.all_gather_object(everyone, mine)
+    rows = [r for part in everyone for r in part]
+    ids, mask = left_pad([p + r for p, r, _ in rows], 0)
+    logp = actor.forward({"input_ids": ids, "attention_mask": mask}, micro_batch_size=4,
+                         temperature=spec.get("temperature", 1.0))["log_probs"]
+    if rank == 0:
+        torch.save({"rows": rows, "actor_logp": logp, "ids": ids, "stats": stats},
+                   os.path.join(workdir, f"rollout_{spec['name']}.pt"))
+    engine.shutdown()
+    dist.destroy()
+
+
+def run_fresh_engine(rank, world, spec, workdir, port):
+    """A vLLM engine loaded the ordinary way from a HF folder; greedy outputs saved."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM, SamplingParams
+
+    prompts = torch.load(os.path.join(workdir, "prompts.pt"))
+    llm = LLM(model=os.path.join(workdir, "hf"), skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
+              max_model_len=128, kv_cache_memory_bytes=64 * 2**20, seed=1)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0, max_tokens=10, detokenize=False), use_tqdm=False)
+    torch.save([list(o.outputs[0].token_ids) for o in outs], os.path.join(workdir, "fresh.pt"))
+    llm.llm_engine.engine_core.shutdown()
+
+
+def run_updated_engine(rank, world, spec, workdir, port):
+    """A dummy-weight vLLM engine updated in place from a megatron actor; greedy and seeded outputs."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.rollout.factory import make_rollout_engine
+    from mindspeed_rl.rollout.resharding import iter_full_weights
+    from mindspeed_rl.utils import dist
+    from tests.helpers import tiny_model_config, tiny_role
+
+    dist.init_distributed(rank, world, master_port=port)
+    dist.init_model_parallel(seed=5)
+    model = tiny_model_config(num_layers=4, hidden_size=128, ffn_hidden_size=256, padded_vocab_size=512)
+    actor = MegatronEngine(tiny_role(model=model), trainable=False)
+    actor.load_weights(torch.load(os.path.join(workdir, "actor_full.pt"), weights_only=True))
+    gen = GenerateConfig(backend="vllm", dtype="float32", max_model_len=128, max_num_seqs=16,
+                         max_num_batched_tokens=1024, gpu_memory_utilization=0.005)
+    engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0, vocab_size=512)
+    engine.update_weights(iter_full_weights(actor))
+    prompts = torch.load(os.path.join(workdir, "prompts.pt"))
+    greedy = [o.response_ids for o in engine.generate(prompts, SamplingConfig(temperature=0, max_tokens=10))]
+    sampling = SamplingConfig(temperature=1.0, max_tokens=10, seed=11)
+    runs = [[o.response_ids for o in engine.generate(prompts, sampling, n=3)] for _ in range(2)]
+    other_seed = [o.response_ids for o in engine.generate(prompts, SamplingConfig(temperature=1.0, max_tokens=10,
+                                                                                   seed=12), n=3)]
+    torch.save({"greedy": greedy, "runs": runs, "other_seed": other_seed}, os.path.join(workdir, "updated.pt"))
+    engine.shutdown()
+    dist.destroy()

@@ -1,0 +1,47 @@
+"""The rollout engine interface shared by vLLM and the megatron-core fallback."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Sequence, Tuple
+
+import torch
+
+from ..config_cls.generate_config import SamplingConfig
+
+NamedTensors = Iterable[Tuple[str, torch.Tensor]]
+Pieces = Iterable[Dict[str, torch.Tensor]]  # full megatron-named tensors, one model piece per item
+
+
+@dataclass
+class RolloutOutput:
+    """One sampled response: its token ids, per-token log-probs and why it stopped."""
+
+    prompt_index: int
+    response_ids: List[int]
+    logprobs: List[float]
+    finish_reason: str  # "stop" or "length"
+
+
+class RolloutEngine(ABC):
+    """Generates responses; receives new weights from the actor; frees its memory between rollouts."""
+
+    name = "base"
+
+    @abstractmethod
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, n: int = 1,
+                 seed: int = None) -> List[RolloutOutput]:
+        """n responses per prompt, grouped by prompt (prompt 0's n responses first)."""
+
+    @abstractmethod
+    def update_weights(self, weights: Pieces) -> Dict[str, float]:
+        """Load the actor's full weights, streamed piece by piece (see resharding.iter_full_weights)."""
+
+    def offload(self) -> None:
+        """Free what generation holds (KV cache, or sleep) while training runs."""
+
+    def onload(self) -> None:
+        """Undo offload before the next generation."""
+
+    def shutdown(self) -> None:
+        """Release the engine (before the process group it may share is destroyed)."""

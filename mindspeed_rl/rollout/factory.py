@@ -1,0 +1,34 @@
+"""Pick the rollout engine: generate_config.backend = vllm | fallback | auto (logs which and why)."""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from ..config_cls.generate_config import GenerateConfig
+from ..config_cls.model_config import ModelConfig
+from .base import RolloutEngine
+
+log = logging.getLogger(__name__)
+
+
+class RolloutUnavailable(RuntimeError):
+    """backend: vllm was asked for but vLLM cannot run this model here."""
+
+
+def make_rollout_engine(model: ModelConfig, gen: GenerateConfig, kind: str, eos_token_id: Optional[int],
+                        pad_token_id: int = 0, vocab_size: Optional[int] = None, seed: int = 1,
+                        bf16: bool = False) -> RolloutEngine:
+    from .vllm_engine import vllm_unusable_reason
+
+    reason = vllm_unusable_reason(model, gen, kind) if gen.backend in ("auto", "vllm") else "backend: fallback"
+    if gen.backend == "vllm" and reason:
+        raise RolloutUnavailable(f"generate_config.backend: vllm, but {reason}")
+    if reason is None:
+        from .vllm_engine import VllmEngine
+
+        log.warning("rollout engine: vLLM (%s, infer TP %d)", kind, gen.infer_tensor_parallel_size)
+        return VllmEngine(model, gen, kind, eos_token_id if eos_token_id is not None else 0, pad_token_id, seed)
+    from .fallback_engine import FallbackEngine
+
+    log.warning("rollout engine: megatron-core fallback (%s)", reason)
+    return FallbackEngine(model, eos_token_id, pad_token_id, vocab_size, bf16)

@@ -1,0 +1,53 @@
+"""The fallback rollout engine: a single-rank megatron-core copy of the actor that samples itself."""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from ..config_cls.generate_config import SamplingConfig
+from ..config_cls.megatron_config import MegatronConfig
+from ..config_cls.model_config import ModelConfig
+from .base import Pieces, RolloutEngine, RolloutOutput
+from .fallback import generate
+
+
+class FallbackEngine(RolloutEngine):
+    name = "fallback"
+
+    def __init__(self, model: ModelConfig, eos_token_id: Optional[int], pad_token_id: int = 0,
+                 vocab_size: Optional[int] = None, bf16: bool = False):
+        from ..models.builder import build_gpt_model
+
+        self.model_cfg = model
+        self.eos_token_id, self.pad_token_id, self.vocab_size = eos_token_id, pad_token_id, vocab_size
+        # one full copy, no TP/PP: built without parallel_state's stage checks
+        self.gpt = build_gpt_model(model, MegatronConfig(model="rollout", bf16=bf16), pre_process=True,
+                                   post_process=True)
+        self.gpt.eval()
+        for p in self.gpt.parameters():
+            p.requires_grad_(False)
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, n: int = 1,
+                 seed: Optional[int] = None) -> List[RolloutOutput]:
+        repeated = [list(p) for p in prompts for _ in range(n)]
+        outs = generate(self.gpt, repeated, sampling.max_tokens, self.eos_token_id, self.pad_token_id,
+                        sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p,
+                        seed=sampling.seed if seed is None else seed, vocab_size=self.vocab_size)
+        return [RolloutOutput(i // n, o.response_ids, o.logprobs, o.finish_reason) for i, o in enumerate(outs)]
+
+    @torch.no_grad()
+    def update_weights(self, weights: Pieces) -> Dict[str, float]:
+        params = dict(self.gpt.named_parameters())
+        count = {"tensors": 0, "bytes": 0}
+        for piece in weights:
+            for name, tensor in piece.items():
+                if name not in params:
+                    raise KeyError(f"rollout model has no parameter {name}")
+                params[name].copy_(tensor.to(params[name].dtype))
+                count["tensors"] += 1
+                count["bytes"] += tensor.numel() * tensor.element_size()
+        missing = len(params) - count["tensors"]
+        if missing:
+            raise ValueError(f"weight update left {missing} rollout parameters untouched")
+        return {k: float(v) for k, v in count.items()}

@@ -1,0 +1,74 @@
+"""Megatron shards of any TP x PP -> full weights, streamed piece by piece (bounded memory).
+
+Every rank of the actor's model-parallel group iterates the same sequence of pieces
+(embedding, layer 0..L-1, final norm + output layer). For each piece its owning pipeline stage
+all-gathers the TP shards and merges them (megatron's TP rules), then broadcasts the full
+tensors to the other stages; every rank then holds the full piece, which the rollout engine
+loads into its own (inference) layout: vLLM shards it for its TP rank itself, so inference TP
+equal to, a multiple of, or a divisor of the training TP all work the same way.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterator, List, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ..checkpoint.sharding import stage_starts
+from ..checkpoint.tp_split import layer_number, merge_tp, shift_layer
+
+
+def _pieces(engine) -> List[Tuple[str, int, int]]:
+    """(kind, owning stage, local layer) for every piece, in load order."""
+    model = engine.role.model
+    counts = engine.megatron.layers_per_stage(model.num_layers)
+    pieces = [("embedding", 0, -1)]
+    for stage, count in enumerate(counts):
+        pieces += [("layer", stage, i) for i in range(count)]
+    pieces.append(("final", len(counts) - 1, -1))
+    return pieces
+
+
+def _belongs(name: str, kind: str, local_layer: int) -> bool:
+    if kind == "embedding":
+        return name.startswith("embedding.")
+    if kind == "layer":
+        return layer_number(name) == local_layer
+    return layer_number(name) < 0 and not name.startswith("embedding.")
+
+
+def iter_full_weights(engine) -> Iterator[Dict[str, torch.Tensor]]:
+    """Full megatron-named tensors (global layer numbers), one piece at a time, on every rank."""
+    from megatron.core import parallel_state as ps
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    pp = ps.get_pipeline_model_parallel_world_size()
+    pp_rank = ps.get_pipeline_model_parallel_rank()
+    tp_group, pp_group = ps.get_tensor_model_parallel_group(), ps.get_pipeline_model_parallel_group()
+    counts = engine.megatron.layers_per_stage(engine.role.model.num_layers)
+    starts = stage_starts(counts)
+    swiglu = engine.role.model.swiglu
+    comm = torch.device("cpu") if engine.acc.kind == "cpu" else engine.device
+    local = dict(engine.named_weights())
+    for kind, stage, local_layer in _pieces(engine):
+        full: Dict[str, torch.Tensor] = {}
+        if pp_rank == stage:
+            for name in sorted(n for n in local if _belongs(n, kind, local_layer)):
+                shard = local[name].detach()
+                if tp > 1:
+                    parts = [torch.empty_like(shard, device=comm) for _ in range(tp)]
+                    dist.all_gather(parts, shard.to(comm).contiguous(), group=tp_group)
+                else:
+                    parts = [shard]
+                global_name = shift_layer(name, starts[stage]) if layer_number(name) >= 0 else name
+                full[global_name] = merge_tp(global_name, parts, swiglu)
+        if pp > 1:
+            src = ps.get_pipeline_model_parallel_global_ranks()[stage] if hasattr(
+                ps, "get_pipeline_model_parallel_global_ranks") else dist.get_global_rank(pp_group, stage)
+            meta = [[(n, tuple(t.shape), t.dtype) for n, t in full.items()] if pp_rank == stage else None]
+            dist.broadcast_object_list(meta, src=src, group=pp_group)
+            for name, shape, dtype in meta[0]:
+                t = full[name].to(comm).contiguous() if pp_rank == stage else torch.empty(shape, dtype=dtype, device=comm)
+                dist.broadcast(t, src=src, group=pp_group)
+                full[name] = t
+        yield full

