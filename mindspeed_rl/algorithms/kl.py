@@ -1,0 +1,73 @@
+"""KL estimators between the actor and the reference, and the KL coefficient controllers."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str = "kl") -> torch.Tensor:
+    """Per-token estimate of KL(pi || pi_ref) from log-probs of the sampled tokens.
+
+        kl:          log pi - log pi_ref                     (k1)
+        abs:         |log pi - log pi_ref|
+        mse:         0.5 (log pi - log pi_ref)^2             (k2)
+        low_var_kl:  exp(log pi_ref - log pi) - (log pi_ref - log pi) - 1, clamped to [-10, 10]   (k3)
+    """
+    diff = log_prob - ref_log_prob
+    if kind == "kl":
+        return diff
+    if kind == "abs":
+        return diff.abs()
+    if kind == "mse":
+        return 0.5 * diff.square()
+    if kind == "low_var_kl":
+        r = (-diff).clamp(-20, 20)
+        return (r.exp() - r - 1).clamp(-10, 10)
+    raise ValueError(f"unknown kl_penalty {kind!r}")
+
+
+class FixedKLController:
+    """beta stays at init_kl_coef."""
+
+    def __init__(self, init_kl_coef: float):
+        self.value = init_kl_coef
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        return None
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state["value"]
+
+
+class AdaptiveKLController:
+    """Ziegler et al. (2019): move beta toward the target KL, proportionally and clipped.
+
+        e = clip(KL / target - 1, -0.2, 0.2);   beta <- beta * (1 + e * n_steps / horizon)
+    """
+
+    def __init__(self, init_kl_coef: float, target: float, horizon: float):
+        self.value, self.target, self.horizon = init_kl_coef, target, horizon
+
+    def update(self, current_kl: float, n_steps: int) -> None:
+        if not math.isfinite(current_kl):
+            return
+        error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + error * n_steps / self.horizon
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = state["value"]
+
+
+def make_kl_controller(kind: str, init_kl_coef: float, target=None, horizon=None):
+    if kind == "fixed":
+        return FixedKLController(init_kl_coef)
+    if kind == "adaptive":
+        return AdaptiveKLController(init_kl_coef, target, horizon)
+    raise ValueError(f"unknown kl_ctrl_type {kind!r}")

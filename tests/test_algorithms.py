@@ -1,0 +1,104 @@
+"""PPO math against hand-computed values."""
+import math
+
+import pytest
+import torch
+
+from mindspeed_rl.algorithms import (AdaptiveKLController, FixedKLController, aggregate_token_mean, compute_gae,
+                                     entropy_loss, group_norm_advantages, kl_penalty, masked_whiten, policy_loss,
+                                     token_level_rewards, value_loss)
+
+T = torch.tensor
+
+
+def test_gae_gamma1_lam1_is_reward_to_go_minus_value():
+    adv, ret = compute_gae(T([[0.0, 0.0, 1.0]]), T([[0.5, 0.6, 0.7]]), T([[1, 1, 1]]), 1.0, 1.0)
+    assert torch.allclose(adv, T([[0.5, 0.4, 0.3]]))
+    assert torch.allclose(ret, T([[1.0, 1.0, 1.0]]))
+
+
+def test_gae_discounted_by_hand():
+    adv, _ = compute_gae(T([[0.0, 0.0, 1.0]]), T([[0.5, 0.6, 0.7]]), T([[1, 1, 1]]), 0.9, 0.5)
+    # delta2 = 0.3; delta1 = 0.9*0.7-0.6 = 0.03; delta0 = 0.9*0.6-0.5 = 0.04; gamma*lam = 0.45
+    assert torch.allclose(adv, T([[0.04 + 0.45 * 0.165, 0.03 + 0.45 * 0.3, 0.3]]))
+
+
+def test_gae_ignores_padding_after_the_response():
+    adv, ret = compute_gae(T([[0.0, 1.0, 0.0]]), T([[0.5, 0.6, 9.0]]), T([[1, 1, 0]]), 1.0, 1.0)
+    assert torch.allclose(adv, T([[0.5, 0.4, 0.0]])) and torch.allclose(ret, T([[1.0, 1.0, 0.0]]))
+
+
+def test_token_level_rewards_score_on_last_token_and_kl():
+    r = token_level_rewards(T([2.0]), T([[1, 1, 0]]), kl=T([[0.1, 0.2, 0.3]]), kl_coef=0.5)
+    assert torch.allclose(r, T([[-0.05, 1.9, 0.0]]))
+    assert torch.allclose(token_level_rewards(T([1.0, 3.0]), T([[1, 0], [1, 1]])), T([[1.0, 0.0], [0.0, 3.0]]))
+
+
+def test_kl_estimators():
+    lp, ref = T([-1.0]), T([-1.5])
+    assert kl_penalty(lp, ref, "kl").item() == pytest.approx(0.5)
+    assert kl_penalty(ref, lp, "abs").item() == pytest.approx(0.5)
+    assert kl_penalty(lp, ref, "mse").item() == pytest.approx(0.125)
+    assert kl_penalty(lp, ref, "low_var_kl").item() == pytest.approx(math.exp(-0.5) + 0.5 - 1)
+    assert kl_penalty(lp, lp, "low_var_kl").item() == 0.0
+    with pytest.raises(ValueError):
+        kl_penalty(lp, ref, "nope")
+
+
+def test_kl_controllers():
+    fixed = FixedKLController(0.1)
+    fixed.update(5.0, 10)
+    assert fixed.value == 0.1
+    adaptive = AdaptiveKLController(0.1, target=0.05, horizon=100)
+    adaptive.update(0.1, n_steps=10)           # error clipped to +0.2
+    assert adaptive.value == pytest.approx(0.1 * (1 + 0.2 * 10 / 100))
+    adaptive.update(0.045, n_steps=100)        # error -0.1
+    assert adaptive.value == pytest.approx(0.102 * 0.9)
+    state = adaptive.state_dict()
+    other = AdaptiveKLController(1.0, 0.05, 100)
+    other.load_state_dict(state)
+    assert other.value == adaptive.value
+
+
+def test_policy_loss_clipping_and_dual_clip():
+    old = T([[0.0, 0.0, 0.0]])
+    lp = T([[math.log(1.5), math.log(0.5), math.log(5.0)]])
+    adv = T([[1.0, -1.0, -1.0]])
+    mask = T([[1, 1, 1]])
+    loss, m = policy_loss(lp, old, adv, mask, clip_ratio=0.2)
+    # token losses: max(-1.5, -1.2) = -1.2; max(0.5, 0.8) = 0.8; max(5, 1.2) = 5
+    assert loss.item() == pytest.approx((-1.2 + 0.8 + 5.0) / 3)
+    assert m["pg_clipfrac"].item() == pytest.approx(2 / 3)
+    assert m["ppo_kl"].item() == pytest.approx(-(math.log(1.5) + math.log(0.5) + math.log(5.0)) / 3)
+    dual, _ = policy_loss(lp, old, adv, mask, clip_ratio=0.2, clip_ratio_c=3.0)
+    assert dual.item() == pytest.approx((-1.2 + 0.8 + 3.0) / 3)
+
+
+def test_policy_gradient_sign():
+    lp = torch.zeros(1, 2, requires_grad=True)
+    loss, _ = policy_loss(lp, torch.zeros(1, 2), T([[1.0, -1.0]]), T([[1, 1]]), 0.2)
+    loss.backward()
+    assert lp.grad[0, 0] < 0 < lp.grad[0, 1]  # descent raises good tokens, lowers bad ones
+
+
+def test_value_loss_clipped():
+    loss, m = value_loss(T([[1.0, 0.2]]), T([[0.0, 0.0]]), T([[2.0, 0.1]]), T([[1, 1]]), cliprange_value=0.5)
+    assert loss.item() == pytest.approx((0.5 * 2.25 + 0.5 * 0.01) / 2)
+    assert m["vf_clipfrac"].item() == pytest.approx(0.5)
+
+
+def test_token_mean_shares_add_up_across_micro_batches():
+    x, mask = torch.randn(6, 5), (torch.rand(6, 5) > 0.3).float()
+    total = aggregate_token_mean(x, mask)
+    n = float(mask.sum())
+    shares = sum(aggregate_token_mean(x[i:i + 2], mask[i:i + 2], n) for i in range(0, 6, 2))
+    assert shares.item() == pytest.approx(total.item(), rel=1e-5, abs=1e-6)
+    assert entropy_loss(x, mask).item() == pytest.approx(total.item())
+
+
+def test_whitening_and_group_norm():
+    w = masked_whiten(T([[1.0, 2.0, 3.0, 4.0]]), T([[1, 1, 1, 1]]))
+    assert torch.allclose(w, (T([[1.0, 2.0, 3.0, 4.0]]) - 2.5) / math.sqrt(5 / 3), atol=1e-6)
+    adv, ret = group_norm_advantages(T([1.0, 0.0, 1.0, 1.0]), T([[1, 1], [1, 0], [1, 1], [1, 1]]), [0, 0, 1, 1])
+    assert torch.allclose(adv[:, 0], T([1 / math.sqrt(0.5), -1 / math.sqrt(0.5), 0.0, 0.0]), atol=1e-4)
+    assert adv[1, 1] == 0 and torch.equal(adv, ret)
