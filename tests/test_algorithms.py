@@ -100,5 +100,6 @@ def test_whitening_and_group_norm():
     w = masked_whiten(T([[1.0, 2.0, 3.0, 4.0]]), T([[1, 1, 1, 1]]))
     assert torch.allclose(w, (T([[1.0, 2.0, 3.0, 4.0]]) - 2.5) / math.sqrt(5 / 3), atol=1e-6)
     adv, ret = group_norm_advantages(T([1.0, 0.0, 1.0, 1.0]), T([[1, 1], [1, 0], [1, 1], [1, 1]]), [0, 0, 1, 1])
-    assert torch.allclose(adv[:, 0], T([1 / math.sqrt(0.5), -1 / math.sqrt(0.5), 0.0, 0.0]), atol=1e-4)
+    # group 0: mean 0.5, unbiased std sqrt(0.5) -> +-0.5 / sqrt(0.5); group 1: equal scores -> 0
+    assert torch.allclose(adv[:, 0], T([0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5), 0.0, 0.0]), atol=1e-4)
     assert adv[1, 1] == 0 and torch.equal(adv, ret)
