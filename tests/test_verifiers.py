@@ -42,3 +42,34 @@ def test_format_rewards():
     assert get_verifier("format")("hi " + good, "4") == 1.0
     assert get_verifier("strict_format")("hi " + good, "4") == 0.0
     assert get_verifier("format")("<answer>4</answer>", "4") == 0.0
+
+
+def test_rule_reward_runner_weights_and_hung_verifier():
+    import time
+
+    from mindspeed_rl.rewards.registry import _REGISTRY, register_verifier
+    from mindspeed_rl.rewards.runner import RuleRewardRunner
+
+    if "test_sleepy" not in _REGISTRY:
+        @register_verifier("test_sleepy")
+        def sleepy(response, label):
+            if response == "hang":
+                time.sleep(30)
+            if response == "boom":
+                raise RuntimeError("bad verifier")
+            return 1.0
+
+    runner = RuleRewardRunner(["acc_for_ppo", "format"], [1.0, 0.5], timeout=5)
+    scores, metrics = runner.score(["\\boxed{7}", "<think>x</think><answer>\\boxed{7}</answer>", "8"], ["7", "7", "7"])
+    assert scores.tolist() == [1.0, 1.5, 0.0]
+    assert metrics["acc_for_ppo_rewards/mean"] == pytest.approx(2 / 3) and metrics["format_rewards/mean"] == pytest.approx(1 / 3)
+    runner.close()
+    sleepy_runner = RuleRewardRunner(["test_sleepy"], [1.0], timeout=1.0)
+    start = time.time()
+    scores, metrics = sleepy_runner.score(["ok", "hang", "boom", "ok"], ["", "", "", ""])
+    assert time.time() - start < 10
+    assert scores.tolist()[0] == 1.0 and scores.tolist()[1] == 0.0 and scores.tolist()[2] == 0.0
+    assert scores.tolist()[3] == 1.0
+    assert metrics["rule_reward/timeouts"] == 1 and metrics["rule_reward/failures"] == 1
+    assert sleepy_runner.score(["ok"], [""])[0].tolist() == [1.0]   # the pool was replaced
+    sleepy_runner.close()
