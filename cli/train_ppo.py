@@ -13,7 +13,7 @@ import sys
 from typing import Optional, Sequence
 
 from mindspeed_rl.config_cls import batch_plan, load_ppo_config, missing_paths
-from mindspeed_rl.utils.cli import UserError, report_user_errors
+from mindspeed_rl.utils.cli import report_user_errors
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -41,8 +41,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for problem in problems[1:]:
             print(f"config error: {problem}", file=sys.stderr)
         raise problems[0]
-    raise UserError("PPO training is not in this build yet: run with dry_run=true to validate a config "
-                    "(cli/check_env.py checks the device and megatron-core)")
+    from mindspeed_rl.trainer import launch  # heavy imports only after validation
+
+    return launch.run(cfg)
 
 
 if __name__ == "__main__":

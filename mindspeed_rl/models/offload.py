@@ -64,9 +64,11 @@ class Offloader:
     # what lives where
     def _buffers(self) -> List:
         out = []
-        for chunk in self.engine.model:
-            out.extend(getattr(chunk, "buffers", []) or [])
-            out.extend(getattr(chunk, "expert_parallel_buffers", []) or [])
+        for chunk in self.engine.model:  # megatron DDP's contiguous buffers (a frozen model has none)
+            for attr in ("buffers", "expert_parallel_buffers"):
+                value = getattr(chunk, attr, None)
+                if isinstance(value, list):
+                    out.extend(value)
         return out
 
     def param_tensors(self) -> List[torch.Tensor]:

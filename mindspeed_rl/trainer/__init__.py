@@ -1,0 +1,1 @@
+"""The PPO single controller: iteration loop, experience, metrics and logging."""

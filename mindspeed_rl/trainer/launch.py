@@ -1,0 +1,126 @@
+"""From a validated config to a running PPO job: Ray, placement, workers, data, the trainer."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Dict, List
+
+from ..config_cls.loader import CONFIG_DIR
+from ..config_cls.ppo_config import PPOConfig
+from ..utils.cli import UserError
+
+
+def runtime_env_vars() -> Dict[str, str]:
+    from ..config_cls.base import load_yaml
+
+    data = load_yaml(os.path.join(CONFIG_DIR, "envs", "runtime_env.yaml")) or {}
+    env = {k: str(v) for k, v in (data.get("env_vars") or {}).items()}
+    for key in ("MINDSPEED_RL_DEVICE", "PYTHONWARNINGS"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    return env
+
+
+def init_ray(cfg: PPOConfig, env: Dict[str, str]) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    address = os.environ.get("RAY_ADDRESS")
+    kwargs = dict(runtime_env={"env_vars": env}, include_dashboard=False, log_to_driver=True,
+                  logging_level="WARNING")
+    if address:
+        ray.init(address=address, **kwargs)
+    else:
+        ray.init(num_cpus=os.cpu_count(), **kwargs)
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"megatron_training.tokenizer_name_or_path {path}: cannot load a tokenizer ({exc})") from None
+
+
+def run(cfg: PPOConfig) -> int:
+    """Train; returns the process exit code."""
+    history = train(cfg)
+    return 0 if history else 1
+
+
+def train(cfg: PPOConfig) -> List[Dict[str, float]]:
+    import ray
+
+    from ..accelerator import get_accelerator
+    from ..datasets.prompt_dataset import DatasetMissing, PromptDataset, PromptSampler
+    from ..rewards.runner import RuleRewardRunner
+    from ..workers.actor_worker import IntegratedActorWorker
+    from ..workers.critic_worker import CriticWorker
+    from ..workers.launcher import create_placement_group, spawn_group
+    from .loggers import MetricsLogger
+    from .ppo_trainer import PPOTrainer
+
+    mt, rl, gen = cfg.megatron_training, cfg.rl, cfg.generate
+    tokenizer = load_tokenizer(cfg.actor.megatron.tokenizer_name_or_path)
+    try:
+        dataset = PromptDataset(cfg.actor.megatron.data_path, cfg.actor.megatron.dataset_additional_keys,
+                                rl.max_prompt_length)
+    except DatasetMissing as exc:
+        raise UserError(str(exc)) from None
+    run_dir = os.path.abspath(os.path.join(rl.log_dir, time.strftime("%Y%m%d-%H%M%S")))
+    print(f"run directory: {run_dir} (metrics.jsonl, curves)", flush=True)
+    print(f"prompts: {len(dataset)} from {cfg.actor.megatron.data_path} ({dataset.dropped} over max_prompt_length)",
+          flush=True)
+
+    acc = get_accelerator()
+    env = runtime_env_vars()
+    init_ray(cfg, env)
+    devices = cfg.actor.num_devices
+    cpus = os.cpu_count() or 1
+    cpus_per_bundle = max(0.5, (cpus - rl.num_cpus_for_local_task) / devices) if acc.kind == "cpu" else 1.0
+    threads = max(1, int(cpus // devices)) if acc.kind == "cpu" else max(1, int(cpus // devices))
+    pg = create_placement_group(acc, devices, cpus_per_bundle)
+    samples = cfg.samples_per_iteration
+    steps = mt.train_iters * (samples // rl.mini_batch_size) * rl.epochs
+    fraction = cpus_per_bundle / 2 if acc.kind == "cpu" else 0.5
+    vocab = len(tokenizer)
+    actor = spawn_group("actor", IntegratedActorWorker, acc, pg, devices, fraction,
+                        lambda rank, addr, port: dict(rank=rank, world_size=devices, master_addr=addr,
+                                                      master_port=port, role=cfg.actor, rl=rl, gen=gen,
+                                                      total_steps=steps, eos_token_id=tokenizer.eos_token_id,
+                                                      pad_token_id=tokenizer.pad_token_id or 0, vocab_size=vocab,
+                                                      threads=threads), env)
+    critic = None
+    if rl.adv_estimator == "gae":
+        critic = spawn_group("critic", CriticWorker, acc, pg, cfg.critic.num_devices, fraction,
+                             lambda rank, addr, port: dict(rank=rank, world_size=cfg.critic.num_devices,
+                                                           master_addr=addr, master_port=port, role=cfg.critic,
+                                                           rl=rl, total_steps=steps, threads=threads,
+                                                           offload_when_idle=acc.kind != "cpu"), env)
+    am, cm = cfg.actor.megatron, cfg.critic.megatron
+    resumed = actor.call("init_weights", am.load, am.finetune, not am.no_load_optim, not am.no_load_rng,
+                         rl.integrated_mode_config.ref_model_load_path)[0]
+    if critic is not None:
+        critic.call("init_weights", cm.load, cm.finetune, not cm.no_load_optim, not cm.no_load_rng)
+    start = int(resumed.get("iteration", 0)) if not am.finetune else 0
+    state = resumed.get("trainer_state") or {}
+    sampler = PromptSampler(len(dataset), mt.global_batch_size, mt.seed, shuffle=not mt.no_shuffle,
+                            consumed_samples=int(state.get("consumed_samples", 0)))
+    runner = RuleRewardRunner(rl.verifier_function, rl.verifier_weight, rl.verifier_timeout)
+    logger = MetricsLogger(run_dir, mt.train_iters)
+    trainer = PPOTrainer(cfg, actor, critic, runner, dataset, sampler, tokenizer, logger, start)
+    if "kl_ctrl" in state:
+        trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
+    try:
+        history = trainer.fit()
+    finally:
+        runner.close()
+        logger.close()
+        for group in (actor, critic):
+            if group is not None:
+                group.call("shutdown")
+        ray.util.remove_placement_group(pg)
+    print(f"run directory: {run_dir}", flush=True)
+    return history

@@ -1,0 +1,55 @@
+"""Metric names as MindSpeed-RL documents them, and the throughput formulas."""
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from ..algorithms import masked_mean
+
+KEY_FIGURES = ("iteration", "critic/score/mean", "response_length/mean", "actor/pg_loss", "critic/vf_loss",
+               "actor/kl_loss", "grad_norm", "timing/all", "e2e_tps")
+
+
+def _stats(prefix: str, values: torch.Tensor) -> Dict[str, float]:
+    values = values.float()
+    return {f"{prefix}/mean": float(values.mean()), f"{prefix}/max": float(values.max()),
+            f"{prefix}/min": float(values.min())}
+
+
+def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> Dict[str, float]:
+    sel = values[mask.bool()]
+    if sel.numel() == 0:
+        return {f"{prefix}/mean": 0.0, f"{prefix}/max": 0.0, f"{prefix}/min": 0.0}
+    return {f"{prefix}/mean": float(masked_mean(values, mask)), f"{prefix}/max": float(sel.max()),
+            f"{prefix}/min": float(sel.min())}
+
+
+def data_metrics(batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
+    mask = batch["response_mask"]
+    out: Dict[str, float] = {}
+    out.update(_stats("critic/score", batch["scores"]))
+    out.update(_stats("critic/rewards", (batch["token_rewards"] * mask).sum(1)))
+    out.update(_masked_stats("critic/advantages", batch["advantages"], mask))
+    out.update(_masked_stats("critic/returns", batch["returns"], mask))
+    if "values" in batch:
+        out.update(_masked_stats("critic/values", batch["values"], mask))
+    out.update(_stats("response_length", mask.sum(1)))
+    out.update(_stats("prompt_length", batch["prompt_mask"].sum(1)))
+    if "old_log_probs" in batch:
+        diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()
+        out["rollout/logprob_diff_mean"] = float(masked_mean(diff, mask))
+        out["rollout/logprob_diff_max"] = float(diff[mask.bool()].max()) if mask.any() else 0.0
+    return out
+
+
+def throughput(metrics: Dict[str, float], global_batch_size: int, n_samples: int, world_size: int) -> Dict[str, float]:
+    """e2e_tps = (response_length_mean + prompt_length_mean) x gbs x n / world_size / timing/all;
+    update_tps and vllm_tps the same over timing/update and timing/rollout."""
+    tokens = (metrics["response_length/mean"] + metrics["prompt_length/mean"]) * global_batch_size * n_samples
+    per_device = tokens / world_size
+    out = {}
+    for name, timing in (("e2e_tps", "timing/all"), ("update_tps", "timing/update"), ("vllm_tps", "timing/rollout")):
+        seconds = metrics.get(timing, 0.0)
+        out[name] = per_device / seconds if seconds > 0 else 0.0
+    return out

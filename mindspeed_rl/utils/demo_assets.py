@@ -1,0 +1,64 @@
+"""Assets of the embedded CPU demo, made offline on first use: a tokenizer and a prompt dataset.
+
+The task ("lucky number") rewards a response whose final number is 7, whatever the question
+around it: a randomly initialised policy earns it now and then by chance, so PPO has a signal
+to climb from scratch, which is what the demo and the learning test show.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import List
+
+NAMES = ["Ada", "Bo", "Cy", "Dee", "Eli", "Fay", "Gus", "Hal", "Ivy", "Jo", "Kai", "Lu", "Mo", "Ned", "Oz", "Pia"]
+THINGS = ["apples", "pears", "coins", "books", "cats", "cups", "pens", "stars", "boats", "keys"]
+QUESTIONS = ["What is the lucky number?", "Which number is lucky?", "Tell me the lucky number.",
+             "Say the lucky number.", "Give the lucky number."]
+
+
+def make_rows(count: int, seed: int) -> List[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        name, thing = rng.choice(NAMES), rng.choice(THINGS)
+        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        question = f"{name} has {a} {thing} and {b} more. {rng.choice(QUESTIONS)}"
+        rows.append({"question": question, "answer": f"The lucky number is 7.\n#### 7"})
+    return rows
+
+
+def corpus(rows: List[dict], seed: int) -> List[str]:
+    rng = random.Random(seed)
+    texts = [r["question"] for r in rows] + [r["answer"] for r in rows[:200]]
+    texts += [" ".join(str(rng.randint(0, 999)) for _ in range(12)) for _ in range(300)]
+    return texts
+
+
+def prepare(root: str, vocab_size: int, train_rows: int = 2000, seed: int = 1) -> dict:
+    """Write <root>/tiny_qwen25_hf (tokenizer of exactly ``vocab_size`` tokens) and the preprocessed
+    prompts <root>/data/arith_train*; returns the paths. Idempotent."""
+    from ..utils.tiny_hf import build_tokenizer
+
+    tok_dir = os.path.join(root, "tiny_qwen25_hf")
+    raw = os.path.join(root, "raw", "lucky_train.jsonl")
+    prefix = os.path.join(root, "data", "arith_train")
+    paths = {"tokenizer": tok_dir, "raw": raw, "data_prefix": prefix}
+    if os.path.isfile(prefix + "_summary.json") and os.path.isfile(os.path.join(tok_dir, "tokenizer.json")):
+        return paths
+    rows = make_rows(train_rows, seed)
+    os.makedirs(os.path.dirname(raw), exist_ok=True)
+    with open(raw, "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+    tok = build_tokenizer(tok_dir, corpus(rows, seed), vocab_size=vocab_size)
+    if len(tok) < vocab_size:  # pad with unused tokens: the model's vocab rows all decode
+        tok.add_tokens([f"<|extra_{i}|>" for i in range(vocab_size - len(tok))], special_tokens=True)
+        tok.save_pretrained(tok_dir)
+    if len(tok) != vocab_size:
+        raise RuntimeError(f"demo tokenizer has {len(tok)} tokens, expected {vocab_size}")
+    from ..config_cls.dataset_config import DatasetConfig
+    from ..datasets.preprocess import preprocess
+
+    preprocess(DatasetConfig(input=raw, tokenizer_name_or_path=tok_dir, output_prefix=prefix, prompt_type="empty",
+                             seq_length=64), progress=False)
+    return paths

@@ -1,0 +1,1 @@
+"""Ray actors: the integrated actor (train + rollout + reference), the critic; their launcher."""

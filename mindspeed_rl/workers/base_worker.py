@@ -1,0 +1,62 @@
+"""What every Megatron worker does first: its torch.distributed world, threads, seeds."""
+from __future__ import annotations
+
+import os
+from typing import Dict
+
+import torch
+
+
+class MegatronWorker:
+    """One rank of a role's own torch.distributed world (own master port)."""
+
+    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, tp: int, pp: int,
+                 seed: int, threads: int):
+        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                           "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+                           "OMP_NUM_THREADS": str(threads)})
+        torch.set_num_threads(max(1, threads))
+        from ..utils import dist
+
+        self.rank, self.world_size = rank, world_size
+        dist.init_distributed(rank, world_size, master_addr, master_port, local_rank=self._local_rank(rank))
+        dist.init_model_parallel(tp, pp, seed=seed)
+        from megatron.core import parallel_state as ps
+
+        self.tp_rank = ps.get_tensor_model_parallel_rank()
+        self.pp_rank = ps.get_pipeline_model_parallel_rank()
+        self.dp_rank = ps.get_data_parallel_rank()
+        self.dp_size = ps.get_data_parallel_world_size()
+        self.is_output_rank = self.tp_rank == 0 and ps.is_pipeline_last_stage(ignore_virtual=True)
+
+    @staticmethod
+    def _local_rank(rank: int) -> int:
+        """The device index in this process: Ray's assigned id when Ray leaves the visible devices
+        alone (RAY_EXPERIMENTAL_NOSET_*_VISIBLE_DEVICES, as the runtime env sets on NPU), else 0."""
+        from ..accelerator import get_accelerator
+
+        acc = get_accelerator()
+        if acc.kind == "cpu":
+            return 0
+        try:
+            import ray
+
+            ids = ray.get_runtime_context().get_accelerator_ids().get(acc.ray_resource) or []
+        except Exception:  # noqa: BLE001 - not inside Ray
+            ids = []
+        noset = any(k.startswith("RAY_EXPERIMENTAL_NOSET_") and v not in ("", "0") for k, v in os.environ.items())
+        return int(ids[0]) if ids and noset else 0
+
+    def layout(self) -> Dict[str, int]:
+        return {"rank": self.rank, "dp_rank": self.dp_rank, "dp_size": self.dp_size,
+                "tp_rank": self.tp_rank, "pp_rank": self.pp_rank, "output": int(self.is_output_rank)}
+
+    def memory(self) -> Dict[str, float]:
+        from ..accelerator import get_accelerator
+
+        return get_accelerator().memory_stats()
+
+    def shutdown(self) -> None:
+        from ..utils import dist
+
+        dist.destroy()

@@ -1,0 +1,84 @@
+"""The critic: a value model (LM trunk + hidden->1 head) trained on the returns."""
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+from ..algorithms import value_loss
+from ..config_cls.ppo_config import RoleConfig
+from ..config_cls.rl_config import RLConfig
+from .base_worker import MegatronWorker
+
+
+class CriticWorker(MegatronWorker):
+    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, role: RoleConfig,
+                 rl: RLConfig, total_steps: int, threads: int, offload_when_idle: bool = False):
+        m = role.megatron
+        super().__init__(rank, world_size, master_addr, master_port, m.tensor_model_parallel_size,
+                         m.pipeline_model_parallel_size, m.seed + 7, threads)
+        from ..models.engine import MegatronEngine
+        from ..models.offload import Offloader
+
+        self.role, self.rl = role, rl
+        self.critic = MegatronEngine(role, head="value", trainable=True, total_steps=total_steps,
+                                     value_head_init_std=m.init_method_std)
+        self.offloader = Offloader(self.critic)
+        self.offload_when_idle = offload_when_idle
+
+    def init_weights(self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool) -> Dict:
+        from ..checkpoint.engine_io import load_engine, load_weights_only
+
+        payload: Dict = {}
+        if load:
+            payload = (load_weights_only(self.critic, load) if finetune
+                       else load_engine(self.critic, load, load_optim, load_rng))
+        self._idle()
+        return {k: v for k, v in payload.items() if k in ("iteration",)}
+
+    def save(self, ckpt_dir: str, iteration: int, extra: Dict, save_optim: bool, save_rng: bool) -> None:
+        from ..checkpoint.engine_io import save_engine
+
+        self._busy()
+        save_engine(self.critic, ckpt_dir, iteration, extra, save_optim, save_rng)
+        self._idle()
+
+    def _busy(self) -> None:
+        if self.offload_when_idle:
+            self.offloader.onload()
+
+    def _idle(self) -> None:
+        """The critic shares the actor's devices: get out of the way while the actor works."""
+        if self.offload_when_idle:
+            self.offloader.offload()
+
+    def compute_values(self, batch: Dict[str, torch.Tensor]) -> Dict:
+        t0 = time.perf_counter()
+        self._busy()
+        width = int(batch.pop("prompt_width").item())
+        out = self.critic.forward(batch, self.rl.actor_forward_micro_batch_size)
+        self._idle()
+        resp = batch["response_mask"].shape[1]
+        return {"values": out["values"][:, width:width + resp] if self.is_output_rank else None,
+                "seconds": time.perf_counter() - t0}
+
+    def update(self, mini_batches: List[Dict[str, torch.Tensor]]) -> Dict[str, float]:
+        self._busy()
+        sums: Dict[str, float] = {}
+        for mb in mini_batches:
+            width = int(mb.pop("prompt_width").item())
+            normaliser = float(mb.pop("normaliser").item())
+
+            def loss_fn(outputs, micro, width=width, normaliser=normaliser):
+                resp = micro["response_mask"].shape[1]
+                values = outputs["values"][:, width:width + resp]
+                loss, m = value_loss(values, micro["values"], micro["returns"], micro["response_mask"].float(),
+                                     self.rl.cliprange_value, normaliser)
+                return loss, {"critic/vf_loss": float(loss), "critic/vf_clipfrac": float(m["vf_clipfrac"])}
+
+            step = self.critic.train_step(mb, loss_fn, self.role.megatron.micro_batch_size)
+            for key, value in {**step.metrics, "critic/grad_norm": step.grad_norm, "critic/lr": step.lr}.items():
+                sums[key] = sums.get(key, 0.0) + value
+        self._idle()
+        return {k: v / max(1, len(mini_batches)) for k, v in sums.items()}
