@@ -131,3 +131,29 @@ def test_sampling_filters():
     assert (~torch.isinf(filter_logits(logits, min_p=0.3))).sum() == 2
     tokens, logp = sample_next(logits, temperature=0)
     assert tokens.item() == 0 and torch.allclose(logp, logits.log_softmax(-1)[:, 0])
+
+
+def test_vllm_samples_of_one_prompt_differ():
+    """Regression: vLLM gives the n children of a seeded request one seed (identical samples)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent('''
+        import os, sys
+        sys.path.insert(0, ".")
+        from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+        from mindspeed_rl.rollout.vllm_engine import VllmEngine
+        from tests.helpers import tiny_model_config
+        m = tiny_model_config(num_layers=1, hidden_size=128, ffn_hidden_size=128, padded_vocab_size=512)
+        e = VllmEngine(m, GenerateConfig(dtype="float32", max_model_len=64, max_num_seqs=8,
+                                         max_num_batched_tokens=512, gpu_memory_utilization=0.002), "cpu", 0)
+        outs = e.generate([[1, 2, 3]], SamplingConfig(temperature=1.0, max_tokens=8, seed=5), n=4)
+        print("DISTINCT", len({tuple(o.response_ids) for o in outs}))
+        e.shutdown()
+    ''')
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    line = [x for x in proc.stdout.splitlines() if x.startswith("DISTINCT")]
+    assert line, proc.stderr[-2000:]
+    assert int(line[0].split()[1]) == 4

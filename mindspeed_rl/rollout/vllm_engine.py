@@ -85,21 +85,24 @@ class VllmEngine(RolloutEngine):
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, n: int = 1,
                  seed: Optional[int] = None) -> List[RolloutOutput]:
+        """One request per (prompt, sample), each with its own seed: vLLM gives the n children of a
+        seeded request the same seed, which would make the n samples identical."""
         from vllm import SamplingParams
 
-        params = SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                top_k=sampling.top_k if sampling.top_k > 0 else -1, min_p=sampling.min_p,
-                                max_tokens=sampling.max_tokens, logprobs=0, detokenize=False,
-                                seed=sampling.seed if seed is None else seed)
-        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        base = sampling.seed if seed is None else seed
+        params = [SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
+                                 top_k=sampling.top_k if sampling.top_k > 0 else -1, min_p=sampling.min_p,
+                                 max_tokens=sampling.max_tokens, logprobs=0, detokenize=False, seed=base + i)
+                  for i in range(len(prompts) * n)]
+        requests = [{"prompt_token_ids": list(p)} for p in prompts for _ in range(n)]
         results = self.llm.generate(requests, params, use_tqdm=False)
         outputs: List[RolloutOutput] = []
         for index, result in enumerate(results):
-            for completion in result.outputs:
-                ids = list(completion.token_ids)
-                logps = [entry[tok].logprob for entry, tok in zip(completion.logprobs, ids)]
-                reason = "stop" if completion.finish_reason == "stop" else "length"
-                outputs.append(RolloutOutput(index, ids, logps, reason))
+            completion = result.outputs[0]
+            ids = list(completion.token_ids)
+            logps = [entry[tok].logprob for entry, tok in zip(completion.logprobs, ids)]
+            reason = "stop" if completion.finish_reason == "stop" else "length"
+            outputs.append(RolloutOutput(index // n, ids, logps, reason))
         return outputs
 
     def update_weights(self, weights: Pieces) -> Dict[str, float]:

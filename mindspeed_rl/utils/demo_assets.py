@@ -22,7 +22,7 @@ def make_rows(count: int, seed: int) -> List[dict]:
     rows = []
     for _ in range(count):
         name, thing = rng.choice(NAMES), rng.choice(THINGS)
-        a, b = rng.randint(0, 99), rng.randint(0, 99)
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
         question = f"{name} has {a} {thing} and {b} more. {rng.choice(QUESTIONS)}"
         rows.append({"question": question, "answer": f"The lucky number is 7.\n#### 7"})
     return rows
@@ -31,7 +31,7 @@ def make_rows(count: int, seed: int) -> List[dict]:
 def corpus(rows: List[dict], seed: int) -> List[str]:
     rng = random.Random(seed)
     texts = [r["question"] for r in rows] + [r["answer"] for r in rows[:200]]
-    texts += [" ".join(str(rng.randint(0, 999)) for _ in range(12)) for _ in range(300)]
+    texts += [" ".join(str(rng.randint(0, 9)) for _ in range(12)) for _ in range(100)]
     return texts
 
 
@@ -50,7 +50,7 @@ def prepare(root: str, vocab_size: int, train_rows: int = 2000, seed: int = 1) -
     os.makedirs(os.path.dirname(raw), exist_ok=True)
     with open(raw, "w", encoding="utf-8") as fh:
         fh.writelines(json.dumps(r) + "\n" for r in rows)
-    tok = build_tokenizer(tok_dir, corpus(rows, seed), vocab_size=vocab_size)
+    tok = build_tokenizer(tok_dir, corpus(rows, seed), vocab_size=vocab_size, full_alphabet=False)
     if len(tok) < vocab_size:  # pad with unused tokens: the model's vocab rows all decode
         tok.add_tokens([f"<|extra_{i}|>" for i in range(vocab_size - len(tok))], special_tokens=True)
         tok.save_pretrained(tok_dir)

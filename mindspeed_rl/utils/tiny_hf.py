@@ -7,8 +7,11 @@ from typing import Iterable, Optional
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def build_tokenizer(out_dir: str, texts: Iterable[str], vocab_size: int = 1024):
-    """Train a byte-level BPE on ``texts`` and save it as a HF fast tokenizer in ``out_dir``."""
+def build_tokenizer(out_dir: str, texts: Iterable[str], vocab_size: int = 1024, full_alphabet: bool = True):
+    """Train a byte-level BPE on ``texts`` and save it as a HF fast tokenizer in ``out_dir``.
+
+    ``full_alphabet=False`` keeps only the bytes seen in ``texts`` (a smaller vocab for tiny demos).
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -16,7 +19,8 @@ def build_tokenizer(out_dir: str, texts: Iterable[str], vocab_size: int = 1024):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet() if full_alphabet else [],
+                                  show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
     os.makedirs(out_dir, exist_ok=True)
