@@ -13,8 +13,8 @@ $(STAMP): scripts/install.sh requirements/cpu.txt setup.py
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(PYTHON) cli/train_ppo.py --config-name ppo_tiny_cpu dry_run=true
-	$(PYTHON) cli/check_env.py --model tiny_qwen25
+	$(PYTHON) cli/prepare_demo.py
+	$(PYTHON) cli/train_ppo.py --config-name ppo_tiny_cpu
 
 test: $(STAMP)
 	$(PYTHON) -m pytest tests
