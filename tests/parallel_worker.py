@@ -189,3 +189,21 @@ def run_updated_engine(rank, world, spec, workdir, port):
     torch.save({"greedy": greedy, "runs": runs, "other_seed": other_seed}, os.path.join(workdir, "updated.pt"))
     engine.shutdown()
     dist.destroy()
+
+
+def run_reward_worker(rank, world, spec, workdir, port):
+    """The ORM worker (outside Ray) scores sequences from a converted --orm checkpoint."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    from mindspeed_rl.config_cls import ModelConfig, RLConfig
+    from mindspeed_rl.checkpoint.convert import read_mg_config
+    from mindspeed_rl.workers.reward_worker import RewardWorker
+    from tests.helpers import tiny_role
+
+    config = read_mg_config(os.path.join(workdir, "rm_mg"))[0]
+    role = tiny_role("reward", model=ModelConfig(**config["model"]))
+    worker = RewardWorker(rank, world, "127.0.0.1", port, role, RLConfig(ref_forward_micro_batch_size=2), threads=1)
+    worker.init_weights(os.path.join(workdir, "rm_mg"))
+    batch = torch.load(os.path.join(workdir, "batch.pt"))
+    out = worker.compute_scores(dict(batch, prompt_width=torch.tensor(3)))
+    torch.save(out["scores"], os.path.join(workdir, "rm_scores.pt"))
+    worker.shutdown()

@@ -134,3 +134,15 @@ def test_config_docs_are_in_step_with_the_schema():
 
     with open(os.path.join(ROOT, "docs", "config.md"), encoding="utf-8") as fh:
         assert fh.read() == render(), "docs/config.md is stale: run `make docs`"
+
+
+def test_reward_model_config_needs_load_and_resource(capsys, tmp_path):
+    base = A3 + ["+reward_config.model=qwen25_32b", "+reward_config.tensor_model_parallel_size=8"]
+    assert train_ppo.main(base) == 2
+    assert "rl_config.reward_resource" in capsys.readouterr().err
+    assert train_ppo.main(base + ["+rl_config.reward_resource.num_npus=32"]) == 2
+    assert "reward_config.load" in capsys.readouterr().err
+    assert train_ppo.main(base + ["+rl_config.reward_resource.num_npus=64", f"+reward_config.load={tmp_path}"]) == 2
+    assert "rl_config.reward_resource.num_npus" in capsys.readouterr().err
+    assert train_ppo.main(base + ["+rl_config.reward_resource.num_npus=32", f"+reward_config.load={tmp_path}"]) == 0
+    assert "reward    : 32 devices" in capsys.readouterr().out

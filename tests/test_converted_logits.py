@@ -41,3 +41,18 @@ def test_converted_megatron_matches_hf_at_tp2_and_pp2(tmp_path):
         assert diff <= 1e-5, f"{spec['name']}: logits differ by {diff}"
         scores = last_token_values(got["value"]["raw_values"], batch["attention_mask"])
         assert (scores - hf_scores).abs().max().item() <= 1e-5, spec["name"]
+
+
+@pytest.mark.slow
+def test_reward_worker_scores_equal_hf_sequence_classification(tmp_path):
+    model = tiny_model_config(num_layers=2)
+    rm = build_hf_model(str(tmp_path / "hf_rm"), model, seed=4, orm=True)
+    assert convert_ckpt.main(["--load-model-type", "hf", "--save-model-type", "mg", "--load-dir", str(tmp_path / "hf_rm"),
+                              "--save-dir", str(tmp_path / "rm_mg"), "--add-qkv-bias", "--orm"]) == 0
+    batch = make_batch(4, 12, vocab=model.padded_vocab_size, seed=2, left_pad=False)
+    torch.save(batch, tmp_path / "batch.pt")
+    mp.start_processes(parallel_worker.run_reward_worker, args=(1, {}, str(tmp_path), free_port()), nprocs=1,
+                       join=True, start_method="spawn")
+    with torch.no_grad():
+        want = rm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.squeeze(-1)
+    assert (torch.load(tmp_path / "rm_scores.pt") - want).abs().max().item() <= 1e-5

@@ -173,6 +173,14 @@ def check_cross_fields(cfg: PPOConfig) -> None:
             raise ConfigError(_role_key(role, "fp16"), "bf16 and fp16 are both true; pick one")
         if m.min_lr > m.lr:
             raise ConfigError(_role_key(role, "min_lr"), f"{m.min_lr} is above lr {m.lr}")
+    if cfg.reward is not None:
+        if not cfg.reward.megatron.load:
+            raise ConfigError("reward_config.load", "required: the reward model's weights (a checkpoint converted "
+                                                    "with cli/convert_ckpt.py --orm)")
+        if rl.use_integrated_worker and cfg.reward.num_devices > cfg.actor.num_devices:
+            raise ConfigError("rl_config.reward_resource.num_npus",
+                              f"{cfg.reward.num_devices} exceeds actor_resource.num_npus {cfg.actor.num_devices}: "
+                              "in integrated mode the reward model shares the actor's devices")
     if rl.use_integrated_worker and cfg.critic.num_devices > cfg.actor.num_devices:
         raise ConfigError("rl_config.critic_resource.num_npus",
                           f"{cfg.critic.num_devices} exceeds actor_resource.num_npus {cfg.actor.num_devices}: "

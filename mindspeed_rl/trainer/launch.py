@@ -58,6 +58,7 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     from ..rewards.runner import RuleRewardRunner
     from ..workers.actor_worker import IntegratedActorWorker
     from ..workers.critic_worker import CriticWorker
+    from ..workers.reward_worker import RewardWorker
     from ..workers.launcher import create_placement_group, spawn_group
     from .loggers import MetricsLogger
     from .ppo_trainer import PPOTrainer
@@ -84,7 +85,9 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     pg = create_placement_group(acc, devices, cpus_per_bundle)
     samples = cfg.samples_per_iteration
     steps = mt.train_iters * (samples // rl.mini_batch_size) * rl.epochs
-    fraction = cpus_per_bundle / 2 if acc.kind == "cpu" else 0.5
+    groups = 1 + (rl.adv_estimator == "gae") + (cfg.reward is not None)
+    share = 1.0 / groups  # the groups share each bundle (integrated mode)
+    fraction = cpus_per_bundle * share if acc.kind == "cpu" else share
     vocab = len(tokenizer)
     actor = spawn_group("actor", IntegratedActorWorker, acc, pg, devices, fraction,
                         lambda rank, addr, port: dict(rank=rank, world_size=devices, master_addr=addr,
@@ -99,6 +102,13 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
                                                            master_addr=addr, master_port=port, role=cfg.critic,
                                                            rl=rl, total_steps=steps, threads=threads,
                                                            offload_when_idle=acc.kind != "cpu"), env)
+    reward = None
+    if cfg.reward is not None:
+        reward = spawn_group("reward", RewardWorker, acc, pg, cfg.reward.num_devices, fraction,
+                             lambda rank, addr, port: dict(rank=rank, world_size=cfg.reward.num_devices,
+                                                           master_addr=addr, master_port=port, role=cfg.reward,
+                                                           rl=rl, threads=threads), env)
+        reward.call("init_weights", cfg.reward.megatron.load)
     am, cm = cfg.actor.megatron, cfg.critic.megatron
     resumed = actor.call("init_weights", am.load, am.finetune, not am.no_load_optim, not am.no_load_rng,
                          rl.integrated_mode_config.ref_model_load_path)[0]
@@ -108,17 +118,18 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     state = resumed.get("trainer_state") or {}
     sampler = PromptSampler(len(dataset), mt.global_batch_size, mt.seed, shuffle=not mt.no_shuffle,
                             consumed_samples=int(state.get("consumed_samples", 0)))
-    runner = RuleRewardRunner(rl.verifier_function, rl.verifier_weight, rl.verifier_timeout)
+    runner = RuleRewardRunner(rl.verifier_function, rl.verifier_weight, rl.verifier_timeout) if rl.rule_reward else None
     logger = MetricsLogger(run_dir, mt.train_iters)
-    trainer = PPOTrainer(cfg, actor, critic, runner, dataset, sampler, tokenizer, logger, start)
+    trainer = PPOTrainer(cfg, actor, critic, runner, dataset, sampler, tokenizer, logger, start, reward)
     if "kl_ctrl" in state:
         trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
     try:
         history = trainer.fit()
     finally:
-        runner.close()
+        if runner is not None:
+            runner.close()
         logger.close()
-        for group in (actor, critic):
+        for group in (actor, critic, reward):
             if group is not None:
                 group.call("shutdown")
         ray.util.remove_placement_group(pg)

@@ -17,9 +17,9 @@ from .metrics import data_metrics, throughput
 
 class PPOTrainer:
     def __init__(self, cfg: PPOConfig, actor_group, critic_group, reward_runner, dataset, sampler, tokenizer,
-                 logger, start_iteration: int = 0):
+                 logger, start_iteration: int = 0, reward_group=None):
         self.cfg, self.rl, self.gen = cfg, cfg.rl, cfg.generate
-        self.actor, self.critic = actor_group, critic_group
+        self.actor, self.critic, self.reward_model = actor_group, critic_group, reward_group
         self.reward_runner, self.dataset, self.sampler = reward_runner, dataset, sampler
         self.tokenizer, self.logger = tokenizer, logger
         self.iteration = start_iteration
@@ -57,8 +57,7 @@ class PPOTrainer:
                 if self.use_critic:
                     with self.timer("timing/critic_model"):
                         batch["values"] = self.values(batch)
-                with self.timer("timing/rule_reward"):
-                    batch["scores"], reward_metrics = self.rule_rewards(batch, prompts["labels"])
+                batch["scores"], reward_metrics = self.score(batch, prompts["labels"])
                 with self.timer("timing/adv"):
                     self.compute_advantages(batch)
                 update_metrics = {}
@@ -114,6 +113,21 @@ class PPOTrainer:
 
     def values(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
         return torch.cat([r["values"] for r in self._per_dp(self.critic, "compute_values", batch)]).float()
+
+    def score(self, batch: Dict[str, torch.Tensor], labels: List[str]):
+        """Sequence scores: rule verifiers and/or the reward model, summed."""
+        scores = torch.zeros(batch["input_ids"].shape[0])
+        metrics: Dict[str, float] = {}
+        if self.rl.rule_reward:
+            with self.timer("timing/rule_reward"):
+                rule, metrics = self.rule_rewards(batch, labels)
+            scores = scores + rule
+        if self.reward_model is not None:
+            with self.timer("timing/reward_model"):
+                rm = torch.cat([r["scores"] for r in self._per_dp(self.reward_model, "compute_scores", batch)])
+            metrics["reward_model/score/mean"] = float(rm.mean())
+            scores = scores + rm.float()
+        return scores, metrics
 
     def rule_rewards(self, batch: Dict[str, torch.Tensor], labels: List[str]):
         n = self.rl.n_samples_per_prompt

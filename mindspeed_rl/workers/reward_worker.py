@@ -1,0 +1,40 @@
+"""An outcome reward model (ORM): frozen LM trunk + value head; the head's output at the last
+valid token scores the whole response."""
+from __future__ import annotations
+
+from typing import Dict
+
+import torch
+
+from ..config_cls.ppo_config import RoleConfig
+from ..config_cls.rl_config import RLConfig
+from .base_worker import MegatronWorker
+
+
+class RewardWorker(MegatronWorker):
+    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, role: RoleConfig,
+                 rl: RLConfig, threads: int):
+        m = role.megatron
+        super().__init__(rank, world_size, master_addr, master_port, m.tensor_model_parallel_size,
+                         m.pipeline_model_parallel_size, m.seed + 13, threads)
+        from ..models.engine import MegatronEngine
+
+        self.role, self.rl = role, rl
+        self.model = MegatronEngine(role, head="value", trainable=False)
+
+    def init_weights(self, load: str) -> Dict:
+        from ..checkpoint.engine_io import load_weights_only
+
+        if not load:
+            raise ValueError("reward_config.load is required: a reward model must be trained weights "
+                             "(convert one with cli/convert_ckpt.py --orm)")
+        load_weights_only(self.model, load)
+        return {}
+
+    def compute_scores(self, batch: Dict[str, torch.Tensor]) -> Dict:
+        from ..models.heads import last_token_values
+
+        batch.pop("prompt_width")
+        out = self.model.forward(batch, self.rl.ref_forward_micro_batch_size)
+        scores = last_token_values(out["raw_values"], batch["attention_mask"]) if self.is_output_rank else None
+        return {"scores": scores}
