@@ -44,6 +44,18 @@ def load_tokenizer(path: str):
         raise UserError(f"megatron_training.tokenizer_name_or_path {path}: cannot load a tokenizer ({exc})") from None
 
 
+def existing_checkpoint(megatron) -> "str | None":
+    """``load`` when it holds a checkpoint; a resume (finetune false) from an empty folder starts fresh."""
+    from ..checkpoint.megatron_layout import read_tracker
+
+    if not megatron.load:
+        return None
+    if not megatron.finetune and read_tracker(megatron.load) is None:
+        print(f"no checkpoint in {megatron.load} yet: starting from iteration 0", flush=True)
+        return None
+    return megatron.load
+
+
 def run(cfg: PPOConfig) -> int:
     """Train; returns the process exit code."""
     history = train(cfg)
@@ -110,11 +122,12 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
                                                            rl=rl, threads=threads), env)
         reward.call("init_weights", cfg.reward.megatron.load)
     am, cm = cfg.actor.megatron, cfg.critic.megatron
-    resumed = actor.call("init_weights", am.load, am.finetune, not am.no_load_optim, not am.no_load_rng,
+    actor_load, critic_load = existing_checkpoint(am), existing_checkpoint(cm)
+    resumed = actor.call("init_weights", actor_load, am.finetune, not am.no_load_optim, not am.no_load_rng,
                          rl.integrated_mode_config.ref_model_load_path)[0]
     if critic is not None:
-        critic.call("init_weights", cm.load, cm.finetune, not cm.no_load_optim, not cm.no_load_rng)
-    start = int(resumed.get("iteration", 0)) if not am.finetune else 0
+        critic.call("init_weights", critic_load, cm.finetune, not cm.no_load_optim, not cm.no_load_rng)
+    start = int(resumed.get("iteration", 0)) if not am.finetune and actor_load else 0
     state = resumed.get("trainer_state") or {}
     sampler = PromptSampler(len(dataset), mt.global_batch_size, mt.seed, shuffle=not mt.no_shuffle,
                             consumed_samples=int(state.get("consumed_samples", 0)))
@@ -123,6 +136,11 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     trainer = PPOTrainer(cfg, actor, critic, runner, dataset, sampler, tokenizer, logger, start, reward)
     if "kl_ctrl" in state:
         trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
+    ref_origin = rl.integrated_mode_config.ref_model_load_path or state.get("ref_from")
+    trainer.ref_from = ref_origin or (am.load if am.finetune else None)
+    if start:
+        print(f"resumed at iteration {start} from {am.load} (consumed samples {sampler.consumed_samples})",
+              flush=True)
     try:
         history = trainer.fit()
     finally:

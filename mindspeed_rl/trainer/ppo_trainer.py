@@ -33,6 +33,7 @@ class PPOTrainer:
         self.skip_old_log_prob = (self.rl.epochs == 1 and samples == self.rl.mini_batch_size
                                   and not self.rl.use_kl_in_reward)
         self.history: List[Dict[str, float]] = []
+        self.ref_from = None  # the original weights the reference was built from, for resumes
 
     @contextmanager
     def timer(self, name: str):
@@ -74,7 +75,29 @@ class PPOTrainer:
         return self.history
 
     def after_iteration(self, metrics: Dict[str, float]) -> None:
-        """Hook for checkpointing (the launcher sets it)."""
+        every = self.cfg.megatron_training.save_interval
+        last = self.iteration == self.cfg.megatron_training.train_iters
+        if self.iteration % every == 0 or last:
+            self.save()
+
+    def trainer_state(self) -> Dict:
+        """What a resume needs besides the models: position in the data, the KL coefficient, where the
+        reference came from. Sampling and mini-batch order are seeded from the iteration number."""
+        return {"iteration": self.iteration, "consumed_samples": self.sampler.consumed_samples,
+                "kl_ctrl": self.kl_ctrl.state_dict(), "ref_from": self.ref_from}
+
+    def save(self) -> None:
+        am, cm = self.cfg.actor.megatron, self.cfg.critic.megatron
+        if not am.save:
+            return
+        start = time.perf_counter()
+        extra = {"trainer_state": self.trainer_state()}
+        self.actor.call("save", am.save, self.iteration, extra, not am.no_save_optim, not am.no_save_rng)
+        if self.critic is not None and cm.save:
+            self.critic.call("save", cm.save, self.iteration, extra, not cm.no_save_optim, not cm.no_save_rng)
+        print(f"saved iteration {self.iteration}: actor -> {am.save}"
+              + (f", critic -> {cm.save}" if self.critic is not None and cm.save else "")
+              + f" ({time.perf_counter() - start:.1f}s)", flush=True)
 
     # ----- steps ---------------------------------------------------------------------------------------------
     def next_prompts(self) -> Dict:

@@ -42,19 +42,25 @@ class IntegratedActorWorker(MegatronWorker):
     # ----- weights --------------------------------------------------------------------------------
     def init_weights(self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool,
                      ref_load: Optional[str]) -> Dict:
-        """Actor from ``load`` (or its seeded init); reference from ``ref_load`` or the actor's initial weights."""
+        """Actor from ``load`` (or its seeded init); the reference from the original weights.
+
+        The reference is, in order: ``ref_load`` (integrated_mode_config.ref_model_load_path); on a resume
+        (finetune false), the path the first run started from (recorded in the checkpoint); the
+        actor's weights before any checkpoint is loaded (its seeded init, or a finetune load).
+        """
         from ..checkpoint.engine_io import load_engine, load_weights_only
 
         payload: Dict = {}
-        if load:
-            payload = (load_weights_only(self.actor, load) if finetune
-                       else load_engine(self.actor, load, load_optim, load_rng))
-        if ref_load:
-            load_weights_only(self.ref, ref_load)
-        elif load and not finetune and payload.get("ref_from") is not None:
-            load_weights_only(self.ref, payload["ref_from"])
+        if load and finetune:
+            payload = load_weights_only(self.actor, load)
+            self.ref.load_weights({k: v.detach().clone() for k, v in self.actor.named_weights()})
         else:
             self.ref.load_weights({k: v.detach().clone() for k, v in self.actor.named_weights()})
+            if load:
+                payload = load_engine(self.actor, load, load_optim, load_rng)
+        origin = ref_load or (payload.get("trainer_state") or {}).get("ref_from")
+        if origin:
+            load_weights_only(self.ref, origin)
         self.ref_offload.offload(grads=False, optimizer=False)  # the reference waits on host
         return {k: v for k, v in payload.items() if k in ("iteration", "trainer_state")}
 

@@ -1,0 +1,90 @@
+"""Exact resume with finetune=false: 4 iterations straight == 2, stop, resume, 2 more (rewards, losses,
+final weights); a save killed half-way never becomes the latest checkpoint."""
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from mindspeed_rl.checkpoint import megatron_layout as ml
+from mindspeed_rl.config_cls import load_ppo_config
+from mindspeed_rl.utils.demo_assets import prepare
+
+COMPARED = ("critic/score/mean", "actor/pg_loss", "critic/vf_loss", "actor/kl_loss", "grad_norm",
+            "response_length/mean", "critic/advantages/mean")
+
+
+def cfg_for(root, paths, name, iters, **extra):
+    overrides = [f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
+                 f"megatron_training.data_path={paths['data_prefix']}", f"rl_config.log_dir={root}/logs",
+                 f"megatron_training.train_iters={iters}", "megatron_training.save_interval=2",
+                 "megatron_training.global_batch_size=8", "rl_config.mini_batch_size=32",
+                 "rl_config.shuffle_mini_batch=true", "rl_config.init_kl_coef=0.01",
+                 f"actor_config.save={root}/{name}/actor", f"critic_config.save={root}/{name}/critic",
+                 "actor_config.no_load_optim=false", "actor_config.no_load_rng=false",
+                 "critic_config.no_load_optim=false", "critic_config.no_load_rng=false"]
+    overrides += [f"{k}={v}" for k, v in extra.items()]
+    return load_ppo_config("ppo_tiny_cpu", overrides)
+
+
+def weights(folder):
+    return ml.load_rank(folder, 0, 0, mmap=False)["model"]
+
+
+@pytest.mark.slow
+def test_resume_reproduces_the_straight_run(tmp_path):
+    import ray
+
+    from mindspeed_rl.trainer.launch import train
+
+    root = str(tmp_path)
+    paths = prepare(os.path.join(root, "assets"), load_ppo_config("ppo_tiny_cpu").actor.model.padded_vocab_size)
+    try:
+        straight = train(cfg_for(root, paths, "straight", 4))
+        first = train(cfg_for(root, paths, "split", 2))
+        resume = {"actor_config.finetune": "false", "critic_config.finetune": "false",
+                  "actor_config.load": f"{root}/split/actor", "critic_config.load": f"{root}/split/critic"}
+        second = train(cfg_for(root, paths, "split", 4, **resume))
+    finally:
+        ray.shutdown()
+    assert [m["iteration"] for m in second] == [3, 4]
+    for a, b in zip(straight, first + second):
+        for key in COMPARED:
+            assert a[key] == pytest.approx(b[key], abs=1e-6), (a["iteration"], key)
+    for role in ("actor", "critic"):
+        assert ml.read_tracker(f"{root}/straight/{role}") == 4 == ml.read_tracker(f"{root}/split/{role}")
+        wa, wb = weights(f"{root}/straight/{role}"), weights(f"{root}/split/{role}")
+        worst = max((wa[k].float() - wb[k].float()).abs().max().item() for k in wa)
+        assert worst <= 1e-6, (role, worst)
+    state = ml.load_rank(f"{root}/split/actor", 0, 0)["trainer_state"]
+    assert state["iteration"] == 4 and state["consumed_samples"] == 32
+
+
+def test_sigkill_in_the_middle_of_a_save_keeps_the_previous_checkpoint(tmp_path):
+    """A process has written iteration 20's rank file and is waiting for the other ranks when it is killed."""
+    ckpt = str(tmp_path / "ckpt")
+    ml.begin_save(ckpt, 10)
+    ml.write_rank(ckpt, 10, 0, 0, 1, {"model": {"w": torch.ones(3)}, "iteration": 10})
+    ml.commit_save(ckpt, 10, 1)
+    code = textwrap.dedent(f"""
+        import sys, time, torch
+        sys.path.insert(0, {os.getcwd()!r})
+        from mindspeed_rl.checkpoint import megatron_layout as ml
+        ml.begin_save({ckpt!r}, 20)
+        ml.write_rank({ckpt!r}, 20, 0, 0, 2, {{"model": {{"w": torch.zeros(3)}}, "iteration": 20}})
+        print("written", flush=True)
+        time.sleep(60)   # the barrier: the other rank never arrives
+        ml.commit_save({ckpt!r}, 20, 2)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "written"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert ml.read_tracker(ckpt) == 10
+    payload = ml.load_rank(ckpt, 0, 0, expected=(1, 1))
+    assert payload["iteration"] == 10 and torch.equal(payload["model"]["w"], torch.ones(3))
+    ml.begin_save(ckpt, 20)  # the next save clears the leftover staging folder
+    assert not os.path.exists(ml.staging_dir(ckpt, 20))
