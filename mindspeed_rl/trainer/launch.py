@@ -132,7 +132,10 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     sampler = PromptSampler(len(dataset), mt.global_batch_size, mt.seed, shuffle=not mt.no_shuffle,
                             consumed_samples=int(state.get("consumed_samples", 0)))
     runner = RuleRewardRunner(rl.verifier_function, rl.verifier_weight, rl.verifier_timeout) if rl.rule_reward else None
-    logger = MetricsLogger(run_dir, mt.train_iters)
+    from ..config_cls.ppo_config import to_plain
+
+    logger = MetricsLogger(run_dir, mt.train_iters, rl,
+                           {"rl_config": to_plain(rl), "actor": to_plain(cfg.actor.megatron)})
     trainer = PPOTrainer(cfg, actor, critic, runner, dataset, sampler, tokenizer, logger, start, reward)
     if "kl_ctrl" in state:
         trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])

@@ -1,0 +1,46 @@
+"""metrics.jsonl, tensorboard scalars, wandb offline, PNG curves."""
+import json
+import os
+
+from mindspeed_rl.config_cls import RLConfig
+from mindspeed_rl.trainer import curves
+from mindspeed_rl.trainer.loggers import MetricsLogger
+
+
+def rows(n=3):
+    return [{"iteration": i, "critic/score/mean": 0.1 * i, "critic/score/max": 1.0, "critic/score/min": 0.0,
+             "response_length/mean": 10.0 + i, "timing/all": 2.0, "e2e_tps": 100.0 * i} for i in range(1, n + 1)]
+
+
+def test_jsonl_tensorboard_wandb_and_curves(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    rl = RLConfig(use_tensorboard=True, use_wandb=True, wandb_project="p", wandb_exp_name="e",
+                  wandb_save_dir=str(tmp_path / "wandb"))
+    logger = MetricsLogger(str(tmp_path / "run"), 3, rl)
+    for row in rows():
+        logger.log(dict(row))
+    logger.close()
+    out = capsys.readouterr().out
+    assert "iter 2/3 | critic/score/mean 0.2" in out and "e2e_tps: 200" in out
+    lines = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [x["iteration"] for x in lines] == [1, 2, 3] and list(lines[0])[0] == "iteration"
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    events.Reload()
+    assert "critic/score/mean" in events.Tags()["scalars"]
+    assert [round(e.value, 6) for e in events.Scalars("e2e_tps")] == [100.0, 200.0, 300.0]
+    assert any(d.startswith("offline-run") for d in os.listdir(tmp_path / "wandb" / "wandb"))
+    for name in ("reward.png", "response_length.png", "timing.png"):
+        path = tmp_path / "run" / name
+        assert path.is_file() and open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_curves_cli(tmp_path, capsys):
+    with open(tmp_path / "metrics.jsonl", "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows(4))
+        fh.write('{"iteration": 5, "critic/sc')  # a run killed mid-line
+    assert curves.main([str(tmp_path)]) == 0
+    assert "reward.png" in capsys.readouterr().out
+    assert curves.main([str(tmp_path / "nope")]) == 2
