@@ -44,6 +44,26 @@ def load_tokenizer(path: str):
         raise UserError(f"megatron_training.tokenizer_name_or_path {path}: cannot load a tokenizer ({exc})") from None
 
 
+def bundle_cpus(acc, devices: int):
+    """(CPUs per bundle, threads per worker). On CPU a bundle is a share of the cluster's CPUs that fits
+    on one node; elsewhere a bundle is one device plus one CPU."""
+    import ray
+
+    if acc.kind != "cpu":
+        return 1.0, max(1, (os.cpu_count() or 1) // max(1, devices))
+    total = ray.cluster_resources().get("CPU", os.cpu_count() or 1)
+    per_node = max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]), default=total)
+    per_bundle = max(0.5, min(total / devices, per_node))
+    return per_bundle, max(1, int(per_bundle))
+
+
+def describe_placement(pg) -> str:
+    from ray.util.placement_group import placement_group_table
+
+    nodes = placement_group_table(pg).get("bundles_to_node_id", {})
+    return f"placement group: {len(nodes)} bundle(s) on {len(set(nodes.values()))} node(s)"
+
+
 def existing_checkpoint(megatron) -> "str | None":
     """``load`` when it holds a checkpoint; a resume (finetune false) from an empty folder starts fresh."""
     from ..checkpoint.megatron_layout import read_tracker
@@ -91,10 +111,9 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     env = runtime_env_vars()
     init_ray(cfg, env)
     devices = cfg.actor.num_devices
-    cpus = os.cpu_count() or 1
-    cpus_per_bundle = max(0.5, (cpus - rl.num_cpus_for_local_task) / devices) if acc.kind == "cpu" else 1.0
-    threads = max(1, int(cpus // devices)) if acc.kind == "cpu" else max(1, int(cpus // devices))
+    cpus_per_bundle, threads = bundle_cpus(acc, devices)
     pg = create_placement_group(acc, devices, cpus_per_bundle)
+    print(describe_placement(pg), flush=True)
     samples = cfg.samples_per_iteration
     steps = mt.train_iters * (samples // rl.mini_batch_size) * rl.epochs
     groups = 1 + (rl.adv_estimator == "gae") + (cfg.reward is not None)

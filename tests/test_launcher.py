@@ -1,0 +1,58 @@
+"""examples/ppo/ppo_trainer_qwen25_32b.sh on one machine as two Ray nodes (two raylets): the placement
+group spans both nodes, a short PPO run completes, and an unrelated Ray cluster is left alone."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mindspeed_rl.config_cls import load_ppo_config
+from mindspeed_rl.utils.demo_assets import prepare
+from tests.conftest import ROOT
+
+SCRIPT = os.path.join(ROOT, "examples", "ppo", "ppo_trainer_qwen25_32b.sh")
+
+
+def ray_bin():
+    return os.path.join(os.path.dirname(sys.executable), "ray")
+
+
+@pytest.mark.slow
+def test_two_node_launch_spans_nodes_and_leaves_other_ray_alone(tmp_path):
+    import tempfile
+
+    short = tempfile.mkdtemp(prefix="r", dir="/tmp")  # Ray's socket paths must stay under 108 bytes
+    paths = prepare(str(tmp_path / "assets"), load_ppo_config("ppo_tiny_cpu").actor.model.padded_vocab_size)
+    env = {**os.environ, "PYTHON": sys.executable, "RAY_AUTH_MODE": "disabled", "NNODES": "2", "NPUS_PER_NODE": "1",
+           "MASTER_ADDR": "127.0.0.1", "CURRENT_IP": "127.0.0.1", "RAY_PORT": "6371",
+           "RAY_TMP": os.path.join(short, "a"), "LOG_DIR": str(tmp_path / "logs"), "WAIT_SECONDS": "180", "PYTHONWARNINGS": "ignore"}
+    other_tmp = os.path.join(short, "b")
+    subprocess.run([ray_bin(), "start", "--head", "--port", "6372", "--num-cpus", "0", "--temp-dir", other_tmp,
+                    "--include-dashboard", "false", "--disable-usage-stats"], check=True, env=env,
+                   capture_output=True)
+    overrides = [f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
+                 f"megatron_training.data_path={paths['data_prefix']}", f"rl_config.log_dir={tmp_path}/logs",
+                 "megatron_training.train_iters=2", "megatron_training.global_batch_size=8",
+                 "rl_config.actor_resource.num_npus=2", "rl_config.critic_resource.num_npus=2",
+                 f"actor_config.save={tmp_path}/ckpt/actor", f"critic_config.save={tmp_path}/ckpt/critic"]
+    try:
+        worker = subprocess.Popen(["bash", SCRIPT, "ppo_tiny_cpu"], env={**env, "NODE_RANK": "1"},
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path))
+        time.sleep(1)
+        head = subprocess.run(["bash", SCRIPT, "ppo_tiny_cpu", *overrides], env={**env, "NODE_RANK": "0"},
+                              capture_output=True, text=True, cwd=str(tmp_path), timeout=600)
+        out = head.stdout + head.stderr
+        assert head.returncode == 0, out[-4000:]
+        assert "2 / 2 CPU in the cluster" in out
+        assert "placement group: 2 bundle(s) on 2 node(s)" in out
+        assert "iter 2/2" in out
+        assert "iter 2/2" in open(tmp_path / "logs" / "training.log").read()
+        worker.wait(timeout=120)
+        assert "the head's cluster is gone" in worker.stdout.read()
+        assert subprocess.run(["pgrep", "-f", env["RAY_TMP"]], capture_output=True).returncode == 1
+        # the unrelated cluster still runs
+        assert subprocess.run(["pgrep", "-f", other_tmp], capture_output=True).returncode == 0
+    finally:
+        subprocess.run(["pkill", "-9", "-f", other_tmp])
+        subprocess.run(["pkill", "-9", "-f", env["RAY_TMP"]])
