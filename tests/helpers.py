@@ -46,3 +46,25 @@ def sft_loss(outputs, mb):
     mask = mb["attention_mask"][:, 1:].float() * mb["attention_mask"][:, :-1].float()
     nll = -(outputs["log_probs"][:, 1:] * mask).sum() / mask.sum().clamp(min=1)
     return nll, {}
+
+
+def random_full_weights(model, seed: int = 0, scale: float = 0.05):
+    """Random full (TP=1, PP=1) megatron weights for ``model``, with non-trivial norms and biases."""
+    import torch
+
+    torch.manual_seed(seed)
+    h, f, v = model.hidden_size, model.ffn_hidden_size, model.padded_vocab_size
+    qkv = (model.num_attention_heads + 2 * model.kv_heads) * model.head_dim
+    full = {"embedding.word_embeddings.weight": torch.randn(v, h) * 2 * scale,
+            "decoder.final_layernorm.weight": 1 + 0.1 * torch.randn(h),
+            "output_layer.weight": torch.randn(v, h) * 2 * scale}
+    for i in range(model.num_layers):
+        p = f"decoder.layers.{i}."
+        full.update({p + "input_layernorm.weight": 1 + 0.1 * torch.randn(h),
+                     p + "self_attention.linear_qkv.weight": torch.randn(qkv, h) * scale,
+                     p + "self_attention.linear_qkv.bias": torch.randn(qkv) * scale,
+                     p + "self_attention.linear_proj.weight": torch.randn(h, h) * scale,
+                     p + "pre_mlp_layernorm.weight": 1 + 0.1 * torch.randn(h),
+                     p + "mlp.linear_fc1.weight": torch.randn(2 * f, h) * scale,
+                     p + "mlp.linear_fc2.weight": torch.randn(h, f) * scale})
+    return full

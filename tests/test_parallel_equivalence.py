@@ -29,24 +29,11 @@ def _spawn(spec, workdir):
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("parallel"))
-    torch.manual_seed(0)
-    from tests.helpers import tiny_model_config
+    from tests.helpers import random_full_weights, tiny_model_config
 
     model = tiny_model_config(num_layers=4)
-    h, f, v = model.hidden_size, model.ffn_hidden_size, model.padded_vocab_size
-    qkv = (model.num_attention_heads + 2 * model.kv_heads) * model.head_dim
-    full = {"embedding.word_embeddings.weight": torch.randn(v, h) * 0.05,
-            "decoder.final_layernorm.weight": 1 + 0.1 * torch.randn(h),
-            "output_layer.weight": torch.randn(v, h) * 0.05}
-    for i in range(model.num_layers):
-        p = f"decoder.layers.{i}."
-        full.update({p + "input_layernorm.weight": 1 + 0.1 * torch.randn(h),
-                     p + "self_attention.linear_qkv.weight": torch.randn(qkv, h) * 0.05,
-                     p + "self_attention.linear_qkv.bias": torch.randn(qkv) * 0.05,
-                     p + "self_attention.linear_proj.weight": torch.randn(h, h) * 0.05,
-                     p + "pre_mlp_layernorm.weight": 1 + 0.1 * torch.randn(h),
-                     p + "mlp.linear_fc1.weight": torch.randn(2 * f, h) * 0.05,
-                     p + "mlp.linear_fc2.weight": torch.randn(h, f) * 0.05})
+    full = random_full_weights(model, seed=0, scale=0.05)
+    h = model.hidden_size
     torch.save(full, os.path.join(workdir, "full_lm.pt"))
     critic = dict(full)
     critic["output_layer.weight"] = torch.randn(1, h) * 0.1

@@ -18,22 +18,10 @@ PROMPTS = [[5, 6, 7, 8], [9, 10, 11], [100, 200, 30, 250, 20]]
 
 
 def random_full_weights(seed=0):
-    torch.manual_seed(seed)
-    m = tiny_model_config(**MODEL)
-    h, f, v = m.hidden_size, m.ffn_hidden_size, m.padded_vocab_size
-    qkv = (m.num_attention_heads + 2 * m.kv_heads) * m.head_dim
-    full = {"embedding.word_embeddings.weight": torch.randn(v, h) * 0.1,
-            "decoder.final_layernorm.weight": 1 + 0.1 * torch.randn(h), "output_layer.weight": torch.randn(v, h) * 0.1}
-    for i in range(m.num_layers):
-        p = f"decoder.layers.{i}."
-        full.update({p + "input_layernorm.weight": 1 + 0.1 * torch.randn(h),
-                     p + "self_attention.linear_qkv.weight": torch.randn(qkv, h) * 0.05,
-                     p + "self_attention.linear_qkv.bias": torch.randn(qkv) * 0.05,
-                     p + "self_attention.linear_proj.weight": torch.randn(h, h) * 0.05,
-                     p + "pre_mlp_layernorm.weight": 1 + 0.1 * torch.randn(h),
-                     p + "mlp.linear_fc1.weight": torch.randn(2 * f, h) * 0.05,
-                     p + "mlp.linear_fc2.weight": torch.randn(h, f) * 0.05})
-    return m, full
+    from tests.helpers import random_full_weights as build
+
+    model = tiny_model_config(**MODEL)
+    return model, build(model, seed)
 
 
 def spawn(fn, world, spec, workdir):

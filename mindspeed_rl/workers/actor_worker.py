@@ -15,7 +15,7 @@ from ..algorithms import aggregate_token_mean, entropy_loss, kl_penalty, policy_
 from ..config_cls.generate_config import GenerateConfig, SamplingConfig
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
-from .base_worker import MegatronWorker
+from .base_worker import MegatronWorker, average_metrics
 
 
 class IntegratedActorWorker(MegatronWorker):
@@ -118,7 +118,7 @@ class IntegratedActorWorker(MegatronWorker):
         """One optimizer step per mini-batch (this DP rank's share of it); averaged metrics."""
         rl = self.rl
         temperature = self.gen.sampling_config.temperature or 1.0
-        sums: Dict[str, float] = {}
+        steps = []
         for mb in mini_batches:
             width = int(mb.pop("prompt_width").item())
             normaliser = float(mb.pop("normaliser").item())
@@ -142,9 +142,8 @@ class IntegratedActorWorker(MegatronWorker):
                               "actor/ppo_kl": float(m["ppo_kl"])}
 
             step = self.actor.train_step(mb, loss_fn, self.role.megatron.micro_batch_size, temperature)
-            for key, value in {**step.metrics, "grad_norm": step.grad_norm, "actor/lr": step.lr}.items():
-                sums[key] = sums.get(key, 0.0) + value
-        return {k: v / max(1, len(mini_batches)) for k, v in sums.items()}
+            steps.append({**step.metrics, "grad_norm": step.grad_norm, "actor/lr": step.lr})
+        return average_metrics(steps)
 
     def shutdown(self) -> None:
         self.rollout.shutdown()

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Dict
+from typing import Dict, Iterable
 
 import torch
 
@@ -60,3 +60,14 @@ class MegatronWorker:
         from ..utils import dist
 
         dist.destroy()
+
+
+def average_metrics(steps: Iterable[Dict[str, float]]) -> Dict[str, float]:
+    """Mean of each metric over the optimizer steps of one update call."""
+    sums: Dict[str, float] = {}
+    count = 0
+    for metrics in steps:
+        count += 1
+        for key, value in metrics.items():
+            sums[key] = sums.get(key, 0.0) + value
+    return {k: v / max(1, count) for k, v in sums.items()}

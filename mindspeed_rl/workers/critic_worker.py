@@ -9,7 +9,7 @@ import torch
 from ..algorithms import value_loss
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
-from .base_worker import MegatronWorker
+from .base_worker import MegatronWorker, average_metrics
 
 
 class CriticWorker(MegatronWorker):
@@ -65,7 +65,7 @@ class CriticWorker(MegatronWorker):
 
     def update(self, mini_batches: List[Dict[str, torch.Tensor]]) -> Dict[str, float]:
         self._busy()
-        sums: Dict[str, float] = {}
+        steps = []
         for mb in mini_batches:
             width = int(mb.pop("prompt_width").item())
             normaliser = float(mb.pop("normaliser").item())
@@ -78,7 +78,6 @@ class CriticWorker(MegatronWorker):
                 return loss, {"critic/vf_loss": float(loss), "critic/vf_clipfrac": float(m["vf_clipfrac"])}
 
             step = self.critic.train_step(mb, loss_fn, self.role.megatron.micro_batch_size)
-            for key, value in {**step.metrics, "critic/grad_norm": step.grad_norm, "critic/lr": step.lr}.items():
-                sums[key] = sums.get(key, 0.0) + value
+            steps.append({**step.metrics, "critic/grad_norm": step.grad_norm, "critic/lr": step.lr})
         self._idle()
-        return {k: v / max(1, len(mini_batches)) for k, v in sums.items()}
+        return average_metrics(steps)
