@@ -13,19 +13,15 @@ import time
 from typing import Optional, Sequence
 
 from mindspeed_rl.config_cls import ConfigError, MegatronConfig, ModelConfig
-from mindspeed_rl.config_cls.base import build_section, load_yaml
+from mindspeed_rl.config_cls.base import build_section
 from mindspeed_rl.config_cls.loader import CONFIG_DIR
-from mindspeed_rl.utils.cli import UserError, report_user_errors
+from mindspeed_rl.config_cls.ppo_config import model_section_data
+from mindspeed_rl.utils.cli import report_user_errors
 
 
 def load_model_section(name: str) -> ModelConfig:
-    import os
-
-    path = os.path.join(CONFIG_DIR, "model", f"{name}.yaml")
-    if not os.path.isfile(path):
-        raise UserError(f"--model {name}: no file {path}")
-    data = load_yaml(path) or {}
-    model = build_section(ModelConfig, data.get(name, data), f"model.{name}")
+    data = model_section_data(name, {}, CONFIG_DIR, "--model")
+    model = build_section(ModelConfig, data, f"model.{name}")
     model.validate()
     return model
 

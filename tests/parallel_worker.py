@@ -5,6 +5,18 @@ import torch
 import torch.distributed as torch_dist
 
 
+
+def start_rank(rank, world, port, tp=1, pp=1):
+    """One thread per process, the gloo world, megatron's TP x PP groups seeded alike on every rank."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    from mindspeed_rl.utils import dist
+
+    dist.init_distributed(rank, world, master_port=port)
+    dist.init_model_parallel(tp, pp, seed=5)
+    return dist
+
+
 def global_sft_loss(normaliser):
     def loss_fn(outputs, mb):
         mask = mb["attention_mask"][:, 1:].float() * mb["attention_mask"][:, :-1].float()
@@ -21,18 +33,14 @@ def value_loss(normaliser):
 
 
 def run(rank, world, spec, workdir, port):
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
     from megatron.core import parallel_state as ps
 
     from mindspeed_rl.checkpoint.sharding import merge_state_dicts, shard_state_dict
     from mindspeed_rl.models.engine import MegatronEngine
-    from mindspeed_rl.utils import dist
     from tests.helpers import make_batch, tiny_model_config, tiny_role
 
     tp, pp = spec["tp"], spec["pp"]
-    dist.init_distributed(rank, world, master_port=port)
-    dist.init_model_parallel(tp, pp, seed=5)
+    dist = start_rank(rank, world, port, tp, pp)
     model = tiny_model_config(num_layers=4)
     layer_list = spec.get("num_layer_list")
     counts = [int(x) for x in layer_list.split(",")] if layer_list else [model.num_layers // pp] * pp
@@ -71,20 +79,14 @@ def run(rank, world, spec, workdir, port):
 
 def run_converted(rank, world, spec, workdir, port):
     """Load a converted Megatron checkpoint at TP x PP and save its logits (LM) or values (ORM)."""
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    from megatron.core import parallel_state as ps
-
     from mindspeed_rl.checkpoint.convert import read_mg_config
     from mindspeed_rl.checkpoint.engine_io import load_weights_only
     from mindspeed_rl.config_cls import ModelConfig
     from mindspeed_rl.models.engine import MegatronEngine
-    from mindspeed_rl.utils import dist
     from tests.helpers import tiny_role
 
     tp, pp = spec["tp"], spec["pp"]
-    dist.init_distributed(rank, world, master_port=port)
-    dist.init_model_parallel(tp, pp, seed=5)
+    dist = start_rank(rank, world, port, tp, pp)
     batch = torch.load(os.path.join(workdir, "batch.pt"))
     out = {}
     for kind in ("lm", "value"):
@@ -105,19 +107,15 @@ def run_rollout(rank, world, spec, workdir, port):
 
     Saves (prompts, outputs of every rank, the actor's log-probs of those tokens) on rank 0.
     """
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
     from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
     from mindspeed_rl.datasets.padding import left_pad
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.rollout.factory import make_rollout_engine
     from mindspeed_rl.rollout.resharding import iter_full_weights
-    from mindspeed_rl.utils import dist
     from tests.helpers import tiny_model_config, tiny_role
 
     tp, pp = spec["tp"], spec["pp"]
-    dist.init_distributed(rank, world, master_port=port)
-    dist.init_model_parallel(tp, pp, seed=5)
+    dist = start_rank(rank, world, port, tp, pp)
     model = tiny_model_config(num_layers=4, hidden_size=128, ffn_hidden_size=256, padded_vocab_size=512)
     actor = MegatronEngine(tiny_role(tp=tp, pp=pp, num_devices=world, model=model), trainable=False)
     full = torch.load(os.path.join(workdir, "actor_full.pt"), weights_only=True)
@@ -163,16 +161,13 @@ def run_fresh_engine(rank, world, spec, workdir, port):
 
 def run_updated_engine(rank, world, spec, workdir, port):
     """A dummy-weight vLLM engine updated in place from a megatron actor; greedy and seeded outputs."""
-    os.environ["OMP_NUM_THREADS"] = "1"
     from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.rollout.factory import make_rollout_engine
     from mindspeed_rl.rollout.resharding import iter_full_weights
-    from mindspeed_rl.utils import dist
     from tests.helpers import tiny_model_config, tiny_role
 
-    dist.init_distributed(rank, world, master_port=port)
-    dist.init_model_parallel(seed=5)
+    dist = start_rank(rank, world, port)
     model = tiny_model_config(num_layers=4, hidden_size=128, ffn_hidden_size=256, padded_vocab_size=512)
     actor = MegatronEngine(tiny_role(model=model), trainable=False)
     actor.load_weights(torch.load(os.path.join(workdir, "actor_full.pt"), weights_only=True))

@@ -1,5 +1,4 @@
 """After hf -> mcore conversion, megatron at TP=2 and PP=2 reproduces HF's logits (and ORM scores)."""
-import os
 
 import pytest
 import torch

@@ -1,12 +1,10 @@
 """Rollout: vLLM updated in place from megatron shards, log-prob agreement, the fallback engine."""
-import json
 import os
 
 import pytest
 import torch
 import torch.multiprocessing as mp
 
-from mindspeed_rl.checkpoint import hf_mapping as hm
 from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
 from mindspeed_rl.rollout.sampling import filter_logits, sample_next
 from mindspeed_rl.utils.dist import free_port

@@ -67,12 +67,6 @@ def on_cpu(fn: Callable) -> Callable:
     return wrapper
 
 
-@contextlib.contextmanager
-def cuda_as_cpu() -> Iterator[None]:
-    with CudaToCpuMode():
-        yield
-
-
 def _wrap(module_name: str, attr: str) -> None:
     """Wrap ``module.attr`` (a function, or ``Class.method``) with :func:`on_cpu`."""
     try:

@@ -50,7 +50,7 @@ def split_tp(name: str, full: torch.Tensor, tp: int, rank: int, swiglu: bool = T
 
 def merge_tp(name: str, shards: List[torch.Tensor], swiglu: bool = True) -> torch.Tensor:
     """The full tensor from the shards of every TP rank, in rank order."""
-    rule = tp_rule(name, shards[0].shape if len(shards) == 1 else shards[0].shape, swiglu)
+    rule = tp_rule(name, shards[0].shape, swiglu)
     if len(shards) == 1 or rule == "replicate":
         return shards[0]
     if rule == "dim0":
@@ -74,13 +74,3 @@ def shift_layer(name: str, offset: int) -> str:
         return name
     return name[:m.start(2)] + str(int(m.group(2)) + offset) + name[m.end(2):]
 
-
-def stage_of(name: str, stage_starts: Sequence[int], num_stages: int) -> List[int]:
-    """The pipeline stages that hold global parameter ``name`` (embedding first, head last)."""
-    layer = layer_number(name)
-    if layer >= 0:
-        stage = max(i for i, start in enumerate(stage_starts) if start <= layer)
-        return [stage]
-    if name.startswith("embedding."):
-        return [0]
-    return [num_stages - 1]  # final_layernorm, output_layer

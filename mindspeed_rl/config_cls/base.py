@@ -162,14 +162,6 @@ def build_section(cls: type, data: Any, path: str, *, require: bool = True) -> A
     return obj
 
 
-def explicit_keys(data: Any) -> set:
-    return set(data.keys()) if isinstance(data, Mapping) else set()
-
-
-def as_dict(obj: Any) -> dict:
-    return dataclasses.asdict(obj)
-
-
 def load_yaml(path: str) -> Any:
     """Read a YAML file the way Hydra does (OmegaConf's loader: '1e-6' is a float)."""
     from omegaconf import OmegaConf

@@ -63,7 +63,7 @@ class PPOConfig:
         return total + (self.reward.num_devices if self.reward else 0)
 
 
-def _load_model_section(name: str, models: Mapping[str, Any], config_dir: Optional[str], key: str) -> Mapping:
+def model_section_data(name: str, models: Mapping[str, Any], config_dir: Optional[str], key: str) -> Mapping:
     if name in models:
         return models[name]
     if config_dir:
@@ -89,7 +89,7 @@ def _role(name: str, section_key: str, data: Mapping, base: Mapping, models: Map
     where = section_key if "model" in overrides else "megatron_training"
     megatron = build_section(MegatronConfig, merged, where)
     model_name = megatron.model
-    model_data = _load_model_section(model_name, models, config_dir, f"{where}.model")
+    model_data = model_section_data(model_name, models, config_dir, f"{where}.model")
     model = build_section(ModelConfig, model_data, f"model.{model_name}")
     model.validate()
     return RoleConfig(name=name, megatron=megatron, model=model, num_devices=num_devices)

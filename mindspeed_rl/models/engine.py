@@ -11,7 +11,6 @@ shares)/d(theta).
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
@@ -271,6 +270,3 @@ class MegatronEngine:
         if self.optimizer is not None:
             self.optimizer.reload_model_params()
 
-
-def is_finite(x: float) -> bool:
-    return not (math.isnan(x) or math.isinf(x))

@@ -88,12 +88,6 @@ class ValueHead(nn.Module):
             hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
         return torch.nn.functional.linear(hidden, self.weight), None
 
-    def sharded_state_dict(self, prefix: str = "", sharded_offsets=(), metadata=None):  # pragma: no cover
-        from megatron.core.transformer.utils import make_sharded_tensors_for_checkpoint
-
-        return make_sharded_tensors_for_checkpoint(self.state_dict(prefix="", keep_vars=True), prefix, {},
-                                                   sharded_offsets)
-
 
 def attach_value_head(gpt, hidden_size: int, init_std: float = 0.0) -> None:
     """Replace the LM output layer of a last-stage GPTModel with a value head."""

@@ -3,13 +3,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Dict, Iterable, List, Sequence
 
 import torch
 
 from ..config_cls.generate_config import SamplingConfig
 
-NamedTensors = Iterable[Tuple[str, torch.Tensor]]
 Pieces = Iterable[Dict[str, torch.Tensor]]  # full megatron-named tensors, one model piece per item
 
 

@@ -21,7 +21,7 @@ def runtime_env_vars() -> Dict[str, str]:
     return env
 
 
-def init_ray(cfg: PPOConfig, env: Dict[str, str]) -> None:
+def init_ray(env: Dict[str, str]) -> None:
     import ray
 
     if ray.is_initialized():
@@ -109,7 +109,7 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
 
     acc = get_accelerator()
     env = runtime_env_vars()
-    init_ray(cfg, env)
+    init_ray(env)
     devices = cfg.actor.num_devices
     cpus_per_bundle, threads = bundle_cpus(acc, devices)
     pg = create_placement_group(acc, devices, cpus_per_bundle)

@@ -24,7 +24,7 @@ def make_rows(count: int, seed: int) -> List[dict]:
         name, thing = rng.choice(NAMES), rng.choice(THINGS)
         a, b = rng.randint(0, 9), rng.randint(0, 9)
         question = f"{name} has {a} {thing} and {b} more. {rng.choice(QUESTIONS)}"
-        rows.append({"question": question, "answer": f"The lucky number is 7.\n#### 7"})
+        rows.append({"question": question, "answer": "The lucky number is 7.\n#### 7"})
     return rows
 
 

@@ -15,7 +15,7 @@ from ..algorithms import aggregate_token_mean, entropy_loss, kl_penalty, policy_
 from ..config_cls.generate_config import GenerateConfig, SamplingConfig
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
-from .base_worker import MegatronWorker, average_metrics
+from .base_worker import MegatronWorker, response_part, train_on_mini_batches
 
 
 class IntegratedActorWorker(MegatronWorker):
@@ -37,7 +37,6 @@ class IntegratedActorWorker(MegatronWorker):
         self.kind = get_accelerator().kind
         self.rollout = make_rollout_engine(role.model, gen, self.kind, eos_token_id, pad_token_id, vocab_size,
                                            seed=gen.sampling_config.seed, bf16=m.bf16)
-        self.iteration = 0
 
     # ----- weights --------------------------------------------------------------------------------
     def init_weights(self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool,
@@ -110,27 +109,22 @@ class IntegratedActorWorker(MegatronWorker):
             t0 = time.perf_counter()
             self.ref_offload.offload(grads=False, optimizer=False)
             timing["timing/ref_offload"] = time.perf_counter() - t0
-        resp = batch["response_mask"].shape[1]
-        return {"log_probs": out["log_probs"][:, width:width + resp] if self.is_output_rank else None, **timing}
+        part = response_part(out["log_probs"], width, batch["response_mask"]) if self.is_output_rank else None
+        return {"log_probs": part, **timing}
 
     # ----- update ----------------------------------------------------------------------------------------
     def update(self, mini_batches: List[Dict[str, torch.Tensor]], kl_coef: float) -> Dict[str, float]:
         """One optimizer step per mini-batch (this DP rank's share of it); averaged metrics."""
         rl = self.rl
-        temperature = self.gen.sampling_config.temperature or 1.0
-        steps = []
-        for mb in mini_batches:
-            width = int(mb.pop("prompt_width").item())
-            normaliser = float(mb.pop("normaliser").item())
 
-            def loss_fn(outputs, micro, width=width, normaliser=normaliser):
-                resp = micro["response_mask"].shape[1]
+        def make_loss(width: int, normaliser: float):
+            def loss_fn(outputs, micro):
                 mask = micro["response_mask"].float()
-                log_prob = outputs["log_probs"][:, width:width + resp]
+                log_prob = response_part(outputs["log_probs"], width, mask)
                 old = micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach()
                 pg, m = policy_loss(log_prob, old, micro["advantages"], mask, rl.clip_ratio, rl.clip_ratio_c,
                                     normaliser)
-                entropy = entropy_loss(outputs["entropy"][:, width:width + resp], mask, normaliser)
+                entropy = entropy_loss(response_part(outputs["entropy"], width, mask), mask, normaliser)
                 loss = pg - rl.entropy_coeff * entropy
                 kl_loss = torch.zeros((), device=pg.device)
                 if not rl.use_kl_in_reward and "ref_log_probs" in micro:
@@ -140,10 +134,10 @@ class IntegratedActorWorker(MegatronWorker):
                 return loss, {"actor/pg_loss": float(pg), "actor/entropy": float(entropy),
                               "actor/kl_loss": float(kl_loss), "actor/pg_clipfrac": float(m["pg_clipfrac"]),
                               "actor/ppo_kl": float(m["ppo_kl"])}
+            return loss_fn
 
-            step = self.actor.train_step(mb, loss_fn, self.role.megatron.micro_batch_size, temperature)
-            steps.append({**step.metrics, "grad_norm": step.grad_norm, "actor/lr": step.lr})
-        return average_metrics(steps)
+        return train_on_mini_batches(self.actor, mini_batches, make_loss, self.role.megatron.micro_batch_size,
+                                     "actor", self.gen.sampling_config.temperature or 1.0)
 
     def shutdown(self) -> None:
         self.rollout.shutdown()

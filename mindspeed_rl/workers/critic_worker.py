@@ -9,7 +9,7 @@ import torch
 from ..algorithms import value_loss
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
-from .base_worker import MegatronWorker, average_metrics
+from .base_worker import MegatronWorker, response_part, train_on_mini_batches
 
 
 class CriticWorker(MegatronWorker):
@@ -59,25 +59,21 @@ class CriticWorker(MegatronWorker):
         width = int(batch.pop("prompt_width").item())
         out = self.critic.forward(batch, self.rl.actor_forward_micro_batch_size)
         self._idle()
-        resp = batch["response_mask"].shape[1]
-        return {"values": out["values"][:, width:width + resp] if self.is_output_rank else None,
+        return {"values": response_part(out["values"], width, batch["response_mask"]) if self.is_output_rank else None,
                 "seconds": time.perf_counter() - t0}
 
     def update(self, mini_batches: List[Dict[str, torch.Tensor]]) -> Dict[str, float]:
-        self._busy()
-        steps = []
-        for mb in mini_batches:
-            width = int(mb.pop("prompt_width").item())
-            normaliser = float(mb.pop("normaliser").item())
-
-            def loss_fn(outputs, micro, width=width, normaliser=normaliser):
-                resp = micro["response_mask"].shape[1]
-                values = outputs["values"][:, width:width + resp]
-                loss, m = value_loss(values, micro["values"], micro["returns"], micro["response_mask"].float(),
-                                     self.rl.cliprange_value, normaliser)
+        def make_loss(width: int, normaliser: float):
+            def loss_fn(outputs, micro):
+                mask = micro["response_mask"].float()
+                values = response_part(outputs["values"], width, mask)
+                loss, m = value_loss(values, micro["values"], micro["returns"], mask, self.rl.cliprange_value,
+                                     normaliser)
                 return loss, {"critic/vf_loss": float(loss), "critic/vf_clipfrac": float(m["vf_clipfrac"])}
+            return loss_fn
 
-            step = self.critic.train_step(mb, loss_fn, self.role.megatron.micro_batch_size)
-            steps.append({**step.metrics, "critic/grad_norm": step.grad_norm, "critic/lr": step.lr})
+        self._busy()
+        metrics = train_on_mini_batches(self.critic, mini_batches, make_loss, self.role.megatron.micro_batch_size,
+                                        "critic")
         self._idle()
-        return average_metrics(steps)
+        return metrics
