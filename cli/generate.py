@@ -119,11 +119,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for start in tqdm(range(0, len(encoded), args.batch_size), desc="generate", unit="batch"):
         results += generate(gpt, encoded[start:start + args.batch_size], args.max_new_tokens,
                             tokenizer.eos_token_id, pad, args.temperature, args.top_k, args.top_p,
-                            seed=args.seed + start, vocab_size=len(tokenizer))
+                            seed=args.seed + start)
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.output + ".part", "w", encoding="utf-8") as fh:
         for prompt, out in zip(prompts, results):
-            fh.write(json.dumps({"prompt": prompt, "response": tokenizer.decode(out.response_ids, skip_special_tokens=True),
+            text = tokenizer.decode([t for t in out.response_ids if t < len(tokenizer)], skip_special_tokens=True)
+            fh.write(json.dumps({"prompt": prompt, "response": text,
                                  "token_ids": out.response_ids, "logprobs": out.logprobs,
                                  "finish_reason": out.finish_reason}) + "\n")
     os.replace(args.output + ".part", args.output)

@@ -126,7 +126,7 @@ def run_rollout(rank, world, spec, workdir, port):
                                         ps.get_pipeline_model_parallel_rank()))
     gen = GenerateConfig(backend=spec["backend"], dtype="float32", max_model_len=128, max_num_seqs=16,
                          max_num_batched_tokens=1024, gpu_memory_utilization=0.005)
-    engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0, vocab_size=512)
+    engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
     stats = engine.update_weights(iter_full_weights(actor))
     prompts = [[5 + rank, 6, 7, 8], [9, 10 + rank, 11]]
     outs = engine.generate(prompts, SamplingConfig(temperature=spec.get("temperature", 1.0), max_tokens=10, seed=3), n=2)
@@ -173,7 +173,7 @@ def run_updated_engine(rank, world, spec, workdir, port):
     actor.load_weights(torch.load(os.path.join(workdir, "actor_full.pt"), weights_only=True))
     gen = GenerateConfig(backend="vllm", dtype="float32", max_model_len=128, max_num_seqs=16,
                          max_num_batched_tokens=1024, gpu_memory_utilization=0.005)
-    engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0, vocab_size=512)
+    engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
     engine.update_weights(iter_full_weights(actor))
     prompts = torch.load(os.path.join(workdir, "prompts.pt"))
     greedy = [o.response_ids for o in engine.generate(prompts, SamplingConfig(temperature=0, max_tokens=10))]

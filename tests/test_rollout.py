@@ -82,8 +82,7 @@ def test_fallback_engine_greedy_matches_argmax_and_update_is_complete():
         dist.init_model_parallel(seed=2)
         model = tiny_model_config()  # head_dim 16: vLLM's CPU backend cannot run it -> fallback
         actor = MegatronEngine(tiny_role(model=model), trainable=False)
-        engine = make_rollout_engine(model, GenerateConfig(backend="auto"), "cpu", eos_token_id=None,
-                                     vocab_size=model.padded_vocab_size)
+        engine = make_rollout_engine(model, GenerateConfig(backend="auto"), "cpu", eos_token_id=None)
         assert engine.name == "fallback"
         stats = engine.update_weights(iter_full_weights(actor))
         assert stats["tensors"] == len(list(actor.named_weights()))
@@ -143,3 +142,45 @@ def test_vllm_samples_of_one_prompt_differ():
     line = [x for x in proc.stdout.splitlines() if x.startswith("DISTINCT")]
     assert line, proc.stderr[-2000:]
     assert int(line[0].split()[1]) == 4
+
+
+def test_one_vocabulary_rule_the_whole_padded_vocabulary_everywhere():
+    """Rollout (fallback, like vLLM) samples over the model's padded vocabulary, the actor normalises over
+    it, and the verifiers' text leaves out (and counts) ids the tokenizer does not have."""
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.rollout.fallback_engine import FallbackEngine
+    from mindspeed_rl.rollout.resharding import iter_full_weights
+    from mindspeed_rl.trainer.prompts import decode_responses
+    from mindspeed_rl.utils import dist
+    from tests.helpers import tiny_role
+
+    dist.init_distributed()
+    try:
+        dist.init_model_parallel(seed=2)
+        model = tiny_model_config()
+        actor = MegatronEngine(tiny_role(model=model), trainable=False)
+        with torch.no_grad():  # make the padding rows (ids >= 200 of 256) the likeliest tokens
+            actor.unwrapped().output_layer.weight[200:] *= 40
+        engine = FallbackEngine(model, eos_token_id=None)
+        engine.update_weights(iter_full_weights(actor))
+        outs = engine.generate(PROMPTS, SamplingConfig(temperature=1.0, max_tokens=6, seed=4))
+        sampled = [t for o in outs for t in o.response_ids]
+        assert max(sampled) >= 200, sampled
+        for prompt, out in zip(PROMPTS, outs):  # rollout log-probs == the actor's, over the same vocabulary
+            seq = torch.tensor([prompt + out.response_ids])
+            logp = actor.forward({"input_ids": seq, "attention_mask": torch.ones_like(seq)}, 1)["log_probs"]
+            assert torch.allclose(logp[0, len(prompt):], torch.tensor(out.logprobs), atol=1e-5)
+
+        class Tokenizer:  # a 200-token tokenizer
+            def __len__(self):
+                return 200
+
+            def decode(self, ids, skip_special_tokens=True):
+                assert all(i < 200 for i in ids)
+                return " ".join(map(str, ids))
+
+        ids = torch.tensor([[5, 250, 7], [201, 3, 0]])
+        texts, outside = decode_responses(Tokenizer(), ids, torch.tensor([[1, 1, 1], [1, 1, 0]]))
+        assert texts == ["5 7", "3"] and outside == 2
+    finally:
+        dist.destroy()

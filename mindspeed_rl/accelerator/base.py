@@ -36,6 +36,9 @@ class Accelerator:
         """Memory in GiB: allocated, reserved, max_allocated (device), and host rss."""
         raise NotImplementedError
 
+    def prepare_vllm(self) -> None:
+        """Device-specific adjustments to vLLM before an in-process engine starts (none by default)."""
+
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 

@@ -36,3 +36,11 @@ class CpuAccelerator(Accelerator):
         from .megatron_cpu_compat import apply
 
         apply()
+
+    def prepare_vllm(self) -> None:
+        """No torch.compile in an in-process vLLM on CPU: its compiled helpers (the sampler's log-prob
+        gather, the vocab-parallel embedding mask) cost 3-4 s per process on first use, with infer TP > 1
+        while the peer rank spins in the shared-memory all-reduce, and buy nothing at this scale."""
+        import torch._dynamo
+
+        torch._dynamo.config.disable = True

@@ -2,30 +2,21 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import Dict, Iterable, List, Sequence
 
 import torch
 
 from ..config_cls.generate_config import SamplingConfig
+from ..protocol.rollout import RolloutOutput
 
 Pieces = Iterable[Dict[str, torch.Tensor]]  # full megatron-named tensors, one model piece per item
-
-
-@dataclass
-class RolloutOutput:
-    """One sampled response: its token ids, per-token log-probs and why it stopped."""
-
-    prompt_index: int
-    response_ids: List[int]
-    logprobs: List[float]
-    finish_reason: str  # "stop" or "length"
 
 
 class RolloutEngine(ABC):
     """Generates responses; receives new weights from the actor; frees its memory between rollouts."""
 
     name = "base"
+    tensor_parallel_size = 1  # ranks that form one engine (contiguous ranks of the actor's world)
 
     @abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, n: int = 1,

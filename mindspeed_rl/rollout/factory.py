@@ -16,8 +16,7 @@ class RolloutUnavailable(RuntimeError):
 
 
 def make_rollout_engine(model: ModelConfig, gen: GenerateConfig, kind: str, eos_token_id: Optional[int],
-                        pad_token_id: int = 0, vocab_size: Optional[int] = None, seed: int = 1,
-                        bf16: bool = False) -> RolloutEngine:
+                        pad_token_id: int = 0, seed: int = 1, bf16: bool = False) -> RolloutEngine:
     from .vllm_engine import vllm_unusable_reason
 
     reason = vllm_unusable_reason(model, gen, kind) if gen.backend in ("auto", "vllm") else "backend: fallback"
@@ -31,4 +30,4 @@ def make_rollout_engine(model: ModelConfig, gen: GenerateConfig, kind: str, eos_
     from .fallback_engine import FallbackEngine
 
     log.warning("rollout engine: megatron-core fallback (%s)", reason)
-    return FallbackEngine(model, eos_token_id, pad_token_id, vocab_size, bf16)
+    return FallbackEngine(model, eos_token_id, pad_token_id, bf16)

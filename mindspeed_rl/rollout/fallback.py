@@ -26,9 +26,10 @@ class GenerationOutput:
 @torch.no_grad()
 def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_token_id: Optional[int],
              pad_token_id: int = 0, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0,
-             min_p: float = 0.0, seed: Optional[int] = None, vocab_size: Optional[int] = None,
+             min_p: float = 0.0, seed: Optional[int] = None,
              batch_size: int = 64) -> List[GenerationOutput]:
-    """Sample responses from a single-rank (TP=PP=1) GPTModel with an LM head."""
+    """Sample responses from a single-rank (TP=PP=1) GPTModel with an LM head, over the model's whole
+    (padded) vocabulary: the same action space as vLLM and the actor's log-probs (docs/rollout.md)."""
     model.eval()
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     outputs: List[GenerationOutput] = []
@@ -41,8 +42,6 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_t
         reasons = ["length"] * len(chunk)
         for _ in range(max_new_tokens):
             logits = model(ids, position_ids_from_mask(mask), megatron_attention_mask(mask))[:, -1]
-            if vocab_size is not None:
-                logits = logits[:, :vocab_size]  # never sample the embedding's padding rows
             tokens, token_logps = sample_next(logits, temperature, top_k, top_p, min_p, generator)
             active = ~done
             for i in torch.nonzero(active).flatten().tolist():

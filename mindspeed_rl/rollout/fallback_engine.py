@@ -15,12 +15,11 @@ from .fallback import generate
 class FallbackEngine(RolloutEngine):
     name = "fallback"
 
-    def __init__(self, model: ModelConfig, eos_token_id: Optional[int], pad_token_id: int = 0,
-                 vocab_size: Optional[int] = None, bf16: bool = False):
+    def __init__(self, model: ModelConfig, eos_token_id: Optional[int], pad_token_id: int = 0, bf16: bool = False):
         from ..models.builder import build_gpt_model
 
         self.model_cfg = model
-        self.eos_token_id, self.pad_token_id, self.vocab_size = eos_token_id, pad_token_id, vocab_size
+        self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         # one full copy, no TP/PP: built without parallel_state's stage checks
         self.gpt = build_gpt_model(model, MegatronConfig(model="rollout", bf16=bf16), pre_process=True,
                                    post_process=True)
@@ -33,7 +32,7 @@ class FallbackEngine(RolloutEngine):
         repeated = [list(p) for p in prompts for _ in range(n)]
         outs = generate(self.gpt, repeated, sampling.max_tokens, self.eos_token_id, self.pad_token_id,
                         sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p,
-                        seed=sampling.seed if seed is None else seed, vocab_size=self.vocab_size)
+                        seed=sampling.seed if seed is None else seed)
         return [RolloutOutput(i // n, o.response_ids, o.logprobs, o.finish_reason) for i, o in enumerate(outs)]
 
     @torch.no_grad()

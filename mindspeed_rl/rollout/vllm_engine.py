@@ -31,8 +31,6 @@ def vllm_unusable_reason(model: ModelConfig, gen: GenerateConfig, kind: str) -> 
         head_dim = model.hidden_size // model.num_attention_heads
         if head_dim not in CPU_HEAD_DIMS or (model.kv_channels and model.kv_channels != head_dim):
             return f"vLLM's CPU attention supports head_dim {CPU_HEAD_DIMS}; the model has {model.head_dim}"
-        if gen.infer_tensor_parallel_size != 1:
-            return "in-process vLLM on CPU runs with infer_tensor_parallel_size 1"
     return None
 
 
@@ -54,6 +52,21 @@ def write_hf_config(folder: str, model: ModelConfig, eos_token_id: int, pad_toke
     return folder
 
 
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def cpu_kv_cache_bytes(gen: GenerateConfig) -> int:
+    """The KV-cache budget of one engine process on CPU: gpu_memory_utilization of host memory, shared by
+    the engine processes of this host (LOCAL_WORLD_SIZE, set by the launcher)."""
+    import psutil
+
+    processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return int(gen.gpu_memory_utilization * psutil.virtual_memory().total / processes)
+
+
 class VllmEngine(RolloutEngine):
     name = "vllm"
 
@@ -61,6 +74,10 @@ class VllmEngine(RolloutEngine):
                  pad_token_id: int = 0, seed: int = 1):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
         from vllm import LLM
+
+        from ..accelerator import get_accelerator
+
+        get_accelerator().prepare_vllm()
 
         self.model, self.gen, self.kind = model, gen, kind
         self.eos_token_id = eos_token_id
@@ -72,15 +89,20 @@ class VllmEngine(RolloutEngine):
                       tensor_parallel_size=gen.infer_tensor_parallel_size, trust_remote_code=gen.trust_remote_code,
                       logprobs_mode="processed_logprobs", enable_prefix_caching=True)
         if kind == "cpu":
-            import psutil
-
-            kwargs["kv_cache_memory_bytes"] = int(gen.gpu_memory_utilization * psutil.virtual_memory().total)
+            kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(gen)
         else:
             kwargs["gpu_memory_utilization"] = gen.gpu_memory_utilization
             kwargs["enable_sleep_mode"] = True
-            if gen.infer_tensor_parallel_size > 1:
-                kwargs["distributed_executor_backend"] = "external_launcher"
+        if _world_size() > 1:
+            # one engine per block of infer-TP contiguous ranks of the actor's world, every rank in-process;
+            # vLLM reads its rank from the environment
+            import torch.distributed as dist
+
+            kwargs["distributed_executor_backend"] = "external_launcher"
+            os.environ.setdefault("RANK", str(dist.get_rank()))
+            os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
         self.llm = LLM(**kwargs)
+        self.tensor_parallel_size = gen.infer_tensor_parallel_size
         self._asleep = False
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, n: int = 1,

@@ -119,13 +119,13 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     groups = 1 + (rl.adv_estimator == "gae") + (cfg.reward is not None)
     share = 1.0 / groups  # the groups share each bundle (integrated mode)
     fraction = cpus_per_bundle * share if acc.kind == "cpu" else share
-    vocab = len(tokenizer)
     actor = spawn_group("actor", IntegratedActorWorker, acc, pg, devices, fraction,
                         lambda rank, addr, port: dict(rank=rank, world_size=devices, master_addr=addr,
                                                       master_port=port, role=cfg.actor, rl=rl, gen=gen,
                                                       total_steps=steps, eos_token_id=tokenizer.eos_token_id,
-                                                      pad_token_id=tokenizer.pad_token_id or 0, vocab_size=vocab,
+                                                      pad_token_id=tokenizer.pad_token_id or 0,
                                                       threads=threads), env)
+    print(f"rollout engines: {actor.describe_engines()}", flush=True)
     critic = None
     if rl.adv_estimator == "gae":
         critic = spawn_group("critic", CriticWorker, acc, pg, cfg.critic.num_devices, fraction,

@@ -6,6 +6,7 @@ from typing import Dict
 import torch
 
 from ..algorithms import masked_mean
+from ..protocol import Experience
 
 KEY_FIGURES = ("iteration", "critic/score/mean", "response_length/mean", "actor/pg_loss", "critic/vf_loss",
                "actor/kl_loss", "grad_norm", "timing/all", "e2e_tps")
@@ -25,19 +26,19 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> Dict
             f"{prefix}/min": float(sel.min())}
 
 
-def data_metrics(batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
-    mask = batch["response_mask"]
+def data_metrics(exp: Experience) -> Dict[str, float]:
+    mask = exp.response_mask
     out: Dict[str, float] = {}
-    out.update(_stats("critic/score", batch["scores"]))
-    out.update(_stats("critic/rewards", (batch["token_rewards"] * mask).sum(1)))
-    out.update(_masked_stats("critic/advantages", batch["advantages"], mask))
-    out.update(_masked_stats("critic/returns", batch["returns"], mask))
-    if "values" in batch:
-        out.update(_masked_stats("critic/values", batch["values"], mask))
+    out.update(_stats("critic/score", exp.scores))
+    out.update(_stats("critic/rewards", (exp.token_rewards * mask).sum(1)))
+    out.update(_masked_stats("critic/advantages", exp.advantages, mask))
+    out.update(_masked_stats("critic/returns", exp.returns, mask))
+    if exp.values is not None:
+        out.update(_masked_stats("critic/values", exp.values, mask))
     out.update(_stats("response_length", mask.sum(1)))
-    out.update(_stats("prompt_length", batch["prompt_mask"].sum(1)))
-    if "old_log_probs" in batch:
-        diff = (batch["rollout_log_probs"] - batch["old_log_probs"]).abs()
+    out.update(_stats("prompt_length", exp.prompt_mask.sum(1)))
+    if exp.old_log_probs is not None:
+        diff = (exp.rollout_log_probs - exp.old_log_probs).abs()
         out["rollout/logprob_diff_mean"] = float(masked_mean(diff, mask))
         out["rollout/logprob_diff_max"] = float(diff[mask.bool()].max()) if mask.any() else 0.0
     return out

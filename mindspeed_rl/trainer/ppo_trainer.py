@@ -11,8 +11,9 @@ import torch
 from ..algorithms import compute_gae, group_norm_advantages, kl_penalty, make_kl_controller, masked_mean
 from ..algorithms import masked_whiten, token_level_rewards
 from ..config_cls.ppo_config import PPOConfig
-from .experience import MODEL_INPUTS, build_experience, mini_batch_plan, select, split_rows
+from ..protocol import Experience, build_experience, mini_batch_plan
 from .metrics import data_metrics, throughput
+from .prompts import PromptBatch, decode_responses
 
 
 class PPOTrainer:
@@ -48,27 +49,27 @@ class PPOTrainer:
             with self.timer("timing/all"):
                 prompts = self.next_prompts()
                 with self.timer("timing/rollout"):
-                    batch = self.generate(prompts)
+                    exp = self.generate(prompts)
                 if self.use_ref:
                     with self.timer("timing/reference_model"):
-                        batch["ref_log_probs"] = self.log_probs(batch, "ref")
+                        exp.set("ref_log_probs", self.log_probs(exp, "ref"))
                 if not self.skip_old_log_prob:
                     with self.timer("timing/old_log_p"):
-                        batch["old_log_probs"] = self.log_probs(batch, "actor")
+                        exp.set("old_log_probs", self.log_probs(exp, "actor"))
                 if self.use_critic:
                     with self.timer("timing/critic_model"):
-                        batch["values"] = self.values(batch)
-                batch["scores"], reward_metrics = self.score(batch, prompts["labels"])
+                        exp.set("values", self.values(exp))
+                reward_metrics = self.score(exp)
                 with self.timer("timing/adv"):
-                    self.compute_advantages(batch)
+                    self.compute_advantages(exp)
                 update_metrics = {}
                 if self.use_critic:
                     with self.timer("timing/update_critic"):
-                        update_metrics.update(self.update_critic(batch))
+                        update_metrics.update(self.update_critic(exp))
                 with self.timer("timing/update"):
-                    update_metrics.update(self.update_actor(batch))
+                    update_metrics.update(self.update_actor(exp))
             self.iteration += 1
-            metrics = self.collect_metrics(batch, reward_metrics, update_metrics)
+            metrics = self.collect_metrics(exp, reward_metrics, update_metrics)
             self.logger.log(metrics)
             self.history.append(metrics)
             self.after_iteration(metrics)
@@ -100,108 +101,84 @@ class PPOTrainer:
               + f" ({time.perf_counter() - start:.1f}s)", flush=True)
 
     # ----- steps ---------------------------------------------------------------------------------------------
-    def next_prompts(self) -> Dict:
+    def next_prompts(self) -> PromptBatch:
         indices = self.sampler.next_batch()
         items = [self.dataset[i] for i in indices]
-        return {"input_ids": [it["input_ids"] for it in items], "labels": [it.get("labels", "") for it in items]}
+        return PromptBatch([list(it["input_ids"]) for it in items], [it.get("labels", "") for it in items])
 
-    def generate(self, prompts: Dict) -> Dict[str, torch.Tensor]:
-        ids = prompts["input_ids"]
-        ranks = len(self.actor.handles)
-        shards = np.array_split(np.arange(len(ids)), ranks)
-        seed = self.gen.sampling_config.seed + 1000 * self.iteration
-        results = self.actor.call("generate", per_rank=[([ids[i] for i in s], self.rl.n_samples_per_prompt,
-                                                         seed + 100 * r) for r, s in enumerate(shards)])
-        outputs = []
-        for shard, result in zip(shards, results):
-            outputs += [(int(shard[o[0]]),) + tuple(o[1:]) for o in result["outputs"]]
+    def generate(self, prompts: PromptBatch) -> Experience:
+        """Prompts split over the rollout engines; the sample seeds depend on the iteration only."""
+        n = self.rl.n_samples_per_prompt
+        seed = self.gen.sampling_config.seed + 1_000_003 * self.iteration
+        generated = self.actor.generate(prompts.input_ids, n, seed)
         for key in ("timing/resharding_to_infer", "timing/resharding_to_train"):
-            self.timing[key] = self.timing.get(key, 0.0) + max(r[key] for r in results)
-        return build_experience(ids, outputs, self.rl.n_samples_per_prompt, self.pad_id)
+            self.timing[key] = self.timing.get(key, 0.0) + generated.timing.get(key, 0.0)
+        return build_experience(prompts.input_ids, generated.outputs, n, self.pad_id, prompts.labels)
 
-    def _per_dp(self, group, method: str, batch: Dict[str, torch.Tensor], *extra) -> List[Dict]:
-        """Send each DP group its rows (every rank of the group the same rows); results by DP rank."""
-        chunks = split_rows(batch["input_ids"].shape[0], group.dp_size)
-        args = [(select(batch, MODEL_INPUTS, chunks[lay["dp_rank"]]),) + extra for lay in group.layouts]
-        results = group.call(method, per_rank=args)
-        outputs = group.output_ranks()
-        return [results[outputs[dp]] for dp in range(group.dp_size)]
-
-    def log_probs(self, batch: Dict[str, torch.Tensor], which: str) -> torch.Tensor:
-        results = self._per_dp(self.actor, "compute_log_prob", batch, which)
+    def log_probs(self, exp: Experience, which: str) -> torch.Tensor:
+        results = self.actor.forward("compute_log_prob", exp, ("input_ids", "attention_mask", "response_mask"),
+                                     which)
         for key in ("timing/ref_onload", "timing/ref_offload"):
             if key in results[0]:
                 self.timing[key] = self.timing.get(key, 0.0) + results[0][key]
         return torch.cat([r["log_probs"] for r in results]).float()
 
-    def values(self, batch: Dict[str, torch.Tensor]) -> torch.Tensor:
-        return torch.cat([r["values"] for r in self._per_dp(self.critic, "compute_values", batch)]).float()
+    def values(self, exp: Experience) -> torch.Tensor:
+        return torch.cat([r["values"] for r in self.critic.forward("compute_values", exp)]).float()
 
-    def score(self, batch: Dict[str, torch.Tensor], labels: List[str]):
-        """Sequence scores: rule verifiers and/or the reward model, summed."""
-        scores = torch.zeros(batch["input_ids"].shape[0])
+    def score(self, exp: Experience) -> Dict[str, float]:
+        """Sequence scores: rule verifiers and/or the reward model, summed into ``exp.scores``."""
+        scores = torch.zeros(exp.num_rows)
         metrics: Dict[str, float] = {}
         if self.rl.rule_reward:
             with self.timer("timing/rule_reward"):
-                rule, metrics = self.rule_rewards(batch, labels)
+                texts, outside = decode_responses(self.tokenizer, exp.response_ids, exp.response_mask)
+                rule, metrics = self.reward_runner.score(texts, exp.labels)
+            metrics["rollout/out_of_vocab_tokens"] = float(outside)
             scores = scores + rule
         if self.reward_model is not None:
             with self.timer("timing/reward_model"):
-                rm = torch.cat([r["scores"] for r in self._per_dp(self.reward_model, "compute_scores", batch)])
+                rm = torch.cat([r["scores"] for r in self.reward_model.forward("compute_scores", exp)])
             metrics["reward_model/score/mean"] = float(rm.mean())
             scores = scores + rm.float()
-        return scores, metrics
+        exp.set("scores", scores)
+        return metrics
 
-    def rule_rewards(self, batch: Dict[str, torch.Tensor], labels: List[str]):
-        n = self.rl.n_samples_per_prompt
-        texts = [self.tokenizer.decode(ids[mask.bool()].tolist(), skip_special_tokens=True)
-                 for ids, mask in zip(batch["response_ids"], batch["response_mask"])]
-        return self.reward_runner.score(texts, [labels[i // n] for i in range(len(texts))])
-
-    def compute_advantages(self, batch: Dict[str, torch.Tensor]) -> None:
-        mask = batch["response_mask"].float()
+    def compute_advantages(self, exp: Experience) -> None:
+        mask = exp.response_mask.float()
         kl = None
-        if "ref_log_probs" in batch:
-            current = batch.get("old_log_probs", batch["rollout_log_probs"])
-            kl = kl_penalty(current, batch["ref_log_probs"], self.rl.kl_penalty) * mask
-            batch["kl"] = kl
+        if exp.ref_log_probs is not None:
+            current = exp.old_log_probs if exp.old_log_probs is not None else exp.rollout_log_probs
+            kl = kl_penalty(current, exp.ref_log_probs, self.rl.kl_penalty) * mask
+            exp.set("kl", kl)
         coef = self.kl_ctrl.value if self.rl.use_kl_in_reward else 0.0
-        batch["token_rewards"] = token_level_rewards(batch["scores"], mask, kl, coef)
+        exp.set("token_rewards", token_level_rewards(exp.scores, mask, kl, coef))
         if self.rl.adv_estimator == "gae":
-            adv, ret = compute_gae(batch["token_rewards"], batch["values"], mask, self.rl.gamma, self.rl.lam)
+            adv, ret = compute_gae(exp.token_rewards, exp.values, mask, self.rl.gamma, self.rl.lam)
         else:
-            adv, ret = group_norm_advantages(batch["scores"], mask, batch["group"].tolist())
+            adv, ret = group_norm_advantages(exp.scores, mask, exp.group.tolist())
         if self.rl.whiten_advantages and self.rl.adv_estimator == "gae":
             adv = masked_whiten(adv, mask)
-        batch["advantages"], batch["returns"] = adv, ret
+        exp.set("advantages", adv)
+        exp.set("returns", ret)
         if kl is not None:
             self.kl_ctrl.update(float(masked_mean(kl, mask)), self.cfg.samples_per_iteration)
 
-    def _mini_batches(self, batch: Dict[str, torch.Tensor], group, keys) -> List[tuple]:
-        plan = mini_batch_plan(batch["input_ids"].shape[0], self.rl.mini_batch_size, self.rl.epochs,
-                               self.rl.shuffle_mini_batch, self.cfg.megatron_training.seed + 7919 * self.iteration)
-        per_dp: List[List[Dict]] = [[] for _ in range(group.dp_size)]
-        for rows in plan:
-            normaliser = batch["response_mask"][rows].sum().float()
-            for dp, part in enumerate(np.array_split(rows, group.dp_size)):
-                mb = select(batch, list(MODEL_INPUTS) + list(keys), part)
-                mb["normaliser"] = normaliser.clone()
-                per_dp[dp].append(mb)
-        return [(per_dp[lay["dp_rank"]],) for lay in group.layouts]
+    def update_plan(self, exp: Experience) -> List[np.ndarray]:
+        """Rows of every optimizer step (epochs x mini-batches), seeded by the iteration."""
+        return mini_batch_plan(exp.num_rows, self.rl.mini_batch_size, self.rl.epochs, self.rl.shuffle_mini_batch,
+                               self.cfg.megatron_training.seed + 7919 * self.iteration)
 
-    def update_critic(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
-        results = self.critic.call("update", per_rank=self._mini_batches(batch, self.critic, ("values", "returns")))
-        return results[0]
+    def update_critic(self, exp: Experience) -> Dict[str, float]:
+        return self.critic.update("update", exp, self.update_plan(exp), ("values", "returns"))
 
-    def update_actor(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
-        keys = ["advantages"] + [k for k in ("old_log_probs", "ref_log_probs") if k in batch]
-        args = self._mini_batches(batch, self.actor, keys)
-        results = self.actor.call("update", per_rank=[a + (self.kl_ctrl.value,) for a in args])
-        return results[0]
+    def update_actor(self, exp: Experience) -> Dict[str, float]:
+        fields = ["advantages"] + [k for k in ("old_log_probs", "ref_log_probs") if getattr(exp, k) is not None]
+        return self.actor.update("update", exp, self.update_plan(exp), fields, self.kl_ctrl.value)
 
-    def collect_metrics(self, batch, reward_metrics, update_metrics) -> Dict[str, float]:
+    def collect_metrics(self, exp: Experience, reward_metrics, update_metrics) -> Dict[str, float]:
         metrics: Dict[str, float] = {"iteration": self.iteration}
-        metrics.update(data_metrics(batch))
+        metrics.update(data_metrics(exp))
         metrics.update(reward_metrics)
         metrics.update(update_metrics)
         metrics["actor/kl_coef"] = float(self.kl_ctrl.value)

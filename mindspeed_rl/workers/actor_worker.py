@@ -6,6 +6,7 @@ the training state onloaded. The reference lives on host between its forward pas
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -15,13 +16,14 @@ from ..algorithms import aggregate_token_mean, entropy_loss, kl_penalty, policy_
 from ..config_cls.generate_config import GenerateConfig, SamplingConfig
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
-from .base_worker import MegatronWorker, response_part, train_on_mini_batches
+from ..protocol import Experience, MiniBatch, RankLayout, RolloutResult, response_part
+from .base_worker import MegatronWorker, train_on_mini_batches
 
 
 class IntegratedActorWorker(MegatronWorker):
     def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, role: RoleConfig,
                  rl: RLConfig, gen: GenerateConfig, total_steps: int, eos_token_id: Optional[int],
-                 pad_token_id: int, vocab_size: int, threads: int):
+                 pad_token_id: int, threads: int):
         m = role.megatron
         super().__init__(rank, world_size, master_addr, master_port, m.tensor_model_parallel_size,
                          m.pipeline_model_parallel_size, m.seed, threads)
@@ -35,8 +37,16 @@ class IntegratedActorWorker(MegatronWorker):
         self.ref = MegatronEngine(role, head="lm", trainable=False)
         self.actor_offload, self.ref_offload = Offloader(self.actor), Offloader(self.ref)
         self.kind = get_accelerator().kind
-        self.rollout = make_rollout_engine(role.model, gen, self.kind, eos_token_id, pad_token_id, vocab_size,
+        self.rollout = make_rollout_engine(role.model, gen, self.kind, eos_token_id, pad_token_id,
                                            seed=gen.sampling_config.seed, bf16=m.bf16)
+        # engines are blocks of contiguous ranks of this world (vLLM's external-launcher split)
+        self.engine_size = self.rollout.tensor_parallel_size
+        self.engine_index, self.engine_rank = divmod(rank, self.engine_size)
+
+    def layout(self) -> RankLayout:
+        base = super().layout()
+        return RankLayout(**{**base.__dict__, "engine": self.engine_index, "engine_rank": self.engine_rank,
+                             "engine_size": self.engine_size})
 
     # ----- weights --------------------------------------------------------------------------------
     def init_weights(self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool,
@@ -70,10 +80,13 @@ class IntegratedActorWorker(MegatronWorker):
 
     # ----- rollout ---------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int,
-                 sampling: Optional[SamplingConfig] = None) -> Dict:
-        """Sync weights into the engine, sample n responses per prompt, hand the devices back."""
+                 sampling: Optional[SamplingConfig] = None) -> RolloutResult:
+        """Sync weights into the engine, sample n responses per prompt (sample i seeded ``seed + i``),
+        hand the devices back. Every rank of an engine must receive the same prompts; only the
+        engine's first rank returns the outputs."""
         from ..rollout.resharding import iter_full_weights
 
+        sampling = sampling or self.gen.sampling_config
         t0 = time.perf_counter()
         self.rollout.onload()
         self.rollout.update_weights(iter_full_weights(self.actor))
@@ -81,19 +94,21 @@ class IntegratedActorWorker(MegatronWorker):
                                    optimizer=self.gen.offload_train_optimizer)
         t_to_infer = time.perf_counter() - t0
         t0 = time.perf_counter()
-        outputs = self.rollout.generate(prompts, sampling or self.gen.sampling_config, n, seed) if prompts else []
+        outputs = self.rollout.generate(prompts, sampling, n, seed) if prompts else []
         t_generate = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.rollout.offload()
         self.actor_offload.onload()
         t_to_train = time.perf_counter() - t0
-        return {"outputs": [(o.prompt_index, o.response_ids, o.logprobs, o.finish_reason) for o in outputs],
-                "timing/resharding_to_infer": t_to_infer, "timing/resharding_to_train": t_to_train,
-                "timing/generate": t_generate}
+        digest = hashlib.sha1(repr((list(map(list, prompts)), n, seed, sampling)).encode()).hexdigest()
+        return RolloutResult(rank=self.rank, engine=self.engine_index, request_digest=digest,
+                             outputs=outputs if self.engine_rank == 0 else None,
+                             timing={"timing/resharding_to_infer": t_to_infer,
+                                     "timing/resharding_to_train": t_to_train, "timing/generate": t_generate})
 
     # ----- forward passes -----------------------------------------------------------------------------
-    def compute_log_prob(self, batch: Dict[str, torch.Tensor], which: str = "actor") -> Dict:
-        """Log-probs of the response tokens under the actor ("old") or the reference."""
+    def compute_log_prob(self, rows: Experience, which: str = "actor") -> Dict:
+        """Log-probs [B, R] of the response tokens under the actor ("old") or the reference."""
         temperature = self.gen.sampling_config.temperature or 1.0
         timing = {}
         if which == "ref":
@@ -103,28 +118,30 @@ class IntegratedActorWorker(MegatronWorker):
             engine, mbs = self.ref, self.rl.ref_forward_micro_batch_size
         else:
             engine, mbs = self.actor, self.rl.actor_forward_micro_batch_size
-        width = int(batch.pop("prompt_width").item())
-        out = engine.forward(batch, mbs, temperature=temperature)
+        out = engine.forward(rows.tensors(), mbs, temperature=temperature)
         if which == "ref":
             t0 = time.perf_counter()
             self.ref_offload.offload(grads=False, optimizer=False)
             timing["timing/ref_offload"] = time.perf_counter() - t0
-        part = response_part(out["log_probs"], width, batch["response_mask"]) if self.is_output_rank else None
+        part = (response_part(out["log_probs"], rows.prompt_width, rows.response_width)
+                if self.is_output_rank else None)
         return {"log_probs": part, **timing}
 
     # ----- update ----------------------------------------------------------------------------------------
-    def update(self, mini_batches: List[Dict[str, torch.Tensor]], kl_coef: float) -> Dict[str, float]:
+    def update(self, mini_batches: List[MiniBatch], kl_coef: float) -> Dict[str, float]:
         """One optimizer step per mini-batch (this DP rank's share of it); averaged metrics."""
         rl = self.rl
 
-        def make_loss(width: int, normaliser: float):
+        def make_loss(rows: Experience, normaliser: float):
+            width, length = rows.prompt_width, rows.response_width
+
             def loss_fn(outputs, micro):
                 mask = micro["response_mask"].float()
-                log_prob = response_part(outputs["log_probs"], width, mask)
+                log_prob = response_part(outputs["log_probs"], width, length)
                 old = micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach()
                 pg, m = policy_loss(log_prob, old, micro["advantages"], mask, rl.clip_ratio, rl.clip_ratio_c,
                                     normaliser)
-                entropy = entropy_loss(response_part(outputs["entropy"], width, mask), mask, normaliser)
+                entropy = entropy_loss(response_part(outputs["entropy"], width, length), mask, normaliser)
                 loss = pg - rl.entropy_coeff * entropy
                 kl_loss = torch.zeros((), device=pg.device)
                 if not rl.use_kl_in_reward and "ref_log_probs" in micro:

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import os
-from typing import Callable, Dict, Iterable
+from typing import Callable, Dict, Iterable, List
 
 import torch
+
+from ..protocol import Experience, MiniBatch, RankLayout
 
 
 class MegatronWorker:
@@ -47,9 +49,9 @@ class MegatronWorker:
         noset = any(k.startswith("RAY_EXPERIMENTAL_NOSET_") and v not in ("", "0") for k, v in os.environ.items())
         return int(ids[0]) if ids and noset else 0
 
-    def layout(self) -> Dict[str, int]:
-        return {"rank": self.rank, "dp_rank": self.dp_rank, "dp_size": self.dp_size,
-                "tp_rank": self.tp_rank, "pp_rank": self.pp_rank, "output": int(self.is_output_rank)}
+    def layout(self) -> RankLayout:
+        return RankLayout(rank=self.rank, dp_rank=self.dp_rank, dp_size=self.dp_size, tp_rank=self.tp_rank,
+                          pp_rank=self.pp_rank, output=bool(self.is_output_rank))
 
     def shutdown(self) -> None:
         from ..utils import dist
@@ -57,23 +59,19 @@ class MegatronWorker:
         dist.destroy()
 
 
-def response_part(per_token: torch.Tensor, width: int, response_mask: torch.Tensor) -> torch.Tensor:
-    """The response tokens' columns of a per-token tensor of the whole (prompt + response) sequence."""
-    return per_token[:, width:width + response_mask.shape[1]]
+def train_on_mini_batches(engine, mini_batches: List[MiniBatch], make_loss: Callable, micro_batch_size: int,
+                          prefix: str, temperature: float = 1.0) -> Dict[str, float]:
+    """One optimizer step per mini-batch; ``make_loss(rows, normaliser)`` builds each step's loss.
 
-
-def train_on_mini_batches(engine, mini_batches, make_loss: Callable, micro_batch_size: int, prefix: str,
-                          temperature: float = 1.0) -> Dict[str, float]:
-    """One optimizer step per mini-batch; ``make_loss(width, normaliser)`` builds each step's loss.
-
-    Each mini-batch carries its prompt width and its global valid-token count (the token-mean
-    normaliser); metrics are averaged over the steps, with grad norm and lr named after ``prefix``.
+    Each mini-batch carries this DP rank's rows and the global valid-token count of the whole
+    mini-batch (the token-mean normaliser); metrics are averaged over the steps, with grad norm and lr
+    named after ``prefix``.
     """
     steps = []
     for mb in mini_batches:
-        width = int(mb.pop("prompt_width").item())
-        normaliser = float(mb.pop("normaliser").item())
-        step = engine.train_step(mb, make_loss(width, normaliser), micro_batch_size, temperature)
+        rows: Experience = mb.rows
+        step = engine.train_step(rows.tensors(rows.present()), make_loss(rows, mb.normaliser), micro_batch_size,
+                                 temperature)
         grad_key = "grad_norm" if prefix == "actor" else f"{prefix}/grad_norm"
         steps.append({**step.metrics, grad_key: step.grad_norm, f"{prefix}/lr": step.lr})
     return average_metrics(steps)

@@ -4,12 +4,11 @@ from __future__ import annotations
 import time
 from typing import Dict, List, Optional
 
-import torch
-
 from ..algorithms import value_loss
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
-from .base_worker import MegatronWorker, response_part, train_on_mini_batches
+from ..protocol import Experience, MiniBatch, response_part
+from .base_worker import MegatronWorker, train_on_mini_batches
 
 
 class CriticWorker(MegatronWorker):
@@ -53,20 +52,20 @@ class CriticWorker(MegatronWorker):
         if self.offload_when_idle:
             self.offloader.offload()
 
-    def compute_values(self, batch: Dict[str, torch.Tensor]) -> Dict:
+    def compute_values(self, rows: Experience) -> Dict:
+        """Values [B, R] of the response positions."""
         t0 = time.perf_counter()
         self._busy()
-        width = int(batch.pop("prompt_width").item())
-        out = self.critic.forward(batch, self.rl.actor_forward_micro_batch_size)
+        out = self.critic.forward(rows.tensors(), self.rl.actor_forward_micro_batch_size)
         self._idle()
-        return {"values": response_part(out["values"], width, batch["response_mask"]) if self.is_output_rank else None,
-                "seconds": time.perf_counter() - t0}
+        values = response_part(out["values"], rows.prompt_width, rows.response_width) if self.is_output_rank else None
+        return {"values": values, "seconds": time.perf_counter() - t0}
 
-    def update(self, mini_batches: List[Dict[str, torch.Tensor]]) -> Dict[str, float]:
-        def make_loss(width: int, normaliser: float):
+    def update(self, mini_batches: List[MiniBatch]) -> Dict[str, float]:
+        def make_loss(rows: Experience, normaliser: float):
             def loss_fn(outputs, micro):
                 mask = micro["response_mask"].float()
-                values = response_part(outputs["values"], width, mask)
+                values = response_part(outputs["values"], rows.prompt_width, rows.response_width)
                 loss, m = value_loss(values, micro["values"], micro["returns"], mask, self.rl.cliprange_value,
                                      normaliser)
                 return loss, {"critic/vf_loss": float(loss), "critic/vf_clipfrac": float(m["vf_clipfrac"])}

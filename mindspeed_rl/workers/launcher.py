@@ -7,6 +7,7 @@ import socket
 from typing import Any, Callable, Dict, List, Sequence
 
 from ..accelerator import Accelerator
+from .worker_group import WorkerGroup
 
 
 def _node_ip_and_port():
@@ -16,31 +17,6 @@ def _node_ip_and_port():
         sock.bind(("", 0))
         port = sock.getsockname()[1]
     return ray.util.get_node_ip_address(), port
-
-
-class WorkerGroup:
-    """The Ray actors of one role, rank order; calls fan out and are gathered."""
-
-    def __init__(self, name: str, handles: List[Any]):
-        self.name, self.handles = name, handles
-        self.layouts: List[Dict[str, int]] = []
-
-    def call(self, method: str, *args, per_rank: Sequence[tuple] = None, **kwargs) -> List[Any]:
-        import ray
-
-        if per_rank is not None:
-            refs = [getattr(h, method).remote(*a, **kwargs) for h, a in zip(self.handles, per_rank)]
-        else:
-            refs = [getattr(h, method).remote(*args, **kwargs) for h in self.handles]
-        return ray.get(refs)
-
-    @property
-    def dp_size(self) -> int:
-        return self.layouts[0]["dp_size"]
-
-    def output_ranks(self) -> Dict[int, int]:
-        """dp_rank -> the rank whose results hold that DP group's outputs."""
-        return {lay["dp_rank"]: lay["rank"] for lay in self.layouts if lay["output"]}
 
 
 def bundle_spec(acc: Accelerator, cpus_per_bundle: float) -> Dict[str, float]:
@@ -71,6 +47,7 @@ def spawn_group(name: str, cls: type, acc: Accelerator, pg, num_ranks: int, frac
     master_addr, master_port = ray.get(ray.remote(num_cpus=0)(_node_ip_and_port)
                                        .options(scheduling_strategy=first).remote())
     remote_cls = ray.remote(cls)
+    nodes = bundle_nodes(pg)
     handles = []
     for rank in range(num_ranks):
         strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank)
@@ -80,8 +57,17 @@ def spawn_group(name: str, cls: type, acc: Accelerator, pg, num_ranks: int, frac
         else:
             options["num_cpus"] = 0.01
             options["resources"] = {acc.ray_resource: fraction}
-        options["runtime_env"] = {"env_vars": dict(env)}
+        # ranks of this group on the same host: they share its memory (e.g. the CPU KV-cache budget)
+        local = sum(1 for r in range(num_ranks) if nodes.get(r) == nodes.get(rank))
+        options["runtime_env"] = {"env_vars": dict(env, LOCAL_WORLD_SIZE=str(max(1, local)))}
         handles.append(remote_cls.options(**options).remote(**make_kwargs(rank, master_addr, master_port)))
     group = WorkerGroup(name, handles)
-    group.layouts = group.call("layout")
+    group.load_layouts()
     return group
+
+
+def bundle_nodes(pg) -> Dict[int, str]:
+    """Bundle index -> the node it was placed on."""
+    from ray.util.placement_group import placement_group_table
+
+    return {int(k): v for k, v in placement_group_table(pg).get("bundles_to_node_id", {}).items()}

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Dict
 
-import torch
-
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
+from ..protocol import Experience
 from .base_worker import MegatronWorker
 
 
@@ -31,10 +30,10 @@ class RewardWorker(MegatronWorker):
         load_weights_only(self.model, load)
         return {}
 
-    def compute_scores(self, batch: Dict[str, torch.Tensor]) -> Dict:
+    def compute_scores(self, rows: Experience) -> Dict:
+        """Score [B] of each sequence: the value head at its last valid token."""
         from ..models.heads import last_token_values
 
-        batch.pop("prompt_width")
-        out = self.model.forward(batch, self.rl.ref_forward_micro_batch_size)
-        scores = last_token_values(out["raw_values"], batch["attention_mask"]) if self.is_output_rank else None
+        out = self.model.forward(rows.tensors(), self.rl.ref_forward_micro_batch_size)
+        scores = last_token_values(out["raw_values"], rows.attention_mask) if self.is_output_rank else None
         return {"scores": scores}

@@ -1,0 +1,7 @@
+"""Typed data that crosses Ray between the single controller and the workers."""
+from .experience import (FIELDS, MODEL_INPUTS, Experience, FieldSpec, MiniBatch, build_experience,
+                         mini_batch_plan, response_part, split_rows)
+from .rollout import RankLayout, RolloutOutput, RolloutResult
+
+__all__ = ["FIELDS", "MODEL_INPUTS", "Experience", "FieldSpec", "MiniBatch", "RankLayout", "RolloutOutput",
+           "RolloutResult", "build_experience", "mini_batch_plan", "response_part", "split_rows"]

@@ -1,0 +1,225 @@
+"""The experience batch of one iteration: declared fields, their shapes, and the row operations
+(select, split, concatenate) the driver uses to hand pieces of it to workers.
+
+Row b is one response; rows are prompt-major (the n responses of prompt 0 first). Every row has
+the same two-part layout, so one number (``prompt_width``) says where the response starts::
+
+    input_ids  [B, P + R]  = [ left-padded prompt (P columns) | right-padded response (R columns) ]
+
+Dimensions in the field table: B rows, P = prompt_width, R = response_width.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from ..datasets.padding import left_pad
+from .rollout import RolloutOutput
+
+Rows = Union[np.ndarray, Sequence[int], slice]
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    dims: Tuple[str, ...]     # "B", "P", "R" or "P+R"
+    dtype: torch.dtype
+    doc: str
+
+
+FIELDS: Dict[str, FieldSpec] = {
+    "input_ids": FieldSpec(("B", "P+R"), torch.long, "prompt tokens (left-padded) then response tokens "
+                                                     "(right-padded)"),
+    "attention_mask": FieldSpec(("B", "P+R"), torch.long, "1 on real prompt and response tokens, 0 on padding"),
+    "prompt_mask": FieldSpec(("B", "P"), torch.long, "1 on real prompt tokens"),
+    "response_ids": FieldSpec(("B", "R"), torch.long, "the generated tokens"),
+    "response_mask": FieldSpec(("B", "R"), torch.long, "1 on generated tokens (the positions every loss sees)"),
+    "rollout_log_probs": FieldSpec(("B", "R"), torch.float32, "log p(token) under the rollout engine"),
+    "group": FieldSpec(("B",), torch.long, "index of the row's prompt in the iteration: the n responses of "
+                                           "one prompt share it (GRPO groups)"),
+    "ref_log_probs": FieldSpec(("B", "R"), torch.float32, "log p(token) under the frozen reference"),
+    "old_log_probs": FieldSpec(("B", "R"), torch.float32, "log p(token) under the actor before this "
+                                                          "iteration's updates"),
+    "values": FieldSpec(("B", "R"), torch.float32, "critic value of each response position"),
+    "scores": FieldSpec(("B",), torch.float32, "sequence score (rule verifiers and/or reward model)"),
+    "kl": FieldSpec(("B", "R"), torch.float32, "per-token KL(actor || reference) estimate, 0 on padding"),
+    "token_rewards": FieldSpec(("B", "R"), torch.float32, "score on the last response token, minus KL "
+                                                          "when it is in the reward"),
+    "advantages": FieldSpec(("B", "R"), torch.float32, "advantage of each response token"),
+    "returns": FieldSpec(("B", "R"), torch.float32, "value target of each response token"),
+}
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "response_mask")
+
+
+@dataclass
+class Experience:
+    """Named tensors of the FIELDS table (absent ones are None), plus per-row labels.
+
+    ``prompt_width`` (P) is the number of prompt columns of ``input_ids``: the response of every
+    row starts at column P.
+    """
+
+    prompt_width: int
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+    prompt_mask: Optional[torch.Tensor] = None
+    response_ids: Optional[torch.Tensor] = None
+    rollout_log_probs: Optional[torch.Tensor] = None
+    group: Optional[torch.Tensor] = None
+    ref_log_probs: Optional[torch.Tensor] = None
+    old_log_probs: Optional[torch.Tensor] = None
+    values: Optional[torch.Tensor] = None
+    scores: Optional[torch.Tensor] = None
+    kl: Optional[torch.Tensor] = None
+    token_rewards: Optional[torch.Tensor] = None
+    advantages: Optional[torch.Tensor] = None
+    returns: Optional[torch.Tensor] = None
+    labels: Optional[List[str]] = field(default=None, repr=False)
+
+    # ----- shape -----------------------------------------------------------------------------------
+    @property
+    def num_rows(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def response_width(self) -> int:
+        return int(self.response_mask.shape[1])
+
+    def present(self) -> List[str]:
+        """Names of the tensor fields that are set."""
+        return [name for name in FIELDS if getattr(self, name) is not None]
+
+    def expected_shape(self, name: str) -> Tuple[int, ...]:
+        sizes = {"B": self.num_rows, "P": self.prompt_width, "R": self.response_width,
+                 "P+R": self.prompt_width + self.response_width}
+        return tuple(sizes[d] for d in FIELDS[name].dims)
+
+    def set(self, name: str, tensor: torch.Tensor) -> None:
+        """Set a field, checking its declared shape (the guard against misaligned columns)."""
+        if name not in FIELDS:
+            raise KeyError(f"experience has no field {name!r}; fields: {', '.join(FIELDS)}")
+        want = self.expected_shape(name)
+        if tuple(tensor.shape) != want:
+            raise ValueError(f"experience field {name}: shape {tuple(tensor.shape)}, expected {want} "
+                             f"({' x '.join(FIELDS[name].dims)})")
+        setattr(self, name, tensor.to(FIELDS[name].dtype))
+
+    def validate(self) -> "Experience":
+        for name in self.present():
+            want = self.expected_shape(name)
+            got = tuple(getattr(self, name).shape)
+            if got != want:
+                raise ValueError(f"experience field {name}: shape {got}, expected {want}")
+        if self.labels is not None and len(self.labels) != self.num_rows:
+            raise ValueError(f"experience labels: {len(self.labels)} for {self.num_rows} rows")
+        return self
+
+    # ----- rows ------------------------------------------------------------------------------------
+    def select(self, rows: Optional[Rows] = None, fields: Optional[Iterable[str]] = None) -> "Experience":
+        """The given rows (all when None) with the given fields (all present ones when None); the model
+        inputs are always kept. Tensors are copies, safe to send through the object store."""
+        keep = set(MODEL_INPUTS) | set(self.present() if fields is None else fields)
+        index = rows if rows is None or isinstance(rows, slice) else torch.as_tensor(np.asarray(rows), dtype=torch.long)
+        values = {}
+        for name in FIELDS:
+            tensor = getattr(self, name)
+            if tensor is None or name not in keep:
+                continue
+            values[name] = (tensor if index is None else tensor[index]).clone()
+        labels = None
+        if self.labels is not None and fields is None:
+            picked = range(self.num_rows)[rows] if isinstance(rows, slice) else (
+                range(self.num_rows) if rows is None else [int(r) for r in rows])
+            labels = [self.labels[i] for i in picked]
+        return Experience(prompt_width=self.prompt_width, labels=labels, **values)
+
+    def split(self, parts: int, fields: Optional[Iterable[str]] = None) -> List["Experience"]:
+        """``parts`` contiguous, equal pieces (data-parallel shares)."""
+        return [self.select(rows, fields) for rows in split_rows(self.num_rows, parts)]
+
+    def tensors(self, names: Iterable[str] = MODEL_INPUTS) -> Dict[str, torch.Tensor]:
+        """Plain name -> tensor mapping of the given present fields (what the Megatron engine consumes)."""
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+    @staticmethod
+    def cat(parts: Sequence["Experience"]) -> "Experience":
+        """Rows of ``parts`` in order; every part has the same fields and widths."""
+        first = parts[0]
+        for part in parts[1:]:
+            if part.prompt_width != first.prompt_width or part.present() != first.present():
+                raise ValueError("cannot concatenate experience pieces with different fields or widths")
+        values = {name: torch.cat([getattr(p, name) for p in parts]) for name in first.present()}
+        labels = sum((p.labels for p in parts), []) if all(p.labels is not None for p in parts) else None
+        return Experience(prompt_width=first.prompt_width, labels=labels, **values)
+
+
+@dataclass
+class MiniBatch:
+    """One optimizer step's rows for one DP rank, and the valid-token count of the whole mini-batch
+    (all DP ranks): the token-mean normaliser that makes the loss independent of the split."""
+
+    rows: Experience
+    normaliser: float
+
+
+def build_experience(prompts: Sequence[Sequence[int]], outputs: Sequence[RolloutOutput], n: int, pad_id: int,
+                     labels: Optional[Sequence[str]] = None) -> Experience:
+    """Rows prompt by prompt (n responses each): left-padded prompt + right-padded response.
+
+    ``outputs`` carry global prompt indices (any order); each prompt must have exactly n of them.
+    """
+    by_prompt: Dict[int, List[RolloutOutput]] = {}
+    for out in outputs:
+        by_prompt.setdefault(out.prompt_index, []).append(out)
+    rows: List[Tuple[Sequence[int], RolloutOutput]] = []
+    for i in range(len(prompts)):
+        got = by_prompt.get(i, [])
+        if len(got) != n:
+            raise RuntimeError(f"prompt {i}: {len(got)} responses, expected {n}")
+        rows += [(prompts[i], o) for o in got]
+    prompt_ids, prompt_mask = left_pad([r[0] for r in rows], pad_id)
+    width = max(1, max(len(o.response_ids) for _, o in rows))
+    response_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    response_mask = torch.zeros((len(rows), width), dtype=torch.long)
+    rollout_log_probs = torch.zeros((len(rows), width), dtype=torch.float32)
+    for b, (_, out) in enumerate(rows):
+        if out.response_ids:
+            length = len(out.response_ids)
+            response_ids[b, :length] = torch.tensor(out.response_ids, dtype=torch.long)
+            response_mask[b, :length] = 1
+            rollout_log_probs[b, :length] = torch.tensor(out.logprobs, dtype=torch.float32)
+    return Experience(
+        prompt_width=int(prompt_ids.shape[1]),
+        input_ids=torch.cat([prompt_ids, response_ids], 1), attention_mask=torch.cat([prompt_mask, response_mask], 1),
+        response_mask=response_mask, prompt_mask=prompt_mask, response_ids=response_ids,
+        rollout_log_probs=rollout_log_probs, group=torch.arange(len(rows)) // n,
+        labels=None if labels is None else [labels[i // n] for i in range(len(rows))],
+    ).validate()
+
+
+def split_rows(num_rows: int, parts: int) -> List[np.ndarray]:
+    if num_rows % parts:
+        raise ValueError(f"{num_rows} rows do not split over {parts} data-parallel ranks")
+    return np.array_split(np.arange(num_rows), parts)
+
+
+def mini_batch_plan(num_rows: int, mini_batch_size: int, epochs: int, shuffle: bool, seed: int) -> List[np.ndarray]:
+    """Row indices of every optimizer step: epochs x (num_rows / mini_batch_size) mini-batches."""
+    plan = []
+    for epoch in range(epochs):
+        order = np.random.RandomState(seed + epoch).permutation(num_rows) if shuffle else np.arange(num_rows)
+        plan += [order[i:i + mini_batch_size] for i in range(0, num_rows, mini_batch_size)]
+    return plan
+
+
+def response_part(per_token: torch.Tensor, prompt_width: int, response_width: int) -> torch.Tensor:
+    """The response columns of a per-token tensor of the whole (prompt + response) sequence."""
+    return per_token[:, prompt_width:prompt_width + response_width]
+
+
+__all__ = ["FIELDS", "MODEL_INPUTS", "Experience", "FieldSpec", "MiniBatch", "build_experience", "split_rows",
+           "mini_batch_plan", "response_part", "dataclasses"]

@@ -1,0 +1,32 @@
+"""One iteration's prompts, and response ids -> text for the verifiers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Tuple
+
+import torch
+
+
+@dataclass
+class PromptBatch:
+    """Token ids of each prompt and its label (the reference answer the verifiers compare against)."""
+
+    input_ids: List[List[int]]
+    labels: List[str]
+
+
+def decode_responses(tokenizer, response_ids: torch.Tensor, response_mask: torch.Tensor) -> Tuple[List[str], int]:
+    """Texts of the responses and the number of tokens outside the tokenizer.
+
+    The action space of rollout and training is the model's whole (padded) vocabulary; ids at or above
+    the tokenizer's length have no text and are left out of it (counted, so a model that samples
+    them is visible in the metrics as rollout/out_of_vocab_tokens).
+    """
+    known = len(tokenizer)
+    texts, outside = [], 0
+    for ids, mask in zip(response_ids, response_mask):
+        tokens = ids[mask.bool()].tolist()
+        kept = [t for t in tokens if t < known]
+        outside += len(tokens) - len(kept)
+        texts.append(tokenizer.decode(kept, skip_special_tokens=True))
+    return texts, outside

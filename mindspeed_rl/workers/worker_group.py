@@ -1,0 +1,141 @@
+"""The Ray actors of one role and the rules for splitting work over them.
+
+Three axes, one method each:
+
+- ``generate``: prompts split by rollout engine (infer DP). Every rank of an engine receives the same
+  requests (the engine's TP ranks run one model together); the engine's first rank returns the outputs.
+- ``forward``: experience rows split by train DP. Every rank of a DP group (its TP x PP ranks)
+  receives the same rows; the group's output rank (TP 0, last PP stage) returns the result.
+- ``update``: each mini-batch split by train DP, with the whole mini-batch's token count attached.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from ..protocol import MODEL_INPUTS, Experience, MiniBatch, RankLayout, RolloutOutput, RolloutResult
+
+
+class DispatchError(RuntimeError):
+    """The workers' answers break the dispatch contract (a bug, never a user error)."""
+
+
+@dataclass
+class GeneratedBatch:
+    """Outputs of every engine with global prompt indices, the slowest rank's timings, every rank's result."""
+
+    outputs: List[RolloutOutput]
+    timing: Dict[str, float]
+    per_rank: List[RolloutResult]
+
+
+def engine_prompt_split(num_prompts: int, engines: int) -> List[np.ndarray]:
+    """Contiguous, near-equal prompt ranges, one per engine."""
+    return np.array_split(np.arange(num_prompts), engines)
+
+
+class WorkerGroup:
+    """The Ray actors of one role, in rank order; calls fan out and are gathered."""
+
+    def __init__(self, name: str, handles: List[Any], layouts: Optional[List[RankLayout]] = None):
+        self.name, self.handles = name, handles
+        self.layouts: List[RankLayout] = list(layouts or [])
+
+    # ----- plain calls ------------------------------------------------------------------------------
+    def call(self, method: str, *args, per_rank: Sequence[tuple] = None, **kwargs) -> List[Any]:
+        """``method`` on every rank (the same arguments, or ``per_rank[r]`` for rank r); results by rank."""
+        import ray
+
+        if per_rank is not None:
+            refs = [getattr(h, method).remote(*a, **kwargs) for h, a in zip(self.handles, per_rank)]
+        else:
+            refs = [getattr(h, method).remote(*args, **kwargs) for h in self.handles]
+        return ray.get(refs)
+
+    def load_layouts(self) -> None:
+        self.layouts = self.call("layout")
+
+    # ----- layout -----------------------------------------------------------------------------------
+    @property
+    def dp_size(self) -> int:
+        return self.layouts[0].dp_size
+
+    def output_ranks(self) -> List[int]:
+        """For each DP rank in order, the rank whose results hold that DP group's outputs."""
+        by_dp = {lay.dp_rank: lay.rank for lay in self.layouts if lay.output}
+        return [by_dp[dp] for dp in range(self.dp_size)]
+
+    def engines(self) -> List[List[int]]:
+        """The ranks of each rollout engine, engine by engine (rank order inside each)."""
+        groups: Dict[int, List[int]] = {}
+        for lay in sorted(self.layouts, key=lambda l: (l.engine, l.engine_rank)):
+            if lay.engine >= 0:
+                groups.setdefault(lay.engine, []).append(lay.rank)
+        return [groups[e] for e in sorted(groups)]
+
+    # ----- generation: by engine ------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int, *extra) -> GeneratedBatch:
+        """n samples of every prompt. Engine e gets a contiguous range of prompts; the sample with global
+        index j = prompt x n + k is seeded ``seed + j`` whatever the number of engines."""
+        import ray
+
+        engines = self.engines()
+        if not engines:
+            raise DispatchError(f"worker group {self.name} has no rollout engines")
+        ranges = engine_prompt_split(len(prompts), len(engines))
+        args: List[Optional[tuple]] = [None] * len(self.handles)
+        for engine, ranks in enumerate(engines):
+            rows = ranges[engine]
+            first = int(rows[0]) if len(rows) else 0
+            share = ray.put([list(prompts[i]) for i in rows])  # one copy in the object store per engine
+            for rank in ranks:
+                args[rank] = (share, n, seed + n * first) + extra
+        results: List[RolloutResult] = self.call("generate", per_rank=args)
+        outputs: List[RolloutOutput] = []
+        for engine, ranks in enumerate(engines):
+            digests = {results[r].request_digest for r in ranks}
+            if len(digests) != 1:
+                raise DispatchError(f"{self.name} engine {engine}: ranks {ranks} received different requests")
+            leader = results[ranks[0]]
+            if leader.outputs is None:
+                raise DispatchError(f"{self.name} engine {engine}: rank {ranks[0]} returned no outputs")
+            offset = int(ranges[engine][0]) if len(ranges[engine]) else 0
+            for out in leader.outputs:
+                outputs.append(RolloutOutput(out.prompt_index + offset, out.response_ids, out.logprobs,
+                                             out.finish_reason))
+        timing: Dict[str, float] = {}
+        for result in results:
+            for key, value in result.timing.items():
+                timing[key] = max(timing.get(key, 0.0), value)
+        return GeneratedBatch(outputs, timing, results)
+
+    # ----- forwards and updates: by train DP ------------------------------------------------------------
+    def forward(self, method: str, experience: Experience, fields: Sequence[str] = MODEL_INPUTS,
+                *extra) -> List[Any]:
+        """``method(rows, *extra)`` with each DP group's share of the rows; results in DP order."""
+        import ray
+
+        shares = [ray.put(share) for share in experience.split(self.dp_size, fields)]
+        results = self.call(method, per_rank=[(shares[lay.dp_rank],) + extra for lay in self.layouts])
+        return [results[rank] for rank in self.output_ranks()]
+
+    def update(self, method: str, experience: Experience, plan: Sequence[np.ndarray], fields: Sequence[str],
+               *extra) -> Any:
+        """One optimizer step per mini-batch of ``plan`` (row indices): each DP rank gets its share and the
+        mini-batch's valid-token count. Returns the first output rank's answer (metrics are reduced
+        across DP inside the engine)."""
+        import ray
+
+        per_dp: List[List[MiniBatch]] = [[] for _ in range(self.dp_size)]
+        for rows in plan:
+            normaliser = float(experience.response_mask[rows].sum())
+            for dp, part in enumerate(np.array_split(np.asarray(rows), self.dp_size)):
+                per_dp[dp].append(MiniBatch(experience.select(part, fields), normaliser))
+        shares = [ray.put(batches) for batches in per_dp]
+        results = self.call(method, per_rank=[(shares[lay.dp_rank],) + extra for lay in self.layouts])
+        return results[self.output_ranks()[0]]
+
+    def describe_engines(self) -> str:
+        return ", ".join(f"engine {e}: ranks {ranks}" for e, ranks in enumerate(self.engines()))

@@ -1,0 +1,147 @@
+"""Typed experience and the worker group's dispatch: prompts by engine, rows by train DP, mini-batches
+with their global token count; a broken dispatch contract is refused."""
+import numpy as np
+import pytest
+import torch
+
+from mindspeed_rl.protocol import (Experience, MiniBatch, RankLayout, RolloutOutput, RolloutResult,
+                                   build_experience)
+from mindspeed_rl.workers.worker_group import DispatchError, WorkerGroup
+
+
+def outputs_for(prompts, n):
+    return [RolloutOutput(p, [10 + p, 20 + k][: 1 + (p + k) % 2], [-0.5, -0.25][: 1 + (p + k) % 2], "stop")
+            for p in range(len(prompts)) for k in range(n)]
+
+
+def test_build_experience_layout_and_field_shapes():
+    prompts = [[1, 2, 3], [4], [5, 6]]
+    arrived = sorted(outputs_for(prompts, 2), key=lambda o: -o.prompt_index)  # engines answer in any order
+    exp = build_experience(prompts, arrived, 2, pad_id=0, labels=["a", "b", "c"])
+    assert exp.num_rows == 6 and exp.prompt_width == 3 and exp.response_width == 2
+    assert exp.group.tolist() == [0, 0, 1, 1, 2, 2] and exp.labels == ["a", "a", "b", "b", "c", "c"]
+    assert exp.input_ids[3].tolist() == [0, 0, 4, 11, 0]          # left-padded prompt | right-padded response
+    assert exp.attention_mask[3].tolist() == [0, 0, 1, 1, 0]
+    assert exp.response_mask.sum(1).tolist() == [1, 2, 2, 1, 1, 2]
+    with pytest.raises(ValueError, match=r"values: shape \(6, 3\), expected \(6, 2\)"):
+        exp.set("values", torch.zeros(6, 3))
+    with pytest.raises(KeyError, match="no field 'value'"):
+        exp.set("value", torch.zeros(6, 2))
+    with pytest.raises(RuntimeError, match="prompt 1: 1 responses, expected 2"):
+        build_experience(prompts, outputs_for(prompts, 2)[:2] + outputs_for(prompts, 2)[3:], 2, 0)
+
+
+def test_select_split_cat_round_trip():
+    prompts = [[1, 2], [3], [4, 5], [6]]
+    exp = build_experience(prompts, outputs_for(prompts, 2), 2, pad_id=0, labels=list("wxyz"))
+    exp.set("advantages", torch.arange(16, dtype=torch.float32).view(8, 2))
+    parts = exp.split(4)
+    assert [p.num_rows for p in parts] == [2, 2, 2, 2] and parts[1].labels == ["x", "x"]
+    back = Experience.cat(parts)
+    for name in exp.present():
+        assert torch.equal(getattr(back, name), getattr(exp, name)), name
+    only = exp.select([5, 1], ["advantages"])
+    assert only.present() == ["input_ids", "attention_mask", "response_mask", "advantages"]
+    assert only.advantages[:, 0].tolist() == [10.0, 2.0]
+    with pytest.raises(ValueError, match="do not split over 3"):
+        exp.split(3)
+
+
+class FakeHandle:
+    """A Ray actor handle stand-in: ``handle.method.remote(*args)`` runs ``method`` at once."""
+
+    def __init__(self, worker):
+        self.worker = worker
+
+    def __getattr__(self, name):
+        method = getattr(self.worker, name)
+        return type("Remote", (), {"remote": staticmethod(method)})
+
+
+class FakeActorRank:
+    """Records what it received; its engine samples deterministic responses (seed in the first token)."""
+
+    def __init__(self, layout, tamper=False):
+        self.lay, self.tamper, self.received = layout, tamper, []
+
+    def generate(self, prompts, n, seed):
+        self.received.append((prompts, n, seed))
+        outs = [RolloutOutput(i // n, [seed + i], [-1.0], "stop") for i in range(len(prompts) * n)]
+        digest = repr((prompts, n, seed + (1 if self.tamper else 0)))
+        return RolloutResult(self.lay.rank, self.lay.engine, digest, outs if self.lay.engine_rank == 0 else None)
+
+    def forward(self, rows, tag):
+        self.received.append(rows)
+        return {"rows": rows.input_ids[:, 0].tolist(), "tag": tag} if self.lay.output else {"rows": None}
+
+    def update(self, mini_batches, coef):
+        self.received.append(mini_batches)
+        return {"coef": coef}
+
+
+def group_of(world, tp, engine_size, tamper_rank=None):
+    """Ranks laid out as megatron does (TP fastest, then DP) with vLLM's contiguous engine blocks."""
+    layouts, ranks = [], []
+    for rank in range(world):
+        lay = RankLayout(rank=rank, dp_rank=rank // tp, dp_size=world // tp, tp_rank=rank % tp, pp_rank=0,
+                         output=rank % tp == 0, engine=rank // engine_size, engine_rank=rank % engine_size,
+                         engine_size=engine_size)
+        layouts.append(lay)
+        ranks.append(FakeActorRank(lay, tamper=rank == tamper_rank))
+    return WorkerGroup("actor", [FakeHandle(r) for r in ranks], layouts), ranks
+
+
+@pytest.fixture(autouse=True)
+def no_ray(monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "get", lambda refs: refs)
+    monkeypatch.setattr(ray, "put", lambda value: value)
+
+
+@pytest.mark.parametrize("world,tp,engine_size", [(4, 2, 2), (4, 2, 1), (2, 1, 2), (8, 8, 8), (4, 1, 4)])
+def test_generate_gives_every_rank_of_an_engine_the_same_prompts(world, tp, engine_size):
+    group, ranks = group_of(world, tp, engine_size)
+    prompts = [[p, p + 1] for p in range(6)]
+    engines = group.engines()
+    assert engines == [list(range(e, e + engine_size)) for e in range(0, world, engine_size)]
+    got = group.generate(prompts, 2, 100)
+    for members in engines:                       # identical requests inside an engine
+        assert all(ranks[r].received == ranks[members[0]].received for r in members)
+    seen = [p for members in engines for p in ranks[members[0]].received[0][0]]
+    assert seen == prompts                        # every prompt once, engines in order
+    # global prompt indices, and sample j of the iteration seeded 100 + j whatever the engine count
+    by_prompt = sorted((o.prompt_index, o.response_ids[0]) for o in got.outputs)
+    assert by_prompt == [(j // 2, 100 + j) for j in range(12)]
+
+
+def test_generate_refuses_ranks_of_one_engine_that_disagree():
+    group, _ = group_of(4, 2, 2, tamper_rank=3)
+    with pytest.raises(DispatchError, match=r"engine 1: ranks \[2, 3\] received different requests"):
+        group.generate([[1], [2], [3], [4]], 1, 0)
+
+
+def test_forward_splits_rows_by_train_dp_and_gathers_from_output_ranks():
+    group, ranks = group_of(4, 2, 2)             # TP 2 x DP 2
+    prompts = [[p + 1] for p in range(4)]
+    exp = build_experience(prompts, outputs_for(prompts, 2), 2, pad_id=0)
+    results = group.forward("forward", exp, ("input_ids", "attention_mask", "response_mask"), "ref")
+    assert [r["rows"] for r in results] == [[1, 1, 2, 2], [3, 3, 4, 4]] and results[0]["tag"] == "ref"
+    assert torch.equal(ranks[0].received[0].input_ids, ranks[1].received[0].input_ids)   # one DP group
+    assert not torch.equal(ranks[0].received[0].input_ids, ranks[2].received[0].input_ids)
+
+
+def test_update_sends_each_dp_rank_its_share_with_the_whole_mini_batch_token_count():
+    group, ranks = group_of(4, 2, 2)
+    prompts = [[p + 1] for p in range(4)]
+    exp = build_experience(prompts, outputs_for(prompts, 2), 2, pad_id=0)
+    exp.set("advantages", torch.ones(8, exp.response_width))
+    plan = [np.array([7, 0, 3, 4]), np.array([1, 2, 5, 6])]
+    assert group.update("update", exp, plan, ["advantages"], 0.5) == {"coef": 0.5}
+    first_dp, second_dp = ranks[0].received[0], ranks[2].received[0]
+    assert all(isinstance(mb, MiniBatch) for mb in first_dp)
+    for step, rows in enumerate(plan):
+        assert first_dp[step].normaliser == second_dp[step].normaliser == float(exp.response_mask[rows].sum())
+        got = torch.cat([first_dp[step].rows.input_ids, second_dp[step].rows.input_ids])
+        assert torch.equal(got, exp.input_ids[rows])
+    assert first_dp[0].rows.advantages is not None and first_dp[0].rows.old_log_probs is None
