@@ -202,3 +202,53 @@ def run_reward_worker(rank, world, spec, workdir, port):
     out = worker.compute_scores(dict(batch, prompt_width=torch.tensor(3)))
     torch.save(out["scores"], os.path.join(workdir, "rm_scores.pt"))
     worker.shutdown()
+
+
+RESHARD_CASES = [dict(name="tp2_to_itp1", tp=2, pp=1, itp=1), dict(name="tp2_to_itp2", tp=2, pp=1, itp=2),
+                 dict(name="tp1_to_itp2", tp=1, pp=1, itp=2), dict(name="tp2pp2_to_itp2", tp=2, pp=2, itp=2)]
+
+
+def run_reshard_relations(rank, world, spec, workdir, port):
+    """For each (train TP x PP, infer TP) case in one world: the actor's shards streamed into dummy-weight
+    engines (one per infer-TP block of ranks), greedy ids; then a fresh engine of the same infer TP
+    loaded from the HF folder, greedy ids. Saves {case: (updated, fresh)} per rank."""
+    from megatron.core import parallel_state as ps
+    from vllm import LLM, SamplingParams
+
+    from mindspeed_rl.checkpoint.sharding import shard_state_dict
+    from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.rollout.factory import make_rollout_engine
+    from mindspeed_rl.rollout.resharding import iter_full_weights
+    from mindspeed_rl.rollout.vllm_engine import stop_llm
+    from tests.helpers import tiny_model_config, tiny_role
+
+    dist = start_rank(rank, world, port)
+    model = tiny_model_config(num_layers=4, hidden_size=128, ffn_hidden_size=256, padded_vocab_size=512)
+    full = torch.load(os.path.join(workdir, "actor_full.pt"), weights_only=True)
+    prompts = torch.load(os.path.join(workdir, "prompts.pt"))
+    results, fresh = {}, {}
+    for case in RESHARD_CASES:
+        tp, pp, itp = case["tp"], case["pp"], case["itp"]
+        ps.destroy_model_parallel()
+        dist.init_model_parallel(tp, pp, seed=5)
+        actor = MegatronEngine(tiny_role(tp=tp, pp=pp, num_devices=world, model=model), trainable=False)
+        actor.load_weights(shard_state_dict(full, tp, ps.get_tensor_model_parallel_rank(), [4 // pp] * pp,
+                                            ps.get_pipeline_model_parallel_rank()))
+        gen = GenerateConfig(backend="vllm", dtype="float32", max_model_len=128, max_num_seqs=16,
+                             max_num_batched_tokens=1024, gpu_memory_utilization=0.005, infer_tensor_parallel_size=itp)
+        engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
+        engine.update_weights(iter_full_weights(actor))
+        updated = [o.response_ids for o in engine.generate(prompts, SamplingConfig(temperature=0, max_tokens=10))]
+        engine.shutdown()
+        if itp not in fresh:  # one fresh engine per infer TP serves every case with that TP
+            llm = LLM(model=os.path.join(workdir, "hf"), skip_tokenizer_init=True, enforce_eager=True,
+                      dtype="float32", max_model_len=128, kv_cache_memory_bytes=32 * 2**20, seed=1,
+                      tensor_parallel_size=itp, distributed_executor_backend="external_launcher")
+            outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                                SamplingParams(temperature=0, max_tokens=10, detokenize=False), use_tqdm=False)
+            stop_llm(llm)
+            fresh[itp] = [list(o.outputs[0].token_ids) for o in outs]
+        results[case["name"]] = (updated, fresh[itp])
+    torch.save(results, os.path.join(workdir, f"reshard_rank{rank}.pt"))
+    dist.destroy()

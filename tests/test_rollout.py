@@ -70,6 +70,24 @@ def test_rollout_logprobs_equal_the_megatron_actor(tmp_path, layout):
     assert result["stats"]["tensors"] == 3 + 4 * 12  # embedding, norm, head + 12 HF tensors per layer
 
 
+@pytest.mark.slow
+def test_resharding_relations_give_each_engine_the_weights_of_a_fresh_engine(tmp_path):
+    """Train TP 2 -> infer TP 1 (4 engines), TP 2 -> TP 2, TP 1 -> TP 2 and TP 2 x PP 2 -> TP 2 (2 engines
+    each) in one world of 4: every engine rank's greedy ids equal a fresh engine of the same infer TP
+    loaded from the same weights as a HF folder."""
+    model, full = random_full_weights(3)
+    torch.save(full, tmp_path / "actor_full.pt")
+    torch.save(PROMPTS, tmp_path / "prompts.pt")
+    write_hf_folder(tmp_path / "hf", model, full)
+    spawn(parallel_worker.run_reshard_relations, 4, {}, tmp_path)
+    for rank in range(4):
+        results = torch.load(tmp_path / f"reshard_rank{rank}.pt")
+        assert set(results) == {c["name"] for c in parallel_worker.RESHARD_CASES}
+        for name, (updated, fresh) in results.items():
+            assert len(updated) == len(PROMPTS) and all(len(ids) == 10 for ids in updated), (rank, name)
+            assert updated == fresh, (rank, name)
+
+
 def test_fallback_engine_greedy_matches_argmax_and_update_is_complete():
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.rollout.factory import make_rollout_engine

@@ -288,7 +288,8 @@ def batch_plan(cfg: PPOConfig) -> str:
     nodes = -(-devices // per_node)
     node_text = f"{nodes} node{'s' if nodes > 1 else ''} x {min(per_node, devices)}"
     gen = cfg.generate
-    infer_dp = devices // gen.infer_tensor_parallel_size
+    itp = gen.infer_tensor_parallel_size
+    infer_dp = devices // itp
     lines = [
         "Batch plan",
         f"  iteration : {gbs} prompts x {n} samples = {samples} responses",
@@ -296,23 +297,52 @@ def batch_plan(cfg: PPOConfig) -> str:
         f" x {cfg.rl.epochs} epoch(s) = {samples // mini * cfg.rl.epochs} optimizer steps per role",
         f"  devices   : {devices} ({node_text}, NPUS_PER_NODE={per_node}), integrated="
         f"{cfg.rl.use_integrated_worker}, throughput world_size={cfg.world_size}",
-        f"  rollout   : infer TP {gen.infer_tensor_parallel_size} x PP {gen.infer_pipeline_parallel_size}, "
-        f"{infer_dp} engine(s), {samples / infer_dp:g} responses each, up to {gen.sampling_config.max_tokens} "
-        f"new tokens",
+        f"  rollout   : infer TP {itp} x PP {gen.infer_pipeline_parallel_size}, "
+        f"{infer_dp} engine(s), {gbs / infer_dp:g} prompts = {samples / infer_dp:g} responses each, up to "
+        f"{gen.sampling_config.max_tokens} new tokens",
+        f"  engines   : {describe_blocks([list(range(e * itp, (e + 1) * itp)) for e in range(infer_dp)], 'engine')}"
+        " (actor ranks; every rank of an engine gets the same prompts)",
     ]
     for role in (cfg.actor, cfg.critic) + ((cfg.reward,) if cfg.reward else ()):
         m = role.megatron
         per_rank = mini // role.dp if role.name != "reward" else samples // role.dp
         micro = per_rank // m.micro_batch_size
-        params = role.model.parameter_count() / 1e9
+        params = readable_count(role.model.parameter_count())
         lines.append(
             f"  {role.name:<10}: {role.num_devices} devices = TP {role.tp} x PP {role.pp} x DP {role.dp}; "
-            f"model {m.model} ({params:.2f}B params); "
+            f"model {m.model} ({params} params); "
             + (f"{per_rank} samples per DP rank per mini-batch = {micro} micro-batch(es) of {m.micro_batch_size}; "
                f"lr {m.lr:g}" if role.name != "reward" else f"{per_rank} samples per DP rank to score"))
+    for role in (cfg.actor, cfg.critic) + ((cfg.reward,) if cfg.reward else ()):
+        lines.append(f"  {role.name + ' DP':<10}: " + describe_blocks(dp_groups(role), "DP")
+                     + f" (ranks of each {role.name} data-parallel group: TP x PP)")
     lines.append(f"  forward   : actor_forward_micro_batch_size {cfg.rl.actor_forward_micro_batch_size}, "
                  f"ref_forward_micro_batch_size {cfg.rl.ref_forward_micro_batch_size}")
     return "\n".join(lines)
+
+
+def readable_count(count: float) -> str:
+    """3.4M, 32.8B: three significant digits and a unit."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.3g}{unit}"
+    return f"{count:g}"
+
+
+def dp_groups(role: RoleConfig) -> List[List[int]]:
+    """Ranks of each data-parallel group in megatron's order (TP fastest, then DP, then PP)."""
+    tp, dp, pp = role.tp, role.dp, role.pp
+    return [sorted(t + tp * d + tp * dp * p for p in range(pp) for t in range(tp)) for d in range(dp)]
+
+
+def describe_blocks(blocks: List[List[int]], name: str, shown: int = 4) -> str:
+    """'engine 0 = [0-7], engine 1 = [8-15], ...' (the first few blocks, then how many more)."""
+    def span(ranks: List[int]) -> str:
+        contiguous = ranks == list(range(ranks[0], ranks[0] + len(ranks)))
+        return f"[{ranks[0]}-{ranks[-1]}]" if contiguous and len(ranks) > 2 else str(ranks)
+
+    text = ", ".join(f"{name} {i} = {span(b)}" for i, b in enumerate(blocks[:shown]))
+    return text + (f", ... ({len(blocks)} in all)" if len(blocks) > shown else "")
 
 
 def to_plain(obj: Any) -> Any:

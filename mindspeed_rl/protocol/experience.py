@@ -222,4 +222,4 @@ def response_part(per_token: torch.Tensor, prompt_width: int, response_width: in
 
 
 __all__ = ["FIELDS", "MODEL_INPUTS", "Experience", "FieldSpec", "MiniBatch", "build_experience", "split_rows",
-           "mini_batch_plan", "response_part", "dataclasses"]
+           "mini_batch_plan", "response_part"]

@@ -148,24 +148,10 @@ class VllmEngine(RolloutEngine):
         self._asleep = True
 
     def shutdown(self) -> None:
-        """Stop the engine but keep the training world: vLLM's clean-up destroys the default
-        process group, which in-process vLLM shares with the actor."""
         import shutil
 
-        import torch.distributed as dist
-
         if getattr(self, "llm", None) is not None:
-            original = dist.destroy_process_group
-
-            def destroy_subgroups_only(group=None):
-                if group is not None and group is not dist.GroupMember.WORLD:
-                    original(group)
-
-            dist.destroy_process_group = destroy_subgroups_only
-            try:
-                self.llm.llm_engine.engine_core.shutdown()
-            finally:
-                dist.destroy_process_group = original
+            stop_llm(self.llm)
             self.llm = None
         shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -173,3 +159,21 @@ class VllmEngine(RolloutEngine):
         if self._asleep:
             self.llm.wake_up()
             self._asleep = False
+
+
+def stop_llm(llm) -> None:
+    """Stop an in-process engine but keep the training world: vLLM's clean-up destroys the default
+    process group, which in-process vLLM shares with the actor."""
+    import torch.distributed as dist
+
+    original = dist.destroy_process_group
+
+    def destroy_subgroups_only(group=None):
+        if group is not None and group is not dist.GroupMember.WORLD:
+            original(group)
+
+    dist.destroy_process_group = destroy_subgroups_only
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    finally:
+        dist.destroy_process_group = original
