@@ -215,6 +215,7 @@ def run_reshard_relations(rank, world, spec, workdir, port):
     from megatron.core import parallel_state as ps
     from vllm import LLM, SamplingParams
 
+    from mindspeed_rl.accelerator import get_accelerator
     from mindspeed_rl.checkpoint.sharding import shard_state_dict
     from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
     from mindspeed_rl.models.engine import MegatronEngine
@@ -242,6 +243,7 @@ def run_reshard_relations(rank, world, spec, workdir, port):
         updated = [o.response_ids for o in engine.generate(prompts, SamplingConfig(temperature=0, max_tokens=10))]
         engine.shutdown()
         if itp not in fresh:  # one fresh engine per infer TP serves every case with that TP
+            get_accelerator().prepare_vllm()
             llm = LLM(model=os.path.join(workdir, "hf"), skip_tokenizer_init=True, enforce_eager=True,
                       dtype="float32", max_model_len=128, kv_cache_memory_bytes=32 * 2**20, seed=1,
                       tensor_parallel_size=itp, distributed_executor_backend="external_launcher")

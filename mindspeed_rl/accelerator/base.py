@@ -39,6 +39,9 @@ class Accelerator:
     def prepare_vllm(self) -> None:
         """Device-specific adjustments to vLLM before an in-process engine starts (none by default)."""
 
+    def release_vllm(self) -> None:
+        """Device-specific clean-up after an in-process engine stopped (none by default)."""
+
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 

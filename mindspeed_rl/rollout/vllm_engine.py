@@ -172,8 +172,11 @@ def stop_llm(llm) -> None:
         if group is not None and group is not dist.GroupMember.WORLD:
             original(group)
 
+    from ..accelerator import get_accelerator
+
     dist.destroy_process_group = destroy_subgroups_only
     try:
         llm.llm_engine.engine_core.shutdown()
     finally:
         dist.destroy_process_group = original
+        get_accelerator().release_vllm()
