@@ -199,7 +199,11 @@ def run_reward_worker(rank, world, spec, workdir, port):
     worker = RewardWorker(rank, world, "127.0.0.1", port, role, RLConfig(ref_forward_micro_batch_size=2), threads=1)
     worker.init_weights(os.path.join(workdir, "rm_mg"))
     batch = torch.load(os.path.join(workdir, "batch.pt"))
-    out = worker.compute_scores(dict(batch, prompt_width=torch.tensor(3)))
+    from mindspeed_rl.protocol import Experience
+
+    rows = Experience(prompt_width=3, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                      response_mask=batch["attention_mask"][:, 3:])
+    out = worker.compute_scores(rows)
     torch.save(out["scores"], os.path.join(workdir, "rm_scores.pt"))
     worker.shutdown()
 

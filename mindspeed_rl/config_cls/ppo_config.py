@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from .base import ConfigError, build_section, closest_key, load_yaml
 from .generate_config import GenerateConfig
+from .layout import describe_blocks, dp_groups, engine_blocks, layout_diagram
 from .megatron_config import MegatronConfig
 from .model_config import ModelConfig
 from .rl_config import RLConfig
@@ -300,7 +301,7 @@ def batch_plan(cfg: PPOConfig) -> str:
         f"  rollout   : infer TP {itp} x PP {gen.infer_pipeline_parallel_size}, "
         f"{infer_dp} engine(s), {gbs / infer_dp:g} prompts = {samples / infer_dp:g} responses each, up to "
         f"{gen.sampling_config.max_tokens} new tokens",
-        f"  engines   : {describe_blocks([list(range(e * itp, (e + 1) * itp)) for e in range(infer_dp)], 'engine')}"
+        f"  engines   : {describe_blocks(engine_blocks(devices, itp), 'engine')}"
         " (actor ranks; every rank of an engine gets the same prompts)",
     ]
     for role in (cfg.actor, cfg.critic) + ((cfg.reward,) if cfg.reward else ()):
@@ -314,10 +315,14 @@ def batch_plan(cfg: PPOConfig) -> str:
             + (f"{per_rank} samples per DP rank per mini-batch = {micro} micro-batch(es) of {m.micro_batch_size}; "
                f"lr {m.lr:g}" if role.name != "reward" else f"{per_rank} samples per DP rank to score"))
     for role in (cfg.actor, cfg.critic) + ((cfg.reward,) if cfg.reward else ()):
-        lines.append(f"  {role.name + ' DP':<10}: " + describe_blocks(dp_groups(role), "DP")
+        lines.append(f"  {role.name + ' DP':<10}: " + describe_blocks(dp_groups(role.tp, role.dp, role.pp), "DP")
                      + f" (ranks of each {role.name} data-parallel group: TP x PP)")
     lines.append(f"  forward   : actor_forward_micro_batch_size {cfg.rl.actor_forward_micro_batch_size}, "
                  f"ref_forward_micro_batch_size {cfg.rl.ref_forward_micro_batch_size}")
+    co_located = [(r.name, r.tp, r.dp, r.pp) for r in (cfg.actor, cfg.critic) + ((cfg.reward,) if cfg.reward else ())
+                  if r.num_devices == devices]
+    lines.append("  layout (one placement group; roles share the bundles):")
+    lines += ["    " + line for line in layout_diagram(devices, itp, co_located).splitlines()]
     return "\n".join(lines)
 
 
@@ -327,22 +332,6 @@ def readable_count(count: float) -> str:
         if count >= scale:
             return f"{count / scale:.3g}{unit}"
     return f"{count:g}"
-
-
-def dp_groups(role: RoleConfig) -> List[List[int]]:
-    """Ranks of each data-parallel group in megatron's order (TP fastest, then DP, then PP)."""
-    tp, dp, pp = role.tp, role.dp, role.pp
-    return [sorted(t + tp * d + tp * dp * p for p in range(pp) for t in range(tp)) for d in range(dp)]
-
-
-def describe_blocks(blocks: List[List[int]], name: str, shown: int = 4) -> str:
-    """'engine 0 = [0-7], engine 1 = [8-15], ...' (the first few blocks, then how many more)."""
-    def span(ranks: List[int]) -> str:
-        contiguous = ranks == list(range(ranks[0], ranks[0] + len(ranks)))
-        return f"[{ranks[0]}-{ranks[-1]}]" if contiguous and len(ranks) > 2 else str(ranks)
-
-    text = ", ".join(f"{name} {i} = {span(b)}" for i, b in enumerate(blocks[:shown]))
-    return text + (f", ... ({len(blocks)} in all)" if len(blocks) > shown else "")
 
 
 def to_plain(obj: Any) -> Any:

@@ -107,6 +107,7 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     print(f"prompts: {len(dataset)} from {cfg.actor.megatron.data_path} ({dataset.dropped} over max_prompt_length)",
           flush=True)
 
+    started = time.perf_counter()
     acc = get_accelerator()
     env = runtime_env_vars()
     init_ray(env)
@@ -160,6 +161,8 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
         trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
     ref_origin = rl.integrated_mode_config.ref_model_load_path or state.get("ref_from")
     trainer.ref_from = ref_origin or (am.load if am.finetune else None)
+    print(f"workers ready in {time.perf_counter() - started:.1f}s (Ray, placement, models, rollout engines, "
+          "checkpoints)", flush=True)
     if start:
         print(f"resumed at iteration {start} from {am.load} (consumed samples {sampler.consumed_samples})",
               flush=True)
