@@ -190,7 +190,7 @@ def _value_head(reader: HFReader, cfg: ModelConfig, orm: bool, seed: int) -> tor
 def read_mg_config(load_dir: str) -> Tuple[dict, str, int, int]:
     iteration, iter_dir = ml.latest_iteration_dir(load_dir)
     tp, pp = ml.layout_of(iter_dir)
-    first = torch.load(ml.rank_file(iter_dir, 0, 0, pp), map_location="cpu", weights_only=False, mmap=True)
+    first = ml.safe_load(ml.rank_file(iter_dir, 0, 0, pp), mmap=True)
     config = first.get("config")
     if not config or "model" not in config:
         raise ConversionError(f"{load_dir}: the checkpoint stores no model config")
@@ -204,8 +204,7 @@ def iter_mg_stages(load_dir: str) -> Iterator[Tuple[int, Dict[str, torch.Tensor]
     starts = stage_starts(counts)
     swiglu = config["model"].get("swiglu", True)
     for pp_rank in range(pp):
-        shards = [torch.load(ml.rank_file(iter_dir, t, pp_rank, pp), map_location="cpu", weights_only=False,
-                             mmap=True)["model"] for t in range(tp)]
+        shards = [ml.safe_load(ml.rank_file(iter_dir, t, pp_rank, pp), mmap=True)["model"] for t in range(tp)]
         merged = {}
         for name in shards[0]:
             if name.endswith("_extra_state"):
@@ -228,8 +227,7 @@ def iter_mg_pieces(load_dir: str) -> Iterator[Dict[str, torch.Tensor]]:
     swiglu = config["model"].get("swiglu", True)
 
     def merged(pp_rank: int, wanted) -> Dict[str, torch.Tensor]:
-        shards = [torch.load(ml.rank_file(iter_dir, t, pp_rank, pp), map_location="cpu", weights_only=False,
-                             mmap=True)["model"] for t in range(tp)]
+        shards = [ml.safe_load(ml.rank_file(iter_dir, t, pp_rank, pp), mmap=True)["model"] for t in range(tp)]
         out = {}
         for name in shards[0]:
             if name.endswith("_extra_state") or not wanted(name):

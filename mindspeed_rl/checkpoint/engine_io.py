@@ -31,7 +31,8 @@ def rng_state() -> Dict[str, Any]:
     try:
         import numpy as np
 
-        state["numpy"] = np.random.get_state()
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = (name, keys.tolist(), pos, has_gauss, cached)  # plain data: loads with weights_only
     except ImportError:  # pragma: no cover
         pass
     from ..accelerator import get_accelerator

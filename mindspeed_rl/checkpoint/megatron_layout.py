@@ -94,7 +94,7 @@ def load_rank(ckpt_dir: str, tp_rank: int, pp_rank: int, expected: Optional[Tupl
             f"Reshard it: python cli/convert_ckpt.py --load-model-type mg --save-model-type mg "
             f"--load-dir {ckpt_dir} --save-dir {ckpt_dir.rstrip('/')}_tp{expected[0]}pp{expected[1]} "
             f"--target-tensor-parallel-size {expected[0]} --target-pipeline-parallel-size {expected[1]}")
-    return torch.load(rank_file(iter_dir, tp_rank, pp_rank, pp), map_location="cpu", weights_only=False, mmap=mmap)
+    return safe_load(rank_file(iter_dir, tp_rank, pp_rank, pp), mmap=mmap)
 
 
 def write_extra(ckpt_dir: str, iteration: Union[int, str], tp_rank: int, pp_rank: int, pp: int,
@@ -113,7 +113,36 @@ def load_extra(ckpt_dir: str, tp_rank: int, pp_rank: int, name: str) -> Any:
     path = os.path.join(iter_dir, rank_dir_name(tp_rank, pp_rank, pp), name)
     if not os.path.isfile(path):
         raise CheckpointError(f"{path}: missing (saved with another data-parallel size?)")
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return safe_load(path)
+
+
+def _numpy_array_globals() -> list:
+    """What pickled numpy arrays need (RNG states of checkpoints written before they were saved as lists)."""
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover
+        return []
+    core = getattr(np, "_core", None) or np.core
+    return [core.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype("uint32"))]
+
+
+def safe_load(path: str, mmap: bool = False) -> Any:
+    """torch.load with ``weights_only=True`` (tensors and plain data only; a pickled object that would run
+    code is refused). A truncated or corrupt file, or a refused one, is a CheckpointError naming ``path``."""
+    import pickle
+
+    try:
+        with torch.serialization.safe_globals(_numpy_array_globals()):
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()
+        reason = next((line.strip() for line in first if "Unsupported" in line or "GLOBAL" in line), first[0] if first else "")
+        raise CheckpointError(f"{path}: refused to load: it holds objects other than tensors and plain data "
+                              f"({reason}); only load checkpoints you trust") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: truncated or corrupt ({str(exc).strip().splitlines()[0][:200]})") from None
 
 
 def staging_dir(ckpt_dir: str, iteration: Union[int, str]) -> str:

@@ -7,6 +7,7 @@ torch: a bad config must be refused in well under a second.
 from __future__ import annotations
 
 import dataclasses
+import math
 import difflib
 import types
 import typing
@@ -75,6 +76,8 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
                 continue
         raise ConfigError(key, f"got {value!r}, expected {_type_name(tp)}")
     if dataclasses.is_dataclass(tp):
+        if value is None:
+            raise ConfigError(key, "is null; give the section's keys, or leave the key out to use its defaults")
         return build_section(tp, value, key)
     if origin in (list, tuple):
         (arg,) = typing.get_args(tp)[:1] or (Any,)
@@ -97,6 +100,8 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         raise ConfigError(key, f"got {value!r}, expected an integer")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise ConfigError(key, f"got {value!r}, expected a finite number")
             return float(value)
         raise ConfigError(key, f"got {value!r}, expected a number")
     if tp is str:
@@ -165,5 +170,11 @@ def build_section(cls: type, data: Any, path: str, *, require: bool = True) -> A
 def load_yaml(path: str) -> Any:
     """Read a YAML file the way Hydra does (OmegaConf's loader: '1e-6' is a float)."""
     from omegaconf import OmegaConf
+    from yaml import YAMLError
 
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    try:
+        return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise ConfigError(path, f"is not valid YAML ({getattr(exc, 'problem', None) or exc}{where})") from None

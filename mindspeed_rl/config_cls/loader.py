@@ -59,6 +59,7 @@ def compose(config_name: str, overrides: Sequence[str] = (), config_dir: Optiona
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
+    from yaml import YAMLError
 
     config_dir, name = resolve_config_name(config_name, config_dir)
     parsed = _parse_overrides(overrides)
@@ -71,6 +72,10 @@ def compose(config_name: str, overrides: Sequence[str] = (), config_dir: Optiona
             cfg = hydra_compose(config_name=name, overrides=group_overrides)
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(name, f"cannot compose config: {str(exc).splitlines()[0]}") from None
+    except YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else name
+        raise ConfigError(where, f"is not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
     finally:
         GlobalHydra.instance().clear()
     OmegaConf.set_struct(cfg, False)

@@ -57,7 +57,7 @@ class MegatronConfig:
     stage: str = opt("ray_ppo", "Training stage.", choices=("ray_ppo",))
     seed: int = opt(1234, "Seed of weights init, data order and sampling.", ge=0)
     # optimizer
-    lr: float = opt(1e-6, "Peak learning rate.", gt=0)
+    lr: float = opt(1e-6, "Peak learning rate (above 1 Adam diverges: refused).", gt=0, le=1)
     min_lr: float = opt(0.0, "Floor of the decaying learning rate.", ge=0)
     lr_decay_style: str = opt("constant", "Learning-rate schedule.", choices=("constant", "cosine", "linear"))
     lr_decay_iters: Optional[int] = opt(None, "Iterations of decay (default train_iters).", ge=1)

@@ -110,6 +110,9 @@ def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) 
     base = data.get("megatron_training")
     if not isinstance(base, Mapping):
         raise ConfigError("megatron_training", "required section is missing or not a mapping")
+    for section in ("rl_config", "generate_config", "actor_config", "critic_config"):
+        if section in data and data[section] is None:
+            raise ConfigError(section, "is null; give the section's keys, or leave it out to use its defaults")
     megatron_training = build_section(MegatronConfig, base, "megatron_training", require=False)
     rl = build_section(RLConfig, data.get("rl_config"), "rl_config")
     generate = build_section(GenerateConfig, data.get("generate_config"), "generate_config")
@@ -197,6 +200,10 @@ def check_cross_fields(cfg: PPOConfig) -> None:
         raise ConfigError("generate_config.infer_tensor_parallel_size",
                           f"{itp} does not divide the heads ({cfg.actor.model.num_attention_heads}) and "
                           f"query groups ({cfg.actor.model.kv_heads}) of the actor's model")
+    seq_length = cfg.megatron_training.seq_length
+    if seq_length is not None and rl.max_prompt_length > seq_length:
+        raise ConfigError("rl_config.max_prompt_length",
+                          f"{rl.max_prompt_length} exceeds megatron_training.seq_length {seq_length}")
     needed = rl.max_prompt_length + gen.sampling_config.max_tokens
     if needed > gen.max_model_len:
         raise ConfigError("generate_config.max_model_len",
@@ -206,6 +213,9 @@ def check_cross_fields(cfg: PPOConfig) -> None:
         raise ConfigError("generate_config.max_num_batched_tokens",
                           f"{gen.max_num_batched_tokens} cannot hold one prompt of max_prompt_length "
                           f"{rl.max_prompt_length}")
+    if rl.rule_reward and not rl.verifier_function:
+        raise ConfigError("rl_config.verifier_function", "is empty but rule_reward is true: name at least one "
+                                                         "verifier, or set rule_reward false and give a reward_config")
     if len(rl.verifier_function) != len(rl.verifier_weight):
         raise ConfigError("rl_config.verifier_weight",
                           f"{len(rl.verifier_weight)} weights for {len(rl.verifier_function)} verifier functions "
