@@ -93,6 +93,9 @@ def save_engine(engine, ckpt_dir: str, iteration: int, extra: Optional[Dict[str,
     from ..checkpoint.convert import checkpoint_config
 
     tp_rank, pp_rank, dp_rank, tp, pp = _ranks()
+    if not engine.all_finite():  # every rank agrees: nothing is written, the previous checkpoint stays the latest
+        raise ml.CheckpointError(f"{ckpt_dir}: iteration {iteration} not saved: the {engine.role.name}'s weights "
+                                 "hold NaN or Inf")
     world_rank = dist.get_rank()
     if world_rank == 0:
         ml.begin_save(ckpt_dir, iteration)

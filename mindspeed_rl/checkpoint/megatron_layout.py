@@ -52,6 +52,14 @@ def read_tracker(ckpt_dir: str) -> Optional[Union[int, str]]:
         raise CheckpointError(f"{path}: expected 'release' or an iteration number, found {text!r}") from None
 
 
+def read_tracker_or_none(ckpt_dir: str) -> Optional[Union[int, str]]:
+    """Like read_tracker, but a tracker that cannot be read counts as present (preflight then names it)."""
+    try:
+        return read_tracker(ckpt_dir)
+    except CheckpointError:
+        return "unreadable"
+
+
 def latest_iteration_dir(ckpt_dir: str) -> Tuple[Union[int, str], str]:
     iteration = read_tracker(ckpt_dir)
     if iteration is None:

@@ -45,6 +45,9 @@ class RLConfig:
     actor_forward_micro_batch_size: int = opt(1, "Samples per no-grad actor forward (old log-probs).", ge=1)
     ref_forward_micro_batch_size: int = opt(1, "Samples per reference forward.", ge=1)
     max_prompt_length: int = opt(2048, "Prompts longer than this (tokens) are dropped at load.", ge=1)
+    max_nonfinite_steps: int = opt(3, "Consecutive optimizer steps of one role skipped for a NaN/Inf loss or "
+                                      "gradient after which the run stops with exit code 3 (each skipped step "
+                                      "is counted in <role>/skipped_steps).", ge=1)
     # advantages and KL
     adv_estimator: str = opt("gae", "Advantage estimator.", choices=("gae", "group_norm"))
     gamma: float = opt(1.0, "Discount.", ge=0, le=1)

@@ -14,6 +14,32 @@ class DatasetMissing(FileNotFoundError):
     """The preprocessed files named by data_path are not there."""
 
 
+def open_indexed(prefix: str):
+    """An IndexedDataset whose .idx parses and whose .bin holds every byte the index points at."""
+    import sys
+
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    problem = None
+    hook, sys.unraisablehook = sys.unraisablehook, lambda _: None  # a half-built dataset's __del__ complains
+    try:
+        dataset = IndexedDataset(prefix, mmap=True)
+    except Exception as exc:  # noqa: BLE001 - a damaged index fails in struct/numpy/assert in many ways
+        problem = f"{type(exc).__name__}: {exc}"
+    finally:
+        sys.unraisablehook = hook
+    if problem is not None:
+        raise DatasetMissing(f"{prefix}.idx is truncated or corrupt ({problem}); rerun cli/preprocess_data.py")
+    index = dataset.index
+    if len(index.sequence_lengths):
+        needed = int(index.sequence_pointers[-1]) + int(index.sequence_lengths[-1]) * index.dtype_size
+        have = os.path.getsize(prefix + ".bin")
+        if have < needed:
+            raise DatasetMissing(f"{prefix}.bin is truncated ({have} bytes; its index needs {needed}); "
+                                 "rerun cli/preprocess_data.py")
+    return dataset
+
+
 class PromptDataset:
     """Prompt token ids and text fields (labels, ...) of one preprocessed dataset.
 
@@ -22,8 +48,6 @@ class PromptDataset:
 
     def __init__(self, output_prefix: str, additional_keys: Sequence[str] = ("labels",),
                  max_prompt_length: Optional[int] = None):
-        from megatron.core.datasets.indexed_dataset import IndexedDataset
-
         self.prefix = output_prefix
         fields = {"input_ids": field_prefix(output_prefix, "input_ids")}
         fields.update({k: field_prefix(output_prefix, k) for k in additional_keys})
@@ -31,7 +55,7 @@ class PromptDataset:
             if not os.path.isfile(prefix + ".bin") or not os.path.isfile(prefix + ".idx"):
                 raise DatasetMissing(f"data_path {output_prefix}: {prefix}.bin/.idx not found "
                                      f"(run cli/preprocess_data.py to make them)")
-        self.fields = {name: IndexedDataset(prefix, mmap=True) for name, prefix in fields.items()}
+        self.fields = {name: open_indexed(prefix) for name, prefix in fields.items()}
         lengths = np.asarray(self.fields["input_ids"].sequence_lengths)
         keep = np.ones(len(lengths), dtype=bool) if max_prompt_length is None else lengths <= max_prompt_length
         self.indices = np.nonzero(keep & (lengths > 0))[0]

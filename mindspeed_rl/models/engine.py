@@ -11,6 +11,8 @@ shares)/d(theta).
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
@@ -57,6 +59,7 @@ class StepResult:
     lr: float
     update_successful: bool
     metrics: Dict[str, float]
+    skipped: bool = False  # a non-finite loss or gradient: no optimizer step was taken
 
 
 class MegatronEngine:
@@ -72,6 +75,7 @@ class MegatronEngine:
         if head not in ("lm", "value"):
             raise ValueError(f"head must be 'lm' or 'value', got {head!r}")
         self.role, self.head, self.trainable = role, head, trainable
+        self.nonfinite_streak = 0  # consecutive optimizer steps skipped for a non-finite loss or gradient
         self.megatron = role.megatron
         self.acc = get_accelerator()
         self.device = self.acc.current_device()
@@ -192,12 +196,36 @@ class MegatronEngine:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         stores = self._run(batch, micro_batch_size, loss_fn, False, temperature, True)
+        if not self.all_finite(stores):
+            for chunk in self.model:  # skip the step: the weights, optimizer state and lr stay as they were
+                chunk.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            self.nonfinite_streak += 1
+            metrics = self._reduce_metrics(stores)
+            return StepResult(loss=metrics.pop("loss", float("nan")), grad_norm=float("nan"), lr=self.current_lr(),
+                              update_successful=False, metrics=metrics, skipped=True)
+        self.nonfinite_streak = 0
         update_successful, grad_norm, _ = self.optimizer.step()
         if update_successful:
             self.scheduler.step(increment=1)
         metrics = self._reduce_metrics(stores)
         return StepResult(loss=metrics.pop("loss", 0.0), grad_norm=float(grad_norm or 0.0),
                           lr=self.current_lr(), update_successful=bool(update_successful), metrics=metrics)
+
+    def all_finite(self, stores: Optional[List[Dict]] = None) -> bool:
+        """Whether this step's losses and gradients (or, without ``stores``, the weights) are finite on every
+        rank of the role's world."""
+        finite = True
+        if stores is not None:
+            finite = all(math.isfinite(float(s["loss"])) for s in stores if "loss" in s)
+            for chunk in self.model:  # megatron DDP's gradient buffers (after the DP reduction)
+                for buffer in getattr(chunk, "buffers", []) + getattr(chunk, "expert_parallel_buffers", []):
+                    finite = finite and bool(torch.isfinite(buffer.grad_data).all())
+        else:
+            finite = all(bool(torch.isfinite(t).all()) for _, t in self.named_weights() if t.is_floating_point())
+        flag = torch.tensor([0.0 if finite else 1.0], device=self._comm_device())
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return flag.item() == 0.0
 
     def current_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer else 0.0

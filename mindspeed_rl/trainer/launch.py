@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import re
+import sys
 import time
 from typing import Dict, List
 
@@ -33,6 +35,11 @@ def init_ray(env: Dict[str, str]) -> None:
         ray.init(address=address, **kwargs)
     else:
         ray.init(num_cpus=os.cpu_count(), **kwargs)
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)  # after ray.init, which installs its own (abort)
 
 
 def load_tokenizer(path: str):
@@ -76,10 +83,75 @@ def existing_checkpoint(megatron) -> "str | None":
     return megatron.load
 
 
+EXIT_NONFINITE, EXIT_WORKER_DIED, EXIT_TERMINATED = 3, 4, 143
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: stop like Ctrl-C (workers shut down, Ray stopped, the last checkpoint left as it is)."""
+
+
+class WorkerDied(RuntimeError):
+    """A Ray worker process died; the message says which, the last checkpoint and how to resume."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
 def run(cfg: PPOConfig) -> int:
-    """Train; returns the process exit code."""
-    history = train(cfg)
-    return 0 if history else 1
+    """Train; returns the process exit code (docs/operations.md, "When things go wrong")."""
+    import signal
+
+    import ray
+
+    from .ppo_trainer import NonFiniteStop
+
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        history = train(cfg)
+        return 0 if history else 1
+    except NonFiniteStop as exc:
+        print(f"stopped: {exc}. {last_checkpoint_text(cfg)}", file=sys.stderr, flush=True)
+        return EXIT_NONFINITE
+    except WorkerDied as exc:
+        print(f"stopped: {exc}", file=sys.stderr, flush=True)
+        return EXIT_WORKER_DIED
+    except Terminated:
+        print(f"stopped by SIGTERM: workers shut down. {last_checkpoint_text(cfg)}", file=sys.stderr, flush=True)
+        return EXIT_TERMINATED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        ray.shutdown()
+
+
+def last_checkpoint_text(cfg: PPOConfig) -> str:
+    """Where the last good checkpoint is and the overrides that resume from it."""
+    from ..checkpoint.megatron_layout import read_tracker_or_none
+
+    am, cm = cfg.actor.megatron, cfg.critic.megatron
+    iteration = read_tracker_or_none(am.save) if am.save else None
+    if iteration is None:
+        return "No checkpoint was saved yet (megatron_training.save_interval sets how often)."
+    resume = f"actor_config.finetune=false actor_config.load={am.save}"
+    if cfg.rl.adv_estimator == "gae" and cm.save:
+        resume += f" critic_config.finetune=false critic_config.load={cm.save}"
+    return f"Last good checkpoint: {am.save} (iteration {iteration}). Resume by adding: {resume}"
+
+
+def describe_dead_worker(exc, groups, cfg: PPOConfig) -> str:
+    """One paragraph: which role and rank died, why (first line), the last checkpoint, how to resume."""
+    dead = getattr(exc, "actor_id", None)
+    who = "a worker"
+    for group in groups:
+        for rank, handle in enumerate(group.handles):
+            if dead is not None and handle._actor_id.hex() == str(dead):
+                who = f"the {group.name} worker of rank {rank}"
+    text = str(exc)
+    named = re.search(r"ray::(actor|critic|reward)_(\d+)_\d+:", text)  # spawn_group's actor names
+    if who == "a worker" and named:
+        who = f"the {named.group(1)} worker of rank {named.group(2)}"
+    cause = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    return f"{who} died ({cause[:300]}). {last_checkpoint_text(cfg)}"
 
 
 def train(cfg: PPOConfig) -> List[Dict[str, float]]:
@@ -108,6 +180,9 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
           flush=True)
 
     started = time.perf_counter()
+    from .preflight import preflight
+
+    preflight(cfg, uses_critic=rl.adv_estimator == "gae")
     acc = get_accelerator()
     env = runtime_env_vars()
     init_ray(env)
@@ -117,64 +192,71 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     print(describe_placement(pg), flush=True)
     samples = cfg.samples_per_iteration
     steps = mt.train_iters * (samples // rl.mini_batch_size) * rl.epochs
-    groups = 1 + (rl.adv_estimator == "gae") + (cfg.reward is not None)
-    share = 1.0 / groups  # the groups share each bundle (integrated mode)
-    fraction = cpus_per_bundle * share if acc.kind == "cpu" else share
-    actor = spawn_group("actor", IntegratedActorWorker, acc, pg, devices, fraction,
-                        lambda rank, addr, port: dict(rank=rank, world_size=devices, master_addr=addr,
-                                                      master_port=port, role=cfg.actor, rl=rl, gen=gen,
-                                                      total_steps=steps, eos_token_id=tokenizer.eos_token_id,
-                                                      pad_token_id=tokenizer.pad_token_id or 0,
-                                                      threads=threads), env)
-    print(f"rollout engines: {actor.describe_engines()}", flush=True)
-    critic = None
-    if rl.adv_estimator == "gae":
-        critic = spawn_group("critic", CriticWorker, acc, pg, cfg.critic.num_devices, fraction,
-                             lambda rank, addr, port: dict(rank=rank, world_size=cfg.critic.num_devices,
-                                                           master_addr=addr, master_port=port, role=cfg.critic,
-                                                           rl=rl, total_steps=steps, threads=threads,
-                                                           offload_when_idle=acc.kind != "cpu"), env)
-    reward = None
-    if cfg.reward is not None:
-        reward = spawn_group("reward", RewardWorker, acc, pg, cfg.reward.num_devices, fraction,
-                             lambda rank, addr, port: dict(rank=rank, world_size=cfg.reward.num_devices,
-                                                           master_addr=addr, master_port=port, role=cfg.reward,
-                                                           rl=rl, threads=threads), env)
-        reward.call("init_weights", cfg.reward.megatron.load)
-    am, cm = cfg.actor.megatron, cfg.critic.megatron
-    actor_load, critic_load = existing_checkpoint(am), existing_checkpoint(cm)
-    resumed = actor.call("init_weights", actor_load, am.finetune, not am.no_load_optim, not am.no_load_rng,
-                         rl.integrated_mode_config.ref_model_load_path)[0]
-    if critic is not None:
-        critic.call("init_weights", critic_load, cm.finetune, not cm.no_load_optim, not cm.no_load_rng)
-    start = int(resumed.get("iteration", 0)) if not am.finetune and actor_load else 0
-    state = resumed.get("trainer_state") or {}
-    sampler = PromptSampler(len(dataset), mt.global_batch_size, mt.seed, shuffle=not mt.no_shuffle,
-                            consumed_samples=int(state.get("consumed_samples", 0)))
-    runner = RuleRewardRunner(rl.verifier_function, rl.verifier_weight, rl.verifier_timeout) if rl.rule_reward else None
-    from ..config_cls.ppo_config import to_plain
-
-    logger = MetricsLogger(run_dir, mt.train_iters, rl,
-                           {"rl_config": to_plain(rl), "actor": to_plain(cfg.actor.megatron)})
-    trainer = PPOTrainer(cfg, actor, critic, runner, dataset, sampler, tokenizer, logger, start, reward)
-    if "kl_ctrl" in state:
-        trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
-    ref_origin = rl.integrated_mode_config.ref_model_load_path or state.get("ref_from")
-    trainer.ref_from = ref_origin or (am.load if am.finetune else None)
-    print(f"workers ready in {time.perf_counter() - started:.1f}s (Ray, placement, models, rollout engines, "
-          "checkpoints)", flush=True)
-    if start:
-        print(f"resumed at iteration {start} from {am.load} (consumed samples {sampler.consumed_samples})",
-              flush=True)
+    shared = 1 + (rl.adv_estimator == "gae") + (cfg.reward is not None)
+    fraction = cpus_per_bundle / shared if acc.kind == "cpu" else 1.0 / shared  # roles share each bundle
+    workers: List = []  # groups started so far, for the clean-up
+    runner = logger = None
     try:
+        actor = spawn_group("actor", IntegratedActorWorker, acc, pg, devices, fraction,
+                            lambda rank, addr, port: dict(rank=rank, world_size=devices, master_addr=addr,
+                                                          master_port=port, role=cfg.actor, rl=rl, gen=gen,
+                                                          total_steps=steps, eos_token_id=tokenizer.eos_token_id,
+                                                          pad_token_id=tokenizer.pad_token_id or 0,
+                                                          threads=threads), env, workers)
+        print(f"rollout engines: {actor.describe_engines()}", flush=True)
+        critic = None
+        if rl.adv_estimator == "gae":
+            critic = spawn_group("critic", CriticWorker, acc, pg, cfg.critic.num_devices, fraction,
+                                 lambda rank, addr, port: dict(rank=rank, world_size=cfg.critic.num_devices,
+                                                               master_addr=addr, master_port=port, role=cfg.critic,
+                                                               rl=rl, total_steps=steps, threads=threads,
+                                                               offload_when_idle=acc.kind != "cpu"), env, workers)
+        reward = None
+        if cfg.reward is not None:
+            reward = spawn_group("reward", RewardWorker, acc, pg, cfg.reward.num_devices, fraction,
+                                 lambda rank, addr, port: dict(rank=rank, world_size=cfg.reward.num_devices,
+                                                               master_addr=addr, master_port=port, role=cfg.reward,
+                                                               rl=rl, threads=threads), env, workers)
+            reward.call("init_weights", cfg.reward.megatron.load)
+        am, cm = cfg.actor.megatron, cfg.critic.megatron
+        actor_load, critic_load = existing_checkpoint(am), existing_checkpoint(cm)
+        resumed = actor.call("init_weights", actor_load, am.finetune, not am.no_load_optim, not am.no_load_rng,
+                             rl.integrated_mode_config.ref_model_load_path)[0]
+        if critic is not None:
+            critic.call("init_weights", critic_load, cm.finetune, not cm.no_load_optim, not cm.no_load_rng)
+        start = int(resumed.get("iteration", 0)) if not am.finetune and actor_load else 0
+        state = resumed.get("trainer_state") or {}
+        sampler = PromptSampler(len(dataset), mt.global_batch_size, mt.seed, shuffle=not mt.no_shuffle,
+                                consumed_samples=int(state.get("consumed_samples", 0)))
+        if rl.rule_reward:
+            runner = RuleRewardRunner(rl.verifier_function, rl.verifier_weight, rl.verifier_timeout)
+        from ..config_cls.ppo_config import to_plain
+
+        logger = MetricsLogger(run_dir, mt.train_iters, rl,
+                               {"rl_config": to_plain(rl), "actor": to_plain(cfg.actor.megatron)})
+        trainer = PPOTrainer(cfg, actor, critic, runner, dataset, sampler, tokenizer, logger, start, reward)
+        if "kl_ctrl" in state:
+            trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        ref_origin = rl.integrated_mode_config.ref_model_load_path or state.get("ref_from")
+        trainer.ref_from = ref_origin or (am.load if am.finetune else None)
+        print(f"workers ready in {time.perf_counter() - started:.1f}s (Ray, placement, models, rollout engines, "
+              "checkpoints)", flush=True)
+        if start:
+            print(f"resumed at iteration {start} from {am.load} (consumed samples {sampler.consumed_samples})",
+                  flush=True)
         history = trainer.fit()
+    except ray.exceptions.RayActorError as exc:
+        raise WorkerDied(describe_dead_worker(exc, workers, cfg)) from None
     finally:
         if runner is not None:
             runner.close()
-        logger.close()
-        for group in (actor, critic, reward):
-            if group is not None:
+        if logger is not None:
+            logger.close()
+        for group in workers:
+            try:
                 group.call("shutdown")
+            except ray.exceptions.RayActorError:
+                pass  # already dead: reported above
         ray.util.remove_placement_group(pg)
     print(f"run directory: {run_dir}", flush=True)
     return history

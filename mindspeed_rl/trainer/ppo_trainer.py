@@ -16,6 +16,10 @@ from .metrics import data_metrics, throughput
 from .prompts import PromptBatch, decode_responses
 
 
+class NonFiniteStop(RuntimeError):
+    """Too many consecutive optimizer steps had a non-finite loss or gradient."""
+
+
 class PPOTrainer:
     def __init__(self, cfg: PPOConfig, actor_group, critic_group, reward_runner, dataset, sampler, tokenizer,
                  logger, start_iteration: int = 0, reward_group=None):
@@ -76,6 +80,12 @@ class PPOTrainer:
         return self.history
 
     def after_iteration(self, metrics: Dict[str, float]) -> None:
+        for role in ("actor", "critic"):
+            streak = int(metrics.get(f"{role}/nonfinite_streak", 0))
+            if streak >= self.rl.max_nonfinite_steps:
+                raise NonFiniteStop(f"the {role}'s last {streak} optimizer steps had a NaN/Inf loss or gradient and "
+                                    f"were skipped (rl_config.max_nonfinite_steps {self.rl.max_nonfinite_steps}); "
+                                    f"iteration {self.iteration} is not saved")
         every = self.cfg.megatron_training.save_interval
         last = self.iteration == self.cfg.megatron_training.train_iters
         if self.iteration % every == 0 or last:

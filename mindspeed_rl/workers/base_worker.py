@@ -61,20 +61,24 @@ class MegatronWorker:
 
 def train_on_mini_batches(engine, mini_batches: List[MiniBatch], make_loss: Callable, micro_batch_size: int,
                           prefix: str, temperature: float = 1.0) -> Dict[str, float]:
-    """One optimizer step per mini-batch; ``make_loss(rows, normaliser)`` builds each step's loss.
+    """One optimizer step per mini-batch (skipped when its loss or gradient is not finite);
+    ``make_loss(rows, normaliser)`` builds each step's loss.
 
     Each mini-batch carries this DP rank's rows and the global valid-token count of the whole
     mini-batch (the token-mean normaliser); metrics are averaged over the steps, with grad norm and lr
     named after ``prefix``.
     """
-    steps = []
+    steps, skipped = [], 0
     for mb in mini_batches:
         rows: Experience = mb.rows
         step = engine.train_step(rows.tensors(rows.present()), make_loss(rows, mb.normaliser), micro_batch_size,
                                  temperature)
         grad_key = "grad_norm" if prefix == "actor" else f"{prefix}/grad_norm"
         steps.append({**step.metrics, grad_key: step.grad_norm, f"{prefix}/lr": step.lr})
-    return average_metrics(steps)
+        skipped += int(step.skipped)
+    # a skipped step (non-finite loss or gradient) is counted; the streak runs across iterations
+    return {**average_metrics(steps), f"{prefix}/skipped_steps": float(skipped),
+            f"{prefix}/nonfinite_streak": float(engine.nonfinite_streak)}
 
 
 def average_metrics(steps: Iterable[Dict[str, float]]) -> Dict[str, float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..accelerator import Accelerator
 from .worker_group import WorkerGroup
@@ -38,8 +38,10 @@ def create_placement_group(acc: Accelerator, num_bundles: int, cpus_per_bundle: 
 
 
 def spawn_group(name: str, cls: type, acc: Accelerator, pg, num_ranks: int, fraction: float,
-                make_kwargs: Callable[[int, str, int], Dict[str, Any]], env: Dict[str, str]) -> WorkerGroup:
-    """Start ``num_ranks`` actors of ``cls`` in bundles 0..num_ranks-1, each taking ``fraction`` of a device."""
+                make_kwargs: Callable[[int, str, int], Dict[str, Any]], env: Dict[str, str],
+                started: Optional[List[WorkerGroup]] = None) -> WorkerGroup:
+    """Start ``num_ranks`` actors of ``cls`` in bundles 0..num_ranks-1, each taking ``fraction`` of a device
+    (appended to ``started`` as soon as they exist)."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -62,6 +64,8 @@ def spawn_group(name: str, cls: type, acc: Accelerator, pg, num_ranks: int, frac
         options["runtime_env"] = {"env_vars": dict(env, LOCAL_WORLD_SIZE=str(max(1, local)))}
         handles.append(remote_cls.options(**options).remote(**make_kwargs(rank, master_addr, master_port)))
     group = WorkerGroup(name, handles)
+    if started is not None:
+        started.append(group)  # the caller shuts it down even if start-up fails below
     group.load_layouts()
     return group
 

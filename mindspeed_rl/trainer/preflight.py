@@ -1,0 +1,69 @@
+"""Checks that take seconds and run before Ray starts: every path the run will write or read is usable.
+
+A problem raises UserError naming the key and the path (exit 2): an unwritable save folder is found
+before any training, a broken checkpoint before any worker starts.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import zipfile
+from typing import List, Optional, Tuple
+
+from ..checkpoint import megatron_layout as ml
+from ..config_cls.ppo_config import PPOConfig, RoleConfig
+from ..utils.cli import UserError
+
+
+def check_writable(key: str, folder: str) -> None:
+    """``folder`` exists (created if needed) and a file can be written in it."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write_check_"):
+            pass
+    except OSError as exc:
+        raise UserError(f"{key}: cannot write checkpoints to {folder} ({exc.strerror or exc})") from None
+
+
+def checkpoint_files(iter_dir: str) -> List[str]:
+    return sorted(os.path.join(root, name) for root, _, names in os.walk(iter_dir) for name in names
+                  if name.endswith(".pt"))
+
+
+def check_checkpoint(key: str, folder: str, layout: Optional[Tuple[int, int]] = None) -> None:
+    """The tracker is valid, the iteration it names exists with the expected TP x PP layout, and every
+    file in it is complete (a torch checkpoint is a zip: a truncated one has no central directory)."""
+    try:
+        _, iter_dir = ml.latest_iteration_dir(folder)
+        tp, pp = ml.layout_of(iter_dir)
+    except ml.CheckpointError as exc:
+        raise UserError(f"{key}: {exc}") from None
+    if layout is not None and (tp, pp) != tuple(layout):
+        raise UserError(f"{key}: {folder} is saved with TP={tp}, PP={pp} but the run uses TP={layout[0]}, "
+                        f"PP={layout[1]}; reshard it with cli/convert_ckpt.py --load-model-type mg "
+                        f"--save-model-type mg --target-tensor-parallel-size {layout[0]} "
+                        f"--target-pipeline-parallel-size {layout[1]}")
+    for path in checkpoint_files(iter_dir):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                archive.infolist()
+        except (zipfile.BadZipFile, OSError) as exc:
+            raise UserError(f"{key}: {path} is truncated or corrupt ({exc})") from None
+
+
+def check_role(role: RoleConfig) -> None:
+    m, section = role.megatron, f"{role.name}_config"
+    if m.save:
+        check_writable(f"{section}.save", m.save)
+    if m.load and (m.finetune or ml.read_tracker_or_none(m.load) is not None):
+        check_checkpoint(f"{section}.load", m.load, (role.tp, role.pp))
+
+
+def preflight(cfg: PPOConfig, uses_critic: bool) -> None:
+    roles = [cfg.actor] + ([cfg.critic] if uses_critic else []) + ([cfg.reward] if cfg.reward else [])
+    for role in roles:
+        check_role(role)
+    ref = cfg.rl.integrated_mode_config.ref_model_load_path
+    if ref:
+        check_checkpoint("rl_config.integrated_mode_config.ref_model_load_path", ref,
+                         (cfg.actor.tp, cfg.actor.pp))
