@@ -44,6 +44,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--use-mcore-models", action="store_true", help="accepted (megatron-core is the only kind)")
     p.add_argument("--model-type", default="GPT", choices=("GPT",))
     p.add_argument("--max-shard-size-gb", type=float, default=2.0, help="HF output shard size")
+    p.add_argument("--force", action="store_true",
+                   help="write a Megatron checkpoint into a folder that holds training checkpoints (its tracker "
+                        "then points at the converted 'release' weights)")
     return p.parse_args(argv)
 
 
@@ -61,6 +64,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for flag in ("target_tensor_parallel_size", "target_pipeline_parallel_size"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.save_model_type == "mg" and not args.force:
+        from mindspeed_rl.checkpoint.megatron_layout import read_tracker_or_none
+
+        tracker = read_tracker_or_none(args.save_dir) if os.path.isdir(args.save_dir) else None
+        if tracker not in (None, "release"):
+            raise UserError(f"--save-dir {args.save_dir}: holds training checkpoints (latest iteration {tracker}); "
+                            "converting into it would point its tracker at the converted weights. Choose another "
+                            "folder, or add --force")
     start = time.perf_counter()
     try:
         if args.load_model_type == "hf" and args.save_model_type == "mg":

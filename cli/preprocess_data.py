@@ -67,7 +67,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"read {summary['read']}, kept {summary['kept']}, skipped: {skipped} "
           f"({summary['read'] / max(summary['seconds'], 1e-9):.0f} rows/s, {cfg.workers} worker(s))")
     if summary["kept"] == 0:
-        raise UserError(f"{cfg.input}: no row was kept; nothing written (summary in {cfg.output_prefix}_summary.json)")
+        raise UserError(f"{cfg.input}: no row was kept; nothing written, and the outputs of any earlier run at "
+                        f"{cfg.output_prefix}_* (data and summary) are left as they were")
     print(f"wrote {cfg.output_prefix}_packed_*_document.bin/.idx and {cfg.output_prefix}_summary.json")
     return 0
 

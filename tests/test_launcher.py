@@ -36,6 +36,8 @@ def test_two_node_launch_spans_nodes_and_leaves_other_ray_alone(tmp_path):
                  "megatron_training.train_iters=2", "megatron_training.global_batch_size=8",
                  "rl_config.actor_resource.num_npus=2", "rl_config.critic_resource.num_npus=2",
                  f"actor_config.save={tmp_path}/ckpt/actor", f"critic_config.save={tmp_path}/ckpt/critic"]
+    # a process whose command line holds RAY_TMP as the prefix of another path: not the launcher's to stop
+    decoy = subprocess.Popen(["bash", "-c", "sleep 600", env["RAY_TMP"] + "_decoy/x"])
     try:
         worker = subprocess.Popen(["bash", SCRIPT, "ppo_tiny_cpu"], env={**env, "NODE_RANK": "1"},
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path))
@@ -50,9 +52,13 @@ def test_two_node_launch_spans_nodes_and_leaves_other_ray_alone(tmp_path):
         assert "iter 2/2" in open(tmp_path / "logs" / "training.log").read()
         worker.wait(timeout=120)
         assert "the head's cluster is gone" in worker.stdout.read()
+        assert decoy.poll() is None  # still running: stopping is by session, never by name
+        decoy.kill()
+        decoy.wait()
         assert subprocess.run(["pgrep", "-f", env["RAY_TMP"]], capture_output=True).returncode == 1
         # the unrelated cluster still runs
         assert subprocess.run(["pgrep", "-f", other_tmp], capture_output=True).returncode == 0
     finally:
+        decoy.kill()
         subprocess.run(["pkill", "-9", "-f", other_tmp])
         subprocess.run(["pkill", "-9", "-f", env["RAY_TMP"]])

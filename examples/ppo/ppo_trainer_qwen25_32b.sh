@@ -7,7 +7,7 @@
 # The head (CURRENT_IP == MASTER_ADDR, or NODE_RANK=0) starts Ray with the device resource, waits
 # until NNODES x NPUS_PER_NODE devices have joined, runs cli/train_ppo.py and tees logs/training.log.
 # Other nodes join and wait until the head's cluster goes away. Each node stops only the Ray it
-# started (its own temp dir), never other processes. Logs go to $LOG_DIR (default logs/). On one machine:
+# started (the session it started Ray in, recorded in $RAY_TMP.launcher_sid.<pid>), never other processes. Logs go to $LOG_DIR (default logs/). On one machine:
 #   NNODES=1 bash examples/ppo/ppo_trainer_qwen25_32b.sh ppo_tiny_cpu
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,12 +44,25 @@ case "$DEVICE_RESOURCE" in
   *)   RESOURCES=(--num-cpus "$NPUS_PER_NODE") ;;
 esac
 
+SID_FILE="$RAY_TMP.launcher_sid.$$"  # this launcher's own (several may share RAY_TMP on one host)
 stop_own_ray() {
-  # only the processes of the Ray this script started carry its temp dir on their command line;
-  # SIGTERM first, SIGKILL what is left after 10 s (as `ray stop` does, but for this Ray only)
-  pkill -f -- "$RAY_TMP" 2>/dev/null || return 0
-  for _ in $(seq 20); do pgrep -f -- "$RAY_TMP" > /dev/null || return 0; sleep 0.5; done
-  pkill -9 -f -- "$RAY_TMP" 2>/dev/null || true
+  # Ray is started in a session of its own (setsid); every Ray process of this node (gcs, raylet, agents,
+  # workers) carries that session id, recorded in $SID_FILE: stop exactly that session (SIGTERM, then
+  # SIGKILL after 10 s, as `ray stop` does), nothing matched by name or command line
+  [ -f "$SID_FILE" ] || return 0
+  local sid
+  sid=$(cat "$SID_FILE")
+  rm -f "$SID_FILE"
+  [[ "$sid" =~ ^[0-9]+$ ]] || return 0
+  pkill -s "$sid" 2>/dev/null || return 0
+  for _ in $(seq 20); do pgrep -s "$sid" > /dev/null || return 0; sleep 0.5; done
+  pkill -9 -s "$sid" 2>/dev/null || true
+}
+start_own_ray() {  # start_own_ray LOG ARGS...: `ray start ARGS` as the leader of a new session
+  local log=$1
+  shift
+  mkdir -p "$(dirname "$RAY_TMP")"
+  setsid bash -c 'echo $$ > "$0"; exec "$@"' "$SID_FILE" "$RAY" start "$@" > "$log" 2>&1
 }
 trap stop_own_ray EXIT
 
@@ -65,8 +78,8 @@ LOG_DIR=${LOG_DIR:-logs}
 mkdir -p "$LOG_DIR"
 if [ "$NODE_RANK" = "0" ]; then
   echo "[launcher] head $CURRENT_IP: ray start --head --port $RAY_PORT (${NPUS_PER_NODE} x $DEVICE_RESOURCE)"
-  "$RAY" start --head --port "$RAY_PORT" --node-ip-address "$CURRENT_IP" --temp-dir "$RAY_TMP" \
-      --include-dashboard false --disable-usage-stats "${RESOURCES[@]}" > "$LOG_DIR/ray_head.log" 2>&1
+  start_own_ray "$LOG_DIR/ray_head.log" --head --port "$RAY_PORT" --node-ip-address "$CURRENT_IP" \
+      --temp-dir "$RAY_TMP" --include-dashboard false --disable-usage-stats "${RESOURCES[@]}"
   want=$((NNODES * NPUS_PER_NODE))
   deadline=$((SECONDS + WAIT_SECONDS))
   while true; do
@@ -85,8 +98,8 @@ if [ "$NODE_RANK" = "0" ]; then
 else
   echo "[launcher] node $CURRENT_IP joins $MASTER_ADDR:$RAY_PORT"
   deadline=$((SECONDS + WAIT_SECONDS))
-  until "$RAY" start --address "$MASTER_ADDR:$RAY_PORT" --node-ip-address "$CURRENT_IP" --temp-dir "$RAY_TMP" \
-        --disable-usage-stats "${RESOURCES[@]}" > "$LOG_DIR/ray_node.log" 2>&1; do
+  until start_own_ray "$LOG_DIR/ray_node.log" --address "$MASTER_ADDR:$RAY_PORT" --node-ip-address "$CURRENT_IP" \
+        --temp-dir "$RAY_TMP" --disable-usage-stats "${RESOURCES[@]}"; do
     if [ "$SECONDS" -ge "$deadline" ]; then
       echo "[launcher] error: could not join $MASTER_ADDR:$RAY_PORT within ${WAIT_SECONDS}s" >&2
       exit 2

@@ -58,14 +58,20 @@ class HFReader:
             path = os.path.join(self.folder, filename)
             if not os.path.isfile(path):
                 raise ConversionError(f"{path}: named by the index but missing")
-            from safetensors import safe_open
+            from safetensors import SafetensorError, safe_open
 
-            return safe_open(path, framework="pt")
+            try:
+                return safe_open(path, framework="pt")
+            except (SafetensorError, OSError) as exc:
+                raise ConversionError(f"{path}: not a readable safetensors file ({exc})") from None
         if filename not in self._handles:
             path = os.path.join(self.folder, filename)
             if not os.path.isfile(path):
                 raise ConversionError(f"{path}: named by the index but missing")
-            self._handles[filename] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            try:
+                self._handles[filename] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except Exception as exc:  # noqa: BLE001 - pickle, zip and mmap failures all mean a broken file
+                raise ConversionError(f"{path}: not a readable checkpoint file ({str(exc).splitlines()[0]})") from None
         return self._handles[filename]
 
     def __contains__(self, name: str) -> bool:
@@ -76,8 +82,14 @@ class HFReader:
             raise ConversionError(f"{self.folder}: tensor {name!r} not found")
         filename = self.weight_map[name]
         if filename.endswith(".safetensors"):
-            with self._open(filename) as handle:
-                return handle.get_tensor(name)
+            from safetensors import SafetensorError
+
+            try:
+                with self._open(filename) as handle:
+                    return handle.get_tensor(name)
+            except SafetensorError as exc:
+                raise ConversionError(f"{os.path.join(self.folder, filename)}: cannot read {name!r} "
+                                      f"(truncated or corrupt: {exc})") from None
         return self._open(filename)[name]
 
 
@@ -85,13 +97,23 @@ def read_hf_config(folder: str) -> dict:
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
         raise ConversionError(f"{folder}: no config.json")
-    with open(path, encoding="utf-8") as fh:
-        return json.load(fh)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            config = json.load(fh)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConversionError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ConversionError(f"{path}: expected a JSON object of model settings")
+    return config
 
 
 def layer_counts(num_layers: int, pp: int, num_layer_list: Optional[str]) -> List[int]:
     if num_layer_list:
-        counts = [int(x) for x in num_layer_list.split(",")]
+        try:
+            counts = [int(x) for x in num_layer_list.split(",")]
+        except ValueError:
+            raise ConversionError(f"--num-layer-list {num_layer_list}: expected comma-separated integers, "
+                                  "e.g. 3,5") from None
         if len(counts) != pp or sum(counts) != num_layers or min(counts) < 1:
             raise ConversionError(f"--num-layer-list {num_layer_list}: needs {pp} positive counts summing to {num_layers}")
         return counts
@@ -137,7 +159,12 @@ def hf_to_mg(load_dir: str, save_dir: str, tp: int = 1, pp: int = 1, num_layer_l
              seed: int = 1234) -> ModelConfig:
     """Convert a HF folder into a Megatron 'release' checkpoint with TP x PP rank files."""
     reader = HFReader(load_dir)
-    cfg = hm.model_config_from_hf(read_hf_config(load_dir), model_type_hf)
+    try:
+        cfg = hm.model_config_from_hf(read_hf_config(load_dir), model_type_hf)
+    except KeyError as exc:
+        raise ConversionError(f"{os.path.join(load_dir, 'config.json')}: lacks {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConversionError(f"{os.path.join(load_dir, 'config.json')}: {exc}") from None
     if cfg.add_qkv_bias and hm.HF_LAYER.format(i=0) + "self_attn.q_proj.bias" not in reader:
         raise ConversionError(f"{load_dir}: --add-qkv-bias / {cfg.model_type_hf} expects q/k/v biases, none found")
     _check_parallel(cfg, tp)
@@ -292,6 +319,9 @@ def mg_to_hf(load_dir: str, save_dir: str, dtype: Optional[str] = None, orm: Opt
     """Convert the latest Megatron checkpoint into ``<save_dir>/mg2hf`` (config from ``save_dir``)."""
     config, _, _, _ = read_mg_config(load_dir)
     cfg = ModelConfig(**config["model"])
+    if orm and not config.get("orm", False):
+        raise ConversionError(f"--orm: {load_dir} holds a language model (no value head; saved without --orm); "
+                              "drop --orm to write a causal LM")
     orm = config.get("orm", False) if orm is None else orm
     hf_config = read_hf_config(save_dir)
     out_dir = os.path.join(save_dir, "mg2hf")

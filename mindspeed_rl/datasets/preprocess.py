@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from ..config_cls.dataset_config import DatasetConfig
 from .handlers import HANDLERS
-from .readers import iter_rows
+from .readers import BadEncoding, iter_rows
 
 log = logging.getLogger(__name__)
 CHUNK = 256
@@ -51,6 +51,9 @@ def _process_chunk(chunk: List[Tuple[str, object]]):
     handler = _WORKER["handler"]
     out = []
     for where, payload in chunk:
+        if isinstance(payload, BadEncoding):
+            out.append((where, None, "bad_encoding"))
+            continue
         if isinstance(payload, str):
             try:
                 payload = json.loads(payload)
@@ -158,10 +161,11 @@ def preprocess(cfg: DatasetConfig, progress: bool = True) -> Dict:
     summary = {"read": read, "kept": kept, "skipped": dict(sorted(skipped.items()))}
     if kept:
         writer.finish()
-    else:
+        with open(cfg.output_prefix + "_summary.json.part", "w", encoding="utf-8") as fh:
+            json.dump(summary, fh, indent=2)
+        os.replace(cfg.output_prefix + "_summary.json.part", cfg.output_prefix + "_summary.json")
+    else:  # nothing kept: the outputs of an earlier run (data and summary) stay as they were, together
         writer.abandon()
-    with open(cfg.output_prefix + "_summary.json", "w", encoding="utf-8") as fh:
-        json.dump(summary, fh, indent=2)
     summary["examples"] = examples
     summary["seconds"] = time.perf_counter() - start
     return summary

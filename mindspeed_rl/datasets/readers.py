@@ -16,6 +16,10 @@ class InputError(ValueError):
     """The input path or a whole file cannot be read."""
 
 
+class BadEncoding:
+    """Payload of a row that is not valid UTF-8 (counted as ``bad_encoding``, never decoded with U+FFFD)."""
+
+
 def input_files(path: str) -> List[str]:
     if os.path.isdir(path):
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(EXTENSIONS))
@@ -33,8 +37,13 @@ def iter_rows(path: str) -> Iterator[Tuple[str, object]]:
     for file in input_files(path):
         name = os.path.basename(file)
         if file.endswith(".jsonl"):
-            with open(file, encoding="utf-8", errors="replace") as fh:
-                for number, line in enumerate(fh, 1):
+            with open(file, "rb") as fh:
+                for number, raw in enumerate(fh, 1):
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError:
+                        yield f"{name}:{number}", BadEncoding()
+                        continue
                     if line.strip():
                         yield f"{name}:{number}", line
         elif file.endswith(".json"):
@@ -43,6 +52,8 @@ def iter_rows(path: str) -> Iterator[Tuple[str, object]]:
                     data = json.load(fh)
             except json.JSONDecodeError as exc:
                 raise InputError(f"input {file}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+            except UnicodeDecodeError as exc:
+                raise InputError(f"input {file}: not UTF-8 text (byte {exc.start})") from None
             if not isinstance(data, list):
                 raise InputError(f"input {file}: a .json input must hold an array of rows")
             for number, row in enumerate(data, 1):
