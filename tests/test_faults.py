@@ -1,0 +1,338 @@
+"""Fail fast, fail clear, lose nothing, run nothing, kill nothing: one test per fault a new user hit.
+
+Every user error exits 2 with one message naming the key, file or flag and no traceback; faults during
+training stop cleanly with their own exit codes (docs/operations.md, "When things go wrong").
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from cli import convert_ckpt, preprocess_data, train_ppo
+from mindspeed_rl.checkpoint import megatron_layout as ml
+from mindspeed_rl.config_cls import load_ppo_config
+from mindspeed_rl.utils.demo_assets import prepare
+from mindspeed_rl.utils.tiny_hf import build_hf_model, build_tokenizer
+from tests.helpers import tiny_model_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("faults")
+    return root, prepare(str(root / "assets"), load_ppo_config("ppo_tiny_cpu").actor.model.padded_vocab_size)
+
+
+def train_args(root, paths, *extra):
+    return ["--config-name", "ppo_tiny_cpu", f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
+            f"megatron_training.data_path={paths['data_prefix']}", f"rl_config.log_dir={root}/logs",
+            f"actor_config.save={root}/ckpt/actor", f"critic_config.save={root}/ckpt/critic", *extra]
+
+
+def user_error(capsys, fn, args):
+    """Run a CLI main in-process: it must return 2 with a one-line message and no traceback."""
+    rc = fn(args)
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "Traceback" not in err
+    return err
+
+
+# ----- the validator -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("override,words", [
+    ("rl_config.verifier_weight=[nan]", "rl_config.verifier_weight[0]: got nan, expected a finite number"),
+    ("actor_config.lr=inf", "actor_config.lr: got inf"),
+    ("actor_config.lr=1e6", "actor_config.lr: got 1000000.0, must be <= 1"),
+    ("critic_config.clip_grad=-inf", "critic_config.clip_grad: got -inf"),
+    ("rl_config=null", "rl_config: is null"),
+    ("generate_config=null", "generate_config: is null"),
+    ("generate_config.sampling_config=null", "generate_config.sampling_config: is null"),
+    ("rl_config.verifier_function=[]", "rl_config.verifier_function: is empty"),
+])
+def test_bad_values_are_refused_before_anything_starts(capsys, override, words):
+    err = user_error(capsys, train_ppo.main, ["--config-name", "ppo_tiny_cpu", "dry_run=true", override])
+    assert words in err
+
+
+def test_prompt_longer_than_the_training_sequence_is_refused(capsys):
+    err = user_error(capsys, train_ppo.main, ["--config-name", "ppo_tiny_cpu", "dry_run=true",
+                                              "rl_config.max_prompt_length=200", "generate_config.max_model_len=512"])
+    assert "rl_config.max_prompt_length: 200 exceeds megatron_training.seq_length 96" in err
+
+
+def test_yaml_syntax_error_names_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "broken.yaml"
+    bad.write_text("megatron_training:\n  seed: [1\n")
+    err = user_error(capsys, train_ppo.main, ["--config-name", str(bad)])
+    assert f"{bad}, line 3" in err and "not valid YAML" in err
+
+
+# ----- pre-flight: before Ray starts ---------------------------------------------------------------------------
+def fake_checkpoint(folder, tracker="release", iteration_dir="release", truncate=False):
+    rank_dir = os.path.join(folder, iteration_dir, "mp_rank_00")
+    os.makedirs(rank_dir, exist_ok=True)
+    path = os.path.join(rank_dir, "model_optim_rng.pt")
+    torch.save({"model": {"w": torch.ones(1000)}, "iteration": 0}, path)
+    if truncate:
+        with open(path, "r+b") as fh:
+            fh.truncate(os.path.getsize(path) // 2)
+    with open(os.path.join(folder, ml.TRACKER), "w") as fh:
+        fh.write(tracker)
+    return path
+
+
+@pytest.mark.parametrize("case", ["unwritable_save", "tracker_abc", "missing_iteration", "truncated_file",
+                                  "truncated_idx"])
+def test_preflight_names_the_path_in_seconds_without_starting_ray(assets, tmp_path, capsys, case):
+    import ray
+
+    root, paths = assets
+    extra = []
+    if case == "unwritable_save":
+        blocker = tmp_path / "a_file"
+        blocker.write_text("not a folder")
+        extra, words = [f"actor_config.save={blocker}/ckpt"], f"actor_config.save: cannot write checkpoints to {blocker}/ckpt"
+    elif case == "tracker_abc":
+        fake_checkpoint(str(tmp_path / "load"), tracker="abc")
+        extra, words = [f"actor_config.load={tmp_path}/load"], "expected 'release' or an iteration number, found 'abc'"
+    elif case == "missing_iteration":
+        fake_checkpoint(str(tmp_path / "load"), tracker="7")
+        extra, words = [f"actor_config.load={tmp_path}/load"], "the tracker names iter_0000007, which does not exist"
+    elif case == "truncated_file":
+        path = fake_checkpoint(str(tmp_path / "load"), truncate=True)
+        extra, words = [f"actor_config.load={tmp_path}/load"], f"{path} is truncated or corrupt"
+    else:
+        data = tmp_path / "data"
+        shutil.copytree(os.path.dirname(paths["data_prefix"]), data)
+        idx = data / (os.path.basename(paths["data_prefix"]) + "_packed_input_ids_document.idx")
+        idx.write_bytes(idx.read_bytes()[:40])
+        extra, words = [f"megatron_training.data_path={data}/{os.path.basename(paths['data_prefix'])}"], f"{idx} is truncated"
+    start = time.perf_counter()
+    err = user_error(capsys, train_ppo.main, train_args(tmp_path, paths, *extra))
+    assert words in err
+    assert time.perf_counter() - start < 30 and not ray.is_initialized()
+
+
+# ----- safe loading --------------------------------------------------------------------------------------------
+class RunsACommand:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_crafted_checkpoint_runs_nothing(tmp_path, capsys):
+    marker = tmp_path / "pwned"
+    path = fake_checkpoint(str(tmp_path / "mg"))
+    torch.save({"model": {}, "config": RunsACommand(str(marker))}, path)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    err = user_error(capsys, convert_ckpt.main, ["--load-model-type", "mg", "--save-model-type", "hf", "--load-dir",
+                                                 str(tmp_path / "mg"), "--save-dir", str(tmp_path / "hf")])
+    assert not marker.exists()
+    assert path in err and "refused to load" in err
+    with pytest.raises(ml.CheckpointError, match="refused to load"):
+        ml.load_rank(str(tmp_path / "mg"), 0, 0)
+
+
+def test_shipped_configs_do_not_trust_remote_code():
+    for name in os.listdir(os.path.join(ROOT, "configs")):
+        if name.endswith(".yaml"):
+            assert not load_ppo_config(name[:-5]).generate.trust_remote_code, name
+
+
+# ----- non-finite losses and weights ---------------------------------------------------------------------------
+def test_non_finite_steps_are_skipped_counted_and_never_saved(tmp_path):
+    from mindspeed_rl.checkpoint.engine_io import save_engine
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.utils import dist
+    from mindspeed_rl.workers.base_worker import train_on_mini_batches
+    from mindspeed_rl.protocol import Experience, MiniBatch
+    from tests.helpers import make_batch, sft_loss, tiny_role
+
+    dist.init_distributed()
+    try:
+        dist.init_model_parallel(seed=1)
+        engine = MegatronEngine(tiny_role(), head="lm", trainable=True, total_steps=10)
+        before = {k: v.clone() for k, v in engine.named_weights()}
+        batch = make_batch(4, 12)
+        rows = Experience(prompt_width=4, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                          response_mask=batch["attention_mask"][:, 4:])
+
+        def nan_loss(rows, normaliser):
+            return lambda outputs, mb: (sft_loss(outputs, mb)[0] * float("nan"), {})
+
+        metrics = train_on_mini_batches(engine, [MiniBatch(rows, 1.0)] * 2, nan_loss, 2, "actor")
+        assert metrics["actor/skipped_steps"] == 2 and metrics["actor/nonfinite_streak"] == 2
+        assert all(torch.equal(before[k], v) for k, v in engine.named_weights())  # no step was taken
+        metrics = train_on_mini_batches(engine, [MiniBatch(rows, 1.0)],
+                                        lambda r, n: (lambda o, mb: sft_loss(o, mb)), 2, "actor")
+        assert metrics["actor/skipped_steps"] == 0 and metrics["actor/nonfinite_streak"] == 0
+        save_engine(engine, str(tmp_path / "ckpt"), 1)
+        with torch.no_grad():
+            next(iter(engine.unwrapped().parameters())).view(-1)[0] = float("nan")
+        with pytest.raises(ml.CheckpointError, match="hold NaN or Inf"):
+            save_engine(engine, str(tmp_path / "ckpt"), 2)
+        assert ml.read_tracker(str(tmp_path / "ckpt")) == 1  # the good checkpoint stays the latest
+    finally:
+        dist.destroy()
+
+
+def test_a_streak_of_skipped_steps_stops_the_run_with_exit_3(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from mindspeed_rl.trainer import launch
+    from mindspeed_rl.trainer.ppo_trainer import NonFiniteStop, PPOTrainer
+
+    cfg = load_ppo_config("ppo_tiny_cpu", ["rl_config.max_nonfinite_steps=2"])
+    trainer = SimpleNamespace(rl=cfg.rl, iteration=5, cfg=cfg)
+    with pytest.raises(NonFiniteStop, match="critic's last 2 optimizer steps"):
+        PPOTrainer.after_iteration(trainer, {"actor/nonfinite_streak": 0.0, "critic/nonfinite_streak": 2.0})
+
+    def stopped(_):
+        raise NonFiniteStop("the actor's last 3 optimizer steps had a NaN/Inf loss or gradient")
+
+    monkeypatch.setattr(launch, "train", stopped)
+    assert launch.run(cfg) == launch.EXIT_NONFINITE
+    assert "stopped: the actor's last 3" in capsys.readouterr().err
+
+
+# ----- the converter -------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("hf"))
+    build_hf_model(folder, tiny_model_config(num_layers=2))
+    return folder
+
+
+def to_mg(load, save, *extra):
+    return ["--load-model-type", "hf", "--save-model-type", "mg", "--load-dir", load, "--save-dir", save,
+            "--add-qkv-bias", *extra]
+
+
+@pytest.mark.parametrize("damage", ["truncated_safetensors", "malformed_config", "incomplete_config"])
+def test_converter_names_the_broken_file(hf_dir, tmp_path, capsys, damage):
+    broken = tmp_path / "broken"
+    shutil.copytree(hf_dir, broken)
+    if damage == "truncated_safetensors":
+        weights = broken / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[:1000])
+        words = f"{weights}"
+    elif damage == "malformed_config":
+        (broken / "config.json").write_text('{"hidden_size": 64,')
+        words = f"{broken / 'config.json'}: not valid JSON"
+    else:
+        config = json.loads((broken / "config.json").read_text())
+        del config["hidden_size"]
+        (broken / "config.json").write_text(json.dumps(config))
+        words = f"{broken / 'config.json'}: lacks 'hidden_size'"
+    err = user_error(capsys, convert_ckpt.main, to_mg(str(broken), str(tmp_path / "mg")))
+    assert words in err
+
+
+def test_converter_flags_and_folders(hf_dir, tmp_path, capsys):
+    err = user_error(capsys, convert_ckpt.main, to_mg(hf_dir, str(tmp_path / "mg"), "--target-pipeline-parallel-size",
+                                                      "2", "--num-layer-list", "1,x"))
+    assert "--num-layer-list 1,x: expected comma-separated integers" in err
+    assert convert_ckpt.main(to_mg(hf_dir, str(tmp_path / "lm"))) == 0
+    shutil.copy(os.path.join(hf_dir, "config.json"), tmp_path / "config.json")
+    err = user_error(capsys, convert_ckpt.main, ["--load-model-type", "mg", "--save-model-type", "hf", "--load-dir",
+                                                 str(tmp_path / "lm"), "--save-dir", str(tmp_path), "--orm"])
+    assert "no value head" in err and not (tmp_path / "mg2hf").exists()
+    training = tmp_path / "training"
+    fake_checkpoint(str(training), tracker="200", iteration_dir="iter_0000200")
+    err = user_error(capsys, convert_ckpt.main, to_mg(hf_dir, str(training)))
+    assert "holds training checkpoints (latest iteration 200)" in err and "--force" in err
+    assert ml.read_tracker(str(training)) == 200
+    assert convert_ckpt.main(to_mg(hf_dir, str(training), "--force")) == 0
+    assert ml.read_tracker(str(training)) == "release"
+
+
+# ----- the preprocessor ----------------------------------------------------------------------------------------
+def test_non_utf8_rows_are_counted_and_a_zero_row_rerun_loses_nothing(tmp_path, capsys):
+    rows = [{"question": f"What is {i} plus {i}?", "answer": f"It is {2 * i}. #### {2 * i}"} for i in range(6)]
+    tok = str(tmp_path / "tok")
+    build_tokenizer(tok, [r["question"] + r["answer"] for r in rows], vocab_size=300)
+    data = tmp_path / "in.jsonl"
+    lines = [json.dumps(r).encode() for r in rows]
+    lines[2] = json.dumps({"question": "caf\u00e9 X", "answer": "#### 5"}).encode().replace(b"X", b"\xff\xfe")
+    data.write_bytes(b"\n".join(lines) + b"\n")
+    prefix = str(tmp_path / "out")
+    common = [f"tokenizer_name_or_path={tok}", f"output_prefix={prefix}", "workers=1", "--quiet"]
+    assert preprocess_data.main(["gsm8k", f"input={data}", *common]) == 0
+    summary = json.loads(open(prefix + "_summary.json").read())
+    assert summary["kept"] == 5 and summary["skipped"] == {"bad_encoding": 1}
+    from mindspeed_rl.datasets.prompt_dataset import PromptDataset
+
+    labels = [PromptDataset(prefix)[i]["labels"] for i in range(5)]
+    assert all("\ufffd" not in label for label in labels)
+    before = {f: open(os.path.join(tmp_path, f), "rb").read() for f in os.listdir(tmp_path) if f.startswith("out")}
+    (tmp_path / "empty.jsonl").write_text("{broken\n")
+    err = user_error(capsys, preprocess_data.main, ["gsm8k", f"input={tmp_path / 'empty.jsonl'}", *common])
+    assert "no row was kept" in err and "left as they were" in err
+    after = {f: open(os.path.join(tmp_path, f), "rb").read() for f in os.listdir(tmp_path) if f.startswith("out")}
+    assert after == before  # data and summary of the earlier run, untouched and consistent
+
+
+# ----- signals and dead workers (end to end) ---------------------------------------------------------------------
+def ray_processes():
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+    names = ("raylet", "gcs_server", "ray::", "dashboard", "log_monitor")
+    return {line.split()[0] for line in out[1:] if any(n in line for n in names)}
+
+
+def start_training(root, paths, *extra):
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, os.path.join(ROOT, "cli", "train_ppo.py"),
+           *train_args(root, paths, "megatron_training.save_interval=1", *extra)]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(proc, text, timeout=240):
+    seen = []
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen.append(line)
+        if text in line:
+            return seen
+    raise AssertionError(f"{text!r} never appeared:\n" + "".join(seen[-40:]))
+
+
+@pytest.mark.slow
+def test_sigterm_stops_cleanly_and_a_dead_worker_is_one_paragraph(assets, tmp_path):
+    root, paths = assets
+    before = ray_processes()
+    proc = start_training(tmp_path / "term", paths)
+    wait_for(proc, "saved iteration 2")
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 143, out[-3000:]
+    assert "stopped by SIGTERM" in out and "SIGTERM received" not in out and "Traceback (most recent" not in out
+    saved = ml.read_tracker(str(tmp_path / "term" / "ckpt" / "actor"))
+    assert isinstance(saved, int) and saved >= 2
+    ml.load_rank(str(tmp_path / "term" / "ckpt" / "actor"), 0, 0)  # intact and loadable
+    time.sleep(2)
+    assert ray_processes() - before == set()  # nothing orphaned
+
+    proc = start_training(tmp_path / "dead", paths)
+    wait_for(proc, "saved iteration 1")
+    subprocess.run(["pkill", "-9", "-f", "ray::CriticWorker"])
+    out = proc.communicate(timeout=180)[0]
+    assert proc.returncode == 4, out[-3000:]
+    message = [line for line in out.splitlines() if line.startswith("stopped:")]
+    assert len(message) == 1 and "the critic worker of rank 0 died" in message[0]
+    assert f"Resume by adding: actor_config.finetune=false actor_config.load={tmp_path}/dead/ckpt/actor" in message[0]
+    assert "ActorDiedError" not in out
+    time.sleep(2)
+    assert ray_processes() - before == set()
