@@ -68,3 +68,15 @@ def random_full_weights(model, seed: int = 0, scale: float = 0.05):
                      p + "mlp.linear_fc1.weight": torch.randn(2 * f, h) * scale,
                      p + "mlp.linear_fc2.weight": torch.randn(h, f) * scale})
     return full
+
+
+def demo_config(name: str, root: str, paths: dict, iterations: int, **extra):
+    """A demo config (ppo_tiny_cpu, ppo_tiny_cpu_x4) on the assets of ``utils.demo_assets.prepare``, with its
+    logs and checkpoints under ``root``; ``extra``: more key=value overrides."""
+    from mindspeed_rl.config_cls import load_ppo_config
+
+    overrides = [f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
+                 f"megatron_training.data_path={paths['data_prefix']}", f"rl_config.log_dir={root}/logs",
+                 f"megatron_training.train_iters={iterations}", f"actor_config.save={root}/ckpt/actor",
+                 f"critic_config.save={root}/ckpt/critic"] + [f"{k}={v}" for k, v in extra.items()]
+    return load_ppo_config(name, overrides)

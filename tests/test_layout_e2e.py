@@ -10,14 +10,11 @@ from mindspeed_rl.checkpoint import megatron_layout as ml
 from mindspeed_rl.config_cls import load_ppo_config
 from mindspeed_rl.utils.demo_assets import prepare
 from mindspeed_rl.workers.worker_group import WorkerGroup
+from tests.helpers import demo_config
 
 
 def x4_config(root, paths, iters, **extra):
-    overrides = [f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
-                 f"megatron_training.data_path={paths['data_prefix']}", f"rl_config.log_dir={root}/logs",
-                 f"megatron_training.train_iters={iters}", f"actor_config.save={root}/ckpt/actor",
-                 f"critic_config.save={root}/ckpt/critic"] + [f"{k}={v}" for k, v in extra.items()]
-    return load_ppo_config("ppo_tiny_cpu_x4", overrides)
+    return demo_config("ppo_tiny_cpu_x4", root, paths, iters, **extra)
 
 
 @pytest.mark.slow

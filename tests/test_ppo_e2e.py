@@ -10,6 +10,7 @@ import pytest
 
 from mindspeed_rl.config_cls import load_ppo_config
 from mindspeed_rl.utils.demo_assets import prepare
+from tests.helpers import demo_config
 
 ITERATIONS = 16
 
@@ -22,11 +23,7 @@ def assets(tmp_path_factory):
 
 
 def config(root, paths, **extra):
-    overrides = [f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
-                 f"megatron_training.data_path={paths['data_prefix']}", f"rl_config.log_dir={root}/logs",
-                 f"megatron_training.train_iters={ITERATIONS}", f"actor_config.save={root}/ckpt/actor",
-                 f"critic_config.save={root}/ckpt/critic"] + [f"{k}={v}" for k, v in extra.items()]
-    return load_ppo_config("ppo_tiny_cpu", overrides)
+    return demo_config("ppo_tiny_cpu", root, paths, ITERATIONS, **extra)
 
 
 @pytest.mark.slow
