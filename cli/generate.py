@@ -104,6 +104,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from tqdm import tqdm
 
     from mindspeed_rl.rollout.fallback import generate
+    from mindspeed_rl.trainer.prompts import decode_known
     from mindspeed_rl.utils import dist
 
     try:
@@ -123,7 +124,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.output + ".part", "w", encoding="utf-8") as fh:
         for prompt, out in zip(prompts, results):
-            text = tokenizer.decode([t for t in out.response_ids if t < len(tokenizer)], skip_special_tokens=True)
+            text, _ = decode_known(tokenizer, out.response_ids)
             fh.write(json.dumps({"prompt": prompt, "response": text,
                                  "token_ids": out.response_ids, "logprobs": out.logprobs,
                                  "finish_reason": out.finish_reason}) + "\n")

@@ -95,6 +95,12 @@ def load_rank(ckpt_dir: str, tp_rank: int, pp_rank: int, expected: Optional[Tupl
               mmap: bool = True) -> Dict[str, Any]:
     """Load one rank's file of the latest checkpoint, refusing a TP/PP layout that differs."""
     _, iter_dir = latest_iteration_dir(ckpt_dir)
+    _, pp = checked_layout(ckpt_dir, iter_dir, expected)
+    return safe_load(rank_file(iter_dir, tp_rank, pp_rank, pp), mmap=mmap)
+
+
+def checked_layout(ckpt_dir: str, iter_dir: str, expected: Optional[Tuple[int, int]] = None) -> Tuple[int, int]:
+    """(TP, PP) of ``iter_dir``; a layout other than ``expected`` is refused with the command that reshards it."""
     tp, pp = layout_of(iter_dir)
     if expected is not None and (tp, pp) != tuple(expected):
         raise CheckpointError(
@@ -102,7 +108,7 @@ def load_rank(ckpt_dir: str, tp_rank: int, pp_rank: int, expected: Optional[Tupl
             f"Reshard it: python cli/convert_ckpt.py --load-model-type mg --save-model-type mg "
             f"--load-dir {ckpt_dir} --save-dir {ckpt_dir.rstrip('/')}_tp{expected[0]}pp{expected[1]} "
             f"--target-tensor-parallel-size {expected[0]} --target-pipeline-parallel-size {expected[1]}")
-    return safe_load(rank_file(iter_dir, tp_rank, pp_rank, pp), mmap=mmap)
+    return tp, pp
 
 
 def write_extra(ckpt_dir: str, iteration: Union[int, str], tp_rank: int, pp_rank: int, pp: int,

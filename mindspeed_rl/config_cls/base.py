@@ -76,8 +76,6 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
                 continue
         raise ConfigError(key, f"got {value!r}, expected {_type_name(tp)}")
     if dataclasses.is_dataclass(tp):
-        if value is None:
-            raise ConfigError(key, "is null; give the section's keys, or leave the key out to use its defaults")
         return build_section(tp, value, key)
     if origin in (list, tuple):
         (arg,) = typing.get_args(tp)[:1] or (Any,)
@@ -137,7 +135,7 @@ def build_section(cls: type, data: Any, path: str, *, require: bool = True) -> A
     are merged later, such as role overrides of megatron_training).
     """
     if data is None:
-        data = {}
+        raise ConfigError(path, "is null; give the section's keys, or leave it out to use its defaults")
     if not isinstance(data, Mapping):
         raise ConfigError(path, f"must be a mapping of keys, got {data!r}")
     hints = typing.get_type_hints(cls)
@@ -175,6 +173,11 @@ def load_yaml(path: str) -> Any:
     try:
         return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     except YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise ConfigError(path, f"is not valid YAML ({getattr(exc, 'problem', None) or exc}{where})") from None
+        raise yaml_error(exc, path) from None
+
+
+def yaml_error(exc: Exception, path: str) -> ConfigError:
+    """A YAML syntax error as a ConfigError naming the file, line and column."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else path
+    return ConfigError(where, f"is not valid YAML: {getattr(exc, 'problem', None) or exc}")

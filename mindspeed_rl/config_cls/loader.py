@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .base import ConfigError
+from .base import ConfigError, yaml_error
 from .ppo_config import PPOConfig, build_ppo_config
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
@@ -73,9 +73,7 @@ def compose(config_name: str, overrides: Sequence[str] = (), config_dir: Optiona
     except (HydraException, OmegaConfBaseException) as exc:
         raise ConfigError(name, f"cannot compose config: {str(exc).splitlines()[0]}") from None
     except YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else name
-        raise ConfigError(where, f"is not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
+        raise yaml_error(exc, name) from None
     finally:
         GlobalHydra.instance().clear()
     OmegaConf.set_struct(cfg, False)

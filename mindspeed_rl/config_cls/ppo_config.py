@@ -82,9 +82,7 @@ def model_section_data(name: str, models: Mapping[str, Any], config_dir: Optiona
 
 def _role(name: str, section_key: str, data: Mapping, base: Mapping, models: Mapping,
           config_dir: Optional[str], num_devices: int) -> RoleConfig:
-    overrides = data.get(section_key) or {}
-    if not isinstance(overrides, Mapping):
-        raise ConfigError(section_key, f"must be a mapping of keys, got {overrides!r}")
+    overrides = data.get(section_key, {})
     build_section(MegatronConfig, overrides, section_key, require=False)  # names the role's own bad keys
     merged = {**base, **overrides}
     where = section_key if "model" in overrides else "megatron_training"
@@ -110,12 +108,9 @@ def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) 
     base = data.get("megatron_training")
     if not isinstance(base, Mapping):
         raise ConfigError("megatron_training", "required section is missing or not a mapping")
-    for section in ("rl_config", "generate_config", "actor_config", "critic_config"):
-        if section in data and data[section] is None:
-            raise ConfigError(section, "is null; give the section's keys, or leave it out to use its defaults")
     megatron_training = build_section(MegatronConfig, base, "megatron_training", require=False)
-    rl = build_section(RLConfig, data.get("rl_config"), "rl_config")
-    generate = build_section(GenerateConfig, data.get("generate_config"), "generate_config")
+    rl = build_section(RLConfig, data.get("rl_config", {}), "rl_config")
+    generate = build_section(GenerateConfig, data.get("generate_config", {}), "generate_config")
     actor = _role("actor", "actor_config", data, base, models, config_dir, rl.actor_resource.num_npus)
     critic = _role("critic", "critic_config", data, base, models, config_dir, rl.critic_resource.num_npus)
     reward = None

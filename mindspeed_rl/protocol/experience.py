@@ -102,18 +102,18 @@ class Experience:
         """Set a field, checking its declared shape (the guard against misaligned columns)."""
         if name not in FIELDS:
             raise KeyError(f"experience has no field {name!r}; fields: {', '.join(FIELDS)}")
+        self._check_shape(name, tensor)
+        setattr(self, name, tensor.to(FIELDS[name].dtype))
+
+    def _check_shape(self, name: str, tensor: torch.Tensor) -> None:
         want = self.expected_shape(name)
         if tuple(tensor.shape) != want:
             raise ValueError(f"experience field {name}: shape {tuple(tensor.shape)}, expected {want} "
                              f"({' x '.join(FIELDS[name].dims)})")
-        setattr(self, name, tensor.to(FIELDS[name].dtype))
 
     def validate(self) -> "Experience":
         for name in self.present():
-            want = self.expected_shape(name)
-            got = tuple(getattr(self, name).shape)
-            if got != want:
-                raise ValueError(f"experience field {name}: shape {got}, expected {want}")
+            self._check_shape(name, getattr(self, name))
         if self.labels is not None and len(self.labels) != self.num_rows:
             raise ValueError(f"experience labels: {len(self.labels)} for {self.num_rows} rows")
         return self

@@ -31,15 +31,17 @@ def init_ray(env: Dict[str, str]) -> None:
     address = os.environ.get("RAY_ADDRESS")
     kwargs = dict(runtime_env={"env_vars": env}, include_dashboard=False, log_to_driver=True,
                   logging_level="WARNING")
+    import signal
+    import threading
+
+    own_handler = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if own_handler else None
     if address:
         ray.init(address=address, **kwargs)
     else:
         ray.init(num_cpus=os.cpu_count(), **kwargs)
-    import signal
-    import threading
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise_terminated)  # after ray.init, which installs its own (abort)
+    if own_handler:  # ray.init installs its own SIGTERM handler (an abort with a dump): keep the process's
+        signal.signal(signal.SIGTERM, previous)
 
 
 def load_tokenizer(path: str):

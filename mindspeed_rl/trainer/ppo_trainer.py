@@ -11,7 +11,7 @@ import torch
 from ..algorithms import compute_gae, group_norm_advantages, kl_penalty, make_kl_controller, masked_mean
 from ..algorithms import masked_whiten, token_level_rewards
 from ..config_cls.ppo_config import PPOConfig
-from ..protocol import Experience, build_experience, mini_batch_plan
+from ..protocol import MODEL_INPUTS, Experience, build_experience, mini_batch_plan
 from .metrics import data_metrics, throughput
 from .prompts import PromptBatch, decode_responses
 
@@ -126,8 +126,7 @@ class PPOTrainer:
         return build_experience(prompts.input_ids, generated.outputs, n, self.pad_id, prompts.labels)
 
     def log_probs(self, exp: Experience, which: str) -> torch.Tensor:
-        results = self.actor.forward("compute_log_prob", exp, ("input_ids", "attention_mask", "response_mask"),
-                                     which)
+        results = self.actor.forward("compute_log_prob", exp, MODEL_INPUTS, which)
         for key in ("timing/ref_onload", "timing/ref_offload"):
             if key in results[0]:
                 self.timing[key] = self.timing.get(key, 0.0) + results[0][key]

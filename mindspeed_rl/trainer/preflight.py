@@ -35,14 +35,9 @@ def check_checkpoint(key: str, folder: str, layout: Optional[Tuple[int, int]] = 
     file in it is complete (a torch checkpoint is a zip: a truncated one has no central directory)."""
     try:
         _, iter_dir = ml.latest_iteration_dir(folder)
-        tp, pp = ml.layout_of(iter_dir)
+        ml.checked_layout(folder, iter_dir, layout)
     except ml.CheckpointError as exc:
         raise UserError(f"{key}: {exc}") from None
-    if layout is not None and (tp, pp) != tuple(layout):
-        raise UserError(f"{key}: {folder} is saved with TP={tp}, PP={pp} but the run uses TP={layout[0]}, "
-                        f"PP={layout[1]}; reshard it with cli/convert_ckpt.py --load-model-type mg "
-                        f"--save-model-type mg --target-tensor-parallel-size {layout[0]} "
-                        f"--target-pipeline-parallel-size {layout[1]}")
     for path in checkpoint_files(iter_dir):
         try:
             with zipfile.ZipFile(path) as archive:

@@ -22,11 +22,15 @@ def decode_responses(tokenizer, response_ids: torch.Tensor, response_mask: torch
     the tokenizer's length have no text and are left out of it (counted, so a model that samples
     them is visible in the metrics as rollout/out_of_vocab_tokens).
     """
-    known = len(tokenizer)
     texts, outside = [], 0
     for ids, mask in zip(response_ids, response_mask):
-        tokens = ids[mask.bool()].tolist()
-        kept = [t for t in tokens if t < known]
-        outside += len(tokens) - len(kept)
-        texts.append(tokenizer.decode(kept, skip_special_tokens=True))
+        text, unknown = decode_known(tokenizer, ids[mask.bool()].tolist())
+        texts.append(text)
+        outside += unknown
     return texts, outside
+
+
+def decode_known(tokenizer, ids: List[int]) -> Tuple[str, int]:
+    """Text of ``ids`` without the ids at or above the tokenizer's length, and how many those were."""
+    kept = [t for t in ids if t < len(tokenizer)]
+    return tokenizer.decode(kept, skip_special_tokens=True), len(ids) - len(kept)

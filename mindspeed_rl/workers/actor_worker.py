@@ -6,6 +6,7 @@ the training state onloaded. The reference lives on host between its forward pas
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from typing import Dict, List, Optional, Sequence
@@ -44,9 +45,8 @@ class IntegratedActorWorker(MegatronWorker):
         self.engine_index, self.engine_rank = divmod(rank, self.engine_size)
 
     def layout(self) -> RankLayout:
-        base = super().layout()
-        return RankLayout(**{**base.__dict__, "engine": self.engine_index, "engine_rank": self.engine_rank,
-                             "engine_size": self.engine_size})
+        return dataclasses.replace(super().layout(), engine=self.engine_index, engine_rank=self.engine_rank,
+                                   engine_size=self.engine_size)
 
     # ----- weights --------------------------------------------------------------------------------
     def init_weights(self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool,

@@ -85,13 +85,12 @@ class WorkerGroup:
         if not engines:
             raise DispatchError(f"worker group {self.name} has no rollout engines")
         ranges = engine_prompt_split(len(prompts), len(engines))
+        firsts = [int(rows[0]) if len(rows) else 0 for rows in ranges]  # each engine's first global prompt
         args: List[Optional[tuple]] = [None] * len(self.handles)
         for engine, ranks in enumerate(engines):
-            rows = ranges[engine]
-            first = int(rows[0]) if len(rows) else 0
-            share = ray.put([list(prompts[i]) for i in rows])  # one copy in the object store per engine
+            share = ray.put([list(prompts[i]) for i in ranges[engine]])  # one object-store copy per engine
             for rank in ranks:
-                args[rank] = (share, n, seed + n * first) + extra
+                args[rank] = (share, n, seed + n * firsts[engine]) + extra
         results: List[RolloutResult] = self.call("generate", per_rank=args)
         outputs: List[RolloutOutput] = []
         for engine, ranks in enumerate(engines):
@@ -101,9 +100,8 @@ class WorkerGroup:
             leader = results[ranks[0]]
             if leader.outputs is None:
                 raise DispatchError(f"{self.name} engine {engine}: rank {ranks[0]} returned no outputs")
-            offset = int(ranges[engine][0]) if len(ranges[engine]) else 0
             for out in leader.outputs:
-                outputs.append(RolloutOutput(out.prompt_index + offset, out.response_ids, out.logprobs,
+                outputs.append(RolloutOutput(out.prompt_index + firsts[engine], out.response_ids, out.logprobs,
                                              out.finish_reason))
         timing: Dict[str, float] = {}
         for result in results:
@@ -115,10 +113,7 @@ class WorkerGroup:
     def forward(self, method: str, experience: Experience, fields: Sequence[str] = MODEL_INPUTS,
                 *extra) -> List[Any]:
         """``method(rows, *extra)`` with each DP group's share of the rows; results in DP order."""
-        import ray
-
-        shares = [ray.put(share) for share in experience.split(self.dp_size, fields)]
-        results = self.call(method, per_rank=[(shares[lay.dp_rank],) + extra for lay in self.layouts])
+        results = self._call_per_dp(method, experience.split(self.dp_size, fields), extra)
         return [results[rank] for rank in self.output_ranks()]
 
     def update(self, method: str, experience: Experience, plan: Sequence[np.ndarray], fields: Sequence[str],
@@ -126,16 +121,19 @@ class WorkerGroup:
         """One optimizer step per mini-batch of ``plan`` (row indices): each DP rank gets its share and the
         mini-batch's valid-token count. Returns the first output rank's answer (metrics are reduced
         across DP inside the engine)."""
-        import ray
-
         per_dp: List[List[MiniBatch]] = [[] for _ in range(self.dp_size)]
         for rows in plan:
             normaliser = float(experience.response_mask[rows].sum())
             for dp, part in enumerate(np.array_split(np.asarray(rows), self.dp_size)):
                 per_dp[dp].append(MiniBatch(experience.select(part, fields), normaliser))
-        shares = [ray.put(batches) for batches in per_dp]
-        results = self.call(method, per_rank=[(shares[lay.dp_rank],) + extra for lay in self.layouts])
-        return results[self.output_ranks()[0]]
+        return self._call_per_dp(method, per_dp, extra)[self.output_ranks()[0]]
+
+    def _call_per_dp(self, method: str, per_dp: Sequence[Any], extra: tuple) -> List[Any]:
+        """``method(per_dp[d], *extra)`` on every rank of DP group d (one object-store copy per group)."""
+        import ray
+
+        shares = [ray.put(value) for value in per_dp]
+        return self.call(method, per_rank=[(shares[lay.dp_rank],) + extra for lay in self.layouts])
 
     def describe_engines(self) -> str:
         return ", ".join(f"engine {e}: ranks {ranks}" for e, ranks in enumerate(self.engines()))
