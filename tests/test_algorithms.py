@@ -4,9 +4,13 @@ import math
 import pytest
 import torch
 
-from mindspeed_rl.algorithms import (AdaptiveKLController, FixedKLController, aggregate_token_mean, compute_gae,
-                                     entropy_loss, group_norm_advantages, kl_penalty, masked_whiten, policy_loss,
-                                     token_level_rewards, value_loss)
+from mindspeed_rl.algorithms import (AdaptiveKLController, Clip, FixedKLController, LossScale, aggregate,
+                                     aggregate_token_mean, compute_gae, entropy_loss, group_norm_advantages,
+                                     kl_penalty, masked_whiten, token_level_rewards, value_loss, vanilla_policy_loss)
+
+
+def policy_loss(lp, old, adv, mask, clip_ratio, clip_ratio_c=None):
+    return vanilla_policy_loss(lp, old, adv, mask, Clip(clip_ratio, clip_ratio, clip_ratio_c))
 
 T = torch.tensor
 

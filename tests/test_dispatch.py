@@ -137,11 +137,14 @@ def test_update_sends_each_dp_rank_its_share_with_the_whole_mini_batch_token_cou
     exp = build_experience(prompts, outputs_for(prompts, 2), 2, pad_id=0)
     exp.set("advantages", torch.ones(8, exp.response_width))
     plan = [np.array([7, 0, 3, 4]), np.array([1, 2, 5, 6])]
-    assert group.update("update", exp, plan, ["advantages"], 0.5) == {"coef": 0.5}
+    assert group.update("update", exp, plan, ["advantages"], 0.5, horizon=16) == {"coef": 0.5}
     first_dp, second_dp = ranks[0].received[0], ranks[2].received[0]
     assert all(isinstance(mb, MiniBatch) for mb in first_dp)
     for step, rows in enumerate(plan):
-        assert first_dp[step].normaliser == second_dp[step].normaliser == float(exp.response_mask[rows].sum())
+        scale = first_dp[step].scale
+        assert scale == second_dp[step].scale
+        assert scale.tokens == float(exp.response_mask[rows].sum()) and scale.horizon == 16
+        assert scale.sequences == float((exp.response_mask[rows].sum(1) > 0).sum())
         got = torch.cat([first_dp[step].rows.input_ids, second_dp[step].rows.input_ids])
         assert torch.equal(got, exp.input_ids[rows])
     assert first_dp[0].rows.advantages is not None and first_dp[0].rows.old_log_probs is None

@@ -1,12 +1,29 @@
-"""PPO math in plain torch: advantages, KL, losses, aggregation. No Ray, no Megatron.
+"""RL math in plain torch: advantage estimators, KL, losses, aggregation, shaping. No Ray, no Megatron.
 
 Tensors are [batch, response_length] over response tokens; ``mask`` is 1 on real response tokens.
+``registry`` (torch-free) names the estimators and losses and resolves a run's algorithm; the
+other modules are loaded on first use so that config validation does not import torch.
 """
-from .advantages import (compute_gae, group_norm_advantages, masked_mean, masked_var, masked_whiten,
-                         token_level_rewards)
-from .kl import AdaptiveKLController, FixedKLController, kl_penalty, make_kl_controller
-from .losses import aggregate_token_mean, entropy_loss, policy_loss, value_loss
+import importlib
 
-__all__ = ["compute_gae", "group_norm_advantages", "masked_mean", "masked_var", "masked_whiten",
-           "token_level_rewards", "AdaptiveKLController", "FixedKLController", "kl_penalty",
-           "make_kl_controller", "aggregate_token_mean", "entropy_loss", "policy_loss", "value_loss"]
+_EXPORTS = {
+    "advantages": ("compute_gae", "gae_advantages", "group_norm_advantages", "grpo_advantages",
+                   "dr_grpo_advantages", "rloo_advantages", "reinforce_plus_plus_advantages",
+                   "reinforce_plus_plus_baseline_advantages", "masked_mean", "masked_var", "masked_whiten",
+                   "sequence_rewards", "token_level_rewards"),
+    "kl": ("AdaptiveKLController", "FixedKLController", "kl_penalty", "make_kl_controller"),
+    "losses": ("Clip", "LossScale", "aggregate", "aggregate_token_mean", "entropy_loss", "gspo_policy_loss",
+               "value_loss", "vanilla_policy_loss"),
+    "rollout_correction": ("mismatch_metrics", "truncated_is_weights"),
+    "shaping": ("informative_groups", "overlong_penalty"),
+    "registry": ("ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "LOSS_AGG_MODES", "AlgorithmChoiceError", "AlgorithmPlan",
+                 "get_advantage", "get_policy_loss", "kl_names", "resolve_algorithm"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)

@@ -1,17 +1,28 @@
-"""Token rewards, GAE, returns, whitening, group-normalised advantages."""
+"""Token rewards and the advantage estimators.
+
+Shapes: [B, R] over response tokens, ``mask`` 1 on real response tokens; ``group`` [B] holds the
+index of each response's prompt (the n responses of one prompt share it). Every estimator returns
+``(advantages, returns)``, both [B, R] and 0 on padding; ``returns`` is the critic's target for GAE
+and equals the advantages (or the reward-to-go) elsewhere. The registry (``registry.py``) maps config
+names to these functions; a parameter's name says which input it reads.
+"""
 from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
 
 import torch
 
+Pair = Tuple[torch.Tensor, torch.Tensor]
+
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
-    """mean(x) over entries where mask = 1:  sum(x * m) / sum(m)."""
-    mask = mask.to(x.dtype)
+    """mean(x) over entries where mask = 1:  sum(x * m) / sum(m), masked entries never read."""
+    mask = mask.bool()
+    x = torch.where(mask, x, torch.zeros_like(x))
+    count = mask.to(x.dtype)
     if dim is None:
-        return (x * mask).sum() / mask.sum().clamp(min=1)
-    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+        return x.sum() / count.sum().clamp(min=1)
+    return x.sum(dim) / count.sum(dim).clamp(min=1)
 
 
 def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
@@ -30,7 +41,7 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, 
     out = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mean
-    return out * mask.to(x.dtype)
+    return torch.where(mask.bool(), out, torch.zeros_like(out))
 
 
 def token_level_rewards(scores: torch.Tensor, mask: torch.Tensor, kl: Optional[torch.Tensor] = None,
@@ -44,12 +55,32 @@ def token_level_rewards(scores: torch.Tensor, mask: torch.Tensor, kl: Optional[t
     rewards = torch.zeros_like(mask)
     rewards[torch.arange(mask.shape[0]), last] = scores.to(mask.dtype)
     if kl is not None and kl_coef:
-        rewards = rewards - kl_coef * kl * mask
+        rewards = rewards - kl_coef * torch.where(mask.bool(), kl, torch.zeros_like(kl))
     return rewards * mask
 
 
+def sequence_rewards(token_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """R_i = sum_t r_{i,t}: the score, minus beta * sum_t KL_t when the KL is in the reward."""
+    return torch.where(mask.bool(), token_rewards, torch.zeros_like(token_rewards)).sum(1)
+
+
+def _broadcast(per_sequence: torch.Tensor, mask: torch.Tensor) -> Pair:
+    out = per_sequence.float().unsqueeze(1) * mask.float()
+    return out, out
+
+
+def _group_stats(x: torch.Tensor, group: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row: the mean, the unbiased std and the size of its group."""
+    ids, inverse = torch.unique(group, return_inverse=True)
+    size = torch.zeros(len(ids)).index_add_(0, inverse, torch.ones_like(x))
+    mean = torch.zeros(len(ids)).index_add_(0, inverse, x) / size
+    sq = torch.zeros(len(ids)).index_add_(0, inverse, (x - mean[inverse]) ** 2)
+    std = torch.where(size > 1, (sq / (size - 1).clamp(min=1)).sqrt(), torch.zeros_like(sq))
+    return mean[inverse], std[inverse], size[inverse]
+
+
 def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
-                lam: float) -> Tuple[torch.Tensor, torch.Tensor]:
+                lam: float) -> Pair:
     """Generalised advantage estimation over the valid response tokens.
 
         delta_t = r_t + gamma * V_{t+1} - V_t          (V after the last valid token is 0)
@@ -58,7 +89,7 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
     Padded positions get A = R = 0 and do not carry the recursion.
     """
     mask = mask.to(values.dtype)
-    values = values * mask
+    values = torch.where(mask.bool(), values, torch.zeros_like(values))
     advantages = torch.zeros_like(values)
     last_gae = torch.zeros(values.shape[0], dtype=values.dtype, device=values.device)
     next_value = torch.zeros_like(last_gae)
@@ -73,18 +104,73 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
     return advantages, returns
 
 
-def group_norm_advantages(scores: torch.Tensor, mask: torch.Tensor, group_ids: Sequence[int],
-                          eps: float = 1e-6) -> Tuple[torch.Tensor, torch.Tensor]:
-    """GRPO-style outcome advantages: each response's score normalised within its prompt's group.
+def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+                   lam: float, whiten: bool) -> Pair:
+    """PPO's estimator: GAE(gamma, lambda) on the critic's values; A whitened over the batch's valid
+    tokens when ``whiten`` (R_t = A_t + V_t is taken before whitening)."""
+    adv, returns = compute_gae(token_rewards, values, mask, gamma, lam)
+    return (masked_whiten(adv, mask) if whiten else adv), returns
 
-        A_i = (s_i - mean_{j in g(i)} s_j) / (std_{j in g(i)} s_j + eps), broadcast to every token
+
+def group_norm_advantages(scores: torch.Tensor, mask: torch.Tensor, group_ids: Sequence[int],
+                          eps: float = 1e-6) -> Pair:
+    """GRPO: each response's reward normalised within its prompt's group, broadcast to every token.
+
+        A_i = (R_i - mean_{j in g(i)} R_j) / (std_{j in g(i)} R_j + eps)
     """
-    ids = torch.as_tensor(list(group_ids), device=scores.device)
-    adv = torch.zeros_like(scores, dtype=torch.float32)
-    for g in ids.unique():
-        sel = ids == g
-        s = scores[sel].float()
-        std = s.std() if s.numel() > 1 else torch.tensor(0.0, device=s.device)
-        adv[sel] = (s - s.mean()) / (std + eps)
-    out = adv.unsqueeze(1) * mask.float()
-    return out, out
+    group = torch.as_tensor(list(group_ids))
+    mean, std, _ = _group_stats(scores.float(), group)
+    return _broadcast((scores.float() - mean) / (std + eps), mask)
+
+
+def grpo_advantages(sequence_rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor) -> Pair:
+    """GRPO (MindSpeed-RL's ``group_norm``):  A_i = (R_i - mean_g R) / (std_g R + 1e-6)."""
+    return group_norm_advantages(sequence_rewards, mask, group.tolist())
+
+
+def dr_grpo_advantages(sequence_rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor) -> Pair:
+    """Dr. GRPO: the group mean is the baseline, no division by the group std.
+
+        A_i = R_i - mean_{j in g(i)} R_j
+    """
+    mean, _, _ = _group_stats(sequence_rewards.float(), group)
+    return _broadcast(sequence_rewards.float() - mean, mask)
+
+
+def rloo_advantages(sequence_rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor) -> Pair:
+    """RLOO: the baseline of a response is the mean of the other responses of its prompt.
+
+        A_i = R_i - 1/(n-1) sum_{j in g(i), j != i} R_j  =  n/(n-1) (R_i - mean_g R)
+    """
+    r = sequence_rewards.float()
+    mean, _, size = _group_stats(r, group)
+    others = (mean * size - r) / (size - 1).clamp(min=1)
+    return _broadcast(torch.where(size > 1, r - others, torch.zeros_like(r)), mask)
+
+
+def reinforce_plus_plus_advantages(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> Pair:
+    """REINFORCE++: the discounted reward-to-go, whitened over the batch's valid tokens.
+
+        G_t = sum_{k >= t} gamma^(k-t) r_k;   A_t = (G_t - mean G) / std G;   returns = G
+    """
+    m = mask.bool()
+    rewards = torch.where(m, token_rewards.float(), torch.zeros_like(token_rewards, dtype=torch.float32))
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros(rewards.shape[0])
+    for t in reversed(range(rewards.shape[1])):
+        running = rewards[:, t] + gamma * running
+        returns[:, t] = running
+    returns = torch.where(m, returns, torch.zeros_like(returns))
+    return masked_whiten(returns, mask), returns
+
+
+def reinforce_plus_plus_baseline_advantages(sequence_rewards: torch.Tensor, mask: torch.Tensor,
+                                            group: torch.Tensor) -> Pair:
+    """REINFORCE++ with a group baseline: subtract the prompt's mean reward, then whiten over the batch.
+
+        a_i = R_i - mean_{j in g(i)} R_j;   A_{i,t} = whiten(a_i broadcast to tokens)
+    """
+    mean, _, _ = _group_stats(sequence_rewards.float(), group)
+    centred, _ = _broadcast(sequence_rewards.float() - mean, mask)
+    adv = masked_whiten(centred, mask)
+    return adv, adv

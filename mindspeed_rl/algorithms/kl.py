@@ -5,15 +5,25 @@ import math
 
 import torch
 
+from .registry import KL_ALIASES, kl_names
+
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str = "kl") -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) from log-probs of the sampled tokens.
 
-        kl:          log pi - log pi_ref                     (k1)
-        abs:         |log pi - log pi_ref|
-        mse:         0.5 (log pi - log pi_ref)^2             (k2)
-        low_var_kl:  exp(log pi_ref - log pi) - (log pi_ref - log pi) - 1, clamped to [-10, 10]   (k3)
+        kl  (k1):         log pi - log pi_ref
+        abs:              |log pi - log pi_ref|
+        mse (k2):         0.5 (log pi - log pi_ref)^2
+        low_var_kl (k3):  exp(log pi_ref - log pi) - (log pi_ref - log pi) - 1, clamped to [-10, 10]
+        <name>+:          straight-through: the value of <name>, the gradient of k2
+                          (k2's gradient is the unbiased gradient of KL; k1's and k3's are not):
+                          k2 - sg(k2) + sg(<name>)
     """
+    if kind.endswith("+"):
+        value = kl_penalty(log_prob, ref_log_prob, kind[:-1])
+        k2 = kl_penalty(log_prob, ref_log_prob, "mse")
+        return k2 - k2.detach() + value.detach()
+    kind = KL_ALIASES.get(kind, kind)
     diff = log_prob - ref_log_prob
     if kind == "kl":
         return diff
@@ -24,7 +34,7 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str = "
     if kind == "low_var_kl":
         r = (-diff).clamp(-20, 20)
         return (r.exp() - r - 1).clamp(-10, 10)
-    raise ValueError(f"unknown kl_penalty {kind!r}")
+    raise ValueError(f"unknown kl_penalty {kind!r}; known: {', '.join(kl_names())}")
 
 
 class FixedKLController:

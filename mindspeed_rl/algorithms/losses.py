@@ -1,64 +1,174 @@
-"""PPO losses with token-mean aggregation over a global normaliser.
+"""Policy and value losses, and the loss aggregation modes.
 
-A mini-batch is split into micro-batches (and data-parallel ranks); each micro-batch returns its
-share sum(loss_t * m_t) / N, N being the number of valid tokens in the whole mini-batch, so
-the shares add up to the exact token mean however the mini-batch is split.
+A mini-batch is split into micro-batches (and data-parallel ranks). Each micro-batch returns its
+share of the mini-batch's loss, computed with the mini-batch's global counts (``LossScale``): the
+shares add up to the same number however the mini-batch is split. Masked positions are selected
+away (``torch.where``), never multiplied by 0, so NaN or Inf there cannot leak into a loss or a
+gradient.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
 
+Metrics = Dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LossScale:
+    """Counts of one whole mini-batch (all micro-batches and DP ranks).
+
+    tokens: valid response tokens; sequences: responses with at least one valid token;
+    horizon: the fixed length of ``seq-mean-token-sum-norm`` (the most new tokens of a response).
+    """
+
+    tokens: float
+    sequences: float
+    horizon: float = 1.0
+
+    @staticmethod
+    def of(mask: torch.Tensor, horizon: Optional[float] = None) -> "LossScale":
+        """The counts of ``mask`` alone (a mini-batch that is not split)."""
+        m = mask.bool()
+        return LossScale(float(m.sum()), float(m.any(1).sum()), float(horizon or mask.shape[1]))
+
+
+def _select(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return torch.where(mask.bool(), values, torch.zeros_like(values))
+
+
+def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
+              scale: Optional[LossScale] = None) -> torch.Tensor:
+    """Reduce per-token values l_{i,t} over the valid positions (m = 1) of a mini-batch.
+
+        token-mean:              sum_{i,t} m l / N_tokens
+        seq-mean-token-sum:      sum_i (sum_t m l) / N_seqs
+        seq-mean-token-mean:     sum_i (sum_t m l / |o_i|) / N_seqs
+        seq-mean-token-sum-norm: sum_{i,t} m l / (N_seqs * H)          (Dr. GRPO; H = horizon)
+    N_tokens, N_seqs and H come from ``scale`` (the whole mini-batch) or, without it, from ``mask``.
+    A mini-batch without valid tokens gives 0.
+    """
+    scale = scale or LossScale.of(mask)
+    picked = _select(values, mask)
+    tokens, sequences = max(scale.tokens, 1.0), max(scale.sequences, 1.0)
+    if mode == "token-mean":
+        return picked.sum() / tokens
+    if mode == "seq-mean-token-sum":
+        return picked.sum() / sequences
+    if mode == "seq-mean-token-mean":
+        lengths = mask.bool().sum(1).clamp(min=1).to(picked.dtype)
+        return (picked.sum(1) / lengths).sum() / sequences
+    if mode == "seq-mean-token-sum-norm":
+        return picked.sum() / (sequences * max(scale.horizon, 1.0))
+    raise ValueError(f"unknown loss_agg_mode {mode!r}")
+
 
 def aggregate_token_mean(values: torch.Tensor, mask: torch.Tensor, normaliser: Optional[float] = None) -> torch.Tensor:
     """sum_t(values_t * m_t) / N, N = normaliser (global valid tokens) or this batch's sum(m)."""
-    mask = mask.to(values.dtype)
-    n = mask.sum().clamp(min=1) if normaliser is None else normaliser
-    return (values * mask).sum() / n
+    n = float(mask.bool().sum()) if normaliser is None else normaliser
+    return aggregate(values, mask, "token-mean", LossScale(n, 1.0))
 
 
-def policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-                clip_ratio: float, clip_ratio_c: Optional[float] = None,
-                normaliser: Optional[float] = None) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
-    """PPO clipped surrogate (with the optional dual clip for negative advantages).
+@dataclass(frozen=True)
+class Clip:
+    """The ratio clip range [1 - low, 1 + high] and the optional dual-clip bound c for A < 0."""
 
-        ratio_t = exp(log pi - log pi_old)
-        L_t     = max(-A_t ratio_t, -A_t clip(ratio_t, 1 - eps, 1 + eps))
-        dual:     for A_t < 0, L_t = min(L_t, -A_t c)
-        pg_clipfrac = share of tokens where the clipped term is the larger one
-        ppo_kl      = mean(log pi_old - log pi)
-    """
-    log_ratio = (log_prob - old_log_prob).clamp(-20.0, 20.0)
-    ratio = log_ratio.exp()
+    low: float = 0.2
+    high: float = 0.2
+    dual: Optional[float] = None
+
+
+def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip: Clip) -> Tuple[torch.Tensor, ...]:
     unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_ratio, 1.0 + clip_ratio)
+    clipped = -advantages * ratio.clamp(1.0 - clip.low, 1.0 + clip.high)
     loss = torch.maximum(unclipped, clipped)
     clipped_frac = (clipped > unclipped).float()
-    if clip_ratio_c is not None:
-        dual = torch.minimum(loss, -advantages * clip_ratio_c)
+    lower_frac = torch.zeros_like(loss)
+    if clip.dual is not None:
+        dual = torch.minimum(loss, -advantages * clip.dual)
+        lower_frac = ((advantages < 0) & (loss > -advantages * clip.dual)).float()
         loss = torch.where(advantages < 0, dual, loss)
-    metrics = {"pg_clipfrac": aggregate_token_mean(clipped_frac, mask, normaliser).detach(),
-               "ppo_kl": aggregate_token_mean(-log_ratio, mask, normaliser).detach()}
-    return aggregate_token_mean(loss, mask, normaliser), metrics
+    return loss, clipped_frac, lower_frac
+
+
+def vanilla_policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
+                        mask: torch.Tensor, clip: Clip, mode: str = "token-mean", scale: Optional[LossScale] = None,
+                        weights: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Metrics]:
+    """PPO's clipped surrogate, with clip-higher (DAPO) and the optional dual clip.
+
+        ratio_t = exp(log pi_t - log pi_old_t)
+        L_t     = w_t * max(-A_t ratio_t, -A_t clip(ratio_t, 1 - eps_low, 1 + eps_high))
+        dual:     for A_t < 0, L_t = min(L_t, -A_t c)
+        loss    = aggregate(L, loss_agg_mode)
+    w_t: rollout-correction weights (1 when off). Metrics are token means over the mini-batch:
+    pg_clipfrac (the clipped term is the larger), pg_clipfrac_lower (the dual clip bound applies),
+    ppo_kl = mean(log pi_old - log pi).
+    """
+    m = mask.bool()
+    log_ratio = _select(log_prob - old_log_prob, m).clamp(-20.0, 20.0)
+    advantages = _select(advantages, m)
+    loss, clipped_frac, lower_frac = _clipped_surrogate(log_ratio.exp(), advantages, clip)
+    if weights is not None:
+        loss = loss * _select(weights, m)
+    tokens = LossScale((scale or LossScale.of(mask)).tokens, 1.0)
+    metrics = {"pg_clipfrac": aggregate(clipped_frac, m, "token-mean", tokens).detach(),
+               "pg_clipfrac_lower": aggregate(lower_frac, m, "token-mean", tokens).detach(),
+               "ppo_kl": aggregate(-log_ratio, m, "token-mean", tokens).detach()}
+    return aggregate(loss, m, mode, scale), metrics
+
+
+def gspo_policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
+                     mask: torch.Tensor, clip: Clip, mode: str = "seq-mean-token-mean",
+                     scale: Optional[LossScale] = None,
+                     weights: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Metrics]:
+    """GSPO: one importance ratio per sequence, the geometric mean of its token ratios.
+
+        s_i     = exp( (1/|o_i|) sum_t (log pi_t - log pi_old_t) )
+        s_{i,t} = sg(s_i) * pi_t / sg(pi_t)        (value s_i, gradient through each token)
+        L_{i,t} = w_t * max(-A_i s_{i,t}, -A_i clip(s_{i,t}, 1 - eps_low, 1 + eps_high))
+        loss    = aggregate(L, loss_agg_mode)     (the GSPO paper: seq-mean-token-mean)
+    pg_clipfrac is the share of sequences whose ratio is clipped.
+    """
+    m = mask.bool()
+    log_ratio = _select(log_prob - old_log_prob, m)
+    lengths = m.sum(1, keepdim=True).clamp(min=1).to(log_ratio.dtype)
+    seq_log_ratio = log_ratio.sum(1, keepdim=True) / lengths
+    token_log_ratio = seq_log_ratio.detach() + log_prob - log_prob.detach()
+    token_log_ratio = _select(token_log_ratio, m).clamp(-20.0, 20.0)
+    advantages = _select(advantages, m)
+    loss, clipped_frac, lower_frac = _clipped_surrogate(token_log_ratio.exp(), advantages, clip)
+    if weights is not None:
+        loss = loss * _select(weights, m)
+    scale = scale or LossScale.of(mask)
+    seqs = LossScale(scale.tokens, scale.sequences)
+    metrics = {"pg_clipfrac": aggregate(clipped_frac, m, "seq-mean-token-mean", seqs).detach(),
+               "pg_clipfrac_lower": aggregate(lower_frac, m, "seq-mean-token-mean", seqs).detach(),
+               "ppo_kl": aggregate(-log_ratio, m, "token-mean", LossScale(scale.tokens, 1.0)).detach()}
+    return aggregate(loss, m, mode, scale), metrics
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-               cliprange_value: float, normaliser: Optional[float] = None) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+               cliprange_value: float, mode: str = "token-mean",
+               scale: Optional[LossScale] = None) -> Tuple[torch.Tensor, Metrics]:
     """Clipped value loss.
 
         V_clip = V_old + clip(V - V_old, -c, c)
         L_t    = 0.5 * max((V - R)^2, (V_clip - R)^2)
-        vf_clipfrac = share of tokens where the clipped error is the larger one
+        vf_clipfrac = token share where the clipped error is the larger one
     """
+    m = mask.bool()
+    values, old_values, returns = _select(values, m), _select(old_values, m), _select(returns, m)
     clipped = old_values + (values - old_values).clamp(-cliprange_value, cliprange_value)
     err, err_clipped = (values - returns).square(), (clipped - returns).square()
     loss = 0.5 * torch.maximum(err, err_clipped)
     frac = (err_clipped > err).float()
-    return aggregate_token_mean(loss, mask, normaliser), {
-        "vf_clipfrac": aggregate_token_mean(frac, mask, normaliser).detach()}
+    tokens = LossScale((scale or LossScale.of(mask)).tokens, 1.0)
+    return aggregate(loss, m, mode, scale), {"vf_clipfrac": aggregate(frac, m, "token-mean", tokens).detach()}
 
 
-def entropy_loss(entropy: torch.Tensor, mask: torch.Tensor, normaliser: Optional[float] = None) -> torch.Tensor:
-    """Token-mean entropy H_t; the actor loss subtracts entropy_coeff x this."""
-    return aggregate_token_mean(entropy, mask, normaliser)
+def entropy_loss(entropy: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
+                 scale: Optional[LossScale] = None) -> torch.Tensor:
+    """The mean entropy H_t under ``mode``; the actor loss subtracts entropy_coeff x this."""
+    return aggregate(entropy, mask, mode, scale)

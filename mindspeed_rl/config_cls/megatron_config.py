@@ -54,7 +54,9 @@ class MegatronConfig:
     seq_length: int = opt(2048, "Longest training sequence (prompt + response).", ge=1)
     train_iters: int = opt(1, "PPO iterations to run.", ge=1)
     save_interval: int = opt(100, "Save actor and critic every this many iterations.", ge=1)
-    stage: str = opt("ray_ppo", "Training stage.", choices=("ray_ppo",))
+    stage: str = opt("ray_ppo", "MindSpeed-RL's trainer name, kept for its configs: one trainer runs every "
+                                "algorithm, chosen by rl_config (adv_estimator, policy_loss, ...).",
+                     choices=("ray_ppo", "ray_grpo", "ray_dapo"))
     seed: int = opt(1234, "Seed of weights init, data order and sampling.", ge=0)
     # optimizer
     lr: float = opt(1e-6, "Peak learning rate (above 1 Adam diverges: refused).", gt=0, le=1)

@@ -4,9 +4,11 @@ from __future__ import annotations
 import dataclasses
 import glob
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
+from ..algorithms.registry import AlgorithmChoiceError, AlgorithmPlan, resolve_algorithm
 from .base import ConfigError, build_section, closest_key, load_yaml
 from .generate_config import GenerateConfig
 from .layout import describe_blocks, dp_groups, engine_blocks, layout_diagram
@@ -50,18 +52,36 @@ class PPOConfig:
     generate: GenerateConfig
     dry_run: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+    algorithm: Optional[AlgorithmPlan] = None   # resolved from rl_config by check_cross_fields
+
+    @property
+    def prompts_per_iteration(self) -> int:
+        """Prompt groups trained per iteration: global_batch_size, or filter_groups_train_batch_size when
+        dynamic sampling is on (it then draws global_batch_size prompts per generation batch)."""
+        rl = self.rl
+        if rl.filter_groups_enable and rl.filter_groups_train_batch_size:
+            return rl.filter_groups_train_batch_size
+        return self.megatron_training.global_batch_size
 
     @property
     def samples_per_iteration(self) -> int:
-        return self.megatron_training.global_batch_size * self.rl.n_samples_per_prompt
+        return self.prompts_per_iteration * self.rl.n_samples_per_prompt
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.algorithm.use_critic
+
+    @property
+    def roles(self) -> List[RoleConfig]:
+        """The Megatron roles this run starts (the critic only when the advantage estimator needs one)."""
+        return [self.actor] + ([self.critic] if self.uses_critic else []) + ([self.reward] if self.reward else [])
 
     @property
     def world_size(self) -> int:
         """Devices that count for the throughput metrics (DESIGN.md, Metrics)."""
         if self.rl.use_integrated_worker:
             return self.actor.num_devices
-        total = self.actor.num_devices + self.critic.num_devices
-        return total + (self.reward.num_devices if self.reward else 0)
+        return sum(role.num_devices for role in self.roles)
 
 
 def model_section_data(name: str, models: Mapping[str, Any], config_dir: Optional[str], key: str) -> Mapping:
@@ -134,13 +154,17 @@ def _role_key(role: RoleConfig, name: str) -> str:
 def check_cross_fields(cfg: PPOConfig) -> None:
     """Rules that involve more than one key. Each error names the key to change."""
     rl, gen = cfg.rl, cfg.generate
+    try:
+        cfg.algorithm = resolve_algorithm(rl)
+    except AlgorithmChoiceError as exc:
+        raise ConfigError(exc.key, exc.message) from None
+    check_dapo_keys(cfg)
     samples = cfg.samples_per_iteration
     if samples % rl.mini_batch_size:
         raise ConfigError("rl_config.mini_batch_size",
-                          f"{rl.mini_batch_size} does not divide global_batch_size x n_samples_per_prompt = "
-                          f"{cfg.megatron_training.global_batch_size} x {rl.n_samples_per_prompt} = {samples}")
-    roles = [cfg.actor, cfg.critic] + ([cfg.reward] if cfg.reward else [])
-    for role in roles:
+                          f"{rl.mini_batch_size} does not divide the prompts per iteration x n_samples_per_prompt = "
+                          f"{cfg.prompts_per_iteration} x {rl.n_samples_per_prompt} = {samples}")
+    for role in cfg.roles:
         m, model = role.megatron, role.model
         if role.num_devices % (role.tp * role.pp):
             raise ConfigError(_role_key(role, "tensor_model_parallel_size"),
@@ -180,7 +204,7 @@ def check_cross_fields(cfg: PPOConfig) -> None:
             raise ConfigError("rl_config.reward_resource.num_npus",
                               f"{cfg.reward.num_devices} exceeds actor_resource.num_npus {cfg.actor.num_devices}: "
                               "in integrated mode the reward model shares the actor's devices")
-    if rl.use_integrated_worker and cfg.critic.num_devices > cfg.actor.num_devices:
+    if cfg.uses_critic and rl.use_integrated_worker and cfg.critic.num_devices > cfg.actor.num_devices:
         raise ConfigError("rl_config.critic_resource.num_npus",
                           f"{cfg.critic.num_devices} exceeds actor_resource.num_npus {cfg.actor.num_devices}: "
                           "in integrated mode the critic shares the actor's devices")
@@ -231,20 +255,56 @@ def check_cross_fields(cfg: PPOConfig) -> None:
     if rl.kl_ctrl_type == "adaptive" and (rl.kl_target is None or rl.kl_horizon is None):
         raise ConfigError("rl_config.kl_target" if rl.kl_target is None else "rl_config.kl_horizon",
                           "required when kl_ctrl_type is adaptive")
-    if rl.adv_estimator == "group_norm" and rl.n_samples_per_prompt < 2:
-        raise ConfigError("rl_config.n_samples_per_prompt", "group_norm advantages need at least 2 samples per prompt")
     a_save, c_save = cfg.actor.megatron.save, cfg.critic.megatron.save
-    if a_save and c_save and os.path.abspath(a_save) == os.path.abspath(c_save):
+    if cfg.uses_critic and a_save and c_save and os.path.abspath(a_save) == os.path.abspath(c_save):
         raise ConfigError("critic_config.save", f"{c_save!r} is also the actor's save folder; "
                                                 "actor and critic need separate folders")
+
+
+def filter_metric_name(rl: RLConfig) -> str:
+    """The per-row value dynamic sampling compares inside a group: "score" or a verifier's name."""
+    metric = rl.filter_groups_metric
+    if metric is None:
+        return rl.verifier_function[0] if rl.rule_reward and rl.verifier_function else "score"
+    match = re.fullmatch(r"(?:\w+/)?(\w+)_rewards/mean", metric)  # MindSpeed-RL: grpo/<verifier>_rewards/mean
+    return match.group(1) if match else metric
+
+
+def check_dapo_keys(cfg: PPOConfig) -> None:
+    """Dynamic sampling and overlong shaping: keys that only mean something together."""
+    rl, max_tokens = cfg.rl, cfg.generate.sampling_config.max_tokens
+    if not rl.filter_groups_enable:
+        for key in ("filter_groups_metric", "filter_groups_train_batch_size"):
+            if getattr(rl, key) is not None:
+                raise ConfigError(f"rl_config.{key}", "is set but filter_groups_enable is false")
+    else:
+        if rl.n_samples_per_prompt < 2:
+            raise ConfigError("rl_config.n_samples_per_prompt", "filter_groups_enable compares the responses of one "
+                                                                "prompt: it needs at least 2 samples per prompt")
+        if rl.filter_groups_max_batches == 0:
+            raise ConfigError("rl_config.filter_groups_max_batches", "0 would generate nothing; -1 means no limit")
+        metric = filter_metric_name(rl)
+        known = ["score"] + (list(rl.verifier_function) if rl.rule_reward else [])
+        if metric not in known:
+            raise ConfigError("rl_config.filter_groups_metric",
+                              f"{rl.filter_groups_metric!r} is neither score nor a verifier of verifier_function "
+                              f"({', '.join(known)})")
+    if rl.overlong_buffer_enable:
+        length = rl.rollout_max_tokens or max_tokens
+        if rl.overlong_buffer < 1 or rl.overlong_buffer >= length:
+            raise ConfigError("rl_config.overlong_buffer",
+                              f"{rl.overlong_buffer} must be between 1 and rollout_max_tokens - 1 = {length - 1}")
+        if rl.rollout_max_tokens is not None and rl.rollout_max_tokens > max_tokens:
+            raise ConfigError("rl_config.rollout_max_tokens",
+                              f"{rl.rollout_max_tokens} exceeds generate_config.sampling_config.max_tokens "
+                              f"{max_tokens}: no response can be that long")
 
 
 def missing_paths(cfg: PPOConfig) -> List[ConfigError]:
     """Files and folders the run needs that do not exist (errors naming their keys)."""
     problems: List[ConfigError] = []
-    roles = [cfg.actor, cfg.critic] + ([cfg.reward] if cfg.reward else [])
     seen = set()
-    for role in roles:
+    for role in cfg.roles:
         m = role.megatron
         checks = [("tokenizer_name_or_path", m.tokenizer_name_or_path, "folder"),
                   ("load", m.load, "folder")]
@@ -287,8 +347,9 @@ def devices_per_node() -> int:
 
 def batch_plan(cfg: PPOConfig) -> str:
     """A human-readable account of how one iteration's samples are split."""
-    gbs, n = cfg.megatron_training.global_batch_size, cfg.rl.n_samples_per_prompt
+    gbs, n = cfg.prompts_per_iteration, cfg.rl.n_samples_per_prompt
     samples, mini = cfg.samples_per_iteration, cfg.rl.mini_batch_size
+    roles = cfg.roles
     per_node = devices_per_node()
     devices = cfg.actor.num_devices
     nodes = -(-devices // per_node)
@@ -298,7 +359,12 @@ def batch_plan(cfg: PPOConfig) -> str:
     infer_dp = devices // itp
     lines = [
         "Batch plan",
-        f"  iteration : {gbs} prompts x {n} samples = {samples} responses",
+        f"  algorithm : {cfg.algorithm.describe()}",
+        f"  iteration : {gbs} prompts x {n} samples = {samples} responses"
+        + (f" (dynamic sampling: batches of {cfg.megatron_training.global_batch_size} prompts until {gbs} groups "
+           f"differ in {filter_metric_name(cfg.rl)}, at most "
+           f"{cfg.rl.filter_groups_max_batches if cfg.rl.filter_groups_max_batches > 0 else 'unlimited'} batches)"
+           if cfg.rl.filter_groups_enable else ""),
         f"  update    : {samples} / mini_batch_size {mini} = {samples // mini} mini-batches per epoch"
         f" x {cfg.rl.epochs} epoch(s) = {samples // mini * cfg.rl.epochs} optimizer steps per role",
         f"  devices   : {devices} ({node_text}, NPUS_PER_NODE={per_node}), integrated="
@@ -309,7 +375,7 @@ def batch_plan(cfg: PPOConfig) -> str:
         f"  engines   : {describe_blocks(engine_blocks(devices, itp), 'engine')}"
         " (actor ranks; every rank of an engine gets the same prompts)",
     ]
-    for role in (cfg.actor, cfg.critic) + ((cfg.reward,) if cfg.reward else ()):
+    for role in roles:
         m = role.megatron
         per_rank = mini // role.dp if role.name != "reward" else samples // role.dp
         micro = per_rank // m.micro_batch_size
@@ -319,13 +385,12 @@ def batch_plan(cfg: PPOConfig) -> str:
             f"model {m.model} ({params} params); "
             + (f"{per_rank} samples per DP rank per mini-batch = {micro} micro-batch(es) of {m.micro_batch_size}; "
                f"lr {m.lr:g}" if role.name != "reward" else f"{per_rank} samples per DP rank to score"))
-    for role in (cfg.actor, cfg.critic) + ((cfg.reward,) if cfg.reward else ()):
+    for role in roles:
         lines.append(f"  {role.name + ' DP':<10}: " + describe_blocks(dp_groups(role.tp, role.dp, role.pp), "DP")
                      + f" (ranks of each {role.name} data-parallel group: TP x PP)")
     lines.append(f"  forward   : actor_forward_micro_batch_size {cfg.rl.actor_forward_micro_batch_size}, "
                  f"ref_forward_micro_batch_size {cfg.rl.ref_forward_micro_batch_size}")
-    co_located = [(r.name, r.tp, r.dp, r.pp) for r in (cfg.actor, cfg.critic) + ((cfg.reward,) if cfg.reward else ())
-                  if r.num_devices == devices]
+    co_located = [(r.name, r.tp, r.dp, r.pp) for r in roles if r.num_devices == devices]
     lines.append("  layout (one placement group; roles share the bundles):")
     lines += ["    " + line for line in layout_diagram(devices, itp, co_located).splitlines()]
     return "\n".join(lines)

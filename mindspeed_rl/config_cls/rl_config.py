@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
+from ..algorithms.registry import ADVANTAGE_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES, kl_names
 from .base import opt
 
 
@@ -20,6 +21,16 @@ class IntegratedModeConfig:
 
     ref_model_load_path: Optional[str] = opt(
         None, "Load the reference model from this checkpoint instead of the actor's initial weights.")
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """Truncated importance sampling between the rollout engine's and the trainer's log-probs."""
+
+    rollout_is: Optional[str] = opt(None, "Reweight the policy loss by min(pi_old / pi_rollout, threshold): per "
+                                          "token, per sequence (the product of its token ratios), or off (null).",
+                                     choices=("token", "sequence"))
+    rollout_is_threshold: float = opt(2.0, "The cap of the importance weights.", gt=0)
 
 
 @dataclass
@@ -49,22 +60,58 @@ class RLConfig:
                                       "gradient after which the run stops with exit code 3 (each skipped step "
                                       "is counted in <role>/skipped_steps).", ge=1)
     # advantages and KL
-    adv_estimator: str = opt("gae", "Advantage estimator.", choices=("gae", "group_norm"))
-    gamma: float = opt(1.0, "Discount.", ge=0, le=1)
+    adv_estimator: str = opt("gae", "Advantage estimator (docs/algorithms.md): gae needs a critic; the group "
+                                    "estimators need n_samples_per_prompt >= 2.",
+                             choices=tuple(ADVANTAGE_ESTIMATORS))
+    gamma: float = opt(1.0, "Discount (gae, reinforce_plus_plus).", ge=0, le=1)
     lam: float = opt(1.0, "GAE lambda.", ge=0, le=1)
-    whiten_advantages: bool = opt(True, "Normalise advantages over the batch's valid tokens.")
-    kl_penalty: str = opt("kl", "KL estimator between actor and reference.",
-                          choices=("kl", "abs", "mse", "low_var_kl"))
+    whiten_advantages: bool = opt(True, "gae: normalise advantages over the batch's valid tokens.")
+    kl_penalty: str = opt("kl", "KL estimator between actor and reference: kl/k1, abs, mse/k2, low_var_kl/k3; "
+                                "a trailing + (k1+, k3+) takes that estimator's value with k2's gradient.",
+                          choices=kl_names())
     kl_ctrl_type: str = opt("fixed", "KL coefficient controller.", choices=("fixed", "adaptive"))
-    init_kl_coef: float = opt(0.0, "Initial KL coefficient.", ge=0)
+    init_kl_coef: float = opt(0.0, "Initial KL coefficient beta; 0 (with a fixed controller) turns the KL and the "
+                                   "reference model off.", ge=0)
     kl_target: Optional[float] = opt(None, "Target KL of the adaptive controller.", gt=0)
     kl_horizon: Optional[float] = opt(None, "Horizon (samples) of the adaptive controller.", gt=0)
-    use_kl_in_reward: bool = opt(False, "Subtract coef x KL from the token rewards (else KL is a loss term).")
+    use_kl_in_reward: bool = opt(False, "Subtract beta x KL from the token rewards, which every estimator reads "
+                                        "(verl); false: beta x KL is a term of the actor loss (MindSpeed-RL).")
     # losses
-    clip_ratio: float = opt(0.2, "PPO ratio clip epsilon.", gt=0, lt=1)
+    policy_loss: str = opt("vanilla", "Policy loss: vanilla (PPO clip per token) or gspo (sequence-level ratio).",
+                           choices=tuple(POLICY_LOSSES))
+    loss_agg_mode: Optional[str] = opt(None, "How per-token losses become one number, over the whole mini-batch "
+                                             "(null: token-mean, or seq-mean-token-mean for gspo).",
+                                       choices=LOSS_AGG_MODES)
+    token_level_loss: Optional[bool] = opt(None, "MindSpeed-RL's name: true = loss_agg_mode token-mean, false = "
+                                                 "seq-mean-token-mean.")
+    clip_ratio: float = opt(0.2, "PPO ratio clip epsilon (both sides unless clip_ratio_low/high are set).",
+                            gt=0, lt=1)
+    clip_higher_enable: Optional[bool] = opt(None, "DAPO clip-higher: clip the ratio to [1 - clip_ratio_low, 1 + "
+                                                   "clip_ratio_high] (null: on when either is set).")
+    clip_ratio_low: Optional[float] = opt(None, "Lower clip epsilon (null: clip_ratio).", gt=0, lt=1)
+    clip_ratio_high: Optional[float] = opt(None, "Upper clip epsilon (null: clip_ratio; DAPO: 0.28).", gt=0)
     clip_ratio_c: Optional[float] = opt(None, "Dual-clip bound for negative advantages (e.g. 3.0); off when null.", gt=1)
     cliprange_value: float = opt(0.5, "Value-function clip range.", gt=0)
     entropy_coeff: float = opt(0.0, "Entropy bonus coefficient.", ge=0)
+    rollout_correction: RolloutCorrectionConfig = opt(doc="Rollout correction (off by default).",
+                                                      factory=RolloutCorrectionConfig)
+    # DAPO: overlong reward shaping and dynamic sampling
+    overlong_buffer_enable: bool = opt(False, "Soft overlong punishment: responses longer than rollout_max_tokens "
+                                              "- overlong_buffer lose up to overlong_buffer_penalty_factor.")
+    overlong_buffer: int = opt(0, "Length of the punishment ramp (tokens) before rollout_max_tokens.", ge=0)
+    overlong_buffer_penalty_factor: float = opt(1.0, "The punishment at rollout_max_tokens.", ge=0)
+    rollout_max_tokens: Optional[int] = opt(None, "The length L_max of the overlong punishment (null: "
+                                                  "generate_config.sampling_config.max_tokens).", ge=1)
+    filter_groups_enable: bool = opt(False, "Dynamic sampling: drop prompt groups whose responses all score the "
+                                            "same and generate more until the batch is full.")
+    filter_groups_metric: Optional[str] = opt(None, "What must differ inside a group: score, or a verifier's name "
+                                                    "(MindSpeed-RL's grpo/<verifier>_rewards/mean is accepted); "
+                                                    "null: the first verifier (accuracy), else score.")
+    filter_groups_max_batches: int = opt(-1, "Most generation batches per iteration (-1: no limit). When reached, "
+                                             "the batch is completed with filtered groups (counted in "
+                                             "dynamic_sampling/filled_groups).", ge=-1)
+    filter_groups_train_batch_size: Optional[int] = opt(None, "Prompt groups trained per iteration after "
+                                                              "filtering (null: global_batch_size).", ge=1)
     # rewards
     rule_reward: bool = opt(True, "Score responses with rule verifiers.")
     verifier_function: List[str] = opt(doc="Registered verifier names.", factory=lambda: ["acc_for_ppo"])

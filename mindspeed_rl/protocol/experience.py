@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..datasets.padding import left_pad
+from ..algorithms.losses import LossScale
 from .rollout import RolloutOutput
 
 Rows = Union[np.ndarray, Sequence[int], slice]
@@ -48,6 +49,8 @@ FIELDS: Dict[str, FieldSpec] = {
     "token_rewards": FieldSpec(("B", "R"), torch.float32, "score on the last response token, minus KL "
                                                           "when it is in the reward"),
     "advantages": FieldSpec(("B", "R"), torch.float32, "advantage of each response token"),
+    "rollout_is_weights": FieldSpec(("B", "R"), torch.float32, "rollout-correction importance weight of each "
+                                                               "response token (rollout_correction.rollout_is)"),
     "returns": FieldSpec(("B", "R"), torch.float32, "value target of each response token"),
 }
 
@@ -77,6 +80,7 @@ class Experience:
     kl: Optional[torch.Tensor] = None
     token_rewards: Optional[torch.Tensor] = None
     advantages: Optional[torch.Tensor] = None
+    rollout_is_weights: Optional[torch.Tensor] = None
     returns: Optional[torch.Tensor] = None
     labels: Optional[List[str]] = field(default=None, repr=False)
 
@@ -145,13 +149,36 @@ class Experience:
         """Plain name -> tensor mapping of the given present fields (what the Megatron engine consumes)."""
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
+    def widened(self, prompt_width: int, response_width: int, pad_id: int) -> "Experience":
+        """The same rows with more prompt columns (padding added on the left) and response columns (on
+        the right); padding is ``pad_id`` in token fields and 0 elsewhere."""
+        left, right = prompt_width - self.prompt_width, response_width - self.response_width
+        if left < 0 or right < 0:
+            raise ValueError(f"cannot narrow experience from P={self.prompt_width}, R={self.response_width} "
+                             f"to P={prompt_width}, R={response_width}")
+        values = {}
+        for name in self.present():
+            tensor, dims = getattr(self, name), FIELDS[name].dims
+            fill = pad_id if name in ("input_ids", "response_ids") else 0
+            pad = {"B": (0, 0), "P": (left, 0), "R": (0, right), "P+R": (left, right)}[dims[-1]]
+            if dims != ("B",) and pad != (0, 0):
+                tensor = torch.nn.functional.pad(tensor, pad, value=fill)
+            values[name] = tensor
+        return Experience(prompt_width=prompt_width, labels=self.labels, **values)
+
     @staticmethod
-    def cat(parts: Sequence["Experience"]) -> "Experience":
-        """Rows of ``parts`` in order; every part has the same fields and widths."""
+    def cat(parts: Sequence["Experience"], pad_id: Optional[int] = None) -> "Experience":
+        """Rows of ``parts`` in order; every part has the same fields. With ``pad_id``, parts of different
+        widths are widened to the widest first; without it their widths must agree."""
         first = parts[0]
-        for part in parts[1:]:
-            if part.prompt_width != first.prompt_width or part.present() != first.present():
-                raise ValueError("cannot concatenate experience pieces with different fields or widths")
+        if any(p.present() != first.present() for p in parts[1:]):
+            raise ValueError("cannot concatenate experience pieces with different fields")
+        if pad_id is not None:
+            width_p, width_r = max(p.prompt_width for p in parts), max(p.response_width for p in parts)
+            parts = [p.widened(width_p, width_r, pad_id) for p in parts]
+            first = parts[0]
+        elif any((p.prompt_width, p.response_width) != (first.prompt_width, first.response_width) for p in parts):
+            raise ValueError("cannot concatenate experience pieces of different widths without a pad_id")
         values = {name: torch.cat([getattr(p, name) for p in parts]) for name in first.present()}
         labels = sum((p.labels for p in parts), []) if all(p.labels is not None for p in parts) else None
         return Experience(prompt_width=first.prompt_width, labels=labels, **values)
@@ -159,11 +186,11 @@ class Experience:
 
 @dataclass
 class MiniBatch:
-    """One optimizer step's rows for one DP rank, and the valid-token count of the whole mini-batch
-    (all DP ranks): the token-mean normaliser that makes the loss independent of the split."""
+    """One optimizer step's rows for one DP rank, and the counts of the whole mini-batch (all DP ranks):
+    the loss normalisers that make the loss independent of how the mini-batch is split."""
 
     rows: Experience
-    normaliser: float
+    scale: LossScale
 
 
 def build_experience(prompts: Sequence[Sequence[int]], outputs: Sequence[RolloutOutput], n: int, pad_id: int,

@@ -41,6 +41,16 @@ class RuleRewardRunner:
             self._pool = None
 
     def score(self, responses: Sequence[str], labels: Sequence[str]) -> Tuple[torch.Tensor, Dict[str, float]]:
+        """The weighted score of every response, and the metrics."""
+        per_verifier, metrics = self.score_each(responses, labels)
+        scores = torch.zeros(len(responses))
+        for name, weight in zip(self.names, self.weights):
+            scores += weight * per_verifier[name]
+        return scores, metrics
+
+    def score_each(self, responses: Sequence[str], labels: Sequence[str]) -> Tuple[Dict[str, torch.Tensor],
+                                                                                     Dict[str, float]]:
+        """Each verifier's value for every response (unweighted), and the metrics."""
         tasks = [(k, name, r, l) for k, name in enumerate(self.names) for r, l in zip(responses, labels)]
         results: List[float] = [0.0] * len(tasks)
         timeouts = failures = 0
@@ -63,16 +73,15 @@ class RuleRewardRunner:
                 results[index] = value
             if not restarted:
                 break
-        scores = torch.zeros(len(responses))
+        per_verifier: Dict[str, torch.Tensor] = {}
         metrics: Dict[str, float] = {}
         n = len(responses)
-        for k, (name, weight) in enumerate(zip(self.names, self.weights)):
-            t = torch.tensor(results[k * n:(k + 1) * n], dtype=torch.float32)
-            scores += weight * t
-            metrics[f"{name}_rewards/mean"] = float(t.mean()) if n else 0.0
+        for k, name in enumerate(self.names):
+            per_verifier[name] = torch.tensor(results[k * n:(k + 1) * n], dtype=torch.float32)
+            metrics[f"{name}_rewards/mean"] = float(per_verifier[name].mean()) if n else 0.0
         metrics["rule_reward/timeouts"] = float(timeouts)
         metrics["rule_reward/failures"] = float(failures)
-        return scores, metrics
+        return per_verifier, metrics
 
     def close(self) -> None:
         if self._pool is not None:

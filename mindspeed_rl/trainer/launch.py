@@ -135,7 +135,7 @@ def last_checkpoint_text(cfg: PPOConfig) -> str:
     if iteration is None:
         return "No checkpoint was saved yet (megatron_training.save_interval sets how often)."
     resume = f"actor_config.finetune=false actor_config.load={am.save}"
-    if cfg.rl.adv_estimator == "gae" and cm.save:
+    if cfg.uses_critic and cm.save:
         resume += f" critic_config.finetune=false critic_config.load={cm.save}"
     return f"Last good checkpoint: {am.save} (iteration {iteration}). Resume by adding: {resume}"
 
@@ -184,7 +184,7 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     started = time.perf_counter()
     from .preflight import preflight
 
-    preflight(cfg, uses_critic=rl.adv_estimator == "gae")
+    preflight(cfg)
     acc = get_accelerator()
     env = runtime_env_vars()
     init_ray(env)
@@ -194,7 +194,7 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     print(describe_placement(pg), flush=True)
     samples = cfg.samples_per_iteration
     steps = mt.train_iters * (samples // rl.mini_batch_size) * rl.epochs
-    shared = 1 + (rl.adv_estimator == "gae") + (cfg.reward is not None)
+    shared = len(cfg.roles)
     fraction = cpus_per_bundle / shared if acc.kind == "cpu" else 1.0 / shared  # roles share each bundle
     workers: List = []  # groups started so far, for the clean-up
     runner = logger = None
@@ -207,7 +207,7 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
                                                           threads=threads), env, workers)
         print(f"rollout engines: {actor.describe_engines()}", flush=True)
         critic = None
-        if rl.adv_estimator == "gae":
+        if cfg.uses_critic:
             critic = spawn_group("critic", CriticWorker, acc, pg, cfg.critic.num_devices, fraction,
                                  lambda rank, addr, port: dict(rank=rank, world_size=cfg.critic.num_devices,
                                                                master_addr=addr, master_port=port, role=cfg.critic,

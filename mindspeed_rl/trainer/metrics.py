@@ -44,10 +44,11 @@ def data_metrics(exp: Experience) -> Dict[str, float]:
     return out
 
 
-def throughput(metrics: Dict[str, float], global_batch_size: int, n_samples: int, world_size: int) -> Dict[str, float]:
-    """e2e_tps = (response_length_mean + prompt_length_mean) x gbs x n / world_size / timing/all;
-    update_tps and vllm_tps the same over timing/update and timing/rollout."""
-    tokens = (metrics["response_length/mean"] + metrics["prompt_length/mean"]) * global_batch_size * n_samples
+def throughput(metrics: Dict[str, float], responses: int, world_size: int) -> Dict[str, float]:
+    """e2e_tps = (response_length_mean + prompt_length_mean) x responses / world_size / timing/all, the
+    responses being the iteration's trained samples (gbs x n); update_tps and vllm_tps the same over
+    timing/update and timing/rollout."""
+    tokens = (metrics["response_length/mean"] + metrics["prompt_length/mean"]) * responses
     per_device = tokens / world_size
     out = {}
     for name, timing in (("e2e_tps", "timing/all"), ("update_tps", "timing/update"), ("vllm_tps", "timing/rollout")):

@@ -1,16 +1,19 @@
-"""The PPO single controller. ``fit()`` is DESIGN.md's iteration list."""
+"""The single controller. ``fit()`` is DESIGN.md's iteration list; the algorithm registry
+(``cfg.algorithm``) decides which models take part and how advantages and losses are computed."""
 from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
 
-from ..algorithms import compute_gae, group_norm_advantages, kl_penalty, make_kl_controller, masked_mean
-from ..algorithms import masked_whiten, token_level_rewards
-from ..config_cls.ppo_config import PPOConfig
+from ..algorithms.advantages import masked_mean, sequence_rewards, token_level_rewards
+from ..algorithms.kl import kl_penalty, make_kl_controller
+from ..algorithms.rollout_correction import mismatch_metrics, truncated_is_weights
+from ..algorithms.shaping import informative_groups, overlong_penalty
+from ..config_cls.ppo_config import PPOConfig, filter_metric_name
 from ..protocol import MODEL_INPUTS, Experience, build_experience, mini_batch_plan
 from .metrics import data_metrics, throughput
 from .prompts import PromptBatch, decode_responses
@@ -28,15 +31,16 @@ class PPOTrainer:
         self.reward_runner, self.dataset, self.sampler = reward_runner, dataset, sampler
         self.tokenizer, self.logger = tokenizer, logger
         self.iteration = start_iteration
+        self.algorithm = cfg.algorithm
         self.kl_ctrl = make_kl_controller(self.rl.kl_ctrl_type, self.rl.init_kl_coef, self.rl.kl_target,
                                           self.rl.kl_horizon)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.timing: Dict[str, float] = {}
-        self.use_critic = self.rl.adv_estimator == "gae"
-        self.use_ref = self.rl.use_kl_in_reward or self.rl.init_kl_coef > 0 or self.rl.kl_ctrl_type == "adaptive"
+        self.use_critic, self.use_ref = self.algorithm.use_critic, self.algorithm.use_reference
         samples = cfg.samples_per_iteration
+        # one on-policy step: the old log-probs equal the current ones (taken, detached, in the loss)
         self.skip_old_log_prob = (self.rl.epochs == 1 and samples == self.rl.mini_batch_size
-                                  and not self.rl.use_kl_in_reward)
+                                  and not self.algorithm.kl_in_reward and not self.algorithm.rollout_is)
         self.history: List[Dict[str, float]] = []
         self.ref_from = None  # the original weights the reference was built from, for resumes
 
@@ -51,9 +55,7 @@ class PPOTrainer:
         while self.iteration < self.cfg.megatron_training.train_iters:
             self.timing = {}
             with self.timer("timing/all"):
-                prompts = self.next_prompts()
-                with self.timer("timing/rollout"):
-                    exp = self.generate(prompts)
+                exp, reward_metrics = self.rollout()
                 if self.use_ref:
                     with self.timer("timing/reference_model"):
                         exp.set("ref_log_probs", self.log_probs(exp, "ref"))
@@ -63,9 +65,9 @@ class PPOTrainer:
                 if self.use_critic:
                     with self.timer("timing/critic_model"):
                         exp.set("values", self.values(exp))
-                reward_metrics = self.score(exp)
                 with self.timer("timing/adv"):
                     self.compute_advantages(exp)
+                    reward_metrics.update(self.correct_rollout(exp))
                 update_metrics = {}
                 if self.use_critic:
                     with self.timer("timing/update_critic"):
@@ -116,11 +118,54 @@ class PPOTrainer:
         items = [self.dataset[i] for i in indices]
         return PromptBatch([list(it["input_ids"]) for it in items], [it.get("labels", "") for it in items])
 
-    def generate(self, prompts: PromptBatch) -> Experience:
-        """Prompts split over the rollout engines; the sample seeds depend on the iteration only."""
+    def rollout(self) -> Tuple[Experience, Dict[str, float]]:
+        """Prompts -> responses -> scores. With dynamic sampling (DAPO's filter_groups), groups whose
+        responses all score alike are dropped and more prompts are drawn until the batch is full."""
+        if self.rl.filter_groups_enable:
+            return self.dynamic_sampling()
+        exp = self.generate(self.next_prompts())
+        metrics, _ = self.score(exp)
+        return exp, metrics
+
+    def dynamic_sampling(self) -> Tuple[Experience, Dict[str, float]]:
+        """Generation batches of global_batch_size prompts until prompts_per_iteration groups differ in the
+        filter metric, or filter_groups_max_batches is reached: then the batch is completed with filtered
+        groups (they carry no group-relative advantage), counted in dynamic_sampling/filled_groups."""
+        want, n = self.cfg.prompts_per_iteration, self.rl.n_samples_per_prompt
+        limit, metric = self.rl.filter_groups_max_batches, filter_metric_name(self.rl)
+        kept: List[Experience] = []
+        dropped: List[Experience] = []
+        batch_metrics: List[Dict[str, float]] = []
+        groups = batches = 0
+        while groups < want and (limit < 0 or batches < limit):
+            exp = self.generate(self.next_prompts(), batch=batches)
+            metrics, per_verifier = self.score(exp)
+            batches += 1
+            batch_metrics.append(metrics)
+            keep = informative_groups(exp.scores if metric == "score" else per_verifier[metric], exp.group)
+            kept.append(exp.select(np.flatnonzero(keep.numpy())))
+            dropped.append(exp.select(np.flatnonzero((~keep).numpy())))
+            groups += int(keep.sum()) // n
+        filled = max(0, want - groups)
+        parts = [p for p in kept + dropped if p.num_rows]
+        exp = Experience.cat(parts, self.pad_id).select(np.arange(want * n))  # informative groups first
+        exp.set("group", torch.arange(want * n) // n)
+        if filled:
+            print(f"iteration {self.iteration + 1}: dynamic sampling found {groups} of {want} informative groups in "
+                  f"{batches} batches (filter_groups_max_batches); {filled} filtered groups fill the batch",
+                  flush=True)
+        metrics = {k: float(np.mean([m[k] for m in batch_metrics if k in m])) for k in batch_metrics[0]}
+        metrics.update({"dynamic_sampling/batches": float(batches), "dynamic_sampling/kept_groups": float(groups),
+                        "dynamic_sampling/filled_groups": float(filled)})
+        return exp, metrics
+
+    def generate(self, prompts: PromptBatch, batch: int = 0) -> Experience:
+        """Prompts split over the rollout engines; the sample seeds depend on the iteration (and the
+        generation batch of dynamic sampling) only."""
         n = self.rl.n_samples_per_prompt
-        seed = self.gen.sampling_config.seed + 1_000_003 * self.iteration
-        generated = self.actor.generate(prompts.input_ids, n, seed)
+        seed = self.gen.sampling_config.seed + 1_000_003 * self.iteration + 100_003 * batch
+        with self.timer("timing/rollout"):
+            generated = self.actor.generate(prompts.input_ids, n, seed)
         for key in ("timing/resharding_to_infer", "timing/resharding_to_train"):
             self.timing[key] = self.timing.get(key, 0.0) + generated.timing.get(key, 0.0)
         return build_experience(prompts.input_ids, generated.outputs, n, self.pad_id, prompts.labels)
@@ -135,43 +180,66 @@ class PPOTrainer:
     def values(self, exp: Experience) -> torch.Tensor:
         return torch.cat([r["values"] for r in self.critic.forward("compute_values", exp)]).float()
 
-    def score(self, exp: Experience) -> Dict[str, float]:
-        """Sequence scores: rule verifiers and/or the reward model, summed into ``exp.scores``."""
+    def score(self, exp: Experience) -> Tuple[Dict[str, float], Dict[str, torch.Tensor]]:
+        """Sequence scores into ``exp.scores``: rule verifiers and/or the reward model, plus the overlong
+        punishment when on. Returns the metrics and each verifier's values."""
         scores = torch.zeros(exp.num_rows)
         metrics: Dict[str, float] = {}
+        per_verifier: Dict[str, torch.Tensor] = {}
         if self.rl.rule_reward:
             with self.timer("timing/rule_reward"):
                 texts, outside = decode_responses(self.tokenizer, exp.response_ids, exp.response_mask)
-                rule, metrics = self.reward_runner.score(texts, exp.labels)
+                per_verifier, metrics = self.reward_runner.score_each(texts, exp.labels)
             metrics["rollout/out_of_vocab_tokens"] = float(outside)
-            scores = scores + rule
+            for name, weight in zip(self.rl.verifier_function, self.rl.verifier_weight):
+                scores = scores + weight * per_verifier[name]
         if self.reward_model is not None:
             with self.timer("timing/reward_model"):
                 rm = torch.cat([r["scores"] for r in self.reward_model.forward("compute_scores", exp)])
             metrics["reward_model/score/mean"] = float(rm.mean())
             scores = scores + rm.float()
+        if self.rl.overlong_buffer_enable:
+            limit = self.rl.rollout_max_tokens or self.gen.sampling_config.max_tokens
+            penalty = overlong_penalty(exp.response_mask.sum(1), limit, self.rl.overlong_buffer,
+                                       self.rl.overlong_buffer_penalty_factor)
+            metrics["overlong/penalty_mean"] = float(penalty.mean())
+            metrics["overlong/penalised_share"] = float((penalty < 0).float().mean())
+            scores = scores + penalty
         exp.set("scores", scores)
-        return metrics
+        return metrics, per_verifier
 
     def compute_advantages(self, exp: Experience) -> None:
-        mask = exp.response_mask.float()
+        """KL (when a reference is used), token rewards (score on the last token, - beta x KL when the KL
+        is in the reward), then the registered estimator."""
+        mask = exp.response_mask
         kl = None
         if exp.ref_log_probs is not None:
             current = exp.old_log_probs if exp.old_log_probs is not None else exp.rollout_log_probs
-            kl = kl_penalty(current, exp.ref_log_probs, self.rl.kl_penalty) * mask
+            kl = torch.where(mask.bool(), kl_penalty(current, exp.ref_log_probs, self.rl.kl_penalty), 0.0)
             exp.set("kl", kl)
-        coef = self.kl_ctrl.value if self.rl.use_kl_in_reward else 0.0
-        exp.set("token_rewards", token_level_rewards(exp.scores, mask, kl, coef))
-        if self.rl.adv_estimator == "gae":
-            adv, ret = compute_gae(exp.token_rewards, exp.values, mask, self.rl.gamma, self.rl.lam)
-        else:
-            adv, ret = group_norm_advantages(exp.scores, mask, exp.group.tolist())
-        if self.rl.whiten_advantages and self.rl.adv_estimator == "gae":
-            adv = masked_whiten(adv, mask)
+        beta = self.kl_ctrl.value if self.algorithm.kl_in_reward else 0.0
+        exp.set("token_rewards", token_level_rewards(exp.scores, mask.float(), kl, beta))
+        adv, ret = self.algorithm.estimator.compute(
+            token_rewards=exp.token_rewards, sequence_rewards=sequence_rewards(exp.token_rewards, mask),
+            values=exp.values, mask=mask, group=exp.group, gamma=self.rl.gamma, lam=self.rl.lam,
+            whiten=self.rl.whiten_advantages)
         exp.set("advantages", adv)
         exp.set("returns", ret)
         if kl is not None:
-            self.kl_ctrl.update(float(masked_mean(kl, mask)), self.cfg.samples_per_iteration)
+            self.kl_ctrl.update(float(masked_mean(kl, mask)), exp.num_rows)
+
+    def correct_rollout(self, exp: Experience) -> Dict[str, float]:
+        """Rollout/trainer mismatch metrics, and the truncated importance weights when rollout_is is on."""
+        if exp.old_log_probs is None:
+            return {}
+        metrics = mismatch_metrics(exp.old_log_probs, exp.rollout_log_probs, exp.response_mask)
+        if self.algorithm.rollout_is:
+            weights, is_metrics = truncated_is_weights(exp.old_log_probs, exp.rollout_log_probs, exp.response_mask,
+                                                       self.algorithm.rollout_is,
+                                                       self.rl.rollout_correction.rollout_is_threshold)
+            exp.set("rollout_is_weights", weights)
+            metrics.update(is_metrics)
+        return metrics
 
     def update_plan(self, exp: Experience) -> List[np.ndarray]:
         """Rows of every optimizer step (epochs x mini-batches), seeded by the iteration."""
@@ -179,11 +247,14 @@ class PPOTrainer:
                                self.cfg.megatron_training.seed + 7919 * self.iteration)
 
     def update_critic(self, exp: Experience) -> Dict[str, float]:
-        return self.critic.update("update", exp, self.update_plan(exp), ("values", "returns"))
+        return self.critic.update("update", exp, self.update_plan(exp), ("values", "returns"),
+                                  horizon=self.gen.sampling_config.max_tokens)
 
     def update_actor(self, exp: Experience) -> Dict[str, float]:
-        fields = ["advantages"] + [k for k in ("old_log_probs", "ref_log_probs") if getattr(exp, k) is not None]
-        return self.actor.update("update", exp, self.update_plan(exp), fields, self.kl_ctrl.value)
+        fields = ["advantages"] + [k for k in ("old_log_probs", "ref_log_probs", "rollout_is_weights")
+                                   if getattr(exp, k) is not None]
+        return self.actor.update("update", exp, self.update_plan(exp), fields, self.kl_ctrl.value,
+                                 horizon=self.gen.sampling_config.max_tokens)
 
     def collect_metrics(self, exp: Experience, reward_metrics, update_metrics) -> Dict[str, float]:
         metrics: Dict[str, float] = {"iteration": self.iteration}
@@ -192,6 +263,5 @@ class PPOTrainer:
         metrics.update(update_metrics)
         metrics["actor/kl_coef"] = float(self.kl_ctrl.value)
         metrics.update(self.timing)
-        metrics.update(throughput(metrics, self.cfg.megatron_training.global_batch_size,
-                                  self.rl.n_samples_per_prompt, self.cfg.world_size))
+        metrics.update(throughput(metrics, exp.num_rows, self.cfg.world_size))
         return metrics

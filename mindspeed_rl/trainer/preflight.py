@@ -54,8 +54,8 @@ def check_role(role: RoleConfig) -> None:
         check_checkpoint(f"{section}.load", m.load, (role.tp, role.pp))
 
 
-def preflight(cfg: PPOConfig, uses_critic: bool) -> None:
-    roles = [cfg.actor] + ([cfg.critic] if uses_critic else []) + ([cfg.reward] if cfg.reward else [])
+def preflight(cfg: PPOConfig) -> None:
+    roles = cfg.roles
     for role in roles:
         check_role(role)
     ref = cfg.rl.integrated_mode_config.ref_model_load_path

@@ -13,7 +13,9 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from ..algorithms import aggregate_token_mean, entropy_loss, kl_penalty, policy_loss
+from ..algorithms.kl import kl_penalty
+from ..algorithms.losses import Clip, LossScale, aggregate, entropy_loss
+from ..algorithms.registry import resolve_algorithm
 from ..config_cls.generate_config import GenerateConfig, SamplingConfig
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
@@ -34,6 +36,7 @@ class IntegratedActorWorker(MegatronWorker):
         from ..rollout.factory import make_rollout_engine
 
         self.role, self.rl, self.gen = role, rl, gen
+        self.algorithm = resolve_algorithm(rl)
         self.actor = MegatronEngine(role, head="lm", trainable=True, total_steps=total_steps)
         self.ref = MegatronEngine(role, head="lm", trainable=False)
         self.actor_offload, self.ref_offload = Offloader(self.actor), Offloader(self.ref)
@@ -129,27 +132,36 @@ class IntegratedActorWorker(MegatronWorker):
 
     # ----- update ----------------------------------------------------------------------------------------
     def update(self, mini_batches: List[MiniBatch], kl_coef: float) -> Dict[str, float]:
-        """One optimizer step per mini-batch (this DP rank's share of it); averaged metrics."""
-        rl = self.rl
+        """One optimizer step per mini-batch (this DP rank's share of it); averaged metrics.
 
-        def make_loss(rows: Experience, normaliser: float):
+        loss = policy loss (the registry's, aggregated by loss_agg_mode) - entropy_coeff x entropy
+               + beta x KL(actor || reference)   (when the KL is in the loss, not in the reward)
+        """
+        rl, plan = self.rl, self.algorithm
+        clip = Clip(plan.clip_low, plan.clip_high, plan.clip_dual)
+        mode = plan.loss_agg_mode
+
+        def make_loss(rows: Experience, scale: LossScale):
             width, length = rows.prompt_width, rows.response_width
+            per_token = LossScale(scale.tokens, 1.0)  # token means for the metrics
 
             def loss_fn(outputs, micro):
-                mask = micro["response_mask"].float()
+                mask = micro["response_mask"]
                 log_prob = response_part(outputs["log_probs"], width, length)
                 old = micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach()
-                pg, m = policy_loss(log_prob, old, micro["advantages"], mask, rl.clip_ratio, rl.clip_ratio_c,
-                                    normaliser)
-                entropy = entropy_loss(response_part(outputs["entropy"], width, length), mask, normaliser)
-                loss = pg - rl.entropy_coeff * entropy
-                kl_loss = torch.zeros((), device=pg.device)
-                if not rl.use_kl_in_reward and "ref_log_probs" in micro:
-                    kl_loss = aggregate_token_mean(kl_penalty(log_prob, micro["ref_log_probs"], rl.kl_penalty),
-                                                   mask, normaliser)
-                    loss = loss + kl_coef * kl_loss
-                return loss, {"actor/pg_loss": float(pg), "actor/entropy": float(entropy),
-                              "actor/kl_loss": float(kl_loss), "actor/pg_clipfrac": float(m["pg_clipfrac"]),
+                pg, m = plan.policy_loss.compute(log_prob, old, micro["advantages"], mask, clip, mode, scale,
+                                                 micro.get("rollout_is_weights"))
+                entropy = response_part(outputs["entropy"], width, length)
+                loss = pg - rl.entropy_coeff * entropy_loss(entropy, mask, mode, scale) if rl.entropy_coeff else pg
+                kl_mean = torch.zeros((), device=pg.device)
+                if plan.kl_in_loss:
+                    kl = kl_penalty(log_prob, micro["ref_log_probs"], rl.kl_penalty)
+                    loss = loss + kl_coef * aggregate(kl, mask, mode, scale)
+                    kl_mean = aggregate(kl.detach(), mask, "token-mean", per_token)
+                return loss, {"actor/pg_loss": float(pg), "actor/entropy": float(aggregate(entropy.detach(), mask,
+                                                                                             "token-mean", per_token)),
+                              "actor/kl_loss": float(kl_mean), "actor/pg_clipfrac": float(m["pg_clipfrac"]),
+                              "actor/pg_clipfrac_lower": float(m["pg_clipfrac_lower"]),
                               "actor/ppo_kl": float(m["ppo_kl"])}
             return loss_fn
 

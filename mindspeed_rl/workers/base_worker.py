@@ -62,16 +62,16 @@ class MegatronWorker:
 def train_on_mini_batches(engine, mini_batches: List[MiniBatch], make_loss: Callable, micro_batch_size: int,
                           prefix: str, temperature: float = 1.0) -> Dict[str, float]:
     """One optimizer step per mini-batch (skipped when its loss or gradient is not finite);
-    ``make_loss(rows, normaliser)`` builds each step's loss.
+    ``make_loss(rows, scale)`` builds each step's loss.
 
-    Each mini-batch carries this DP rank's rows and the global valid-token count of the whole
-    mini-batch (the token-mean normaliser); metrics are averaged over the steps, with grad norm and lr
+    Each mini-batch carries this DP rank's rows and the counts of the whole mini-batch (``LossScale``:
+    the normalisers of every loss aggregation mode); metrics are averaged over the steps, with grad norm and lr
     named after ``prefix``.
     """
     steps, skipped = [], 0
     for mb in mini_batches:
         rows: Experience = mb.rows
-        step = engine.train_step(rows.tensors(rows.present()), make_loss(rows, mb.normaliser), micro_batch_size,
+        step = engine.train_step(rows.tensors(rows.present()), make_loss(rows, mb.scale), micro_batch_size,
                                  temperature)
         grad_key = "grad_norm" if prefix == "actor" else f"{prefix}/grad_norm"
         steps.append({**step.metrics, grad_key: step.grad_norm, f"{prefix}/lr": step.lr})

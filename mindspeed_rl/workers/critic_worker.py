@@ -4,7 +4,8 @@ from __future__ import annotations
 import time
 from typing import Dict, List, Optional
 
-from ..algorithms import value_loss
+from ..algorithms.losses import LossScale, value_loss
+from ..algorithms.registry import resolve_algorithm
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..protocol import Experience, MiniBatch, response_part
@@ -62,12 +63,13 @@ class CriticWorker(MegatronWorker):
         return {"values": values, "seconds": time.perf_counter() - t0}
 
     def update(self, mini_batches: List[MiniBatch]) -> Dict[str, float]:
-        def make_loss(rows: Experience, normaliser: float):
+        mode = resolve_algorithm(self.rl).loss_agg_mode
+
+        def make_loss(rows: Experience, scale: LossScale):
             def loss_fn(outputs, micro):
-                mask = micro["response_mask"].float()
                 values = response_part(outputs["values"], rows.prompt_width, rows.response_width)
-                loss, m = value_loss(values, micro["values"], micro["returns"], mask, self.rl.cliprange_value,
-                                     normaliser)
+                loss, m = value_loss(values, micro["values"], micro["returns"], micro["response_mask"],
+                                     self.rl.cliprange_value, mode, scale)
                 return loss, {"critic/vf_loss": float(loss), "critic/vf_clipfrac": float(m["vf_clipfrac"])}
             return loss_fn
 

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from ..algorithms.losses import LossScale
 from ..protocol import MODEL_INPUTS, Experience, MiniBatch, RankLayout, RolloutOutput, RolloutResult
 
 
@@ -117,15 +118,16 @@ class WorkerGroup:
         return [results[rank] for rank in self.output_ranks()]
 
     def update(self, method: str, experience: Experience, plan: Sequence[np.ndarray], fields: Sequence[str],
-               *extra) -> Any:
+               *extra, horizon: Optional[float] = None) -> Any:
         """One optimizer step per mini-batch of ``plan`` (row indices): each DP rank gets its share and the
-        mini-batch's valid-token count. Returns the first output rank's answer (metrics are reduced
-        across DP inside the engine)."""
+        whole mini-batch's counts (valid tokens, responses, and ``horizon``, the fixed length of
+        seq-mean-token-sum-norm; default the response width). Returns the first output rank's answer
+        (metrics are reduced across DP inside the engine)."""
         per_dp: List[List[MiniBatch]] = [[] for _ in range(self.dp_size)]
         for rows in plan:
-            normaliser = float(experience.response_mask[rows].sum())
+            scale = LossScale.of(experience.response_mask[rows], horizon)
             for dp, part in enumerate(np.array_split(np.asarray(rows), self.dp_size)):
-                per_dp[dp].append(MiniBatch(experience.select(part, fields), normaliser))
+                per_dp[dp].append(MiniBatch(experience.select(part, fields), scale))
         return self._call_per_dp(method, per_dp, extra)[self.output_ranks()[0]]
 
     def _call_per_dp(self, method: str, per_dp: Sequence[Any], extra: tuple) -> List[Any]:
