@@ -1,4 +1,5 @@
-"""Name -> verifier function. A verifier maps (response text, label) to a score in [0, 1]."""
+"""Name -> verifier function. A verifier maps (response text, label) to a score (in [0, 1], or [-1, 1] for
+acc_for_dapo)."""
 from __future__ import annotations
 
 from typing import Callable, Dict, List

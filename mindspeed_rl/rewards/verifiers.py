@@ -72,12 +72,19 @@ def answers_match(answer: str, label: str) -> bool:
         return False
 
 
-@register_verifier("acc_for_ppo", "gsm8k", "math")
+@register_verifier("acc_for_ppo", "base_acc", "gsm8k", "math")
 def accuracy(response: str, label: str) -> float:
+    """1 when the response's final answer equals the label, else 0 (MindSpeed-RL's base_acc too)."""
     answer = extract_answer(response)
     if answer is None or label is None:
         return 0.0
     return 1.0 if answers_match(answer, str(label)) else 0.0
+
+
+@register_verifier("acc_for_dapo")
+def accuracy_plus_minus(response: str, label: str) -> float:
+    """DAPO's rule reward: +1 for a right final answer, -1 otherwise."""
+    return 2.0 * accuracy(response, label) - 1.0
 
 
 @register_verifier("format")

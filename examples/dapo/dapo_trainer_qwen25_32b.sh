@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# DAPO on Qwen2.5-32B in the MindSpeed-RL style (dapo_qwen25_32b_A3.yaml, 1 node x 16 NPUs). Run the same command on every node:
+#
+#   NNODES=1 NPUS_PER_NODE=16 MASTER_ADDR=10.0.0.1 SOCKET_IFNAME=enp189s0f0 CURRENT_IP=<this node's IP> \
+#       bash examples/dapo/dapo_trainer_qwen25_32b.sh [config name] [key=value ...]
+#
+# On one machine, the CPU twin:  NNODES=1 bash examples/dapo/dapo_trainer_qwen25_32b.sh dapo_tiny_cpu
+# What the launcher does: examples/launch_ray_job.sh.
+DEFAULT_CONFIG=dapo_qwen25_32b_A3 exec bash "$(dirname "$0")/../launch_ray_job.sh" "$@"

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The Ray launcher every recipe script calls (examples/{ppo,grpo,dapo}/*.sh): run the same command on
+# every node:
+#
+#   NNODES=2 NPUS_PER_NODE=16 MASTER_ADDR=10.0.0.1 SOCKET_IFNAME=enp189s0f0 CURRENT_IP=<this node's IP> \
+#       bash examples/<recipe script> [config name] [key=value ...]
+#
+# The head (CURRENT_IP == MASTER_ADDR, or NODE_RANK=0) starts Ray with the device resource, waits
+# until NNODES x NPUS_PER_NODE devices have joined, runs cli/train_ppo.py (one trainer for PPO, GRPO,
+# DAPO: the config's rl_config decides) and tees logs/training.log. Other nodes join and wait until the
+# head's cluster goes away. Each node stops only the Ray it started (the session it started Ray in,
+# recorded in $RAY_TMP.launcher_sid.<pid>), never other processes. Logs go to $LOG_DIR (default logs/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+RAY=${RAY:-$(dirname "$PY")/ray}
+
+CONFIG=${1:-${DEFAULT_CONFIG:?the recipe script sets DEFAULT_CONFIG}}
+shift || true
+DEFAULT_IP=$(hostname -I 2>/dev/null | awk '{print $1}')
+DEFAULT_IP=${DEFAULT_IP:-127.0.0.1}
+NNODES=${NNODES:-1}
+MASTER_ADDR=${MASTER_ADDR:-$DEFAULT_IP}
+CURRENT_IP=${CURRENT_IP:-$DEFAULT_IP}
+RAY_PORT=${RAY_PORT:-6344}
+WAIT_SECONDS=${WAIT_SECONDS:-600}
+DEVICE_RESOURCE=$("$PY" -c "from mindspeed_rl.accelerator import get_accelerator as g; print(g().ray_resource)")
+if [ "$DEVICE_RESOURCE" = "CPU" ]; then
+  NPUS_PER_NODE=${NPUS_PER_NODE:-$(nproc)}
+else
+  NPUS_PER_NODE=${NPUS_PER_NODE:-16}
+fi
+if [ -n "${SOCKET_IFNAME:-}" ]; then
+  export GLOO_SOCKET_IFNAME=$SOCKET_IFNAME TP_SOCKET_IFNAME=$SOCKET_IFNAME HCCL_SOCKET_IFNAME=$SOCKET_IFNAME
+fi
+# Ray >= 2.5x enables token authentication; share RAY_AUTH_TOKEN across nodes to keep it on.
+if [ -z "${RAY_AUTH_TOKEN:-}" ]; then export RAY_AUTH_MODE=${RAY_AUTH_MODE:-disabled}; fi
+export NPUS_PER_NODE
+RAY_TMP=${RAY_TMP:-/tmp/ray_mindspeed_rl_${RAY_PORT}_$(id -u)}
+NODE_RANK=${NODE_RANK:-$([ "$CURRENT_IP" = "$MASTER_ADDR" ] && echo 0 || echo 1)}
+
+case "$DEVICE_RESOURCE" in
+  NPU) RESOURCES=(--resources "{\"NPU\": $NPUS_PER_NODE}") ;;
+  GPU) RESOURCES=(--num-gpus "$NPUS_PER_NODE") ;;
+  *)   RESOURCES=(--num-cpus "$NPUS_PER_NODE") ;;
+esac
+
+SID_FILE="$RAY_TMP.launcher_sid.$$"  # this launcher's own (several may share RAY_TMP on one host)
+stop_own_ray() {
+  # Ray is started in a session of its own (setsid); every Ray process of this node (gcs, raylet, agents,
+  # workers) carries that session id, recorded in $SID_FILE: stop exactly that session (SIGTERM, then
+  # SIGKILL after 10 s, as `ray stop` does), nothing matched by name or command line
+  [ -f "$SID_FILE" ] || return 0
+  local sid
+  sid=$(cat "$SID_FILE")
+  rm -f "$SID_FILE"
+  [[ "$sid" =~ ^[0-9]+$ ]] || return 0
+  pkill -s "$sid" 2>/dev/null || return 0
+  for _ in $(seq 20); do pgrep -s "$sid" > /dev/null || return 0; sleep 0.5; done
+  pkill -9 -s "$sid" 2>/dev/null || true
+}
+start_own_ray() {  # start_own_ray LOG ARGS...: `ray start ARGS` as the leader of a new session
+  local log=$1
+  shift
+  mkdir -p "$(dirname "$RAY_TMP")"
+  setsid bash -c 'echo $$ > "$0"; exec "$@"' "$SID_FILE" "$RAY" start "$@" > "$log" 2>&1
+}
+trap stop_own_ray EXIT
+
+cluster_devices() {
+  timeout 60 "$PY" - "$MASTER_ADDR:$RAY_PORT" "$DEVICE_RESOURCE" <<'PYEOF'
+import sys, ray
+ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
+print(int(ray.cluster_resources().get(sys.argv[2], 0)))
+PYEOF
+}
+
+LOG_DIR=${LOG_DIR:-logs}
+mkdir -p "$LOG_DIR"
+if [ "$NODE_RANK" = "0" ]; then
+  echo "[launcher] head $CURRENT_IP: ray start --head --port $RAY_PORT (${NPUS_PER_NODE} x $DEVICE_RESOURCE)"
+  start_own_ray "$LOG_DIR/ray_head.log" --head --port "$RAY_PORT" --node-ip-address "$CURRENT_IP" \
+      --temp-dir "$RAY_TMP" --include-dashboard false --disable-usage-stats "${RESOURCES[@]}"
+  want=$((NNODES * NPUS_PER_NODE))
+  deadline=$((SECONDS + WAIT_SECONDS))
+  while true; do
+    have=$(cluster_devices 2>/dev/null || echo 0)
+    echo "[launcher] $have / $want $DEVICE_RESOURCE in the cluster"
+    [ "$have" -ge "$want" ] && break
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "[launcher] error: only $have of $want devices joined within ${WAIT_SECONDS}s" >&2
+      exit 2
+    fi
+    sleep 5
+  done
+  RAY_ADDRESS="$MASTER_ADDR:$RAY_PORT" "$PY" cli/train_ppo.py --config-name "$CONFIG" "$@" 2>&1 \
+      | tee "$LOG_DIR/training.log"
+  exit "${PIPESTATUS[0]}"
+else
+  echo "[launcher] node $CURRENT_IP joins $MASTER_ADDR:$RAY_PORT"
+  deadline=$((SECONDS + WAIT_SECONDS))
+  until start_own_ray "$LOG_DIR/ray_node.log" --address "$MASTER_ADDR:$RAY_PORT" --node-ip-address "$CURRENT_IP" \
+        --temp-dir "$RAY_TMP" --disable-usage-stats "${RESOURCES[@]}"; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "[launcher] error: could not join $MASTER_ADDR:$RAY_PORT within ${WAIT_SECONDS}s" >&2
+      exit 2
+    fi
+    sleep 5
+  done
+  # wait while the head's GCS port answers
+  while timeout 5 bash -c "echo > /dev/tcp/$MASTER_ADDR/$RAY_PORT" 2>/dev/null; do sleep 5; done
+  echo "[launcher] the head's cluster is gone; stopping"
+fi
