@@ -11,7 +11,7 @@ from .base import _type_name
 from .generate_config import GenerateConfig, SamplingConfig
 from .megatron_config import MegatronConfig
 from .model_config import ModelConfig
-from .rl_config import IntegratedModeConfig, ResourceConfig, RLConfig
+from .rl_config import IntegratedModeConfig, ResourceConfig, RLConfig, RolloutCorrectionConfig
 
 INTRO = """# Config reference
 
@@ -45,6 +45,30 @@ involves several keys, stops the run with exit code 2 and one message naming the
 - the actor's and the critic's `save` folders differ; `bf16` and `fp16` are not both set.
 - `num_layer_list` (uneven pipeline stages) lists PP positive counts summing to `num_layers`.
 - tokenizer, data and `load` folders must exist (`dry_run` reports them as warnings).
+- the algorithm (docs/algorithms.md): a group estimator (`group_norm`/`grpo`, `dr_grpo`, `rloo`,
+  `reinforce_plus_plus_baseline`) or `filter_groups_enable` needs `n_samples_per_prompt >= 2`;
+  `use_kl_in_reward: true` needs a KL coefficient (`init_kl_coef > 0` or the adaptive controller);
+  `clip_higher_enable: true` needs `clip_ratio_high`, and `false` refuses a set `clip_ratio_low/high`;
+  `loss_agg_mode` and `token_level_loss` must agree when both are given; `filter_groups_metric` is
+  `score` or a listed verifier; `filter_groups_*` keys need `filter_groups_enable`; the overlong buffer
+  is shorter than `rollout_max_tokens`, itself at most `sampling_config.max_tokens`.
+- with dynamic sampling, `filter_groups_train_batch_size` (not `global_batch_size`) x `n_samples_per_prompt`
+  is the count `mini_batch_size` must divide.
+- roles the algorithm does not start (the critic of GRPO / DAPO) are not checked.
+
+Names: MindSpeed-RL's where it has them, verl's where it does not, and both where they differ.
+
+| here | MindSpeed-RL | verl |
+|---|---|---|
+| `adv_estimator: group_norm` (alias `grpo`) | `group_norm` | `grpo` |
+| `kl_penalty: kl / mse / low_var_kl` (aliases `k1 / k2 / k3`, `k1+`, `k3+`) | `kl`, `low_var_kl` | `k1`, `k2`, `k3`, `k1+`, `k3+` |
+| `token_level_loss` / `loss_agg_mode` | `token_level_loss` | `loss_agg_mode` |
+| `clip_higher_enable`, `clip_ratio_low`, `clip_ratio_high` | same | `clip_ratio_low`, `clip_ratio_high` |
+| `overlong_buffer_enable`, `overlong_buffer`, `overlong_buffer_penalty_factor`, `rollout_max_tokens` | same | `reward_model.overlong_buffer.{enable,len,penalty_factor}` |
+| `filter_groups_enable`, `filter_groups_metric`, `filter_groups_max_batches`, `filter_groups_train_batch_size` | same | `algorithm.filter_groups.{enable,metric,max_num_gen_batches}`, `data.train_batch_size` |
+| `policy_loss: vanilla / gspo` | - | `actor.policy_loss.loss_mode` |
+| `rollout_correction.rollout_is`, `rollout_is_threshold` | - | `algorithm.rollout_correction.*` |
+| `use_kl_in_reward`, `init_kl_coef`, `kl_ctrl_type` | same | `algorithm.use_kl_in_reward`, `algorithm.kl_ctrl.*` |
 
 Flags that only mean something on one device (fused kernels, flash attention, sequence parallel,
 gradient-accumulation fusion) are accepted on every device and mapped to what the device has; the
@@ -57,6 +81,7 @@ SECTIONS = [
     ("rl_config", RLConfig),
     ("rl_config.actor_resource / critic_resource / reward_resource", ResourceConfig),
     ("rl_config.integrated_mode_config", IntegratedModeConfig),
+    ("rl_config.rollout_correction", RolloutCorrectionConfig),
     ("generate_config", GenerateConfig),
     ("generate_config.sampling_config", SamplingConfig),
 ]

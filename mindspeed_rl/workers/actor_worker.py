@@ -38,8 +38,10 @@ class IntegratedActorWorker(MegatronWorker):
         self.role, self.rl, self.gen = role, rl, gen
         self.algorithm = resolve_algorithm(rl)
         self.actor = MegatronEngine(role, head="lm", trainable=True, total_steps=total_steps)
-        self.ref = MegatronEngine(role, head="lm", trainable=False)
-        self.actor_offload, self.ref_offload = Offloader(self.actor), Offloader(self.ref)
+        # the frozen reference exists only when the algorithm uses a KL term
+        self.ref = MegatronEngine(role, head="lm", trainable=False) if self.algorithm.use_reference else None
+        self.actor_offload = Offloader(self.actor)
+        self.ref_offload = Offloader(self.ref) if self.ref is not None else None
         self.kind = get_accelerator().kind
         self.rollout = make_rollout_engine(role.model, gen, self.kind, eos_token_id, pad_token_id,
                                            seed=gen.sampling_config.seed, bf16=m.bf16)
@@ -65,15 +67,15 @@ class IntegratedActorWorker(MegatronWorker):
         payload: Dict = {}
         if load and finetune:
             payload = load_weights_only(self.actor, load)
-            self.ref.load_weights({k: v.detach().clone() for k, v in self.actor.named_weights()})
-        else:
-            self.ref.load_weights({k: v.detach().clone() for k, v in self.actor.named_weights()})
-            if load:
-                payload = load_engine(self.actor, load, load_optim, load_rng)
-        origin = ref_load or (payload.get("trainer_state") or {}).get("ref_from")
-        if origin:
-            load_weights_only(self.ref, origin)
-        self.ref_offload.offload(grads=False, optimizer=False)  # the reference waits on host
+        initial = {k: v.detach().clone() for k, v in self.actor.named_weights()} if self.ref is not None else None
+        if load and not finetune:
+            payload = load_engine(self.actor, load, load_optim, load_rng)
+        if self.ref is not None:
+            self.ref.load_weights(initial)
+            origin = ref_load or (payload.get("trainer_state") or {}).get("ref_from")
+            if origin:
+                load_weights_only(self.ref, origin)
+            self.ref_offload.offload(grads=False, optimizer=False)  # the reference waits on host
         return {k: v for k, v in payload.items() if k in ("iteration", "trainer_state")}
 
     def save(self, ckpt_dir: str, iteration: int, extra: Dict, save_optim: bool, save_rng: bool) -> None:
