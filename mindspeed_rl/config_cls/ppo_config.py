@@ -363,7 +363,7 @@ def batch_plan(cfg: PPOConfig) -> str:
         f"  iteration : {gbs} prompts x {n} samples = {samples} responses"
         + (f" (dynamic sampling: batches of {cfg.megatron_training.global_batch_size} prompts until {gbs} groups "
            f"differ in {filter_metric_name(cfg.rl)}, "
-           + (f"at most {cfg.rl.filter_groups_max_batches} batches)" if cfg.rl.filter_groups_max_batches > 0
+           + (f"at most {cfg.rl.filter_groups_max_batches} batch(es))" if cfg.rl.filter_groups_max_batches > 0
               else "no batch limit)")
            if cfg.rl.filter_groups_enable else ""),
         f"  update    : {samples} / mini_batch_size {mini} = {samples // mini} mini-batches per epoch"
