@@ -259,6 +259,8 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
                 group.call("shutdown")
             except ray.exceptions.RayActorError:
                 pass  # already dead: reported above
+            for handle in group.handles:  # the processes go now, not when the handles are collected
+                ray.kill(handle, no_restart=True)
         ray.util.remove_placement_group(pg)
     print(f"run directory: {run_dir}", flush=True)
     return history

@@ -2,6 +2,7 @@
 critic groups (integrated mode), each group with its own torch.distributed world and master port."""
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -37,6 +38,9 @@ def create_placement_group(acc: Accelerator, num_bundles: int, cpus_per_bundle: 
     return pg
 
 
+_STARTS = itertools.count()
+
+
 def spawn_group(name: str, cls: type, acc: Accelerator, pg, num_ranks: int, fraction: float,
                 make_kwargs: Callable[[int, str, int], Dict[str, Any]], env: Dict[str, str],
                 started: Optional[List[WorkerGroup]] = None) -> WorkerGroup:
@@ -53,7 +57,9 @@ def spawn_group(name: str, cls: type, acc: Accelerator, pg, num_ranks: int, frac
     handles = []
     for rank in range(num_ranks):
         strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank)
-        options: Dict[str, Any] = {"scheduling_strategy": strategy, "name": f"{name}_{rank}_{os.getpid()}"}
+        # unique per start: a driver may run several trainings, and a stopped actor's name is freed lazily
+        options: Dict[str, Any] = {"scheduling_strategy": strategy,
+                                   "name": f"{name}_{rank}_{os.getpid()}{next(_STARTS):04d}"}
         if acc.kind == "cpu":
             options["num_cpus"] = fraction
         else:
