@@ -32,6 +32,16 @@ def value_loss(normaliser):
     return loss_fn
 
 
+def seq_mean_token_mean_loss(scale):
+    """A non-token aggregation through the shared LossScale of the whole batch (what the actor does)."""
+    from mindspeed_rl.algorithms.losses import aggregate
+
+    def loss_fn(outputs, mb):
+        mask = mb["attention_mask"][:, 1:] * mb["attention_mask"][:, :-1]
+        return aggregate(-outputs["log_probs"][:, 1:], mask, "seq-mean-token-mean", scale), {}
+    return loss_fn
+
+
 def run(rank, world, spec, workdir, port):
     from megatron.core import parallel_state as ps
 
@@ -51,7 +61,11 @@ def run(rank, world, spec, workdir, port):
     rows = batch["input_ids"].shape[0] // dp
     local = {k: v[dp_rank * rows:(dp_rank + 1) * rows] for k, v in batch.items()}
     normaliser = float((batch["attention_mask"][:, 1:] * batch["attention_mask"][:, :-1]).sum())
-    for head in ("lm", "value"):
+    from mindspeed_rl.algorithms.losses import LossScale
+
+    scale = LossScale.of(batch["attention_mask"][:, 1:] * batch["attention_mask"][:, :-1])
+    for run_name in ("lm", "value", "lm_seq"):
+        head = run_name[:2] if run_name.startswith("lm") else run_name
         full = torch.load(os.path.join(workdir, f"full_{head}.pt"), weights_only=True)
         role = tiny_role("actor" if head == "lm" else "critic", tp=tp, pp=pp, num_devices=world, model=model,
                          num_layer_list=layer_list, use_distributed_optimizer=spec.get("dist_opt", False),
@@ -59,19 +73,20 @@ def run(rank, world, spec, workdir, port):
         engine = MegatronEngine(role, head=head, total_steps=4)
         engine.load_weights(shard_state_dict(full, tp, tp_rank, counts, pp_rank))
         out = engine.forward(local, micro_batch_size=2, with_entropy=True)
-        loss_fn = global_sft_loss(normaliser) if head == "lm" else value_loss(float(batch["attention_mask"].sum()))
+        loss_fn = {"lm": global_sft_loss(normaliser), "lm_seq": seq_mean_token_mean_loss(scale),
+                   "value": value_loss(float(batch["attention_mask"].sum()))}[run_name]
         step = engine.train_step(local, loss_fn, micro_batch_size=2)
         gathered = [None] * world
         torch_dist.all_gather_object(gathered, (pp_rank, tp_rank, dp_rank, out,
                                                 {k: v.clone() for k, v in engine.named_weights()}))
         if rank == 0:
             outs = [g[3] for g in sorted(gathered, key=lambda g: g[2]) if g[0] == pp - 1 and g[1] == 0]
-            results[head] = {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
+            results[run_name] = {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
             shards = [[next(g[4] for g in gathered if g[0] == p and g[1] == t and g[2] == 0) for t in range(tp)]
                       for p in range(pp)]
-            results[head + "_weights"] = merge_state_dicts(shards, counts)
-            results[head + "_loss"] = step.loss
-            results[head + "_grad_norm"] = step.grad_norm
+            results[run_name + "_weights"] = merge_state_dicts(shards, counts)
+            results[run_name + "_loss"] = step.loss
+            results[run_name + "_grad_norm"] = step.grad_norm
     if rank == 0:
         torch.save(results, os.path.join(workdir, f"result_{spec['name']}.pt"))
     dist.destroy()

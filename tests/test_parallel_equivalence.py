@@ -56,6 +56,11 @@ def test_outputs_and_losses_match_tp1(results, layout):
     assert abs(ref["lm_loss"] - got["lm_loss"]) <= TOL
     assert abs(ref["value_loss"] - got["value_loss"]) <= TOL
     assert abs(ref["lm_grad_norm"] - got["lm_grad_norm"]) <= 1e-4
+    # a sequence-level aggregation (loss_agg_mode seq-mean-token-mean) with the whole batch's LossScale:
+    # micro-batches of 2 and DP shares add up to the unsplit loss and gradient
+    assert abs(ref["lm_seq_loss"] - got["lm_seq_loss"]) <= TOL
+    assert abs(ref["lm_seq_grad_norm"] - got["lm_seq_grad_norm"]) <= 1e-4
+    assert abs(ref["lm_seq_loss"] - ref["lm_loss"]) > 1e-3   # a different number from token-mean
 
 
 @pytest.mark.slow
