@@ -16,13 +16,14 @@ def test_jsonl_tensorboard_wandb_and_curves(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     rl = RLConfig(use_tensorboard=True, use_wandb=True, wandb_project="p", wandb_exp_name="e",
-                  wandb_save_dir=str(tmp_path / "wandb"))
+                  wandb_save_dir=str(tmp_path / "wandb"), console_metrics=True)
     logger = MetricsLogger(str(tmp_path / "run"), 3, rl)
     for row in rows():
         logger.log(dict(row))
     logger.close()
     out = capsys.readouterr().out
-    assert "iter 2/3 | critic/score/mean 0.2" in out and "e2e_tps: 200" in out
+    assert "iter 2/3 | score 0.200 | len 12.0 | step 2.00s | e2e_tps 200 | ETA 2s" in out
+    assert "e2e_tps: 200" in out   # console_metrics: every metric by name as well
     lines = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
     assert [x["iteration"] for x in lines] == [1, 2, 3] and list(lines[0])[0] == "iteration"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -44,3 +45,14 @@ def test_curves_cli(tmp_path, capsys):
     assert curves.main([str(tmp_path)]) == 0
     assert "reward.png" in capsys.readouterr().out
     assert curves.main([str(tmp_path / "nope")]) == 2
+
+
+def test_the_console_is_one_compact_line_per_iteration_by_default(tmp_path, capsys):
+    logger = MetricsLogger(str(tmp_path / "run"), 200, RLConfig())
+    for row in rows(3):
+        logger.log(dict(row, **{"actor/kl_loss": 0.01234, "critic/score/max": 1.0}))
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [f"iter {i}/200 | score {0.1 * i:.3f} | kl 0.0123 | len {10 + i:.1f} | step 2.00s | "
+                   f"e2e_tps {100 * i} | ETA {m}" for i, m in ((1, "6m38s"), (2, "6m36s"), (3, "6m34s"))]
+    line = json.loads(open(tmp_path / "run" / "metrics.jsonl").readline())
+    assert line["critic/score/max"] == 1.0   # the full dict still goes to metrics.jsonl

@@ -119,6 +119,8 @@ class RLConfig:
                                        factory=lambda: [1.0])
     verifier_timeout: float = opt(10.0, "Seconds a verifier may take per sample before scoring 0.", gt=0)
     # logging
+    console_metrics: bool = opt(False, "Print every metric on the console each iteration, after the compact line "
+                                       "(they always go to metrics.jsonl, tensorboard and wandb).")
     use_tensorboard: bool = opt(False, "Write every metric to tensorboard.")
     use_wandb: bool = opt(False, "Log to Weights & Biases (offline mode works without network).")
     wandb_project: str = opt("mindspeed_rl", "wandb project.")

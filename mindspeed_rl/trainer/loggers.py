@@ -1,11 +1,12 @@
-"""Per-iteration output: a one-line summary, every metric by name, one JSON line in metrics.jsonl."""
+"""Per-iteration output: one compact console line (every metric by name too with
+``rl_config.console_metrics``), one JSON line in metrics.jsonl, tensorboard and wandb."""
 from __future__ import annotations
 
 import json
 import os
 from typing import Dict
 
-from .metrics import KEY_FIGURES
+from .metrics import CONSOLE_FIGURES, KEY_FIGURES
 
 
 class MetricsLogger:
@@ -13,6 +14,8 @@ class MetricsLogger:
 
     def __init__(self, run_dir: str, total_iterations: int, rl=None, config: Dict = None):
         self.run_dir, self.total = run_dir, total_iterations
+        self.full_console = bool(getattr(rl, "console_metrics", False))
+        self.step_seconds: list = []
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self.tensorboard = self.wandb = None
@@ -30,15 +33,12 @@ class MetricsLogger:
 
     def log(self, metrics: Dict[str, float]) -> None:
         it = int(metrics["iteration"])
-        head = [f"iter {it}/{self.total}"]
-        for key in KEY_FIGURES[1:]:
-            if key in metrics:
-                head.append(f"{key} {metrics[key]:.4g}")
-        print(" | ".join(head), flush=True)
+        print(self.console_line(metrics), flush=True)
         ordered = {k: metrics[k] for k in KEY_FIGURES if k in metrics}
         ordered.update({k: metrics[k] for k in sorted(metrics) if k not in ordered})
-        print("  " + ", ".join(f"{k}: {v:.6g}" if isinstance(v, float) else f"{k}: {v}" for k, v in ordered.items()),
-              flush=True)
+        if self.full_console:
+            print("  " + ", ".join(f"{k}: {v:.6g}" if isinstance(v, float) else f"{k}: {v}"
+                                   for k, v in ordered.items()), flush=True)
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(ordered) + "\n")
         if self.tensorboard is not None:
@@ -48,6 +48,17 @@ class MetricsLogger:
             self.tensorboard.flush()
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in ordered.items() if k != "iteration"}, step=it)
+
+    def console_line(self, metrics: Dict[str, float]) -> str:
+        """iter 3/20 | score 0.133 | kl 0.136 | len 15.9 | step 2.66s | e2e_tps 1413 | ETA 45s"""
+        it = int(metrics["iteration"])
+        parts = [f"iter {it}/{self.total}"]
+        parts += [f"{label} {fmt.format(metrics[key])}" for label, key, fmt in CONSOLE_FIGURES if key in metrics]
+        if "timing/all" in metrics:
+            self.step_seconds.append(float(metrics["timing/all"]))
+            recent = self.step_seconds[-5:]
+            parts.append(f"ETA {readable_seconds(sum(recent) / len(recent) * (self.total - it))}")
+        return " | ".join(parts)
 
     def close(self) -> None:
         """Flush the writers and draw the curves (reward, response length, timing) as PNG."""
@@ -60,3 +71,13 @@ class MetricsLogger:
 
             for path in draw(self.run_dir):
                 print(f"curve: {path}", flush=True)
+
+
+def readable_seconds(seconds: float) -> str:
+    """45s, 3m05s, 2h07m."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"

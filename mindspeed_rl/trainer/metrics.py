@@ -11,6 +11,11 @@ from ..protocol import Experience
 KEY_FIGURES = ("iteration", "critic/score/mean", "response_length/mean", "actor/pg_loss", "critic/vf_loss",
                "actor/kl_loss", "grad_norm", "timing/all", "e2e_tps")
 
+# the compact console line: (label, metric key, format); a key absent this iteration is left out
+CONSOLE_FIGURES = (("score", "critic/score/mean", "{:.3f}"), ("val", "val/score/mean", "{:.3f}"),
+                   ("kl", "actor/kl_loss", "{:.3g}"), ("len", "response_length/mean", "{:.1f}"),
+                   ("step", "timing/all", "{:.2f}s"), ("e2e_tps", "e2e_tps", "{:.0f}"))
+
 
 def _stats(prefix: str, values: torch.Tensor) -> Dict[str, float]:
     values = values.float()
