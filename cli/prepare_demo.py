@@ -10,7 +10,8 @@ from mindspeed_rl.utils.demo_assets import prepare
 def main() -> int:
     cfg = load_ppo_config("ppo_tiny_cpu")
     paths = prepare("./demo_assets", cfg.actor.model.padded_vocab_size)
-    print(f"demo assets: tokenizer {paths['tokenizer']}, prompts {paths['data_prefix']}")
+    print(f"demo assets: tokenizer {paths['tokenizer']}, prompts {paths['data_prefix']}, "
+          f"held-out test prompts {paths['test_prefix']}")
     return 0
 
 

@@ -75,8 +75,11 @@ def demo_config(name: str, root: str, paths: dict, iterations: int, **extra):
     logs and checkpoints under ``root``; ``extra``: more key=value overrides."""
     from mindspeed_rl.config_cls import load_ppo_config
 
+    validates = load_ppo_config(name).actor.megatron.test_data_path is not None  # the demo's held-out set
     overrides = [f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
                  f"megatron_training.data_path={paths['data_prefix']}", f"rl_config.log_dir={root}/logs",
                  f"megatron_training.train_iters={iterations}", f"actor_config.save={root}/ckpt/actor",
                  f"critic_config.save={root}/ckpt/critic"] + [f"{k}={v}" for k, v in extra.items()]
+    if validates:
+        overrides.append(f"megatron_training.test_data_path={paths['test_prefix']}")
     return load_ppo_config(name, overrides)

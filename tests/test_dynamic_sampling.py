@@ -1,6 +1,6 @@
-"""DAPO's dynamic sampling and overlong shaping on the driver, with a fake actor group (no Ray, no model):
-which groups are kept, how the batch is completed when filter_groups_max_batches is reached, the group
-ids and widths of the assembled experience, and the resumable prompt position."""
+"""The driver with a fake actor group (no Ray, no model): DAPO's dynamic sampling (which groups are kept, how
+the batch is completed when filter_groups_max_batches is reached, the group ids and widths of the assembled
+experience, the resumable prompt position), overlong shaping, and validation metrics."""
 import torch
 
 from mindspeed_rl.config_cls import load_ppo_config
@@ -46,8 +46,9 @@ class Actor:
     def __init__(self):
         self.calls = []
 
-    def generate(self, prompts, n, seed):
+    def generate(self, prompts, n, seed, sampling=None):
         self.calls.append(seed)
+        self.sampling = sampling
         outputs = []
         for i, prompt in enumerate(prompts):
             kind = prompt[0] % 3
@@ -58,13 +59,14 @@ class Actor:
         return GeneratedBatch(outputs, {}, [])
 
 
-def trainer(**overrides):
+def trainer(test_dataset=None, **overrides):
     cfg = load_ppo_config("dapo_tiny_cpu", [f"rl_config.{k}={v}" for k, v in overrides.items()]
                           + ["megatron_training.global_batch_size=6", "rl_config.n_samples_per_prompt=4",
                              "rl_config.mini_batch_size=8", "actor_config.micro_batch_size=8",
                              "rl_config.filter_groups_train_batch_size=4"])
     dataset = [{"input_ids": [p] + [5] * (p % 4), "labels": "7"} for p in range(64)]
-    return PPOTrainer(cfg, Actor(), None, Runner(), dataset, Sampler(6), Tokenizer(), logger=None)
+    return PPOTrainer(cfg, Actor(), None, Runner(), dataset, Sampler(6), Tokenizer(), logger=None,
+                      test_dataset=test_dataset)
 
 
 def test_groups_that_all_score_alike_are_dropped_until_the_batch_is_full():
@@ -100,3 +102,18 @@ def test_overlong_shaping_lowers_the_score_of_long_responses():
     want = acc + ((2 - lengths.float()) / 2).clamp(-1, 0)   # 0 up to 2 tokens, -0.5 at 3, -1 from 4
     assert torch.allclose(exp.scores, want)
     assert metrics["overlong/penalised_share"] > 0
+
+
+def test_validation_metrics_over_the_whole_test_set():
+    test = [{"input_ids": [p], "labels": "7"} for p in (0, 1, 2, 4)]   # all right, all wrong, mixed, all wrong
+    t = trainer(test_dataset=test, **{"val_kwargs.n": 4, "val_kwargs.temperature": 0.5})
+    metrics = t.validate()
+    assert t.actor.sampling.temperature == 0.5 and t.actor.sampling.max_tokens == 16
+    assert metrics["val/acc_for_ppo/mean@4"] == (4 + 0 + 2 + 0) / 16
+    assert metrics["val/pass@4"] == 2 / 4 and metrics["val/score/mean"] == 6 / 16
+    assert metrics["val/response_length/mean"] == sum(1 + (p + k) % 5 for p in (0, 1, 2, 4) for k in range(4)) / 16
+    t.iteration = 5
+    assert not t.validation_due()   # test_freq 0 here: only the last iteration validates
+    t.iteration = t.cfg.megatron_training.train_iters
+    assert t.validation_due()
+    assert trainer().validate() == {} and not trainer().validation_due()

@@ -33,6 +33,7 @@ def assets(tmp_path_factory):
 def train_args(root, paths, *extra):
     return ["--config-name", "ppo_tiny_cpu", f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
             f"megatron_training.data_path={paths['data_prefix']}", f"rl_config.log_dir={root}/logs",
+            f"megatron_training.test_data_path={paths['test_prefix']}",
             f"actor_config.save={root}/ckpt/actor", f"critic_config.save={root}/ckpt/critic", *extra]
 
 

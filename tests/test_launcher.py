@@ -33,6 +33,7 @@ def test_two_node_launch_spans_nodes_and_leaves_other_ray_alone(tmp_path):
                    capture_output=True)
     overrides = [f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
                  f"megatron_training.data_path={paths['data_prefix']}", f"rl_config.log_dir={tmp_path}/logs",
+                 f"megatron_training.test_data_path={paths['test_prefix']}",
                  "megatron_training.train_iters=2", "megatron_training.global_batch_size=8",
                  "rl_config.actor_resource.num_npus=2", "rl_config.critic_resource.num_npus=2",
                  f"actor_config.save={tmp_path}/ckpt/actor", f"critic_config.save={tmp_path}/ckpt/critic"]

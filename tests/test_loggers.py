@@ -54,5 +54,7 @@ def test_the_console_is_one_compact_line_per_iteration_by_default(tmp_path, caps
     out = capsys.readouterr().out.strip().splitlines()
     assert out == [f"iter {i}/200 | score {0.1 * i:.3f} | kl 0.0123 | len {10 + i:.1f} | step 2.00s | "
                    f"e2e_tps {100 * i} | ETA {m}" for i, m in ((1, "6m38s"), (2, "6m36s"), (3, "6m34s"))]
+    logger.log(dict(rows(4)[-1], **{"val/score/mean": 0.75}))
+    assert "| score 0.400 | val 0.750 | len 14.0 |" in capsys.readouterr().out
     line = json.loads(open(tmp_path / "run" / "metrics.jsonl").readline())
     assert line["critic/score/max"] == 1.0   # the full dict still goes to metrics.jsonl

@@ -44,6 +44,13 @@ def test_ppo_learns_and_the_control_run_does_not(assets):
     assert start < 0.1, scores
     assert end > 0.5, scores
     assert max(control_scores) < 0.2, control_scores
+    # validation on the held-out prompts (greedy) every 5 iterations and at the end: it rises with training
+    val = {m["iteration"]: m["val/score/mean"] for m in learned if "val/score/mean" in m}
+    assert sorted(val) == [5, 10, 15, 16], val
+    # the control run keeps the initial weights: its validation is where the learned run started
+    control_val = [m["val/score/mean"] for m in control if "val/score/mean" in m]
+    assert val[16] > 0.5 and max(control_val) < 0.2, (val, control_val)
+    assert {"val/acc_for_ppo/mean@1", "val/pass@1", "val/response_length/mean"} <= set(learned[-1])
     # every documented metric is logged, with the throughput formulas applied
     m = learned[-1]
     for key in ("timing/all", "timing/update", "timing/rollout", "timing/old_log_p", "timing/reference_model",

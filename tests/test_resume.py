@@ -20,6 +20,7 @@ COMPARED = ("critic/score/mean", "actor/pg_loss", "critic/vf_loss", "actor/kl_lo
 def cfg_for(root, paths, name, iters, **extra):
     overrides = [f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
                  f"megatron_training.data_path={paths['data_prefix']}", f"rl_config.log_dir={root}/logs",
+                 "megatron_training.test_data_path=null", "rl_config.test_freq=0", "rl_config.val_before_train=false",
                  f"megatron_training.train_iters={iters}", "megatron_training.save_interval=2",
                  "megatron_training.global_batch_size=8", "rl_config.mini_batch_size=32",
                  "rl_config.shuffle_mini_batch=true", "rl_config.init_kl_coef=0.01",

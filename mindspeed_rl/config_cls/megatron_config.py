@@ -81,6 +81,8 @@ class MegatronConfig:
     no_shared_storage: bool = opt(False, "Nodes do not share a filesystem (each node writes its own shards).")
     # data
     data_path: Optional[str] = opt(None, "Prefix of the preprocessed dataset (cli/preprocess_data.py output_prefix).")
+    test_data_path: Optional[str] = opt(None, "Prefix of the preprocessed test set, evaluated on the rollout engines "
+                                              "(rl_config.test_freq, val_before_train, val_kwargs).")
     split: str = opt("100,0,0", "train,valid,test split weights.")
     no_shuffle: bool = opt(False, "Serve prompts in file order.")
     full_shuffle_instruction_dataset: bool = opt(False, "Shuffle across epochs as one permutation.")

@@ -255,10 +255,27 @@ def check_cross_fields(cfg: PPOConfig) -> None:
     if rl.kl_ctrl_type == "adaptive" and (rl.kl_target is None or rl.kl_horizon is None):
         raise ConfigError("rl_config.kl_target" if rl.kl_target is None else "rl_config.kl_horizon",
                           "required when kl_ctrl_type is adaptive")
+    check_validation_keys(cfg)
     a_save, c_save = cfg.actor.megatron.save, cfg.critic.megatron.save
     if cfg.uses_critic and a_save and c_save and os.path.abspath(a_save) == os.path.abspath(c_save):
         raise ConfigError("critic_config.save", f"{c_save!r} is also the actor's save folder; "
                                                 "actor and critic need separate folders")
+
+
+def validates(cfg: PPOConfig) -> bool:
+    return cfg.rl.test_freq > 0 or cfg.rl.val_before_train
+
+
+def check_validation_keys(cfg: PPOConfig) -> None:
+    rl, test = cfg.rl, cfg.actor.megatron.test_data_path
+    if validates(cfg) and not test:
+        key = "rl_config.test_freq" if rl.test_freq else "rl_config.val_before_train"
+        raise ConfigError("megatron_training.test_data_path", f"required by {key}: the preprocessed test set")
+    if test and not validates(cfg):
+        raise ConfigError("rl_config.test_freq", f"is 0 and val_before_train false, so test_data_path {test!r} "
+                                                 "would never be used: set test_freq (or val_before_train)")
+    if validates(cfg) and not rl.rule_reward:
+        raise ConfigError("rl_config.test_freq", "validation scores with the rule verifiers: rule_reward must be true")
 
 
 def filter_metric_name(rl: RLConfig) -> str:
@@ -310,6 +327,8 @@ def missing_paths(cfg: PPOConfig) -> List[ConfigError]:
                   ("load", m.load, "folder")]
         if role.name == "actor":
             checks.append(("data_path", m.data_path, "dataset prefix"))
+            if m.test_data_path:
+                checks.append(("test_data_path", m.test_data_path, "dataset prefix"))
         for key, value, what in checks:
             if key == "load" and value and not m.finetune and not os.path.exists(value):
                 continue  # resume from a folder that does not exist yet: fresh start, said in the log

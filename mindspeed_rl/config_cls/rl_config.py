@@ -34,6 +34,15 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class ValKwargsConfig:
+    """Sampling of the validation responses (verl's val_kwargs); max_tokens is sampling_config's."""
+
+    n: int = opt(1, "Responses per test prompt (N of mean@N and pass@N).", ge=1)
+    temperature: float = opt(0.0, "Sampling temperature of validation (0: greedy).", ge=0)
+    top_p: float = opt(1.0, "Nucleus sampling mass of validation.", gt=0, le=1)
+
+
+@dataclass
 class RLConfig:
     """PPO iteration, advantage and loss settings, rewards, resources and logging."""
 
@@ -112,6 +121,11 @@ class RLConfig:
                                              "dynamic_sampling/filled_groups).", ge=-1)
     filter_groups_train_batch_size: Optional[int] = opt(None, "Prompt groups trained per iteration after "
                                                               "filtering (null: global_batch_size).", ge=1)
+    # validation
+    test_freq: int = opt(0, "Validate on megatron_training.test_data_path every N iterations and at the end "
+                            "(0: off).", ge=0)
+    val_before_train: bool = opt(False, "Validate once before the first iteration (and at the end).")
+    val_kwargs: ValKwargsConfig = opt(doc="Validation sampling.", factory=ValKwargsConfig)
     # rewards
     rule_reward: bool = opt(True, "Score responses with rule verifiers.")
     verifier_function: List[str] = opt(doc="Registered verifier names.", factory=lambda: ["acc_for_ppo"])

@@ -176,9 +176,17 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
                                 rl.max_prompt_length)
     except DatasetMissing as exc:
         raise UserError(str(exc)) from None
+    test_dataset = None
+    if cfg.actor.megatron.test_data_path:
+        try:
+            test_dataset = PromptDataset(cfg.actor.megatron.test_data_path, cfg.actor.megatron.dataset_additional_keys,
+                                         rl.max_prompt_length)
+        except DatasetMissing as exc:
+            raise UserError(str(exc).replace("data_path", "test_data_path", 1)) from None
     run_dir = os.path.abspath(os.path.join(rl.log_dir, time.strftime("%Y%m%d-%H%M%S")))
     print(f"run directory: {run_dir} (metrics.jsonl, curves)", flush=True)
-    print(f"prompts: {len(dataset)} from {cfg.actor.megatron.data_path} ({dataset.dropped} over max_prompt_length)",
+    print(f"prompts: {len(dataset)} from {cfg.actor.megatron.data_path} ({dataset.dropped} over max_prompt_length)"
+          + (f"; test prompts: {len(test_dataset)} from {cfg.actor.megatron.test_data_path}" if test_dataset else ""),
           flush=True)
 
     started = time.perf_counter()
@@ -236,7 +244,8 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
 
         logger = MetricsLogger(run_dir, mt.train_iters, rl,
                                {"rl_config": to_plain(rl), "actor": to_plain(cfg.actor.megatron)})
-        trainer = PPOTrainer(cfg, actor, critic, runner, dataset, sampler, tokenizer, logger, start, reward)
+        trainer = PPOTrainer(cfg, actor, critic, runner, dataset, sampler, tokenizer, logger, start, reward,
+                             test_dataset)
         if "kl_ctrl" in state:
             trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
         ref_origin = rl.integrated_mode_config.ref_model_load_path or state.get("ref_from")

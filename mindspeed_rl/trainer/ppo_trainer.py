@@ -2,6 +2,7 @@
 (``cfg.algorithm``) decides which models take part and how advantages and losses are computed."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import contextmanager
 from typing import Dict, List, Tuple
@@ -19,16 +20,21 @@ from .metrics import data_metrics, throughput
 from .prompts import PromptBatch, decode_responses
 
 
+def format_validation(metrics: Dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.3f}" for k, v in metrics.items())
+
+
 class NonFiniteStop(RuntimeError):
     """Too many consecutive optimizer steps had a non-finite loss or gradient."""
 
 
 class PPOTrainer:
     def __init__(self, cfg: PPOConfig, actor_group, critic_group, reward_runner, dataset, sampler, tokenizer,
-                 logger, start_iteration: int = 0, reward_group=None):
+                 logger, start_iteration: int = 0, reward_group=None, test_dataset=None):
         self.cfg, self.rl, self.gen = cfg, cfg.rl, cfg.generate
         self.actor, self.critic, self.reward_model = actor_group, critic_group, reward_group
         self.reward_runner, self.dataset, self.sampler = reward_runner, dataset, sampler
+        self.test_dataset = test_dataset
         self.tokenizer, self.logger = tokenizer, logger
         self.iteration = start_iteration
         self.algorithm = cfg.algorithm
@@ -52,6 +58,9 @@ class PPOTrainer:
 
     # ----- the iteration -----------------------------------------------------------------------------------
     def fit(self) -> List[Dict[str, float]]:
+        val_metrics = self.validate() if self.rl.val_before_train else {}
+        if val_metrics:
+            print("validation before training: " + format_validation(val_metrics), flush=True)
         while self.iteration < self.cfg.megatron_training.train_iters:
             self.timing = {}
             with self.timer("timing/all"):
@@ -75,11 +84,48 @@ class PPOTrainer:
                 with self.timer("timing/update"):
                     update_metrics.update(self.update_actor(exp))
             self.iteration += 1
+            if self.validation_due():
+                with self.timer("timing/validation"):
+                    reward_metrics.update(self.validate())
             metrics = self.collect_metrics(exp, reward_metrics, update_metrics)
             self.logger.log(metrics)
             self.history.append(metrics)
             self.after_iteration(metrics)
         return self.history
+
+    def validation_due(self) -> bool:
+        """Every test_freq iterations and at the last one, when validation is on."""
+        if self.test_dataset is None:
+            return False
+        last = self.iteration == self.cfg.megatron_training.train_iters
+        return last or (self.rl.test_freq > 0 and self.iteration % self.rl.test_freq == 0)
+
+    def validate(self) -> Dict[str, float]:
+        """The test set on the rollout engines with the current weights (val_kwargs sampling, greedy by
+        default), scored by the rule verifiers.
+
+            val/<verifier>/mean@N  mean verifier value over the test prompts x N responses
+            val/score/mean         mean weighted score (the console's "val")
+            val/pass@N             share of prompts with at least one response the first verifier scores > 0
+            val/response_length/mean
+        """
+        if self.test_dataset is None:
+            return {}
+        val = self.rl.val_kwargs
+        items = [self.test_dataset[i] for i in range(len(self.test_dataset))]
+        prompts = PromptBatch([list(it["input_ids"]) for it in items], [it.get("labels", "") for it in items])
+        sampling = dataclasses.replace(self.gen.sampling_config, temperature=val.temperature, top_p=val.top_p)
+        generated = self.actor.generate(prompts.input_ids, val.n, self.gen.sampling_config.seed, sampling)
+        exp = build_experience(prompts.input_ids, generated.outputs, val.n, self.pad_id, prompts.labels)
+        texts, _ = decode_responses(self.tokenizer, exp.response_ids, exp.response_mask)
+        per_verifier, _ = self.reward_runner.score_each(texts, exp.labels)
+        scores = sum(w * per_verifier[name] for name, w in zip(self.rl.verifier_function, self.rl.verifier_weight))
+        first = per_verifier[self.rl.verifier_function[0]].view(-1, val.n)
+        metrics = {f"val/{name}/mean@{val.n}": float(values.mean()) for name, values in per_verifier.items()}
+        metrics.update({"val/score/mean": float(scores.mean()),
+                        f"val/pass@{val.n}": float((first > 0).any(1).float().mean()),
+                        "val/response_length/mean": float(exp.response_mask.sum(1).float().mean())})
+        return metrics
 
     def after_iteration(self, metrics: Dict[str, float]) -> None:
         for role in ("actor", "critic"):

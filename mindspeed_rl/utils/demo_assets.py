@@ -35,30 +35,43 @@ def corpus(rows: List[dict], seed: int) -> List[str]:
     return texts
 
 
-def prepare(root: str, vocab_size: int, train_rows: int = 2000, seed: int = 1) -> dict:
-    """Write <root>/tiny_qwen25_hf (tokenizer of exactly ``vocab_size`` tokens) and the preprocessed
-    prompts <root>/data/arith_train*; returns the paths. Idempotent."""
+def prepare(root: str, vocab_size: int, train_rows: int = 2000, seed: int = 1, test_rows: int = 64) -> dict:
+    """Write <root>/tiny_qwen25_hf (tokenizer of exactly ``vocab_size`` tokens), the preprocessed prompts
+    <root>/data/arith_train* and a held-out test set <root>/data/arith_test* (questions not in the training
+    set); returns the paths. Idempotent."""
     from ..utils.tiny_hf import build_tokenizer
 
     tok_dir = os.path.join(root, "tiny_qwen25_hf")
     raw = os.path.join(root, "raw", "lucky_train.jsonl")
+    raw_test = os.path.join(root, "raw", "lucky_test.jsonl")
     prefix = os.path.join(root, "data", "arith_train")
-    paths = {"tokenizer": tok_dir, "raw": raw, "data_prefix": prefix}
-    if os.path.isfile(prefix + "_summary.json") and os.path.isfile(os.path.join(tok_dir, "tokenizer.json")):
-        return paths
+    test_prefix = os.path.join(root, "data", "arith_test")
+    paths = {"tokenizer": tok_dir, "raw": raw, "data_prefix": prefix, "test_prefix": test_prefix}
     rows = make_rows(train_rows, seed)
-    os.makedirs(os.path.dirname(raw), exist_ok=True)
-    with open(raw, "w", encoding="utf-8") as fh:
-        fh.writelines(json.dumps(r) + "\n" for r in rows)
-    tok = build_tokenizer(tok_dir, corpus(rows, seed), vocab_size=vocab_size, full_alphabet=False)
-    if len(tok) < vocab_size:  # pad with unused tokens: the model's vocab rows all decode
-        tok.add_tokens([f"<|extra_{i}|>" for i in range(vocab_size - len(tok))], special_tokens=True)
-        tok.save_pretrained(tok_dir)
-    if len(tok) != vocab_size:
-        raise RuntimeError(f"demo tokenizer has {len(tok)} tokens, expected {vocab_size}")
+    if not (os.path.isfile(prefix + "_summary.json") and os.path.isfile(os.path.join(tok_dir, "tokenizer.json"))):
+        os.makedirs(os.path.dirname(raw), exist_ok=True)
+        with open(raw, "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
+        tok = build_tokenizer(tok_dir, corpus(rows, seed), vocab_size=vocab_size, full_alphabet=False)
+        if len(tok) < vocab_size:  # pad with unused tokens: the model's vocab rows all decode
+            tok.add_tokens([f"<|extra_{i}|>" for i in range(vocab_size - len(tok))], special_tokens=True)
+            tok.save_pretrained(tok_dir)
+        if len(tok) != vocab_size:
+            raise RuntimeError(f"demo tokenizer has {len(tok)} tokens, expected {vocab_size}")
+        _preprocess(raw, tok_dir, prefix)
+    if not os.path.isfile(test_prefix + "_summary.json"):
+        seen = {r["question"] for r in rows}
+        held_out = [r for r in make_rows(4 * test_rows, seed + 1000) if r["question"] not in seen][:test_rows]
+        os.makedirs(os.path.dirname(raw_test), exist_ok=True)
+        with open(raw_test, "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in held_out)
+        _preprocess(raw_test, tok_dir, test_prefix)
+    return paths
+
+
+def _preprocess(raw: str, tok_dir: str, prefix: str) -> None:
     from ..config_cls.dataset_config import DatasetConfig
     from ..datasets.preprocess import preprocess
 
     preprocess(DatasetConfig(input=raw, tokenizer_name_or_path=tok_dir, output_prefix=prefix, prompt_type="empty",
                              seq_length=64), progress=False)
-    return paths
