@@ -28,6 +28,9 @@ class Runner:
         acc = torch.tensor([1.0 if str(RIGHT) in t.split() else 0.0 for t in texts])
         return {"acc_for_ppo": acc}, {"acc_for_ppo_rewards/mean": float(acc.mean())}
 
+    def weighted(self, per_verifier):
+        return per_verifier["acc_for_ppo"]
+
 
 class Sampler:
     def __init__(self, size):

@@ -10,7 +10,6 @@ is refused before any heavy import.
 """
 from __future__ import annotations
 
-import difflib
 import inspect
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
@@ -104,23 +103,17 @@ def kl_names() -> Tuple[str, ...]:
     return base + tuple(f"{name}+" for name in base)
 
 
-def _hint(name: str, known) -> str:
-    match = difflib.get_close_matches(str(name), list(known), n=1, cutoff=0.5)
-    return f"; did you mean {match[0]!r}?" if match else ""
-
-
 def get_advantage(name: str) -> AdvantageEstimator:
     if name not in ADVANTAGE_ESTIMATORS:
-        raise AlgorithmChoiceError("rl_config.adv_estimator", f"unknown estimator {name!r}"
-                                   + _hint(name, ADVANTAGE_ESTIMATORS)
-                                   + f"; registered: {', '.join(ADVANTAGE_ESTIMATORS)}")
+        raise AlgorithmChoiceError("rl_config.adv_estimator", f"unknown estimator {name!r}; registered: "
+                                                              f"{', '.join(ADVANTAGE_ESTIMATORS)}")
     return ADVANTAGE_ESTIMATORS[name]
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
     if name not in POLICY_LOSSES:
-        raise AlgorithmChoiceError("rl_config.policy_loss", f"unknown policy loss {name!r}"
-                                   + _hint(name, POLICY_LOSSES) + f"; registered: {', '.join(POLICY_LOSSES)}")
+        raise AlgorithmChoiceError("rl_config.policy_loss", f"unknown policy loss {name!r}; registered: "
+                                                            f"{', '.join(POLICY_LOSSES)}")
     return POLICY_LOSSES[name]
 
 

@@ -11,7 +11,7 @@ from .preprocess import field_prefix
 
 
 class DatasetMissing(FileNotFoundError):
-    """The preprocessed files named by data_path are not there."""
+    """The preprocessed files named by data_path (or test_data_path) are not there."""
 
 
 def open_indexed(prefix: str):
@@ -47,13 +47,13 @@ class PromptDataset:
     """
 
     def __init__(self, output_prefix: str, additional_keys: Sequence[str] = ("labels",),
-                 max_prompt_length: Optional[int] = None):
+                 max_prompt_length: Optional[int] = None, key: str = "data_path"):
         self.prefix = output_prefix
         fields = {"input_ids": field_prefix(output_prefix, "input_ids")}
         fields.update({k: field_prefix(output_prefix, k) for k in additional_keys})
         for name, prefix in fields.items():
             if not os.path.isfile(prefix + ".bin") or not os.path.isfile(prefix + ".idx"):
-                raise DatasetMissing(f"data_path {output_prefix}: {prefix}.bin/.idx not found "
+                raise DatasetMissing(f"{key} {output_prefix}: {prefix}.bin/.idx not found "
                                      f"(run cli/preprocess_data.py to make them)")
         self.fields = {name: open_indexed(prefix) for name, prefix in fields.items()}
         lengths = np.asarray(self.fields["input_ids"].sequence_lengths)
@@ -61,7 +61,7 @@ class PromptDataset:
         self.indices = np.nonzero(keep & (lengths > 0))[0]
         self.dropped = int(len(lengths) - len(self.indices))
         if len(self.indices) == 0:
-            raise DatasetMissing(f"data_path {output_prefix}: no prompt fits max_prompt_length {max_prompt_length}")
+            raise DatasetMissing(f"{key} {output_prefix}: no prompt fits max_prompt_length {max_prompt_length}")
 
     def __len__(self) -> int:
         return len(self.indices)

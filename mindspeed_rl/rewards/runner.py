@@ -43,10 +43,11 @@ class RuleRewardRunner:
     def score(self, responses: Sequence[str], labels: Sequence[str]) -> Tuple[torch.Tensor, Dict[str, float]]:
         """The weighted score of every response, and the metrics."""
         per_verifier, metrics = self.score_each(responses, labels)
-        scores = torch.zeros(len(responses))
-        for name, weight in zip(self.names, self.weights):
-            scores += weight * per_verifier[name]
-        return scores, metrics
+        return self.weighted(per_verifier), metrics
+
+    def weighted(self, per_verifier: Dict[str, torch.Tensor]) -> torch.Tensor:
+        """score_i = sum_k w_k * verifier_k(i), from ``score_each``'s values."""
+        return sum(weight * per_verifier[name] for name, weight in zip(self.names, self.weights))
 
     def score_each(self, responses: Sequence[str], labels: Sequence[str]) -> Tuple[Dict[str, torch.Tensor],
                                                                                      Dict[str, float]]:

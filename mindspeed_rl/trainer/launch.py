@@ -171,18 +171,16 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
 
     mt, rl, gen = cfg.megatron_training, cfg.rl, cfg.generate
     tokenizer = load_tokenizer(cfg.actor.megatron.tokenizer_name_or_path)
-    try:
-        dataset = PromptDataset(cfg.actor.megatron.data_path, cfg.actor.megatron.dataset_additional_keys,
-                                rl.max_prompt_length)
-    except DatasetMissing as exc:
-        raise UserError(str(exc)) from None
-    test_dataset = None
-    if cfg.actor.megatron.test_data_path:
+
+    def open_prompts(key: str):
         try:
-            test_dataset = PromptDataset(cfg.actor.megatron.test_data_path, cfg.actor.megatron.dataset_additional_keys,
-                                         rl.max_prompt_length)
+            return PromptDataset(getattr(cfg.actor.megatron, key), cfg.actor.megatron.dataset_additional_keys,
+                                 rl.max_prompt_length, key=key)
         except DatasetMissing as exc:
-            raise UserError(str(exc).replace("data_path", "test_data_path", 1)) from None
+            raise UserError(str(exc)) from None
+
+    dataset = open_prompts("data_path")
+    test_dataset = open_prompts("test_data_path") if cfg.actor.megatron.test_data_path else None
     run_dir = os.path.abspath(os.path.join(rl.log_dir, time.strftime("%Y%m%d-%H%M%S")))
     print(f"run directory: {run_dir} (metrics.jsonl, curves)", flush=True)
     print(f"prompts: {len(dataset)} from {cfg.actor.megatron.data_path} ({dataset.dropped} over max_prompt_length)"

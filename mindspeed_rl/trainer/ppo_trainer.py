@@ -34,7 +34,8 @@ class PPOTrainer:
         self.cfg, self.rl, self.gen = cfg, cfg.rl, cfg.generate
         self.actor, self.critic, self.reward_model = actor_group, critic_group, reward_group
         self.reward_runner, self.dataset, self.sampler = reward_runner, dataset, sampler
-        self.test_dataset = test_dataset
+        self.test_prompts = (PromptBatch.of(test_dataset, range(len(test_dataset)))
+                             if test_dataset is not None else None)
         self.tokenizer, self.logger = tokenizer, logger
         self.iteration = start_iteration
         self.algorithm = cfg.algorithm
@@ -95,7 +96,7 @@ class PPOTrainer:
 
     def validation_due(self) -> bool:
         """Every test_freq iterations and at the last one, when validation is on."""
-        if self.test_dataset is None:
+        if self.test_prompts is None:
             return False
         last = self.iteration == self.cfg.megatron_training.train_iters
         return last or (self.rl.test_freq > 0 and self.iteration % self.rl.test_freq == 0)
@@ -109,17 +110,14 @@ class PPOTrainer:
             val/pass@N             share of prompts with at least one response the first verifier scores > 0
             val/response_length/mean
         """
-        if self.test_dataset is None:
+        if self.test_prompts is None:
             return {}
-        val = self.rl.val_kwargs
-        items = [self.test_dataset[i] for i in range(len(self.test_dataset))]
-        prompts = PromptBatch([list(it["input_ids"]) for it in items], [it.get("labels", "") for it in items])
+        val, prompts = self.rl.val_kwargs, self.test_prompts
         sampling = dataclasses.replace(self.gen.sampling_config, temperature=val.temperature, top_p=val.top_p)
         generated = self.actor.generate(prompts.input_ids, val.n, self.gen.sampling_config.seed, sampling)
         exp = build_experience(prompts.input_ids, generated.outputs, val.n, self.pad_id, prompts.labels)
-        texts, _ = decode_responses(self.tokenizer, exp.response_ids, exp.response_mask)
-        per_verifier, _ = self.reward_runner.score_each(texts, exp.labels)
-        scores = sum(w * per_verifier[name] for name, w in zip(self.rl.verifier_function, self.rl.verifier_weight))
+        per_verifier, _ = self.verify(exp)
+        scores = self.reward_runner.weighted(per_verifier)
         first = per_verifier[self.rl.verifier_function[0]].view(-1, val.n)
         metrics = {f"val/{name}/mean@{val.n}": float(values.mean()) for name, values in per_verifier.items()}
         metrics.update({"val/score/mean": float(scores.mean()),
@@ -160,9 +158,7 @@ class PPOTrainer:
 
     # ----- steps ---------------------------------------------------------------------------------------------
     def next_prompts(self) -> PromptBatch:
-        indices = self.sampler.next_batch()
-        items = [self.dataset[i] for i in indices]
-        return PromptBatch([list(it["input_ids"]) for it in items], [it.get("labels", "") for it in items])
+        return PromptBatch.of(self.dataset, self.sampler.next_batch())
 
     def rollout(self) -> Tuple[Experience, Dict[str, float]]:
         """Prompts -> responses -> scores. With dynamic sampling (DAPO's filter_groups), groups whose
@@ -234,11 +230,8 @@ class PPOTrainer:
         per_verifier: Dict[str, torch.Tensor] = {}
         if self.rl.rule_reward:
             with self.timer("timing/rule_reward"):
-                texts, outside = decode_responses(self.tokenizer, exp.response_ids, exp.response_mask)
-                per_verifier, metrics = self.reward_runner.score_each(texts, exp.labels)
-            metrics["rollout/out_of_vocab_tokens"] = float(outside)
-            for name, weight in zip(self.rl.verifier_function, self.rl.verifier_weight):
-                scores = scores + weight * per_verifier[name]
+                per_verifier, metrics = self.verify(exp)
+            scores = scores + self.reward_runner.weighted(per_verifier)
         if self.reward_model is not None:
             with self.timer("timing/reward_model"):
                 rm = torch.cat([r["scores"] for r in self.reward_model.forward("compute_scores", exp)])
@@ -253,6 +246,14 @@ class PPOTrainer:
             scores = scores + penalty
         exp.set("scores", scores)
         return metrics, per_verifier
+
+    def verify(self, exp: Experience) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
+        """Each rule verifier's value for every response (decoded without out-of-vocabulary ids, counted in
+        rollout/out_of_vocab_tokens), and the verifier metrics."""
+        texts, outside = decode_responses(self.tokenizer, exp.response_ids, exp.response_mask)
+        per_verifier, metrics = self.reward_runner.score_each(texts, exp.labels)
+        metrics["rollout/out_of_vocab_tokens"] = float(outside)
+        return per_verifier, metrics
 
     def compute_advantages(self, exp: Experience) -> None:
         """KL (when a reference is used), token rewards (score on the last token, - beta x KL when the KL

@@ -14,6 +14,12 @@ class PromptBatch:
     input_ids: List[List[int]]
     labels: List[str]
 
+    @staticmethod
+    def of(dataset, indices) -> "PromptBatch":
+        """The prompts (and labels) of rows ``indices`` of a PromptDataset."""
+        items = [dataset[i] for i in indices]
+        return PromptBatch([list(it["input_ids"]) for it in items], [it.get("labels", "") for it in items])
+
 
 def decode_responses(tokenizer, response_ids: torch.Tensor, response_mask: torch.Tensor) -> Tuple[List[str], int]:
     """Texts of the responses and the number of tokens outside the tokenizer.

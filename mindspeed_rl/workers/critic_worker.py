@@ -22,6 +22,7 @@ class CriticWorker(MegatronWorker):
         from ..models.offload import Offloader
 
         self.role, self.rl = role, rl
+        self.loss_agg_mode = resolve_algorithm(rl).loss_agg_mode
         self.critic = MegatronEngine(role, head="value", trainable=True, total_steps=total_steps,
                                      value_head_init_std=m.init_method_std)
         self.offloader = Offloader(self.critic)
@@ -63,7 +64,7 @@ class CriticWorker(MegatronWorker):
         return {"values": values, "seconds": time.perf_counter() - t0}
 
     def update(self, mini_batches: List[MiniBatch]) -> Dict[str, float]:
-        mode = resolve_algorithm(self.rl).loss_agg_mode
+        mode = self.loss_agg_mode
 
         def make_loss(rows: Experience, scale: LossScale):
             def loss_fn(outputs, micro):
