@@ -69,4 +69,11 @@ def test_ppo_learns_and_the_control_run_does_not(assets):
     assert m["rollout/logprob_diff_max"] < 1e-3   # vLLM and megatron agree on the sampled tokens
     runs = sorted(os.listdir(os.path.join(root, "logs")))
     lines = [json.loads(x) for x in open(os.path.join(root, "logs", runs[0], "metrics.jsonl"))]
-    assert [x["iteration"] for x in lines] == list(range(1, ITERATIONS + 1))
+    assert [x["iteration"] for x in lines] == list(range(0, ITERATIONS + 1))  # 0: validation before training
+    run = os.path.join(root, "logs", runs[0])
+    report = open(os.path.join(run, "report.html"), encoding="utf-8").read()   # the run report, at the end
+    assert report.count("data:image/png;base64,") == 6 and "<th>iterations</th><td>16</td>" in report
+    assert "RotaryEmbedding" in open(os.path.join(run, "logs", "actor_0.log")).read()   # vLLM's chatter: in the file
+    # save_hf: the HF folder beside the last checkpoint
+    hf_dir = os.path.join(root, "ckpt", "actor", f"iter_{ITERATIONS:07d}_hf")
+    assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(os.listdir(hf_dir))

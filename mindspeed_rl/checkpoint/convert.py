@@ -317,20 +317,29 @@ class SafetensorsShardWriter:
 def mg_to_hf(load_dir: str, save_dir: str, dtype: Optional[str] = None, orm: Optional[bool] = None,
              max_shard_bytes: int = 2 * 1024**3) -> str:
     """Convert the latest Megatron checkpoint into ``<save_dir>/mg2hf`` (config from ``save_dir``)."""
+    return write_hf_folder(load_dir, os.path.join(save_dir, "mg2hf"), read_hf_config(save_dir), save_dir, dtype,
+                           orm, max_shard_bytes)
+
+
+def write_hf_folder(load_dir: str, out_dir: str, hf_config: dict, tokenizer_dir: Optional[str],
+                    dtype: Optional[str] = None, orm: Optional[bool] = None, max_shard_bytes: int = 2 * 1024**3,
+                    progress: bool = True) -> str:
+    """The latest Megatron checkpoint of ``load_dir`` as a HF folder: safetensors shards, config.json from
+    ``hf_config`` (a sequence classifier with ``orm``) and the tokenizer files of ``tokenizer_dir``. Written
+    into a staging folder and renamed, so ``out_dir`` is complete or absent."""
     config, _, _, _ = read_mg_config(load_dir)
     cfg = ModelConfig(**config["model"])
     if orm and not config.get("orm", False):
         raise ConversionError(f"--orm: {load_dir} holds a language model (no value head; saved without --orm); "
                               "drop --orm to write a causal LM")
     orm = config.get("orm", False) if orm is None else orm
-    hf_config = read_hf_config(save_dir)
-    out_dir = os.path.join(save_dir, "mg2hf")
+    hf_config = dict(hf_config)
     staging = out_dir + ".tmp"
     shutil.rmtree(staging, ignore_errors=True)
     os.makedirs(staging)
     torch_dtype = DTYPES[dtype] if dtype else None
     writer = SafetensorsShardWriter(staging, max_shard_bytes)
-    bar = tqdm(total=cfg.num_layers + 2, desc="mcore -> hf", unit="layer")
+    bar = tqdm(total=cfg.num_layers + 2, desc="mcore -> hf", unit="layer", disable=not progress)
     cast = (lambda t: t.to(torch_dtype)) if torch_dtype else (lambda t: t)
     for piece in iter_mg_pieces(load_dir):
         if hm.EMBED[1] in piece:
@@ -353,13 +362,43 @@ def mg_to_hf(load_dir: str, save_dir: str, dtype: Optional[str] = None, orm: Opt
         hf_config["torch_dtype"] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype]
     with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as fh:
         json.dump(hf_config, fh, indent=2)
-    for name in TOKENIZER_FILES:
-        src = os.path.join(save_dir, name)
+    for name in TOKENIZER_FILES if tokenizer_dir else ():
+        src = os.path.join(tokenizer_dir, name)
         if os.path.isfile(src):
             shutil.copy2(src, os.path.join(staging, name))
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(staging, out_dir)
     return out_dir
+
+
+def hf_folder_of(ckpt_dir: str, iteration: int) -> str:
+    """Where save_hf puts an iteration's HF weights: ``<ckpt_dir>/iter_0000020_hf``, beside ``iter_0000020``."""
+    return os.path.join(ckpt_dir, ml.iteration_dir_name(iteration) + "_hf")
+
+
+def export_saved_iteration(ckpt_dir: str, iteration: int, tokenizer_dir: Optional[str]) -> str:
+    """save_hf: the iteration just saved in ``ckpt_dir`` as a HF folder beside it (the ``--orm`` form for a
+    value model), loadable by transformers and vLLM as it is."""
+    config, _, _, _ = read_mg_config(ckpt_dir)
+    latest = ml.read_tracker(ckpt_dir)
+    if latest != iteration:
+        raise ConversionError(f"{ckpt_dir}: save_hf expected iteration {iteration} to be the latest, found {latest}")
+    eos, pad = special_token_ids(tokenizer_dir)
+    dtype = config.get("params_dtype", "fp32")
+    hf_config = hm.hf_config_dict(ModelConfig(**config["model"]), eos, pad)
+    return write_hf_folder(ckpt_dir, hf_folder_of(ckpt_dir, iteration), hf_config, tokenizer_dir, dtype,
+                           config.get("orm", False), progress=False)
+
+
+def special_token_ids(tokenizer_dir: Optional[str]) -> Tuple[int, int]:
+    """(eos, pad) ids of the tokenizer in ``tokenizer_dir``; 0 where it has none."""
+    if not tokenizer_dir or not os.path.isdir(tokenizer_dir):
+        return 0, 0
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    eos = tok.eos_token_id if tok.eos_token_id is not None else 0
+    return eos, tok.pad_token_id if tok.pad_token_id is not None else eos
 
 
 def mg_to_mg(load_dir: str, save_dir: str, tp: int, pp: int, num_layer_list: Optional[str] = None,

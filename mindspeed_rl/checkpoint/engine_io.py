@@ -125,6 +125,23 @@ def save_engine(engine, ckpt_dir: str, iteration: int, extra: Optional[Dict[str,
     dist.barrier()
 
 
+def save_hf_copy(engine, ckpt_dir: str, iteration: int) -> Optional[str]:
+    """With ``save_hf``: rank 0 writes the just-saved iteration as a HF folder beside it (the converter's
+    code; the --orm form for a value head) while the other ranks wait. Returns its path, or None."""
+    m = engine.megatron
+    if not m.save_hf:
+        return None
+    path = None
+    if dist.get_rank() == 0:
+        from .convert import export_saved_iteration
+
+        path = export_saved_iteration(ckpt_dir, iteration, m.tokenizer_name_or_path)
+    dist.barrier()
+    from .convert import hf_folder_of
+
+    return path or hf_folder_of(ckpt_dir, iteration)
+
+
 def load_engine(engine, ckpt_dir: str, load_optim: bool = True, load_rng: bool = True) -> Dict[str, Any]:
     """Load the latest checkpoint into the engine; returns the payload (iteration, extras)."""
     tp_rank, pp_rank, dp_rank, tp, pp = _ranks()

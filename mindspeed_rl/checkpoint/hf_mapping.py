@@ -24,6 +24,22 @@ HF_LAYER = "model.layers.{i}."
 MG_LAYER = "decoder.layers.{i}."
 
 
+def hf_config_dict(model: ModelConfig, eos_token_id: int, pad_token_id: int, torch_dtype: str = "float32") -> dict:
+    """The HF config.json of a ModelConfig (Qwen2 family, or Llama when ``model_type_hf`` says llama): what
+    vLLM loads for rollout and what save_hf writes next to a checkpoint."""
+    arch = "LlamaForCausalLM" if model.model_type_hf.startswith("llama") else "Qwen2ForCausalLM"
+    return {
+        "architectures": [arch], "model_type": "llama" if arch.startswith("Llama") else "qwen2",
+        "hidden_size": model.hidden_size, "intermediate_size": model.ffn_hidden_size,
+        "num_hidden_layers": model.num_layers, "num_attention_heads": model.num_attention_heads,
+        "num_key_value_heads": model.kv_heads, "vocab_size": model.padded_vocab_size,
+        "max_position_embeddings": model.max_position_embeddings, "rms_norm_eps": model.norm_epsilon,
+        "rope_theta": model.rotary_base, "tie_word_embeddings": not model.untie_embeddings_and_output_weights,
+        "eos_token_id": eos_token_id, "pad_token_id": pad_token_id, "bos_token_id": eos_token_id,
+        "torch_dtype": torch_dtype, "hidden_act": "silu", "attention_bias": model.add_qkv_bias,
+    }
+
+
 def model_config_from_hf(hf: dict, model_type_hf: Optional[str] = None) -> ModelConfig:
     """A ModelConfig from a HF config.json (Qwen2 or Llama family)."""
     heads = hf["num_attention_heads"]

@@ -78,6 +78,9 @@ class MegatronConfig:
     no_load_rng: bool = opt(False, "On resume, do not load the RNG states.")
     no_save_optim: bool = opt(False, "Do not save the optimizer state.")
     no_save_rng: bool = opt(False, "Do not save the RNG states.")
+    save_hf: bool = opt(False, "With every checkpoint also write its HF folder (safetensors, config.json, tokenizer "
+                               "files) beside it as <save>/iter_XXXXXXX_hf, loadable by transformers and vLLM as it "
+                               "is; a critic's in the --orm form. Needs save and a filesystem all ranks share.")
     no_shared_storage: bool = opt(False, "Nodes do not share a filesystem (each node writes its own shards).")
     # data
     data_path: Optional[str] = opt(None, "Prefix of the preprocessed dataset (cli/preprocess_data.py output_prefix).")

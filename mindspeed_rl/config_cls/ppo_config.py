@@ -196,6 +196,12 @@ def check_cross_fields(cfg: PPOConfig) -> None:
             raise ConfigError(_role_key(role, "fp16"), "bf16 and fp16 are both true; pick one")
         if m.min_lr > m.lr:
             raise ConfigError(_role_key(role, "min_lr"), f"{m.min_lr} is above lr {m.lr}")
+        if m.save_hf and not m.save:
+            raise ConfigError(_role_key(role, "save_hf"), "is true but save is not set: the HF folder is written "
+                                                         "beside each checkpoint in save")
+        if m.save_hf and m.no_shared_storage:
+            raise ConfigError(_role_key(role, "save_hf"), "needs a filesystem all ranks share (no_shared_storage is "
+                                                         "true): convert afterwards with cli/convert_ckpt.py")
     if cfg.reward is not None:
         if not cfg.reward.megatron.load:
             raise ConfigError("reward_config.load", "required: the reward model's weights (a checkpoint converted "

@@ -135,6 +135,10 @@ class RLConfig:
     # logging
     console_metrics: bool = opt(False, "Print every metric on the console each iteration, after the compact line "
                                        "(they always go to metrics.jsonl, tensorboard and wandb).")
+    library_logs: str = opt("file", "Where vLLM, Ray, megatron-core and torch output goes: file (run_dir/logs/<role>_<rank>.log "
+                                    "and driver.log; errors and warnings that matter still reach the console) or "
+                                    "console (everything on the console, as the libraries print it).",
+                            choices=("file", "console"))
     use_tensorboard: bool = opt(False, "Write every metric to tensorboard.")
     use_wandb: bool = opt(False, "Log to Weights & Biases (offline mode works without network).")
     wandb_project: str = opt("mindspeed_rl", "wandb project.")

@@ -35,20 +35,11 @@ def vllm_unusable_reason(model: ModelConfig, gen: GenerateConfig, kind: str) -> 
 
 
 def write_hf_config(folder: str, model: ModelConfig, eos_token_id: int, pad_token_id: int) -> str:
-    arch = "LlamaForCausalLM" if model.model_type_hf.startswith("llama") else "Qwen2ForCausalLM"
-    config = {
-        "architectures": [arch], "model_type": "llama" if arch.startswith("Llama") else "qwen2",
-        "hidden_size": model.hidden_size, "intermediate_size": model.ffn_hidden_size,
-        "num_hidden_layers": model.num_layers, "num_attention_heads": model.num_attention_heads,
-        "num_key_value_heads": model.kv_heads, "vocab_size": model.padded_vocab_size,
-        "max_position_embeddings": model.max_position_embeddings, "rms_norm_eps": model.norm_epsilon,
-        "rope_theta": model.rotary_base, "tie_word_embeddings": not model.untie_embeddings_and_output_weights,
-        "eos_token_id": eos_token_id, "pad_token_id": pad_token_id, "bos_token_id": eos_token_id,
-        "torch_dtype": "float32", "hidden_act": "silu", "attention_bias": model.add_qkv_bias,
-    }
+    from ..checkpoint.hf_mapping import hf_config_dict
+
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as fh:
-        json.dump(config, fh, indent=2)
+        json.dump(hf_config_dict(model, eos_token_id, pad_token_id), fh, indent=2)
     return folder
 
 

@@ -23,14 +23,16 @@ def runtime_env_vars() -> Dict[str, str]:
     return env
 
 
-def init_ray(env: Dict[str, str]) -> None:
+def init_ray(env: Dict[str, str], quiet: bool = False) -> None:
+    """Start (or join, with RAY_ADDRESS) Ray; ``quiet`` leaves Ray's driver logger to the handlers of
+    ``library_logs.route_driver_logs``."""
     import ray
 
     if ray.is_initialized():
         return
     address = os.environ.get("RAY_ADDRESS")
     kwargs = dict(runtime_env={"env_vars": env}, include_dashboard=False, log_to_driver=True,
-                  logging_level="WARNING")
+                  logging_level="WARNING", configure_logging=not quiet)
     import signal
     import threading
 
@@ -182,35 +184,48 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     dataset = open_prompts("data_path")
     test_dataset = open_prompts("test_data_path") if cfg.actor.megatron.test_data_path else None
     run_dir = os.path.abspath(os.path.join(rl.log_dir, time.strftime("%Y%m%d-%H%M%S")))
-    print(f"run directory: {run_dir} (metrics.jsonl, curves)", flush=True)
+    log_dir = os.path.join(run_dir, "logs") if rl.library_logs == "file" else None
+    print(f"run directory: {run_dir} (metrics.jsonl, curves, report.html"
+          + (", logs/ of vLLM, Ray and megatron)" if log_dir else ")"), flush=True)
     print(f"prompts: {len(dataset)} from {cfg.actor.megatron.data_path} ({dataset.dropped} over max_prompt_length)"
           + (f"; test prompts: {len(test_dataset)} from {cfg.actor.megatron.test_data_path}" if test_dataset else ""),
           flush=True)
 
+    from ..config_cls import batch_plan
+    from ..config_cls.ppo_config import to_plain
+    from .report import write_run_info
+
+    resolved = {k: v for k, v in to_plain(cfg).items() if k != "raw"}
+    write_run_info(run_dir, cfg.raw, resolved, batch_plan(cfg), sys.argv)
     started = time.perf_counter()
+    undo_routing = None
     from .preflight import preflight
 
     preflight(cfg)
     acc = get_accelerator()
     env = runtime_env_vars()
-    init_ray(env)
-    devices = cfg.actor.num_devices
-    cpus_per_bundle, threads = bundle_cpus(acc, devices)
-    pg = create_placement_group(acc, devices, cpus_per_bundle)
-    print(describe_placement(pg), flush=True)
-    samples = cfg.samples_per_iteration
-    steps = mt.train_iters * (samples // rl.mini_batch_size) * rl.epochs
-    shared = len(cfg.roles)
-    fraction = cpus_per_bundle / shared if acc.kind == "cpu" else 1.0 / shared  # roles share each bundle
     workers: List = []  # groups started so far, for the clean-up
-    runner = logger = None
+    runner = logger = pg = None
     try:
+        if log_dir:
+            from ..utils.library_logs import route_driver_logs
+
+            undo_routing = route_driver_logs(log_dir)
+        init_ray(env, quiet=bool(log_dir))
+        devices = cfg.actor.num_devices
+        cpus_per_bundle, threads = bundle_cpus(acc, devices)
+        pg = create_placement_group(acc, devices, cpus_per_bundle)
+        print(describe_placement(pg), flush=True)
+        samples = cfg.samples_per_iteration
+        steps = mt.train_iters * (samples // rl.mini_batch_size) * rl.epochs
+        shared = len(cfg.roles)
+        fraction = cpus_per_bundle / shared if acc.kind == "cpu" else 1.0 / shared  # roles share each bundle
         actor = spawn_group("actor", IntegratedActorWorker, acc, pg, devices, fraction,
                             lambda rank, addr, port: dict(rank=rank, world_size=devices, master_addr=addr,
                                                           master_port=port, role=cfg.actor, rl=rl, gen=gen,
                                                           total_steps=steps, eos_token_id=tokenizer.eos_token_id,
                                                           pad_token_id=tokenizer.pad_token_id or 0,
-                                                          threads=threads), env, workers)
+                                                          threads=threads), env, workers, log_dir)
         print(f"rollout engines: {actor.describe_engines()}", flush=True)
         critic = None
         if cfg.uses_critic:
@@ -218,13 +233,14 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
                                  lambda rank, addr, port: dict(rank=rank, world_size=cfg.critic.num_devices,
                                                                master_addr=addr, master_port=port, role=cfg.critic,
                                                                rl=rl, total_steps=steps, threads=threads,
-                                                               offload_when_idle=acc.kind != "cpu"), env, workers)
+                                                               offload_when_idle=acc.kind != "cpu"), env, workers,
+                                 log_dir)
         reward = None
         if cfg.reward is not None:
             reward = spawn_group("reward", RewardWorker, acc, pg, cfg.reward.num_devices, fraction,
                                  lambda rank, addr, port: dict(rank=rank, world_size=cfg.reward.num_devices,
                                                                master_addr=addr, master_port=port, role=cfg.reward,
-                                                               rl=rl, threads=threads), env, workers)
+                                                               rl=rl, threads=threads), env, workers, log_dir)
             reward.call("init_weights", cfg.reward.megatron.load)
         am, cm = cfg.actor.megatron, cfg.critic.megatron
         actor_load, critic_load = existing_checkpoint(am), existing_checkpoint(cm)
@@ -238,8 +254,6 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
                                 consumed_samples=int(state.get("consumed_samples", 0)))
         if rl.rule_reward:
             runner = RuleRewardRunner(rl.verifier_function, rl.verifier_weight, rl.verifier_timeout)
-        from ..config_cls.ppo_config import to_plain
-
         logger = MetricsLogger(run_dir, mt.train_iters, rl,
                                {"rl_config": to_plain(rl), "actor": to_plain(cfg.actor.megatron)})
         trainer = PPOTrainer(cfg, actor, critic, runner, dataset, sampler, tokenizer, logger, start, reward,
@@ -268,6 +282,15 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
                 pass  # already dead: reported above
             for handle in group.handles:  # the processes go now, not when the handles are collected
                 ray.kill(handle, no_restart=True)
-        ray.util.remove_placement_group(pg)
+        if pg is not None:
+            ray.util.remove_placement_group(pg)
+        if undo_routing is not None:
+            undo_routing()
+    if log_dir:
+        from ..utils.library_logs import summary_line
+
+        line = summary_line(log_dir)
+        if line:
+            print(line, flush=True)
     print(f"run directory: {run_dir}", flush=True)
     return history

@@ -32,13 +32,18 @@ class MetricsLogger:
                                     mode=mode, config=config or {})
 
     def log(self, metrics: Dict[str, float]) -> None:
-        it = int(metrics["iteration"])
+        """One iteration: the console line (and every metric with console_metrics), then ``record``."""
         print(self.console_line(metrics), flush=True)
-        ordered = {k: metrics[k] for k in KEY_FIGURES if k in metrics}
-        ordered.update({k: metrics[k] for k in sorted(metrics) if k not in ordered})
+        ordered = self.record(metrics)
         if self.full_console:
             print("  " + ", ".join(f"{k}: {v:.6g}" if isinstance(v, float) else f"{k}: {v}"
                                    for k, v in ordered.items()), flush=True)
+
+    def record(self, metrics: Dict[str, float]) -> Dict[str, float]:
+        """metrics.jsonl, tensorboard and wandb only (e.g. the validation before training, iteration 0)."""
+        it = int(metrics["iteration"])
+        ordered = {k: metrics[k] for k in KEY_FIGURES if k in metrics}
+        ordered.update({k: metrics[k] for k in sorted(metrics) if k not in ordered})
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(ordered) + "\n")
         if self.tensorboard is not None:
@@ -48,6 +53,7 @@ class MetricsLogger:
             self.tensorboard.flush()
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in ordered.items() if k != "iteration"}, step=it)
+        return ordered
 
     def console_line(self, metrics: Dict[str, float]) -> str:
         """iter 3/20 | score 0.133 | kl 0.136 | len 15.9 | step 2.66s | e2e_tps 1413 | ETA 45s"""
@@ -61,16 +67,19 @@ class MetricsLogger:
         return " | ".join(parts)
 
     def close(self) -> None:
-        """Flush the writers and draw the curves (reward, response length, timing) as PNG."""
+        """Flush the writers, draw the curves (reward, response length, timing) as PNG and write the
+        HTML run report."""
         if self.tensorboard is not None:
             self.tensorboard.close()
         if self.wandb is not None:
             self.wandb.finish()
         if os.path.isfile(self.path):
             from .curves import draw
+            from .report import render
 
             for path in draw(self.run_dir):
                 print(f"curve: {path}", flush=True)
+            print(f"report: {render(self.run_dir)}", flush=True)
 
 
 def readable_seconds(seconds: float) -> str:

@@ -62,6 +62,7 @@ class PPOTrainer:
         val_metrics = self.validate() if self.rl.val_before_train else {}
         if val_metrics:
             print("validation before training: " + format_validation(val_metrics), flush=True)
+            self.logger.record({"iteration": self.iteration, **val_metrics})
         while self.iteration < self.cfg.megatron_training.train_iters:
             self.timing = {}
             with self.timer("timing/all"):
@@ -149,11 +150,13 @@ class PPOTrainer:
             return
         start = time.perf_counter()
         extra = {"trainer_state": self.trainer_state()}
-        self.actor.call("save", am.save, self.iteration, extra, not am.no_save_optim, not am.no_save_rng)
+        hf = [self.actor.call("save", am.save, self.iteration, extra, not am.no_save_optim, not am.no_save_rng)[0]]
         if self.critic is not None and cm.save:
-            self.critic.call("save", cm.save, self.iteration, extra, not cm.no_save_optim, not cm.no_save_rng)
+            hf.append(self.critic.call("save", cm.save, self.iteration, extra, not cm.no_save_optim,
+                                       not cm.no_save_rng)[0])
         print(f"saved iteration {self.iteration}: actor -> {am.save}"
               + (f", critic -> {cm.save}" if self.critic is not None and cm.save else "")
+              + ("; HF: " + ", ".join(p for p in hf if p) if any(hf) else "")
               + f" ({time.perf_counter() - start:.1f}s)", flush=True)
 
     # ----- steps ---------------------------------------------------------------------------------------------

@@ -78,10 +78,12 @@ class IntegratedActorWorker(MegatronWorker):
             self.ref_offload.offload(grads=False, optimizer=False)  # the reference waits on host
         return {k: v for k, v in payload.items() if k in ("iteration", "trainer_state")}
 
-    def save(self, ckpt_dir: str, iteration: int, extra: Dict, save_optim: bool, save_rng: bool) -> None:
-        from ..checkpoint.engine_io import save_engine
+    def save(self, ckpt_dir: str, iteration: int, extra: Dict, save_optim: bool, save_rng: bool) -> Optional[str]:
+        """The checkpoint of ``iteration``; with save_hf also its HF folder (the path, else None)."""
+        from ..checkpoint.engine_io import save_engine, save_hf_copy
 
         save_engine(self.actor, ckpt_dir, iteration, extra, save_optim, save_rng)
+        return save_hf_copy(self.actor, ckpt_dir, iteration)
 
     # ----- rollout ---------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int,

@@ -14,6 +14,9 @@ class MegatronWorker:
 
     def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, tp: int, pp: int,
                  seed: int, threads: int):
+        from ..utils.library_logs import route_process_output
+
+        route_process_output()  # first: before vLLM or megatron print anything (rl_config.library_logs)
         os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                            "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
                            "OMP_NUM_THREADS": str(threads)})

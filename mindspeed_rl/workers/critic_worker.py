@@ -38,12 +38,14 @@ class CriticWorker(MegatronWorker):
         self._idle()
         return {k: v for k, v in payload.items() if k in ("iteration",)}
 
-    def save(self, ckpt_dir: str, iteration: int, extra: Dict, save_optim: bool, save_rng: bool) -> None:
-        from ..checkpoint.engine_io import save_engine
+    def save(self, ckpt_dir: str, iteration: int, extra: Dict, save_optim: bool, save_rng: bool) -> Optional[str]:
+        """The checkpoint of ``iteration``; with save_hf also its HF folder in the --orm form (the path)."""
+        from ..checkpoint.engine_io import save_engine, save_hf_copy
 
         self._busy()
         save_engine(self.critic, ckpt_dir, iteration, extra, save_optim, save_rng)
         self._idle()
+        return save_hf_copy(self.critic, ckpt_dir, iteration)
 
     def _busy(self) -> None:
         if self.offload_when_idle:

@@ -8,6 +8,7 @@ import socket
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..accelerator import Accelerator
+from ..utils.library_logs import ENV_LOG_FILE
 from .worker_group import WorkerGroup
 
 
@@ -43,9 +44,10 @@ _STARTS = itertools.count()
 
 def spawn_group(name: str, cls: type, acc: Accelerator, pg, num_ranks: int, fraction: float,
                 make_kwargs: Callable[[int, str, int], Dict[str, Any]], env: Dict[str, str],
-                started: Optional[List[WorkerGroup]] = None) -> WorkerGroup:
+                started: Optional[List[WorkerGroup]] = None, log_dir: Optional[str] = None) -> WorkerGroup:
     """Start ``num_ranks`` actors of ``cls`` in bundles 0..num_ranks-1, each taking ``fraction`` of a device
-    (appended to ``started`` as soon as they exist)."""
+    (appended to ``started`` as soon as they exist). With ``log_dir`` each rank writes its library output
+    to ``log_dir/<name>_<rank>.log`` (utils/library_logs.py)."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -67,7 +69,10 @@ def spawn_group(name: str, cls: type, acc: Accelerator, pg, num_ranks: int, frac
             options["resources"] = {acc.ray_resource: fraction}
         # ranks of this group on the same host: they share its memory (e.g. the CPU KV-cache budget)
         local = sum(1 for r in range(num_ranks) if nodes.get(r) == nodes.get(rank))
-        options["runtime_env"] = {"env_vars": dict(env, LOCAL_WORLD_SIZE=str(max(1, local)))}
+        env_vars = dict(env, LOCAL_WORLD_SIZE=str(max(1, local)))
+        if log_dir:
+            env_vars[ENV_LOG_FILE] = os.path.join(log_dir, f"{name}_{rank}.log")
+        options["runtime_env"] = {"env_vars": env_vars}
         handles.append(remote_cls.options(**options).remote(**make_kwargs(rank, master_addr, master_port)))
     group = WorkerGroup(name, handles)
     if started is not None:

@@ -1,0 +1,246 @@
+"""The run report: one self-contained HTML file (images embedded) from a run directory.
+
+    python -m mindspeed_rl.trainer.report <run_dir>        # writes <run_dir>/report.html
+
+It reads ``run.json`` (config, batch plan, command; written at start) and ``metrics.jsonl``, and shows the
+config summary, the batch plan, the final numbers, and curves: score with the validation score, KL, entropy,
+response length, the per-phase timing stacked, and e2e/update/vllm tokens per second. A training run
+writes it at its end.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .curves import read_metrics
+
+RUN_INFO = "run.json"
+REPORT = "report.html"
+
+# (title, y label, [(metric, label)])
+LINE_PANELS: Sequence[Tuple[str, str, Sequence[Tuple[str, str]]]] = (
+    ("Score", "score", (("critic/score/mean", "train score (mean)"), ("val/score/mean", "validation score"))),
+    ("KL to the reference", "KL", (("actor/kl_loss", "actor/kl_loss"), ("actor/ppo_kl", "actor/ppo_kl"))),
+    ("Entropy", "nats per token", (("actor/entropy", "actor/entropy"),)),
+    ("Response length", "tokens", (("response_length/mean", "mean"), ("response_length/max", "max"),
+                                    ("response_length/min", "min"), ("val/response_length/mean", "validation mean"))),
+    ("Throughput", "tokens/s per device", (("e2e_tps", "e2e_tps"), ("update_tps", "update_tps"),
+                                           ("vllm_tps", "vllm_tps"))),
+)
+# the phases inside timing/all, stacked in the order the iteration runs them
+TIMING_PHASES = ("timing/rollout", "timing/rule_reward", "timing/reward_model", "timing/reference_model",
+                 "timing/old_log_p", "timing/critic_model", "timing/adv", "timing/update_critic", "timing/update",
+                 "timing/validation")
+# (label, dotted key in run.json's config); missing keys are left out
+SUMMARY_KEYS = (
+    ("model", "megatron_training.model"), ("stage", "megatron_training.stage"),
+    ("train iterations", "megatron_training.train_iters"),
+    ("prompts per iteration", "megatron_training.global_batch_size"),
+    ("samples per prompt", "rl.n_samples_per_prompt"), ("mini-batch", "rl.mini_batch_size"), ("epochs", "rl.epochs"),
+    ("advantages / policy loss / aggregation", ("algorithm.estimator.name", "algorithm.policy_loss.name", "algorithm.loss_agg_mode")),
+    ("actor lr", "actor.megatron.lr"), ("critic lr", "critic.megatron.lr"), ("KL", ("rl.kl_penalty", "rl.init_kl_coef")),
+    ("clip ratio", "rl.clip_ratio"),
+    ("actor devices / TP / PP", ("actor.num_devices", "actor.megatron.tensor_model_parallel_size",
+                                 "actor.megatron.pipeline_model_parallel_size")),
+    ("bf16", "megatron_training.bf16"), ("rollout backend / infer TP", ("generate.backend",
+                                                                         "generate.infer_tensor_parallel_size")),
+    ("temperature / top_p", ("generate.sampling_config.temperature", "generate.sampling_config.top_p")),
+    ("max new tokens", "generate.sampling_config.max_tokens"),
+    ("training data", "megatron_training.data_path"), ("test data", "megatron_training.test_data_path"),
+    ("validation every (iterations)", "rl.test_freq"),
+)
+
+
+def write_run_info(run_dir: str, config: Dict[str, Any], resolved: Dict[str, Any], batch_plan: str,
+                   command: Sequence[str]) -> str:
+    """run.json, written when a run starts: the config as given (YAML and overrides), every setting resolved
+    (defaults included), the batch plan and the command."""
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, RUN_INFO)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump({"started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": list(command),
+                   "batch_plan": batch_plan, "config": config, "resolved": resolved}, fh, indent=1, default=str)
+    return path
+
+
+def lookup(config: Dict[str, Any], dotted: str) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def config_summary(config: Dict[str, Any]) -> List[Tuple[str, str]]:
+    rows = []
+    for label, key in SUMMARY_KEYS:
+        keys = key if isinstance(key, tuple) else (key,)
+        values = [lookup(config, k) for k in keys]
+        if all(v is None for v in values):
+            continue
+        rows.append((label, " / ".join("-" if v is None else str(v) for v in values)))
+    return rows
+
+
+def final_numbers(rows: List[Dict[str, float]]) -> List[Tuple[str, str]]:
+    """The last iteration's figures, the first and best validation score, the time spent."""
+    trained = [r for r in rows if "timing/all" in r]
+    if not trained:
+        return []
+    last = trained[-1]
+    out = [("iterations", str(int(last["iteration"])))]
+    for key, fmt in (("critic/score/mean", "{:.4f}"), ("response_length/mean", "{:.1f}"),
+                     ("actor/kl_loss", "{:.4g}"), ("actor/entropy", "{:.4g}"), ("e2e_tps", "{:.0f}"),
+                     ("update_tps", "{:.0f}"), ("vllm_tps", "{:.0f}"), ("timing/all", "{:.2f} s")):
+        if key in last:
+            out.append((f"{key} (last)", fmt.format(last[key])))
+    first_score = trained[0].get("critic/score/mean")
+    if first_score is not None and "critic/score/mean" in last:
+        out.append(("critic/score/mean (first -> last)", f"{first_score:.4f} -> {last['critic/score/mean']:.4f}"))
+    validated = [r for r in rows if "val/score/mean" in r]
+    if validated:
+        best = max(validated, key=lambda r: r["val/score/mean"])
+        out.append(("val/score/mean (first -> last)",
+                    f"{validated[0]['val/score/mean']:.4f} (iteration {int(validated[0]['iteration'])}) -> "
+                    f"{validated[-1]['val/score/mean']:.4f} (iteration {int(validated[-1]['iteration'])})"))
+        out.append(("val/score/mean (best)", f"{best['val/score/mean']:.4f} (iteration {int(best['iteration'])})"))
+    out.append(("training time (sum of timing/all)", f"{sum(r['timing/all'] for r in trained):.1f} s"))
+    return out
+
+
+def _png(fig) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def figures(rows: List[Dict[str, float]]) -> List[Tuple[str, str]]:
+    """(title, base64 PNG) for every panel with data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = []
+    for title, ylabel, series in LINE_PANELS:
+        present = [(k, label) for k, label in series if any(k in r for r in rows)]
+        if not present:
+            continue
+        fig, ax = plt.subplots(figsize=(6.4, 3.4), dpi=90)
+        for key, label in present:
+            points = [(r["iteration"], r[key]) for r in rows if key in r and _finite(r[key])]
+            ax.plot([p[0] for p in points], [p[1] for p in points], label=label, linewidth=1.5,
+                    marker="o" if key.startswith("val/") else None, markersize=3)
+        _finish(ax, title, ylabel)
+        fig.tight_layout()
+        out.append((title, _png(fig)))
+        plt.close(fig)
+    trained = [r for r in rows if "timing/all" in r]
+    phases = [k for k in TIMING_PHASES if any(k in r for r in trained)]
+    if phases:
+        fig, ax = plt.subplots(figsize=(7.6, 3.4), dpi=90)
+        x = [r["iteration"] for r in trained]
+        ax.stackplot(x, [[r.get(k, 0.0) for r in trained] for k in phases],
+                     labels=[k.split("/", 1)[1] for k in phases], alpha=0.85)
+        ax.plot(x, [r["timing/all"] for r in trained], color="black", linewidth=1, label="timing/all")
+        _finish(ax, "Time per iteration by phase (stacked; validation runs outside timing/all)", "seconds",
+                legend_outside=True)
+        fig.tight_layout()
+        out.append(("Timing", _png(fig)))
+        plt.close(fig)
+    return out
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _finish(ax, title: str, ylabel: str, legend_outside: bool = False) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_title(title)
+    ax.set_xlabel("iteration")
+    ax.set_ylabel(ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if legend_outside:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize=7)
+
+
+def _table(rows: List[Tuple[str, str]]) -> str:
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f"<table>{body}</table>"
+
+
+STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+table{border-collapse:collapse;margin:.5em 0}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}
+th{background:#f4f4f4;font-weight:600}pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:12px}
+.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(480px,1fr));gap:1em}img{max-width:100%}"""
+
+
+def render(run_dir: str) -> str:
+    """Write ``<run_dir>/report.html``; returns its path. Raises FileNotFoundError without metrics.jsonl."""
+    metrics_path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(metrics_path):
+        raise FileNotFoundError(f"{metrics_path}: no metrics (is {run_dir} a run directory?)")
+    rows = read_metrics(metrics_path)
+    info: Dict[str, Any] = {}
+    info_path = os.path.join(run_dir, RUN_INFO)
+    if os.path.isfile(info_path):
+        with open(info_path, encoding="utf-8") as fh:
+            info = json.load(fh)
+    config, resolved = info.get("config") or {}, info.get("resolved") or {}
+    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>mindspeed_rl run report: "
+             f"{html.escape(os.path.basename(os.path.abspath(run_dir)))}</title><style>{STYLE}</style></head><body>",
+             f"<h1>Run report</h1><p>{html.escape(os.path.abspath(run_dir))}"
+             + (f" &middot; started {html.escape(info['started'])}" if info.get("started") else "")
+             + f" &middot; {len([r for r in rows if 'timing/all' in r])} iteration(s) logged</p>"]
+    if info.get("command"):
+        parts.append(f"<pre>{html.escape(' '.join(info['command']))}</pre>")
+    parts.append("<h2>Final numbers</h2>" + (_table(final_numbers(rows)) or "<p>no iteration finished</p>"))
+    if resolved:
+        parts.append("<h2>Config summary</h2>" + _table(config_summary(resolved)))
+    if info.get("batch_plan"):
+        parts.append(f"<h2>Batch plan</h2><pre>{html.escape(info['batch_plan'])}</pre>")
+    plots = figures(rows)
+    if plots:
+        parts.append("<h2>Curves</h2><div class='grid'>" + "".join(
+            f"<figure><img alt='{html.escape(title)}' src='data:image/png;base64,{data}'></figure>"
+            for title, data in plots) + "</div>")
+    if config:
+        parts.append("<details><summary>Config as given (YAML and overrides)</summary><pre>"
+                     + html.escape(json.dumps(config, indent=1, default=str)) + "</pre></details>")
+    parts.append("</body></html>")
+    path = os.path.join(run_dir, REPORT)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(parts))
+    os.replace(tmp, path)
+    return path
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if len(args) != 1:
+        print("usage: python -m mindspeed_rl.trainer.report <run_dir>", file=sys.stderr)
+        return 2
+    try:
+        print(render(args[0]))
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""The HTML run report, rendered from a small metrics.jsonl and run.json."""
+import base64
+import json
+import re
+
+from mindspeed_rl.config_cls import load_ppo_config
+from mindspeed_rl.config_cls.ppo_config import to_plain
+from mindspeed_rl.trainer import report
+
+
+def write_run(run_dir, iterations=4):
+    cfg = load_ppo_config("ppo_tiny_cpu", [])
+    resolved = {k: v for k, v in to_plain(cfg).items() if k != "raw"}
+    report.write_run_info(str(run_dir), cfg.raw, resolved, "Batch plan\n  iteration : 16 prompts x 8 samples",
+                          ["cli/train_ppo.py", "--config-name", "ppo_tiny_cpu"])
+    rows = [{"iteration": 0, "val/score/mean": 0.125, "val/response_length/mean": 16.0}]
+    for i in range(1, iterations + 1):
+        rows.append({"iteration": i, "critic/score/mean": 0.1 * i, "actor/kl_loss": 0.01 * i,
+                     "actor/entropy": 5.0 - i, "response_length/mean": 10.0 + i, "response_length/max": 16.0,
+                     "response_length/min": 2.0, "timing/all": 3.0, "timing/rollout": 1.0, "timing/update": 1.5,
+                     "timing/reference_model": 0.5, "e2e_tps": 100.0 * i, "update_tps": 300.0, "vllm_tps": 500.0})
+    rows[2]["val/score/mean"] = 0.75
+    with open(run_dir / "metrics.jsonl", "w") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+def test_report_is_self_contained_with_summary_plan_curves_and_final_numbers(tmp_path):
+    write_run(tmp_path)
+    path = report.render(str(tmp_path))
+    text = open(path, encoding="utf-8").read()
+    # self-contained: every image embedded, nothing fetched from elsewhere
+    images = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", text)
+    assert len(images) == 6   # score, KL, entropy, length, throughput, stacked timing
+    assert all(base64.b64decode(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in images)
+    assert "http://" not in text and "https://" not in text and "<script" not in text
+    # config summary from the resolved config, the batch plan, the command
+    assert "<th>model</th><td>tiny_qwen25</td>" in text
+    assert "<th>samples per prompt</th><td>8</td>" in text
+    assert "<th>advantages / policy loss / aggregation</th><td>gae / vanilla / token-mean</td>" in text
+    assert "16 prompts x 8 samples" in text and "--config-name ppo_tiny_cpu" in text
+    # the final numbers: last iteration, first -> last score, validation first -> last and best
+    assert "<th>iterations</th><td>4</td>" in text
+    assert "<th>critic/score/mean (first -&gt; last)</th><td>0.1000 -&gt; 0.4000</td>" in text
+    assert "0.1250 (iteration 0) -&gt; 0.7500 (iteration 2)" in text
+    assert "<th>val/score/mean (best)</th><td>0.7500 (iteration 2)</td>" in text
+    assert "<th>e2e_tps (last)</th><td>400</td>" in text
+    assert "<th>training time (sum of timing/all)</th><td>12.0 s</td>" in text
+
+
+def test_report_on_demand_cli(tmp_path, capsys):
+    write_run(tmp_path, iterations=2)
+    assert report.main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip().endswith("report.html")
+    assert report.main([str(tmp_path / "missing")]) == 2
+    assert "no metrics" in capsys.readouterr().err
+
+
+def test_report_without_run_json_still_renders_the_curves(tmp_path):
+    write_run(tmp_path, iterations=2)
+    (tmp_path / "run.json").unlink()
+    text = open(report.render(str(tmp_path)), encoding="utf-8").read()
+    assert "Config summary" not in text and text.count("data:image/png;base64,") == 6
