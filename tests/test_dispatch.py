@@ -148,3 +148,35 @@ def test_update_sends_each_dp_rank_its_share_with_the_whole_mini_batch_token_cou
         got = torch.cat([first_dp[step].rows.input_ids, second_dp[step].rows.input_ids])
         assert torch.equal(got, exp.input_ids[rows])
     assert first_dp[0].rows.advantages is not None and first_dp[0].rows.old_log_probs is None
+
+
+class TensorRank(FakeActorRank):
+    """Answers with a tensor per row (its first prompt token) and the token count it received."""
+
+    def forward(self, rows, tag):
+        self.received.append(rows)
+        return {"first": rows.input_ids[:, -1].clone(), "tokens": int(rows.attention_mask.sum()), "tag": tag}
+
+
+def test_dp_batch_balance_near_equal_tokens_and_rows_back_in_order():
+    layouts = [RankLayout(rank=r, dp_rank=r, dp_size=2, tp_rank=0, pp_rank=0, output=True) for r in range(2)]
+    ranks = [TensorRank(lay) for lay in layouts]
+    group = WorkerGroup("actor", [FakeHandle(r) for r in ranks], layouts)
+    lengths = [16, 1, 14, 2, 12, 3, 10, 4]          # contiguous halves: 33 vs 29 + ...; long rows first
+    prompts = [[p + 1] for p in range(8)]
+    outs = [RolloutOutput(p, list(range(100 + p, 100 + p + lengths[p])), [0.0] * lengths[p], "stop")
+            for p in range(8)]
+    exp = build_experience(prompts, outs, 1, pad_id=0)
+    want = exp.input_ids[:, -1]
+    plain = group.forward("forward", exp, ("input_ids", "attention_mask"), "ref")
+    balanced = group.forward("forward", exp, ("input_ids", "attention_mask"), "ref", balance=True)
+    assert len(balanced) == 1 and torch.equal(balanced[0]["first"], want) and balanced[0]["tag"] == "ref"
+    spread = lambda answers: abs(ranks[0].received[-1].attention_mask.sum() - ranks[1].received[-1].attention_mask.sum())
+    assert [r["tokens"] for r in plain] == [int(exp.attention_mask[:4].sum()), int(exp.attention_mask[4:].sum())]
+    assert spread(balanced) <= 2 and [r.received[-1].num_rows for r in ranks] == [4, 4]
+    exp.set("advantages", torch.ones(8, exp.response_width))
+    group.update("update", exp, [np.arange(8)], ["advantages"], 0.5, balance=True)
+    first, second = ranks[0].received[-1][0], ranks[1].received[-1][0]
+    assert first.scale == second.scale and first.scale.tokens == float(exp.response_mask.sum())
+    assert first.rows.num_rows == second.rows.num_rows == 4
+    assert abs(int(first.rows.attention_mask.sum()) - int(second.rows.attention_mask.sum())) <= 2

@@ -162,6 +162,70 @@ def test_vllm_samples_of_one_prompt_differ():
     assert int(line[0].split()[1]) == 4
 
 
+class EosLovingModel(torch.nn.Module):
+    """Next-token logits that always prefer token 7 (the EOS of these tests), then token 3."""
+
+    def forward(self, ids, position_ids, mask):
+        logits = torch.zeros(ids.shape[0], ids.shape[1], 16)
+        logits[..., 7], logits[..., 3] = 5.0, 4.0
+        return logits
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_fallback_ignore_eos_and_min_tokens(temperature):
+    from mindspeed_rl.rollout.fallback import generate
+
+    model, prompts = EosLovingModel(), [[1, 2], [4]]
+
+    def run(**kw):
+        return generate(model, prompts, 6, eos_token_id=7, temperature=temperature, seed=0, **kw)
+
+    if temperature == 0:
+        assert [o.response_ids for o in run()] == [[7], [7]]   # EOS first, so it stops at once
+    fixed = run(ignore_eos=True)
+    assert all(len(o.response_ids) == 6 and o.finish_reason == "length" for o in fixed)
+    held = run(min_tokens=4)
+    for out in held:
+        assert len(out.response_ids) >= 4 and 7 not in out.response_ids[:4]
+        # the reported log-prob is the unconstrained one (what the actor recomputes; temperature 1 or greedy)
+        full = torch.log_softmax(EosLovingModel()(torch.zeros(1, 1), None, None)[0, 0], -1)
+        expected = [float(full[t]) for t in out.response_ids]
+        assert out.logprobs == pytest.approx(expected, abs=1e-5)
+    if temperature == 0:
+        assert [o.response_ids for o in held] == [[3, 3, 3, 3, 7], [3, 3, 3, 3, 7]]
+
+
+def test_vllm_ignore_eos_and_min_tokens_pass_through():
+    """vLLM learns EOS from config.json (no tokenizer): ignore_eos and min_tokens must reach it."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent('''
+        import sys
+        sys.path.insert(0, ".")
+        from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+        from mindspeed_rl.rollout.vllm_engine import VllmEngine
+        from tests.helpers import tiny_model_config
+        m = tiny_model_config(num_layers=1, hidden_size=128, ffn_hidden_size=128, padded_vocab_size=512)
+        gen = GenerateConfig(dtype="float32", max_model_len=64, max_num_seqs=8, max_num_batched_tokens=512,
+                             gpu_memory_utilization=0.002)
+        probe = VllmEngine(m, gen, "cpu", 0)
+        first = probe.generate([[1, 2, 3]], SamplingConfig(temperature=0, max_tokens=1))[0].response_ids[0]
+        probe.shutdown()
+        e = VllmEngine(m, gen, "cpu", first)   # EOS = the greedy first token: greedy stops at once
+        greedy = lambda **kw: e.generate([[1, 2, 3]], SamplingConfig(temperature=0, max_tokens=8, **kw))[0]
+        print("LENGTHS", len(greedy().response_ids), len(greedy(ignore_eos=True).response_ids),
+              first in greedy(min_tokens=5).response_ids[:5], len(greedy(min_tokens=5).response_ids) >= 5)
+        e.shutdown()
+    ''')
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    line = [x for x in proc.stdout.splitlines() if x.startswith("LENGTHS")]
+    assert line, proc.stderr[-2000:]
+    assert line[0].split()[1:] == ["1", "8", "False", "True"]
+
+
 def test_one_vocabulary_rule_the_whole_padded_vocabulary_everywhere():
     """Rollout (fallback, like vLLM) samples over the model's padded vocabulary, the actor normalises over
     it, and the verifiers' text leaves out (and counts) ids the tokenizer does not have."""

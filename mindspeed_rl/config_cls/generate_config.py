@@ -18,6 +18,9 @@ class SamplingConfig:
     min_p: float = opt(0.0, "Minimum probability relative to the most likely token.", ge=0, le=1)
     temperature: float = opt(1.0, "Sampling temperature (0: greedy).", ge=0)
     detokenize: bool = opt(False, "Return response text as well as token ids.")
+    ignore_eos: bool = opt(False, "Keep generating after EOS, up to max_tokens (benchmarks: fixed response lengths).")
+    min_tokens: int = opt(0, "EOS cannot be sampled before this many new tokens (its log-prob is still the "
+                             "unconstrained one, as vLLM reports it).", ge=0)
 
 
 @dataclass

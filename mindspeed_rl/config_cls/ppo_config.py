@@ -164,6 +164,11 @@ def check_cross_fields(cfg: PPOConfig) -> None:
         raise ConfigError("rl_config.mini_batch_size",
                           f"{rl.mini_batch_size} does not divide the prompts per iteration x n_samples_per_prompt = "
                           f"{cfg.prompts_per_iteration} x {rl.n_samples_per_prompt} = {samples}")
+    sampling = cfg.generate.sampling_config
+    check_packing_keys(cfg)
+    if sampling.min_tokens > sampling.max_tokens:
+        raise ConfigError("generate_config.sampling_config.min_tokens",
+                          f"{sampling.min_tokens} is above max_tokens {sampling.max_tokens}")
     for role in cfg.roles:
         m, model = role.megatron, role.model
         if role.num_devices % (role.tp * role.pp):
@@ -270,6 +275,38 @@ def check_cross_fields(cfg: PPOConfig) -> None:
 
 def validates(cfg: PPOConfig) -> bool:
     return cfg.rl.test_freq > 0 or cfg.rl.val_before_train
+
+
+def check_packing_keys(cfg: PPOConfig) -> None:
+    """Remove padding and token-budget micro-batches: single-stage models only (pipeline stages exchange
+    fixed shapes); every budget holds the longest sequence, defaults filled in."""
+    rl = cfg.rl
+    if not rl.use_dynamic_bsz:
+        for key in ("ref_max_packing_token_size", "actor_max_packing_token_size", "update_max_packing_token_size"):
+            if getattr(rl, key) is not None:
+                raise ConfigError(f"rl_config.{key}", "is set but use_dynamic_bsz is false")
+    if not (rl.use_remove_padding or rl.use_dynamic_bsz):
+        return
+    for role in cfg.roles:
+        if role.pp > 1:
+            key = "use_remove_padding" if rl.use_remove_padding else "use_dynamic_bsz"
+            raise ConfigError(f"rl_config.{key}", f"needs pipeline_model_parallel_size 1; the {role.name} has PP "
+                                                  f"{role.pp} (stages exchange fixed-shape activations)")
+    if not rl.use_dynamic_bsz:
+        return
+    longest = rl.max_prompt_length + cfg.generate.sampling_config.max_tokens
+    update_mbs = max(role.megatron.micro_batch_size for role in cfg.roles if role.name != "reward")
+    defaults = {"ref_max_packing_token_size": rl.ref_forward_micro_batch_size * longest,
+                "actor_max_packing_token_size": rl.actor_forward_micro_batch_size * longest,
+                "update_max_packing_token_size": update_mbs * longest}
+    for key, default in defaults.items():
+        value = getattr(rl, key)
+        if value is None:
+            setattr(rl, key, default)
+        elif value < longest:
+            raise ConfigError(f"rl_config.{key}", f"{value} tokens cannot hold the longest sequence: "
+                                                  f"max_prompt_length {rl.max_prompt_length} + max_tokens "
+                                                  f"{cfg.generate.sampling_config.max_tokens} = {longest}")
 
 
 def check_validation_keys(cfg: PPOConfig) -> None:

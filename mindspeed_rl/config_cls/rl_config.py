@@ -64,6 +64,28 @@ class RLConfig:
     shuffle_mini_batch: bool = opt(False, "Shuffle samples before splitting into mini-batches.")
     actor_forward_micro_batch_size: int = opt(1, "Samples per no-grad actor forward (old log-probs).", ge=1)
     ref_forward_micro_batch_size: int = opt(1, "Samples per reference forward.", ge=1)
+    # computing on valid tokens only (models/packing.py, docs/performance.md)
+    use_remove_padding: bool = opt(False, "Forwards and updates run on the valid tokens only: each micro-batch's "
+                                          "rows packed into one sequence (positions restart per row, block-diagonal "
+                                          "causal attention). Results equal the padded path.")
+    use_dynamic_bsz: bool = opt(False, "Micro-batches by a token budget instead of a row count: rows sorted by "
+                                       "length and grouped up to *_max_packing_token_size tokens (packed: the sum "
+                                       "of lengths; padded: rows x the longest). The loss normalisation is the "
+                                       "mini-batch's, so the gradient does not depend on the split.")
+    ref_max_packing_token_size: Optional[int] = opt(None, "Token budget of a reference (and reward model) "
+                                                          "forward micro-batch with use_dynamic_bsz (default: "
+                                                          "ref_forward_micro_batch_size x the longest sequence).",
+                                                    ge=1)
+    actor_max_packing_token_size: Optional[int] = opt(None, "Token budget of an old-log-prob or critic-value "
+                                                            "forward micro-batch with use_dynamic_bsz (default: "
+                                                            "actor_forward_micro_batch_size x the longest "
+                                                            "sequence).", ge=1)
+    update_max_packing_token_size: Optional[int] = opt(None, "Token budget of a training micro-batch (actor and "
+                                                             "critic) with use_dynamic_bsz (default: the role's "
+                                                             "micro_batch_size x the longest sequence).", ge=1)
+    use_dp_batch_balance: bool = opt(False, "Hand data-parallel ranks equal row counts with near-equal token sums "
+                                            "(longest rows first to the least-loaded rank) instead of contiguous "
+                                            "slices.")
     max_prompt_length: int = opt(2048, "Prompts longer than this (tokens) are dropped at load.", ge=1)
     max_nonfinite_steps: int = opt(3, "Consecutive optimizer steps of one role skipped for a NaN/Inf loss or "
                                       "gradient after which the run stops with exit code 3 (each skipped step "

@@ -12,17 +12,18 @@ shares)/d(theta).
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
 from ..accelerator import get_accelerator
 from ..config_cls.ppo_config import RoleConfig
 from .builder import build_gpt_model, params_dtype
+from .packing import pack, token_budget_groups, trim
 from .heads import attach_value_head, log_probs_and_entropy
 
 Batch = Dict[str, torch.Tensor]
@@ -75,6 +76,8 @@ class MegatronEngine:
         if head not in ("lm", "value"):
             raise ValueError(f"head must be 'lm' or 'value', got {head!r}")
         self.role, self.head, self.trainable = role, head, trainable
+        self.remove_padding = False  # rl_config.use_remove_padding (set by the worker)
+        self._trim = False
         self.nonfinite_streak = 0  # consecutive optimizer steps skipped for a non-finite loss or gradient
         self.megatron = role.megatron
         self.acc = get_accelerator()
@@ -159,43 +162,79 @@ class MegatronEngine:
     def _forward_step(self, loss_fn, scale, temperature, with_entropy, with_logits, data_iterator, model):
         mb = next(data_iterator)
         mask = mb["attention_mask"]
-        output = model(mb["input_ids"], position_ids_from_mask(mask), megatron_attention_mask(mask))
+        if self.remove_padding:  # valid tokens only, as one sequence (models/packing.py)
+            packed = pack(mb["input_ids"], mask, multiple=self._sequence_multiple())
+            output = packed.restore(model(packed.input_ids, packed.position_ids, packed.attention_mask))
+        elif self._trim:  # token-budget micro-batches: the columns some row of this micro-batch uses
+            trimmed = trim(mb["input_ids"], mask)
+            output = trimmed.restore(model(trimmed.input_ids, trimmed.position_ids, trimmed.attention_mask))
+        else:
+            output = model(mb["input_ids"], position_ids_from_mask(mask), megatron_attention_mask(mask))
         return output, partial(self._loss_wrapper, mb, loss_fn, scale, temperature, with_entropy, with_logits)
 
+    def _sequence_multiple(self) -> int:
+        return self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
+
+    def _micro_batches(self, batch: Batch, micro_batch_size: int,
+                       token_budget: Optional[int]) -> Tuple[List[Batch], Optional[torch.Tensor]]:
+        """Fixed-size row slices, or (with ``token_budget``) micro-batches of at most that many tokens; the
+        second value is the row order of the concatenated micro-batches (None: the batch's own)."""
+        if not token_budget:
+            return split_micro_batches(batch, micro_batch_size), None
+        lengths = batch["attention_mask"].sum(1).tolist()
+        groups = token_budget_groups(lengths, token_budget, packed=self.remove_padding)
+        order = torch.as_tensor(np.concatenate(groups))
+        return [{k: v[torch.as_tensor(g)] for k, v in batch.items()} for g in groups], order
+
     def _run(self, batch: Batch, micro_batch_size: int, loss_fn: Optional[LossFn], forward_only: bool,
-             temperature: float = 1.0, with_entropy: bool = True, with_logits: bool = False) -> List[Dict]:
+             temperature: float = 1.0, with_entropy: bool = True, with_logits: bool = False,
+             token_budget: Optional[int] = None) -> Tuple[List[Dict], Optional[torch.Tensor]]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         batch = {k: v.to(self.device) for k, v in batch.items()}
-        micro = split_micro_batches(batch, micro_batch_size)
+        micro, order = self._micro_batches(batch, micro_batch_size, token_budget)
+        self._trim = token_budget is not None
+        # megatron divides each micro-batch's loss by their number, DP averages the gradients: undone here
         scale = float(len(micro) * (1 if forward_only else self.dp_size))
         fwd_bwd = get_forward_backward_func()
-        return fwd_bwd(
+        stores = fwd_bwd(
             forward_step_func=partial(self._forward_step, loss_fn, scale, temperature, with_entropy, with_logits),
             data_iterator=iter(micro), model=self.model, num_microbatches=len(micro),
             seq_length=batch["input_ids"].shape[1], micro_batch_size=micro_batch_size,
             forward_only=forward_only)
+        return stores, order
 
     @torch.no_grad()
     def forward(self, batch: Batch, micro_batch_size: int, temperature: float = 1.0,
-                with_entropy: bool = False, with_logits: bool = False) -> Dict[str, torch.Tensor]:
-        """Head outputs for the whole batch, returned on every rank of the model-parallel group."""
+                with_entropy: bool = False, with_logits: bool = False,
+                token_budget: Optional[int] = None) -> Dict[str, torch.Tensor]:
+        """Head outputs for the whole batch (in its row order), returned on every rank of the model-parallel
+        group. ``token_budget``: micro-batches of at most that many tokens instead of ``micro_batch_size``
+        rows."""
         for chunk in self.model:
             chunk.eval()
-        stores = self._run(batch, micro_batch_size, None, True, temperature, with_entropy, with_logits)
-        outputs = {k: torch.cat([s[k] for s in stores]) for k in stores[0]} if self.pp_last else None
+        stores, order = self._run(batch, micro_batch_size, None, True, temperature, with_entropy, with_logits,
+                                  token_budget)
+        outputs = None
+        if self.pp_last:
+            outputs = {k: torch.cat([s[k] for s in stores]) for k in stores[0]}
+            if order is not None:
+                inverse = torch.empty_like(order)
+                inverse[order] = torch.arange(order.numel())
+                outputs = {k: v[inverse.to(v.device)] for k, v in outputs.items()}
         return self._broadcast_from_last_stage(outputs, batch)
 
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int,
-                   temperature: float = 1.0) -> StepResult:
-        """One optimizer step over ``batch`` (one mini-batch on this DP rank)."""
+                   temperature: float = 1.0, token_budget: Optional[int] = None) -> StepResult:
+        """One optimizer step over ``batch`` (one mini-batch on this DP rank); ``token_budget`` as in
+        ``forward``. The gradient does not depend on how the rows are split into micro-batches."""
         if not self.trainable:
             raise RuntimeError(f"{self.role.name} is frozen: it has no optimizer")
         for chunk in self.model:
             chunk.train()
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        stores = self._run(batch, micro_batch_size, loss_fn, False, temperature, True)
+        stores, _ = self._run(batch, micro_batch_size, loss_fn, False, temperature, True, token_budget=token_budget)
         if not self.all_finite(stores):
             for chunk in self.model:  # skip the step: the weights, optimizer state and lr stay as they were
                 chunk.zero_grad_buffer()

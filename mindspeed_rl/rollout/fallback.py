@@ -27,9 +27,10 @@ class GenerationOutput:
 def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_token_id: Optional[int],
              pad_token_id: int = 0, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0,
              min_p: float = 0.0, seed: Optional[int] = None,
-             batch_size: int = 64) -> List[GenerationOutput]:
+             batch_size: int = 64, ignore_eos: bool = False, min_tokens: int = 0) -> List[GenerationOutput]:
     """Sample responses from a single-rank (TP=PP=1) GPTModel with an LM head, over the model's whole
-    (padded) vocabulary: the same action space as vLLM and the actor's log-probs (docs/rollout.md)."""
+    (padded) vocabulary: the same action space as vLLM and the actor's log-probs (docs/rollout.md).
+    ``ignore_eos``: EOS does not stop a response; ``min_tokens``: EOS is not drawn before that many tokens."""
     model.eval()
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     outputs: List[GenerationOutput] = []
@@ -40,14 +41,18 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_t
         responses = [[] for _ in chunk]
         logps = [[] for _ in chunk]
         reasons = ["length"] * len(chunk)
-        for _ in range(max_new_tokens):
+        for step in range(max_new_tokens):
             logits = model(ids, position_ids_from_mask(mask), megatron_attention_mask(mask))[:, -1]
-            tokens, token_logps = sample_next(logits, temperature, top_k, top_p, min_p, generator)
+            banned = None
+            if eos_token_id is not None and step < min_tokens:
+                banned = torch.zeros_like(logits, dtype=torch.bool)
+                banned[:, eos_token_id] = True
+            tokens, token_logps = sample_next(logits, temperature, top_k, top_p, min_p, generator, banned)
             active = ~done
             for i in torch.nonzero(active).flatten().tolist():
                 responses[i].append(int(tokens[i]))
                 logps[i].append(float(token_logps[i]))
-                if eos_token_id is not None and int(tokens[i]) == eos_token_id:
+                if eos_token_id is not None and int(tokens[i]) == eos_token_id and not ignore_eos:
                     done[i] = True
                     reasons[i] = "stop"
             ids = torch.cat([ids, torch.where(active, tokens, pad_token_id).unsqueeze(1)], dim=1)

@@ -32,7 +32,8 @@ class FallbackEngine(RolloutEngine):
         repeated = [list(p) for p in prompts for _ in range(n)]
         outs = generate(self.gpt, repeated, sampling.max_tokens, self.eos_token_id, self.pad_token_id,
                         sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p,
-                        seed=sampling.seed if seed is None else seed)
+                        seed=sampling.seed if seed is None else seed, ignore_eos=sampling.ignore_eos,
+                        min_tokens=sampling.min_tokens)
         return [RolloutOutput(i // n, o.response_ids, o.logprobs, o.finish_reason) for i, o in enumerate(outs)]
 
     @torch.no_grad()

@@ -25,18 +25,22 @@ def filter_logits(logits: torch.Tensor, top_k: int = -1, top_p: float = 1.0, min
 
 
 def sample_next(logits: torch.Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0,
-                min_p: float = 0.0, generator: Optional[torch.Generator] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                min_p: float = 0.0, generator: Optional[torch.Generator] = None,
+                banned: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """(next tokens, their log-probs under softmax(logits / temperature)); greedy when temperature is 0.
 
     The log-prob is the one the actor recomputes for PPO (temperature applied, no top-k/p renormalisation).
+    ``banned`` ([B, V] bool) marks tokens that may not be drawn (EOS before min_tokens); it changes the draw,
+    not the reported log-prob.
     """
     logits = logits.float()
+    allowed = logits if banned is None else logits.masked_fill(banned, float("-inf"))
     if temperature == 0:
-        tokens = logits.argmax(dim=-1)
+        tokens = allowed.argmax(dim=-1)
         log_probs = logits.log_softmax(-1)
     else:
         scaled = logits / temperature
         log_probs = scaled.log_softmax(-1)
-        probs = filter_logits(scaled, top_k, top_p, min_p).softmax(-1)
+        probs = filter_logits(allowed / temperature, top_k, top_p, min_p).softmax(-1)
         tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
     return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -105,7 +105,8 @@ class VllmEngine(RolloutEngine):
         base = sampling.seed if seed is None else seed
         params = [SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
                                  top_k=sampling.top_k if sampling.top_k > 0 else -1, min_p=sampling.min_p,
-                                 max_tokens=sampling.max_tokens, logprobs=0, detokenize=False, seed=base + i)
+                                 max_tokens=sampling.max_tokens, logprobs=0, detokenize=False, seed=base + i,
+                                 ignore_eos=sampling.ignore_eos, min_tokens=sampling.min_tokens)
                   for i in range(len(prompts) * n)]
         requests = [{"prompt_token_ids": list(p)} for p in prompts for _ in range(n)]
         results = self.llm.generate(requests, params, use_tqdm=False)

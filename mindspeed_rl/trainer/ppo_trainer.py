@@ -216,14 +216,15 @@ class PPOTrainer:
         return build_experience(prompts.input_ids, generated.outputs, n, self.pad_id, prompts.labels)
 
     def log_probs(self, exp: Experience, which: str) -> torch.Tensor:
-        results = self.actor.forward("compute_log_prob", exp, MODEL_INPUTS, which)
+        results = self.actor.forward("compute_log_prob", exp, MODEL_INPUTS, which, balance=self.rl.use_dp_batch_balance)
         for key in ("timing/ref_onload", "timing/ref_offload"):
             if key in results[0]:
                 self.timing[key] = self.timing.get(key, 0.0) + results[0][key]
         return torch.cat([r["log_probs"] for r in results]).float()
 
     def values(self, exp: Experience) -> torch.Tensor:
-        return torch.cat([r["values"] for r in self.critic.forward("compute_values", exp)]).float()
+        results = self.critic.forward("compute_values", exp, balance=self.rl.use_dp_batch_balance)
+        return torch.cat([r["values"] for r in results]).float()
 
     def score(self, exp: Experience) -> Tuple[Dict[str, float], Dict[str, torch.Tensor]]:
         """Sequence scores into ``exp.scores``: rule verifiers and/or the reward model, plus the overlong
@@ -237,7 +238,8 @@ class PPOTrainer:
             scores = scores + self.reward_runner.weighted(per_verifier)
         if self.reward_model is not None:
             with self.timer("timing/reward_model"):
-                rm = torch.cat([r["scores"] for r in self.reward_model.forward("compute_scores", exp)])
+                rm = torch.cat([r["scores"] for r in self.reward_model.forward("compute_scores", exp,
+                                                                                 balance=self.rl.use_dp_batch_balance)])
             metrics["reward_model/score/mean"] = float(rm.mean())
             scores = scores + rm.float()
         if self.rl.overlong_buffer_enable:
@@ -298,13 +300,13 @@ class PPOTrainer:
 
     def update_critic(self, exp: Experience) -> Dict[str, float]:
         return self.critic.update("update", exp, self.update_plan(exp), ("values", "returns"),
-                                  horizon=self.gen.sampling_config.max_tokens)
+                                  horizon=self.gen.sampling_config.max_tokens, balance=self.rl.use_dp_batch_balance)
 
     def update_actor(self, exp: Experience) -> Dict[str, float]:
         fields = ["advantages"] + [k for k in ("old_log_probs", "ref_log_probs", "rollout_is_weights")
                                    if getattr(exp, k) is not None]
         return self.actor.update("update", exp, self.update_plan(exp), fields, self.kl_ctrl.value,
-                                 horizon=self.gen.sampling_config.max_tokens)
+                                 horizon=self.gen.sampling_config.max_tokens, balance=self.rl.use_dp_batch_balance)
 
     def collect_metrics(self, exp: Experience, reward_metrics, update_metrics) -> Dict[str, float]:
         metrics: Dict[str, float] = {"iteration": self.iteration}

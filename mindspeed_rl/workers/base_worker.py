@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Callable, Dict, Iterable, List
+from typing import Callable, Dict, Iterable, List, Optional
 
 import torch
 
@@ -62,8 +62,13 @@ class MegatronWorker:
         dist.destroy()
 
 
+def update_budget(rl) -> Optional[int]:
+    """The training micro-batches' token budget (rl_config.use_dynamic_bsz), else None (row counts)."""
+    return rl.update_max_packing_token_size if rl.use_dynamic_bsz else None
+
+
 def train_on_mini_batches(engine, mini_batches: List[MiniBatch], make_loss: Callable, micro_batch_size: int,
-                          prefix: str, temperature: float = 1.0) -> Dict[str, float]:
+                          prefix: str, temperature: float = 1.0, token_budget: Optional[int] = None) -> Dict[str, float]:
     """One optimizer step per mini-batch (skipped when its loss or gradient is not finite);
     ``make_loss(rows, scale)`` builds each step's loss.
 
@@ -75,7 +80,7 @@ def train_on_mini_batches(engine, mini_batches: List[MiniBatch], make_loss: Call
     for mb in mini_batches:
         rows: Experience = mb.rows
         step = engine.train_step(rows.tensors(rows.present()), make_loss(rows, mb.scale), micro_batch_size,
-                                 temperature)
+                                 temperature, token_budget)
         grad_key = "grad_norm" if prefix == "actor" else f"{prefix}/grad_norm"
         steps.append({**step.metrics, grad_key: step.grad_norm, f"{prefix}/lr": step.lr})
         skipped += int(step.skipped)

@@ -20,6 +20,7 @@ class RewardWorker(MegatronWorker):
 
         self.role, self.rl = role, rl
         self.model = MegatronEngine(role, head="value", trainable=False)
+        self.model.remove_padding = rl.use_remove_padding
 
     def init_weights(self, load: str) -> Dict:
         from ..checkpoint.engine_io import load_weights_only
@@ -34,6 +35,7 @@ class RewardWorker(MegatronWorker):
         """Score [B] of each sequence: the value head at its last valid token."""
         from ..models.heads import last_token_values
 
-        out = self.model.forward(rows.tensors(), self.rl.ref_forward_micro_batch_size)
+        out = self.model.forward(rows.tensors(), self.rl.ref_forward_micro_batch_size,
+                                 token_budget=self.rl.ref_max_packing_token_size if self.rl.use_dynamic_bsz else None)
         scores = last_token_values(out["raw_values"], rows.attention_mask) if self.is_output_rank else None
         return {"scores": scores}

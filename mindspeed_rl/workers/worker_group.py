@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
+import torch
 
 from ..algorithms.losses import LossScale
+from ..models.packing import balanced_split
 from ..protocol import MODEL_INPUTS, Experience, MiniBatch, RankLayout, RolloutOutput, RolloutResult
 
 
@@ -112,21 +114,40 @@ class WorkerGroup:
 
     # ----- forwards and updates: by train DP ------------------------------------------------------------
     def forward(self, method: str, experience: Experience, fields: Sequence[str] = MODEL_INPUTS,
-                *extra) -> List[Any]:
-        """``method(rows, *extra)`` with each DP group's share of the rows; results in DP order."""
-        results = self._call_per_dp(method, experience.split(self.dp_size, fields), extra)
-        return [results[rank] for rank in self.output_ranks()]
+                *extra, balance: bool = False) -> List[Any]:
+        """``method(rows, *extra)`` with each DP group's share of the rows; results in DP order. With
+        ``balance`` the shares have near-equal token sums (use_dp_batch_balance) and the answer is one dict
+        whose row tensors are back in the experience's row order."""
+        if not balance or self.dp_size == 1:
+            results = self._call_per_dp(method, experience.split(self.dp_size, fields), extra)
+            return [results[rank] for rank in self.output_ranks()]
+        shares = balanced_split(experience.attention_mask.sum(1).tolist(), self.dp_size)
+        results = self._call_per_dp(method, [experience.select(rows, fields) for rows in shares], extra)
+        answers = [results[rank] for rank in self.output_ranks()]
+        order = torch.as_tensor(np.concatenate(shares))
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(order.numel())
+        merged = dict(answers[0])
+        for key, value in answers[0].items():
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == len(shares[0]):
+                merged[key] = torch.cat([answer[key] for answer in answers])[inverse]
+        return [merged]
 
     def update(self, method: str, experience: Experience, plan: Sequence[np.ndarray], fields: Sequence[str],
-               *extra, horizon: Optional[float] = None) -> Any:
+               *extra, horizon: Optional[float] = None, balance: bool = False) -> Any:
         """One optimizer step per mini-batch of ``plan`` (row indices): each DP rank gets its share and the
         whole mini-batch's counts (valid tokens, responses, and ``horizon``, the fixed length of
-        seq-mean-token-sum-norm; default the response width). Returns the first output rank's answer
+        seq-mean-token-sum-norm; default the response width); ``balance`` gives the DP ranks near-equal token
+        sums (use_dp_batch_balance). Returns the first output rank's answer
         (metrics are reduced across DP inside the engine)."""
         per_dp: List[List[MiniBatch]] = [[] for _ in range(self.dp_size)]
         for rows in plan:
             scale = LossScale.of(experience.response_mask[rows], horizon)
-            for dp, part in enumerate(np.array_split(np.asarray(rows), self.dp_size)):
+            rows = np.asarray(rows)
+            parts = ([rows[share] for share in balanced_split(experience.attention_mask[rows].sum(1).tolist(),
+                                                              self.dp_size)]
+                     if balance else np.array_split(rows, self.dp_size))
+            for dp, part in enumerate(parts):
                 per_dp[dp].append(MiniBatch(experience.select(part, fields), scale))
         return self._call_per_dp(method, per_dp, extra)[self.output_ranks()[0]]
 

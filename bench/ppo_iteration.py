@@ -1,0 +1,143 @@
+"""One PPO iteration against this machine's limit: per-phase times, e2e_tps and the iteration's MFU.
+
+    .venv/bin/python bench/ppo_iteration.py [--shape tiny|small|50M] [--dtype fp32|bf16] [--iterations 4]
+                                            [--prompts 32] [--new-tokens 64]
+
+Runs the user's command, `cli/train_ppo.py --config-name ppo_tiny_cpu`, on a randomly initialised model of the
+named shape (actor, reference and critic; vLLM rollout in-process), with the fixed-length workload: `--prompts`
+prompts of the demo set (13-14 tokens) x 1 sample x exactly `--new-tokens` new tokens (`ignore_eos`), one
+epoch of one mini-batch. The first iteration is a warm-up; the table gives the median of the others.
+
+MFU = the model FLOPs of every pass the iteration ran / (timing/all x the matmul peak measured in this run,
+in the same dtype and thread count as the workers). Per token, a matmul with N weights costs 2N forward and
+6N forward + backward; attention adds 4 x layers x seq x hidden forward (x3 with backward), the causal mask
+not discounted. The iteration's passes over its T = responses x (prompt + response) tokens: rollout (2 x N_actor,
+prefill and decode each token once), reference and old log-probs (2 x N_actor each), critic values
+(2 x N_critic), the actor update (6 x N_actor) and the critic update (6 x N_critic). The input embedding is a
+lookup and not counted.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Qwen2-shaped, untied, GQA; head_dim 64 (vLLM's CPU attention)
+SHAPES = {
+    "tiny": dict(num_layers=4, hidden_size=256, ffn_hidden_size=704, num_attention_heads=4, num_query_groups=2,
+                 padded_vocab_size=256),
+    "small": dict(num_layers=4, hidden_size=512, ffn_hidden_size=1536, num_attention_heads=8, num_query_groups=2,
+                  padded_vocab_size=512),
+    "50M": dict(num_layers=10, hidden_size=640, ffn_hidden_size=1728, num_attention_heads=10, num_query_groups=2,
+                padded_vocab_size=8192),
+}
+PHASES = ("timing/all", "timing/rollout", "timing/reference_model", "timing/old_log_p", "timing/critic_model",
+          "timing/rule_reward", "timing/adv", "timing/update", "timing/update_critic")
+
+
+def matmul_weights(shape: dict, head: str) -> int:
+    """Weights that take part in matmuls: every layer's projections and the output head (LM or value)."""
+    h, f, layers = shape["hidden_size"], shape["ffn_hidden_size"], shape["num_layers"]
+    kv = h // shape["num_attention_heads"] * shape["num_query_groups"]
+    per_layer = h * h + 2 * h * kv + h * h + 3 * h * f   # q, k, v, o; gate, up, down
+    return layers * per_layer + (h * shape["padded_vocab_size"] if head == "lm" else h)
+
+
+def iteration_flops(shape: dict, tokens: float, seq: float) -> float:
+    """FLOPs of one PPO iteration over ``tokens`` (prompt + response) tokens of mean length ``seq``."""
+    attention = 4 * shape["num_layers"] * seq * shape["hidden_size"]   # per token, forward
+    actor, critic = matmul_weights(shape, "lm"), matmul_weights(shape, "value")
+    forward_actor, forward_critic = 2 * actor + attention, 2 * critic + attention
+    # rollout + reference + old log-probs + update (3 x forward); values + critic update (3 x forward)
+    return tokens * (3 * forward_actor + 3 * forward_actor + 4 * forward_critic)
+
+
+def matmul_peak(dtype: str, threads: int, n: int = 2048, reps: int = 5) -> float:
+    import torch
+
+    torch.set_num_threads(threads)
+    kind = torch.bfloat16 if dtype == "bf16" else torch.float32
+    a, b = torch.randn(n, n, dtype=kind), torch.randn(n, n, dtype=kind)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n ** 3 / best
+
+
+def overrides(shape_name: str, dtype: str, iterations: int, prompts: int, new_tokens: int, work: str) -> list:
+    shape = SHAPES[shape_name]
+    model = [f"model.tiny_qwen25.{k}={v}" for k, v in shape.items()]
+    bf16 = dtype == "bf16"
+    return model + [
+        f"megatron_training.train_iters={iterations}", f"megatron_training.global_batch_size={prompts}",
+        f"megatron_training.bf16={str(bf16).lower()}", "megatron_training.test_data_path=null",
+        "megatron_training.save_interval=100000", "rl_config.test_freq=0", "rl_config.val_before_train=false",
+        "rl_config.n_samples_per_prompt=1", f"rl_config.mini_batch_size={prompts}", "rl_config.epochs=1",
+        f"rl_config.actor_forward_micro_batch_size={prompts}", f"rl_config.ref_forward_micro_batch_size={prompts}",
+        f"actor_config.micro_batch_size={min(16, prompts)}", f"critic_config.micro_batch_size={min(16, prompts)}",
+        "actor_config.save=null", "actor_config.save_hf=false", "critic_config.save=null",
+        f"rl_config.log_dir={work}/logs",
+        f"generate_config.dtype={'bfloat16' if bf16 else 'float32'}",
+        f"generate_config.max_model_len={64 + new_tokens}", f"generate_config.sampling_config.max_tokens={new_tokens}",
+        "generate_config.sampling_config.ignore_eos=true",
+    ]
+
+
+def run(args, work: str) -> dict:
+    cmd = [sys.executable, os.path.join(ROOT, "cli", "train_ppo.py"), "--config-name", "ppo_tiny_cpu"]
+    cmd += overrides(args.shape, args.dtype, args.iterations, args.prompts, args.new_tokens, work)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"training failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    run_dir = re.findall(r"run directory: (\S+)", proc.stdout)[-1]
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8")]
+    rows = [r for r in rows if "timing/all" in r]
+    measured = rows[1:] or rows
+    return {k: statistics.median(r[k] for r in measured if k in r) for k in measured[0]}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", choices=tuple(SHAPES), default="small")
+    p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
+    p.add_argument("--iterations", type=int, default=4, help="the first is a warm-up")
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--new-tokens", type=int, default=64)
+    args = p.parse_args()
+    threads = os.cpu_count() or 1
+    peak_before = matmul_peak(args.dtype, threads)
+    with tempfile.TemporaryDirectory(prefix="bench_ppo_") as work:
+        m = run(args, work)
+    peak = max(peak_before, matmul_peak(args.dtype, threads))
+    shape = SHAPES[args.shape]
+    seq = m["prompt_length/mean"] + m["response_length/mean"]
+    tokens = seq * args.prompts
+    flops = iteration_flops(shape, tokens, seq)
+    print(f"shape {args.shape} ({matmul_weights(shape, 'lm') / 1e6:.1f}M matmul weights), {args.dtype}, "
+          f"{args.prompts} prompts x {m['response_length/mean']:.0f} new tokens "
+          f"(prompt {m['prompt_length/mean']:.1f}), {threads} threads")
+    print(f"matmul peak ({args.dtype}): {peak / 1e9:.0f} GFLOP/s; iteration model FLOPs {flops / 1e9:.0f} GFLOP "
+          f"-> floor {flops / peak:.2f} s")
+    print("| phase | seconds (median of iterations 2..N) |")
+    print("|---|---|")
+    for key in PHASES:
+        if key in m:
+            print(f"| {key} | {m[key]:.3f} |")
+    print(f"| e2e_tps | {m['e2e_tps']:.0f} |")
+    print(f"| MFU (iteration) | {flops / (m['timing/all'] * peak):.1%} |")
+    print(f"| rollout/logprob_diff_max | {m.get('rollout/logprob_diff_max', float('nan')):.2e} |")
+
+
+if __name__ == "__main__":
+    main()
