@@ -51,21 +51,19 @@ def clone_engine(source, head, remove_padding):
 def test_pack_and_trim_keep_rows_apart_and_restore_the_grid():
     batch = rl_batch()
     packed = pack(batch["input_ids"], batch["attention_mask"], multiple=4)
-    total = int(batch["attention_mask"].sum())
-    assert packed.input_ids.shape == (1, -(-total // 4) * 4)
-    # positions restart per row; a token never attends to another row
-    first = batch["attention_mask"].argmax(1)
-    assert packed.position_ids[0, 0] == 0 and int((packed.position_ids[0, :total] == 0).sum()) == 6
-    seg = packed.rows
-    visible = ~packed.attention_mask[0, 0, :total, :total]
-    assert bool((visible <= (seg[:, None] == seg[None, :])).all())
+    lengths = batch["attention_mask"].sum(1)
+    total = int(lengths.sum())
+    assert packed.input_ids.shape == (1, -(-total // 4) * 4) and packed.attention_mask is None
+    # one segment per row (plus the filler up to a multiple of 4), positions restart per row
+    assert packed.cu_seqlens.tolist()[:7] == [0] + torch.cumsum(lengths, 0).tolist()
+    assert packed.cu_seqlens[-1] == packed.input_ids.shape[1] and packed.max_seqlen == int(lengths.max())
+    assert int((packed.position_ids[0, :total] == 0).sum()) == 6
     echo = packed.restore(packed.input_ids[..., None].float())[..., 0]
     assert torch.equal(echo.long(), batch["input_ids"])
     trimmed = trim(batch["input_ids"][2:4], batch["attention_mask"][2:4])
     assert trimmed.input_ids.shape[1] < batch["input_ids"].shape[1]
     assert torch.equal(trimmed.restore(trimmed.input_ids[..., None].float())[..., 0].long(),
                        batch["input_ids"][2:4])
-    assert first.tolist()  # (rows have different starts)
 
 
 @pytest.mark.parametrize("remove_padding,budget", [(True, None), (False, 40), (True, 40)])

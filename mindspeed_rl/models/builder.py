@@ -142,7 +142,9 @@ def layer_spec(model: ModelConfig, kind: Optional[str] = None):
     kind = kind or get_accelerator().kind
     if kind == "cuda" and device_features(kind)["transformer_engine"]:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
-    return gpt_layer_specs.get_gpt_layer_local_spec(normalization=model.normalization)
+    from .attention import with_packed_attention
+
+    return with_packed_attention(gpt_layer_specs.get_gpt_layer_local_spec(normalization=model.normalization))
 
 
 def padded_vocab_size(model: ModelConfig, tokenizer_vocab: Optional[int], tp: int) -> int:

@@ -162,12 +162,10 @@ class MegatronEngine:
     def _forward_step(self, loss_fn, scale, temperature, with_entropy, with_logits, data_iterator, model):
         mb = next(data_iterator)
         mask = mb["attention_mask"]
-        if self.remove_padding:  # valid tokens only, as one sequence (models/packing.py)
-            packed = pack(mb["input_ids"], mask, multiple=self._sequence_multiple())
-            output = packed.restore(model(packed.input_ids, packed.position_ids, packed.attention_mask))
+        if self.remove_padding:  # valid tokens only, as one packed sequence (models/packing.py)
+            output = pack(mb["input_ids"], mask, multiple=self._sequence_multiple()).run(model)
         elif self._trim:  # token-budget micro-batches: the columns some row of this micro-batch uses
-            trimmed = trim(mb["input_ids"], mask)
-            output = trimmed.restore(model(trimmed.input_ids, trimmed.position_ids, trimmed.attention_mask))
+            output = trim(mb["input_ids"], mask).run(model)
         else:
             output = model(mb["input_ids"], position_ids_from_mask(mask), megatron_attention_mask(mask))
         return output, partial(self._loss_wrapper, mb, loss_fn, scale, temperature, with_entropy, with_logits)

@@ -4,9 +4,10 @@ Rows arrive padded ([B, S]: left-padded prompt, right-padded response). Two ways
 model call, both exact (the model's outputs on valid tokens are unchanged, then scattered back to [B, S], so
 losses and log-probs are computed on the same tensors as the padded path):
 
-- ``pack``: the valid tokens of all rows of a micro-batch as one sequence [1, T]; positions restart at 0 for
-  every row and the attention mask is block-diagonal and causal, so no token sees another row
-  (``rl_config.use_remove_padding``).
+- ``pack``: the valid tokens of all rows of a micro-batch as one sequence [1, T] in megatron's "thd" packed
+  format: ``cu_seqlens`` marks where each row starts and attention stays causal inside each row
+  (models/attention.py; Transformer Engine's attention on CUDA), so no token sees another row and no
+  padding is computed (``rl_config.use_remove_padding``).
 - ``trim``: the rows kept as rows, minus the columns that are padding in every row of the micro-batch
   (token-budget micro-batches without packing).
 
@@ -16,7 +17,7 @@ losses and log-probs are computed on the same tensors as the padded path):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -28,11 +29,22 @@ class ModelInput:
 
     input_ids: torch.Tensor          # [b, s]
     position_ids: torch.Tensor       # [b, s]
-    attention_mask: torch.Tensor     # [b, 1, s, s] bool, True where masked (megatron's convention)
+    attention_mask: Optional[torch.Tensor]  # [b, 1, s, s] bool, True where masked (megatron's); None when packed
     rows: torch.Tensor               # for each computed position with a real token: its row in [B, S] ...
     cols: torch.Tensor               # ... and its column
     flat: torch.Tensor               # ... and its index in the computed output, flattened over (b, s)
     shape: Tuple[int, int]           # (B, S)
+    cu_seqlens: Optional[torch.Tensor] = None  # packed: [rows + 1] starts of the rows in the sequence
+    max_seqlen: int = 0
+
+    def run(self, model) -> torch.Tensor:
+        """The model's output on the padded [B, S] grid."""
+        if self.cu_seqlens is None:
+            return self.restore(model(self.input_ids, self.position_ids, self.attention_mask))
+        from .attention import packed_seq_params
+
+        return self.restore(model(self.input_ids, self.position_ids, None,
+                                  packed_seq_params=packed_seq_params(self.cu_seqlens, self.max_seqlen)))
 
     def restore(self, output: torch.Tensor) -> torch.Tensor:
         """The model's output [b, s, *] back on [B, S, *]; positions without a real token get 0."""
@@ -50,7 +62,7 @@ def _causal_mask(keep: torch.Tensor) -> torch.Tensor:
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, multiple: int = 1, pad_id: int = 0) -> ModelInput:
     """Valid tokens of every row, in order, as one sequence (length rounded up to ``multiple`` for sequence
-    parallelism; the filler tokens form their own segment and are dropped by ``restore``)."""
+    parallelism; the filler tokens form a segment of their own and are dropped by ``restore``)."""
     mask = attention_mask.bool()
     rows, cols = mask.nonzero(as_tuple=True)
     total = int(rows.numel())
@@ -60,12 +72,13 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, multiple: int = 
     ids[0, :total] = input_ids[rows, cols]
     positions = torch.zeros(1, length, dtype=torch.long, device=device)
     positions[0, :total] = (attention_mask.long().cumsum(1) - 1)[rows, cols]
-    segment = torch.full((length,), -1, dtype=torch.long, device=device)
-    segment[:total] = rows
-    index = torch.arange(length, device=device)
-    keep = (segment[:, None] == segment[None, :]) & (index[None, :] <= index[:, None]) & (segment[:, None] >= 0)
-    return ModelInput(ids, positions, _causal_mask(keep[None]), rows, cols, torch.arange(total, device=device),
-                      tuple(attention_mask.shape))
+    lengths = mask.sum(1)
+    bounds = [0] + torch.cumsum(lengths[lengths > 0], 0).tolist()
+    if length > total:
+        bounds.append(length)
+    cu = torch.tensor(bounds, dtype=torch.int32, device=device)
+    return ModelInput(ids, positions, None, rows, cols, torch.arange(total, device=device),
+                      tuple(attention_mask.shape), cu, int((cu[1:] - cu[:-1]).max()))
 
 
 def trim(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> ModelInput:
