@@ -2,11 +2,18 @@
 
     .venv/bin/python bench/ppo_iteration.py [--shape tiny|small|50M] [--dtype fp32|bf16] [--iterations 4]
                                             [--prompts 32] [--new-tokens 64]
+                                            [--workload fixed|variable] [--packing]
 
 Runs the user's command, `cli/train_ppo.py --config-name ppo_tiny_cpu`, on a randomly initialised model of the
-named shape (actor, reference and critic; vLLM rollout in-process), with the fixed-length workload: `--prompts`
-prompts of the demo set (13-14 tokens) x 1 sample x exactly `--new-tokens` new tokens (`ignore_eos`), one
-epoch of one mini-batch. The first iteration is a warm-up; the table gives the median of the others.
+named shape (actor, reference and critic; vLLM rollout in-process), one epoch of one mini-batch, `--prompts`
+prompts of the demo set (13-14 tokens) x 1 sample, each response exactly as long as its budget (`ignore_eos`):
+
+- fixed: every response `--new-tokens` tokens;
+- variable: each prompt's budget (the dataset key `max_new_tokens`) drawn log-uniformly from 8..`--new-tokens`
+  (default 256 here), a 32x spread as in real RL batches.
+
+`--packing` turns on `use_remove_padding`, `use_dynamic_bsz` (token budgets of micro_batch_size x the mean
+sequence) and `use_dp_batch_balance`. The first iteration is a warm-up; the table gives the median of the others.
 
 MFU = the model FLOPs of every pass the iteration ran / (timing/all x the matmul peak measured in this run,
 in the same dtype and thread count as the workers). Per token, a matmul with N weights costs 2N forward and
@@ -51,13 +58,15 @@ def matmul_weights(shape: dict, head: str) -> int:
     return layers * per_layer + (h * shape["padded_vocab_size"] if head == "lm" else h)
 
 
-def iteration_flops(shape: dict, tokens: float, seq: float) -> float:
-    """FLOPs of one PPO iteration over ``tokens`` (prompt + response) tokens of mean length ``seq``."""
+def iteration_flops(shape: dict, tokens: float, seq: float, old_log_probs: bool = True) -> float:
+    """FLOPs of one PPO iteration over ``tokens`` (prompt + response) tokens of mean length ``seq``; the old
+    log-prob pass only when it ran (one epoch of one mini-batch skips it: the old policy is the current one)."""
     attention = 4 * shape["num_layers"] * seq * shape["hidden_size"]   # per token, forward
     actor, critic = matmul_weights(shape, "lm"), matmul_weights(shape, "value")
     forward_actor, forward_critic = 2 * actor + attention, 2 * critic + attention
-    # rollout + reference + old log-probs + update (3 x forward); values + critic update (3 x forward)
-    return tokens * (3 * forward_actor + 3 * forward_actor + 4 * forward_critic)
+    # rollout + reference (+ old log-probs) + update (3 x forward); values + critic update (3 x forward)
+    actor_passes = 2 + (1 if old_log_probs else 0) + 3
+    return tokens * (actor_passes * forward_actor + 4 * forward_critic)
 
 
 def matmul_peak(dtype: str, threads: int, n: int = 2048, reps: int = 5) -> float:
@@ -75,11 +84,46 @@ def matmul_peak(dtype: str, threads: int, n: int = 2048, reps: int = 5) -> float
     return 2 * n ** 3 / best
 
 
-def overrides(shape_name: str, dtype: str, iterations: int, prompts: int, new_tokens: int, work: str) -> list:
+def variable_dataset(work: str, rows: int, longest: int, seed: int = 3) -> str:
+    """The demo prompts with a max_new_tokens budget each, log-uniform in 8..longest, preprocessed."""
+    import json
+    import math
+    import random
+
+    from mindspeed_rl.config_cls.dataset_config import DatasetConfig
+    from mindspeed_rl.datasets.preprocess import preprocess
+    from mindspeed_rl.utils.demo_assets import make_rows
+
+    rng = random.Random(seed)
+    raw = os.path.join(work, "variable.jsonl")
+    with open(raw, "w", encoding="utf-8") as fh:
+        for row in make_rows(rows, seed):
+            budget = int(round(math.exp(rng.uniform(math.log(8), math.log(longest)))))
+            fh.write(json.dumps(dict(row, max_new_tokens=budget)) + "\n")
+    prefix = os.path.join(work, "data", "variable")
+    preprocess(DatasetConfig(input=raw, tokenizer_name_or_path=os.path.join(ROOT, "demo_assets", "tiny_qwen25_hf"),
+                             output_prefix=prefix, prompt_type="empty", seq_length=64,
+                             dataset_additional_keys=["labels", "max_new_tokens"]), progress=False)
+    return prefix
+
+
+def overrides(shape_name: str, dtype: str, iterations: int, prompts: int, new_tokens: int, work: str,
+              workload: str = "fixed", packing: bool = False) -> list:
     shape = SHAPES[shape_name]
     model = [f"model.tiny_qwen25.{k}={v}" for k, v in shape.items()]
     bf16 = dtype == "bf16"
-    return model + [
+    extra = []
+    if workload == "variable":
+        extra += [f"megatron_training.data_path={variable_dataset(work, 512, new_tokens)}",
+                  "megatron_training.dataset_additional_keys=[labels,max_new_tokens]"]
+    if packing:
+        mean_seq = 16 + (new_tokens if workload == "fixed" else new_tokens // 4)
+        budget = max(min(16, prompts) * mean_seq, 64 + new_tokens)
+        extra += ["rl_config.use_remove_padding=true", "rl_config.use_dynamic_bsz=true",
+                  "rl_config.use_dp_batch_balance=true", f"rl_config.update_max_packing_token_size={budget}",
+                  f"rl_config.actor_max_packing_token_size={2 * budget}",
+                  f"rl_config.ref_max_packing_token_size={2 * budget}"]
+    return model + extra + [
         f"megatron_training.train_iters={iterations}", f"megatron_training.global_batch_size={prompts}",
         f"megatron_training.bf16={str(bf16).lower()}", "megatron_training.test_data_path=null",
         "megatron_training.save_interval=100000", "rl_config.test_freq=0", "rl_config.val_before_train=false",
@@ -90,13 +134,14 @@ def overrides(shape_name: str, dtype: str, iterations: int, prompts: int, new_to
         f"rl_config.log_dir={work}/logs",
         f"generate_config.dtype={'bfloat16' if bf16 else 'float32'}",
         f"generate_config.max_model_len={64 + new_tokens}", f"generate_config.sampling_config.max_tokens={new_tokens}",
-        "generate_config.sampling_config.ignore_eos=true",
+        "generate_config.sampling_config.ignore_eos=true", f"rl_config.max_prompt_length=64",
     ]
 
 
 def run(args, work: str) -> dict:
     cmd = [sys.executable, os.path.join(ROOT, "cli", "train_ppo.py"), "--config-name", "ppo_tiny_cpu"]
-    cmd += overrides(args.shape, args.dtype, args.iterations, args.prompts, args.new_tokens, work)
+    cmd += overrides(args.shape, args.dtype, args.iterations, args.prompts, args.new_tokens, work, args.workload,
+                     args.packing)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"training failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
@@ -113,8 +158,14 @@ def main() -> None:
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--iterations", type=int, default=4, help="the first is a warm-up")
     p.add_argument("--prompts", type=int, default=32)
-    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--new-tokens", type=int, default=None, help="fixed: 64; variable: the longest budget, 256")
+    p.add_argument("--workload", choices=("fixed", "variable"), default="fixed")
+    p.add_argument("--packing", action="store_true", help="remove padding + token-budget micro-batches + DP balance")
     args = p.parse_args()
+    args.new_tokens = args.new_tokens or (64 if args.workload == "fixed" else 256)
+    from mindspeed_rl.utils.demo_assets import prepare
+
+    prepare(os.path.join(ROOT, "demo_assets"), SHAPES["tiny"]["padded_vocab_size"])  # the demo tokenizer and prompts
     threads = os.cpu_count() or 1
     peak_before = matmul_peak(args.dtype, threads)
     with tempfile.TemporaryDirectory(prefix="bench_ppo_") as work:
@@ -123,9 +174,11 @@ def main() -> None:
     shape = SHAPES[args.shape]
     seq = m["prompt_length/mean"] + m["response_length/mean"]
     tokens = seq * args.prompts
-    flops = iteration_flops(shape, tokens, seq)
+    flops = iteration_flops(shape, tokens, seq, "timing/old_log_p" in m)
     print(f"shape {args.shape} ({matmul_weights(shape, 'lm') / 1e6:.1f}M matmul weights), {args.dtype}, "
-          f"{args.prompts} prompts x {m['response_length/mean']:.0f} new tokens "
+          f"{args.workload} workload{' with packing' if args.packing else ''}, "
+          f"{args.prompts} prompts x {m['response_length/mean']:.0f} new tokens on average "
+          f"(min {m['response_length/min']:.0f}, max {m['response_length/max']:.0f}) "
           f"(prompt {m['prompt_length/mean']:.1f}), {threads} threads")
     print(f"matmul peak ({args.dtype}): {peak / 1e9:.0f} GFLOP/s; iteration model FLOPs {flops / 1e9:.0f} GFLOP "
           f"-> floor {flops / peak:.2f} s")
@@ -136,7 +189,8 @@ def main() -> None:
             print(f"| {key} | {m[key]:.3f} |")
     print(f"| e2e_tps | {m['e2e_tps']:.0f} |")
     print(f"| MFU (iteration) | {flops / (m['timing/all'] * peak):.1%} |")
-    print(f"| rollout/logprob_diff_max | {m.get('rollout/logprob_diff_max', float('nan')):.2e} |")
+    if "rollout/logprob_diff_max" in m:
+        print(f"| rollout/logprob_diff_max | {m['rollout/logprob_diff_max']:.2e} |")
 
 
 if __name__ == "__main__":

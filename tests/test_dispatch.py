@@ -64,8 +64,8 @@ class FakeActorRank:
     def __init__(self, layout, tamper=False):
         self.lay, self.tamper, self.received = layout, tamper, []
 
-    def generate(self, prompts, n, seed):
-        self.received.append((prompts, n, seed))
+    def generate(self, prompts, n, seed, sampling=None, max_new_tokens=None):
+        self.received.append((prompts, n, seed) + ((max_new_tokens,) if max_new_tokens else ()))
         outs = [RolloutOutput(i // n, [seed + i], [-1.0], "stop") for i in range(len(prompts) * n)]
         digest = repr((prompts, n, seed + (1 if self.tamper else 0)))
         return RolloutResult(self.lay.rank, self.lay.engine, digest, outs if self.lay.engine_rank == 0 else None)
@@ -180,3 +180,21 @@ def test_dp_batch_balance_near_equal_tokens_and_rows_back_in_order():
     assert first.scale == second.scale and first.scale.tokens == float(exp.response_mask.sum())
     assert first.rows.num_rows == second.rows.num_rows == 4
     assert abs(int(first.rows.attention_mask.sum()) - int(second.rows.attention_mask.sum())) <= 2
+
+
+def test_generate_splits_per_prompt_budgets_with_the_prompts():
+    group, ranks = group_of(4, 1, 2)               # 2 engines of 2 ranks
+    prompts = [[p + 1] for p in range(4)]
+    group.generate(prompts, 2, 100, max_new_tokens=[5, 6, 7, 8])
+    assert ranks[0].received[-1] == ([[1], [2]], 2, 100, [5, 6]) == ranks[1].received[-1]
+    assert ranks[2].received[-1] == ([[3], [4]], 2, 104, [7, 8])
+
+
+def test_prompt_batch_reads_budgets_when_the_dataset_has_them():
+    from mindspeed_rl.trainer.prompts import PromptBatch
+
+    data = [{"input_ids": [1, 2], "labels": "7", "max_new_tokens": "12"},
+            {"input_ids": [3], "labels": "8", "max_new_tokens": "40"}]
+    batch = PromptBatch.of(data, [1, 0])
+    assert batch.input_ids == [[3], [1, 2]] and batch.max_new_tokens == [40, 12]
+    assert PromptBatch.of([{"input_ids": [1], "labels": "x"}], [0]).max_new_tokens is None

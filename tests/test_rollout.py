@@ -193,6 +193,8 @@ def test_fallback_ignore_eos_and_min_tokens(temperature):
         assert out.logprobs == pytest.approx(expected, abs=1e-5)
     if temperature == 0:
         assert [o.response_ids for o in held] == [[3, 3, 3, 3, 7], [3, 3, 3, 3, 7]]
+    budgets = run(ignore_eos=True, caps=[2, 9])   # per-prompt budgets, capped by max_new_tokens (6)
+    assert [len(o.response_ids) for o in budgets] == [2, 6]
 
 
 def test_vllm_ignore_eos_and_min_tokens_pass_through():
@@ -217,6 +219,9 @@ def test_vllm_ignore_eos_and_min_tokens_pass_through():
         greedy = lambda **kw: e.generate([[1, 2, 3]], SamplingConfig(temperature=0, max_tokens=8, **kw))[0]
         print("LENGTHS", len(greedy().response_ids), len(greedy(ignore_eos=True).response_ids),
               first in greedy(min_tokens=5).response_ids[:5], len(greedy(min_tokens=5).response_ids) >= 5)
+        capped = e.generate([[1, 2, 3], [4, 5]], SamplingConfig(temperature=0, max_tokens=8, ignore_eos=True), n=2,
+                            max_new_tokens=[3, 20])
+        print("BUDGETS", *[len(o.response_ids) for o in capped])
         e.shutdown()
     ''')
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -224,6 +229,8 @@ def test_vllm_ignore_eos_and_min_tokens_pass_through():
     line = [x for x in proc.stdout.splitlines() if x.startswith("LENGTHS")]
     assert line, proc.stderr[-2000:]
     assert line[0].split()[1:] == ["1", "8", "False", "True"]
+    budgets = [x for x in proc.stdout.splitlines() if x.startswith("BUDGETS")]
+    assert budgets[0].split()[1:] == ["3", "3", "8", "8"]   # per-prompt budgets, capped by max_tokens
 
 
 def test_one_vocabulary_rule_the_whole_padded_vocabulary_everywhere():

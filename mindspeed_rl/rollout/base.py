@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Dict, Iterable, List, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import torch
 
@@ -20,8 +20,9 @@ class RolloutEngine(ABC):
 
     @abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, n: int = 1,
-                 seed: int = None) -> List[RolloutOutput]:
-        """n responses per prompt, grouped by prompt (prompt 0's n responses first)."""
+                 seed: int = None, max_new_tokens: Optional[Sequence[int]] = None) -> List[RolloutOutput]:
+        """n responses per prompt, grouped by prompt (prompt 0's n responses first); ``max_new_tokens``
+        caps each prompt's responses below ``sampling.max_tokens`` (per-prompt budgets)."""
 
     @abstractmethod
     def update_weights(self, weights: Pieces) -> Dict[str, float]:

@@ -28,12 +28,13 @@ class FallbackEngine(RolloutEngine):
             p.requires_grad_(False)
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, n: int = 1,
-                 seed: Optional[int] = None) -> List[RolloutOutput]:
+                 seed: Optional[int] = None, max_new_tokens: Optional[Sequence[int]] = None) -> List[RolloutOutput]:
         repeated = [list(p) for p in prompts for _ in range(n)]
+        caps = [int(c) for c in max_new_tokens for _ in range(n)] if max_new_tokens else None
         outs = generate(self.gpt, repeated, sampling.max_tokens, self.eos_token_id, self.pad_token_id,
                         sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p,
                         seed=sampling.seed if seed is None else seed, ignore_eos=sampling.ignore_eos,
-                        min_tokens=sampling.min_tokens)
+                        min_tokens=sampling.min_tokens, caps=caps)
         return [RolloutOutput(i // n, o.response_ids, o.logprobs, o.finish_reason) for i, o in enumerate(outs)]
 
     @torch.no_grad()

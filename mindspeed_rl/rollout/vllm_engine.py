@@ -97,7 +97,7 @@ class VllmEngine(RolloutEngine):
         self._asleep = False
 
     def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, n: int = 1,
-                 seed: Optional[int] = None) -> List[RolloutOutput]:
+                 seed: Optional[int] = None, max_new_tokens: Optional[Sequence[int]] = None) -> List[RolloutOutput]:
         """One request per (prompt, sample), each with its own seed: vLLM gives the n children of a
         seeded request the same seed, which would make the n samples identical."""
         from vllm import SamplingParams
@@ -105,7 +105,8 @@ class VllmEngine(RolloutEngine):
         base = sampling.seed if seed is None else seed
         params = [SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
                                  top_k=sampling.top_k if sampling.top_k > 0 else -1, min_p=sampling.min_p,
-                                 max_tokens=sampling.max_tokens, logprobs=0, detokenize=False, seed=base + i,
+                                 max_tokens=min(sampling.max_tokens, int(max_new_tokens[i // n]))
+                                 if max_new_tokens else sampling.max_tokens, logprobs=0, detokenize=False, seed=base + i,
                                  ignore_eos=sampling.ignore_eos, min_tokens=sampling.min_tokens)
                   for i in range(len(prompts) * n)]
         requests = [{"prompt_token_ids": list(p)} for p in prompts for _ in range(n)]

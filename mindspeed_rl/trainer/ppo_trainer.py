@@ -210,7 +210,8 @@ class PPOTrainer:
         n = self.rl.n_samples_per_prompt
         seed = self.gen.sampling_config.seed + 1_000_003 * self.iteration + 100_003 * batch
         with self.timer("timing/rollout"):
-            generated = self.actor.generate(prompts.input_ids, n, seed)
+            budgets = {"max_new_tokens": prompts.max_new_tokens} if prompts.max_new_tokens else {}
+            generated = self.actor.generate(prompts.input_ids, n, seed, **budgets)
         for key in ("timing/resharding_to_infer", "timing/resharding_to_train"):
             self.timing[key] = self.timing.get(key, 0.0) + generated.timing.get(key, 0.0)
         return build_experience(prompts.input_ids, generated.outputs, n, self.pad_id, prompts.labels)

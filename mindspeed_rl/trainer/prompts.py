@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -13,12 +13,16 @@ class PromptBatch:
 
     input_ids: List[List[int]]
     labels: List[str]
+    max_new_tokens: Optional[List[int]] = None  # per-prompt response budgets (dataset key max_new_tokens)
 
     @staticmethod
     def of(dataset, indices) -> "PromptBatch":
-        """The prompts (and labels) of rows ``indices`` of a PromptDataset."""
+        """The prompts (labels, and budgets when the dataset has a max_new_tokens key) of rows ``indices``
+        of a PromptDataset."""
         items = [dataset[i] for i in indices]
-        return PromptBatch([list(it["input_ids"]) for it in items], [it.get("labels", "") for it in items])
+        budgets = [int(it["max_new_tokens"]) for it in items] if items and "max_new_tokens" in items[0] else None
+        return PromptBatch([list(it["input_ids"]) for it in items], [it.get("labels", "") for it in items],
+                           budgets)
 
 
 def decode_responses(tokenizer, response_ids: torch.Tensor, response_mask: torch.Tensor) -> Tuple[List[str], int]:

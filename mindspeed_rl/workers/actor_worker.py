@@ -90,7 +90,8 @@ class IntegratedActorWorker(MegatronWorker):
 
     # ----- rollout ---------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int,
-                 sampling: Optional[SamplingConfig] = None) -> RolloutResult:
+                 sampling: Optional[SamplingConfig] = None,
+                 max_new_tokens: Optional[Sequence[int]] = None) -> RolloutResult:
         """Sync weights into the engine, sample n responses per prompt (sample i seeded ``seed + i``),
         hand the devices back. Every rank of an engine must receive the same prompts; only the
         engine's first rank returns the outputs."""
@@ -104,13 +105,13 @@ class IntegratedActorWorker(MegatronWorker):
                                    optimizer=self.gen.offload_train_optimizer)
         t_to_infer = time.perf_counter() - t0
         t0 = time.perf_counter()
-        outputs = self.rollout.generate(prompts, sampling, n, seed) if prompts else []
+        outputs = self.rollout.generate(prompts, sampling, n, seed, max_new_tokens) if prompts else []
         t_generate = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.rollout.offload()
         self.actor_offload.onload()
         t_to_train = time.perf_counter() - t0
-        digest = hashlib.sha1(repr((list(map(list, prompts)), n, seed, sampling)).encode()).hexdigest()
+        digest = hashlib.sha1(repr((list(map(list, prompts)), n, seed, sampling, max_new_tokens)).encode()).hexdigest()
         return RolloutResult(rank=self.rank, engine=self.engine_index, request_digest=digest,
                              outputs=outputs if self.engine_rank == 0 else None,
                              timing={"timing/resharding_to_infer": t_to_infer,

@@ -79,9 +79,11 @@ class WorkerGroup:
         return [groups[e] for e in sorted(groups)]
 
     # ----- generation: by engine ------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int, *extra) -> GeneratedBatch:
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int, *extra,
+                 max_new_tokens: Optional[Sequence[int]] = None) -> GeneratedBatch:
         """n samples of every prompt. Engine e gets a contiguous range of prompts; the sample with global
-        index j = prompt x n + k is seeded ``seed + j`` whatever the number of engines."""
+        index j = prompt x n + k is seeded ``seed + j`` whatever the number of engines. ``max_new_tokens``:
+        each prompt's own response budget (split with the prompts)."""
         import ray
 
         engines = self.engines()
@@ -92,8 +94,11 @@ class WorkerGroup:
         args: List[Optional[tuple]] = [None] * len(self.handles)
         for engine, ranks in enumerate(engines):
             share = ray.put([list(prompts[i]) for i in ranges[engine]])  # one object-store copy per engine
+            tail = extra
+            if max_new_tokens is not None:  # (sampling, budgets): the actor's generate signature
+                tail = (extra or (None,)) + ([int(max_new_tokens[i]) for i in ranges[engine]],)
             for rank in ranks:
-                args[rank] = (share, n, seed + n * firsts[engine]) + extra
+                args[rank] = (share, n, seed + n * firsts[engine]) + tail
         results: List[RolloutResult] = self.call("generate", per_rank=args)
         outputs: List[RolloutOutput] = []
         for engine, ranks in enumerate(engines):
