@@ -108,7 +108,7 @@ def variable_dataset(work: str, rows: int, longest: int, seed: int = 3) -> str:
 
 
 def overrides(shape_name: str, dtype: str, iterations: int, prompts: int, new_tokens: int, work: str,
-              workload: str = "fixed", packing: bool = False) -> list:
+              workload: str = "fixed", packing: bool = False, micro_batch: int = 16) -> list:
     shape = SHAPES[shape_name]
     model = [f"model.tiny_qwen25.{k}={v}" for k, v in shape.items()]
     bf16 = dtype == "bf16"
@@ -118,7 +118,7 @@ def overrides(shape_name: str, dtype: str, iterations: int, prompts: int, new_to
                   "megatron_training.dataset_additional_keys=[labels,max_new_tokens]"]
     if packing:
         mean_seq = 16 + (new_tokens if workload == "fixed" else new_tokens // 4)
-        budget = max(min(16, prompts) * mean_seq, 64 + new_tokens)
+        budget = max(min(micro_batch, prompts) * mean_seq, 64 + new_tokens)
         extra += ["rl_config.use_remove_padding=true", "rl_config.use_dynamic_bsz=true",
                   "rl_config.use_dp_batch_balance=true", f"rl_config.update_max_packing_token_size={budget}",
                   f"rl_config.actor_max_packing_token_size={2 * budget}",
@@ -129,7 +129,8 @@ def overrides(shape_name: str, dtype: str, iterations: int, prompts: int, new_to
         "megatron_training.save_interval=100000", "rl_config.test_freq=0", "rl_config.val_before_train=false",
         "rl_config.n_samples_per_prompt=1", f"rl_config.mini_batch_size={prompts}", "rl_config.epochs=1",
         f"rl_config.actor_forward_micro_batch_size={prompts}", f"rl_config.ref_forward_micro_batch_size={prompts}",
-        f"actor_config.micro_batch_size={min(16, prompts)}", f"critic_config.micro_batch_size={min(16, prompts)}",
+        f"actor_config.micro_batch_size={min(micro_batch, prompts)}",
+        f"critic_config.micro_batch_size={min(micro_batch, prompts)}",
         "actor_config.save=null", "actor_config.save_hf=false", "critic_config.save=null",
         f"rl_config.log_dir={work}/logs",
         f"generate_config.dtype={'bfloat16' if bf16 else 'float32'}",
@@ -141,7 +142,7 @@ def overrides(shape_name: str, dtype: str, iterations: int, prompts: int, new_to
 def run(args, work: str) -> dict:
     cmd = [sys.executable, os.path.join(ROOT, "cli", "train_ppo.py"), "--config-name", "ppo_tiny_cpu"]
     cmd += overrides(args.shape, args.dtype, args.iterations, args.prompts, args.new_tokens, work, args.workload,
-                     args.packing)
+                     args.packing, args.micro_batch)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"training failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
@@ -161,6 +162,7 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=None, help="fixed: 64; variable: the longest budget, 256")
     p.add_argument("--workload", choices=("fixed", "variable"), default="fixed")
     p.add_argument("--packing", action="store_true", help="remove padding + token-budget micro-batches + DP balance")
+    p.add_argument("--micro-batch", type=int, default=16, help="training micro-batch rows (budget base with --packing)")
     args = p.parse_args()
     args.new_tokens = args.new_tokens or (64 if args.workload == "fixed" else 256)
     from mindspeed_rl.utils.demo_assets import prepare

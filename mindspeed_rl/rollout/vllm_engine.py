@@ -121,11 +121,17 @@ class VllmEngine(RolloutEngine):
         return outputs
 
     def update_weights(self, weights: Pieces) -> Dict[str, float]:
+        import torch
+
         stream = hf_named(weights, self.model)
         count = {"tensors": 0, "bytes": 0}
+        # megatron keeps some tensors (norms) in fp32 under bf16: hand vLLM its own dtype
+        target = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}.get(self.gen.dtype)
 
         def counted():
             for name, tensor in stream:
+                if target is not None and tensor.is_floating_point() and tensor.dtype != target:
+                    tensor = tensor.to(target)
                 count["tensors"] += 1
                 count["bytes"] += tensor.numel() * tensor.element_size()
                 yield name, tensor
