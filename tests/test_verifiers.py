@@ -73,3 +73,29 @@ def test_rule_reward_runner_weights_and_hung_verifier():
     assert metrics["rule_reward/timeouts"] == 1 and metrics["rule_reward/failures"] == 1
     assert sleepy_runner.score(["ok"], [""])[0].tolist() == [1.0]   # the pool was replaced
     sleepy_runner.close()
+
+
+LAZY = {"warm": False}
+
+
+def test_verifiers_are_warmed_up_before_the_pool_forks():
+    """A verifier whose first call in a process is slow (math-verify importing sympy on a busy host) must not
+    hit the per-sample timeout in every freshly forked worker."""
+    import time
+
+    from mindspeed_rl.rewards.registry import _REGISTRY, register_verifier
+    from mindspeed_rl.rewards.runner import RuleRewardRunner
+
+    if "test_lazy" not in _REGISTRY:
+        @register_verifier("test_lazy")
+        def lazy(response, label):
+            if not LAZY["warm"]:
+                time.sleep(3)   # the first call in this process
+                LAZY["warm"] = True
+            return 1.0
+
+    runner = RuleRewardRunner(["test_lazy"], [1.0], timeout=1.0)
+    assert LAZY["warm"]   # warmed in this process, before any worker forks
+    scores, metrics = runner.score(["a", "b", "c"], ["", "", ""])
+    assert scores.tolist() == [1.0, 1.0, 1.0] and metrics["rule_reward/timeouts"] == 0
+    runner.close()

@@ -13,6 +13,10 @@ import torch
 from .registry import get_verifier
 
 
+# an answer only a symbolic comparison can settle: exercises every lazy import of the math verifiers
+WARM_UP_RESPONSE, WARM_UP_LABEL = "The answer is \\boxed{\\frac{1}{2}}", "0.5"
+
+
 def _run_one(name: str, response: str, label: str) -> float:
     try:
         return float(get_verifier(name)(response, label))
@@ -23,7 +27,14 @@ def _run_one(name: str, response: str, label: str) -> float:
 class RuleRewardRunner:
     def __init__(self, names: Sequence[str], weights: Sequence[float], timeout: float = 10.0, workers: int = 1):
         for name in names:
-            get_verifier(name)  # unknown names fail here, not in a worker
+            verifier = get_verifier(name)  # unknown names fail here, not in a worker
+            # Run each verifier once here so that what it imports lazily (math-verify pulls in sympy, seconds
+            # on a busy host) is loaded before the pool forks: the per-sample timeout then measures
+            # verification only, and a pool replaced after a timeout starts warm.
+            try:
+                verifier(WARM_UP_RESPONSE, WARM_UP_LABEL)
+            except Exception:  # noqa: BLE001 - a verifier that fails here fails (and is counted) per sample later
+                pass
         self.names, self.weights = list(names), list(weights)
         self.timeout, self.workers = timeout, workers
         self._pool = None
