@@ -33,7 +33,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -69,19 +68,16 @@ def iteration_flops(shape: dict, tokens: float, seq: float, old_log_probs: bool 
     return tokens * (actor_passes * forward_actor + 4 * forward_critic)
 
 
-def matmul_peak(dtype: str, threads: int, n: int = 2048, reps: int = 5) -> float:
+def measured_peak(dtype: str, threads: int) -> float:
+    """The matmul peak (FLOP/s) with the workers' thread count, in ``dtype``."""
     import torch
 
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from bench.engine import matmul_peak
+
     torch.set_num_threads(threads)
-    kind = torch.bfloat16 if dtype == "bf16" else torch.float32
-    a, b = torch.randn(n, n, dtype=kind), torch.randn(n, n, dtype=kind)
-    a @ b
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * n ** 3 / best
+    return matmul_peak(torch.bfloat16 if dtype == "bf16" else torch.float32)
 
 
 def variable_dataset(work: str, rows: int, longest: int, seed: int = 3) -> str:
@@ -169,10 +165,10 @@ def main() -> None:
 
     prepare(os.path.join(ROOT, "demo_assets"), SHAPES["tiny"]["padded_vocab_size"])  # the demo tokenizer and prompts
     threads = os.cpu_count() or 1
-    peak_before = matmul_peak(args.dtype, threads)
+    peak_before = measured_peak(args.dtype, threads)
     with tempfile.TemporaryDirectory(prefix="bench_ppo_") as work:
         m = run(args, work)
-    peak = max(peak_before, matmul_peak(args.dtype, threads))
+    peak = max(peak_before, measured_peak(args.dtype, threads))
     shape = SHAPES[args.shape]
     seq = m["prompt_length/mean"] + m["response_length/mean"]
     tokens = seq * args.prompts

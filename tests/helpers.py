@@ -83,3 +83,20 @@ def demo_config(name: str, root: str, paths: dict, iterations: int, **extra):
     if validates:
         overrides.append(f"megatron_training.test_data_path={paths['test_prefix']}")
     return load_ppo_config(name, overrides)
+
+
+def single_process_world_fixture(seed: int = 11):
+    """A module-scoped, autouse fixture: a one-rank torch.distributed world with megatron's model-parallel
+    state (TP = PP = 1), destroyed after the module."""
+    import pytest
+
+    @pytest.fixture(scope="module", autouse=True)
+    def single_process_world():
+        from mindspeed_rl.utils import dist
+
+        dist.init_distributed()
+        dist.init_model_parallel(seed=seed)
+        yield
+        dist.destroy()
+
+    return single_process_world

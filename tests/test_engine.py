@@ -9,15 +9,10 @@ from mindspeed_rl.models.engine import (MegatronEngine, megatron_attention_mask,
 from mindspeed_rl.models.heads import last_token_values, log_probs_and_entropy
 from mindspeed_rl.models.offload import Offloader
 from mindspeed_rl.utils import dist
-from tests.helpers import make_batch, sft_loss, tiny_role
+from tests.helpers import make_batch, sft_loss, single_process_world_fixture, tiny_role
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_process_world():
-    dist.init_distributed()
-    dist.init_model_parallel(seed=11)
-    yield
-    dist.destroy()
+single_process_world = single_process_world_fixture(seed=11)
 
 
 def test_log_probs_and_entropy_match_full_softmax():

@@ -6,16 +6,10 @@ import torch
 
 from mindspeed_rl.models.engine import MegatronEngine
 from mindspeed_rl.models.packing import balanced_split, pack, token_budget_groups, trim
-from mindspeed_rl.utils import dist
-from tests.helpers import tiny_role
+from tests.helpers import single_process_world_fixture, tiny_role
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_process_world():
-    dist.init_distributed()
-    dist.init_model_parallel(seed=11)
-    yield
-    dist.destroy()
+single_process_world = single_process_world_fixture(seed=11)
 
 
 def rl_batch(rows=6, prompt=7, response=9, seed=0):

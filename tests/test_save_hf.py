@@ -9,17 +9,11 @@ import torch
 from mindspeed_rl.checkpoint import megatron_layout as ml
 from mindspeed_rl.checkpoint.engine_io import save_engine, save_hf_copy
 from mindspeed_rl.models.engine import MegatronEngine
-from mindspeed_rl.utils import dist
 from mindspeed_rl.utils.tiny_hf import build_tokenizer
-from tests.helpers import make_batch, tiny_role
+from tests.helpers import make_batch, single_process_world_fixture, tiny_role
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_process_world():
-    dist.init_distributed()
-    dist.init_model_parallel(seed=11)
-    yield
-    dist.destroy()
+single_process_world = single_process_world_fixture(seed=11)
 
 
 @pytest.fixture(scope="module")
