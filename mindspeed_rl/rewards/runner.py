@@ -17,6 +17,18 @@ from .registry import get_verifier
 WARM_UP_RESPONSE, WARM_UP_LABEL = "The answer is \\boxed{\\frac{1}{2}}", "0.5"
 
 
+def _quiet_worker() -> None:
+    """In a freshly forked verifier worker: no logging and new stdio objects. The driver's threads (Ray's log
+    forwarding, our log handlers) may have held a stream's lock at the fork; a worker writing through the
+    inherited objects would wait on it forever."""
+    import logging
+    import sys
+
+    logging.disable(logging.CRITICAL)
+    sys.stdout = open(1, "w", closefd=False)
+    sys.stderr = open(2, "w", closefd=False)
+
+
 def _run_one(name: str, response: str, label: str) -> float:
     try:
         return float(get_verifier(name)(response, label))
@@ -42,7 +54,7 @@ class RuleRewardRunner:
     def _get_pool(self):
         if self._pool is None:
             method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-            self._pool = mp.get_context(method).Pool(self.workers)
+            self._pool = mp.get_context(method).Pool(self.workers, initializer=_quiet_worker)
         return self._pool
 
     def _restart(self) -> None:

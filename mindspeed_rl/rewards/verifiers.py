@@ -66,8 +66,9 @@ def answers_match(answer: str, label: str) -> bool:
         return True
     from math_verify import parse, verify
 
-    try:
-        return bool(verify(parse(f"${label}$"), parse(f"${answer}$")))
+    try:  # math-verify's own limits (2 + 2 + 2 s) stay under the runner's per-sample timeout (10 s default)
+        return bool(verify(parse(f"${label}$", parsing_timeout=2), parse(f"${answer}$", parsing_timeout=2),
+                           timeout_seconds=2))
     except Exception:  # noqa: BLE001 - an unparsable answer is simply wrong
         return False
 
