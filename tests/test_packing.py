@@ -36,9 +36,9 @@ def token_loss(outputs, mb, total_tokens):
 
 
 def clone_engine(source, head, remove_padding):
-    engine = MegatronEngine(tiny_role(lr=1e-2), head=head, trainable=True, total_steps=10)
+    engine = MegatronEngine(tiny_role(lr=1e-2), head=head, trainable=True, total_steps=10,
+                            remove_padding=remove_padding)
     engine.load_weights(dict(source.named_weights()))
-    engine.remove_padding = remove_padding
     return engine
 
 

@@ -23,29 +23,12 @@ import torch.distributed as dist
 from ..accelerator import get_accelerator
 from ..config_cls.ppo_config import RoleConfig
 from .builder import build_gpt_model, params_dtype
-from .packing import pack, token_budget_groups, trim
+from .packing import (megatron_attention_mask, pack, position_ids_from_mask, restore_order,
+                      token_budget_groups, trim)
 from .heads import attach_value_head, log_probs_and_entropy
 
 Batch = Dict[str, torch.Tensor]
 LossFn = Callable[[Dict[str, torch.Tensor], Batch], Tuple[torch.Tensor, Dict[str, float]]]
-
-
-def megatron_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """[B, S] (1 = real token) -> megatron's [B, 1, S, S] boolean mask, True where masked.
-
-    A query may attend to earlier real keys only (causal and key padding); padded query rows
-    attend to themselves so softmax stays finite.
-    """
-    s = attention_mask.shape[1]
-    causal = torch.ones(s, s, dtype=torch.bool, device=attention_mask.device).tril()
-    keep = causal[None] & attention_mask.bool()[:, None, :]
-    keep = keep | torch.eye(s, dtype=torch.bool, device=attention_mask.device)[None]
-    return (~keep).unsqueeze(1)
-
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions count real tokens only, so left padding does not shift RoPE."""
-    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
 def split_micro_batches(batch: Batch, micro_batch_size: int) -> List[Batch]:
@@ -66,18 +49,19 @@ class StepResult:
 class MegatronEngine:
     """One role's megatron-core model on this rank, trainable or frozen.
 
-    head: "lm" (actor, reference) or "value" (critic, reward model).
+    head: "lm" (actor, reference) or "value" (critic, reward model); remove_padding: forwards and updates
+    on packed valid tokens only (rl_config.use_remove_padding).
     """
 
     def __init__(self, role: RoleConfig, *, head: str = "lm", trainable: bool = True,
-                 total_steps: int = 1, vocab_size: Optional[int] = None, value_head_init_std: float = 0.0):
+                 total_steps: int = 1, vocab_size: Optional[int] = None, value_head_init_std: float = 0.0,
+                 remove_padding: bool = False):
         from megatron.core import parallel_state as ps
 
         if head not in ("lm", "value"):
             raise ValueError(f"head must be 'lm' or 'value', got {head!r}")
         self.role, self.head, self.trainable = role, head, trainable
-        self.remove_padding = False  # rl_config.use_remove_padding (set by the worker)
-        self._trim = False
+        self.remove_padding = remove_padding  # rl_config.use_remove_padding
         self.nonfinite_streak = 0  # consecutive optimizer steps skipped for a non-finite loss or gradient
         self.megatron = role.megatron
         self.acc = get_accelerator()
@@ -159,12 +143,12 @@ class MegatronEngine:
         loss, metrics = loss_fn(outputs, mb)
         return loss * scale, {"loss": loss.detach().clone(), **metrics}
 
-    def _forward_step(self, loss_fn, scale, temperature, with_entropy, with_logits, data_iterator, model):
+    def _forward_step(self, loss_fn, scale, temperature, with_entropy, with_logits, trimmed, data_iterator, model):
         mb = next(data_iterator)
         mask = mb["attention_mask"]
         if self.remove_padding:  # valid tokens only, as one packed sequence (models/packing.py)
             output = pack(mb["input_ids"], mask, multiple=self._sequence_multiple()).run(model)
-        elif self._trim:  # token-budget micro-batches: the columns some row of this micro-batch uses
+        elif trimmed:  # token-budget micro-batches: the columns some row of this micro-batch uses
             output = trim(mb["input_ids"], mask).run(model)
         else:
             output = model(mb["input_ids"], position_ids_from_mask(mask), megatron_attention_mask(mask))
@@ -191,12 +175,12 @@ class MegatronEngine:
 
         batch = {k: v.to(self.device) for k, v in batch.items()}
         micro, order = self._micro_batches(batch, micro_batch_size, token_budget)
-        self._trim = token_budget is not None
         # megatron divides each micro-batch's loss by their number, DP averages the gradients: undone here
         scale = float(len(micro) * (1 if forward_only else self.dp_size))
         fwd_bwd = get_forward_backward_func()
         stores = fwd_bwd(
-            forward_step_func=partial(self._forward_step, loss_fn, scale, temperature, with_entropy, with_logits),
+            forward_step_func=partial(self._forward_step, loss_fn, scale, temperature, with_entropy, with_logits,
+                                      token_budget is not None),
             data_iterator=iter(micro), model=self.model, num_microbatches=len(micro),
             seq_length=batch["input_ids"].shape[1], micro_batch_size=micro_batch_size,
             forward_only=forward_only)
@@ -217,9 +201,7 @@ class MegatronEngine:
         if self.pp_last:
             outputs = {k: torch.cat([s[k] for s in stores]) for k in stores[0]}
             if order is not None:
-                inverse = torch.empty_like(order)
-                inverse[order] = torch.arange(order.numel())
-                outputs = {k: v[inverse.to(v.device)] for k, v in outputs.items()}
+                outputs = {k: restore_order(v, order) for k, v in outputs.items()}
         return self._broadcast_from_last_stage(outputs, batch)
 
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int,

@@ -11,7 +11,8 @@ losses and log-probs are computed on the same tensors as the padded path):
 - ``trim``: the rows kept as rows, minus the columns that are padding in every row of the micro-batch
   (token-budget micro-batches without packing).
 
-``token_budget_groups`` forms micro-batches of at most a token budget (``use_dynamic_bsz``) and
+``megatron_attention_mask`` and ``position_ids_from_mask`` build the padded path's inputs (used by ``trim``,
+the engine and the fallback rollout). ``token_budget_groups`` forms micro-batches of at most a token budget (``use_dynamic_bsz``) and
 ``balanced_split`` hands DP ranks equal row counts with near-equal token sums (``use_dp_batch_balance``).
 """
 from __future__ import annotations
@@ -53,11 +54,22 @@ class ModelInput:
         return full.index_put((self.rows, self.cols), flat[self.flat])
 
 
-def _causal_mask(keep: torch.Tensor) -> torch.Tensor:
-    """[b, s, s] 'may attend' -> megatron's [b, 1, s, s] 'masked'; every query keeps itself (finite softmax)."""
-    s = keep.shape[-1]
-    keep = keep | torch.eye(s, dtype=torch.bool, device=keep.device)[None]
+def megatron_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, S] (1 = real token) -> megatron's [B, 1, S, S] boolean mask, True where masked.
+
+    A query may attend to earlier real keys only (causal and key padding); padded query rows
+    attend to themselves so softmax stays finite.
+    """
+    s = attention_mask.shape[1]
+    causal = torch.ones(s, s, dtype=torch.bool, device=attention_mask.device).tril()
+    keep = causal[None] & attention_mask.bool()[:, None, :]
+    keep = keep | torch.eye(s, dtype=torch.bool, device=attention_mask.device)[None]
     return (~keep).unsqueeze(1)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions count real tokens only, so left padding does not shift RoPE."""
+    return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, multiple: int = 1, pad_id: int = 0) -> ModelInput:
@@ -71,7 +83,7 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, multiple: int = 
     ids = torch.full((1, length), pad_id, dtype=input_ids.dtype, device=device)
     ids[0, :total] = input_ids[rows, cols]
     positions = torch.zeros(1, length, dtype=torch.long, device=device)
-    positions[0, :total] = (attention_mask.long().cumsum(1) - 1)[rows, cols]
+    positions[0, :total] = position_ids_from_mask(attention_mask)[rows, cols]
     lengths = mask.sum(1)
     bounds = [0] + torch.cumsum(lengths[lengths > 0], 0).tolist()
     if length > total:
@@ -86,13 +98,10 @@ def trim(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> ModelInput:
     valid_cols = attention_mask.bool().any(0).nonzero().flatten()
     lo, hi = (int(valid_cols[0]), int(valid_cols[-1]) + 1) if valid_cols.numel() else (0, 1)
     mask = attention_mask[:, lo:hi]
-    s = hi - lo
-    causal = torch.ones(s, s, dtype=torch.bool, device=mask.device).tril()
-    keep = causal[None] & mask.bool()[:, None, :]
-    b = mask.shape[0]
+    b, s = mask.shape
     rows = torch.arange(b, device=mask.device).repeat_interleave(s)
     cols = torch.arange(lo, hi, device=mask.device).repeat(b)
-    return ModelInput(input_ids[:, lo:hi], (mask.long().cumsum(1) - 1).clamp(min=0), _causal_mask(keep), rows, cols,
+    return ModelInput(input_ids[:, lo:hi], position_ids_from_mask(mask), megatron_attention_mask(mask), rows, cols,
                       torch.arange(b * s, device=mask.device), tuple(attention_mask.shape))
 
 
@@ -116,6 +125,13 @@ def token_budget_groups(lengths: Sequence[int], budget: int, packed: bool) -> Li
             groups.append([row])
             costs.append((n, (1, n)))
     return [np.asarray(g, dtype=np.int64) for g in groups]
+
+
+def restore_order(values: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """Rows computed in ``order`` (row indices) put back in the original row order."""
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    return values[inverse.to(values.device)]
 
 
 def balanced_split(lengths: Sequence[int], parts: int) -> List[np.ndarray]:

@@ -126,7 +126,7 @@ class VllmEngine(RolloutEngine):
         stream = hf_named(weights, self.model)
         count = {"tensors": 0, "bytes": 0}
         # megatron keeps some tensors (norms) in fp32 under bf16: hand vLLM its own dtype
-        target = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}.get(self.gen.dtype)
+        target = None if self.gen.dtype == "auto" else getattr(torch, self.gen.dtype)
 
         def counted():
             for name, tensor in stream:

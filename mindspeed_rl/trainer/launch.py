@@ -255,7 +255,7 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
         if rl.rule_reward:
             runner = RuleRewardRunner(rl.verifier_function, rl.verifier_weight, rl.verifier_timeout)
         logger = MetricsLogger(run_dir, mt.train_iters, rl,
-                               {"rl_config": to_plain(rl), "actor": to_plain(cfg.actor.megatron)})
+                               {"rl_config": resolved["rl"], "actor": resolved["actor"]["megatron"]})
         trainer = PPOTrainer(cfg, actor, critic, runner, dataset, sampler, tokenizer, logger, start, reward,
                              test_dataset)
         if "kl_ctrl" in state:

@@ -20,7 +20,7 @@ from ..config_cls.generate_config import GenerateConfig, SamplingConfig
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..protocol import Experience, MiniBatch, RankLayout, RolloutResult, response_part
-from .base_worker import MegatronWorker, train_on_mini_batches, update_budget
+from .base_worker import MegatronWorker, token_budget, train_on_mini_batches
 
 
 class IntegratedActorWorker(MegatronWorker):
@@ -37,12 +37,11 @@ class IntegratedActorWorker(MegatronWorker):
 
         self.role, self.rl, self.gen = role, rl, gen
         self.algorithm = resolve_algorithm(rl)
-        self.actor = MegatronEngine(role, head="lm", trainable=True, total_steps=total_steps)
+        self.actor = MegatronEngine(role, head="lm", trainable=True, total_steps=total_steps,
+                                    remove_padding=rl.use_remove_padding)
         # the frozen reference exists only when the algorithm uses a KL term
-        self.ref = MegatronEngine(role, head="lm", trainable=False) if self.algorithm.use_reference else None
-        for engine in (self.actor, self.ref):
-            if engine is not None:
-                engine.remove_padding = rl.use_remove_padding
+        self.ref = (MegatronEngine(role, head="lm", trainable=False, remove_padding=rl.use_remove_padding)
+                    if self.algorithm.use_reference else None)
         self.actor_offload = Offloader(self.actor)
         self.ref_offload = Offloader(self.ref) if self.ref is not None else None
         self.kind = get_accelerator().kind
@@ -126,12 +125,10 @@ class IntegratedActorWorker(MegatronWorker):
             t0 = time.perf_counter()
             self.ref_offload.onload()
             timing["timing/ref_onload"] = time.perf_counter() - t0
-            engine, mbs, budget = self.ref, self.rl.ref_forward_micro_batch_size, self.rl.ref_max_packing_token_size
+            engine, mbs = self.ref, self.rl.ref_forward_micro_batch_size
         else:
             engine, mbs = self.actor, self.rl.actor_forward_micro_batch_size
-            budget = self.rl.actor_max_packing_token_size
-        out = engine.forward(rows.tensors(), mbs, temperature=temperature,
-                             token_budget=budget if self.rl.use_dynamic_bsz else None)
+        out = engine.forward(rows.tensors(), mbs, temperature=temperature, token_budget=token_budget(self.rl, which))
         if which == "ref":
             t0 = time.perf_counter()
             self.ref_offload.offload(grads=False, optimizer=False)
@@ -176,7 +173,7 @@ class IntegratedActorWorker(MegatronWorker):
             return loss_fn
 
         return train_on_mini_batches(self.actor, mini_batches, make_loss, self.role.megatron.micro_batch_size,
-                                     "actor", self.gen.sampling_config.temperature or 1.0, update_budget(rl))
+                                     "actor", self.gen.sampling_config.temperature or 1.0, token_budget(rl, "update"))
 
     def shutdown(self) -> None:
         self.rollout.shutdown()

@@ -62,9 +62,10 @@ class MegatronWorker:
         dist.destroy()
 
 
-def update_budget(rl) -> Optional[int]:
-    """The training micro-batches' token budget (rl_config.use_dynamic_bsz), else None (row counts)."""
-    return rl.update_max_packing_token_size if rl.use_dynamic_bsz else None
+def token_budget(rl, work: str) -> Optional[int]:
+    """The micro-batch token budget of ``work`` ("ref", "actor" or "update": rl_config's
+    <work>_max_packing_token_size) with use_dynamic_bsz, else None (micro-batches by row count)."""
+    return getattr(rl, f"{work}_max_packing_token_size") if rl.use_dynamic_bsz else None
 
 
 def train_on_mini_batches(engine, mini_batches: List[MiniBatch], make_loss: Callable, micro_batch_size: int,

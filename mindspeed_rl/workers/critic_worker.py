@@ -9,7 +9,7 @@ from ..algorithms.registry import resolve_algorithm
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..protocol import Experience, MiniBatch, response_part
-from .base_worker import MegatronWorker, train_on_mini_batches, update_budget
+from .base_worker import MegatronWorker, token_budget, train_on_mini_batches
 
 
 class CriticWorker(MegatronWorker):
@@ -24,8 +24,7 @@ class CriticWorker(MegatronWorker):
         self.role, self.rl = role, rl
         self.loss_agg_mode = resolve_algorithm(rl).loss_agg_mode
         self.critic = MegatronEngine(role, head="value", trainable=True, total_steps=total_steps,
-                                     value_head_init_std=m.init_method_std)
-        self.critic.remove_padding = rl.use_remove_padding
+                                     value_head_init_std=m.init_method_std, remove_padding=rl.use_remove_padding)
         self.offloader = Offloader(self.critic)
         self.offload_when_idle = offload_when_idle
 
@@ -62,7 +61,7 @@ class CriticWorker(MegatronWorker):
         t0 = time.perf_counter()
         self._busy()
         out = self.critic.forward(rows.tensors(), self.rl.actor_forward_micro_batch_size,
-                                  token_budget=self.rl.actor_max_packing_token_size if self.rl.use_dynamic_bsz else None)
+                                  token_budget=token_budget(self.rl, "actor"))
         self._idle()
         values = response_part(out["values"], rows.prompt_width, rows.response_width) if self.is_output_rank else None
         return {"values": values, "seconds": time.perf_counter() - t0}
@@ -80,6 +79,6 @@ class CriticWorker(MegatronWorker):
 
         self._busy()
         metrics = train_on_mini_batches(self.critic, mini_batches, make_loss, self.role.megatron.micro_batch_size,
-                                        "critic", token_budget=update_budget(self.rl))
+                                        "critic", token_budget=token_budget(self.rl, "update"))
         self._idle()
         return metrics

@@ -7,7 +7,7 @@ from typing import Dict
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..protocol import Experience
-from .base_worker import MegatronWorker
+from .base_worker import MegatronWorker, token_budget
 
 
 class RewardWorker(MegatronWorker):
@@ -19,8 +19,7 @@ class RewardWorker(MegatronWorker):
         from ..models.engine import MegatronEngine
 
         self.role, self.rl = role, rl
-        self.model = MegatronEngine(role, head="value", trainable=False)
-        self.model.remove_padding = rl.use_remove_padding
+        self.model = MegatronEngine(role, head="value", trainable=False, remove_padding=rl.use_remove_padding)
 
     def init_weights(self, load: str) -> Dict:
         from ..checkpoint.engine_io import load_weights_only
@@ -36,6 +35,6 @@ class RewardWorker(MegatronWorker):
         from ..models.heads import last_token_values
 
         out = self.model.forward(rows.tensors(), self.rl.ref_forward_micro_batch_size,
-                                 token_budget=self.rl.ref_max_packing_token_size if self.rl.use_dynamic_bsz else None)
+                                 token_budget=token_budget(self.rl, "ref"))
         scores = last_token_values(out["raw_values"], rows.attention_mask) if self.is_output_rank else None
         return {"scores": scores}

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..algorithms.losses import LossScale
-from ..models.packing import balanced_split
+from ..models.packing import balanced_split, restore_order
 from ..protocol import MODEL_INPUTS, Experience, MiniBatch, RankLayout, RolloutOutput, RolloutResult
 
 
@@ -130,12 +130,10 @@ class WorkerGroup:
         results = self._call_per_dp(method, [experience.select(rows, fields) for rows in shares], extra)
         answers = [results[rank] for rank in self.output_ranks()]
         order = torch.as_tensor(np.concatenate(shares))
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel())
         merged = dict(answers[0])
         for key, value in answers[0].items():
             if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == len(shares[0]):
-                merged[key] = torch.cat([answer[key] for answer in answers])[inverse]
+                merged[key] = restore_order(torch.cat([answer[key] for answer in answers]), order)
         return [merged]
 
     def update(self, method: str, experience: Experience, plan: Sequence[np.ndarray], fields: Sequence[str],
