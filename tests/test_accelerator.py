@@ -149,3 +149,146 @@ def test_megatron_gpt_forward_backward_on_cpu():
             assert torch.allclose(gpt(tokens2, positions, mask)[:, :-1], logits[:, :-1].detach(), atol=1e-6)
     finally:
         dist.destroy()
+
+
+# ----- the decisions behind the device floor (tests/test_device_floor.py) --------------------------------
+FEATURES = {"transformer_engine", "rope_fusion", "gradient_accumulation_fusion", "sequence_parallel",
+            "masked_softmax_fusion", "flash_attn", "fused_rmsnorm", "fused_swiglu", "bias_activation_fusion",
+            "bias_dropout_fusion"}
+
+
+def fake_ray(ids):
+    mod = types.ModuleType("ray")
+    context = types.SimpleNamespace(get_accelerator_ids=lambda: ids)
+    mod.get_runtime_context = lambda: context
+    return mod
+
+
+def no_ray_noset_env(monkeypatch):
+    import os
+
+    for key in [k for k in os.environ if k.startswith("RAY_EXPERIMENTAL_NOSET_")]:
+        monkeypatch.delenv(key)
+
+
+def test_cpu_decisions(monkeypatch):
+    from mindspeed_rl.accelerator.cpu import vllm_kv_cache_bytes
+    from mindspeed_rl.config_cls import GenerateConfig
+
+    acc = accelerator.make_accelerator("cpu")
+    assert not acc.pin_memory and not acc.offload_when_idle and not acc.vllm_supports_sleep
+    assert acc.cpu_initialization
+    assert acc.device_rng_state() is None
+    acc.set_device_rng_state(torch.zeros(4, dtype=torch.uint8))  # nothing to set
+    assert acc.comm_device(torch.device("cpu")) == torch.device("cpu")
+    module = torch.nn.Linear(2, 2)
+    assert acc.place_model(module) is module
+    assert acc.fused_features() == dict.fromkeys(FEATURES, False)
+    assert acc.bundle_spec(3.0) == {"CPU": 3.0}
+    assert acc.actor_options(1.5) == {"num_cpus": 1.5}
+    monkeypatch.setitem(sys.modules, "ray", fake_ray({"CPU": ["5"]}))
+    monkeypatch.setenv("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1")
+    assert acc.local_rank() == 0
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    gen = GenerateConfig(gpu_memory_utilization=0.2)
+    assert acc.vllm_engine_kwargs(gen) == {"kv_cache_memory_bytes": vllm_kv_cache_bytes(gen)}
+
+
+def test_cpu_kv_cache_budget_is_shared_by_the_engine_processes_of_a_host(monkeypatch):
+    import psutil
+
+    from mindspeed_rl.accelerator.cpu import vllm_kv_cache_bytes
+    from mindspeed_rl.config_cls import GenerateConfig
+
+    gen = GenerateConfig(gpu_memory_utilization=0.1)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    alone = vllm_kv_cache_bytes(gen)
+    assert alone == int(0.1 * psutil.virtual_memory().total)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert vllm_kv_cache_bytes(gen) == int(0.1 * psutil.virtual_memory().total / 4)
+
+
+def test_vllm_head_dims_limit_cpu_only():
+    from tests.helpers import tiny_model_config
+
+    fits = tiny_model_config(hidden_size=128)                     # head_dim 32
+    odd = tiny_model_config()                                     # head_dim 16
+    mismatched = tiny_model_config(hidden_size=128, kv_channels=64)
+    cpu = accelerator.accelerator_class("cpu")
+    assert cpu.vllm_unusable_reason(fits) is None
+    assert cpu.vllm_unusable_reason(odd) == ("vLLM's CPU attention supports head_dim (32, 64, 80, 96, 112, 128, "
+                                             "160, 192, 224, 256, 512); the model has 16")
+    assert cpu.vllm_unusable_reason(mismatched).endswith("the model has 64")
+    for kind in ("cuda", "npu"):
+        assert all(accelerator.accelerator_class(kind).vllm_unusable_reason(m) is None for m in (fits, odd, mismatched))
+
+
+def test_device_kinds_answer_without_their_device(monkeypatch):
+    from mindspeed_rl.config_cls import GenerateConfig
+
+    gen = GenerateConfig(gpu_memory_utilization=0.3)
+    for kind in ("cuda", "npu"):
+        cls = accelerator.accelerator_class(kind)
+        assert cls.pin_memory and cls.offload_when_idle and cls.vllm_supports_sleep
+        assert not cls.cpu_initialization
+        assert cls.vllm_engine_kwargs(gen) == {"gpu_memory_utilization": 0.3, "enable_sleep_mode": True}
+    always = dict(sequence_parallel=True, flash_attn=True, fused_rmsnorm=True, fused_swiglu=True,
+                  bias_activation_fusion=True, bias_dropout_fusion=True)
+    assert accelerator.accelerator_class("npu").fused_features() == dict(
+        always, transformer_engine=False, rope_fusion=True, gradient_accumulation_fusion=True,
+        masked_softmax_fusion=False)
+    cuda = accelerator.accelerator_class("cuda")
+    monkeypatch.setitem(sys.modules, "transformer_engine", None)  # not installed
+    assert cuda.fused_features() == dict(always, transformer_engine=False, rope_fusion=False,
+                                         gradient_accumulation_fusion=False, masked_softmax_fusion=True)
+    monkeypatch.setitem(sys.modules, "transformer_engine", types.ModuleType("transformer_engine"))
+    assert cuda.fused_features() == dict(always, transformer_engine=True, rope_fusion=True,
+                                         gradient_accumulation_fusion=True, masked_softmax_fusion=True)
+    with pytest.raises(detect.DeviceUnavailable, match="unknown device kind"):
+        accelerator.accelerator_class("tpu")
+
+
+def test_cuda_placement_and_ranks_without_a_gpu(monkeypatch):
+    import os
+
+    acc = accelerator.make_accelerator("cuda")
+    assert acc.bundle_spec(2.0) == {"GPU": 1.0, "CPU": 2.0}
+    assert acc.actor_options(0.5) == {"num_cpus": 0.01, "resources": {"GPU": 0.5}}
+    assert acc.bundle_cpus(2) == (1.0, max(1, (os.cpu_count() or 1) // 2))
+    assert acc.comm_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
+    monkeypatch.setattr(torch.nn.Module, "to", lambda self, device: (self, device))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    module = torch.nn.Linear(2, 2)
+    assert acc.place_model(module) == (module, torch.device("cuda", 3))
+    no_ray_noset_env(monkeypatch)
+    monkeypatch.setitem(sys.modules, "ray", fake_ray({"GPU": ["3"]}))
+    assert acc.local_rank() == 0                       # Ray set CUDA_VISIBLE_DEVICES: the one device is 0
+    monkeypatch.setenv("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1")
+    assert acc.local_rank() == 3
+    monkeypatch.setitem(sys.modules, "ray", fake_ray({"NPU": ["3"]}))
+    assert acc.local_rank() == 0
+
+
+def test_device_rng_state_reaches_the_checkpoint(monkeypatch):
+    """engine_io saves and restores the device generator through the accelerator (CUDA and NPU faked)."""
+    from mindspeed_rl.checkpoint import engine_io
+
+    monkeypatch.setattr(accelerator, "_ACCELERATOR", accelerator.make_accelerator("cpu"))
+    assert "device" not in engine_io.rng_state()  # no device generator of its own
+    saved = torch.tensor([7, 8], dtype=torch.uint8)
+    restored = []
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda: saved)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", restored.append)
+    monkeypatch.setattr(accelerator, "_ACCELERATOR", accelerator.make_accelerator("cuda"))
+    state = engine_io.rng_state()
+    assert state["device"] is saved
+    engine_io.set_rng_state(state)
+    assert restored == [saved]
+
+    monkeypatch.setitem(sys.modules, "torch_npu", fake_torch_npu())
+    monkeypatch.setattr(torch, "npu", types.SimpleNamespace(get_rng_state=lambda: saved,
+                                                            set_rng_state=restored.append), raising=False)
+    npu = accelerator.make_accelerator("npu")
+    assert npu.device_rng_state() is saved
+    npu.set_device_rng_state(saved)
+    assert restored == [saved, saved]

@@ -273,16 +273,3 @@ def test_one_vocabulary_rule_the_whole_padded_vocabulary_everywhere():
         assert texts == ["5 7", "3"] and outside == 2
     finally:
         dist.destroy()
-
-
-def test_cpu_kv_cache_budget_is_shared_by_the_engine_processes_of_a_host(monkeypatch):
-    import psutil
-
-    from mindspeed_rl.rollout.vllm_engine import cpu_kv_cache_bytes
-
-    gen = GenerateConfig(gpu_memory_utilization=0.1)
-    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    alone = cpu_kv_cache_bytes(gen)
-    assert alone == int(0.1 * psutil.virtual_memory().total)
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert cpu_kv_cache_bytes(gen) == int(0.1 * psutil.virtual_memory().total / 4)

@@ -4,10 +4,13 @@
     acc = get_accelerator()          # detected once per process (MINDSPEED_RL_DEVICE overrides)
     acc.kind, acc.dist_backend, acc.ray_resource, acc.device(local_rank), acc.memory_stats()
     acc.prepare_megatron()           # before building megatron-core models
+    accelerator_class("npu").fused_features()   # what a kind would answer, without its device
+
+Code outside this package asks the accelerator instead of comparing ``kind`` (tests/test_device_floor.py).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Type
 
 from .base import Accelerator
 from .detect import ENV_VAR, KINDS, DeviceUnavailable, detect_device_kind
@@ -15,20 +18,25 @@ from .detect import ENV_VAR, KINDS, DeviceUnavailable, detect_device_kind
 _ACCELERATOR: Optional[Accelerator] = None
 
 
-def make_accelerator(kind: str) -> Accelerator:
+def accelerator_class(kind: str) -> Type[Accelerator]:
+    """The Accelerator class of ``kind``; its classmethods answer for the kind without its device."""
     if kind == "npu":
         from .npu import NpuAccelerator
 
-        return NpuAccelerator()
+        return NpuAccelerator
     if kind == "cuda":
         from .cuda import CudaAccelerator
 
-        return CudaAccelerator()
+        return CudaAccelerator
     if kind == "cpu":
         from .cpu import CpuAccelerator
 
-        return CpuAccelerator()
+        return CpuAccelerator
     raise DeviceUnavailable(f"unknown device kind {kind!r}; expected one of {', '.join(KINDS)}")
+
+
+def make_accelerator(kind: str) -> Accelerator:
+    return accelerator_class(kind)()
 
 
 def get_accelerator() -> Accelerator:
@@ -44,5 +52,5 @@ def reset_accelerator() -> None:
     _ACCELERATOR = None
 
 
-__all__ = ["Accelerator", "DeviceUnavailable", "ENV_VAR", "KINDS", "detect_device_kind",
+__all__ = ["Accelerator", "DeviceUnavailable", "ENV_VAR", "KINDS", "accelerator_class", "detect_device_kind",
            "get_accelerator", "make_accelerator", "reset_accelerator"]

@@ -2,17 +2,26 @@
 from __future__ import annotations
 
 import os
-from typing import Dict
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
 
 class Accelerator:
-    """One device kind: torch device, distributed backend, Ray resource, memory."""
+    """One device kind: torch device, distributed backend, Ray resource, memory, and every decision
+    that depends on the kind (the defaults here are those of a device with its own memory)."""
 
     kind: str = ""
     dist_backend: str = ""
     ray_resource: str = ""
+    pin_memory: bool = True
+    """Pin the host copies of offloaded tensors."""
+    offload_when_idle: bool = True
+    """Move an idle role's weights and optimizer state to host memory (the critic between its steps)."""
+    cpu_initialization: bool = False
+    """megatron-core's use_cpu_initialization: initialise parameters on the CPU."""
+    vllm_supports_sleep: bool = True
+    """vLLM's sleep mode frees the engine's memory between rollouts."""
 
     def device_count(self) -> int:
         raise NotImplementedError
@@ -45,9 +54,68 @@ class Accelerator:
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
 
+    def device_rng_state(self) -> Optional[torch.Tensor]:
+        """The device generator's state (None where the device has none of its own)."""
+        raise NotImplementedError
+
+    def set_device_rng_state(self, state: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def comm_device(self, device: torch.device) -> torch.device:
+        """Where tensors for collectives live, given the engine's ``device``."""
+        return device
+
+    def place_model(self, module: torch.nn.Module) -> torch.nn.Module:
+        """A freshly built megatron-core model on this process's device."""
+        return module.to(self.current_device())
+
+    @classmethod
+    def fused_features(cls) -> Dict[str, bool]:
+        """Which of megatron-core's fused and device-only paths this kind can run (models/builder.py maps
+        the config's flags onto them). A classmethod: it needs no device."""
+        return {"transformer_engine": False, "rope_fusion": False, "gradient_accumulation_fusion": False,
+                "sequence_parallel": True, "masked_softmax_fusion": False, "flash_attn": True,
+                "fused_rmsnorm": True, "fused_swiglu": True, "bias_activation_fusion": True,
+                "bias_dropout_fusion": True}
+
+    @classmethod
+    def vllm_unusable_reason(cls, model: Any) -> Optional[str]:
+        """Why vLLM on this kind cannot run ``model`` (a ModelConfig); None when it can."""
+        return None
+
+    @classmethod
+    def vllm_engine_kwargs(cls, gen: Any) -> Dict[str, Any]:
+        """vLLM ``LLM(...)`` arguments for this kind's memory, from a GenerateConfig."""
+        return {"gpu_memory_utilization": gen.gpu_memory_utilization, "enable_sleep_mode": True}
+
     def ray_bundle(self, fraction: float = 1.0) -> Dict[str, float]:
         """Resources of one device slot in a Ray placement-group bundle or actor request."""
         return {self.ray_resource: fraction}
+
+    def bundle_cpus(self, devices: int) -> Tuple[float, int]:
+        """(CPUs per placement-group bundle, threads per worker) for ``devices`` bundles: one device plus
+        one CPU per bundle, the host's CPUs split between the devices as threads (Ray must be running)."""
+        return 1.0, max(1, (os.cpu_count() or 1) // max(1, devices))
+
+    def bundle_spec(self, cpus_per_bundle: float) -> Dict[str, float]:
+        """One placement-group bundle: one device slot and ``cpus_per_bundle`` CPUs."""
+        return {**self.ray_bundle(1.0), "CPU": cpus_per_bundle}
+
+    def actor_options(self, fraction: float) -> Dict[str, Any]:
+        """Ray actor options for a worker that takes ``fraction`` of a bundle's device slot."""
+        return {"num_cpus": 0.01, "resources": self.ray_bundle(fraction)}
+
+    def local_rank(self) -> int:
+        """The device index of this Ray worker process: Ray's assigned id when Ray leaves the visible
+        devices alone (RAY_EXPERIMENTAL_NOSET_*_VISIBLE_DEVICES, as the runtime env sets on NPU), else 0."""
+        try:
+            import ray
+
+            ids = ray.get_runtime_context().get_accelerator_ids().get(self.ray_resource) or []
+        except Exception:  # noqa: BLE001 - not inside Ray
+            ids = []
+        noset = any(k.startswith("RAY_EXPERIMENTAL_NOSET_") and v not in ("", "0") for k, v in os.environ.items())
+        return int(ids[0]) if ids and noset else 0
 
     def describe(self) -> str:
         return f"{self.kind} ({self.device_count()} device(s), backend {self.dist_backend})"

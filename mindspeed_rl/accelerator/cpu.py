@@ -2,21 +2,29 @@
 from __future__ import annotations
 
 import gc
-from typing import Dict
+import os
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
 from .base import Accelerator, host_rss_gib
 
+VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""The head dims of vLLM's CPU attention."""
+
 
 class CpuAccelerator(Accelerator):
+    """The device is the host: no pinning, no offload, no vLLM sleep, no fused kernels."""
+
     kind = "cpu"
     dist_backend = "gloo"
     ray_resource = "CPU"
+    pin_memory = False
+    offload_when_idle = False
+    cpu_initialization = True
+    vllm_supports_sleep = False
 
     def device_count(self) -> int:
-        import os
-
         return os.cpu_count() or 1
 
     def device(self, local_rank: int = 0) -> torch.device:
@@ -37,11 +45,55 @@ class CpuAccelerator(Accelerator):
 
         apply()
 
+    def device_rng_state(self) -> Optional[torch.Tensor]:
+        return None
+
+    def set_device_rng_state(self, state: torch.Tensor) -> None:
+        return None
+
+    def comm_device(self, device: torch.device) -> torch.device:
+        return torch.device("cpu")
+
+    def place_model(self, module: torch.nn.Module) -> torch.nn.Module:
+        return module  # megatron-core built it on the CPU (use_cpu_initialization)
+
+    @classmethod
+    def fused_features(cls) -> Dict[str, bool]:
+        return dict.fromkeys(super().fused_features(), False)
+
+    @classmethod
+    def vllm_unusable_reason(cls, model: Any) -> Optional[str]:
+        head_dim = model.hidden_size // model.num_attention_heads
+        if head_dim not in VLLM_HEAD_DIMS or (model.kv_channels and model.kv_channels != head_dim):
+            return f"vLLM's CPU attention supports head_dim {VLLM_HEAD_DIMS}; the model has {model.head_dim}"
+        return None
+
+    @classmethod
+    def vllm_engine_kwargs(cls, gen: Any) -> Dict[str, Any]:
+        return {"kv_cache_memory_bytes": vllm_kv_cache_bytes(gen)}
+
+    def bundle_cpus(self, devices: int) -> Tuple[float, int]:
+        """A bundle is a share of the cluster's CPUs that fits on one node."""
+        import ray
+
+        total = ray.cluster_resources().get("CPU", os.cpu_count() or 1)
+        per_node = max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]), default=total)
+        per_bundle = max(0.5, min(total / devices, per_node))
+        return per_bundle, max(1, int(per_bundle))
+
+    def bundle_spec(self, cpus_per_bundle: float) -> Dict[str, float]:
+        return {"CPU": cpus_per_bundle}
+
+    def actor_options(self, fraction: float) -> Dict[str, Any]:
+        return {"num_cpus": fraction}
+
+    def local_rank(self) -> int:
+        return 0
+
     def prepare_vllm(self) -> None:
         """No torch.compile in an in-process vLLM on CPU: its compiled helpers (the sampler's log-prob
         gather, the vocab-parallel embedding mask) cost 3-4 s per process on first use, with infer TP > 1
         while the peer rank spins in the shared-memory all-reduce, and buy nothing at this scale."""
-        import os
         import uuid
 
         import torch._dynamo
@@ -61,7 +113,6 @@ class CpuAccelerator(Accelerator):
     def release_vllm(self) -> None:
         """Unlink this engine's shared-memory segments (vLLM leaves them in /dev/shm)."""
         import glob
-        import os
 
         ident = os.environ.pop(SHM_IDENT, "")
         if not ident:
@@ -76,9 +127,16 @@ class CpuAccelerator(Accelerator):
 SHM_IDENT = "MINDSPEED_RL_VLLM_SHM_IDENT"
 
 
-def _prefix_shm_group_names() -> None:
-    import os
+def vllm_kv_cache_bytes(gen: Any) -> int:
+    """The KV-cache budget of one engine process on CPU: gpu_memory_utilization of host memory, shared by
+    the engine processes of this host (LOCAL_WORLD_SIZE, set by the launcher)."""
+    import psutil
 
+    processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return int(gen.gpu_memory_utilization * psutil.virtual_memory().total / processes)
+
+
+def _prefix_shm_group_names() -> None:
     from vllm.distributed.device_communicators import cpu_communicator
 
     shm = cpu_communicator._CPUSHMDistributed

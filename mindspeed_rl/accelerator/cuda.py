@@ -1,7 +1,7 @@
 """NVIDIA GPUs: nccl, Ray resource "GPU"."""
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
@@ -46,3 +46,21 @@ class CudaAccelerator(Accelerator):
 
     def prepare_megatron(self) -> None:
         return None
+
+    def device_rng_state(self) -> Optional[torch.Tensor]:
+        return torch.cuda.get_rng_state()
+
+    def set_device_rng_state(self, state: torch.Tensor) -> None:
+        torch.cuda.set_rng_state(state)
+
+    @classmethod
+    def fused_features(cls) -> Dict[str, bool]:
+        """Transformer Engine (when importable) brings fused RoPE and gradient-accumulation fusion."""
+        try:
+            import transformer_engine  # noqa: F401
+
+            te = True
+        except ImportError:
+            te = False
+        return dict(super().fused_features(), transformer_engine=te, rope_fusion=te,
+                    gradient_accumulation_fusion=te, masked_softmax_fusion=True)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 
@@ -54,6 +54,17 @@ class NpuAccelerator(Accelerator):
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
         self._npu.manual_seed_all(seed)
+
+    def device_rng_state(self) -> Optional[torch.Tensor]:
+        return self._npu.get_rng_state()
+
+    def set_device_rng_state(self, state: torch.Tensor) -> None:
+        self._npu.set_rng_state(state)
+
+    @classmethod
+    def fused_features(cls) -> Dict[str, bool]:
+        """MindSpeed's kernels: fused RoPE and gradient-accumulation fusion."""
+        return dict(super().fused_features(), rope_fusion=True, gradient_accumulation_fusion=True)
 
     def prepare_megatron(self) -> None:
         """MindSpeed patches megatron-core for NPU (fused kernels, hccl) when installed."""

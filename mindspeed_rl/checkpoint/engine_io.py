@@ -37,11 +37,9 @@ def rng_state() -> Dict[str, Any]:
         pass
     from ..accelerator import get_accelerator
 
-    acc = get_accelerator()
-    if acc.kind == "cuda":
-        state["device"] = torch.cuda.get_rng_state()
-    elif acc.kind == "npu":
-        state["device"] = torch.npu.get_rng_state()  # type: ignore[attr-defined]
+    device = get_accelerator().device_rng_state()
+    if device is not None:
+        state["device"] = device
     return state
 
 
@@ -58,11 +56,7 @@ def set_rng_state(state: Dict[str, Any]) -> None:
     if "device" in state:
         from ..accelerator import get_accelerator
 
-        kind = get_accelerator().kind
-        if kind == "cuda":
-            torch.cuda.set_rng_state(state["device"])
-        elif kind == "npu":
-            torch.npu.set_rng_state(state["device"])  # type: ignore[attr-defined]
+        get_accelerator().set_device_rng_state(state["device"])
 
 
 def _optimizer_state(engine) -> Optional[Dict[str, Any]]:

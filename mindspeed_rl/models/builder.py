@@ -2,17 +2,17 @@
 
 Flags that only mean something on one device (fused kernels, flash attention, sequence
 parallel, gradient-accumulation fusion) are accepted everywhere and mapped here, in one
-place, to what the current device supports; each mapping is logged once.
+place, to what the device supports (``Accelerator.fused_features``); each mapping is logged once.
 """
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
-from ..accelerator import get_accelerator
+from ..accelerator import accelerator_class, get_accelerator
 from ..config_cls.megatron_config import MegatronConfig
 from ..config_cls.model_config import ModelConfig
 
@@ -34,26 +34,6 @@ def params_dtype(megatron: MegatronConfig) -> torch.dtype:
     return torch.float32
 
 
-def device_features(kind: str) -> Dict[str, bool]:
-    """What the device kind can do with megatron-core's fused paths."""
-    te = False
-    if kind == "cuda":
-        try:
-            import transformer_engine  # noqa: F401
-
-            te = True
-        except ImportError:
-            te = False
-    return {
-        "transformer_engine": te,
-        "rope_fusion": kind in ("cuda", "npu") and te or kind == "npu",
-        "gradient_accumulation_fusion": kind == "npu" or te,
-        "sequence_parallel": kind in ("cuda", "npu"),
-        "masked_softmax_fusion": kind == "cuda",
-        "flash_attn": kind in ("cuda", "npu"),
-    }
-
-
 def pipeline_layout(megatron: MegatronConfig, num_layers: int) -> Optional[str]:
     """Megatron's layout string for an uneven ``num_layer_list`` (e.g. '3,5' -> 'Et*3|t*5L')."""
     if not megatron.num_layer_list:
@@ -67,11 +47,12 @@ def pipeline_layout(megatron: MegatronConfig, num_layers: int) -> Optional[str]:
 
 
 def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optional[str] = None):
-    """megatron-core TransformerConfig for this model and role on device ``kind``."""
+    """megatron-core TransformerConfig for this model and role on device ``kind`` (default: this process's)."""
     from megatron.core.transformer import TransformerConfig
 
     kind = kind or get_accelerator().kind
-    feats = device_features(kind)
+    acc = accelerator_class(kind)
+    feats = acc.fused_features()
     tp = megatron.tensor_model_parallel_size
     sequence_parallel = megatron.sequence_parallel and tp > 1
     if megatron.sequence_parallel and not feats["sequence_parallel"]:
@@ -82,8 +63,8 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
         _say_once(f"use_fused_rotary_pos_emb: no fused RoPE kernel on {kind}; using the unfused one")
     grad_acc_fusion = not megatron.no_gradient_accumulation_fusion and feats["gradient_accumulation_fusion"]
     softmax_fusion = not megatron.no_masked_softmax_fusion and feats["masked_softmax_fusion"]
-    for flag, ok in (("use_flash_attn", feats["flash_attn"]), ("use_fused_rmsnorm", kind != "cpu"),
-                     ("use_fused_swiglu", kind != "cpu")):
+    for flag, ok in (("use_flash_attn", feats["flash_attn"]), ("use_fused_rmsnorm", feats["fused_rmsnorm"]),
+                     ("use_fused_swiglu", feats["fused_swiglu"])):
         if getattr(megatron, flag) and not ok:
             _say_once(f"{flag}: no such kernel on {kind}; using the torch implementation")
     dtype = params_dtype(megatron)
@@ -112,10 +93,10 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
         fp16=megatron.fp16,
         pipeline_dtype=dtype,
         autocast_dtype=dtype,
-        use_cpu_initialization=kind == "cpu",
+        use_cpu_initialization=acc.cpu_initialization,
         perform_initialization=True,
-        bias_activation_fusion=kind != "cpu" and model.swiglu,
-        bias_dropout_fusion=kind != "cpu",
+        bias_activation_fusion=feats["bias_activation_fusion"] and model.swiglu,
+        bias_dropout_fusion=feats["bias_dropout_fusion"],
         masked_softmax_fusion=softmax_fusion,
         persist_layer_norm=False,
         apply_rope_fusion=rope_fusion,
@@ -139,8 +120,7 @@ def layer_spec(model: ModelConfig, kind: Optional[str] = None):
     """
     from megatron.core.models.gpt import gpt_layer_specs
 
-    kind = kind or get_accelerator().kind
-    if kind == "cuda" and device_features(kind)["transformer_engine"]:
+    if accelerator_class(kind or get_accelerator().kind).fused_features()["transformer_engine"]:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
     from .attention import with_packed_attention
 
@@ -183,9 +163,7 @@ def build_gpt_model(model: ModelConfig, megatron: MegatronConfig, *, pre_process
         rotary_percent=model.rotary_percent,
         rotary_base=int(model.rotary_base),
     )
-    if acc.kind != "cpu":
-        gpt = gpt.to(acc.current_device())
-    return gpt
+    return acc.place_model(gpt)
 
 
 def layer_range(megatron: MegatronConfig, num_layers: int, pp_rank: int) -> Tuple[int, int]:

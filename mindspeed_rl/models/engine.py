@@ -269,7 +269,7 @@ class MegatronEngine:
         return {k: float(v) for k, v in zip(keys, values.tolist())}
 
     def _comm_device(self) -> torch.device:
-        return torch.device("cpu") if self.acc.kind == "cpu" else self.device
+        return self.acc.comm_device(self.device)
 
     def _broadcast_from_last_stage(self, outputs: Optional[Dict[str, torch.Tensor]], batch: Batch):
         from megatron.core import parallel_state as ps

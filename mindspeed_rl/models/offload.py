@@ -27,7 +27,7 @@ class _StorageStash:
         return bool(self.host)
 
     def offload(self, tensors: Iterable[torch.Tensor]) -> int:
-        pin = get_accelerator().kind != "cpu"
+        pin = get_accelerator().pin_memory
         moved = 0
         for t in tensors:
             storage = t.untyped_storage()

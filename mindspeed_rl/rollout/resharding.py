@@ -48,7 +48,7 @@ def iter_full_weights(engine) -> Iterator[Dict[str, torch.Tensor]]:
     counts = engine.megatron.layers_per_stage(engine.role.model.num_layers)
     starts = stage_starts(counts)
     swiglu = engine.role.model.swiglu
-    comm = torch.device("cpu") if engine.acc.kind == "cpu" else engine.device
+    comm = engine.acc.comm_device(engine.device)
     local = dict(engine.named_weights())
     for kind, stage, local_layer in _pieces(engine):
         full: Dict[str, torch.Tensor] = {}

@@ -12,26 +12,22 @@ import os
 import tempfile
 from typing import Dict, List, Optional, Sequence
 
+from ..accelerator import accelerator_class, get_accelerator
 from ..config_cls.generate_config import GenerateConfig, SamplingConfig
 from ..config_cls.model_config import ModelConfig
 from .base import Pieces, RolloutEngine, RolloutOutput
 from .convert_names import hf_named
 
 log = logging.getLogger(__name__)
-CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
 def vllm_unusable_reason(model: ModelConfig, gen: GenerateConfig, kind: str) -> Optional[str]:
-    """Why vLLM cannot run this model here (None when it can)."""
+    """Why vLLM cannot run this model on device ``kind`` (None when it can)."""
     try:
         import vllm  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure means no vLLM
         return f"vLLM is not importable ({type(exc).__name__}: {exc})"
-    if kind == "cpu":
-        head_dim = model.hidden_size // model.num_attention_heads
-        if head_dim not in CPU_HEAD_DIMS or (model.kv_channels and model.kv_channels != head_dim):
-            return f"vLLM's CPU attention supports head_dim {CPU_HEAD_DIMS}; the model has {model.head_dim}"
-    return None
+    return accelerator_class(kind).vllm_unusable_reason(model)
 
 
 def write_hf_config(folder: str, model: ModelConfig, eos_token_id: int, pad_token_id: int) -> str:
@@ -49,15 +45,6 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def cpu_kv_cache_bytes(gen: GenerateConfig) -> int:
-    """The KV-cache budget of one engine process on CPU: gpu_memory_utilization of host memory, shared by
-    the engine processes of this host (LOCAL_WORLD_SIZE, set by the launcher)."""
-    import psutil
-
-    processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    return int(gen.gpu_memory_utilization * psutil.virtual_memory().total / processes)
-
-
 class VllmEngine(RolloutEngine):
     name = "vllm"
 
@@ -66,11 +53,11 @@ class VllmEngine(RolloutEngine):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
         from vllm import LLM
 
-        from ..accelerator import get_accelerator
-
         get_accelerator().prepare_vllm()
 
         self.model, self.gen, self.kind = model, gen, kind
+        acc = accelerator_class(kind)
+        self.can_sleep = acc.vllm_supports_sleep
         self.eos_token_id = eos_token_id
         self._dir = tempfile.mkdtemp(prefix="mindspeed_rl_vllm_")
         write_hf_config(self._dir, model, eos_token_id, pad_token_id)
@@ -79,11 +66,7 @@ class VllmEngine(RolloutEngine):
                       max_num_seqs=gen.max_num_seqs, max_num_batched_tokens=gen.max_num_batched_tokens,
                       tensor_parallel_size=gen.infer_tensor_parallel_size, trust_remote_code=gen.trust_remote_code,
                       logprobs_mode="processed_logprobs", enable_prefix_caching=True)
-        if kind == "cpu":
-            kwargs["kv_cache_memory_bytes"] = cpu_kv_cache_bytes(gen)
-        else:
-            kwargs["gpu_memory_utilization"] = gen.gpu_memory_utilization
-            kwargs["enable_sleep_mode"] = True
+        kwargs.update(acc.vllm_engine_kwargs(gen))  # the memory budget: device share or CPU bytes
         if _world_size() > 1:
             # one engine per block of infer-TP contiguous ranks of the actor's world, every rank in-process;
             # vLLM reads its rank from the environment
@@ -141,8 +124,8 @@ class VllmEngine(RolloutEngine):
         return {k: float(v) for k, v in count.items()}
 
     def offload(self) -> None:
-        if self.kind == "cpu":
-            return  # sleep mode is not supported on CPU; the KV cache stays allocated
+        if not self.can_sleep:
+            return  # no sleep mode on this device (CPU); the KV cache stays allocated
         self.llm.sleep(level=1)
         self._asleep = True
 
@@ -170,8 +153,6 @@ def stop_llm(llm) -> None:
     def destroy_subgroups_only(group=None):
         if group is not None and group is not dist.GroupMember.WORLD:
             original(group)
-
-    from ..accelerator import get_accelerator
 
     dist.destroy_process_group = destroy_subgroups_only
     try:

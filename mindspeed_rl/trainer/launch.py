@@ -55,19 +55,6 @@ def load_tokenizer(path: str):
         raise UserError(f"megatron_training.tokenizer_name_or_path {path}: cannot load a tokenizer ({exc})") from None
 
 
-def bundle_cpus(acc, devices: int):
-    """(CPUs per bundle, threads per worker). On CPU a bundle is a share of the cluster's CPUs that fits
-    on one node; elsewhere a bundle is one device plus one CPU."""
-    import ray
-
-    if acc.kind != "cpu":
-        return 1.0, max(1, (os.cpu_count() or 1) // max(1, devices))
-    total = ray.cluster_resources().get("CPU", os.cpu_count() or 1)
-    per_node = max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]), default=total)
-    per_bundle = max(0.5, min(total / devices, per_node))
-    return per_bundle, max(1, int(per_bundle))
-
-
 def describe_placement(pg) -> str:
     from ray.util.placement_group import placement_group_table
 
@@ -213,13 +200,13 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
             undo_routing = route_driver_logs(log_dir)
         init_ray(env, quiet=bool(log_dir))
         devices = cfg.actor.num_devices
-        cpus_per_bundle, threads = bundle_cpus(acc, devices)
+        cpus_per_bundle, threads = acc.bundle_cpus(devices)
         pg = create_placement_group(acc, devices, cpus_per_bundle)
         print(describe_placement(pg), flush=True)
         samples = cfg.samples_per_iteration
         steps = mt.train_iters * (samples // rl.mini_batch_size) * rl.epochs
-        shared = len(cfg.roles)
-        fraction = cpus_per_bundle / shared if acc.kind == "cpu" else 1.0 / shared  # roles share each bundle
+        # the roles share each bundle's device slot (on CPU: the bundle's CPUs)
+        fraction = acc.bundle_spec(cpus_per_bundle)[acc.ray_resource] / len(cfg.roles)
         actor = spawn_group("actor", IntegratedActorWorker, acc, pg, devices, fraction,
                             lambda rank, addr, port: dict(rank=rank, world_size=devices, master_addr=addr,
                                                           master_port=port, role=cfg.actor, rl=rl, gen=gen,
@@ -233,7 +220,7 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
                                  lambda rank, addr, port: dict(rank=rank, world_size=cfg.critic.num_devices,
                                                                master_addr=addr, master_port=port, role=cfg.critic,
                                                                rl=rl, total_steps=steps, threads=threads,
-                                                               offload_when_idle=acc.kind != "cpu"), env, workers,
+                                                               offload_when_idle=acc.offload_when_idle), env, workers,
                                  log_dir)
         reward = None
         if cfg.reward is not None:

@@ -21,10 +21,12 @@ class MegatronWorker:
                            "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
                            "OMP_NUM_THREADS": str(threads)})
         torch.set_num_threads(max(1, threads))
+        from ..accelerator import get_accelerator
         from ..utils import dist
 
         self.rank, self.world_size = rank, world_size
-        dist.init_distributed(rank, world_size, master_addr, master_port, local_rank=self._local_rank(rank))
+        dist.init_distributed(rank, world_size, master_addr, master_port,
+                              local_rank=get_accelerator().local_rank())
         dist.init_model_parallel(tp, pp, seed=seed)
         from megatron.core import parallel_state as ps
 
@@ -33,24 +35,6 @@ class MegatronWorker:
         self.dp_rank = ps.get_data_parallel_rank()
         self.dp_size = ps.get_data_parallel_world_size()
         self.is_output_rank = self.tp_rank == 0 and ps.is_pipeline_last_stage(ignore_virtual=True)
-
-    @staticmethod
-    def _local_rank(rank: int) -> int:
-        """The device index in this process: Ray's assigned id when Ray leaves the visible devices
-        alone (RAY_EXPERIMENTAL_NOSET_*_VISIBLE_DEVICES, as the runtime env sets on NPU), else 0."""
-        from ..accelerator import get_accelerator
-
-        acc = get_accelerator()
-        if acc.kind == "cpu":
-            return 0
-        try:
-            import ray
-
-            ids = ray.get_runtime_context().get_accelerator_ids().get(acc.ray_resource) or []
-        except Exception:  # noqa: BLE001 - not inside Ray
-            ids = []
-        noset = any(k.startswith("RAY_EXPERIMENTAL_NOSET_") and v not in ("", "0") for k, v in os.environ.items())
-        return int(ids[0]) if ids and noset else 0
 
     def layout(self) -> RankLayout:
         return RankLayout(rank=self.rank, dp_rank=self.dp_rank, dp_size=self.dp_size, tp_rank=self.tp_rank,

@@ -21,20 +21,14 @@ def _node_ip_and_port():
     return ray.util.get_node_ip_address(), port
 
 
-def bundle_spec(acc: Accelerator, cpus_per_bundle: float) -> Dict[str, float]:
-    if acc.kind == "cpu":
-        return {"CPU": cpus_per_bundle}
-    return {acc.ray_resource: 1.0, "CPU": cpus_per_bundle}
-
-
 def create_placement_group(acc: Accelerator, num_bundles: int, cpus_per_bundle: float, timeout: float = 600.0):
     import ray
     from ray.util.placement_group import placement_group
 
-    pg = placement_group([bundle_spec(acc, cpus_per_bundle) for _ in range(num_bundles)], strategy="PACK")
+    pg = placement_group([acc.bundle_spec(cpus_per_bundle) for _ in range(num_bundles)], strategy="PACK")
     ready, _ = ray.wait([pg.ready()], timeout=timeout)
     if not ready:
-        raise RuntimeError(f"placement group of {num_bundles} x {bundle_spec(acc, cpus_per_bundle)} could not be "
+        raise RuntimeError(f"placement group of {num_bundles} x {acc.bundle_spec(cpus_per_bundle)} could not be "
                            f"scheduled in {timeout:.0f}s; cluster resources: {ray.cluster_resources()}")
     return pg
 
@@ -61,12 +55,8 @@ def spawn_group(name: str, cls: type, acc: Accelerator, pg, num_ranks: int, frac
         strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=rank)
         # unique per start: a driver may run several trainings, and a stopped actor's name is freed lazily
         options: Dict[str, Any] = {"scheduling_strategy": strategy,
-                                   "name": f"{name}_{rank}_{os.getpid()}{next(_STARTS):04d}"}
-        if acc.kind == "cpu":
-            options["num_cpus"] = fraction
-        else:
-            options["num_cpus"] = 0.01
-            options["resources"] = {acc.ray_resource: fraction}
+                                   "name": f"{name}_{rank}_{os.getpid()}{next(_STARTS):04d}",
+                                   **acc.actor_options(fraction)}
         # ranks of this group on the same host: they share its memory (e.g. the CPU KV-cache budget)
         local = sum(1 for r in range(num_ranks) if nodes.get(r) == nodes.get(rank))
         env_vars = dict(env, LOCAL_WORLD_SIZE=str(max(1, local)))
