@@ -47,17 +47,8 @@ def test_format_rewards():
 def test_rule_reward_runner_weights_and_hung_verifier():
     import time
 
-    from mindspeed_rl.rewards.registry import _REGISTRY, register_verifier
+    import tests.verifier_plugins  # noqa: F401  (registers test_sleepy)
     from mindspeed_rl.rewards.runner import RuleRewardRunner
-
-    if "test_sleepy" not in _REGISTRY:
-        @register_verifier("test_sleepy")
-        def sleepy(response, label):
-            if response == "hang":
-                time.sleep(30)
-            if response == "boom":
-                raise RuntimeError("bad verifier")
-            return 1.0
 
     runner = RuleRewardRunner(["acc_for_ppo", "format"], [1.0, 0.5], timeout=5)
     scores, metrics = runner.score(["\\boxed{7}", "<think>x</think><answer>\\boxed{7}</answer>", "8"], ["7", "7", "7"])
@@ -75,27 +66,16 @@ def test_rule_reward_runner_weights_and_hung_verifier():
     sleepy_runner.close()
 
 
-LAZY = {"warm": False}
-
-
-def test_verifiers_are_warmed_up_before_the_pool_forks():
+def test_each_worker_is_warmed_up_before_its_samples_are_timed():
     """A verifier whose first call in a process is slow (math-verify importing sympy on a busy host) must not
-    hit the per-sample timeout in every freshly forked worker."""
-    import time
-
-    from mindspeed_rl.rewards.registry import _REGISTRY, register_verifier
+    hit the per-sample timeout in a new worker, nor in the one that replaces a hung worker."""
+    import tests.verifier_plugins as plugins
     from mindspeed_rl.rewards.runner import RuleRewardRunner
 
-    if "test_lazy" not in _REGISTRY:
-        @register_verifier("test_lazy")
-        def lazy(response, label):
-            if not LAZY["warm"]:
-                time.sleep(3)   # the first call in this process
-                LAZY["warm"] = True
-            return 1.0
-
     runner = RuleRewardRunner(["test_lazy"], [1.0], timeout=1.0)
-    assert LAZY["warm"]   # warmed in this process, before any worker forks
     scores, metrics = runner.score(["a", "b", "c"], ["", "", ""])
     assert scores.tolist() == [1.0, 1.0, 1.0] and metrics["rule_reward/timeouts"] == 0
+    assert not plugins.FIRST_CALL["done"]   # it ran in the worker, not in this (driver) process
+    runner._restart()                        # as after a timeout: a fresh worker
+    assert runner.score(["d"], [""])[1]["rule_reward/timeouts"] == 0
     runner.close()

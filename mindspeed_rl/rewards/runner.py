@@ -2,9 +2,16 @@
 
 score_i = sum_k w_k * verifier_k(response_i, label_i); a verifier that raises scores 0 and one
 that runs past ``timeout`` seconds scores 0; both are counted (a hung worker is replaced).
+
+Workers come from a fork server, not from forking the driver: the driver runs threads (Ray's,
+logging's) whose locks a forked child can inherit held, and such a child hangs on its first write
+or import; in the suite that showed as 2-13 verifier timeouts of 10 s per iteration, mostly in the
+second run of a process. A verifier's module is imported in each worker (it registers there as in
+the driver), and every new worker runs each verifier once before its samples are timed.
 """
 from __future__ import annotations
 
+import importlib
 import multiprocessing as mp
 from typing import Dict, List, Sequence, Tuple
 
@@ -17,16 +24,23 @@ from .registry import get_verifier
 WARM_UP_RESPONSE, WARM_UP_LABEL = "The answer is \\boxed{\\frac{1}{2}}", "0.5"
 
 
-def _quiet_worker() -> None:
-    """In a freshly forked verifier worker: no logging and new stdio objects. The driver's threads (Ray's log
-    forwarding, our log handlers) may have held a stream's lock at the fork; a worker writing through the
-    inherited objects would wait on it forever."""
+def _start_worker(modules: Sequence[str]) -> None:
+    """A new verifier worker: no logging; the verifiers' modules imported (registering them)."""
     import logging
-    import sys
 
     logging.disable(logging.CRITICAL)
-    sys.stdout = open(1, "w", closefd=False)
-    sys.stderr = open(2, "w", closefd=False)
+    for module in modules:
+        importlib.import_module(module)
+
+
+def _warm_up(names: Sequence[str]) -> None:
+    """Each verifier once, so its lazy imports (math-verify -> sympy: seconds on a busy host) are not
+    charged to the first sample's timeout."""
+    for name in names:
+        try:
+            get_verifier(name)(WARM_UP_RESPONSE, WARM_UP_LABEL)
+        except Exception:  # noqa: BLE001 - a verifier that fails here fails (and is counted) per sample later
+            pass
 
 
 def _run_one(name: str, response: str, label: str) -> float:
@@ -37,24 +51,29 @@ def _run_one(name: str, response: str, label: str) -> float:
 
 
 class RuleRewardRunner:
+    WARM_UP_TIMEOUT = 120.0
+
     def __init__(self, names: Sequence[str], weights: Sequence[float], timeout: float = 10.0, workers: int = 1):
-        for name in names:
-            verifier = get_verifier(name)  # unknown names fail here, not in a worker
-            # Run each verifier once here so that what it imports lazily (math-verify pulls in sympy, seconds
-            # on a busy host) is loaded before the pool forks: the per-sample timeout then measures
-            # verification only, and a pool replaced after a timeout starts warm.
-            try:
-                verifier(WARM_UP_RESPONSE, WARM_UP_LABEL)
-            except Exception:  # noqa: BLE001 - a verifier that fails here fails (and is counted) per sample later
-                pass
+        # unknown names fail here, not in a worker; each verifier's module registers it again in a worker
+        self.modules = sorted({get_verifier(name).__module__ for name in names})
         self.names, self.weights = list(names), list(weights)
         self.timeout, self.workers = timeout, workers
         self._pool = None
 
     def _get_pool(self):
         if self._pool is None:
-            method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-            self._pool = mp.get_context(method).Pool(self.workers, initializer=_quiet_worker)
+            method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+            context = mp.get_context(method)
+            if method == "forkserver":
+                context.set_forkserver_preload(["mindspeed_rl.rewards.verifiers"])
+            pool = context.Pool(self.workers, initializer=_start_worker, initargs=(self.modules,))
+            try:
+                pool.map_async(_warm_up, [self.names] * self.workers, chunksize=1).get(self.WARM_UP_TIMEOUT)
+            except mp.TimeoutError:
+                pool.terminate()
+                raise RuntimeError(f"rule reward workers did not start within {self.WARM_UP_TIMEOUT:.0f}s "
+                                   f"(verifiers {', '.join(self.names)})") from None
+            self._pool = pool
         return self._pool
 
     def _restart(self) -> None:

@@ -1,0 +1,25 @@
+"""Verifiers the rule-reward tests register (at import, as a user's plug-in module would: the runner imports
+a verifier's module in each worker)."""
+import time
+
+from mindspeed_rl.rewards.registry import register_verifier
+
+FIRST_CALL = {"done": False}
+
+
+@register_verifier("test_sleepy")
+def sleepy(response, label):
+    if response == "hang":
+        time.sleep(30)
+    if response == "boom":
+        raise RuntimeError("bad verifier")
+    return 1.0
+
+
+@register_verifier("test_lazy")
+def lazy(response, label):
+    """Slow on its first call in a process (math-verify importing sympy on a busy host)."""
+    if not FIRST_CALL["done"]:
+        time.sleep(3)
+        FIRST_CALL["done"] = True
+    return 1.0
