@@ -1,10 +1,15 @@
 """Convert checkpoints between HF and Megatron-core layouts (MindSpeed-LLM's flags).
 
-    # HF -> Megatron, TP 8 (critic / reward: add --orm)
+    # HF -> Megatron, TP 8 (critic / reward: add --orm). The family (qwen25, qwen3, llama3, qwen3_moe) and its
+    # special cases come from config.json; --model-type-hf, when given, must agree with it.
     python cli/convert_ckpt.py --use-mcore-models --model-type GPT --load-model-type hf --save-model-type mg \\
         --target-tensor-parallel-size 8 --target-pipeline-parallel-size 1 --add-qkv-bias \\
         --load-dir ./Qwen2.5-32B --save-dir ./ckpt --model-type-hf qwen25 --params-dtype bf16 \\
         --tokenizer-model ./Qwen2.5-32B/tokenizer.json
+
+    # Qwen3-MoE with the experts split over 4 expert-parallel ranks
+    python cli/convert_ckpt.py --load-model-type hf --save-model-type mg --load-dir ./Qwen3-30B-A3B \\
+        --save-dir ./ckpt_moe --target-tensor-parallel-size 4 --target-expert-parallel-size 4
 
     # Megatron -> HF: writes <save-dir>/mg2hf, config taken from the HF files in --save-dir
     python cli/convert_ckpt.py --load-model-type mg --save-model-type hf --load-dir ./ckpt \\
@@ -23,6 +28,7 @@ import sys
 import time
 from typing import Optional, Sequence
 
+from mindspeed_rl.config_cls.model_config import FAMILY_NAMES
 from mindspeed_rl.utils.cli import UserError, report_user_errors
 
 
@@ -35,10 +41,15 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--target-tensor-parallel-size", type=int, default=1)
     p.add_argument("--target-pipeline-parallel-size", type=int, default=1)
     p.add_argument("--num-layer-list", default=None, help="uneven layers per pipeline stage, e.g. 3,5")
-    p.add_argument("--model-type-hf", choices=("qwen2", "qwen25", "llama2", "llama"), default="qwen25")
+    p.add_argument("--model-type-hf", choices=FAMILY_NAMES, default=None,
+                   help="model family; default: read from config.json (a value that contradicts it is refused)")
+    p.add_argument("--target-expert-parallel-size", type=int, default=1, help="split MoE experts over this many "
+                                                                                "expert-parallel ranks")
     p.add_argument("--params-dtype", choices=("fp32", "bf16", "fp16"), default=None,
                    help="dtype of the saved weights (default: fp32 for hf->mg, unchanged otherwise)")
-    p.add_argument("--add-qkv-bias", action="store_true", help="the model has q/k/v biases (Qwen2 family)")
+    p.add_argument("--add-qkv-bias", action="store_true",
+                   help="assert that the model has q/k/v biases (the family and config.json decide; accepted for "
+                        "MindSpeed-LLM's command lines)")
     p.add_argument("--tokenizer-model", default=None, help="tokenizer file or folder (checked to exist)")
     p.add_argument("--orm", action="store_true", help="critic / reward model: the value head <-> score.weight")
     p.add_argument("--use-mcore-models", action="store_true", help="accepted (megatron-core is the only kind)")
@@ -61,7 +72,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise UserError(f"--load-dir {args.load_dir}: folder does not exist")
     if args.tokenizer_model and not os.path.exists(args.tokenizer_model):
         raise UserError(f"--tokenizer-model {args.tokenizer_model}: does not exist")
-    for flag in ("target_tensor_parallel_size", "target_pipeline_parallel_size"):
+    for flag in ("target_tensor_parallel_size", "target_pipeline_parallel_size", "target_expert_parallel_size"):
         if getattr(args, flag) < 1:
             raise UserError(f"--{flag.replace('_', '-')} must be >= 1")
     if args.save_model_type == "mg" and not args.force:
@@ -75,13 +86,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     start = time.perf_counter()
     try:
         if args.load_model_type == "hf" and args.save_model_type == "mg":
-            model_type = "llama2" if args.model_type_hf in ("llama", "llama2") and not args.add_qkv_bias else args.model_type_hf
+            if args.add_qkv_bias and not convert.read_hf_model_config(args.load_dir, args.model_type_hf).add_qkv_bias:
+                raise UserError(f"--add-qkv-bias contradicts {os.path.join(args.load_dir, 'config.json')}: that "
+                                "model has no q/k/v bias (attention_bias false); drop the flag")
             cfg = convert.hf_to_mg(args.load_dir, args.save_dir, args.target_tensor_parallel_size,
                                    args.target_pipeline_parallel_size, args.num_layer_list,
-                                   args.params_dtype or "fp32", args.orm, model_type)
+                                   args.params_dtype or "fp32", args.orm, args.model_type_hf,
+                                   ep=args.target_expert_parallel_size)
             where = args.save_dir
-            print(f"converted {args.load_dir} ({cfg.num_layers} layers) -> {where} "
-                  f"(TP {args.target_tensor_parallel_size}, PP {args.target_pipeline_parallel_size}, release)")
+            ep = f", EP {args.target_expert_parallel_size}" if args.target_expert_parallel_size > 1 else ""
+            print(f"converted {args.load_dir} ({cfg.model_type_hf}, {cfg.num_layers} layers) -> {where} "
+                  f"(TP {args.target_tensor_parallel_size}, PP {args.target_pipeline_parallel_size}{ep}, release)")
         elif args.load_model_type == "mg" and args.save_model_type == "hf":
             if not os.path.isfile(os.path.join(args.save_dir, "config.json")):
                 raise UserError(f"--save-dir {args.save_dir}: needs the original HF config.json (and tokenizer "
@@ -91,7 +106,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"converted {args.load_dir} -> {where}")
         elif args.load_model_type == "mg" and args.save_model_type == "mg":
             convert.mg_to_mg(args.load_dir, args.save_dir, args.target_tensor_parallel_size,
-                             args.target_pipeline_parallel_size, args.num_layer_list, args.params_dtype)
+                             args.target_pipeline_parallel_size, args.num_layer_list, args.params_dtype,
+                             args.target_expert_parallel_size)
             print(f"resharded {args.load_dir} -> {args.save_dir} (TP {args.target_tensor_parallel_size}, "
                   f"PP {args.target_pipeline_parallel_size})")
         else:

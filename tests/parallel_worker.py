@@ -6,14 +6,14 @@ import torch.distributed as torch_dist
 
 
 
-def start_rank(rank, world, port, tp=1, pp=1):
-    """One thread per process, the gloo world, megatron's TP x PP groups seeded alike on every rank."""
+def start_rank(rank, world, port, tp=1, pp=1, ep=1):
+    """One thread per process, the gloo world, megatron's TP x PP (x EP) groups seeded alike on every rank."""
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     from mindspeed_rl.utils import dist
 
     dist.init_distributed(rank, world, master_port=port)
-    dist.init_model_parallel(tp, pp, seed=5)
+    dist.init_model_parallel(tp, pp, seed=5, ep=ep)
     return dist
 
 
@@ -114,6 +114,55 @@ def run_converted(rank, world, spec, workdir, port):
         out[kind] = engine.forward(batch, micro_batch_size=2, with_logits=kind == "lm")
     if rank == 0:
         torch.save(out, os.path.join(workdir, f"converted_{spec['name']}.pt"))
+    dist.destroy()
+
+
+def run_family(rank, world, spec, workdir, port):
+    """One model family at TP x PP x EP from its converted checkpoint: logits, greedy rollout through an
+    in-place updated vLLM engine, and (with ``spec["train"]``) one SFT step's loss, grad norm and weights."""
+    from mindspeed_rl.checkpoint.convert import read_mg_config
+    from mindspeed_rl.checkpoint.engine_io import load_weights_only
+    from mindspeed_rl.config_cls import GenerateConfig, ModelConfig, SamplingConfig
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.rollout.factory import make_rollout_engine
+    from mindspeed_rl.rollout.resharding import iter_full_weights
+    from tests.helpers import tiny_role
+
+    tp, pp, ep = spec["tp"], spec["pp"], spec.get("ep", 1)
+    dist = start_rank(rank, world, port, tp, pp, ep)
+    mg_dir = os.path.join(workdir, f"mg_{spec['name']}")
+    config = read_mg_config(mg_dir)[0]
+    model = ModelConfig(**config["model"])
+
+    def role(**extra):
+        return tiny_role(tp=tp, pp=pp, num_devices=world, model=model, expert_model_parallel_size=ep,
+                         num_layer_list=config["num_layer_list"] if pp > 1 else None, **extra)
+
+    batch = torch.load(os.path.join(workdir, "batch.pt"))
+    engine = MegatronEngine(role(), trainable=False)
+    load_weights_only(engine, mg_dir)
+    out = {"logits": engine.forward(batch, micro_batch_size=2, with_logits=True)["logits"]}
+    gen = GenerateConfig(backend="vllm", dtype="float32", max_model_len=128, max_num_seqs=16,
+                         max_num_batched_tokens=1024, gpu_memory_utilization=0.005)
+    rollout = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
+    rollout.update_weights(iter_full_weights(engine))
+    prompts = torch.load(os.path.join(workdir, "prompts.pt"))
+    out["greedy"] = [o.response_ids for o in rollout.generate(prompts, SamplingConfig(temperature=0, max_tokens=12))]
+    rollout.shutdown()
+    if spec.get("train"):
+        from megatron.core import parallel_state as ps
+
+        trained = MegatronEngine(role(lr=1e-4, clip_grad=0.0), total_steps=2)
+        load_weights_only(trained, mg_dir)
+        dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+        rows = batch["input_ids"].shape[0] // dp
+        local = {k: v[dp_rank * rows:(dp_rank + 1) * rows] for k, v in batch.items()}
+        normaliser = float((batch["attention_mask"][:, 1:] * batch["attention_mask"][:, :-1]).sum())
+        step = trained.train_step(local, global_sft_loss(normaliser), micro_batch_size=2)
+        out.update(loss=step.loss, grad_norm=step.grad_norm,
+                   weights={k: v.clone() for piece in iter_full_weights(trained) for k, v in piece.items()})
+    if rank == 0:
+        torch.save(out, os.path.join(workdir, f"family_{spec['name']}.pt"))
     dist.destroy()
 
 

@@ -209,18 +209,24 @@ def test_cpu_kv_cache_budget_is_shared_by_the_engine_processes_of_a_host(monkeyp
 
 
 def test_vllm_head_dims_limit_cpu_only():
+    from mindspeed_rl.config_cls import GenerateConfig
+    from mindspeed_rl.rollout.vllm_engine import vllm_unusable_reason
     from tests.helpers import tiny_model_config
 
-    fits = tiny_model_config(hidden_size=128)                     # head_dim 32
-    odd = tiny_model_config()                                     # head_dim 16
-    mismatched = tiny_model_config(hidden_size=128, kv_channels=64)
     cpu = accelerator.accelerator_class("cpu")
-    assert cpu.vllm_unusable_reason(fits) is None
-    assert cpu.vllm_unusable_reason(odd) == ("vLLM's CPU attention supports head_dim (32, 64, 80, 96, 112, 128, "
-                                             "160, 192, 224, 256, 512); the model has 16")
-    assert cpu.vllm_unusable_reason(mismatched).endswith("the model has 64")
+    assert cpu.vllm_unusable_reason(32) is None
+    assert cpu.vllm_unusable_reason(16) == ("vLLM's CPU attention supports head_dim (32, 64, 80, 96, 112, 128, "
+                                            "160, 192, 224, 256, 512); the model has 16")
     for kind in ("cuda", "npu"):
-        assert all(accelerator.accelerator_class(kind).vllm_unusable_reason(m) is None for m in (fits, odd, mismatched))
+        assert accelerator.accelerator_class(kind).vllm_unusable_reason(16) is None
+    gen = GenerateConfig()
+    assert vllm_unusable_reason(tiny_model_config(hidden_size=128), gen, "cpu") is None  # head_dim 32
+    # vLLM's Qwen2 ignores head_dim: kv_channels other than hidden / heads cannot run anywhere
+    assert "kv_channels 64" in vllm_unusable_reason(tiny_model_config(hidden_size=128, kv_channels=64), gen, "cuda")
+    # Qwen3 honours head_dim: 128-wide heads on a 5120 / 64 = 80 hidden split (Qwen3-32B) are fine
+    qwen3 = tiny_model_config(hidden_size=5120 // 8, num_attention_heads=8, kv_channels=128, add_qkv_bias=False,
+                              qk_layernorm=True, model_type_hf="qwen3")
+    assert vllm_unusable_reason(qwen3, gen, "cpu") is None
 
 
 def test_device_kinds_answer_without_their_device(monkeypatch):

@@ -79,8 +79,8 @@ class Accelerator:
                 "bias_dropout_fusion": True}
 
     @classmethod
-    def vllm_unusable_reason(cls, model: Any) -> Optional[str]:
-        """Why vLLM on this kind cannot run ``model`` (a ModelConfig); None when it can."""
+    def vllm_unusable_reason(cls, head_dim: int) -> Optional[str]:
+        """Why vLLM's attention on this kind cannot run heads of ``head_dim``; None when it can."""
         return None
 
     @classmethod

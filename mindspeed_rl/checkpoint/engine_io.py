@@ -1,8 +1,8 @@
 """Save and load a MegatronEngine in the Megatron checkpoint layout (model, optimizer, RNG, state).
 
 Every rank of the engine's world calls these together. Each (TP, PP) rank file is written by
-the rank with DP rank 0; with the distributed optimizer its state is first gathered to DP rank 0
-(megatron's ``get_parameter_state_dp_zero``) so the file is complete whatever the DP size.
+the rank with DP rank 0 (with expert parallelism: each (TP, PP, EP) file by the EP rank's first
+data-parallel replica); with the distributed optimizer every DP rank also writes its own shard.
 """
 from __future__ import annotations
 
@@ -21,6 +21,16 @@ def _ranks():
     return (ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(),
             ps.get_data_parallel_rank(), ps.get_tensor_model_parallel_world_size(),
             ps.get_pipeline_model_parallel_world_size())
+
+
+def _expert_ranks():
+    """(EP rank, EP size, whether this rank writes its EP rank's file)."""
+    from megatron.core import parallel_state as ps
+
+    ep = ps.get_expert_model_parallel_world_size()
+    if ep == 1:
+        return 0, 1, ps.get_data_parallel_rank() == 0
+    return ps.get_expert_model_parallel_rank(), ep, ps.get_expert_data_parallel_rank() == 0
 
 
 def rng_state() -> Dict[str, Any]:
@@ -87,6 +97,7 @@ def save_engine(engine, ckpt_dir: str, iteration: int, extra: Optional[Dict[str,
     from ..checkpoint.convert import checkpoint_config
 
     tp_rank, pp_rank, dp_rank, tp, pp = _ranks()
+    ep_rank, ep, writer = _expert_ranks()
     if not engine.all_finite():  # every rank agrees: nothing is written, the previous checkpoint stays the latest
         raise ml.CheckpointError(f"{ckpt_dir}: iteration {iteration} not saved: the {engine.role.name}'s weights "
                                  "hold NaN or Inf")
@@ -95,27 +106,27 @@ def save_engine(engine, ckpt_dir: str, iteration: int, extra: Optional[Dict[str,
         ml.begin_save(ckpt_dir, iteration)
     dist.barrier()
     optim = _optimizer_state(engine) if save_optim else None
-    if dp_rank == 0:
+    if writer:
         m = engine.megatron
         counts = m.layers_per_stage(engine.role.model.num_layers)
         payload = {"model": {k: v.detach().cpu() for k, v in engine.named_weights()},
                    "iteration": iteration,
                    "config": checkpoint_config(engine.role.model, tp, pp, counts,
                                                "bf16" if m.bf16 else "fp16" if m.fp16 else "fp32",
-                                               engine.head == "value"),
+                                               engine.head == "value", ep),
                    **(extra or {})}
         if optim is not None:
             payload["optimizer"] = {k: v for k, v in optim.items() if k != "shards"}
         if save_rng:
             payload["rng_state"] = rng_state()
-        ml.write_rank(ckpt_dir, iteration, tp_rank, pp_rank, pp, payload)
+        ml.write_rank(ckpt_dir, iteration, tp_rank, pp_rank, pp, payload, ep_rank, ep)
     if optim is not None and "shards" in optim:
-        ml.write_extra(ckpt_dir, iteration, tp_rank, pp_rank, pp, _dp_file(dp_rank), optim["shards"])
+        ml.write_extra(ckpt_dir, iteration, tp_rank, pp_rank, pp, _dp_file(dp_rank), optim["shards"], ep_rank, ep)
     dist.barrier()
     if world_rank == 0:
         sharded = optim is not None and "shards" in optim
         dp = dist.get_world_size() // (tp * pp)
-        ml.commit_save(ckpt_dir, iteration, tp * pp * (1 + dp if sharded else 1))
+        ml.commit_save(ckpt_dir, iteration, tp * pp * ep + (tp * pp * dp if sharded else 0))
     dist.barrier()
 
 
@@ -139,7 +150,8 @@ def save_hf_copy(engine, ckpt_dir: str, iteration: int) -> Optional[str]:
 def load_engine(engine, ckpt_dir: str, load_optim: bool = True, load_rng: bool = True) -> Dict[str, Any]:
     """Load the latest checkpoint into the engine; returns the payload (iteration, extras)."""
     tp_rank, pp_rank, dp_rank, tp, pp = _ranks()
-    payload = ml.load_rank(ckpt_dir, tp_rank, pp_rank, expected=(tp, pp), mmap=False)
+    ep_rank, ep, _ = _expert_ranks()
+    payload = ml.load_rank(ckpt_dir, tp_rank, pp_rank, expected=(tp, pp, ep), mmap=False, ep_rank=ep_rank)
     engine.load_weights(payload["model"])
     if load_optim and engine.optimizer is not None:
         optim = payload.get("optimizer")
@@ -147,7 +159,7 @@ def load_engine(engine, ckpt_dir: str, load_optim: bool = True, load_rng: bool =
             raise ml.CheckpointError(f"{ckpt_dir}: has no optimizer state; set no_load_optim: true to start it fresh")
         engine.scheduler.load_state_dict(optim["scheduler"])
         if engine.megatron.use_distributed_optimizer:
-            shards = ml.load_extra(ckpt_dir, tp_rank, pp_rank, _dp_file(dp_rank))
+            shards = ml.load_extra(ckpt_dir, tp_rank, pp_rank, _dp_file(dp_rank), ep_rank)
             for sub, state in zip(_sub_optimizers(engine.optimizer), shards):
                 sub.optimizer.load_state_dict(state)
         elif "optimizer" in optim:

@@ -3,8 +3,11 @@
     <dir>/latest_checkpointed_iteration.txt        "release" or an iteration number
     <dir>/iter_0000200/mp_rank_00/model_optim_rng.pt        (TP rank 00, PP = 1)
     <dir>/iter_0000200/mp_rank_01_002/model_optim_rng.pt    (TP rank 01, PP rank 002)
+    <dir>/iter_0000200/mp_rank_01_000_001/model_optim_rng.pt (TP 01, PP 000, expert-parallel rank 001)
     <dir>/release/...                                      (converted weights, no training state)
 
+With expert parallelism (EP > 1) every folder name carries the PP and EP ranks; each EP rank's file
+holds its own experts (numbered locally, as megatron-core holds them) and the replicated rest.
 Each file holds the rank's model shard and, from training, its optimizer shard, RNG states,
 iteration, consumed samples and the config. Saving writes into ``<iter>.tmp``, renames it to
 ``<iter>`` once every rank has written, then replaces the tracker file: a crash leaves either
@@ -23,7 +26,7 @@ import torch
 TRACKER = "latest_checkpointed_iteration.txt"
 FILE = "model_optim_rng.pt"
 CHECKPOINT_VERSION = 3.0
-_RANK_DIR = re.compile(r"^mp_rank_(\d+)(?:_(\d+))?$")
+_RANK_DIR = re.compile(r"^mp_rank_(\d+)(?:_(\d+))?(?:_(\d+))?$")
 
 
 class CheckpointError(RuntimeError):
@@ -34,7 +37,9 @@ def iteration_dir_name(iteration: Union[int, str]) -> str:
     return "release" if iteration == "release" else f"iter_{int(iteration):07d}"
 
 
-def rank_dir_name(tp_rank: int, pp_rank: int, pp: int) -> str:
+def rank_dir_name(tp_rank: int, pp_rank: int, pp: int, ep_rank: int = 0, ep: int = 1) -> str:
+    if ep > 1:
+        return f"mp_rank_{tp_rank:02d}_{pp_rank:03d}_{ep_rank:03d}"
     return f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
 
 
@@ -73,58 +78,66 @@ def latest_iteration_dir(ckpt_dir: str) -> Tuple[Union[int, str], str]:
 
 def layout_of(iter_dir: str) -> Tuple[int, int]:
     """(TP, PP) of the rank folders in an iteration folder."""
-    tps, pps = set(), set()
+    return full_layout_of(iter_dir)[:2]
+
+
+def full_layout_of(iter_dir: str) -> Tuple[int, int, int]:
+    """(TP, PP, EP) of the rank folders in an iteration folder."""
+    ranks = set()
     for name in os.listdir(iter_dir):
         m = _RANK_DIR.match(name)
         if m and os.path.isfile(os.path.join(iter_dir, name, FILE)):
-            tps.add(int(m.group(1)))
-            pps.add(int(m.group(2)) if m.group(2) is not None else 0)
-    if not tps:
+            ranks.add(tuple(int(g) if g is not None else 0 for g in m.groups()))
+    if not ranks:
         raise CheckpointError(f"{iter_dir}: no mp_rank_*/{FILE} files")
-    tp, pp = max(tps) + 1, max(pps) + 1
-    if len(tps) != tp or len(pps) != pp:
-        raise CheckpointError(f"{iter_dir}: rank folders are incomplete (TP ranks {sorted(tps)}, PP ranks {sorted(pps)})")
-    return tp, pp
+    tp, pp, ep = (max(r[k] for r in ranks) + 1 for k in range(3))
+    if len(ranks) != tp * pp * ep:
+        raise CheckpointError(f"{iter_dir}: rank folders are incomplete ({len(ranks)} of TP {tp} x PP {pp} x EP {ep})")
+    return tp, pp, ep
 
 
-def rank_file(iter_dir: str, tp_rank: int, pp_rank: int, pp: int) -> str:
-    return os.path.join(iter_dir, rank_dir_name(tp_rank, pp_rank, pp), FILE)
+def rank_file(iter_dir: str, tp_rank: int, pp_rank: int, pp: int, ep_rank: int = 0, ep: int = 1) -> str:
+    return os.path.join(iter_dir, rank_dir_name(tp_rank, pp_rank, pp, ep_rank, ep), FILE)
 
 
-def load_rank(ckpt_dir: str, tp_rank: int, pp_rank: int, expected: Optional[Tuple[int, int]] = None,
-              mmap: bool = True) -> Dict[str, Any]:
-    """Load one rank's file of the latest checkpoint, refusing a TP/PP layout that differs."""
+def load_rank(ckpt_dir: str, tp_rank: int, pp_rank: int, expected: Optional[Tuple[int, ...]] = None,
+              mmap: bool = True, ep_rank: int = 0) -> Dict[str, Any]:
+    """Load one rank's file of the latest checkpoint, refusing a TP/PP(/EP) layout that differs."""
     _, iter_dir = latest_iteration_dir(ckpt_dir)
-    _, pp = checked_layout(ckpt_dir, iter_dir, expected)
-    return safe_load(rank_file(iter_dir, tp_rank, pp_rank, pp), mmap=mmap)
+    checked_layout(ckpt_dir, iter_dir, expected)
+    _, pp, ep = full_layout_of(iter_dir)
+    return safe_load(rank_file(iter_dir, tp_rank, pp_rank, pp, ep_rank, ep), mmap=mmap)
 
 
-def checked_layout(ckpt_dir: str, iter_dir: str, expected: Optional[Tuple[int, int]] = None) -> Tuple[int, int]:
-    """(TP, PP) of ``iter_dir``; a layout other than ``expected`` is refused with the command that reshards it."""
-    tp, pp = layout_of(iter_dir)
-    if expected is not None and (tp, pp) != tuple(expected):
+def checked_layout(ckpt_dir: str, iter_dir: str, expected: Optional[Tuple[int, ...]] = None) -> Tuple[int, int]:
+    """(TP, PP) of ``iter_dir``; a layout other than ``expected`` ((TP, PP) or (TP, PP, EP)) is refused with
+    the command that reshards it."""
+    tp, pp, ep = full_layout_of(iter_dir)
+    want = tuple(expected) + (1,) * (3 - len(expected)) if expected is not None else None
+    if want is not None and (tp, pp, ep) != want:
         raise CheckpointError(
-            f"{ckpt_dir} is saved with TP={tp}, PP={pp} but the run uses TP={expected[0]}, PP={expected[1]}. "
-            f"Reshard it: python cli/convert_ckpt.py --load-model-type mg --save-model-type mg "
-            f"--load-dir {ckpt_dir} --save-dir {ckpt_dir.rstrip('/')}_tp{expected[0]}pp{expected[1]} "
-            f"--target-tensor-parallel-size {expected[0]} --target-pipeline-parallel-size {expected[1]}")
+            f"{ckpt_dir} is saved with TP={tp}, PP={pp}, EP={ep} but the run uses TP={want[0]}, PP={want[1]}, "
+            f"EP={want[2]}. Reshard it: python cli/convert_ckpt.py --load-model-type mg --save-model-type mg "
+            f"--load-dir {ckpt_dir} --save-dir {ckpt_dir.rstrip('/')}_tp{want[0]}pp{want[1]} "
+            f"--target-tensor-parallel-size {want[0]} --target-pipeline-parallel-size {want[1]}"
+            + (f" --target-expert-parallel-size {want[2]}" if want[2] > 1 or ep > 1 else ""))
     return tp, pp
 
 
 def write_extra(ckpt_dir: str, iteration: Union[int, str], tp_rank: int, pp_rank: int, pp: int,
-                name: str, payload: Any) -> str:
+                name: str, payload: Any, ep_rank: int = 0, ep: int = 1) -> str:
     """Write another file (e.g. a DP rank's optimizer shard) beside a rank's model file."""
-    path = os.path.join(staging_dir(ckpt_dir, iteration), rank_dir_name(tp_rank, pp_rank, pp), name)
+    path = os.path.join(staging_dir(ckpt_dir, iteration), rank_dir_name(tp_rank, pp_rank, pp, ep_rank, ep), name)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     torch.save(payload, path + ".part")
     os.replace(path + ".part", path)
     return path
 
 
-def load_extra(ckpt_dir: str, tp_rank: int, pp_rank: int, name: str) -> Any:
+def load_extra(ckpt_dir: str, tp_rank: int, pp_rank: int, name: str, ep_rank: int = 0) -> Any:
     _, iter_dir = latest_iteration_dir(ckpt_dir)
-    _, pp = layout_of(iter_dir)
-    path = os.path.join(iter_dir, rank_dir_name(tp_rank, pp_rank, pp), name)
+    _, pp, ep = full_layout_of(iter_dir)
+    path = os.path.join(iter_dir, rank_dir_name(tp_rank, pp_rank, pp, ep_rank, ep), name)
     if not os.path.isfile(path):
         raise CheckpointError(f"{path}: missing (saved with another data-parallel size?)")
     return safe_load(path)
@@ -164,9 +177,9 @@ def staging_dir(ckpt_dir: str, iteration: Union[int, str]) -> str:
 
 
 def write_rank(ckpt_dir: str, iteration: Union[int, str], tp_rank: int, pp_rank: int, pp: int,
-               payload: Dict[str, Any]) -> str:
+               payload: Dict[str, Any], ep_rank: int = 0, ep: int = 1) -> str:
     """Write one rank's file into the staging folder of ``iteration``."""
-    path = os.path.join(staging_dir(ckpt_dir, iteration), rank_dir_name(tp_rank, pp_rank, pp), FILE)
+    path = os.path.join(staging_dir(ckpt_dir, iteration), rank_dir_name(tp_rank, pp_rank, pp, ep_rank, ep), FILE)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     payload = {"checkpoint_version": CHECKPOINT_VERSION, **payload}
     torch.save(payload, path + ".part")

@@ -14,6 +14,7 @@ from typing import List, Sequence
 import torch
 
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
+_EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
 
 
 def tp_rule(name: str, shape: Sequence[int], swiglu: bool = True) -> str:
@@ -21,6 +22,8 @@ def tp_rule(name: str, shape: Sequence[int], swiglu: bool = True) -> str:
     if name.endswith("_extra_state"):
         return "replicate"
     if "layernorm" in name or name.endswith("norm.weight") or name.endswith("norm.bias"):
+        return "replicate"
+    if name.endswith("mlp.router.weight") or name.endswith("mlp.router.bias"):
         return "replicate"
     if name.startswith("output_layer.") and len(shape) == 2 and shape[0] == 1:
         return "replicate"  # value head: hidden -> 1
@@ -74,3 +77,20 @@ def shift_layer(name: str, offset: int) -> str:
         return name
     return name[:m.start(2)] + str(int(m.group(2)) + offset) + name[m.end(2):]
 
+
+
+def expert_number(name: str) -> int:
+    """Expert index in a parameter name (-1 when it is not an expert's)."""
+    m = _EXPERT.search(name)
+    return int(m.group(1)) if m else -1
+
+
+def renumber_expert(name: str, expert: int) -> str:
+    m = _EXPERT.search(name)
+    return name[:m.start(1)] + str(expert) + name[m.end(1):]
+
+
+def ep_owner(expert: int, num_experts: int, ep: int):
+    """(EP rank, local expert number) holding global expert ``expert``."""
+    per = num_experts // ep
+    return expert // per, expert % per

@@ -47,6 +47,8 @@ class MegatronConfig:
     # parallelism
     tensor_model_parallel_size: int = opt(1, "Tensor-parallel size.", ge=1)
     pipeline_model_parallel_size: int = opt(1, "Pipeline-parallel size.", ge=1)
+    expert_model_parallel_size: int = opt(1, "Expert-parallel size (MoE): the experts are split over this many "
+                                             "data-parallel ranks.", ge=1)
     num_layer_list: Optional[str] = opt(None, "Uneven layers per pipeline stage, e.g. '3,5'.")
     # batches and schedule
     global_batch_size: int = opt(1, "Prompts per PPO iteration.", ge=1)

@@ -6,10 +6,14 @@ from typing import Optional
 
 from .base import ConfigError, opt
 
+# every name mindspeed_rl.families accepts (a test keeps the two in step)
+FAMILY_NAMES = ("qwen25", "qwen2", "qwen2.5", "qwen3", "llama3", "llama", "llama2", "llama3.1", "llama31",
+                "qwen3_moe", "qwen3-moe", "qwen3moe")
+
 
 @dataclass
 class ModelConfig:
-    """Transformer architecture, Megatron naming (Qwen2.5 and Llama families)."""
+    """Transformer architecture, Megatron naming; ``model_type_hf`` names the family (mindspeed_rl/families)."""
 
     num_layers: int = opt(doc="Number of transformer layers.", ge=1)
     hidden_size: int = opt(doc="Hidden (model) dimension.", ge=1)
@@ -37,8 +41,24 @@ class ModelConfig:
         False, "Separate output layer instead of reusing the word embeddings.")
     attention_softmax_in_fp32: bool = opt(True, "Compute the attention softmax in fp32.")
     use_mcore_models: bool = opt(True, "Megatron-core GPTModel (the only implementation here).")
-    model_type_hf: str = opt("qwen2", "HF architecture the converters map to.",
-                             choices=("qwen2", "qwen25", "llama2", "llama"))
+    qk_layernorm: bool = opt(False, "RMSNorm on each query and key head before RoPE (Qwen3 family).")
+    rope_scaling_type: Optional[str] = opt(None, "RoPE frequency scaling: none, or llama3 (Llama 3.1+).",
+                                           choices=(None, "llama3"))
+    rope_scaling_factor: float = opt(8.0, "llama3 rope scaling: factor.", gt=0)
+    rope_scaling_low_freq_factor: float = opt(1.0, "llama3 rope scaling: low_freq_factor.", gt=0)
+    rope_scaling_high_freq_factor: float = opt(4.0, "llama3 rope scaling: high_freq_factor.", gt=0)
+    rope_scaling_original_max_position_embeddings: int = opt(
+        8192, "llama3 rope scaling: the context length the model was pre-trained with.", ge=1)
+    num_experts: Optional[int] = opt(None, "Routed experts per MoE layer (None: a dense model).", ge=1)
+    moe_router_topk: int = opt(2, "Experts each token is routed to.", ge=1)
+    moe_ffn_hidden_size: Optional[int] = opt(None, "Inner dimension of one expert's MLP.", ge=1)
+    norm_topk_prob: bool = opt(True, "Renormalise the top-k routing weights to sum to 1 (Qwen3-MoE).")
+    moe_aux_loss_coeff: float = opt(0.0, "Load-balancing auxiliary loss coefficient (0: no aux loss).", ge=0)
+    moe_token_dispatcher_type: str = opt("allgather", "How tokens reach their experts across expert-parallel "
+                                                      "ranks.", choices=("allgather", "alltoall"))
+    model_type_hf: str = opt("qwen25", "Model family (mindspeed_rl/families): its HF names, TP rules, the HF "
+                                       "config vLLM gets. MindSpeed-LLM's spellings are accepted.",
+                             choices=FAMILY_NAMES)
 
     @property
     def head_dim(self) -> int:
@@ -62,6 +82,15 @@ class ModelConfig:
                 raise ConfigError(f"{path}.num_query_groups",
                                   f"{self.num_query_groups} does not divide num_attention_heads "
                                   f"{self.num_attention_heads}")
+        if self.num_experts:
+            if self.moe_router_topk > self.num_experts:
+                raise ConfigError(f"{path}.moe_router_topk", f"{self.moe_router_topk} exceeds num_experts "
+                                                              f"{self.num_experts}")
+            if self.moe_ffn_hidden_size is None:
+                raise ConfigError(f"{path}.moe_ffn_hidden_size", "required with num_experts")
+        from ..families import get_family
+
+        get_family(self.model_type_hf).check(self, path)
         if not self.use_mcore_models:
             raise ConfigError(f"{path}.use_mcore_models", "only megatron-core models are supported; set true")
 
@@ -72,8 +101,20 @@ class ModelConfig:
         q, kv = self.num_attention_heads * d, self.kv_heads * d
         attn = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.add_qkv_bias else 0)
         mlp = h * f * (2 if self.swiglu else 1) + f * h
-        norms = 2 * h
+        if self.num_experts:
+            e = self.moe_ffn_hidden_size
+            mlp = self.num_experts * (h * e * (2 if self.swiglu else 1) + e * h) + h * self.num_experts
+        norms = 2 * h + (2 * d if self.qk_layernorm else 0)
         per_layer = attn + mlp + norms
         embed = vocab * h
         out = vocab * h if self.untie_embeddings_and_output_weights else 0
         return embed + self.num_layers * per_layer + h + out
+
+    def active_parameter_count(self, vocab_size: Optional[int] = None) -> int:
+        """Parameters one token passes through (all of them for a dense model; top-k experts for MoE)."""
+        total = self.parameter_count(vocab_size)
+        if not self.num_experts:
+            return total
+        e, mult = self.moe_ffn_hidden_size, 2 if self.swiglu else 1
+        idle = (self.num_experts - self.moe_router_topk) * (self.hidden_size * e * mult + e * self.hidden_size)
+        return total - self.num_layers * idle

@@ -182,6 +182,17 @@ def check_cross_fields(cfg: PPOConfig) -> None:
         if model.kv_heads % role.tp:
             raise ConfigError(_role_key(role, "tensor_model_parallel_size"),
                               f"TP {role.tp} does not divide num_query_groups {model.kv_heads} of model {m.model}")
+        ep = m.expert_model_parallel_size
+        if ep > 1 and not model.num_experts:
+            raise ConfigError(_role_key(role, "expert_model_parallel_size"),
+                              f"{ep} needs a mixture-of-experts model; {m.model} is dense")
+        if model.num_experts and model.num_experts % ep:
+            raise ConfigError(_role_key(role, "expert_model_parallel_size"),
+                              f"EP {ep} does not divide num_experts {model.num_experts} of model {m.model}")
+        if role.dp % ep:
+            raise ConfigError(_role_key(role, "expert_model_parallel_size"),
+                              f"EP {ep} does not divide the {role.name}'s data-parallel size {role.dp} "
+                              f"(devices {role.num_devices} / (TP {role.tp} x PP {role.pp}))")
         layers = m.layers_per_stage(model.num_layers)
         if m.num_layer_list:
             if len(layers) != role.pp or sum(layers) != model.num_layers or min(layers) < 1:
@@ -442,10 +453,13 @@ def batch_plan(cfg: PPOConfig) -> str:
         m = role.megatron
         per_rank = mini // role.dp if role.name != "reward" else samples // role.dp
         micro = per_rank // m.micro_batch_size
-        params = readable_count(role.model.parameter_count())
+        params = readable_count(role.model.parameter_count()) + " params"
+        if role.model.num_experts:
+            params += (f", {readable_count(role.model.active_parameter_count())} active; {role.model.num_experts} "
+                       f"experts over EP {m.expert_model_parallel_size}")
         lines.append(
             f"  {role.name:<10}: {role.num_devices} devices = TP {role.tp} x PP {role.pp} x DP {role.dp}; "
-            f"model {m.model} ({params} params); "
+            f"model {m.model} ({params}); "
             + (f"{per_rank} samples per DP rank per mini-batch = {micro} micro-batch(es) of {m.micro_batch_size}; "
                f"lr {m.lr:g}" if role.name != "reward" else f"{per_rank} samples per DP rank to score"))
     for role in roles:

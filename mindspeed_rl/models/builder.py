@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from ..accelerator import accelerator_class, get_accelerator
 from ..config_cls.megatron_config import MegatronConfig
 from ..config_cls.model_config import ModelConfig
+from ..families import get_family
 
 log = logging.getLogger(__name__)
 _LOGGED: set = set()
@@ -107,6 +108,8 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
         recompute_num_layers=megatron.recompute_num_layers if megatron.recompute_granularity == "full" else None,
         deallocate_pipeline_outputs=False,
     )
+    kwargs.update(get_family(model.model_type_hf).transformer_config_fields(model))
+    kwargs["expert_model_parallel_size"] = megatron.expert_model_parallel_size
     layout = pipeline_layout(megatron, model.num_layers)
     if layout is not None:
         kwargs["pipeline_model_parallel_layout"] = layout
@@ -120,11 +123,13 @@ def layer_spec(model: ModelConfig, kind: Optional[str] = None):
     """
     from megatron.core.models.gpt import gpt_layer_specs
 
+    family = dict(num_experts=model.num_experts, moe_grouped_gemm=False, qk_layernorm=model.qk_layernorm)
     if accelerator_class(kind or get_accelerator().kind).fused_features()["transformer_engine"]:
-        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(**family)
     from .attention import with_packed_attention
 
-    return with_packed_attention(gpt_layer_specs.get_gpt_layer_local_spec(normalization=model.normalization))
+    return with_packed_attention(gpt_layer_specs.get_gpt_layer_local_spec(normalization=model.normalization,
+                                                                           **family))
 
 
 def padded_vocab_size(model: ModelConfig, tokenizer_vocab: Optional[int], tp: int) -> int:
@@ -144,6 +149,7 @@ def build_gpt_model(model: ModelConfig, megatron: MegatronConfig, *, pre_process
 
     acc = get_accelerator()
     acc.prepare_megatron()
+    _router_without_transformer_engine()
     config = transformer_config(model, megatron, acc.kind)
     if pre_process is None:
         pre_process = ps.is_pipeline_first_stage(ignore_virtual=True)
@@ -163,7 +169,17 @@ def build_gpt_model(model: ModelConfig, megatron: MegatronConfig, *, pre_process
         rotary_percent=model.rotary_percent,
         rotary_base=int(model.rotary_base),
     )
+    get_family(model.model_type_hf).post_build(gpt, model)
     return acc.place_model(gpt)
+
+
+def _router_without_transformer_engine() -> None:
+    """megatron-core 0.16's MoE router tests ``te_general_gemm`` even when Transformer Engine is absent
+    (a NameError); without TE the name means "no TE gemm"."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not getattr(moe_utils, "HAVE_TE", False):
+        moe_utils.__dict__.setdefault("te_general_gemm", None)
 
 
 def layer_range(megatron: MegatronConfig, num_layers: int, pp_rank: int) -> Tuple[int, int]:

@@ -1,22 +1,24 @@
-"""Full megatron-named pieces -> HF-named tensors (what vLLM's model loaders take)."""
+"""Full megatron-named pieces -> HF-named tensors (what vLLM's model loaders take), by the model's family."""
 from __future__ import annotations
 
 from typing import Dict, Iterable, Iterator, Tuple
 
 import torch
 
-from ..checkpoint import hf_mapping as hm
 from ..checkpoint.tp_split import layer_number
 from ..config_cls.model_config import ModelConfig
+from ..families import get_family
+from ..families.base import EMBED, FINAL_NORM, OUTPUT_MG
 
 
 def hf_named(pieces: Iterable[Dict[str, torch.Tensor]], cfg: ModelConfig) -> Iterator[Tuple[str, torch.Tensor]]:
+    family = get_family(cfg.model_type_hf)
     for piece in pieces:
-        if hm.EMBED[1] in piece:
-            yield hm.EMBED[0], piece[hm.EMBED[1]]
+        if EMBED[1] in piece:
+            yield EMBED[0], piece[EMBED[1]]
         for i in sorted({layer_number(n) for n in piece if layer_number(n) >= 0}):
-            yield from hm.layer_mcore_to_hf(i, piece, cfg).items()
-        if hm.FINAL_NORM[1] in piece:
-            yield hm.FINAL_NORM[0], piece[hm.FINAL_NORM[1]]
-            if hm.OUTPUT_MG in piece and cfg.untie_embeddings_and_output_weights:
-                yield "lm_head.weight", piece[hm.OUTPUT_MG]
+            yield from family.layer_mcore_to_hf(i, piece, cfg).items()
+        if FINAL_NORM[1] in piece:
+            yield FINAL_NORM[0], piece[FINAL_NORM[1]]
+            if OUTPUT_MG in piece and cfg.untie_embeddings_and_output_weights:
+                yield "lm_head.weight", piece[OUTPUT_MG]

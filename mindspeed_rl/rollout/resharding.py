@@ -5,7 +5,9 @@ Every rank of the actor's model-parallel group iterates the same sequence of pie
 all-gathers the TP shards and merges them (megatron's TP rules), then broadcasts the full
 tensors to the other stages; every rank then holds the full piece, which the rollout engine
 loads into its own (inference) layout: vLLM shards it for its TP rank itself, so inference TP
-equal to, a multiple of, or a divisor of the training TP all work the same way.
+equal to, a multiple of, or a divisor of the training TP all work the same way. With expert
+parallelism each expert is also all-gathered over the EP group (rank r's local expert j is
+global expert r * E/EP + j).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..checkpoint.sharding import stage_starts
-from ..checkpoint.tp_split import layer_number, merge_tp, shift_layer
+from ..checkpoint.tp_split import expert_number, layer_number, merge_tp, renumber_expert, shift_layer
 
 
 def _pieces(engine) -> List[Tuple[str, int, int]]:
@@ -45,6 +47,9 @@ def iter_full_weights(engine) -> Iterator[Dict[str, torch.Tensor]]:
     pp = ps.get_pipeline_model_parallel_world_size()
     pp_rank = ps.get_pipeline_model_parallel_rank()
     tp_group, pp_group = ps.get_tensor_model_parallel_group(), ps.get_pipeline_model_parallel_group()
+    ep = ps.get_expert_model_parallel_world_size()
+    ep_group = ps.get_expert_model_parallel_group() if ep > 1 else None
+    experts_per_rank = (engine.role.model.num_experts or ep) // ep
     counts = engine.megatron.layers_per_stage(engine.role.model.num_layers)
     starts = stage_starts(counts)
     swiglu = engine.role.model.swiglu
@@ -61,7 +66,15 @@ def iter_full_weights(engine) -> Iterator[Dict[str, torch.Tensor]]:
                 else:
                     parts = [shard]
                 global_name = shift_layer(name, starts[stage]) if layer_number(name) >= 0 else name
-                full[global_name] = merge_tp(global_name, parts, swiglu)
+                merged = merge_tp(global_name, parts, swiglu)
+                expert = expert_number(name)
+                if expert >= 0 and ep > 1:
+                    gathered = [torch.empty_like(merged, device=comm) for _ in range(ep)]
+                    dist.all_gather(gathered, merged.to(comm).contiguous(), group=ep_group)
+                    for ep_rank, tensor in enumerate(gathered):
+                        full[renumber_expert(global_name, ep_rank * experts_per_rank + expert)] = tensor
+                else:
+                    full[global_name] = merged
         if pp > 1:
             src = ps.get_pipeline_model_parallel_global_ranks()[stage] if hasattr(
                 ps, "get_pipeline_model_parallel_global_ranks") else dist.get_global_rank(pp_group, stage)

@@ -27,15 +27,19 @@ def vllm_unusable_reason(model: ModelConfig, gen: GenerateConfig, kind: str) -> 
         import vllm  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - any import failure means no vLLM
         return f"vLLM is not importable ({type(exc).__name__}: {exc})"
-    return accelerator_class(kind).vllm_unusable_reason(model)
+    from ..families import get_family
+
+    family = get_family(model.model_type_hf)
+    return family.vllm_unusable_reason(model) or accelerator_class(kind).vllm_unusable_reason(
+        family.vllm_head_dim(model))
 
 
 def write_hf_config(folder: str, model: ModelConfig, eos_token_id: int, pad_token_id: int) -> str:
-    from ..checkpoint.hf_mapping import hf_config_dict
+    from ..families import get_family
 
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as fh:
-        json.dump(hf_config_dict(model, eos_token_id, pad_token_id), fh, indent=2)
+        json.dump(get_family(model.model_type_hf).hf_config(model, eos_token_id, pad_token_id), fh, indent=2)
     return folder
 
 

@@ -51,7 +51,7 @@ def check_role(role: RoleConfig) -> None:
     if m.save:
         check_writable(f"{section}.save", m.save)
     if m.load and (m.finetune or ml.read_tracker_or_none(m.load) is not None):
-        check_checkpoint(f"{section}.load", m.load, (role.tp, role.pp))
+        check_checkpoint(f"{section}.load", m.load, (role.tp, role.pp, m.expert_model_parallel_size))
 
 
 def preflight(cfg: PPOConfig) -> None:
@@ -61,4 +61,4 @@ def preflight(cfg: PPOConfig) -> None:
     ref = cfg.rl.integrated_mode_config.ref_model_load_path
     if ref:
         check_checkpoint("rl_config.integrated_mode_config.ref_model_load_path", ref,
-                         (cfg.actor.tp, cfg.actor.pp))
+                         (cfg.actor.tp, cfg.actor.pp, cfg.actor.megatron.expert_model_parallel_size))

@@ -29,14 +29,16 @@ def init_distributed(rank: int = 0, world_size: int = 1, master_addr: Optional[s
     dist.init_process_group(acc.dist_backend, rank=rank, world_size=world_size)
 
 
-def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 1234) -> None:
-    """megatron parallel_state for TP x PP (DP is what remains), and the model-parallel RNG."""
+def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 1234, ep: int = 1) -> None:
+    """megatron parallel_state for TP x PP (DP is what remains; EP splits the experts over DP ranks), and
+    the model-parallel RNG."""
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 
     get_accelerator().prepare_megatron()
     if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                     expert_model_parallel_size=ep)
     # Every rank seeds identically first: with CPU initialisation megatron DDP does not
     # broadcast initial parameters, so replicas must build identical weights.
     torch.manual_seed(seed)

@@ -29,36 +29,40 @@ def build_tokenizer(out_dir: str, texts: Iterable[str], vocab_size: int = 1024, 
 
 
 def hf_config_for(model, vocab_size: Optional[int] = None, orm: bool = False):
-    """A transformers Qwen2 config matching a ModelConfig."""
-    from transformers import Qwen2Config
+    """A transformers config matching a ModelConfig, of the model's family (Qwen2, Qwen3, Llama, Qwen3-MoE)."""
+    from transformers import AutoConfig
 
-    return Qwen2Config(
-        vocab_size=vocab_size or model.padded_vocab_size, hidden_size=model.hidden_size,
-        intermediate_size=model.ffn_hidden_size, num_hidden_layers=model.num_layers,
-        num_attention_heads=model.num_attention_heads, num_key_value_heads=model.kv_heads,
-        max_position_embeddings=model.max_position_embeddings, rms_norm_eps=model.norm_epsilon,
-        rope_theta=model.rotary_base, tie_word_embeddings=not model.untie_embeddings_and_output_weights,
-        num_labels=1, pad_token_id=0, bos_token_id=0, eos_token_id=0,
-        architectures=["Qwen2ForSequenceClassification" if orm else "Qwen2ForCausalLM"])
+    from ..families import get_family
+
+    family = get_family(model.model_type_hf)
+    values = family.hf_config(model, eos_token_id=0, pad_token_id=0)
+    values.update(vocab_size=vocab_size or model.padded_vocab_size, num_labels=1,
+                  architectures=[family.architecture.replace("ForCausalLM", "ForSequenceClassification")
+                                 if orm else family.architecture])
+    for key in ("model_type", "torch_dtype"):
+        values.pop(key)
+    return AutoConfig.for_model(family.hf_model_types[0], **values)
 
 
 def build_hf_model(out_dir: str, model, seed: int = 0, orm: bool = False, max_shard_size: str = "5GB",
                    tokenizer_dir: Optional[str] = None, safe_serialization: bool = True):
-    """A randomly initialised Qwen2 causal LM (or ORM) with ``model``'s shape, saved to ``out_dir``."""
+    """A randomly initialised causal LM (or ORM) of ``model``'s family and shape, saved to ``out_dir``."""
     import shutil
 
     import torch
-    from transformers import Qwen2ForCausalLM, Qwen2ForSequenceClassification
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
     torch.manual_seed(seed)
-    cls = Qwen2ForSequenceClassification if orm else Qwen2ForCausalLM
-    hf = cls(hf_config_for(model, orm=orm)).float().eval()
-    with torch.no_grad():  # non-trivial norms and biases so conversions are really checked
+    cls = AutoModelForSequenceClassification if orm else AutoModelForCausalLM
+    hf = cls.from_config(hf_config_for(model, orm=orm)).float().eval()
+    with torch.no_grad():  # non-trivial norms, biases and routers so conversions are really checked
         for name, p in hf.named_parameters():
             if name.endswith("norm.weight"):
                 p.add_(0.1 * torch.randn_like(p))
             if name.endswith("bias"):
                 p.normal_(0, 0.05)
+            if name.endswith("mlp.gate.weight") and p.shape[0] == (model.num_experts or -1):
+                p.normal_(0, 0.5)  # decisive routing: top-k ties would make comparisons flaky
     hf.save_pretrained(out_dir, max_shard_size=max_shard_size)
     if not safe_serialization:  # the legacy .bin layout (transformers 5 writes safetensors only)
         for f in os.listdir(out_dir):

@@ -29,7 +29,7 @@ class IntegratedActorWorker(MegatronWorker):
                  pad_token_id: int, threads: int):
         m = role.megatron
         super().__init__(rank, world_size, master_addr, master_port, m.tensor_model_parallel_size,
-                         m.pipeline_model_parallel_size, m.seed, threads)
+                         m.pipeline_model_parallel_size, m.seed, threads, ep=m.expert_model_parallel_size)
         from ..accelerator import get_accelerator
         from ..models.engine import MegatronEngine
         from ..models.offload import Offloader

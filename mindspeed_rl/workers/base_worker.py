@@ -13,7 +13,7 @@ class MegatronWorker:
     """One rank of a role's own torch.distributed world (own master port)."""
 
     def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, tp: int, pp: int,
-                 seed: int, threads: int):
+                 seed: int, threads: int, ep: int = 1):
         from ..utils.library_logs import route_process_output
 
         route_process_output()  # first: before vLLM or megatron print anything (rl_config.library_logs)
@@ -27,7 +27,7 @@ class MegatronWorker:
         self.rank, self.world_size = rank, world_size
         dist.init_distributed(rank, world_size, master_addr, master_port,
                               local_rank=get_accelerator().local_rank())
-        dist.init_model_parallel(tp, pp, seed=seed)
+        dist.init_model_parallel(tp, pp, seed=seed, ep=ep)
         from megatron.core import parallel_state as ps
 
         self.tp_rank = ps.get_tensor_model_parallel_rank()

@@ -17,7 +17,7 @@ class CriticWorker(MegatronWorker):
                  rl: RLConfig, total_steps: int, threads: int, offload_when_idle: bool = False):
         m = role.megatron
         super().__init__(rank, world_size, master_addr, master_port, m.tensor_model_parallel_size,
-                         m.pipeline_model_parallel_size, m.seed + 7, threads)
+                         m.pipeline_model_parallel_size, m.seed + 7, threads, ep=m.expert_model_parallel_size)
         from ..models.engine import MegatronEngine
         from ..models.offload import Offloader
 

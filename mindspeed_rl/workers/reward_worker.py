@@ -15,7 +15,7 @@ class RewardWorker(MegatronWorker):
                  rl: RLConfig, threads: int):
         m = role.megatron
         super().__init__(rank, world_size, master_addr, master_port, m.tensor_model_parallel_size,
-                         m.pipeline_model_parallel_size, m.seed + 13, threads)
+                         m.pipeline_model_parallel_size, m.seed + 13, threads, ep=m.expert_model_parallel_size)
         from ..models.engine import MegatronEngine
 
         self.role, self.rl = role, rl
