@@ -109,7 +109,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              args.target_pipeline_parallel_size, args.num_layer_list, args.params_dtype,
                              args.target_expert_parallel_size)
             print(f"resharded {args.load_dir} -> {args.save_dir} (TP {args.target_tensor_parallel_size}, "
-                  f"PP {args.target_pipeline_parallel_size})")
+                  f"PP {args.target_pipeline_parallel_size}, EP {args.target_expert_parallel_size})")
         else:
             raise UserError("hf -> hf is not a conversion; use --save-model-type mg")
     except (convert.ConversionError, CheckpointError) as exc:

@@ -161,6 +161,17 @@ def run_family(rank, world, spec, workdir, port):
         step = trained.train_step(local, global_sft_loss(normaliser), micro_batch_size=2)
         out.update(loss=step.loss, grad_norm=step.grad_norm,
                    weights={k: v.clone() for piece in iter_full_weights(trained) for k, v in piece.items()})
+        from mindspeed_rl.checkpoint.engine_io import load_engine, save_engine
+
+        ckpt = os.path.join(workdir, f"trained_{spec['name']}")   # a training checkpoint at this layout
+        save_engine(trained, ckpt, 1)
+        reloaded = MegatronEngine(role(lr=1e-4, clip_grad=0.0), total_steps=2)
+        load_engine(reloaded, ckpt)
+        mine = dict(reloaded.named_weights())
+        same = all(torch.equal(mine[k], v) for k, v in trained.named_weights())
+        flags = [None] * world
+        torch_dist.all_gather_object(flags, same)
+        out.update(reload_equal=all(flags), ckpt_files=sorted(os.listdir(os.path.join(ckpt, "iter_0000001"))))
     if rank == 0:
         torch.save(out, os.path.join(workdir, f"family_{spec['name']}.pt"))
     dist.destroy()

@@ -9,7 +9,8 @@ import torch
 import torch.multiprocessing as mp
 
 from cli import convert_ckpt
-from mindspeed_rl.checkpoint.convert import ConversionError, HFReader, hf_to_mg, mg_to_hf, read_hf_model_config
+from mindspeed_rl.checkpoint.convert import (ConversionError, HFReader, hf_to_mg, mg_to_hf, read_hf_model_config,
+                                             read_mg_config)
 from mindspeed_rl.config_cls import ConfigError, ModelConfig
 from mindspeed_rl.config_cls.model_config import FAMILY_NAMES
 from mindspeed_rl.datasets.templates import load_templates
@@ -89,6 +90,11 @@ def test_a_flag_that_contradicts_config_json_is_refused_naming_both(tmp_path, ca
     assert "dense" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "mg" / "latest_checkpointed_iteration.txt")
     assert convert_ckpt.main(args + ["--model-type-hf", "qwen3"]) == 0
+    # MindSpeed-LLM's Qwen2.5 scripts say "llama2 --add-qkv-bias" for a Qwen2 folder
+    build_hf_model(str(tmp_path / "qwen2"), tiny("qwen25"), seed=0)
+    assert convert_ckpt.main(["--load-model-type", "hf", "--save-model-type", "mg", "--load-dir", str(tmp_path / "qwen2"),
+                              "--save-dir", str(tmp_path / "mg2"), "--model-type-hf", "llama2", "--add-qkv-bias"]) == 0
+    assert read_mg_config(str(tmp_path / "mg2"))[0]["model"]["model_type_hf"] == "qwen25"
 
 
 ROUND_TRIPS = [("qwen3", 2, 1, 1), ("qwen3", 1, 2, 1), ("llama3", 2, 2, 1), ("qwen3_moe", 1, 1, 2),
@@ -101,7 +107,10 @@ def test_hf_mg_hf_round_trip_is_bit_identical(family, tp, pp, ep, tmp_path):
     hf_to_mg(str(tmp_path / "hf"), str(tmp_path / "mg"), tp=tp, pp=pp, ep=ep)
     files = sorted(os.listdir(tmp_path / "mg" / "release"))
     assert len(files) == tp * pp * ep, files
-    if ep > 1:  # each EP rank holds its own experts, numbered locally
+    if ep > 1:  # each EP rank holds its own experts, numbered locally; Megatron's folder names
+        assert files[-1] == (f"mp_rank_{tp - 1:02d}_{ep - 1:03d}" if pp == 1 else
+                             f"mp_rank_{tp - 1:02d}_{pp - 1:03d}_{ep - 1:03d}")
+        assert read_mg_config(str(tmp_path / "mg"))[2:] == (tp, pp)
         first = torch.load(tmp_path / "mg" / "release" / files[0] / "model_optim_rng.pt", weights_only=True)
         experts = {n.split("local_experts.")[1].split(".")[0] for n in first["model"] if "local_experts" in n}
         assert experts == {str(e) for e in range(4 // ep)}
@@ -171,6 +180,9 @@ def test_each_family_matches_hf_after_conversion_and_in_place_resharding(tmp_pat
         assert (ep2["weights"][name] - tensor).abs().max().item() <= 1e-6, name
         moved += "local_experts" in name
     assert moved == 2 * 4 * 2  # every expert's fc1 and fc2 in both layers, gathered from both EP ranks
+    # a training checkpoint at EP 2: one file per EP rank (Megatron's names), and it loads back exactly
+    assert ep2["ckpt_files"] == ["mp_rank_00_000", "mp_rank_00_001"] and ep2["reload_equal"]
+    assert ep1["ckpt_files"] == ["mp_rank_00"] and ep1["reload_equal"]
 
 
 # Qwen3-MoE is the family whose training differs (router, experts, aux loss; its attention is Qwen3's

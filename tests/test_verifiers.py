@@ -79,3 +79,15 @@ def test_each_worker_is_warmed_up_before_its_samples_are_timed():
     runner._restart()                        # as after a timeout: a fresh worker
     assert runner.score(["d"], [""])[1]["rule_reward/timeouts"] == 0
     runner.close()
+
+
+def test_a_verifier_the_workers_cannot_see_is_an_error_not_zero_scores():
+    from mindspeed_rl.rewards.registry import _REGISTRY, register_verifier
+    from mindspeed_rl.rewards.runner import RuleRewardRunner
+
+    if "test_local_only" not in _REGISTRY:
+        register_verifier("test_local_only")(lambda response, label: 1.0)   # not at import time of a module
+    runner = RuleRewardRunner(["test_local_only"], [1.0], timeout=5)
+    with pytest.raises(RuntimeError, match="'test_local_only' is not registered in the worker"):
+        runner.score(["a"], [""])
+    runner.close()

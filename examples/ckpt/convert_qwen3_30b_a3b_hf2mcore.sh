@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Qwen3-30B-A3B (MoE) HF -> Megatron-core, TP 4 / PP 1 / EP 8: the actor (and reference) and the critic (--orm).
-# The family (qwen3_moe: qk-layernorm, 128 experts, top-8 routing) is read from config.json.
+# The family (qwen3_moe: qk-layernorm, 128 experts, top-8 routing) is read from config.json. Train it with
+# model qwen3_30b_a3b and, for the actor and critic, tensor_model_parallel_size: 4, expert_model_parallel_size: 8.
 # Usage: bash examples/ckpt/convert_qwen3_30b_a3b_hf2mcore.sh [HF_DIR] [ACTOR_DIR] [CRITIC_DIR] [RM_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/../.."

@@ -3,11 +3,13 @@
     <dir>/latest_checkpointed_iteration.txt        "release" or an iteration number
     <dir>/iter_0000200/mp_rank_00/model_optim_rng.pt        (TP rank 00, PP = 1)
     <dir>/iter_0000200/mp_rank_01_002/model_optim_rng.pt    (TP rank 01, PP rank 002)
-    <dir>/iter_0000200/mp_rank_01_000_001/model_optim_rng.pt (TP 01, PP 000, expert-parallel rank 001)
+    <dir>/iter_0000200/mp_rank_01_001/model_optim_rng.pt    (TP rank 01, expert-parallel rank 001, PP = 1)
+    <dir>/iter_0000200/mp_rank_01_002_001/model_optim_rng.pt (TP 01, PP 002, EP 001)
     <dir>/release/...                                      (converted weights, no training state)
 
-With expert parallelism (EP > 1) every folder name carries the PP and EP ranks; each EP rank's file
-holds its own experts (numbered locally, as megatron-core holds them) and the replicated rest.
+With expert parallelism (EP > 1) Megatron appends the EP rank to the name, so at PP = 1 a name with two
+numbers is TP and EP: the stored config's ``expert_model_parallel_size`` tells the two apart. Each EP
+rank's file holds its own experts (numbered locally, as megatron-core holds them) and the replicated rest.
 Each file holds the rank's model shard and, from training, its optimizer shard, RNG states,
 iteration, consumed samples and the config. Saving writes into ``<iter>.tmp``, renames it to
 ``<iter>`` once every rank has written, then replaces the tracker file: a crash leaves either
@@ -38,9 +40,8 @@ def iteration_dir_name(iteration: Union[int, str]) -> str:
 
 
 def rank_dir_name(tp_rank: int, pp_rank: int, pp: int, ep_rank: int = 0, ep: int = 1) -> str:
-    if ep > 1:
-        return f"mp_rank_{tp_rank:02d}_{pp_rank:03d}_{ep_rank:03d}"
-    return f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+    name = f"mp_rank_{tp_rank:02d}" if pp == 1 else f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+    return name + f"_{ep_rank:03d}" if ep > 1 else name
 
 
 def read_tracker(ckpt_dir: str) -> Optional[Union[int, str]]:
@@ -83,17 +84,27 @@ def layout_of(iter_dir: str) -> Tuple[int, int]:
 
 def full_layout_of(iter_dir: str) -> Tuple[int, int, int]:
     """(TP, PP, EP) of the rank folders in an iteration folder."""
-    ranks = set()
+    found = {}
     for name in os.listdir(iter_dir):
         m = _RANK_DIR.match(name)
         if m and os.path.isfile(os.path.join(iter_dir, name, FILE)):
-            ranks.add(tuple(int(g) if g is not None else 0 for g in m.groups()))
-    if not ranks:
+            found[name] = tuple(int(g) if g is not None else 0 for g in m.groups())
+    if not found:
         raise CheckpointError(f"{iter_dir}: no mp_rank_*/{FILE} files")
+    ranks = set(found.values())
+    two_numbers = [name for name, r in found.items() if name.count("_") == 3]
+    if two_numbers and _saved_ep(os.path.join(iter_dir, two_numbers[0], FILE)) > 1:
+        ranks = {(tp, 0, second) for tp, second, _ in ranks}  # mp_rank_TT_EEE: PP = 1
     tp, pp, ep = (max(r[k] for r in ranks) + 1 for k in range(3))
     if len(ranks) != tp * pp * ep:
         raise CheckpointError(f"{iter_dir}: rank folders are incomplete ({len(ranks)} of TP {tp} x PP {pp} x EP {ep})")
     return tp, pp, ep
+
+
+def _saved_ep(path: str) -> int:
+    """The expert-parallel size a rank file was saved with (1 when it does not say)."""
+    config = safe_load(path, mmap=True).get("config") or {}
+    return int(config.get("expert_model_parallel_size", 1))
 
 
 def rank_file(iter_dir: str, tp_rank: int, pp_rank: int, pp: int, ep_rank: int = 0, ep: int = 1) -> str:
@@ -118,8 +129,9 @@ def checked_layout(ckpt_dir: str, iter_dir: str, expected: Optional[Tuple[int, .
         raise CheckpointError(
             f"{ckpt_dir} is saved with TP={tp}, PP={pp}, EP={ep} but the run uses TP={want[0]}, PP={want[1]}, "
             f"EP={want[2]}. Reshard it: python cli/convert_ckpt.py --load-model-type mg --save-model-type mg "
-            f"--load-dir {ckpt_dir} --save-dir {ckpt_dir.rstrip('/')}_tp{want[0]}pp{want[1]} "
-            f"--target-tensor-parallel-size {want[0]} --target-pipeline-parallel-size {want[1]}"
+            f"--load-dir {ckpt_dir} --save-dir {ckpt_dir.rstrip('/')}_tp{want[0]}pp{want[1]}"
+            + (f"ep{want[2]} " if want[2] > 1 else " ")
+            + f"--target-tensor-parallel-size {want[0]} --target-pipeline-parallel-size {want[1]}"
             + (f" --target-expert-parallel-size {want[2]}" if want[2] > 1 or ep > 1 else ""))
     return tp, pp
 

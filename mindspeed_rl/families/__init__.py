@@ -48,11 +48,18 @@ def family_of_hf_config(hf: dict, source: str = "config.json") -> ModelFamily:
                       f"supported family ({', '.join(f'{f.name}: {f.hf_model_types[0]}' for f in FAMILIES.values())})")
 
 
+# MindSpeed-LLM converts Qwen2 / Qwen2.5 with ``--model-type-hf llama2 --add-qkv-bias`` ("a llama-like
+# layer"): those spellings accept the families whose layer is Llama's plus a q/k/v bias
+GENERIC_LLAMA = ("llama", "llama2")
+
+
 def resolve_family(hf: dict, requested: Optional[str], source: str = "config.json") -> ModelFamily:
     """The family of ``hf``; a ``requested`` name must agree with it (MindSpeed-LLM's spellings accepted)."""
     found = family_of_hf_config(hf, source)
     if requested is not None:
         wanted = get_family(requested)
+        if requested.lower() in GENERIC_LLAMA and found.name == "qwen25":
+            return found
         if wanted is not found:
             raise FamilyError(f"--model-type-hf {requested} ({wanted.name}) contradicts {source}, which describes "
                               f"a {found.name} model (model_type {hf.get('model_type')!r}); drop the flag to use "

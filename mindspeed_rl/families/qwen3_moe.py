@@ -26,8 +26,8 @@ class Qwen3Moe(ModelFamily):
             raise KeyError("num_experts")
         return {"num_experts": int(experts), "moe_router_topk": int(hf["num_experts_per_tok"]),
                 "moe_ffn_hidden_size": int(hf["moe_intermediate_size"]),
-                "norm_topk_prob": bool(hf.get("norm_topk_prob", True)),
-                "moe_aux_loss_coeff": float(hf.get("router_aux_loss_coef", 0.0))}
+                "norm_topk_prob": bool(hf.get("norm_topk_prob", False)),     # transformers' defaults
+                "moe_aux_loss_coeff": float(hf.get("router_aux_loss_coef", 0.001))}
 
     def extra_hf_fields(self, model: ModelConfig) -> dict:
         return {"num_experts": model.num_experts, "num_experts_per_tok": model.moe_router_topk,

@@ -11,43 +11,13 @@ the driver), and every new worker runs each verifier once before its samples are
 """
 from __future__ import annotations
 
-import importlib
 import multiprocessing as mp
 from typing import Dict, List, Sequence, Tuple
 
 import torch
 
+from .pool_worker import run_one, start_worker, warm_up
 from .registry import get_verifier
-
-
-# an answer only a symbolic comparison can settle: exercises every lazy import of the math verifiers
-WARM_UP_RESPONSE, WARM_UP_LABEL = "The answer is \\boxed{\\frac{1}{2}}", "0.5"
-
-
-def _start_worker(modules: Sequence[str]) -> None:
-    """A new verifier worker: no logging; the verifiers' modules imported (registering them)."""
-    import logging
-
-    logging.disable(logging.CRITICAL)
-    for module in modules:
-        importlib.import_module(module)
-
-
-def _warm_up(names: Sequence[str]) -> None:
-    """Each verifier once, so its lazy imports (math-verify -> sympy: seconds on a busy host) are not
-    charged to the first sample's timeout."""
-    for name in names:
-        try:
-            get_verifier(name)(WARM_UP_RESPONSE, WARM_UP_LABEL)
-        except Exception:  # noqa: BLE001 - a verifier that fails here fails (and is counted) per sample later
-            pass
-
-
-def _run_one(name: str, response: str, label: str) -> float:
-    try:
-        return float(get_verifier(name)(response, label))
-    except Exception:  # noqa: BLE001 - a failing verifier scores 0, counted by the caller
-        return float("nan")
 
 
 class RuleRewardRunner:
@@ -65,14 +35,20 @@ class RuleRewardRunner:
             method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
             context = mp.get_context(method)
             if method == "forkserver":
-                context.set_forkserver_preload(["mindspeed_rl.rewards.verifiers"])
-            pool = context.Pool(self.workers, initializer=_start_worker, initargs=(self.modules,))
+                # imported once in the server, so every worker forks warm (a missing module is skipped)
+                context.set_forkserver_preload(["mindspeed_rl.rewards.pool_worker", "mindspeed_rl.rewards.verifiers",
+                                                "sympy", "math_verify"])
+            pool = context.Pool(self.workers, initializer=start_worker, initargs=(self.modules,))
             try:
-                pool.map_async(_warm_up, [self.names] * self.workers, chunksize=1).get(self.WARM_UP_TIMEOUT)
+                reports = pool.map_async(warm_up, [self.names] * self.workers, chunksize=1).get(self.WARM_UP_TIMEOUT)
             except mp.TimeoutError:
                 pool.terminate()
                 raise RuntimeError(f"rule reward workers did not start within {self.WARM_UP_TIMEOUT:.0f}s "
                                    f"(verifiers {', '.join(self.names)})") from None
+            problems = sorted({p for report in reports for p in report})
+            if problems:
+                pool.terminate()
+                raise RuntimeError("rule reward workers cannot run the verifiers: " + "; ".join(problems))
             self._pool = pool
         return self._pool
 
@@ -100,7 +76,7 @@ class RuleRewardRunner:
         start = 0
         while start < len(tasks):
             pool = self._get_pool()
-            pending = [pool.apply_async(_run_one, task[1:]) for task in tasks[start:]]
+            pending = [pool.apply_async(run_one, task[1:]) for task in tasks[start:]]
             restarted = False
             for offset, job in enumerate(pending):
                 index = start + offset
