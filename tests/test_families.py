@@ -224,3 +224,28 @@ def test_two_ppo_iterations_per_family(tmp_path):
         assert last["rollout/logprob_diff_max"] < 0.1 and last["rollout/logprob_diff_mean"] < 0.01, (family, last)
         hf_dir = tmp_path / family / "ckpt" / "actor" / "iter_0000002_hf"
         assert AutoConfig.from_pretrained(str(hf_dir)).model_type == get_family(family).hf_model_types[0]
+
+
+DRY_RUNS = [("qwen3_8b", [], "8.19B params"), ("qwen3_32b", [], "32.8B params"), ("llama31_8b", [], "8.03B params"),
+            ("qwen3_30b_a3b", ["actor_config.tensor_model_parallel_size=4", "critic_config.tensor_model_parallel_size=4",
+                               "actor_config.expert_model_parallel_size=8", "critic_config.expert_model_parallel_size=8",
+                               "generate_config.infer_tensor_parallel_size=4"],
+             "30.5B params, 3.35B active; 128 experts over EP 8")]
+
+
+@pytest.mark.parametrize("name,extra,expected", DRY_RUNS)
+def test_real_size_model_yamls_plan_on_the_32b_layout(name, extra, expected, capsys):
+    from cli import train_ppo
+
+    models = [f"megatron_training.model={name}", f"actor_config.model={name}", f"critic_config.model={name}"]
+    assert train_ppo.main(["--config-name", "ppo_qwen25_32b_A3", "dry_run=true"] + models + extra) == 0
+    out = capsys.readouterr().out
+    assert f"model {name} ({expected})" in out, out
+
+
+def test_qwen3_30b_a3b_at_tp8_is_refused_naming_the_key(capsys):
+    from cli import train_ppo
+
+    models = [f"{k}=qwen3_30b_a3b" for k in ("megatron_training.model", "actor_config.model", "critic_config.model")]
+    assert train_ppo.main(["--config-name", "ppo_qwen25_32b_A3", "dry_run=true"] + models) == 2
+    assert "tensor_model_parallel_size: TP 8 does not divide num_query_groups 4" in capsys.readouterr().err
