@@ -249,3 +249,24 @@ def test_qwen3_30b_a3b_at_tp8_is_refused_naming_the_key(capsys):
     models = [f"{k}=qwen3_30b_a3b" for k in ("megatron_training.model", "actor_config.model", "critic_config.model")]
     assert train_ppo.main(["--config-name", "ppo_qwen25_32b_A3", "dry_run=true"] + models) == 2
     assert "tensor_model_parallel_size: TP 8 does not divide num_query_groups 4" in capsys.readouterr().err
+
+
+def test_llama3_rope_frequencies_equal_transformers_for_the_yamls_context():
+    """megatron-core scales RoPE with a fixed 8192 context; the family recomputes the frequencies from the
+    yaml (here a 128 context), as transformers' llama3 rope does."""
+    from types import SimpleNamespace
+
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    model = tiny("llama3")
+    hf = LlamaConfig(**{k: v for k, v in get_family("llama3").hf_config(model, 0, 0).items()
+                        if k not in ("architectures", "model_type", "torch_dtype")})
+    want, _ = ROPE_INIT_FUNCTIONS["llama3"](hf, "cpu")
+    gpt = SimpleNamespace(rotary_pos_emb=RotaryEmbedding(kv_channels=model.head_dim, rotary_percent=1.0,
+                                                         rotary_base=int(model.rotary_base),
+                                                         use_cpu_initialization=True))
+    assert (gpt.rotary_pos_emb.inv_freq - want).abs().max() > 1e-3   # unscaled: far off
+    get_family("llama3").post_build(gpt, model)
+    assert torch.allclose(gpt.rotary_pos_emb.inv_freq, want.to(gpt.rotary_pos_emb.inv_freq.dtype), rtol=1e-6, atol=0)
