@@ -255,16 +255,18 @@ def read_mg_config(load_dir: str) -> Tuple[dict, str, int, int]:
     return config, iter_dir, tp, pp
 
 
-def stage_rank_shards(iter_dir: str, pp_rank: int, num_experts: Optional[int]) -> List[Dict[str, torch.Tensor]]:
+def stage_rank_shards(iter_dir: str, pp_rank: int, layout: Tuple[int, int, int],
+                      num_experts: Optional[int]) -> List[Dict[str, torch.Tensor]]:
     """The model shards of one pipeline stage, one dict per TP rank; with EP > 1 the EP ranks' files are
-    joined, experts renamed to their global numbers (memory-mapped: tensors are read when used)."""
-    tp, pp, ep = ml.full_layout_of(iter_dir)
+    joined, experts renamed to their global numbers (memory-mapped: tensors are read when used).
+    ``layout``: the folder's (TP, PP, EP), from ``ml.full_layout_of``."""
+    tp, pp, ep = layout
+    per = (num_experts or ep) // ep
     out = []
     for t in range(tp):
         joined: Dict[str, torch.Tensor] = {}
         for e in range(ep):
             model = ml.safe_load(ml.rank_file(iter_dir, t, pp_rank, pp, e, ep), mmap=True)["model"]
-            per = (num_experts or ep) // ep
             for name, tensor in model.items():
                 expert = expert_number(name)
                 if expert >= 0:
@@ -281,9 +283,9 @@ def iter_mg_stages(load_dir: str) -> Iterator[Tuple[int, Dict[str, torch.Tensor]
     counts = [int(x) for x in config["num_layer_list"].split(",")]
     starts = stage_starts(counts)
     swiglu = config["model"].get("swiglu", True)
-    experts = config["model"].get("num_experts")
+    experts, layout = config["model"].get("num_experts"), ml.full_layout_of(iter_dir)
     for pp_rank in range(pp):
-        shards = stage_rank_shards(iter_dir, pp_rank, experts)
+        shards = stage_rank_shards(iter_dir, pp_rank, layout, experts)
         merged = {}
         for name in shards[0]:
             if name.endswith("_extra_state"):
@@ -304,10 +306,10 @@ def iter_mg_pieces(load_dir: str) -> Iterator[Dict[str, torch.Tensor]]:
     counts = [int(x) for x in config["num_layer_list"].split(",")]
     starts = stage_starts(counts)
     swiglu = config["model"].get("swiglu", True)
-    experts = config["model"].get("num_experts")
+    experts, layout = config["model"].get("num_experts"), ml.full_layout_of(iter_dir)
 
     def merged(pp_rank: int, wanted) -> Dict[str, torch.Tensor]:
-        shards = stage_rank_shards(iter_dir, pp_rank, experts)
+        shards = stage_rank_shards(iter_dir, pp_rank, layout, experts)
         out = {}
         for name in shards[0]:
             if name.endswith("_extra_state") or not wanted(name):

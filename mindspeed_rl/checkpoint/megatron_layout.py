@@ -115,14 +115,13 @@ def load_rank(ckpt_dir: str, tp_rank: int, pp_rank: int, expected: Optional[Tupl
               mmap: bool = True, ep_rank: int = 0) -> Dict[str, Any]:
     """Load one rank's file of the latest checkpoint, refusing a TP/PP(/EP) layout that differs."""
     _, iter_dir = latest_iteration_dir(ckpt_dir)
-    checked_layout(ckpt_dir, iter_dir, expected)
-    _, pp, ep = full_layout_of(iter_dir)
+    _, pp, ep = checked_layout(ckpt_dir, iter_dir, expected)
     return safe_load(rank_file(iter_dir, tp_rank, pp_rank, pp, ep_rank, ep), mmap=mmap)
 
 
-def checked_layout(ckpt_dir: str, iter_dir: str, expected: Optional[Tuple[int, ...]] = None) -> Tuple[int, int]:
-    """(TP, PP) of ``iter_dir``; a layout other than ``expected`` ((TP, PP) or (TP, PP, EP)) is refused with
-    the command that reshards it."""
+def checked_layout(ckpt_dir: str, iter_dir: str, expected: Optional[Tuple[int, ...]] = None) -> Tuple[int, int, int]:
+    """(TP, PP, EP) of ``iter_dir``; a layout other than ``expected`` ((TP, PP) or (TP, PP, EP)) is refused
+    with the command that reshards it."""
     tp, pp, ep = full_layout_of(iter_dir)
     want = tuple(expected) + (1,) * (3 - len(expected)) if expected is not None else None
     if want is not None and (tp, pp, ep) != want:
@@ -133,7 +132,7 @@ def checked_layout(ckpt_dir: str, iter_dir: str, expected: Optional[Tuple[int, .
             + (f"ep{want[2]} " if want[2] > 1 else " ")
             + f"--target-tensor-parallel-size {want[0]} --target-pipeline-parallel-size {want[1]}"
             + (f" --target-expert-parallel-size {want[2]}" if want[2] > 1 or ep > 1 else ""))
-    return tp, pp
+    return tp, pp, ep
 
 
 def write_extra(ckpt_dir: str, iteration: Union[int, str], tp_rank: int, pp_rank: int, pp: int,
