@@ -15,7 +15,7 @@ A family module subclasses :class:`ModelFamily`, sets its switches and overrides
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -28,6 +28,12 @@ EMBED = ("model.embed_tokens.weight", "embedding.word_embeddings.weight")
 FINAL_NORM = ("model.norm.weight", "decoder.final_layernorm.weight")
 OUTPUT_MG = "output_layer.weight"
 EXPERT_MG = "mlp.experts.local_experts.{e}."
+
+
+class LayerNames(NamedTuple):
+    renamed: List[Tuple[str, str]]                    # (hf, megatron), one to one
+    qkv: List[Tuple[Tuple[str, str, str], str]]       # ((q, k, v), linear_qkv) for weight [and bias]
+    fc1: List[Tuple[Tuple[str, str], str]]            # ((gate, up), linear_fc1) per dense MLP or expert
 
 
 class FamilyError(ValueError):
@@ -123,83 +129,50 @@ class ModelFamily:
         """Adjust a built megatron GPTModel for what TransformerConfig cannot express (none by default)."""
 
     # ------------------------------------------------------------------ weights
-    def hf_layer_names(self, i: int, cfg: ModelConfig) -> List[str]:
-        p = HF_LAYER.format(i=i)
-        names = [p + "input_layernorm.weight", p + "post_attention_layernorm.weight",
-                 p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight",
-                 p + "self_attn.o_proj.weight"]
-        if cfg.add_qkv_bias:
-            names += [p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"]
+    def layer_names(self, i: int, cfg: ModelConfig) -> LayerNames:
+        """Layer ``i``'s names, each HF name with its megatron name (global layer and expert numbers):
+        ``renamed`` tensors map one to one; ``qkv`` packs (q, k, v) per query group (weight, and bias with
+        ``add_qkv_bias``); ``fc1`` is cat(gate, up). The three maps below all read this one table."""
+        h, m = HF_LAYER.format(i=i), MG_LAYER.format(i=i)
+        renamed = [(h + "input_layernorm.weight", m + "input_layernorm.weight"),
+                   (h + "post_attention_layernorm.weight", m + "pre_mlp_layernorm.weight"),
+                   (h + "self_attn.o_proj.weight", m + "self_attention.linear_proj.weight")]
         if cfg.qk_layernorm:
-            names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
-        return names + self._mlp_names_hf(p, cfg)
-
-    def _mlp_names_hf(self, p: str, cfg: ModelConfig) -> List[str]:
+            renamed += [(h + "self_attn.q_norm.weight", m + "self_attention.q_layernorm.weight"),
+                        (h + "self_attn.k_norm.weight", m + "self_attention.k_layernorm.weight")]
+        suffixes = ("weight", "bias") if cfg.add_qkv_bias else ("weight",)
+        qkv = [(tuple(f"{h}self_attn.{x}_proj.{suffix}" for x in "qkv"), f"{m}self_attention.linear_qkv.{suffix}")
+               for suffix in suffixes]
         if cfg.num_experts:
-            names = [p + "mlp.gate.weight"]
-            for e in range(cfg.num_experts):
-                q = f"{p}mlp.experts.{e}."
-                names += [q + "gate_proj.weight", q + "up_proj.weight", q + "down_proj.weight"]
-            return names
-        return [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight", p + "mlp.down_proj.weight"]
+            renamed.append((h + "mlp.gate.weight", m + "mlp.router.weight"))
+            mlps = [(f"{h}mlp.experts.{e}.", m + EXPERT_MG.format(e=e)) for e in range(cfg.num_experts)]
+        else:
+            mlps = [(h + "mlp.", m + "mlp.")]
+        fc1 = [((hp + "gate_proj.weight", hp + "up_proj.weight"), mp + "linear_fc1.weight") for hp, mp in mlps]
+        renamed += [(hp + "down_proj.weight", mp + "linear_fc2.weight") for hp, mp in mlps]
+        return LayerNames(renamed, qkv, fc1)
+
+    def hf_layer_names(self, i: int, cfg: ModelConfig) -> List[str]:
+        names = self.layer_names(i, cfg)
+        return ([hf for hf, _ in names.renamed] + [n for triple, _ in names.qkv for n in triple]
+                + [n for pair, _ in names.fc1 for n in pair])
 
     def layer_hf_to_mcore(self, i: int, hf: Tensors, cfg: ModelConfig) -> Tensors:
         """Megatron weights of layer ``i`` (global layer and expert numbers) from its HF tensors."""
-        h, m = HF_LAYER.format(i=i), MG_LAYER.format(i=i)
-        out = {
-            m + "input_layernorm.weight": hf[h + "input_layernorm.weight"],
-            m + "pre_mlp_layernorm.weight": hf[h + "post_attention_layernorm.weight"],
-            m + "self_attention.linear_qkv.weight": qkv_to_mcore(hf[h + "self_attn.q_proj.weight"],
-                                                                 hf[h + "self_attn.k_proj.weight"],
-                                                                 hf[h + "self_attn.v_proj.weight"], cfg),
-            m + "self_attention.linear_proj.weight": hf[h + "self_attn.o_proj.weight"],
-        }
-        if cfg.add_qkv_bias:
-            out[m + "self_attention.linear_qkv.bias"] = qkv_to_mcore(hf[h + "self_attn.q_proj.bias"],
-                                                                     hf[h + "self_attn.k_proj.bias"],
-                                                                     hf[h + "self_attn.v_proj.bias"], cfg)
-        if cfg.qk_layernorm:
-            out[m + "self_attention.q_layernorm.weight"] = hf[h + "self_attn.q_norm.weight"]
-            out[m + "self_attention.k_layernorm.weight"] = hf[h + "self_attn.k_norm.weight"]
-        if cfg.num_experts:
-            out[m + "mlp.router.weight"] = hf[h + "mlp.gate.weight"]
-            for e in range(cfg.num_experts):
-                q, x = f"{h}mlp.experts.{e}.", m + EXPERT_MG.format(e=e)
-                out[x + "linear_fc1.weight"] = torch.cat([hf[q + "gate_proj.weight"], hf[q + "up_proj.weight"]])
-                out[x + "linear_fc2.weight"] = hf[q + "down_proj.weight"]
-        else:
-            out[m + "mlp.linear_fc1.weight"] = torch.cat([hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]])
-            out[m + "mlp.linear_fc2.weight"] = hf[h + "mlp.down_proj.weight"]
+        names = self.layer_names(i, cfg)
+        out = {mg: hf[name] for name, mg in names.renamed}
+        out.update({mg: qkv_to_mcore(*(hf[n] for n in triple), cfg) for triple, mg in names.qkv})
+        out.update({mg: torch.cat([hf[gate], hf[up]]) for (gate, up), mg in names.fc1})
         return out
 
     def layer_mcore_to_hf(self, i: int, mg: Tensors, cfg: ModelConfig) -> Tensors:
         """HF tensors of layer ``i`` from its megatron weights (global layer and expert numbers)."""
-        h, m = HF_LAYER.format(i=i), MG_LAYER.format(i=i)
-        q, k, v = qkv_from_mcore(mg[m + "self_attention.linear_qkv.weight"], cfg)
-        out = {
-            h + "input_layernorm.weight": mg[m + "input_layernorm.weight"],
-            h + "post_attention_layernorm.weight": mg[m + "pre_mlp_layernorm.weight"],
-            h + "self_attn.q_proj.weight": q, h + "self_attn.k_proj.weight": k, h + "self_attn.v_proj.weight": v,
-            h + "self_attn.o_proj.weight": mg[m + "self_attention.linear_proj.weight"],
-        }
-        if cfg.add_qkv_bias:
-            qb, kb, vb = qkv_from_mcore(mg[m + "self_attention.linear_qkv.bias"], cfg)
-            out.update({h + "self_attn.q_proj.bias": qb, h + "self_attn.k_proj.bias": kb,
-                        h + "self_attn.v_proj.bias": vb})
-        if cfg.qk_layernorm:
-            out[h + "self_attn.q_norm.weight"] = mg[m + "self_attention.q_layernorm.weight"]
-            out[h + "self_attn.k_norm.weight"] = mg[m + "self_attention.k_layernorm.weight"]
-        if cfg.num_experts:
-            out[h + "mlp.gate.weight"] = mg[m + "mlp.router.weight"]
-            for e in range(cfg.num_experts):
-                x, p = m + EXPERT_MG.format(e=e), f"{h}mlp.experts.{e}."
-                gate, up = mg[x + "linear_fc1.weight"].chunk(2, dim=0)
-                out.update({p + "gate_proj.weight": gate, p + "up_proj.weight": up,
-                            p + "down_proj.weight": mg[x + "linear_fc2.weight"]})
-        else:
-            gate, up = mg[m + "mlp.linear_fc1.weight"].chunk(2, dim=0)
-            out.update({h + "mlp.gate_proj.weight": gate, h + "mlp.up_proj.weight": up,
-                        h + "mlp.down_proj.weight": mg[m + "mlp.linear_fc2.weight"]})
+        names = self.layer_names(i, cfg)
+        out = {name: mg[m] for name, m in names.renamed}
+        for triple, m in names.qkv:
+            out.update(zip(triple, qkv_from_mcore(mg[m], cfg)))
+        for pair, m in names.fc1:
+            out.update(zip(pair, mg[m].chunk(2, dim=0)))
         return {name: t.contiguous() for name, t in out.items()}
 
 
