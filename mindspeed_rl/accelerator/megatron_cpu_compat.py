@@ -23,6 +23,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.overrides import TorchFunctionMode
 
+from ..compat.megatron_core import reset_rng_tracker
+
 log = logging.getLogger(__name__)
 _APPLIED = False
 CPU = torch.device("cpu")
@@ -178,7 +180,7 @@ def apply() -> None:
     random.CudaRNGStatesTracker = CpuRNGStatesTracker
     random._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
     random._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)
-    random.initialize_rng_tracker(force_reset=True)
+    reset_rng_tracker()
 
     tutils = importlib.import_module("megatron.core.transformer.utils")
     tutils.get_default_causal_mask = _cpu_causal_mask

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from ..accelerator import accelerator_class, get_accelerator
+from ..compat import megatron_core as compat_megatron
 from ..config_cls.megatron_config import MegatronConfig
 from ..config_cls.model_config import ModelConfig
 from ..families import get_family
@@ -33,18 +34,6 @@ def params_dtype(megatron: MegatronConfig) -> torch.dtype:
     if megatron.fp16:
         return torch.float16
     return torch.float32
-
-
-def pipeline_layout(megatron: MegatronConfig, num_layers: int) -> Optional[str]:
-    """Megatron's layout string for an uneven ``num_layer_list`` (e.g. '3,5' -> 'Et*3|t*5L')."""
-    if not megatron.num_layer_list:
-        return None
-    counts = megatron.layers_per_stage(num_layers)
-    stages = []
-    for i, count in enumerate(counts):
-        stage = ("E" if i == 0 else "") + (f"t*{count}" if count else "") + ("L" if i == len(counts) - 1 else "")
-        stages.append(stage)
-    return "|".join(stages)
 
 
 def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optional[str] = None):
@@ -110,9 +99,8 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
     )
     kwargs.update(get_family(model.model_type_hf).transformer_config_fields(model))
     kwargs["expert_model_parallel_size"] = megatron.expert_model_parallel_size
-    layout = pipeline_layout(megatron, model.num_layers)
-    if layout is not None:
-        kwargs["pipeline_model_parallel_layout"] = layout
+    if megatron.num_layer_list:
+        kwargs.update(compat_megatron.uneven_pipeline_fields(megatron.layers_per_stage(model.num_layers)))
     return TransformerConfig(**kwargs)
 
 
@@ -149,7 +137,7 @@ def build_gpt_model(model: ModelConfig, megatron: MegatronConfig, *, pre_process
 
     acc = get_accelerator()
     acc.prepare_megatron()
-    _router_without_transformer_engine()
+    compat_megatron.apply()
     config = transformer_config(model, megatron, acc.kind)
     if pre_process is None:
         pre_process = ps.is_pipeline_first_stage(ignore_virtual=True)
@@ -171,15 +159,6 @@ def build_gpt_model(model: ModelConfig, megatron: MegatronConfig, *, pre_process
     )
     get_family(model.model_type_hf).post_build(gpt, model)
     return acc.place_model(gpt)
-
-
-def _router_without_transformer_engine() -> None:
-    """megatron-core 0.16's MoE router tests ``te_general_gemm`` even when Transformer Engine is absent
-    (a NameError); without TE the name means "no TE gemm"."""
-    from megatron.core.transformer.moe import moe_utils
-
-    if not getattr(moe_utils, "HAVE_TE", False):
-        moe_utils.__dict__.setdefault("te_general_gemm", None)
 
 
 def layer_range(megatron: MegatronConfig, num_layers: int, pp_rank: int) -> Tuple[int, int]:

