@@ -5,7 +5,7 @@ PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.mindspeed_rl_installed
 export PYTHONWARNINGS ?= ignore::UserWarning,ignore::DeprecationWarning,ignore::FutureWarning
 
-.PHONY: setup demo test docs clean-demo
+.PHONY: setup demo test test-npu-versions docs clean-demo
 
 $(STAMP): scripts/install.sh requirements/cpu.txt setup.py
 	bash scripts/install.sh
@@ -18,6 +18,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PYTHON) -m pytest tests
+
+# The compatibility stage: the same code on the NPU stack's megatron-core and vLLM releases (on CPU),
+# in its own .venv-npu-versions.
+test-npu-versions:
+	bash scripts/test_npu_versions.sh
 
 docs: $(STAMP)
 	$(PYTHON) -m mindspeed_rl.config_cls.docs > docs/config.md

