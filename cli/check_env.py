@@ -1,9 +1,16 @@
-"""Check this machine's stack: device, distributed backend, megatron-core forward+backward.
+"""Check this machine's stack, step by step; run it first on a new host (NPU, GPU or CPU).
 
-    python cli/check_env.py [--model tiny_qwen25] [--seq-length 128] [--batch 4]
+    python cli/check_env.py [--stack npu] [--model tiny_qwen25] [--steps versions,imports,megatron,vllm]
 
-Builds the model section's GPTModel on the detected device (MINDSPEED_RL_DEVICE overrides),
-runs one forward and backward pass with a next-token loss, and prints the timings.
+Steps, each with a verdict line:
+  versions  torch / torch_npu / megatron-core / vLLM (vllm-ascend) / transformers / ray against
+            requirements/<stack>.txt (default: the detected device's stack)
+  imports   torch, the device's torch extension (torch_npu), MindSpeed's megatron adaptor before megatron-core
+            is first imported, then vLLM
+  megatron  one forward and backward of the model section on one device, with timings
+  vllm      one vLLM engine on the same device, its weights updated in place from the megatron model (the
+            rollout's path), then greedy generation whose log-probs must equal megatron's
+Exit 0 when every step passes; 2 naming the first failure.
 """
 from __future__ import annotations
 
@@ -16,7 +23,10 @@ from mindspeed_rl.config_cls import ConfigError, MegatronConfig, ModelConfig
 from mindspeed_rl.config_cls.base import build_section
 from mindspeed_rl.config_cls.loader import CONFIG_DIR
 from mindspeed_rl.config_cls.ppo_config import model_section_data
-from mindspeed_rl.utils.cli import report_user_errors
+from mindspeed_rl.utils.cli import UserError, report_user_errors
+
+STEPS = ("versions", "imports", "megatron", "vllm")
+LOGPROB_TOLERANCE = 1e-2   # fp32 on both sides: CPU measures ~1e-6; device kernels differ more
 
 
 def load_model_section(name: str) -> ModelConfig:
@@ -26,18 +36,43 @@ def load_model_section(name: str) -> ModelConfig:
     return model
 
 
-@report_user_errors
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny_qwen25")
-    parser.add_argument("--seq-length", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--bf16", action="store_true")
-    args = parser.parse_args(argv)
-    if args.seq_length < 2 or args.batch < 1:
-        raise ConfigError("--seq-length", "needs seq-length >= 2 and batch >= 1")
-    model_cfg = load_model_section(args.model)
+def verdict(step: str, ok: bool, detail: str) -> None:
+    print(f"{step:<10} : {'OK' if ok else 'FAILED'}  {detail}", flush=True)
+    if not ok:
+        raise UserError(f"check_env step '{step}' failed: {detail}")
 
+
+def step_versions(stack: str) -> None:
+    from mindspeed_rl.compat.stack import mismatches, pinned
+
+    problems = mismatches(stack)
+    verdict("versions", not problems, "; ".join(problems) if problems else
+            f"{len(pinned(stack))} packages as requirements/{stack}.txt pins")
+
+
+def step_imports() -> None:
+    import importlib
+
+    import torch
+
+    from mindspeed_rl.accelerator import get_accelerator
+
+    acc = get_accelerator()   # imports the device's torch extension (torch_npu on NPU)
+    early = sorted(m for m in sys.modules if m.startswith("megatron."))
+    if early:
+        verdict("imports", False, f"megatron-core was imported before the device's patches: {early[:3]}")
+    acc.prepare_megatron()    # MindSpeed's adaptor on NPU, the CPU compatibility on CPU
+    importlib.import_module("megatron.core")
+    try:
+        vllm = importlib.import_module("vllm")
+        from vllm.platforms import current_platform
+        platform = f"vLLM platform {type(current_platform).__name__}"
+    except Exception as exc:  # noqa: BLE001 - any failure to import vLLM is the verdict
+        verdict("imports", False, f"vLLM does not import: {type(exc).__name__}: {exc}")
+    verdict("imports", True, f"torch {torch.__version__}, {acc.describe()}, {platform}, vllm {vllm.__version__}")
+
+
+def step_megatron(model_cfg: ModelConfig, model_name: str, seq_length: int, batch: int, bf16: bool):
     import torch
 
     from mindspeed_rl.accelerator import get_accelerator
@@ -45,23 +80,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from mindspeed_rl.utils import dist
 
     acc = get_accelerator()
-    print(f"device     : {acc.describe()}")
-    print(f"torch      : {torch.__version__}")
     dist.init_distributed()
     dist.init_model_parallel()
-    megatron = MegatronConfig(model=args.model, bf16=args.bf16)
+    megatron = MegatronConfig(model=model_name, bf16=bf16)
     t0 = time.perf_counter()
     gpt = build_gpt_model(model_cfg, megatron)
     n_params = sum(p.numel() for p in gpt.parameters())
-    print(f"model      : {args.model}, {n_params / 1e6:.2f}M parameters, built in {time.perf_counter() - t0:.2f}s")
+    t_build = time.perf_counter() - t0
     device = acc.current_device()
     vocab = model_cfg.padded_vocab_size or 1024
-    tokens = torch.randint(0, vocab, (args.batch, args.seq_length), device=device)
-    positions = torch.arange(args.seq_length, device=device).unsqueeze(0).expand(args.batch, -1)
-    mask = torch.triu(torch.ones(args.seq_length, args.seq_length, dtype=torch.bool, device=device), 1)
-    mask = mask[None, None].expand(args.batch, 1, -1, -1)
+    tokens = torch.randint(0, vocab, (batch, seq_length), device=device)
     t0 = time.perf_counter()
-    logits = gpt(tokens, positions, mask)
+    logits = forward(gpt, tokens)
     loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
                                              tokens[:, 1:].reshape(-1))
     acc.synchronize()
@@ -71,16 +101,94 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     acc.synchronize()
     t_bwd = time.perf_counter() - t0
     grads = sum(1 for p in gpt.parameters() if p.grad is not None)
-    ntok = args.batch * args.seq_length
-    print(f"forward    : loss {loss.item():.4f} (ln vocab = {torch.log(torch.tensor(float(vocab))).item():.4f}), "
-          f"{t_fwd * 1e3:.1f} ms, {ntok / t_fwd:.0f} tokens/s")
-    print(f"backward   : {t_bwd * 1e3:.1f} ms, gradients on {grads} of {len(list(gpt.parameters()))} tensors")
-    mem = acc.memory_stats()
-    print("memory     : " + ", ".join(f"{k} {v:.2f}" for k, v in mem.items()))
+    total = len(list(gpt.parameters()))
+    ok = bool(torch.isfinite(loss).item()) and grads == total
+    mem = ", ".join(f"{k} {v:.2f}" for k, v in acc.memory_stats().items())
+    verdict("megatron", ok, f"{model_name} {n_params / 1e6:.2f}M params built in {t_build:.2f}s; loss "
+            f"{loss.item():.4f}; forward {t_fwd * 1e3:.1f} ms, backward {t_bwd * 1e3:.1f} ms, gradients on "
+            f"{grads}/{total} tensors; memory {mem}")
+    return gpt
+
+
+def forward(gpt, tokens):
+    import torch
+
+    seq = tokens.shape[1]
+    positions = torch.arange(seq, device=tokens.device).unsqueeze(0).expand(tokens.shape[0], -1)
+    mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=tokens.device), 1)   # True = masked
+    return gpt(tokens, positions, mask[None, None].expand(tokens.shape[0], 1, -1, -1))
+
+
+def step_vllm(gpt, model_cfg: ModelConfig) -> None:
+    import torch
+
+    from mindspeed_rl.accelerator import get_accelerator
+    from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+    from mindspeed_rl.rollout.factory import make_rollout_engine
+
+    acc = get_accelerator()
+    gen = GenerateConfig(backend="vllm", dtype="float32", max_model_len=128, max_num_seqs=4,
+                         max_num_batched_tokens=512, gpu_memory_utilization=0.05)
+    t0 = time.perf_counter()
+    engine = make_rollout_engine(model_cfg, gen, acc.kind, eos_token_id=0)
+    if getattr(engine, "name", "") != "vllm":
+        verdict("vllm", False, "vLLM cannot run this model here; the fallback engine was chosen")
+    t_start = time.perf_counter() - t0
+    weights = {name: p.detach().float() for name, p in gpt.state_dict().items() if "_extra_state" not in name}
+    t0 = time.perf_counter()
+    engine.update_weights([weights])
+    t_sync = time.perf_counter() - t0
+    prompt = [5, 17, 42, 9]
+    out = engine.generate([prompt], SamplingConfig(temperature=0, max_tokens=16))[0]
+    engine.shutdown()
+    if not out.response_ids:
+        verdict("vllm", False, "greedy generation returned no token")
+    tokens = torch.tensor([prompt + out.response_ids], device=acc.current_device())
+    with torch.no_grad():
+        logp = torch.log_softmax(forward(gpt, tokens).float(), dim=-1)[0]
+    ours = torch.stack([logp[len(prompt) - 1 + i, t] for i, t in enumerate(out.response_ids)]).cpu()
+    diff = (ours - torch.tensor(out.logprobs)).abs().max().item()
+    verdict("vllm", diff <= LOGPROB_TOLERANCE,
+            f"engine up in {t_start:.1f}s, weights pushed by {engine.weight_load_method} in {t_sync * 1e3:.0f} ms, "
+            f"{len(out.response_ids)} greedy tokens; max |log-prob(vLLM) - log-prob(megatron)| = {diff:.2e} "
+            f"(tolerance {LOGPROB_TOLERANCE:g})")
+
+
+@report_user_errors
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny_qwen25")
+    parser.add_argument("--stack", default=None, help="pin file to compare with (default: the device's)")
+    parser.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated, of {', '.join(STEPS)}")
+    parser.add_argument("--seq-length", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--bf16", action="store_true")
+    args = parser.parse_args(argv)
+    if args.seq_length < 2 or args.batch < 1:
+        raise ConfigError("--seq-length", "needs seq-length >= 2 and batch >= 1")
+    steps = [s.strip() for s in args.steps.split(",") if s.strip()]
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown:
+        raise ConfigError("--steps", f"unknown step(s) {unknown}; choose from {', '.join(STEPS)}")
+    model_cfg = load_model_section(args.model)
+
+    from mindspeed_rl.accelerator import detect_device_kind
+
+    stack = args.stack or detect_device_kind()
+    if "versions" in steps:
+        step_versions(stack)
+    if "imports" in steps:
+        step_imports()
+    gpt = None
+    if "megatron" in steps or "vllm" in steps:
+        gpt = step_megatron(model_cfg, args.model, args.seq_length, args.batch, args.bf16)
+    if "vllm" in steps:
+        step_vllm(gpt, model_cfg)
+    from mindspeed_rl.utils import dist
+
     dist.destroy()
-    ok = torch.isfinite(loss).item() and grads == len(list(gpt.parameters()))
-    print("check_env  : OK" if ok else "check_env  : FAILED")
-    return 0 if ok else 1
+    print("check_env  : OK")
+    return 0
 
 
 if __name__ == "__main__":

