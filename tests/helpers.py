@@ -1,5 +1,17 @@
 """Small builders shared by tests."""
+import pathlib
+from typing import Iterator, Sequence
+
 from mindspeed_rl.config_cls import ModelConfig
+from tests.conftest import ROOT
+
+
+def source_files(tops: Sequence[str], outside: pathlib.Path) -> Iterator[pathlib.Path]:
+    """The .py files under the repository folders ``tops``, except those inside ``outside`` (for AST floors)."""
+    for top in tops:
+        for path in sorted((pathlib.Path(ROOT) / top).rglob("*.py")):
+            if outside not in path.parents:
+                yield path
 
 
 def tiny_model_config(**overrides) -> ModelConfig:

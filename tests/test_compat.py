@@ -3,14 +3,14 @@ stack's megatron-core 0.16 / vLLM 0.32 and, in the compatibility stage, on the N
 no version test anywhere else."""
 import ast
 import dataclasses
-import os
+import pathlib
 
 import pytest
 import torch
 
 from mindspeed_rl.compat import megatron_core, vllm as compat_vllm
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.conftest import ROOT
+from tests.helpers import source_files
 
 
 def test_uneven_pipeline_fields_on_either_megatron_core():
@@ -75,7 +75,7 @@ def test_weight_load_method_comes_from_the_environment(monkeypatch):
 
 def _version_tests(path):
     """Lines of ``path`` that read a library's version: ``X.__version__``, ``importlib.metadata.version``."""
-    tree = ast.parse(open(path, encoding="utf-8").read(), path)
+    tree = ast.parse(pathlib.Path(path).read_text(encoding="utf-8"), str(path))
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr == "__version__" and isinstance(node.ctx, ast.Load):
@@ -90,15 +90,10 @@ def _version_tests(path):
 
 
 def test_no_library_version_tests_outside_compat():
-    offenders = []
-    for top in ("mindspeed_rl",):
-        for folder, _, files in os.walk(os.path.join(ROOT, top)):
-            if os.path.join("mindspeed_rl", "compat") in folder:
-                continue
-            for name in files:
-                if name.endswith(".py"):
-                    path = os.path.join(folder, name)
-                    offenders += [f"{os.path.relpath(path, ROOT)}:{line}" for line in _version_tests(path)]
+    """mindspeed_rl/ only: cli/check_env.py prints the installed versions, which is no version test."""
+    offenders = [f"{path.relative_to(ROOT)}:{line}"
+                 for path in source_files(("mindspeed_rl",), outside=pathlib.Path(ROOT) / "mindspeed_rl" / "compat")
+                 for line in _version_tests(path)]
     assert not offenders, offenders
 
 
@@ -132,3 +127,26 @@ def test_check_env_versions_step_names_what_is_missing():
     assert proc.returncode == 2 and "torch-npu==2.9.0 is not installed" in proc.stderr, proc.stderr[-800:]
     assert "Traceback" not in proc.stderr
 
+
+
+def _this_stack():
+    from mindspeed_rl.compat import stack
+
+    return next(name for name in ("cpu", "cpu-npu-versions") if not stack.mismatches(name))
+
+
+@pytest.mark.slow
+def test_check_env_runs_every_step_on_this_stack():
+    """The smoke script users run first on a new host: versions, imports, megatron forward/backward, and a vLLM
+    engine updated in place from megatron whose greedy log-probs equal megatron's."""
+    import os
+    import subprocess
+    import sys
+
+    # a world started earlier in this process leaves MASTER_PORT set (and bound): the script picks its own
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, "cli/check_env.py", "--stack", _this_stack()], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    verdicts = [line.split(":")[0].strip() for line in proc.stdout.splitlines() if ": OK" in line]
+    assert proc.returncode == 0 and verdicts == ["versions", "imports", "megatron", "vllm", "check_env"], \
+        (proc.stdout[-2000:], proc.stderr[-2000:])

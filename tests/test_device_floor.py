@@ -5,6 +5,7 @@ import pathlib
 from typing import Iterator, List
 
 from tests.conftest import ROOT
+from tests.helpers import source_files
 
 KINDS = {"cpu", "cuda", "npu"}
 DEVICE_MODULES = {"cuda", "npu"}
@@ -50,10 +51,7 @@ def device_code(source: str, filename: str = "<snippet>") -> List[str]:
 
 
 def checked_files() -> Iterator[pathlib.Path]:
-    for top in ("mindspeed_rl", "cli"):
-        for path in sorted((pathlib.Path(ROOT) / top).rglob("*.py")):
-            if ACCELERATOR not in path.parents:
-                yield path
+    return source_files(("mindspeed_rl", "cli"), outside=ACCELERATOR)
 
 
 def test_no_device_code_outside_the_accelerator():

@@ -169,6 +169,7 @@ def test_activation_recompute_gives_the_same_step(recompute):
 
 
 def test_device_only_flags_are_mapped_on_cpu_with_one_log_line(caplog):
+    from mindspeed_rl.compat.megatron_core import uneven_pipeline_fields
     from mindspeed_rl.config_cls import MegatronConfig
     from mindspeed_rl.models import builder
     from tests.helpers import tiny_model_config
@@ -185,10 +186,12 @@ def test_device_only_flags_are_mapped_on_cpu_with_one_log_line(caplog):
     text = caplog.text
     for flag in ("use_fused_rotary_pos_emb", "use_flash_attn", "use_fused_rmsnorm"):
         assert text.count(flag) == 1, flag
-    if hasattr(cfg, "pipeline_model_parallel_layout"):   # megatron-core >= 0.13
-        assert str(cfg.pipeline_model_parallel_layout) != "None"
+    fields = uneven_pipeline_fields(m.layers_per_stage(2))
+    if "pipeline_model_parallel_layout" in fields:   # megatron-core >= 0.13
+        assert fields == {"pipeline_model_parallel_layout": "Et*1|t*1L"}
+        assert cfg.pipeline_model_parallel_layout is not None
     else:
-        assert cfg.num_layers_in_first_pipeline_stage == 1
+        assert fields == {"num_layers_in_first_pipeline_stage": 1} and cfg.num_layers_in_first_pipeline_stage == 1
 
 
 @pytest.mark.parametrize("dist_opt", [False, True])

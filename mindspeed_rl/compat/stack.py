@@ -23,8 +23,9 @@ def pinned(stack: str, folder: str = REQUIREMENTS_DIR) -> Dict[str, str]:
     with open(path, encoding="utf-8") as fh:
         for line in fh:
             match = _PIN.match(line)
-            if match and match.group(1).lower().replace("_", "-") in CHECKED:
-                pins[match.group(1).lower().replace("_", "-")] = match.group(3)
+            name = match.group(1).lower().replace("_", "-") if match else None
+            if name in CHECKED:
+                pins[name] = match.group(3)
     return pins
 
 
