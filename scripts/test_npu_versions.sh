@@ -23,9 +23,5 @@ TESTS=(
   tests/test_rollout.py tests/test_checkpoint.py tests/test_converted_logits.py tests/test_save_hf.py
   tests/test_generate_cli.py tests/test_families.py
 )
-# Known gap on vLLM 0.18 (docs/install.md): four in-process engines of mixed infer TP in one world of 4 (the
-# resharding-relations test) fail while creating their KV caches ("cancelled" in vLLM's executor). Infer TP 2
-# in-place resharding from train TP 2 and PP 2 (test_rollout_logprobs_equal_the_megatron_actor) runs here.
-DESELECT=(--deselect tests/test_rollout.py::test_resharding_relations_give_each_engine_the_weights_of_a_fresh_engine)
 echo "[npu-versions] $("$VENV/bin/python" -c 'import megatron.core, torch, vllm, transformers; print(f"torch {torch.__version__}, megatron-core {megatron.core.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}")')"
-exec "$VENV/bin/python" -m pytest -p no:cacheprovider "${TESTS[@]}" "${DESELECT[@]}" "$@"
+exec "$VENV/bin/python" -m pytest -p no:cacheprovider "${TESTS[@]}" "$@"

@@ -1,4 +1,5 @@
 """Device detection (with fake torch_npu / CUDA), the device layer, megatron-core on CPU."""
+import os
 import sys
 import types
 
@@ -298,3 +299,22 @@ def test_device_rng_state_reaches_the_checkpoint(monkeypatch):
     assert npu.device_rng_state() is saved
     npu.set_device_rng_state(saved)
     assert restored == [saved, saved]
+
+
+def test_a_world_of_one_ignores_an_inherited_master_port_that_is_taken(monkeypatch):
+    """A single-process run (check_env, generate) must not die on a MASTER_PORT a parent's group still holds."""
+    import socket
+
+    from mindspeed_rl.utils import dist
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", str(taken.getsockname()[1]))
+        dist.init_distributed()
+        try:
+            assert torch.distributed.get_world_size() == 1
+            assert os.environ["MASTER_PORT"] != str(taken.getsockname()[1])
+        finally:
+            dist.destroy()

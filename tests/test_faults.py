@@ -90,8 +90,8 @@ def fake_checkpoint(folder, tracker="release", iteration_dir="release", truncate
 
 
 @pytest.mark.parametrize("case", ["unwritable_save", "tracker_abc", "missing_iteration", "truncated_file",
-                                  "truncated_idx"])
-def test_preflight_names_the_path_in_seconds_without_starting_ray(assets, tmp_path, capsys, case):
+                                  "truncated_idx", "weight_load_env"])
+def test_preflight_names_the_path_in_seconds_without_starting_ray(assets, tmp_path, capsys, case, monkeypatch):
     import ray
 
     root, paths = assets
@@ -109,6 +109,9 @@ def test_preflight_names_the_path_in_seconds_without_starting_ray(assets, tmp_pa
     elif case == "truncated_file":
         path = fake_checkpoint(str(tmp_path / "load"), truncate=True)
         extra, words = [f"actor_config.load={tmp_path}/load"], f"{path} is truncated or corrupt"
+    elif case == "weight_load_env":
+        monkeypatch.setenv("MINDSPEED_RL_VLLM_WEIGHT_LOAD", "reload")
+        words = "MINDSPEED_RL_VLLM_WEIGHT_LOAD='reload': expected one of auto, reload_weights, load_weights"
     else:
         data = tmp_path / "data"
         shutil.copytree(os.path.dirname(paths["data_prefix"]), data)

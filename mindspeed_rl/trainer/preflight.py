@@ -11,6 +11,7 @@ import zipfile
 from typing import List, Optional, Tuple
 
 from ..checkpoint import megatron_layout as ml
+from ..compat import vllm as compat_vllm
 from ..config_cls.ppo_config import PPOConfig, RoleConfig
 from ..utils.cli import UserError
 
@@ -54,7 +55,16 @@ def check_role(role: RoleConfig) -> None:
         check_checkpoint(f"{section}.load", m.load, (role.tp, role.pp, m.expert_model_parallel_size))
 
 
+def check_environment() -> None:
+    """Environment switches the workers read are valid (a typo would otherwise fail at the first rollout)."""
+    try:
+        compat_vllm.requested_weight_load()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+
+
 def preflight(cfg: PPOConfig) -> None:
+    check_environment()
     roles = cfg.roles
     for role in roles:
         check_role(role)

@@ -25,7 +25,10 @@ def init_distributed(rank: int = 0, world_size: int = 1, master_addr: Optional[s
         return
     acc = get_accelerator()
     os.environ["MASTER_ADDR"] = master_addr or os.environ.get("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(master_port or os.environ.get("MASTER_PORT") or free_port())
+    # A world of one meets nobody, so it takes a free port rather than an inherited MASTER_PORT that
+    # another process group (a parent's, an earlier run's) may still hold.
+    inherited = os.environ.get("MASTER_PORT") if world_size > 1 else None
+    os.environ["MASTER_PORT"] = str(master_port or inherited or free_port())
     acc.set_device(rank if local_rank is None else local_rank)
     dist.init_process_group(acc.dist_backend, rank=rank, world_size=world_size)
 
