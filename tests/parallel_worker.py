@@ -284,7 +284,7 @@ def run_reward_worker(rank, world, spec, workdir, port):
     rows = Experience(prompt_width=3, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                       response_mask=batch["attention_mask"][:, 3:])
     out = worker.compute_scores(rows)
-    torch.save(out["scores"], os.path.join(workdir, "rm_scores.pt"))
+    torch.save(out.per_row, os.path.join(workdir, "rm_scores.pt"))
     worker.shutdown()
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from mindspeed_rl.protocol import (Experience, MiniBatch, RankLayout, RolloutOutput, RolloutResult,
+from mindspeed_rl.protocol import (Experience, ForwardAnswer, MiniBatch, RankLayout, RolloutOutput, RolloutResult,
                                    build_experience)
 from mindspeed_rl.workers.worker_group import DispatchError, WorkerGroup
 
@@ -41,7 +41,7 @@ def test_select_split_cat_round_trip():
     for name in exp.present():
         assert torch.equal(getattr(back, name), getattr(exp, name)), name
     only = exp.select([5, 1], ["advantages"])
-    assert only.present() == ["input_ids", "attention_mask", "response_mask", "advantages"]
+    assert only.present() == ["input_ids", "attention_mask", "response_mask", "loss_mask", "advantages"]
     assert only.advantages[:, 0].tolist() == [10.0, 2.0]
     with pytest.raises(ValueError, match="do not split over 3"):
         exp.split(3)
@@ -64,15 +64,16 @@ class FakeActorRank:
     def __init__(self, layout, tamper=False):
         self.lay, self.tamper, self.received = layout, tamper, []
 
-    def generate(self, prompts, n, seed, sampling=None, max_new_tokens=None):
-        self.received.append((prompts, n, seed) + ((max_new_tokens,) if max_new_tokens else ()))
+    def generate(self, prompts, n, seed, sampling=None, max_new_tokens=None, version=None):
+        self.received.append((prompts, n, seed) + ((max_new_tokens,) if max_new_tokens else ())
+                             + ((version,) if version is not None else ()))
         outs = [RolloutOutput(i // n, [seed + i], [-1.0], "stop") for i in range(len(prompts) * n)]
         digest = repr((prompts, n, seed + (1 if self.tamper else 0)))
         return RolloutResult(self.lay.rank, self.lay.engine, digest, outs if self.lay.engine_rank == 0 else None)
 
     def forward(self, rows, tag):
         self.received.append(rows)
-        return {"rows": rows.input_ids[:, 0].tolist(), "tag": tag} if self.lay.output else {"rows": None}
+        return ForwardAnswer(rows.input_ids[:, 0].clone() if self.lay.output else None, {"timing/" + tag: 1.0})
 
     def update(self, mini_batches, coef):
         self.received.append(mini_batches)
@@ -125,8 +126,9 @@ def test_forward_splits_rows_by_train_dp_and_gathers_from_output_ranks():
     group, ranks = group_of(4, 2, 2)             # TP 2 x DP 2
     prompts = [[p + 1] for p in range(4)]
     exp = build_experience(prompts, outputs_for(prompts, 2), 2, pad_id=0)
-    results = group.forward("forward", exp, ("input_ids", "attention_mask", "response_mask"), "ref")
-    assert [r["rows"] for r in results] == [[1, 1, 2, 2], [3, 3, 4, 4]] and results[0]["tag"] == "ref"
+    answer = group.forward("forward", exp, ("input_ids", "attention_mask", "response_mask"), "ref")
+    assert answer.per_row.tolist() == [1, 1, 2, 2, 3, 3, 4, 4] and answer.timing == {"timing/ref": 1.0}
+    assert [len(r.received) for r in ranks] == [1, 1, 1, 1] and ranks[0].received[0].num_rows == 4
     assert torch.equal(ranks[0].received[0].input_ids, ranks[1].received[0].input_ids)   # one DP group
     assert not torch.equal(ranks[0].received[0].input_ids, ranks[2].received[0].input_ids)
 
@@ -155,7 +157,7 @@ class TensorRank(FakeActorRank):
 
     def forward(self, rows, tag):
         self.received.append(rows)
-        return {"first": rows.input_ids[:, -1].clone(), "tokens": int(rows.attention_mask.sum()), "tag": tag}
+        return ForwardAnswer(rows.input_ids[:, -1].clone(), {"timing/" + tag: float(rows.attention_mask.sum())})
 
 
 def test_dp_batch_balance_near_equal_tokens_and_rows_back_in_order():
@@ -170,9 +172,10 @@ def test_dp_batch_balance_near_equal_tokens_and_rows_back_in_order():
     want = exp.input_ids[:, -1]
     plain = group.forward("forward", exp, ("input_ids", "attention_mask"), "ref")
     balanced = group.forward("forward", exp, ("input_ids", "attention_mask"), "ref", balance=True)
-    assert len(balanced) == 1 and torch.equal(balanced[0]["first"], want) and balanced[0]["tag"] == "ref"
+    assert torch.equal(plain.per_row, want) and torch.equal(balanced.per_row, want)   # rows back in order
     spread = lambda answers: abs(ranks[0].received[-1].attention_mask.sum() - ranks[1].received[-1].attention_mask.sum())
-    assert [r["tokens"] for r in plain] == [int(exp.attention_mask[:4].sum()), int(exp.attention_mask[4:].sum())]
+    # timings: the slowest DP group's (here its token count)
+    assert plain.timing["timing/ref"] == max(int(exp.attention_mask[:4].sum()), int(exp.attention_mask[4:].sum()))
     assert spread(balanced) <= 2 and [r.received[-1].num_rows for r in ranks] == [4, 4]
     exp.set("advantages", torch.ones(8, exp.response_width))
     group.update("update", exp, [np.arange(8)], ["advantages"], 0.5, balance=True)
@@ -198,3 +201,17 @@ def test_prompt_batch_reads_budgets_when_the_dataset_has_them():
     batch = PromptBatch.of(data, [1, 0])
     assert batch.input_ids == [[3], [1, 2]] and batch.max_new_tokens == [40, 12]
     assert PromptBatch.of([{"input_ids": [1], "labels": "x"}], [0]).max_new_tokens is None
+
+
+def test_colocated_rollout_service_submits_with_the_policy_version():
+    from mindspeed_rl.protocol import RolloutRequest
+    from mindspeed_rl.rollout.service import ColocatedRollout
+
+    group, ranks = group_of(4, 2, 2)
+    service = ColocatedRollout(group)
+    service.update_weights(3)
+    handle = service.submit(RolloutRequest([[1], [2]], 1, 50, max_new_tokens=[4, 5]))
+    assert handle.version == 3
+    batch = service.collect(handle)
+    assert sorted((o.prompt_index, o.response_ids) for o in batch.outputs) == [(0, [50]), (1, [51])]
+    assert ranks[0].received[-1] == ([[1]], 1, 50, [4], 3) and ranks[2].received[-1] == ([[2]], 1, 51, [5], 3)

@@ -6,7 +6,7 @@ import torch
 from mindspeed_rl.config_cls import load_ppo_config
 from mindspeed_rl.protocol import RolloutOutput
 from mindspeed_rl.trainer.ppo_trainer import PPOTrainer
-from mindspeed_rl.workers.worker_group import GeneratedBatch
+from mindspeed_rl.protocol import GeneratedBatch
 
 RIGHT, WRONG = 7, 3   # response token ids the fake verifier reads
 
@@ -60,6 +60,13 @@ class Actor:
                 ids = [token] * (1 + (prompt[0] + k) % 5)
                 outputs.append(RolloutOutput(i, ids, [-0.5] * len(ids), "stop"))
         return GeneratedBatch(outputs, {}, [])
+
+    # the worker group's side of the colocated rollout service: generation answers at once
+    def submit_generate(self, request, version=None):
+        return self.generate(request.prompts, request.n, request.seed, request.sampling)
+
+    def collect_generate(self, pending):
+        return pending
 
 
 def trainer(test_dataset=None, **overrides):

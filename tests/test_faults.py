@@ -62,6 +62,20 @@ def test_bad_values_are_refused_before_anything_starts(capsys, override, words):
     assert words in err
 
 
+@pytest.mark.parametrize("overrides,words", [
+    (["rl_config.partial_rollout_max_split=2", "rl_config.filter_groups_enable=true", "rl_config.n_samples_per_prompt=2",
+      "rl_config.mini_batch_size=32"], "rl_config.partial_rollout_max_split: partial rollout and dynamic sampling"),
+    (["rl_config.partial_rollout_max_split=17"], "rl_config.partial_rollout_max_split: 17 chunks of a 16-token"),
+    (["rl_config.partial_rollout_max_split=4", "generate_config.sampling_config.min_tokens=5"],
+     "generate_config.sampling_config.min_tokens: 5 is above the partial-rollout chunk of 4 tokens"),
+    (["rl_config.rollout_resource.num_npus=3", "generate_config.infer_tensor_parallel_size=2"],
+     "generate_config.infer_tensor_parallel_size: 2 does not divide the rollout workers' 3 devices"),
+])
+def test_rollout_mode_keys_that_do_not_fit_together_are_refused(capsys, overrides, words):
+    err = user_error(capsys, train_ppo.main, ["--config-name", "ppo_tiny_cpu", "dry_run=true", *overrides])
+    assert words in err
+
+
 def test_prompt_longer_than_the_training_sequence_is_refused(capsys):
     err = user_error(capsys, train_ppo.main, ["--config-name", "ppo_tiny_cpu", "dry_run=true",
                                               "rl_config.max_prompt_length=200", "generate_config.max_model_len=512"])

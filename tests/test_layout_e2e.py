@@ -26,14 +26,14 @@ def test_x4_twin_engines_logprobs_and_resume(tmp_path, monkeypatch):
     root = str(tmp_path)
     paths = prepare(os.path.join(root, "assets"), load_ppo_config("ppo_tiny_cpu_x4").actor.model.padded_vocab_size)
     generated = []
-    original = WorkerGroup.generate
+    original = WorkerGroup.collect_generate
 
     def spy(self, *args, **kwargs):
         result = original(self, *args, **kwargs)
         generated.append((self.engines(), result))
         return result
 
-    monkeypatch.setattr(WorkerGroup, "generate", spy)
+    monkeypatch.setattr(WorkerGroup, "collect_generate", spy)
     try:
         first = train(x4_config(root, paths, 2))
         resume = {"actor_config.finetune": "false", "critic_config.finetune": "false",

@@ -65,6 +65,13 @@ class Accelerator:
         """Where tensors for collectives live, given the engine's ``device``."""
         return device
 
+    def transfer_group(self, store: Any, rank: int, size: int, timeout: Any) -> Any:
+        """A process group of its own over ``store`` (outside the default world): the weight channel between
+        the actor and rollout workers. Gloo here; device accelerators use their collective library."""
+        import torch.distributed as dist
+
+        return dist.ProcessGroupGloo(store, rank, size, timeout)
+
     def place_model(self, module: torch.nn.Module) -> torch.nn.Module:
         """A freshly built megatron-core model on this process's device."""
         return module.to(self.current_device())

@@ -13,6 +13,13 @@ class CudaAccelerator(Accelerator):
     dist_backend = "nccl"
     ray_resource = "GPU"
 
+    def transfer_group(self, store, rank: int, size: int, timeout):
+        import torch.distributed as dist
+
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, size, options)
+
     def device_count(self) -> int:
         return torch.cuda.device_count()
 

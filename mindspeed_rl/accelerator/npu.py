@@ -17,6 +17,14 @@ class NpuAccelerator(Accelerator):
     dist_backend = "hccl"
     ray_resource = "NPU"
 
+    def transfer_group(self, store, rank: int, size: int, timeout):
+        # torch_npu's HCCL process group, built over its own store like gloo's (checked only on NPU hardware)
+        from torch_npu._C._distributed_c10d import ProcessGroupHCCL
+
+        options = ProcessGroupHCCL.Options()
+        options._timeout = timeout
+        return ProcessGroupHCCL(store, rank, size, options)
+
     def __init__(self) -> None:
         self.torch_npu = importlib.import_module("torch_npu")  # registers torch.npu
 

@@ -79,9 +79,10 @@ class PPOConfig:
     @property
     def world_size(self) -> int:
         """Devices that count for the throughput metrics (DESIGN.md, Metrics)."""
+        rollout = self.rl.rollout_resource.num_npus if self.rl.rollout_resource is not None else 0
         if self.rl.use_integrated_worker:
-            return self.actor.num_devices
-        return sum(role.num_devices for role in self.roles)
+            return self.actor.num_devices + rollout
+        return sum(role.num_devices for role in self.roles) + rollout
 
 
 def model_section_data(name: str, models: Mapping[str, Any], config_dir: Optional[str], key: str) -> Mapping:
@@ -231,10 +232,15 @@ def check_cross_fields(cfg: PPOConfig) -> None:
                           f"{cfg.critic.num_devices} exceeds actor_resource.num_npus {cfg.actor.num_devices}: "
                           "in integrated mode the critic shares the actor's devices")
     itp, tp = gen.infer_tensor_parallel_size, cfg.actor.tp
-    if itp % tp and tp % itp:
+    if rl.rollout_resource is None and itp % tp and tp % itp:
         raise ConfigError("generate_config.infer_tensor_parallel_size",
                           f"{itp} is neither a multiple nor a divisor of the actor's TP {tp}")
-    if cfg.actor.num_devices % itp:
+    if rl.rollout_resource is not None:
+        if rl.rollout_resource.num_npus % itp:
+            raise ConfigError("generate_config.infer_tensor_parallel_size",
+                              f"{itp} does not divide the rollout workers' {rl.rollout_resource.num_npus} devices "
+                              "(rl_config.rollout_resource.num_npus)")
+    elif cfg.actor.num_devices % itp:
         raise ConfigError("generate_config.infer_tensor_parallel_size",
                           f"{itp} does not divide the actor's {cfg.actor.num_devices} devices")
     if cfg.actor.model.num_attention_heads % itp or cfg.actor.model.kv_heads % itp:
@@ -342,8 +348,21 @@ def filter_metric_name(rl: RLConfig) -> str:
 
 
 def check_dapo_keys(cfg: PPOConfig) -> None:
-    """Dynamic sampling and overlong shaping: keys that only mean something together."""
+    """Dynamic sampling, partial rollout and overlong shaping: keys that only mean something together."""
     rl, max_tokens = cfg.rl, cfg.generate.sampling_config.max_tokens
+    if rl.partial_rollout_max_split > 1:
+        if rl.filter_groups_enable:
+            raise ConfigError("rl_config.partial_rollout_max_split", "partial rollout and dynamic sampling "
+                                                                      "(filter_groups_enable) cannot be combined yet")
+        if rl.partial_rollout_max_split > max_tokens:
+            raise ConfigError("rl_config.partial_rollout_max_split",
+                              f"{rl.partial_rollout_max_split} chunks of a {max_tokens}-token response would be "
+                              "empty: at most generate_config.sampling_config.max_tokens")
+        chunk = -(-max_tokens // rl.partial_rollout_max_split)
+        if cfg.generate.sampling_config.min_tokens > chunk:
+            raise ConfigError("generate_config.sampling_config.min_tokens",
+                              f"{cfg.generate.sampling_config.min_tokens} is above the partial-rollout chunk of "
+                              f"{chunk} tokens (max_tokens / partial_rollout_max_split)")
     if not rl.filter_groups_enable:
         for key in ("filter_groups_metric", "filter_groups_train_batch_size"):
             if getattr(rl, key) is not None:
@@ -429,7 +448,9 @@ def batch_plan(cfg: PPOConfig) -> str:
     node_text = f"{nodes} node{'s' if nodes > 1 else ''} x {min(per_node, devices)}"
     gen = cfg.generate
     itp = gen.infer_tensor_parallel_size
-    infer_dp = devices // itp
+    rollout_devices = cfg.rl.rollout_resource.num_npus if cfg.rl.rollout_resource is not None else 0
+    infer_dp = (rollout_devices or devices) // itp
+    split = cfg.rl.partial_rollout_max_split
     lines = [
         "Batch plan",
         f"  algorithm : {cfg.algorithm.describe()}",
@@ -446,9 +467,17 @@ def batch_plan(cfg: PPOConfig) -> str:
         f"  rollout   : infer TP {itp} x PP {gen.infer_pipeline_parallel_size}, "
         f"{infer_dp} engine(s), {gbs / infer_dp:g} prompts = {samples / infer_dp:g} responses each, up to "
         f"{gen.sampling_config.max_tokens} new tokens",
-        f"  engines   : {describe_blocks(engine_blocks(devices, itp), 'engine')}"
-        " (actor ranks; every rank of an engine gets the same prompts)",
+        f"  engines   : {describe_blocks(engine_blocks(rollout_devices or devices, itp), 'engine')}"
+        + (f" (rollout workers on {rollout_devices} devices of their own after the actor's {devices}: disaggregated, "
+           "the actor's rank 0 pushes full weights to every rollout rank after each update)" if rollout_devices
+           else " (actor ranks; every rank of an engine gets the same prompts)"),
     ]
+    if split > 1:
+        lines.append(f"  partial   : chunks of {-(-gen.sampling_config.max_tokens // split)} tokens "
+                     f"(max_tokens / partial_rollout_max_split {split}); unfinished responses are parked and continued "
+                     f"with the next weights, finished within {split} iterations"
+                     + ("" if cfg.rl.require_max_age_all_finished else " when rounds run (require_max_age_all_finished "
+                                                                       "false)"))
     for role in roles:
         m = role.megatron
         per_rank = mini // role.dp if role.name != "reward" else samples // role.dp

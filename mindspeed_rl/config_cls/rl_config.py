@@ -55,6 +55,10 @@ class RLConfig:
     actor_resource: ResourceConfig = opt(doc="Devices of the actor group.", factory=lambda: ResourceConfig(1))
     critic_resource: ResourceConfig = opt(doc="Devices of the critic group.", factory=lambda: ResourceConfig(1))
     reward_resource: Optional[ResourceConfig] = opt(None, "Devices of the reward-model group (ORM).")
+    rollout_resource: Optional[ResourceConfig] = opt(None, "Disaggregated layout: rollout workers on this many "
+                                                           "devices of their own; the actor has no engine and "
+                                                           "pushes its weights to them after every update. "
+                                                           "null: the actor's own engines (integrated).")
     integrated_mode_config: IntegratedModeConfig = opt(doc="Integrated-mode options.", factory=IntegratedModeConfig)
     # batch split
     n_samples_per_prompt: int = opt(1, "Responses sampled per prompt.", ge=1)
@@ -143,6 +147,13 @@ class RLConfig:
                                              "dynamic_sampling/filled_groups).", ge=-1)
     filter_groups_train_batch_size: Optional[int] = opt(None, "Prompt groups trained per iteration after "
                                                               "filtering (null: global_batch_size).", ge=1)
+    # partial rollout
+    partial_rollout_max_split: int = opt(1, "Partial rollout when > 1: responses grow in chunks of max_tokens / N "
+                                            "tokens; once global_batch_size prompt groups have finished the batch "
+                                            "trains, and unfinished responses are parked and continued with the "
+                                            "next weights (finished within N iterations). 1: off.", ge=1)
+    require_max_age_all_finished: bool = opt(True, "Partial rollout: an iteration also waits for every response "
+                                                   "parked N - 1 times to finish (N = partial_rollout_max_split).")
     # validation
     test_freq: int = opt(0, "Validate on megatron_training.test_data_path every N iterations and at the end "
                             "(0: off).", ge=0)

@@ -1,7 +1,9 @@
 """Typed data that crosses Ray between the single controller and the workers."""
 from .experience import (FIELDS, MODEL_INPUTS, Experience, FieldSpec, MiniBatch, build_experience,
                          mini_batch_plan, response_part, split_rows)
-from .rollout import RankLayout, RolloutOutput, RolloutResult
+from .rollout import (ForwardAnswer, GeneratedBatch, LoadedState, RankLayout, RolloutOutput, RolloutRequest,
+                      RolloutResult)
 
-__all__ = ["FIELDS", "MODEL_INPUTS", "Experience", "FieldSpec", "MiniBatch", "RankLayout", "RolloutOutput",
-           "RolloutResult", "build_experience", "mini_batch_plan", "response_part", "split_rows"]
+__all__ = ["FIELDS", "MODEL_INPUTS", "Experience", "FieldSpec", "ForwardAnswer", "GeneratedBatch", "LoadedState",
+           "MiniBatch", "RankLayout", "RolloutOutput", "RolloutRequest", "RolloutResult", "build_experience",
+           "mini_batch_plan", "response_part", "split_rows"]

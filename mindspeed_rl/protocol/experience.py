@@ -36,7 +36,12 @@ FIELDS: Dict[str, FieldSpec] = {
     "attention_mask": FieldSpec(("B", "P+R"), torch.long, "1 on real prompt and response tokens, 0 on padding"),
     "prompt_mask": FieldSpec(("B", "P"), torch.long, "1 on real prompt tokens"),
     "response_ids": FieldSpec(("B", "R"), torch.long, "the generated tokens"),
-    "response_mask": FieldSpec(("B", "R"), torch.long, "1 on generated tokens (the positions every loss sees)"),
+    "response_mask": FieldSpec(("B", "R"), torch.long, "1 on every real response token (attention, lengths)"),
+    "loss_mask": FieldSpec(("B", "R"), torch.long, "1 on the response tokens the policy generated: the positions "
+                                                   "every loss, normaliser and advantage counts (equal to "
+                                                   "response_mask for single-turn text; 0 on tool output)"),
+    "policy_version": FieldSpec(("B", "R"), torch.long, "the policy version (updates applied) whose weights "
+                                                        "sampled each response token"),
     "rollout_log_probs": FieldSpec(("B", "R"), torch.float32, "log p(token) under the rollout engine"),
     "group": FieldSpec(("B",), torch.long, "index of the row's prompt in the iteration: the n responses of "
                                            "one prompt share it (GRPO groups)"),
@@ -54,7 +59,7 @@ FIELDS: Dict[str, FieldSpec] = {
     "returns": FieldSpec(("B", "R"), torch.float32, "value target of each response token"),
 }
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "response_mask")
+MODEL_INPUTS = ("input_ids", "attention_mask", "response_mask", "loss_mask")
 
 
 @dataclass
@@ -69,6 +74,8 @@ class Experience:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     response_mask: torch.Tensor
+    loss_mask: Optional[torch.Tensor] = None    # defaults to response_mask
+    policy_version: Optional[torch.Tensor] = None
     prompt_mask: Optional[torch.Tensor] = None
     response_ids: Optional[torch.Tensor] = None
     rollout_log_probs: Optional[torch.Tensor] = None
@@ -83,6 +90,10 @@ class Experience:
     rollout_is_weights: Optional[torch.Tensor] = None
     returns: Optional[torch.Tensor] = None
     labels: Optional[List[str]] = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.loss_mask is None:
+            self.loss_mask = self.response_mask.clone()
 
     # ----- shape -----------------------------------------------------------------------------------
     @property
@@ -194,10 +205,11 @@ class MiniBatch:
 
 
 def build_experience(prompts: Sequence[Sequence[int]], outputs: Sequence[RolloutOutput], n: int, pad_id: int,
-                     labels: Optional[Sequence[str]] = None) -> Experience:
+                     labels: Optional[Sequence[str]] = None, version: int = 0) -> Experience:
     """Rows prompt by prompt (n responses each): left-padded prompt + right-padded response.
 
-    ``outputs`` carry global prompt indices (any order); each prompt must have exactly n of them.
+    ``outputs`` carry global prompt indices (any order); each prompt must have exactly n of them. Tokens
+    of an output without per-token versions were sampled by policy ``version``.
     """
     by_prompt: Dict[int, List[RolloutOutput]] = {}
     for out in outputs:
@@ -213,16 +225,19 @@ def build_experience(prompts: Sequence[Sequence[int]], outputs: Sequence[Rollout
     response_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     response_mask = torch.zeros((len(rows), width), dtype=torch.long)
     rollout_log_probs = torch.zeros((len(rows), width), dtype=torch.float32)
+    policy_version = torch.zeros((len(rows), width), dtype=torch.long)
     for b, (_, out) in enumerate(rows):
         if out.response_ids:
             length = len(out.response_ids)
             response_ids[b, :length] = torch.tensor(out.response_ids, dtype=torch.long)
             response_mask[b, :length] = 1
             rollout_log_probs[b, :length] = torch.tensor(out.logprobs, dtype=torch.float32)
+            policy_version[b, :length] = torch.tensor(out.versions, dtype=torch.long) if out.versions else version
     return Experience(
         prompt_width=int(prompt_ids.shape[1]),
         input_ids=torch.cat([prompt_ids, response_ids], 1), attention_mask=torch.cat([prompt_mask, response_mask], 1),
-        response_mask=response_mask, prompt_mask=prompt_mask, response_ids=response_ids,
+        response_mask=response_mask, loss_mask=response_mask.clone(), policy_version=policy_version,
+        prompt_mask=prompt_mask, response_ids=response_ids,
         rollout_log_probs=rollout_log_probs, group=torch.arange(len(rows)) // n,
         labels=None if labels is None else [labels[i // n] for i in range(len(rows))],
     ).validate()

@@ -1,8 +1,12 @@
-"""What crosses Ray around generation: one sampled response, and one rank's answer to a generate call."""
+"""What crosses Ray: generation requests and answers, and the typed answers of the workers' other calls."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
+
+import torch
+
+from ..config_cls.generate_config import SamplingConfig
 
 
 @dataclass
@@ -13,6 +17,18 @@ class RolloutOutput:
     response_ids: List[int]
     logprobs: List[float]
     finish_reason: str  # "stop" or "length"
+    versions: Optional[List[int]] = None  # policy version of each token (partial rollout); None: one version
+
+
+@dataclass(frozen=True)
+class RolloutRequest:
+    """n responses for each prompt; response j (prompt j // n) is seeded ``seed + j``."""
+
+    prompts: List[List[int]]
+    n: int
+    seed: int
+    sampling: Optional[SamplingConfig] = None   # None: generate_config.sampling_config
+    max_new_tokens: Optional[List[int]] = None  # per-prompt response budgets (below sampling.max_tokens)
 
 
 @dataclass
@@ -29,6 +45,33 @@ class RolloutResult:
     request_digest: str
     outputs: Optional[List[RolloutOutput]]
     timing: Dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class GeneratedBatch:
+    """Outputs of every engine with global prompt indices, the slowest rank's timings, every rank's result."""
+
+    outputs: List[RolloutOutput]
+    timing: Dict[str, float]
+    per_rank: List[RolloutResult]
+
+
+@dataclass
+class ForwardAnswer:
+    """One rank's answer to a forward over experience rows: a tensor with one entry per row ([B] or [B, R];
+    None on ranks that do not hold their DP group's output) and the seconds of named phases."""
+
+    per_row: Optional[torch.Tensor]
+    timing: Dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class LoadedState:
+    """What a worker's checkpoint load found: the iteration it was saved at (0: fresh weights) and the
+    trainer state saved with it."""
+
+    iteration: int = 0
+    trainer_state: Dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,9 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     from ..workers.actor_worker import IntegratedActorWorker
     from ..workers.critic_worker import CriticWorker
     from ..workers.reward_worker import RewardWorker
-    from ..workers.launcher import create_placement_group, spawn_group
+    from ..rollout.service import ColocatedRollout, DisaggregatedRollout
+    from ..workers.launcher import connect_weight_channel, create_placement_group, spawn_group
+    from ..workers.rollout_worker import RolloutWorker
     from .loggers import MetricsLogger
     from .ppo_trainer import PPOTrainer
 
@@ -200,8 +202,10 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
             undo_routing = route_driver_logs(log_dir)
         init_ray(env, quiet=bool(log_dir))
         devices = cfg.actor.num_devices
-        cpus_per_bundle, threads = acc.bundle_cpus(devices)
-        pg = create_placement_group(acc, devices, cpus_per_bundle)
+        # disaggregated layout: the rollout workers' bundles follow the actor's
+        rollout_devices = rl.rollout_resource.num_npus if rl.rollout_resource is not None else 0
+        cpus_per_bundle, threads = acc.bundle_cpus(devices + rollout_devices)
+        pg = create_placement_group(acc, devices + rollout_devices, cpus_per_bundle)
         print(describe_placement(pg), flush=True)
         samples = cfg.samples_per_iteration
         steps = mt.train_iters * (samples // rl.mini_batch_size) * rl.epochs
@@ -212,8 +216,23 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
                                                           master_port=port, role=cfg.actor, rl=rl, gen=gen,
                                                           total_steps=steps, eos_token_id=tokenizer.eos_token_id,
                                                           pad_token_id=tokenizer.pad_token_id or 0,
-                                                          threads=threads), env, workers, log_dir)
-        print(f"rollout engines: {actor.describe_engines()}", flush=True)
+                                                          threads=threads, with_engine=not rollout_devices),
+                            env, workers, log_dir)
+        if rollout_devices:
+            rollout = spawn_group("rollout", RolloutWorker, acc, pg, rollout_devices,
+                                  acc.bundle_spec(cpus_per_bundle)[acc.ray_resource],
+                                  lambda rank, addr, port: dict(rank=rank, world_size=rollout_devices, master_addr=addr,
+                                                                master_port=port, model=cfg.actor.model, gen=gen,
+                                                                eos_token_id=tokenizer.eos_token_id,
+                                                                pad_token_id=tokenizer.pad_token_id or 0,
+                                                                threads=threads, bf16=cfg.actor.megatron.bf16),
+                                  env, workers, log_dir, first_bundle=devices)
+            connect_weight_channel(pg, actor, rollout)
+            service = DisaggregatedRollout(actor, rollout)
+            print(f"rollout workers (disaggregated): {rollout.describe_engines()}", flush=True)
+        else:
+            service = ColocatedRollout(actor)
+            print(f"rollout engines: {actor.describe_engines()}", flush=True)
         critic = None
         if cfg.uses_critic:
             critic = spawn_group("critic", CriticWorker, acc, pg, cfg.critic.num_devices, fraction,
@@ -235,8 +254,8 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
                              rl.integrated_mode_config.ref_model_load_path)[0]
         if critic is not None:
             critic.call("init_weights", critic_load, cm.finetune, not cm.no_load_optim, not cm.no_load_rng)
-        start = int(resumed.get("iteration", 0)) if not am.finetune and actor_load else 0
-        state = resumed.get("trainer_state") or {}
+        start = resumed.iteration if not am.finetune and actor_load else 0
+        state = resumed.trainer_state
         sampler = PromptSampler(len(dataset), mt.global_batch_size, mt.seed, shuffle=not mt.no_shuffle,
                                 consumed_samples=int(state.get("consumed_samples", 0)))
         if rl.rule_reward:
@@ -244,9 +263,8 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
         logger = MetricsLogger(run_dir, mt.train_iters, rl,
                                {"rl_config": resolved["rl"], "actor": resolved["actor"]["megatron"]})
         trainer = PPOTrainer(cfg, actor, critic, runner, dataset, sampler, tokenizer, logger, start, reward,
-                             test_dataset)
-        if "kl_ctrl" in state:
-            trainer.kl_ctrl.load_state_dict(state["kl_ctrl"])
+                             test_dataset, rollout_service=service)
+        trainer.load_trainer_state(state)
         ref_origin = rl.integrated_mode_config.ref_model_load_path or state.get("ref_from")
         trainer.ref_from = ref_origin or (am.load if am.finetune else None)
         print(f"workers ready in {time.perf_counter() - started:.1f}s (Ray, placement, models, rollout engines, "

@@ -31,8 +31,10 @@ def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> Dict
             f"{prefix}/min": float(sel.min())}
 
 
-def data_metrics(exp: Experience) -> Dict[str, float]:
-    mask = exp.response_mask
+def data_metrics(exp: Experience, version: int = 0) -> Dict[str, float]:
+    """Score, reward, advantage, return and value statistics over the loss tokens; lengths over all response
+    tokens; rollout staleness (``version`` minus the version that sampled each loss token)."""
+    mask, length_mask = exp.loss_mask, exp.response_mask
     out: Dict[str, float] = {}
     out.update(_stats("critic/score", exp.scores))
     out.update(_stats("critic/rewards", (exp.token_rewards * mask).sum(1)))
@@ -40,12 +42,16 @@ def data_metrics(exp: Experience) -> Dict[str, float]:
     out.update(_masked_stats("critic/returns", exp.returns, mask))
     if exp.values is not None:
         out.update(_masked_stats("critic/values", exp.values, mask))
-    out.update(_stats("response_length", mask.sum(1)))
+    out.update(_stats("response_length", length_mask.sum(1)))
     out.update(_stats("prompt_length", exp.prompt_mask.sum(1)))
     if exp.old_log_probs is not None:
         diff = (exp.rollout_log_probs - exp.old_log_probs).abs()
         out["rollout/logprob_diff_mean"] = float(masked_mean(diff, mask))
         out["rollout/logprob_diff_max"] = float(diff[mask.bool()].max()) if mask.any() else 0.0
+    if exp.policy_version is not None and mask.any():
+        lag = (version - exp.policy_version).float()
+        out["rollout/staleness_mean"] = float(masked_mean(lag, mask))
+        out["rollout/staleness_max"] = float(lag[mask.bool()].max())
     return out
 
 

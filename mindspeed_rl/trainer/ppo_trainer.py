@@ -15,7 +15,9 @@ from ..algorithms.kl import kl_penalty, make_kl_controller
 from ..algorithms.rollout_correction import mismatch_metrics, truncated_is_weights
 from ..algorithms.shaping import informative_groups, overlong_penalty
 from ..config_cls.ppo_config import PPOConfig, filter_metric_name
-from ..protocol import MODEL_INPUTS, Experience, build_experience, mini_batch_plan
+from ..protocol import MODEL_INPUTS, Experience, RolloutRequest, build_experience, mini_batch_plan
+from ..rollout.partial import ChunkRequest, PartialRollout
+from ..rollout.service import ColocatedRollout
 from .metrics import data_metrics, throughput
 from .prompts import PromptBatch, decode_responses
 
@@ -30,7 +32,7 @@ class NonFiniteStop(RuntimeError):
 
 class PPOTrainer:
     def __init__(self, cfg: PPOConfig, actor_group, critic_group, reward_runner, dataset, sampler, tokenizer,
-                 logger, start_iteration: int = 0, reward_group=None, test_dataset=None):
+                 logger, start_iteration: int = 0, reward_group=None, test_dataset=None, rollout_service=None):
         self.cfg, self.rl, self.gen = cfg, cfg.rl, cfg.generate
         self.actor, self.critic, self.reward_model = actor_group, critic_group, reward_group
         self.reward_runner, self.dataset, self.sampler = reward_runner, dataset, sampler
@@ -44,10 +46,18 @@ class PPOTrainer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.timing: Dict[str, float] = {}
         self.use_critic, self.use_ref = self.algorithm.use_critic, self.algorithm.use_reference
+        # generation (the actor's own engines unless a service is given); version = updates applied to the
+        # actor's weights
+        self.rollout_service = rollout_service or ColocatedRollout(actor_group)
+        self.rollout_service.update_weights(start_iteration)
+        self.partial = (PartialRollout(self.rl.n_samples_per_prompt, self.gen.sampling_config.max_tokens,
+                                       self.rl.partial_rollout_max_split, self.rl.require_max_age_all_finished)
+                        if self.rl.partial_rollout_max_split > 1 else None)
         samples = cfg.samples_per_iteration
         # one on-policy step: the old log-probs equal the current ones (taken, detached, in the loss)
         self.skip_old_log_prob = (self.rl.epochs == 1 and samples == self.rl.mini_batch_size
-                                  and not self.algorithm.kl_in_reward and not self.algorithm.rollout_is)
+                                  and not self.algorithm.kl_in_reward and not self.algorithm.rollout_is
+                                  and self.partial is None)
         self.history: List[Dict[str, float]] = []
         self.ref_from = None  # the original weights the reference was built from, for resumes
 
@@ -65,6 +75,7 @@ class PPOTrainer:
             self.logger.record({"iteration": self.iteration, **val_metrics})
         while self.iteration < self.cfg.megatron_training.train_iters:
             self.timing = {}
+            version = self.rollout_service.version  # the policy that samples this iteration
             with self.timer("timing/all"):
                 exp, reward_metrics = self.rollout()
                 if self.use_ref:
@@ -86,10 +97,11 @@ class PPOTrainer:
                 with self.timer("timing/update"):
                     update_metrics.update(self.update_actor(exp))
             self.iteration += 1
+            self.rollout_service.update_weights(self.iteration)
             if self.validation_due():
                 with self.timer("timing/validation"):
                     reward_metrics.update(self.validate())
-            metrics = self.collect_metrics(exp, reward_metrics, update_metrics)
+            metrics = self.collect_metrics(exp, reward_metrics, update_metrics, version)
             self.logger.log(metrics)
             self.history.append(metrics)
             self.after_iteration(metrics)
@@ -115,8 +127,10 @@ class PPOTrainer:
             return {}
         val, prompts = self.rl.val_kwargs, self.test_prompts
         sampling = dataclasses.replace(self.gen.sampling_config, temperature=val.temperature, top_p=val.top_p)
-        generated = self.actor.generate(prompts.input_ids, val.n, self.gen.sampling_config.seed, sampling)
-        exp = build_experience(prompts.input_ids, generated.outputs, val.n, self.pad_id, prompts.labels)
+        generated = self.rollout_service.generate(RolloutRequest(prompts.input_ids, val.n,
+                                                                 self.gen.sampling_config.seed, sampling))
+        exp = build_experience(prompts.input_ids, generated.outputs, val.n, self.pad_id, prompts.labels,
+                               self.rollout_service.version)
         per_verifier, _ = self.verify(exp)
         scores = self.reward_runner.weighted(per_verifier)
         first = per_verifier[self.rl.verifier_function[0]].view(-1, val.n)
@@ -140,9 +154,20 @@ class PPOTrainer:
 
     def trainer_state(self) -> Dict:
         """What a resume needs besides the models: position in the data, the KL coefficient, where the
-        reference came from. Sampling and mini-batch order are seeded from the iteration number."""
-        return {"iteration": self.iteration, "consumed_samples": self.sampler.consumed_samples,
-                "kl_ctrl": self.kl_ctrl.state_dict(), "ref_from": self.ref_from}
+        reference came from, the responses partial rollout has parked. Sampling and mini-batch order are
+        seeded from the iteration number."""
+        state = {"iteration": self.iteration, "consumed_samples": self.sampler.consumed_samples,
+                 "kl_ctrl": self.kl_ctrl.state_dict(), "ref_from": self.ref_from}
+        if self.partial is not None:
+            state["partial_rollout"] = self.partial.state_dict()
+        return state
+
+    def load_trainer_state(self, state: Dict) -> None:
+        """The parts of ``trainer_state`` the trainer owns (the launcher restores the sampler and the reference)."""
+        if "kl_ctrl" in state:
+            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        if self.partial is not None and state.get("partial_rollout"):
+            self.partial.load_state_dict(state["partial_rollout"])
 
     def save(self) -> None:
         am, cm = self.cfg.actor.megatron, self.cfg.critic.megatron
@@ -168,6 +193,8 @@ class PPOTrainer:
         responses all score alike are dropped and more prompts are drawn until the batch is full."""
         if self.rl.filter_groups_enable:
             return self.dynamic_sampling()
+        if self.partial is not None:
+            return self.partial_rollout()
         exp = self.generate(self.next_prompts())
         metrics, _ = self.score(exp)
         return exp, metrics
@@ -204,28 +231,57 @@ class PPOTrainer:
                         "dynamic_sampling/filled_groups": float(filled)})
         return exp, metrics
 
+    def partial_rollout(self) -> Tuple[Experience, Dict[str, float]]:
+        """Rounds of chunks over the parked and new responses until a batch of prompt groups has finished
+        (rollout/partial.py); each round's seeds depend on the iteration and the round only."""
+        n, service = self.rl.n_samples_per_prompt, self.rollout_service
+
+        def draw():
+            prompts = self.next_prompts()
+            return prompts.input_ids, prompts.labels, prompts.max_new_tokens
+
+        def generate(chunk: ChunkRequest):
+            return self.run_generation(RolloutRequest(chunk.prompts, 1, chunk.seed,
+                                                      max_new_tokens=chunk.max_new_tokens)).outputs
+
+        batch = self.partial.next_batch(self.cfg.prompts_per_iteration, draw, generate, service.version,
+                                        lambda r: self.sample_seed(r))
+        exp = build_experience(batch.prompts, batch.outputs, n, self.pad_id, batch.labels, service.version)
+        metrics, _ = self.score(exp)
+        metrics.update(batch.metrics)
+        return exp, metrics
+
+    def sample_seed(self, batch: int = 0) -> int:
+        """Base seed of one generation call: the iteration and the call's number within it (dynamic
+        sampling's batch, partial rollout's round)."""
+        return self.gen.sampling_config.seed + 1_000_003 * self.iteration + 100_003 * batch
+
+    def run_generation(self, request: RolloutRequest):
+        with self.timer("timing/rollout"):
+            generated = self.rollout_service.generate(request)
+        for key in ("timing/resharding_to_infer", "timing/resharding_to_train", "timing/weight_sync"):
+            if key in generated.timing:
+                self.timing[key] = self.timing.get(key, 0.0) + generated.timing[key]
+        return generated
+
     def generate(self, prompts: PromptBatch, batch: int = 0) -> Experience:
         """Prompts split over the rollout engines; the sample seeds depend on the iteration (and the
         generation batch of dynamic sampling) only."""
         n = self.rl.n_samples_per_prompt
-        seed = self.gen.sampling_config.seed + 1_000_003 * self.iteration + 100_003 * batch
-        with self.timer("timing/rollout"):
-            budgets = {"max_new_tokens": prompts.max_new_tokens} if prompts.max_new_tokens else {}
-            generated = self.actor.generate(prompts.input_ids, n, seed, **budgets)
-        for key in ("timing/resharding_to_infer", "timing/resharding_to_train"):
-            self.timing[key] = self.timing.get(key, 0.0) + generated.timing.get(key, 0.0)
-        return build_experience(prompts.input_ids, generated.outputs, n, self.pad_id, prompts.labels)
+        generated = self.run_generation(RolloutRequest(prompts.input_ids, n, self.sample_seed(batch),
+                                                       max_new_tokens=prompts.max_new_tokens))
+        return build_experience(prompts.input_ids, generated.outputs, n, self.pad_id, prompts.labels,
+                                self.rollout_service.version)
 
     def log_probs(self, exp: Experience, which: str) -> torch.Tensor:
-        results = self.actor.forward("compute_log_prob", exp, MODEL_INPUTS, which, balance=self.rl.use_dp_batch_balance)
+        answer = self.actor.forward("compute_log_prob", exp, MODEL_INPUTS, which, balance=self.rl.use_dp_batch_balance)
         for key in ("timing/ref_onload", "timing/ref_offload"):
-            if key in results[0]:
-                self.timing[key] = self.timing.get(key, 0.0) + results[0][key]
-        return torch.cat([r["log_probs"] for r in results]).float()
+            if key in answer.timing:
+                self.timing[key] = self.timing.get(key, 0.0) + answer.timing[key]
+        return answer.per_row.float()
 
     def values(self, exp: Experience) -> torch.Tensor:
-        results = self.critic.forward("compute_values", exp, balance=self.rl.use_dp_batch_balance)
-        return torch.cat([r["values"] for r in results]).float()
+        return self.critic.forward("compute_values", exp, balance=self.rl.use_dp_batch_balance).per_row.float()
 
     def score(self, exp: Experience) -> Tuple[Dict[str, float], Dict[str, torch.Tensor]]:
         """Sequence scores into ``exp.scores``: rule verifiers and/or the reward model, plus the overlong
@@ -239,8 +295,7 @@ class PPOTrainer:
             scores = scores + self.reward_runner.weighted(per_verifier)
         if self.reward_model is not None:
             with self.timer("timing/reward_model"):
-                rm = torch.cat([r["scores"] for r in self.reward_model.forward("compute_scores", exp,
-                                                                                 balance=self.rl.use_dp_batch_balance)])
+                rm = self.reward_model.forward("compute_scores", exp, balance=self.rl.use_dp_batch_balance).per_row
             metrics["reward_model/score/mean"] = float(rm.mean())
             scores = scores + rm.float()
         if self.rl.overlong_buffer_enable:
@@ -264,7 +319,7 @@ class PPOTrainer:
     def compute_advantages(self, exp: Experience) -> None:
         """KL (when a reference is used), token rewards (score on the last token, - beta x KL when the KL
         is in the reward), then the registered estimator."""
-        mask = exp.response_mask
+        mask = exp.loss_mask
         kl = None
         if exp.ref_log_probs is not None:
             current = exp.old_log_probs if exp.old_log_probs is not None else exp.rollout_log_probs
@@ -282,16 +337,25 @@ class PPOTrainer:
             self.kl_ctrl.update(float(masked_mean(kl, mask)), exp.num_rows)
 
     def correct_rollout(self, exp: Experience) -> Dict[str, float]:
-        """Rollout/trainer mismatch metrics, and the truncated importance weights when rollout_is is on."""
+        """Rollout/trainer mismatch metrics, and the truncated importance weights: on every loss token when
+        rollout_is is on; else, with partial rollout, token-level on the stale tokens (sampled by an older
+        policy version) and 1 on the others."""
         if exp.old_log_probs is None:
             return {}
-        metrics = mismatch_metrics(exp.old_log_probs, exp.rollout_log_probs, exp.response_mask)
+        threshold = self.rl.rollout_correction.rollout_is_threshold
+        metrics = mismatch_metrics(exp.old_log_probs, exp.rollout_log_probs, exp.loss_mask)
         if self.algorithm.rollout_is:
-            weights, is_metrics = truncated_is_weights(exp.old_log_probs, exp.rollout_log_probs, exp.response_mask,
-                                                       self.algorithm.rollout_is,
-                                                       self.rl.rollout_correction.rollout_is_threshold)
+            weights, is_metrics = truncated_is_weights(exp.old_log_probs, exp.rollout_log_probs, exp.loss_mask,
+                                                       self.algorithm.rollout_is, threshold)
             exp.set("rollout_is_weights", weights)
             metrics.update(is_metrics)
+        elif self.partial is not None:
+            stale = exp.loss_mask.bool() & (exp.policy_version < self.rollout_service.version)
+            if stale.any():
+                weights, is_metrics = truncated_is_weights(exp.old_log_probs, exp.rollout_log_probs, stale,
+                                                           "token", threshold)
+                exp.set("rollout_is_weights", torch.where(stale, weights, exp.loss_mask.float()))
+                metrics.update(is_metrics)
         return metrics
 
     def update_plan(self, exp: Experience) -> List[np.ndarray]:
@@ -309,9 +373,9 @@ class PPOTrainer:
         return self.actor.update("update", exp, self.update_plan(exp), fields, self.kl_ctrl.value,
                                  horizon=self.gen.sampling_config.max_tokens, balance=self.rl.use_dp_batch_balance)
 
-    def collect_metrics(self, exp: Experience, reward_metrics, update_metrics) -> Dict[str, float]:
+    def collect_metrics(self, exp: Experience, reward_metrics, update_metrics, version: int) -> Dict[str, float]:
         metrics: Dict[str, float] = {"iteration": self.iteration}
-        metrics.update(data_metrics(exp))
+        metrics.update(data_metrics(exp, version))
         metrics.update(reward_metrics)
         metrics.update(update_metrics)
         metrics["actor/kl_coef"] = float(self.kl_ctrl.value)

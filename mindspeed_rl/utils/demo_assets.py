@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from typing import List
+from typing import List, Optional
 
 NAMES = ["Ada", "Bo", "Cy", "Dee", "Eli", "Fay", "Gus", "Hal", "Ivy", "Jo", "Kai", "Lu", "Mo", "Ned", "Oz", "Pia"]
 THINGS = ["apples", "pears", "coins", "books", "cats", "cups", "pens", "stars", "boats", "keys"]
@@ -69,9 +69,29 @@ def prepare(root: str, vocab_size: int, train_rows: int = 2000, seed: int = 1, t
     return paths
 
 
-def _preprocess(raw: str, tok_dir: str, prefix: str) -> None:
+def prepare_long_tail(root: str, vocab_size: int, short: int, long: int, long_every: int = 8,
+                      train_rows: int = 2000, seed: int = 1) -> str:
+    """The demo's prompts with a long-tail response budget (dataset key max_new_tokens): every
+    ``long_every``-th prompt may answer in ``long`` tokens, the others in ``short``. Returns the data prefix
+    (<root>/data/arith_longtail_<short>_<long>_<long_every>); train with
+    ``dataset_additional_keys: [labels, max_new_tokens]``. Idempotent."""
+    paths = prepare(root, vocab_size, train_rows, seed)
+    name = f"arith_longtail_{short}_{long}_{long_every}"
+    prefix = os.path.join(root, "data", name)
+    if not os.path.isfile(prefix + "_summary.json"):
+        raw = os.path.join(root, "raw", name + ".jsonl")
+        rows = [dict(r, max_new_tokens=long if i % long_every == 0 else short)
+                for i, r in enumerate(make_rows(train_rows, seed))]
+        with open(raw, "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
+        _preprocess(raw, paths["tokenizer"], prefix, extra_keys=["max_new_tokens"])
+    return prefix
+
+
+def _preprocess(raw: str, tok_dir: str, prefix: str, extra_keys: Optional[List[str]] = None) -> None:
     from ..config_cls.dataset_config import DatasetConfig
     from ..datasets.preprocess import preprocess
 
     preprocess(DatasetConfig(input=raw, tokenizer_name_or_path=tok_dir, output_prefix=prefix, prompt_type="empty",
-                             seq_length=64), progress=False)
+                             seq_length=64, dataset_additional_keys=["labels"] + list(extra_keys or [])),
+               progress=False)

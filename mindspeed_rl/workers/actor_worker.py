@@ -3,6 +3,9 @@
 Train -> infer: the actor's shards are streamed into the rollout engine (resharding), then the
 training state is offloaded as generate_config says. Infer -> train: the engine is offloaded and
 the training state onloaded. The reference lives on host between its forward passes.
+
+In the disaggregated layout the actor has no engine: rank 0 streams the same full weights to the rollout
+workers over a weight channel (``push_weights``).
 """
 from __future__ import annotations
 
@@ -19,14 +22,15 @@ from ..algorithms.registry import resolve_algorithm
 from ..config_cls.generate_config import GenerateConfig, SamplingConfig
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
-from ..protocol import Experience, MiniBatch, RankLayout, RolloutResult, response_part
+from ..protocol import (Experience, ForwardAnswer, LoadedState, MiniBatch, RankLayout, RolloutResult,
+                        response_part)
 from .base_worker import MegatronWorker, token_budget, train_on_mini_batches
 
 
 class IntegratedActorWorker(MegatronWorker):
     def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, role: RoleConfig,
                  rl: RLConfig, gen: GenerateConfig, total_steps: int, eos_token_id: Optional[int],
-                 pad_token_id: int, threads: int):
+                 pad_token_id: int, threads: int, with_engine: bool = True):
         m = role.megatron
         super().__init__(rank, world_size, master_addr, master_port, m.tensor_model_parallel_size,
                          m.pipeline_model_parallel_size, m.seed, threads, ep=m.expert_model_parallel_size)
@@ -45,11 +49,13 @@ class IntegratedActorWorker(MegatronWorker):
         self.actor_offload = Offloader(self.actor)
         self.ref_offload = Offloader(self.ref) if self.ref is not None else None
         self.kind = get_accelerator().kind
-        self.rollout = make_rollout_engine(role.model, gen, self.kind, eos_token_id, pad_token_id,
-                                           seed=gen.sampling_config.seed, bf16=m.bf16)
+        self.rollout = (make_rollout_engine(role.model, gen, self.kind, eos_token_id, pad_token_id,
+                                            seed=gen.sampling_config.seed, bf16=m.bf16) if with_engine else None)
         # engines are blocks of contiguous ranks of this world (vLLM's external-launcher split)
-        self.engine_size = self.rollout.tensor_parallel_size
-        self.engine_index, self.engine_rank = divmod(rank, self.engine_size)
+        self.engine_size = self.rollout.tensor_parallel_size if with_engine else 0
+        self.engine_index, self.engine_rank = divmod(rank, self.engine_size) if with_engine else (-1, -1)
+        self.engine_version: Optional[int] = None  # the policy version the engine holds (None: unknown)
+        self.channel = None  # the weight channel to the rollout workers (disaggregated layout, rank 0)
 
     def layout(self) -> RankLayout:
         return dataclasses.replace(super().layout(), engine=self.engine_index, engine_rank=self.engine_rank,
@@ -57,7 +63,7 @@ class IntegratedActorWorker(MegatronWorker):
 
     # ----- weights --------------------------------------------------------------------------------
     def init_weights(self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool,
-                     ref_load: Optional[str]) -> Dict:
+                     ref_load: Optional[str]) -> LoadedState:
         """Actor from ``load`` (or its seeded init); the reference from the original weights.
 
         The reference is, in order: ``ref_load`` (integrated_mode_config.ref_model_load_path); on a resume
@@ -78,7 +84,8 @@ class IntegratedActorWorker(MegatronWorker):
             if origin:
                 load_weights_only(self.ref, origin)
             self.ref_offload.offload(grads=False, optimizer=False)  # the reference waits on host
-        return {k: v for k, v in payload.items() if k in ("iteration", "trainer_state")}
+        self.engine_version = None
+        return LoadedState(int(payload.get("iteration") or 0), dict(payload.get("trainer_state") or {}))
 
     def save(self, ckpt_dir: str, iteration: int, extra: Dict, save_optim: bool, save_rng: bool) -> Optional[str]:
         """The checkpoint of ``iteration``; with save_hf also its HF folder (the path, else None)."""
@@ -87,19 +94,46 @@ class IntegratedActorWorker(MegatronWorker):
         save_engine(self.actor, ckpt_dir, iteration, extra, save_optim, save_rng)
         return save_hf_copy(self.actor, ckpt_dir, iteration)
 
+    # ----- disaggregated layout: weights to the rollout workers ------------------------------------
+    def open_weight_channel(self, host: str, port: int, size: int) -> None:
+        """Rank 0 opens the weight channel as its sender (the other ranks only take part in gathering)."""
+        if self.rank == 0:
+            from ..accelerator import get_accelerator
+            from ..rollout.weight_transfer import WeightChannel
+
+            self.channel = WeightChannel(host, port, 0, size, get_accelerator().comm_device(self.actor.device))
+
+    def push_weights(self) -> Dict[str, float]:
+        """Gather the full weights from every TP/PP/EP shard (all ranks) and stream them to the rollout
+        workers (rank 0)."""
+        from ..rollout.resharding import iter_full_weights
+
+        pieces = iter_full_weights(self.actor)
+        if self.channel is not None:
+            return self.channel.send(pieces)
+        for _ in pieces:
+            pass
+        return {}
+
     # ----- rollout ---------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int,
                  sampling: Optional[SamplingConfig] = None,
-                 max_new_tokens: Optional[Sequence[int]] = None) -> RolloutResult:
-        """Sync weights into the engine, sample n responses per prompt (sample i seeded ``seed + i``),
-        hand the devices back. Every rank of an engine must receive the same prompts; only the
+                 max_new_tokens: Optional[Sequence[int]] = None, version: Optional[int] = None) -> RolloutResult:
+        """Sample n responses per prompt (sample i seeded ``seed + i``) with the weights of policy ``version``:
+        the actor's weights are resharded into the engine unless it already holds that version (None: always),
+        then the devices are handed back. Every rank of an engine must receive the same prompts; only the
         engine's first rank returns the outputs."""
         from ..rollout.resharding import iter_full_weights
 
+        if self.rollout is None:
+            raise RuntimeError("this actor has no rollout engine (disaggregated layout): generate on the "
+                               "rollout workers")
         sampling = sampling or self.gen.sampling_config
         t0 = time.perf_counter()
         self.rollout.onload()
-        self.rollout.update_weights(iter_full_weights(self.actor))
+        if version is None or version != self.engine_version:
+            self.rollout.update_weights(iter_full_weights(self.actor))
+            self.engine_version = version
         self.actor_offload.offload(params=self.gen.offload_train_param, grads=self.gen.offload_train_grad,
                                    optimizer=self.gen.offload_train_optimizer)
         t_to_infer = time.perf_counter() - t0
@@ -110,14 +144,15 @@ class IntegratedActorWorker(MegatronWorker):
         self.rollout.offload()
         self.actor_offload.onload()
         t_to_train = time.perf_counter() - t0
-        digest = hashlib.sha1(repr((list(map(list, prompts)), n, seed, sampling, max_new_tokens)).encode()).hexdigest()
+        digest = hashlib.sha1(repr((list(map(list, prompts)), n, seed, sampling, max_new_tokens,
+                                    version)).encode()).hexdigest()
         return RolloutResult(rank=self.rank, engine=self.engine_index, request_digest=digest,
                              outputs=outputs if self.engine_rank == 0 else None,
                              timing={"timing/resharding_to_infer": t_to_infer,
                                      "timing/resharding_to_train": t_to_train, "timing/generate": t_generate})
 
     # ----- forward passes -----------------------------------------------------------------------------
-    def compute_log_prob(self, rows: Experience, which: str = "actor") -> Dict:
+    def compute_log_prob(self, rows: Experience, which: str = "actor") -> ForwardAnswer:
         """Log-probs [B, R] of the response tokens under the actor ("old") or the reference."""
         temperature = self.gen.sampling_config.temperature or 1.0
         timing = {}
@@ -135,7 +170,7 @@ class IntegratedActorWorker(MegatronWorker):
             timing["timing/ref_offload"] = time.perf_counter() - t0
         part = (response_part(out["log_probs"], rows.prompt_width, rows.response_width)
                 if self.is_output_rank else None)
-        return {"log_probs": part, **timing}
+        return ForwardAnswer(part, timing)
 
     # ----- update ----------------------------------------------------------------------------------------
     def update(self, mini_batches: List[MiniBatch], kl_coef: float) -> Dict[str, float]:
@@ -153,7 +188,7 @@ class IntegratedActorWorker(MegatronWorker):
             per_token = LossScale(scale.tokens, 1.0)  # token means for the metrics
 
             def loss_fn(outputs, micro):
-                mask = micro["response_mask"]
+                mask = micro["loss_mask"]
                 log_prob = response_part(outputs["log_probs"], width, length)
                 old = micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach()
                 pg, m = plan.policy_loss.compute(log_prob, old, micro["advantages"], mask, clip, mode, scale,
@@ -176,5 +211,7 @@ class IntegratedActorWorker(MegatronWorker):
                                      "actor", self.gen.sampling_config.temperature or 1.0, token_budget(rl, "update"))
 
     def shutdown(self) -> None:
-        self.rollout.shutdown()
+        if self.rollout is not None:
+            self.rollout.shutdown()
+        self.channel = None
         super().shutdown()

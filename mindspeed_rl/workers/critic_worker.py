@@ -8,7 +8,7 @@ from ..algorithms.losses import LossScale, value_loss
 from ..algorithms.registry import resolve_algorithm
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
-from ..protocol import Experience, MiniBatch, response_part
+from ..protocol import Experience, ForwardAnswer, LoadedState, MiniBatch, response_part
 from .base_worker import MegatronWorker, token_budget, train_on_mini_batches
 
 
@@ -28,7 +28,7 @@ class CriticWorker(MegatronWorker):
         self.offloader = Offloader(self.critic)
         self.offload_when_idle = offload_when_idle
 
-    def init_weights(self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool) -> Dict:
+    def init_weights(self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool) -> LoadedState:
         from ..checkpoint.engine_io import load_engine, load_weights_only
 
         payload: Dict = {}
@@ -36,7 +36,7 @@ class CriticWorker(MegatronWorker):
             payload = (load_weights_only(self.critic, load) if finetune
                        else load_engine(self.critic, load, load_optim, load_rng))
         self._idle()
-        return {k: v for k, v in payload.items() if k in ("iteration",)}
+        return LoadedState(int(payload.get("iteration") or 0), dict(payload.get("trainer_state") or {}))
 
     def save(self, ckpt_dir: str, iteration: int, extra: Dict, save_optim: bool, save_rng: bool) -> Optional[str]:
         """The checkpoint of ``iteration``; with save_hf also its HF folder in the --orm form (the path)."""
@@ -56,7 +56,7 @@ class CriticWorker(MegatronWorker):
         if self.offload_when_idle:
             self.offloader.offload()
 
-    def compute_values(self, rows: Experience) -> Dict:
+    def compute_values(self, rows: Experience) -> ForwardAnswer:
         """Values [B, R] of the response positions."""
         t0 = time.perf_counter()
         self._busy()
@@ -64,7 +64,7 @@ class CriticWorker(MegatronWorker):
                                   token_budget=token_budget(self.rl, "actor"))
         self._idle()
         values = response_part(out["values"], rows.prompt_width, rows.response_width) if self.is_output_rank else None
-        return {"values": values, "seconds": time.perf_counter() - t0}
+        return ForwardAnswer(values, {"timing/critic_forward": time.perf_counter() - t0})
 
     def update(self, mini_batches: List[MiniBatch]) -> Dict[str, float]:
         mode = self.loss_agg_mode
@@ -72,7 +72,7 @@ class CriticWorker(MegatronWorker):
         def make_loss(rows: Experience, scale: LossScale):
             def loss_fn(outputs, micro):
                 values = response_part(outputs["values"], rows.prompt_width, rows.response_width)
-                loss, m = value_loss(values, micro["values"], micro["returns"], micro["response_mask"],
+                loss, m = value_loss(values, micro["values"], micro["returns"], micro["loss_mask"],
                                      self.rl.cliprange_value, mode, scale)
                 return loss, {"critic/vf_loss": float(loss), "critic/vf_clipfrac": float(m["vf_clipfrac"])}
             return loss_fn

@@ -2,11 +2,9 @@
 valid token scores the whole response."""
 from __future__ import annotations
 
-from typing import Dict
-
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
-from ..protocol import Experience
+from ..protocol import Experience, ForwardAnswer, LoadedState
 from .base_worker import MegatronWorker, token_budget
 
 
@@ -21,20 +19,20 @@ class RewardWorker(MegatronWorker):
         self.role, self.rl = role, rl
         self.model = MegatronEngine(role, head="value", trainable=False, remove_padding=rl.use_remove_padding)
 
-    def init_weights(self, load: str) -> Dict:
+    def init_weights(self, load: str) -> LoadedState:
         from ..checkpoint.engine_io import load_weights_only
 
         if not load:
             raise ValueError("reward_config.load is required: a reward model must be trained weights "
                              "(convert one with cli/convert_ckpt.py --orm)")
         load_weights_only(self.model, load)
-        return {}
+        return LoadedState()
 
-    def compute_scores(self, rows: Experience) -> Dict:
+    def compute_scores(self, rows: Experience) -> ForwardAnswer:
         """Score [B] of each sequence: the value head at its last valid token."""
         from ..models.heads import last_token_values
 
         out = self.model.forward(rows.tensors(), self.rl.ref_forward_micro_batch_size,
                                  token_budget=token_budget(self.rl, "ref"))
         scores = last_token_values(out["raw_values"], rows.attention_mask) if self.is_output_rank else None
-        return {"scores": scores}
+        return ForwardAnswer(scores)

@@ -10,6 +10,7 @@ Three axes, one method each:
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -18,7 +19,8 @@ import torch
 
 from ..algorithms.losses import LossScale
 from ..models.packing import balanced_split, restore_order
-from ..protocol import MODEL_INPUTS, Experience, MiniBatch, RankLayout, RolloutOutput, RolloutResult
+from ..protocol import (MODEL_INPUTS, Experience, ForwardAnswer, GeneratedBatch, MiniBatch, RankLayout,
+                        RolloutOutput, RolloutRequest, RolloutResult, split_rows)
 
 
 class DispatchError(RuntimeError):
@@ -26,12 +28,12 @@ class DispatchError(RuntimeError):
 
 
 @dataclass
-class GeneratedBatch:
-    """Outputs of every engine with global prompt indices, the slowest rank's timings, every rank's result."""
+class PendingGeneration:
+    """A generate call in flight: every rank's result reference and how prompts were split over engines."""
 
-    outputs: List[RolloutOutput]
-    timing: Dict[str, float]
-    per_rank: List[RolloutResult]
+    refs: List[Any]
+    engines: List[List[int]]
+    firsts: List[int]
 
 
 def engine_prompt_split(num_prompts: int, engines: int) -> List[np.ndarray]:
@@ -51,11 +53,13 @@ class WorkerGroup:
         """``method`` on every rank (the same arguments, or ``per_rank[r]`` for rank r); results by rank."""
         import ray
 
+        return ray.get(self.call_async(method, *args, per_rank=per_rank, **kwargs))
+
+    def call_async(self, method: str, *args, per_rank: Sequence[tuple] = None, **kwargs) -> List[Any]:
+        """As ``call``, without waiting: the result references by rank."""
         if per_rank is not None:
-            refs = [getattr(h, method).remote(*a, **kwargs) for h, a in zip(self.handles, per_rank)]
-        else:
-            refs = [getattr(h, method).remote(*args, **kwargs) for h in self.handles]
-        return ray.get(refs)
+            return [getattr(h, method).remote(*a, **kwargs) for h, a in zip(self.handles, per_rank)]
+        return [getattr(h, method).remote(*args, **kwargs) for h in self.handles]
 
     def load_layouts(self) -> None:
         self.layouts = self.call("layout")
@@ -79,29 +83,41 @@ class WorkerGroup:
         return [groups[e] for e in sorted(groups)]
 
     # ----- generation: by engine ------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int, *extra,
-                 max_new_tokens: Optional[Sequence[int]] = None) -> GeneratedBatch:
-        """n samples of every prompt. Engine e gets a contiguous range of prompts; the sample with global
-        index j = prompt x n + k is seeded ``seed + j`` whatever the number of engines. ``max_new_tokens``:
-        each prompt's own response budget (split with the prompts)."""
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int, sampling=None,
+                 max_new_tokens: Optional[Sequence[int]] = None, version: Optional[int] = None) -> GeneratedBatch:
+        """n samples of every prompt, waiting for them (see ``submit_generate``)."""
+        request = RolloutRequest([list(p) for p in prompts], n, seed, sampling,
+                                 None if max_new_tokens is None else [int(t) for t in max_new_tokens])
+        return self.collect_generate(self.submit_generate(request, version))
+
+    def submit_generate(self, request: RolloutRequest, version: Optional[int] = None) -> PendingGeneration:
+        """Start generating ``request`` on every engine. Engine e gets a contiguous range of prompts; the sample
+        with global index j = prompt x n + k is seeded ``seed + j`` whatever the number of engines; each prompt's
+        budget goes with it. ``version``: the policy version the engines must hold (resharded from the actor when
+        they hold another; None: always)."""
         import ray
 
         engines = self.engines()
         if not engines:
             raise DispatchError(f"worker group {self.name} has no rollout engines")
+        prompts, n, budgets = request.prompts, request.n, request.max_new_tokens
         ranges = engine_prompt_split(len(prompts), len(engines))
         firsts = [int(rows[0]) if len(rows) else 0 for rows in ranges]  # each engine's first global prompt
         args: List[Optional[tuple]] = [None] * len(self.handles)
         for engine, ranks in enumerate(engines):
             share = ray.put([list(prompts[i]) for i in ranges[engine]])  # one object-store copy per engine
-            tail = extra
-            if max_new_tokens is not None:  # (sampling, budgets): the actor's generate signature
-                tail = (extra or (None,)) + ([int(max_new_tokens[i]) for i in ranges[engine]],)
+            share_budgets = None if budgets is None else [int(budgets[i]) for i in ranges[engine]]
             for rank in ranks:
-                args[rank] = (share, n, seed + n * firsts[engine]) + tail
-        results: List[RolloutResult] = self.call("generate", per_rank=args)
+                args[rank] = (share, n, request.seed + n * firsts[engine], request.sampling, share_budgets, version)
+        return PendingGeneration(self.call_async("generate", per_rank=args), engines, firsts)
+
+    def collect_generate(self, pending: PendingGeneration) -> GeneratedBatch:
+        """Wait for a submitted generation: every engine's outputs with global prompt indices."""
+        import ray
+
+        results: List[RolloutResult] = ray.get(pending.refs)
         outputs: List[RolloutOutput] = []
-        for engine, ranks in enumerate(engines):
+        for engine, ranks in enumerate(pending.engines):
             digests = {results[r].request_digest for r in ranks}
             if len(digests) != 1:
                 raise DispatchError(f"{self.name} engine {engine}: ranks {ranks} received different requests")
@@ -109,8 +125,7 @@ class WorkerGroup:
             if leader.outputs is None:
                 raise DispatchError(f"{self.name} engine {engine}: rank {ranks[0]} returned no outputs")
             for out in leader.outputs:
-                outputs.append(RolloutOutput(out.prompt_index + firsts[engine], out.response_ids, out.logprobs,
-                                             out.finish_reason))
+                outputs.append(dataclasses.replace(out, prompt_index=out.prompt_index + pending.firsts[engine]))
         timing: Dict[str, float] = {}
         for result in results:
             for key, value in result.timing.items():
@@ -119,22 +134,24 @@ class WorkerGroup:
 
     # ----- forwards and updates: by train DP ------------------------------------------------------------
     def forward(self, method: str, experience: Experience, fields: Sequence[str] = MODEL_INPUTS,
-                *extra, balance: bool = False) -> List[Any]:
-        """``method(rows, *extra)`` with each DP group's share of the rows; results in DP order. With
-        ``balance`` the shares have near-equal token sums (use_dp_batch_balance) and the answer is one dict
-        whose row tensors are back in the experience's row order."""
-        if not balance or self.dp_size == 1:
-            results = self._call_per_dp(method, experience.split(self.dp_size, fields), extra)
-            return [results[rank] for rank in self.output_ranks()]
-        shares = balanced_split(experience.attention_mask.sum(1).tolist(), self.dp_size)
+                *extra, balance: bool = False) -> ForwardAnswer:
+        """``method(rows, *extra)`` with each DP group's share of the rows; the output ranks' answers joined
+        in the experience's row order (timings: the slowest group's). With ``balance`` the shares have
+        near-equal token sums (use_dp_batch_balance), else they are contiguous."""
+        if balance and self.dp_size > 1:
+            shares = balanced_split(experience.attention_mask.sum(1).tolist(), self.dp_size)
+        else:
+            shares = split_rows(experience.num_rows, self.dp_size)
         results = self._call_per_dp(method, [experience.select(rows, fields) for rows in shares], extra)
-        answers = [results[rank] for rank in self.output_ranks()]
-        order = torch.as_tensor(np.concatenate(shares))
-        merged = dict(answers[0])
-        for key, value in answers[0].items():
-            if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == len(shares[0]):
-                merged[key] = restore_order(torch.cat([answer[key] for answer in answers]), order)
-        return [merged]
+        answers: List[ForwardAnswer] = [results[rank] for rank in self.output_ranks()]
+        joined = torch.cat([answer.per_row for answer in answers])
+        if balance and self.dp_size > 1:
+            joined = restore_order(joined, torch.as_tensor(np.concatenate(shares)))
+        timing: Dict[str, float] = {}
+        for answer in answers:
+            for key, value in answer.timing.items():
+                timing[key] = max(timing.get(key, 0.0), value)
+        return ForwardAnswer(joined, timing)
 
     def update(self, method: str, experience: Experience, plan: Sequence[np.ndarray], fields: Sequence[str],
                *extra, horizon: Optional[float] = None, balance: bool = False) -> Any:
@@ -145,7 +162,7 @@ class WorkerGroup:
         (metrics are reduced across DP inside the engine)."""
         per_dp: List[List[MiniBatch]] = [[] for _ in range(self.dp_size)]
         for rows in plan:
-            scale = LossScale.of(experience.response_mask[rows], horizon)
+            scale = LossScale.of(experience.loss_mask[rows], horizon)
             rows = np.asarray(rows)
             parts = ([rows[share] for share in balanced_split(experience.attention_mask[rows].sum(1).tolist(),
                                                               self.dp_size)]

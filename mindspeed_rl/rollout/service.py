@@ -1,0 +1,99 @@
+"""The rollout service: what the trainer asks of generation, whichever workers run it.
+
+    handle = service.submit(RolloutRequest(prompts, n, seed))   # starts generation, returns at once
+    batch = service.collect(handle)                              # waits; outputs with global prompt indices
+    service.update_weights(version)                              # the actor's weights after update `version`
+
+Every output records the policy version that generated it (``handle.version``). Implementations:
+``ColocatedRollout`` (the integrated actor's own engines, which share its devices: MindSpeed-RL's
+integrated mode) and ``DisaggregatedRollout`` (rollout workers on devices of their own, weights pushed
+from the actor). Partial rollout (``rollout/partial.py``) drives either in chunks.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Dict
+
+from ..protocol.rollout import GeneratedBatch, RolloutRequest
+
+
+@dataclass
+class RolloutHandle:
+    """A submitted request: the policy version generating it, and the implementation's in-flight state."""
+
+    request: RolloutRequest
+    version: int
+    pending: Any
+
+
+class RolloutService(ABC):
+    """Generation as a service of the driver. ``version`` is the policy version of the weights the engines
+    generate with from the next submit on."""
+
+    def __init__(self) -> None:
+        self.version = 0
+
+    @abstractmethod
+    def submit(self, request: RolloutRequest) -> RolloutHandle:
+        """Start generating ``request``; returns without waiting."""
+
+    @abstractmethod
+    def collect(self, handle: RolloutHandle) -> GeneratedBatch:
+        """Wait for a submitted request: outputs with global prompt indices, grouped by prompt."""
+
+    def update_weights(self, version: int) -> None:
+        """The actor has weights of ``version``: generations submitted from now on use them."""
+        self.version = version
+
+    def generate(self, request: RolloutRequest) -> GeneratedBatch:
+        return self.collect(self.submit(request))
+
+
+class ColocatedRollout(RolloutService):
+    """The integrated actor's engines: generation runs on the actor's own ranks. A submit with a newer
+    version than the engines hold first reshards the actor's weights into them (train TP/PP -> infer TP),
+    then offloads the training state; after generation the engines free their memory and the training
+    state comes back."""
+
+    def __init__(self, actor_group) -> None:
+        super().__init__()
+        self.actor = actor_group
+
+    def submit(self, request: RolloutRequest) -> RolloutHandle:
+        return RolloutHandle(request, self.version, self.actor.submit_generate(request, self.version))
+
+    def collect(self, handle: RolloutHandle) -> GeneratedBatch:
+        return self.actor.collect_generate(handle.pending)
+
+
+class DisaggregatedRollout(RolloutService):
+    """Rollout workers on devices of their own. ``update_weights`` streams the actor's weights to every
+    rollout rank over the weight channel (``rollout/weight_transfer.py``: train TP/PP -> full tensors -> each
+    engine's infer TP) and returns once all hold them; a submit names the version it expects, and a rollout
+    rank holding another refuses it."""
+
+    def __init__(self, actor_group, rollout_group) -> None:
+        super().__init__()
+        self.actor, self.rollout = actor_group, rollout_group
+        self.sync_timing: Dict[str, float] = {}
+
+    def update_weights(self, version: int) -> None:
+        import ray
+
+        sending = self.actor.call_async("push_weights")
+        receiving = self.rollout.call_async("receive_weights", version)
+        ray.get(sending)
+        received = ray.get(receiving)
+        self.sync_timing = {"timing/weight_sync": max(r["timing/weight_sync"] for r in received)}
+        super().update_weights(version)
+
+    def submit(self, request: RolloutRequest) -> RolloutHandle:
+        return RolloutHandle(request, self.version, self.rollout.submit_generate(request, self.version))
+
+    def collect(self, handle: RolloutHandle) -> GeneratedBatch:
+        batch = self.rollout.collect_generate(handle.pending)
+        # the weight sync is reported with the first generation that used it
+        batch.timing.update(self.sync_timing)
+        self.sync_timing = {}
+        return batch

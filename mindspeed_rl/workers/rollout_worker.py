@@ -1,0 +1,96 @@
+"""A rollout worker of the disaggregated layout: one rank of the inference world, on devices of its own.
+
+The ranks form their own torch.distributed world (no megatron model, no training state); engines are blocks
+of ``infer_tensor_parallel_size`` contiguous ranks, as in the integrated actor. New weights arrive over a
+weight channel from the actor's sending rank (``rollout/weight_transfer.py``) as full megatron-named tensors,
+which each engine shards for itself.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import Dict, Optional, Sequence
+
+import torch
+
+from ..config_cls.generate_config import GenerateConfig, SamplingConfig
+from ..config_cls.model_config import ModelConfig
+from ..protocol import RankLayout, RolloutResult
+
+
+class StaleWeights(RuntimeError):
+    """A generation asked for a policy version the engine does not hold (a bug of the driver)."""
+
+
+class RolloutWorker:
+    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, model: ModelConfig,
+                 gen: GenerateConfig, eos_token_id: Optional[int], pad_token_id: int, threads: int, bf16: bool):
+        from ..utils.library_logs import route_process_output
+
+        route_process_output()
+        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                           "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+                           "OMP_NUM_THREADS": str(threads)})
+        torch.set_num_threads(max(1, threads))
+        from ..accelerator import get_accelerator
+        from ..rollout.factory import make_rollout_engine
+        from ..utils import dist
+
+        self.rank, self.world_size, self.gen = rank, world_size, gen
+        self.acc = get_accelerator()
+        dist.init_distributed(rank, world_size, master_addr, master_port, local_rank=self.acc.local_rank())
+        # megatron's parallel state for the fallback engine (a full single-rank copy, used where vLLM cannot run
+        # the model); vLLM builds its own groups over this world
+        dist.init_model_parallel(1, 1, seed=gen.sampling_config.seed)
+        self.engine = make_rollout_engine(model, gen, self.acc.kind, eos_token_id, pad_token_id,
+                                          seed=gen.sampling_config.seed, bf16=bf16)
+        self.engine_size = self.engine.tensor_parallel_size
+        self.engine_index, self.engine_rank = divmod(rank, self.engine_size)
+        self.version: Optional[int] = None
+        self.channel = None
+
+    def layout(self) -> RankLayout:
+        return RankLayout(rank=self.rank, dp_rank=self.engine_index, dp_size=self.world_size // self.engine_size,
+                          tp_rank=self.engine_rank, pp_rank=0, output=self.engine_rank == 0,
+                          engine=self.engine_index, engine_rank=self.engine_rank, engine_size=self.engine_size)
+
+    # ----- weights ---------------------------------------------------------------------------------------
+    def open_weight_channel(self, host: str, port: int, size: int) -> None:
+        """Join the weight channel as receiver ``rank + 1`` (rank 0 is the actor's sender)."""
+        from ..rollout.weight_transfer import WeightChannel
+
+        comm = self.acc.comm_device(self.acc.current_device())
+        self.channel = WeightChannel(host, port, self.rank + 1, size, comm)
+
+    def receive_weights(self, version: int) -> Dict[str, float]:
+        """Load the weights the actor streams now; the engine then holds policy ``version``."""
+        t0 = time.perf_counter()
+        self.engine.onload()
+        stats = self.engine.update_weights(self.channel.receive())
+        self.version = version
+        return {**stats, "timing/weight_sync": time.perf_counter() - t0}
+
+    # ----- rollout ---------------------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int,
+                 sampling: Optional[SamplingConfig] = None, max_new_tokens: Optional[Sequence[int]] = None,
+                 version: Optional[int] = None) -> RolloutResult:
+        """n responses per prompt (sample i seeded ``seed + i``) with the weights of ``version``, which this
+        worker must already hold; only the engine's first rank returns the outputs."""
+        if version is not None and version != self.version:
+            raise StaleWeights(f"rollout rank {self.rank} holds policy version {self.version}, asked for {version}")
+        sampling = sampling or self.gen.sampling_config
+        t0 = time.perf_counter()
+        outputs = self.engine.generate(prompts, sampling, n, seed, max_new_tokens) if prompts else []
+        digest = hashlib.sha1(repr((list(map(list, prompts)), n, seed, sampling, max_new_tokens,
+                                    version)).encode()).hexdigest()
+        return RolloutResult(rank=self.rank, engine=self.engine_index, request_digest=digest,
+                             outputs=outputs if self.engine_rank == 0 else None,
+                             timing={"timing/generate": time.perf_counter() - t0})
+
+    def shutdown(self) -> None:
+        from ..utils import dist
+
+        self.engine.shutdown()
+        self.channel = None
+        dist.destroy()
