@@ -68,6 +68,10 @@ def test_bad_values_are_refused_before_anything_starts(capsys, override, words):
     (["rl_config.partial_rollout_max_split=17"], "rl_config.partial_rollout_max_split: 17 chunks of a 16-token"),
     (["rl_config.partial_rollout_max_split=4", "generate_config.sampling_config.min_tokens=5"],
      "generate_config.sampling_config.min_tokens: 5 is above the partial-rollout chunk of 4 tokens"),
+    (["rl_config.max_head_offpolicyness=1"], "rl_config.max_head_offpolicyness: asynchronous rollout needs rollout "
+                                             "workers of their own"),
+    (["rl_config.max_head_offpolicyness=1", "rl_config.rollout_resource.num_npus=1",
+      "rl_config.partial_rollout_max_split=2"], "cannot be combined with partial rollout or dynamic sampling"),
     (["rl_config.rollout_resource.num_npus=3", "generate_config.infer_tensor_parallel_size=2"],
      "generate_config.infer_tensor_parallel_size: 2 does not divide the rollout workers' 3 devices"),
 ])

@@ -350,6 +350,13 @@ def filter_metric_name(rl: RLConfig) -> str:
 def check_dapo_keys(cfg: PPOConfig) -> None:
     """Dynamic sampling, partial rollout and overlong shaping: keys that only mean something together."""
     rl, max_tokens = cfg.rl, cfg.generate.sampling_config.max_tokens
+    if rl.max_head_offpolicyness > 0:
+        if rl.rollout_resource is None:
+            raise ConfigError("rl_config.max_head_offpolicyness", "asynchronous rollout needs rollout workers of "
+                                                                   "their own: set rl_config.rollout_resource")
+        if rl.partial_rollout_max_split > 1 or rl.filter_groups_enable:
+            raise ConfigError("rl_config.max_head_offpolicyness", "asynchronous rollout cannot be combined with "
+                                                                   "partial rollout or dynamic sampling yet")
     if rl.partial_rollout_max_split > 1:
         if rl.filter_groups_enable:
             raise ConfigError("rl_config.partial_rollout_max_split", "partial rollout and dynamic sampling "
@@ -472,6 +479,9 @@ def batch_plan(cfg: PPOConfig) -> str:
            "the actor's rank 0 pushes full weights to every rollout rank after each update)" if rollout_devices
            else " (actor ranks; every rank of an engine gets the same prompts)"),
     ]
+    if cfg.rl.max_head_offpolicyness > 0:
+        lines.append(f"  async     : the rollout workers generate up to {cfg.rl.max_head_offpolicyness} batch(es) "
+                     "ahead of training (each sampled at most that many versions before it trains)")
     if split > 1:
         lines.append(f"  partial   : chunks of {-(-gen.sampling_config.max_tokens // split)} tokens "
                      f"(max_tokens / partial_rollout_max_split {split}); unfinished responses are parked and continued "

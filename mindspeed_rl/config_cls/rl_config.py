@@ -154,6 +154,11 @@ class RLConfig:
                                             "next weights (finished within N iterations). 1: off.", ge=1)
     require_max_age_all_finished: bool = opt(True, "Partial rollout: an iteration also waits for every response "
                                                    "parked N - 1 times to finish (N = partial_rollout_max_split).")
+    # asynchronous rollout
+    max_head_offpolicyness: int = opt(0, "Asynchronous rollout when > 0 (AReaL's key): the rollout workers "
+                                         "generate the next iterations' batches while the actor trains, each "
+                                         "sampled at most this many policy versions before it is trained on. "
+                                         "Needs rollout_resource (disaggregated). 0: synchronous.", ge=0)
     # validation
     test_freq: int = opt(0, "Validate on megatron_training.test_data_path every N iterations and at the end "
                             "(0: off).", ge=0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Dict
+from typing import Any
 
 from ..protocol.rollout import GeneratedBatch, RolloutRequest
 
@@ -76,24 +76,17 @@ class DisaggregatedRollout(RolloutService):
     def __init__(self, actor_group, rollout_group) -> None:
         super().__init__()
         self.actor, self.rollout = actor_group, rollout_group
-        self.sync_timing: Dict[str, float] = {}
 
     def update_weights(self, version: int) -> None:
         import ray
 
         sending = self.actor.call_async("push_weights")
         receiving = self.rollout.call_async("receive_weights", version)
-        ray.get(sending)
-        received = ray.get(receiving)
-        self.sync_timing = {"timing/weight_sync": max(r["timing/weight_sync"] for r in received)}
+        ray.get(sending + receiving)
         super().update_weights(version)
 
     def submit(self, request: RolloutRequest) -> RolloutHandle:
         return RolloutHandle(request, self.version, self.rollout.submit_generate(request, self.version))
 
     def collect(self, handle: RolloutHandle) -> GeneratedBatch:
-        batch = self.rollout.collect_generate(handle.pending)
-        # the weight sync is reported with the first generation that used it
-        batch.timing.update(self.sync_timing)
-        self.sync_timing = {}
-        return batch
+        return self.rollout.collect_generate(handle.pending)

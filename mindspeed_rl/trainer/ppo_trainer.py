@@ -17,6 +17,7 @@ from ..algorithms.shaping import informative_groups, overlong_penalty
 from ..config_cls.ppo_config import PPOConfig, filter_metric_name
 from ..protocol import MODEL_INPUTS, Experience, RolloutRequest, build_experience, mini_batch_plan
 from ..rollout.partial import ChunkRequest, PartialRollout
+from ..rollout.pipeline import RolloutPipeline
 from ..rollout.service import ColocatedRollout
 from .metrics import data_metrics, throughput
 from .prompts import PromptBatch, decode_responses
@@ -53,11 +54,15 @@ class PPOTrainer:
         self.partial = (PartialRollout(self.rl.n_samples_per_prompt, self.gen.sampling_config.max_tokens,
                                        self.rl.partial_rollout_max_split, self.rl.require_max_age_all_finished)
                         if self.rl.partial_rollout_max_split > 1 else None)
+        self.pipeline = (RolloutPipeline(self.rollout_service, self.rl.max_head_offpolicyness)
+                         if self.rl.max_head_offpolicyness > 0 else None)
+        # samples of older policy versions: old log-probs recomputed, stale tokens importance-weighted
+        self.off_policy = self.partial is not None or self.pipeline is not None
         samples = cfg.samples_per_iteration
         # one on-policy step: the old log-probs equal the current ones (taken, detached, in the loss)
         self.skip_old_log_prob = (self.rl.epochs == 1 and samples == self.rl.mini_batch_size
                                   and not self.algorithm.kl_in_reward and not self.algorithm.rollout_is
-                                  and self.partial is None)
+                                  and not self.off_policy)
         self.history: List[Dict[str, float]] = []
         self.ref_from = None  # the original weights the reference was built from, for resumes
 
@@ -96,8 +101,9 @@ class PPOTrainer:
                         update_metrics.update(self.update_critic(exp))
                 with self.timer("timing/update"):
                     update_metrics.update(self.update_actor(exp))
+                with self.timer("timing/weight_sync"):
+                    self.rollout_service.update_weights(self.iteration + 1)
             self.iteration += 1
-            self.rollout_service.update_weights(self.iteration)
             if self.validation_due():
                 with self.timer("timing/validation"):
                     reward_metrics.update(self.validate())
@@ -160,6 +166,8 @@ class PPOTrainer:
                  "kl_ctrl": self.kl_ctrl.state_dict(), "ref_from": self.ref_from}
         if self.partial is not None:
             state["partial_rollout"] = self.partial.state_dict()
+        if self.pipeline is not None:
+            state["async_rollout"] = self.pipeline.state_dict()
         return state
 
     def load_trainer_state(self, state: Dict) -> None:
@@ -168,6 +176,8 @@ class PPOTrainer:
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         if self.partial is not None and state.get("partial_rollout"):
             self.partial.load_state_dict(state["partial_rollout"])
+        if self.pipeline is not None and state.get("async_rollout"):
+            self.pipeline.load_state_dict(state["async_rollout"], PromptBatch)
 
     def save(self) -> None:
         am, cm = self.cfg.actor.megatron, self.cfg.critic.megatron
@@ -195,6 +205,8 @@ class PPOTrainer:
             return self.dynamic_sampling()
         if self.partial is not None:
             return self.partial_rollout()
+        if self.pipeline is not None:
+            return self.async_rollout()
         exp = self.generate(self.next_prompts())
         metrics, _ = self.score(exp)
         return exp, metrics
@@ -251,15 +263,38 @@ class PPOTrainer:
         metrics.update(batch.metrics)
         return exp, metrics
 
-    def sample_seed(self, batch: int = 0) -> int:
-        """Base seed of one generation call: the iteration and the call's number within it (dynamic
-        sampling's batch, partial rollout's round)."""
-        return self.gen.sampling_config.seed + 1_000_003 * self.iteration + 100_003 * batch
+    def async_rollout(self) -> Tuple[Experience, Dict[str, float]]:
+        """This iteration's batch from the pipeline (rollout/pipeline.py), after submitting the batches of the
+        next max_head_offpolicyness iterations with the current weights: they generate while this one trains."""
+        n = self.rl.n_samples_per_prompt
+
+        def make_request(iteration: int):
+            prompts = self.next_prompts()
+            return prompts, RolloutRequest(prompts.input_ids, n, self.sample_seed(0, iteration),
+                                           max_new_tokens=prompts.max_new_tokens)
+
+        self.pipeline.fill(self.iteration, make_request)
+        entry, waited = self.pipeline.take(self.iteration)
+        generating = entry.result.timing.get("timing/generate", 0.0)
+        self.timing["timing/rollout_wait"] = waited
+        self.timing["timing/rollout"] = generating
+        exp = build_experience(entry.prompts.input_ids, entry.result.outputs, n, self.pad_id, entry.prompts.labels,
+                               entry.version)
+        metrics, _ = self.score(exp)
+        # the share of this batch's generation that ran while the trainer did something else
+        metrics["async/overlap_share"] = max(0.0, 1.0 - waited / generating) if generating > 0 else 0.0
+        return exp, metrics
+
+    def sample_seed(self, batch: int = 0, iteration: int = None) -> int:
+        """Base seed of one generation call: its iteration (this one by default) and the call's number within
+        it (dynamic sampling's batch, partial rollout's round)."""
+        iteration = self.iteration if iteration is None else iteration
+        return self.gen.sampling_config.seed + 1_000_003 * iteration + 100_003 * batch
 
     def run_generation(self, request: RolloutRequest):
         with self.timer("timing/rollout"):
             generated = self.rollout_service.generate(request)
-        for key in ("timing/resharding_to_infer", "timing/resharding_to_train", "timing/weight_sync"):
+        for key in ("timing/resharding_to_infer", "timing/resharding_to_train"):
             if key in generated.timing:
                 self.timing[key] = self.timing.get(key, 0.0) + generated.timing[key]
         return generated
@@ -338,8 +373,8 @@ class PPOTrainer:
 
     def correct_rollout(self, exp: Experience) -> Dict[str, float]:
         """Rollout/trainer mismatch metrics, and the truncated importance weights: on every loss token when
-        rollout_is is on; else, with partial rollout, token-level on the stale tokens (sampled by an older
-        policy version) and 1 on the others."""
+        rollout_is is on; else, with partial or asynchronous rollout, token-level on the stale tokens (sampled
+        by an older policy version) and 1 on the others."""
         if exp.old_log_probs is None:
             return {}
         threshold = self.rl.rollout_correction.rollout_is_threshold
@@ -349,7 +384,7 @@ class PPOTrainer:
                                                        self.algorithm.rollout_is, threshold)
             exp.set("rollout_is_weights", weights)
             metrics.update(is_metrics)
-        elif self.partial is not None:
+        elif self.off_policy:
             stale = exp.loss_mask.bool() & (exp.policy_version < self.rollout_service.version)
             if stale.any():
                 weights, is_metrics = truncated_is_weights(exp.old_log_probs, exp.rollout_log_probs, stale,

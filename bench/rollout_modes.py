@@ -1,0 +1,99 @@
+"""Synchronous vs partial vs asynchronous rollout, side by side, on a fixed and on a long-tail workload.
+
+    .venv/bin/python bench/rollout_modes.py [--iterations 6] [--modes sync partial async]
+
+The GRPO twin (16 prompts x 8 samples) through `cli/train_ppo.py` (the user's command) in three modes:
+  sync     grpo_tiny_cpu: the actor's own engine, one slot
+  partial  grpo_tiny_cpu with partial_rollout_max_split (chunks of max_tokens / split), one slot
+  async    grpo_tiny_cpu_async: actor slot + rollout-worker slot, max_head_offpolicyness 1
+and two workloads:
+  fixed     every prompt may answer in --fixed-tokens tokens
+  long-tail 1 prompt in 8 may answer in --long-tokens tokens, the others in --short-tokens
+            (utils.demo_assets.prepare_long_tail: the dataset key max_new_tokens)
+Prints a markdown table of medians over iterations 2..N: step (timing/all), e2e_tps, generation
+(timing/rollout), trainer idle (time the actor's ranks wait for generation: timing/rollout when generation
+runs on them, timing/rollout_wait in async), rollout idle (time the engines do not generate: step -
+generation), staleness, and the whole command's wall time.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+MODES = {"sync": ("grpo_tiny_cpu", []),
+         "partial": ("grpo_tiny_cpu", ["rl_config.partial_rollout_max_split={split}"]),
+         "async": ("grpo_tiny_cpu_async", [])}
+
+
+def run(mode: str, workload: dict, iterations: int, work: str, split: int) -> dict:
+    config, extra = MODES[mode]
+    out = os.path.join(work, f"{mode}_{workload['name']}")
+    overrides = [f"megatron_training.train_iters={iterations}", f"rl_config.log_dir={out}/logs",
+                 f"actor_config.save={out}/actor", "megatron_training.save_interval=1000",
+                 "megatron_training.test_data_path=null", "rl_config.test_freq=0", "rl_config.val_before_train=false",
+                 f"megatron_training.tokenizer_name_or_path={workload['tokenizer']}",
+                 f"megatron_training.data_path={workload['data']}",
+                 f"generate_config.sampling_config.max_tokens={workload['max_tokens']}",
+                 f"megatron_training.dataset_additional_keys={workload['keys']}"]
+    overrides += [e.format(split=split) for e in extra]
+    cmd = [sys.executable, os.path.join(ROOT, "cli", "train_ppo.py"), "--config-name", config] + overrides
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if proc.returncode:
+        raise SystemExit(f"{mode} on {workload['name']} failed:\n{proc.stderr[-3000:]}")
+    run_dir = re.findall(r"run directory: (\S+)", proc.stdout)[-1]
+    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8")]
+    rows = [r for r in rows if "timing/all" in r][1:] or rows
+
+    def median(fn):
+        return statistics.median(fn(r) for r in rows)
+
+    trainer_idle = (lambda r: r.get("timing/rollout_wait", 0.0)) if mode == "async" else (
+        lambda r: r.get("timing/rollout", 0.0))
+    return {"step": median(lambda r: r["timing/all"]), "e2e_tps": median(lambda r: r["e2e_tps"]),
+            "generation": median(lambda r: r.get("timing/rollout", 0.0)), "trainer idle": median(trainer_idle),
+            "rollout idle": median(lambda r: r["timing/all"] - r.get("timing/rollout", 0.0)),
+            "staleness": median(lambda r: r.get("rollout/staleness_mean", 0.0)),
+            "length": median(lambda r: r["response_length/mean"]), "wall": wall}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--iterations", type=int, default=6)
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--fixed-tokens", type=int, default=16)
+    p.add_argument("--short-tokens", type=int, default=4)
+    p.add_argument("--long-tokens", type=int, default=32)
+    p.add_argument("--split", type=int, default=4, help="partial_rollout_max_split of the partial mode")
+    args = p.parse_args()
+    from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.utils.demo_assets import prepare, prepare_long_tail
+
+    with tempfile.TemporaryDirectory(prefix="bench_rollout_modes_") as work:
+        vocab = load_ppo_config("grpo_tiny_cpu").actor.model.padded_vocab_size
+        paths = prepare(os.path.join(work, "assets"), vocab)
+        long_tail = prepare_long_tail(os.path.join(work, "assets"), vocab, args.short_tokens, args.long_tokens)
+        workloads = [dict(name="fixed", data=paths["data_prefix"], tokenizer=paths["tokenizer"],
+                          max_tokens=args.fixed_tokens, keys="[labels]"),
+                     dict(name="long-tail", data=long_tail, tokenizer=paths["tokenizer"],
+                          max_tokens=args.long_tokens, keys="[labels,max_new_tokens]")]
+        results = {(w["name"], m): run(m, w, args.iterations, work, args.split) for w in workloads for m in args.modes}
+    columns = ("step", "e2e_tps", "generation", "trainer idle", "rollout idle", "staleness", "length", "wall")
+    print("| workload | mode | " + " | ".join(columns) + " |")
+    print("|---|---|" + "---|" * len(columns))
+    for (workload, mode), r in results.items():
+        print(f"| {workload} | {mode} | " + " | ".join(f"{r[c]:.3g}" for c in columns) + " |")
+
+
+if __name__ == "__main__":
+    main()
