@@ -192,7 +192,11 @@ def test_cpu_decisions(monkeypatch):
     assert acc.local_rank() == 0
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     gen = GenerateConfig(gpu_memory_utilization=0.2)
-    assert acc.vllm_engine_kwargs(gen) == {"kv_cache_memory_bytes": vllm_kv_cache_bytes(gen)}
+    # no chunked prefill on CPU (a split prefill rewinds a seeded CPU generator), so a step holds a whole prompt
+    assert acc.vllm_engine_kwargs(gen) == {"kv_cache_memory_bytes": vllm_kv_cache_bytes(gen),
+                                           "enable_chunked_prefill": False,
+                                           "max_num_batched_tokens": max(gen.max_num_batched_tokens,
+                                                                         gen.max_model_len)}
 
 
 def test_cpu_kv_cache_budget_is_shared_by_the_engine_processes_of_a_host(monkeypatch):

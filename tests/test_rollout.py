@@ -277,3 +277,30 @@ def test_one_vocabulary_rule_the_whole_padded_vocabulary_everywhere():
         assert texts == ["5 7", "3"] and outside == 2
     finally:
         dist.destroy()
+
+
+def test_vllm_on_cpu_samples_many_distinct_long_prompts_with_seeds():
+    """Regression: prompts that do not all fit one engine step (partial rollout's continuations) made vLLM split
+    a prefill and rewind that request's seeded generator, which CPU generators cannot do."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent('''
+        import sys
+        sys.path.insert(0, ".")
+        from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+        from mindspeed_rl.rollout.vllm_engine import VllmEngine
+        from tests.helpers import tiny_model_config
+        m = tiny_model_config(num_layers=1, hidden_size=128, ffn_hidden_size=128, padded_vocab_size=512)
+        e = VllmEngine(m, GenerateConfig(dtype="float32", max_model_len=64, max_num_seqs=64,
+                                         max_num_batched_tokens=128, gpu_memory_utilization=0.002), "cpu", 0)
+        prompts = [[(7 * i + j) % 500 + 1 for j in range(40)] for i in range(24)]   # 960 distinct prompt tokens
+        outs = e.generate(prompts, SamplingConfig(temperature=1.0, max_tokens=4, seed=5), n=1)
+        print("DONE", len(outs), sum(len(o.response_ids) for o in outs))
+        e.shutdown()
+    ''')
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    line = [x for x in proc.stdout.splitlines() if x.startswith("DONE")]
+    assert line and line[0].split()[1] == "24", proc.stderr[-2000:]
