@@ -1,6 +1,6 @@
 """Split full megatron-core (local spec) weights into tensor-parallel shards and merge them back.
 
-Rules (DESIGN.md): qkv, word embeddings, output layer and their biases chunk on dim 0 (whole
+Rules: qkv, word embeddings, output layer and their biases chunk on dim 0 (whole
 query groups per rank, because megatron stores qkv grouped as [q of the group's heads; k; v]);
 linear_fc1 of a SwiGLU MLP is cat(gate, up), so rank r holds cat(gate chunk r, up chunk r);
 linear_proj and linear_fc2 chunk on dim 1; norms are replicated. A value head

@@ -78,7 +78,7 @@ class PPOConfig:
 
     @property
     def world_size(self) -> int:
-        """Devices that count for the throughput metrics (DESIGN.md, Metrics)."""
+        """Devices that count for the throughput metrics (docs/ppo.md, Metrics)."""
         rollout = self.rl.rollout_resource.num_npus if self.rl.rollout_resource is not None else 0
         if self.rl.use_integrated_worker:
             return self.actor.num_devices + rollout
