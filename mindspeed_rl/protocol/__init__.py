@@ -2,8 +2,8 @@
 from .experience import (FIELDS, MODEL_INPUTS, Experience, FieldSpec, MiniBatch, build_experience,
                          mini_batch_plan, response_part, split_rows)
 from .rollout import (ForwardAnswer, GeneratedBatch, LoadedState, RankLayout, RolloutOutput, RolloutRequest,
-                      RolloutResult)
+                      RolloutResult, request_digest, slowest)
 
 __all__ = ["FIELDS", "MODEL_INPUTS", "Experience", "FieldSpec", "ForwardAnswer", "GeneratedBatch", "LoadedState",
            "MiniBatch", "RankLayout", "RolloutOutput", "RolloutRequest", "RolloutResult", "build_experience",
-           "mini_batch_plan", "response_part", "split_rows"]
+           "mini_batch_plan", "request_digest", "response_part", "slowest", "split_rows"]

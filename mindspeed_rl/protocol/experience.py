@@ -236,8 +236,7 @@ def build_experience(prompts: Sequence[Sequence[int]], outputs: Sequence[Rollout
     return Experience(
         prompt_width=int(prompt_ids.shape[1]),
         input_ids=torch.cat([prompt_ids, response_ids], 1), attention_mask=torch.cat([prompt_mask, response_mask], 1),
-        response_mask=response_mask, loss_mask=response_mask.clone(), policy_version=policy_version,
-        prompt_mask=prompt_mask, response_ids=response_ids,
+        response_mask=response_mask, policy_version=policy_version, prompt_mask=prompt_mask, response_ids=response_ids,
         rollout_log_probs=rollout_log_probs, group=torch.arange(len(rows)) // n,
         labels=None if labels is None else [labels[i // n] for i in range(len(rows))],
     ).validate()

@@ -1,8 +1,9 @@
 """What crosses Ray: generation requests and answers, and the typed answers of the workers' other calls."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, Iterable, List, Optional, Sequence
 
 import torch
 
@@ -45,6 +46,22 @@ class RolloutResult:
     request_digest: str
     outputs: Optional[List[RolloutOutput]]
     timing: Dict[str, float] = field(default_factory=dict)
+
+
+def request_digest(prompts: Sequence[Sequence[int]], n: int, seed: int, sampling: Optional[SamplingConfig],
+                   max_new_tokens: Optional[Sequence[int]], version: Optional[int]) -> str:
+    """Fingerprint of the requests one rank received (``RolloutResult.request_digest``)."""
+    return hashlib.sha1(repr((list(map(list, prompts)), n, seed, sampling, max_new_tokens,
+                              version)).encode()).hexdigest()
+
+
+def slowest(timings: Iterable[Dict[str, float]]) -> Dict[str, float]:
+    """Each named phase's longest time over the ranks that report it (the ranks run in parallel)."""
+    out: Dict[str, float] = {}
+    for timing in timings:
+        for key, value in timing.items():
+            out[key] = max(out.get(key, 0.0), value)
+    return out
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""The single controller. ``fit()`` is DESIGN.md's iteration list; the algorithm registry
-(``cfg.algorithm``) decides which models take part and how advantages and losses are computed."""
+"""The single controller. ``fit()`` is the iteration list of docs/ppo.md ("One iteration"); the algorithm
+registry (``cfg.algorithm``) decides which models take part and how advantages and losses are computed."""
 from __future__ import annotations
 
 import dataclasses
@@ -257,7 +257,7 @@ class PPOTrainer:
                                                       max_new_tokens=chunk.max_new_tokens)).outputs
 
         batch = self.partial.next_batch(self.cfg.prompts_per_iteration, draw, generate, service.version,
-                                        lambda r: self.sample_seed(r))
+                                        self.sample_seed)
         exp = build_experience(batch.prompts, batch.outputs, n, self.pad_id, batch.labels, service.version)
         metrics, _ = self.score(exp)
         metrics.update(batch.metrics)

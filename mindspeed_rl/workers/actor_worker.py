@@ -10,7 +10,6 @@ workers over a weight channel (``push_weights``).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -23,7 +22,7 @@ from ..config_cls.generate_config import GenerateConfig, SamplingConfig
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..protocol import (Experience, ForwardAnswer, LoadedState, MiniBatch, RankLayout, RolloutResult,
-                        response_part)
+                        request_digest, response_part)
 from .base_worker import MegatronWorker, token_budget, train_on_mini_batches
 
 
@@ -144,9 +143,8 @@ class IntegratedActorWorker(MegatronWorker):
         self.rollout.offload()
         self.actor_offload.onload()
         t_to_train = time.perf_counter() - t0
-        digest = hashlib.sha1(repr((list(map(list, prompts)), n, seed, sampling, max_new_tokens,
-                                    version)).encode()).hexdigest()
-        return RolloutResult(rank=self.rank, engine=self.engine_index, request_digest=digest,
+        return RolloutResult(rank=self.rank, engine=self.engine_index,
+                             request_digest=request_digest(prompts, n, seed, sampling, max_new_tokens, version),
                              outputs=outputs if self.engine_rank == 0 else None,
                              timing={"timing/resharding_to_infer": t_to_infer,
                                      "timing/resharding_to_train": t_to_train, "timing/generate": t_generate})

@@ -7,7 +7,6 @@ which each engine shards for itself.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from typing import Dict, Optional, Sequence
@@ -16,7 +15,7 @@ import torch
 
 from ..config_cls.generate_config import GenerateConfig, SamplingConfig
 from ..config_cls.model_config import ModelConfig
-from ..protocol import RankLayout, RolloutResult
+from ..protocol import RankLayout, RolloutResult, request_digest
 
 
 class StaleWeights(RuntimeError):
@@ -82,9 +81,8 @@ class RolloutWorker:
         sampling = sampling or self.gen.sampling_config
         t0 = time.perf_counter()
         outputs = self.engine.generate(prompts, sampling, n, seed, max_new_tokens) if prompts else []
-        digest = hashlib.sha1(repr((list(map(list, prompts)), n, seed, sampling, max_new_tokens,
-                                    version)).encode()).hexdigest()
-        return RolloutResult(rank=self.rank, engine=self.engine_index, request_digest=digest,
+        return RolloutResult(rank=self.rank, engine=self.engine_index,
+                             request_digest=request_digest(prompts, n, seed, sampling, max_new_tokens, version),
                              outputs=outputs if self.engine_rank == 0 else None,
                              timing={"timing/generate": time.perf_counter() - t0})
 

@@ -20,7 +20,7 @@ import torch
 from ..algorithms.losses import LossScale
 from ..models.packing import balanced_split, restore_order
 from ..protocol import (MODEL_INPUTS, Experience, ForwardAnswer, GeneratedBatch, MiniBatch, RankLayout,
-                        RolloutOutput, RolloutRequest, RolloutResult, split_rows)
+                        RolloutOutput, RolloutRequest, RolloutResult, slowest, split_rows)
 
 
 class DispatchError(RuntimeError):
@@ -126,11 +126,7 @@ class WorkerGroup:
                 raise DispatchError(f"{self.name} engine {engine}: rank {ranks[0]} returned no outputs")
             for out in leader.outputs:
                 outputs.append(dataclasses.replace(out, prompt_index=out.prompt_index + pending.firsts[engine]))
-        timing: Dict[str, float] = {}
-        for result in results:
-            for key, value in result.timing.items():
-                timing[key] = max(timing.get(key, 0.0), value)
-        return GeneratedBatch(outputs, timing, results)
+        return GeneratedBatch(outputs, slowest(r.timing for r in results), results)
 
     # ----- forwards and updates: by train DP ------------------------------------------------------------
     def forward(self, method: str, experience: Experience, fields: Sequence[str] = MODEL_INPUTS,
@@ -144,14 +140,9 @@ class WorkerGroup:
             shares = split_rows(experience.num_rows, self.dp_size)
         results = self._call_per_dp(method, [experience.select(rows, fields) for rows in shares], extra)
         answers: List[ForwardAnswer] = [results[rank] for rank in self.output_ranks()]
-        joined = torch.cat([answer.per_row for answer in answers])
-        if balance and self.dp_size > 1:
-            joined = restore_order(joined, torch.as_tensor(np.concatenate(shares)))
-        timing: Dict[str, float] = {}
-        for answer in answers:
-            for key, value in answer.timing.items():
-                timing[key] = max(timing.get(key, 0.0), value)
-        return ForwardAnswer(joined, timing)
+        joined = restore_order(torch.cat([answer.per_row for answer in answers]),
+                               torch.as_tensor(np.concatenate(shares)))
+        return ForwardAnswer(joined, slowest(answer.timing for answer in answers))
 
     def update(self, method: str, experience: Experience, plan: Sequence[np.ndarray], fields: Sequence[str],
                *extra, horizon: Optional[float] = None, balance: bool = False) -> Any:
