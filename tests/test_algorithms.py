@@ -107,3 +107,45 @@ def test_whitening_and_group_norm():
     # group 0: mean 0.5, unbiased std sqrt(0.5) -> +-0.5 / sqrt(0.5); group 1: equal scores -> 0
     assert torch.allclose(adv[:, 0], T([0.5 / math.sqrt(0.5), -0.5 / math.sqrt(0.5), 0.0, 0.0]), atol=1e-4)
     assert adv[1, 1] == 0 and torch.equal(adv, ret)
+
+
+# ----- multi-turn trajectories: tool results are holes in the loss mask ------------------------------------
+# tokens:  g0 g1 [t2 t3] g4 g5   (t: a tool result, loss_mask 0), reward 1 on g5, gamma 0.5
+HOLE_MASK = torch.tensor([[1, 1, 0, 0, 1, 1]])
+HOLE_REWARDS = torch.tensor([[0.0, 0.0, 0.0, 0.0, 0.0, 1.0]])
+
+
+def test_reinforce_plus_plus_returns_carry_across_tool_results_undiscounted():
+    from mindspeed_rl.algorithms.advantages import reinforce_plus_plus_advantages
+
+    # by hand: G5 = 1, G4 = 0.5, g1 and g0 are 2 and 3 policy tokens before the reward: 0.25, 0.125;
+    # the holes carry G4 (0) in the returns tensor only as 0 (masked)
+    _, returns = reinforce_plus_plus_advantages(HOLE_REWARDS, HOLE_MASK, gamma=0.5)
+    assert torch.allclose(returns, torch.tensor([[0.125, 0.25, 0.0, 0.0, 0.5, 1.0]]))
+    # the same trajectory without the tool result gives the same returns on the policy's tokens
+    _, plain = reinforce_plus_plus_advantages(torch.tensor([[0.0, 0.0, 0.0, 1.0]]), torch.ones(1, 4), gamma=0.5)
+    assert torch.allclose(returns[HOLE_MASK.bool()], plain.flatten())
+
+
+def test_gae_skips_tool_results_consistently():
+    from mindspeed_rl.algorithms.advantages import compute_gae
+
+    values = torch.tensor([[0.1, 0.2, 9.0, 9.0, 0.3, 0.4]])  # values on the holes must never be read
+    adv, returns = compute_gae(HOLE_REWARDS, values, HOLE_MASK, gamma=0.5, lam=0.5)
+    # by hand over g0 g1 g4 g5 with V = .1 .2 .3 .4:
+    # d5 = 1 - .4 = .6;             A5 = .6
+    # d4 = 0 + .5*.4 - .3 = -.1;    A4 = -.1 + .25*.6 = .05
+    # d1 = 0 + .5*.3 - .2 = -.05;   A1 = -.05 + .25*.05 = -.0375
+    # d0 = 0 + .5*.2 - .1 = 0;      A0 = 0 + .25*(-.0375) = -.009375
+    assert torch.allclose(adv, torch.tensor([[-0.009375, -0.0375, 0.0, 0.0, 0.05, 0.6]]))
+    assert torch.allclose(returns, torch.tensor([[0.090625, 0.1625, 0.0, 0.0, 0.35, 1.0]]))
+    plain_adv, _ = compute_gae(torch.tensor([[0.0, 0.0, 0.0, 1.0]]), torch.tensor([[0.1, 0.2, 0.3, 0.4]]),
+                               torch.ones(1, 4), gamma=0.5, lam=0.5)
+    assert torch.allclose(adv[HOLE_MASK.bool()], plain_adv.flatten())
+
+
+def test_token_rewards_put_the_score_on_the_last_generated_token():
+    from mindspeed_rl.algorithms.advantages import token_level_rewards
+
+    mask = torch.tensor([[1, 1, 0, 0, 1, 1, 0, 0]])  # ends in a cut tool result: the score goes on token 5
+    assert token_level_rewards(torch.tensor([2.0]), mask).tolist() == [[0, 0, 0, 0, 0, 2.0, 0, 0]]

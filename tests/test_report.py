@@ -60,3 +60,27 @@ def test_report_without_run_json_still_renders_the_curves(tmp_path):
     (tmp_path / "run.json").unlink()
     text = open(report.render(str(tmp_path)), encoding="utf-8").read()
     assert "Config summary" not in text and text.count("data:image/png;base64,") == 6
+
+
+def test_timeline_shows_who_does_what_when(tmp_path):
+    """timeline.jsonl (written by the trainer each iteration) becomes a picture of the last iterations, with
+    the rollout workers' generation overlapping the actor's update (asynchronous rollout)."""
+    from mindspeed_rl.trainer.loggers import MetricsLogger
+
+    write_run(tmp_path)
+    logger = MetricsLogger(str(tmp_path), 4)
+    t = 1000.0
+    for it in range(1, 4):
+        logger.timeline(it, t, t + 3.0, [("actor", "timing/rollout_wait", t, t + 0.2),
+                                         ("actor", "timing/update", t + 0.5, t + 2.5),
+                                         ("rollout workers", "timing/rollout", t + 0.4, t + 2.9),
+                                         ("actor", "timing/weight_sync", t + 2.6, t + 3.0),
+                                         ("rollout workers", "timing/weight_sync", t + 2.9, t + 3.0)])
+        t += 3.0
+    rows = report.read_timeline(str(tmp_path / "timeline.jsonl"))
+    assert [r["iteration"] for r in rows] == [1, 2, 3] and rows[0]["spans"][2][:2] == ["rollout workers", "timing/rollout"]
+    title, png = report.timeline_figure(rows)
+    assert title == "Timeline" and base64.b64decode(png).startswith(b"\x89PNG")
+    text = open(report.render(str(tmp_path)), encoding="utf-8").read()
+    assert "alt='Timeline'" in text
+    assert report.timeline_figure([{"iteration": 1, "start": 0, "end": 1, "spans": []}]) is None

@@ -86,7 +86,8 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
         delta_t = r_t + gamma * V_{t+1} - V_t          (V after the last valid token is 0)
         A_t     = delta_t + gamma * lam * A_{t+1}
         R_t     = A_t + V_t                           (the value target)
-    Padded positions get A = R = 0 and do not carry the recursion.
+    t + 1 is the next token with mask 1: masked positions (padding, tool results inside a multi-turn
+    trajectory) get A = R = 0 and are skipped by the recursion, neither discounting nor breaking it.
     """
     mask = mask.to(values.dtype)
     values = torch.where(mask.bool(), values, torch.zeros_like(values))
@@ -149,16 +150,19 @@ def rloo_advantages(sequence_rewards: torch.Tensor, mask: torch.Tensor, group: t
 
 
 def reinforce_plus_plus_advantages(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> Pair:
-    """REINFORCE++: the discounted reward-to-go, whitened over the batch's valid tokens.
+    """REINFORCE++: the discounted reward-to-go over the policy's own tokens, whitened over the batch.
 
-        G_t = sum_{k >= t} gamma^(k-t) r_k;   A_t = (G_t - mean G) / std G;   returns = G
+        G_t = sum_{k >= t, m_k = 1} gamma^(n(t, k)) r_k,   n(t, k) = #{j : t <= j < k, m_j = 1}
+        A_t = (G_t - mean G) / std G;   returns = G
+    Masked tokens (tool results inside a multi-turn trajectory, padding) neither discount nor break the sum:
+    the return carries across them unchanged, as if they were not there.
     """
     m = mask.bool()
     rewards = torch.where(m, token_rewards.float(), torch.zeros_like(token_rewards, dtype=torch.float32))
     returns = torch.zeros_like(rewards)
     running = torch.zeros(rewards.shape[0])
     for t in reversed(range(rewards.shape[1])):
-        running = rewards[:, t] + gamma * running
+        running = torch.where(m[:, t], rewards[:, t] + gamma * running, running)
         returns[:, t] = running
     returns = torch.where(m, returns, torch.zeros_like(returns))
     return masked_whiten(returns, mask), returns

@@ -29,6 +29,12 @@ class DatasetConfig:
     dataset_additional_keys: List[str] = opt(doc="Extra fields stored with each prompt (labels: the answer).",
                                              factory=lambda: ["labels"])
     seq_length: int = opt(2048, "Prompts longer than this many tokens are skipped.", ge=1)
+    tools: List[str] = opt(doc="Tools listed in every prompt's system turn (the template's tools_format): "
+                               "built-in names (calculator, python) or registered functions 'module:function'. "
+                               "A row's own 'tools' field (a list of names) narrows them for that row.",
+                           factory=list)
+    tool_config_path: str = opt("", "A YAML file with a 'tools' list (name, function, description, parameters), "
+                                    "added to tools.")
 
     def validate(self) -> None:
         from ..datasets.templates import template_names
@@ -45,3 +51,19 @@ class DatasetConfig:
         if self.prompt_type not in template_names():
             raise ConfigError("prompt_type", f"{self.prompt_type!r} is not in configs/model/templates.json "
                                              f"({', '.join(template_names())})")
+        if self.tools or self.tool_config_path:
+            self.tool_specs()
+            from ..datasets.templates import load_templates
+
+            if "tools_format" not in load_templates()[self.prompt_type]:
+                raise ConfigError("prompt_type", f"{self.prompt_type!r} cannot list tools (no tools_format in "
+                                                 "configs/model/templates.json); with tools use e.g. qwen")
+
+    def tool_specs(self) -> dict:
+        """name -> ToolSpec of the tools the prompts list."""
+        from ..tools.registry import ToolConfigError, resolve_tools
+
+        try:
+            return resolve_tools(self.tools, self.tool_config_path, where="tools")
+        except ToolConfigError as exc:
+            raise ConfigError("tools", str(exc)) from None

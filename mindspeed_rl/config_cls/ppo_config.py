@@ -160,6 +160,7 @@ def check_cross_fields(cfg: PPOConfig) -> None:
     except AlgorithmChoiceError as exc:
         raise ConfigError(exc.key, exc.message) from None
     check_dapo_keys(cfg)
+    check_agent_keys(cfg)
     samples = cfg.samples_per_iteration
     if samples % rl.mini_batch_size:
         raise ConfigError("rl_config.mini_batch_size",
@@ -347,6 +348,53 @@ def filter_metric_name(rl: RLConfig) -> str:
     return match.group(1) if match else metric
 
 
+def agent_rollout_function(rl) -> str:
+    """The rollout function in effect (MindSpeed-RL's multi_turn_enable selects tool_agent)."""
+    return "tool_agent" if rl.multi_turn_enable and rl.rollout_function == "single_turn" else rl.rollout_function
+
+
+def check_agent_keys(cfg: PPOConfig) -> None:
+    """The rollout function resolves; the tool agent has tools, a template with a tool role, and runs
+    synchronously."""
+    from ..rollout.agent_loop import rollout_function
+    from ..tools.registry import ToolConfigError, resolve_tools
+
+    rl = cfg.rl
+    name = agent_rollout_function(rl)
+    try:
+        rollout_function(name)
+    except (ValueError, ToolConfigError) as exc:
+        raise ConfigError("rl_config.rollout_function", str(exc)) from None
+    if name == "single_turn":
+        return
+    if rl.multi_turn_enable and rl.rollout_function not in ("single_turn", "tool_agent"):
+        raise ConfigError("rl_config.multi_turn_enable", f"selects tool_agent, but rollout_function is "
+                                                         f"{rl.rollout_function!r}")
+    for key, on in (("partial_rollout_max_split", rl.partial_rollout_max_split > 1),
+                    ("max_head_offpolicyness", rl.max_head_offpolicyness > 0)):
+        if on:
+            raise ConfigError(f"rl_config.{key}", f"cannot be combined with the {name} rollout function yet "
+                                                  "(multi-turn rollouts run synchronously)")
+    if name != "tool_agent":
+        return
+    try:
+        tools = resolve_tools(rl.tools, rl.tool_config_path)
+    except ToolConfigError as exc:
+        raise ConfigError("rl_config.tools", str(exc)) from None
+    if not tools:
+        raise ConfigError("rl_config.tools", "the tool_agent rollout needs tools (or a tool_config_path)")
+    from ..datasets.templates import load_templates
+    from ..rollout.agent_loop import ToolFormat
+
+    templates = load_templates()
+    if rl.prompt_type not in templates:
+        raise ConfigError("rl_config.prompt_type", f"{rl.prompt_type!r} is not in configs/model/templates.json")
+    try:
+        ToolFormat.of_template(templates[rl.prompt_type], rl.prompt_type)
+    except ValueError as exc:
+        raise ConfigError("rl_config.prompt_type", str(exc)) from None
+
+
 def check_dapo_keys(cfg: PPOConfig) -> None:
     """Dynamic sampling, partial rollout and overlong shaping: keys that only mean something together."""
     rl, max_tokens = cfg.rl, cfg.generate.sampling_config.max_tokens
@@ -479,6 +527,13 @@ def batch_plan(cfg: PPOConfig) -> str:
            "the actor's rank 0 pushes full weights to every rollout rank after each update)" if rollout_devices
            else " (actor ranks; every rank of an engine gets the same prompts)"),
     ]
+    agent = agent_rollout_function(cfg.rl)
+    if agent != "single_turn":
+        rl = cfg.rl
+        tools = ", ".join(rl.tools) + (f" + {rl.tool_config_path}" if rl.tool_config_path else "")
+        lines.append(f"  agent     : rollout function {agent}, tools [{tools}], up to {rl.max_turns} turns and "
+                     f"{rl.max_tool_calls} calls per trajectory within max_tokens; tool results loss_mask 0; "
+                     f"sandbox {rl.tool_timeout:g} s wall, {rl.tool_cpu_seconds} s CPU, {rl.tool_memory_mb} MB")
     if cfg.rl.max_head_offpolicyness > 0:
         lines.append(f"  async     : the rollout workers generate up to {cfg.rl.max_head_offpolicyness} batch(es) "
                      "ahead of training (each sampled at most that many versions before it trains)")

@@ -159,6 +159,31 @@ class RLConfig:
                                          "generate the next iterations' batches while the actor trains, each "
                                          "sampled at most this many policy versions before it is trained on. "
                                          "Needs rollout_resource (disaggregated). 0: synchronous.", ge=0)
+    # multi-turn rollouts with tools (rollout/agent_loop.py)
+    rollout_function: str = opt("single_turn", "How prompts become trajectories: single_turn, tool_agent "
+                                               "(generate, run the tool calls, append their results, continue), "
+                                               "or a function 'module:function'.")
+    multi_turn_enable: bool = opt(False, "MindSpeed-RL's switch: true is rollout_function tool_agent.")
+    tools: List[str] = opt(doc="Tools the agent may call: built-in names (calculator, python) or registered "
+                               "functions 'module:function'. The prompts must list them (preprocessing's tools).",
+                           factory=list)
+    tool_config_path: str = opt("", "A YAML file with a 'tools' list (name, function, description, parameters), "
+                                    "added to tools.")
+    prompt_type: str = opt("qwen", "Chat template of the prompts (configs/model/templates.json): its tool role "
+                                   "formats the tool results appended to a trajectory.")
+    tool_parser_format: str = opt("hermes", "Tool-call format of the model's turns.", choices=("hermes",))
+    max_turns: int = opt(4, "Most assistant turns of a trajectory.", ge=1)
+    max_tool_calls: int = opt(4, "Most tool calls of a trajectory; a turn asking for more ends it.", ge=0)
+    max_parallel_calls: int = opt(1, "Most tool calls run per turn; more are answered with an error.", ge=1)
+    max_tool_response_length: int = opt(512, "Characters of a tool result kept (the rest cut, marked).", ge=1)
+    tool_response_truncate_side: str = opt("middle", "Which part of a long tool result is kept: left (its end), "
+                                                     "right (its start) or middle (both ends).",
+                                           choices=("left", "right", "middle"))
+    tool_timeout: float = opt(10.0, "Wall-clock seconds of one tool call before its process is killed.", gt=0)
+    tool_cpu_seconds: int = opt(10, "CPU seconds of one tool call (RLIMIT_CPU).", ge=1)
+    tool_memory_mb: int = opt(1024, "Address space of one tool call's process, MB (RLIMIT_AS).", ge=64)
+    tool_max_result_bytes: int = opt(65536, "A longer tool result is refused with an error message.", ge=1)
+    tool_workers: int = opt(2, "Tool calls run side by side.", ge=1)
     # validation
     test_freq: int = opt(0, "Validate on megatron_training.test_data_path every N iterations and at the end "
                             "(0: off).", ge=0)

@@ -1,6 +1,7 @@
 """Rows -> samples. A handler returns (sample, None) or (None, skip reason)."""
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, Optional, Tuple
 
 from ..config_cls.dataset_config import DatasetConfig
@@ -15,6 +16,7 @@ class AlpacaStyleInstructionHandler:
     def __init__(self, cfg: DatasetConfig, tokenizer):
         self.cfg, self.tokenizer = cfg, tokenizer
         self.keys = {k: v for k, v in cfg.map_keys.items() if v}
+        self.tools = cfg.tool_specs() if cfg.tools or cfg.tool_config_path else {}
 
     def _field(self, row: dict, role: str, required: bool) -> Tuple[Optional[str], Optional[str]]:
         name = self.keys.get(role)
@@ -32,6 +34,18 @@ class AlpacaStyleInstructionHandler:
     def label(self, response: str) -> str:
         return response.strip()
 
+    def _tools(self, row: dict) -> Tuple[list, Optional[str]]:
+        """The tools this row's prompt lists: the config's, narrowed by the row's 'tools' names."""
+        names = row.get("tools")
+        if names is None:
+            return list(self.tools.values()), None
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            return [], "tools_not_a_list_of_names"
+        unknown = [n for n in names if n not in self.tools]
+        if unknown:
+            return [], f"unknown_tool:{unknown[0]}"
+        return [self.tools[n] for n in names], None
+
     def process(self, row: Any) -> Tuple[Optional[Sample], Optional[str]]:
         if not isinstance(row, dict):
             return None, "not_an_object"
@@ -46,7 +60,10 @@ class AlpacaStyleInstructionHandler:
         system, why = self._field(row, "system", False)
         if why:
             return None, why
-        text = apply_template(self.cfg.prompt_type, prompt, query, system or None)
+        tools, why = self._tools(row)
+        if why:
+            return None, why
+        text = apply_template(self.cfg.prompt_type, prompt, query, system or None, tools)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if len(ids) > self.cfg.seq_length:
             return None, "too_long"
@@ -60,6 +77,8 @@ class AlpacaStyleInstructionHandler:
                 if not label:
                     return None, "empty_label"
                 sample["labels"] = label
+            elif key == "tools":
+                sample["tools"] = json.dumps([spec.name for spec in tools])
             else:
                 value = row.get(key)
                 if value is None:

@@ -209,7 +209,8 @@ def build_experience(prompts: Sequence[Sequence[int]], outputs: Sequence[Rollout
     """Rows prompt by prompt (n responses each): left-padded prompt + right-padded response.
 
     ``outputs`` carry global prompt indices (any order); each prompt must have exactly n of them. Tokens
-    of an output without per-token versions were sampled by policy ``version``.
+    of an output without per-token versions were sampled by policy ``version``; its ``loss_mask`` (tool
+    results 0) becomes the row's, all 1 without one.
     """
     by_prompt: Dict[int, List[RolloutOutput]] = {}
     for out in outputs:
@@ -226,6 +227,7 @@ def build_experience(prompts: Sequence[Sequence[int]], outputs: Sequence[Rollout
     response_mask = torch.zeros((len(rows), width), dtype=torch.long)
     rollout_log_probs = torch.zeros((len(rows), width), dtype=torch.float32)
     policy_version = torch.zeros((len(rows), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(rows), width), dtype=torch.long)
     for b, (_, out) in enumerate(rows):
         if out.response_ids:
             length = len(out.response_ids)
@@ -233,10 +235,12 @@ def build_experience(prompts: Sequence[Sequence[int]], outputs: Sequence[Rollout
             response_mask[b, :length] = 1
             rollout_log_probs[b, :length] = torch.tensor(out.logprobs, dtype=torch.float32)
             policy_version[b, :length] = torch.tensor(out.versions, dtype=torch.long) if out.versions else version
+            loss_mask[b, :length] = torch.tensor(out.loss_mask, dtype=torch.long) if out.loss_mask else 1
     return Experience(
         prompt_width=int(prompt_ids.shape[1]),
         input_ids=torch.cat([prompt_ids, response_ids], 1), attention_mask=torch.cat([prompt_mask, response_mask], 1),
-        response_mask=response_mask, policy_version=policy_version, prompt_mask=prompt_mask, response_ids=response_ids,
+        response_mask=response_mask, loss_mask=loss_mask, policy_version=policy_version, prompt_mask=prompt_mask,
+        response_ids=response_ids,
         rollout_log_probs=rollout_log_probs, group=torch.arange(len(rows)) // n,
         labels=None if labels is None else [labels[i // n] for i in range(len(rows))],
     ).validate()

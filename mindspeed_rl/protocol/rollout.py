@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -19,6 +19,7 @@ class RolloutOutput:
     logprobs: List[float]
     finish_reason: str  # "stop" or "length"
     versions: Optional[List[int]] = None  # policy version of each token (partial rollout); None: one version
+    loss_mask: Optional[List[int]] = None  # 0 on tokens the policy did not generate (tool results); None: all 1
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class RolloutResult:
     request_digest: str
     outputs: Optional[List[RolloutOutput]]
     timing: Dict[str, float] = field(default_factory=dict)
+    started: Optional[float] = None  # wall clock (time.time()) when generation began on this rank
 
 
 def request_digest(prompts: Sequence[Sequence[int]], n: int, seed: int, sampling: Optional[SamplingConfig],
@@ -71,6 +73,13 @@ class GeneratedBatch:
     outputs: List[RolloutOutput]
     timing: Dict[str, float]
     per_rank: List[RolloutResult]
+
+    @property
+    def window(self) -> Optional[Tuple[float, float]]:
+        """Wall-clock start and end of the generation over the ranks (None when not recorded)."""
+        spans = [(r.started, r.started + r.timing.get("timing/generate", 0.0)) for r in self.per_rank
+                 if r.started is not None]
+        return (min(s for s, _ in spans), max(e for _, e in spans)) if spans else None
 
 
 @dataclass

@@ -55,6 +55,13 @@ class MetricsLogger:
             self.wandb.log({k: v for k, v in ordered.items() if k != "iteration"}, step=it)
         return ordered
 
+    def timeline(self, iteration: int, start: float, end: float, spans) -> None:
+        """One line of timeline.jsonl: the iteration's wall-clock window and its spans (lane, phase, start,
+        end), drawn by the run report."""
+        with open(os.path.join(self.run_dir, "timeline.jsonl"), "a", encoding="utf-8") as fh:
+            fh.write(json.dumps({"iteration": iteration, "start": start, "end": end,
+                                 "spans": [list(s) for s in spans]}) + "\n")
+
     def console_line(self, metrics: Dict[str, float]) -> str:
         """iter 3/20 | score 0.133 | kl 0.136 | len 15.9 | step 2.66s | e2e_tps 1413 | ETA 45s"""
         it = int(metrics["iteration"])

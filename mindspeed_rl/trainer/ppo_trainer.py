@@ -14,11 +14,12 @@ from ..algorithms.advantages import masked_mean, sequence_rewards, token_level_r
 from ..algorithms.kl import kl_penalty, make_kl_controller
 from ..algorithms.rollout_correction import mismatch_metrics, truncated_is_weights
 from ..algorithms.shaping import informative_groups, overlong_penalty
-from ..config_cls.ppo_config import PPOConfig, filter_metric_name
+from ..config_cls.ppo_config import PPOConfig, agent_rollout_function, filter_metric_name
 from ..protocol import MODEL_INPUTS, Experience, RolloutRequest, build_experience, mini_batch_plan
+from ..rollout.agent_loop import AgentBatch, AgentContext, AgentSettings, ToolFormat, rollout_function
 from ..rollout.partial import ChunkRequest, PartialRollout
 from ..rollout.pipeline import RolloutPipeline
-from ..rollout.service import ColocatedRollout
+from ..rollout.service import ColocatedRollout, DisaggregatedRollout
 from .metrics import data_metrics, throughput
 from .prompts import PromptBatch, decode_responses
 
@@ -64,13 +65,60 @@ class PPOTrainer:
                                   and not self.algorithm.kl_in_reward and not self.algorithm.rollout_is
                                   and not self.off_policy)
         self.history: List[Dict[str, float]] = []
+        self.spans: List[Tuple[str, str, float, float]] = []  # (lane, phase, start, end) of this iteration
         self.ref_from = None  # the original weights the reference was built from, for resumes
+        # how prompts become trajectories (single turn, the tool agent, a user's function)
+        self.rollout_fn = rollout_function(agent_rollout_function(self.rl))
+        self.agent = self.agent_context()
+        self.rollout_metrics: Dict[str, float] = {}
+
+    def agent_context(self) -> AgentContext:
+        """What rollout functions use: generation through the rollout service, the tokenizer, and (when tools
+        are configured) the tools, their sandbox and the template's tool role."""
+        from ..datasets.templates import load_templates
+        from ..tools.registry import resolve_tools
+        from ..tools.sandbox import Sandbox, SandboxLimits
+
+        rl = self.rl
+        settings = AgentSettings(rl.max_turns, rl.max_tool_calls, rl.max_parallel_calls, rl.max_tool_response_length,
+                                 rl.tool_response_truncate_side, rl.tool_parser_format, rl.tool_workers)
+        tools = resolve_tools(rl.tools, rl.tool_config_path)
+        template = load_templates().get(rl.prompt_type, {})
+        sandbox = Sandbox(SandboxLimits(rl.tool_timeout, rl.tool_cpu_seconds, rl.tool_memory_mb,
+                                        rl.tool_max_result_bytes)) if tools else None
+        tool_format = ToolFormat.of_template(template, rl.prompt_type) if "tool_response" in template else None
+        return AgentContext(lambda request: self.run_generation(request).outputs, self.tokenizer, tools, sandbox,
+                            settings, tool_format)
+
+    def roll(self, request: RolloutRequest, prompts: PromptBatch) -> AgentBatch:
+        """The rollout function on one request (sampling settings filled in for it)."""
+        if self.rollout_fn is not rollout_function("single_turn") and request.sampling is None:
+            request = dataclasses.replace(request, sampling=self.gen.sampling_config)
+        self.agent.prompt_tools = prompts.tools
+        batch = self.rollout_fn(request, self.agent)
+        if not isinstance(batch, AgentBatch):
+            batch = AgentBatch(list(batch))
+        return batch
 
     @contextmanager
     def timer(self, name: str):
-        start = time.perf_counter()
+        wall, start = time.time(), time.perf_counter()
         yield
-        self.timing[name] = self.timing.get(name, 0.0) + time.perf_counter() - start
+        elapsed = time.perf_counter() - start
+        self.timing[name] = self.timing.get(name, 0.0) + elapsed
+        for lane in self.lanes(name):
+            self.spans.append((lane, name, wall, wall + elapsed))
+
+    def lanes(self, phase: str) -> Tuple[str, ...]:
+        """Which workers a timed phase occupies, for the run report's timeline."""
+        generation = "rollout workers" if isinstance(self.rollout_service, DisaggregatedRollout) else "actor"
+        if phase in ("timing/rollout", "timing/validation"):
+            return (generation,)
+        if phase == "timing/weight_sync":
+            return ("actor",) if generation == "actor" else ("actor", generation)
+        return {"timing/all": (), "timing/rule_reward": ("reward",), "timing/reward_model": ("reward",),
+                "timing/reference_model": ("reference",), "timing/critic_model": ("critic",),
+                "timing/update_critic": ("critic",), "timing/adv": ("driver",)}.get(phase, ("actor",))
 
     # ----- the iteration -----------------------------------------------------------------------------------
     def fit(self) -> List[Dict[str, float]]:
@@ -79,7 +127,8 @@ class PPOTrainer:
             print("validation before training: " + format_validation(val_metrics), flush=True)
             self.logger.record({"iteration": self.iteration, **val_metrics})
         while self.iteration < self.cfg.megatron_training.train_iters:
-            self.timing = {}
+            self.timing, self.rollout_metrics, self.spans = {}, {}, []
+            started = time.time()
             version = self.rollout_service.version  # the policy that samples this iteration
             with self.timer("timing/all"):
                 exp, reward_metrics = self.rollout()
@@ -109,6 +158,7 @@ class PPOTrainer:
                     reward_metrics.update(self.validate())
             metrics = self.collect_metrics(exp, reward_metrics, update_metrics, version)
             self.logger.log(metrics)
+            self.logger.timeline(self.iteration, started, time.time(), self.spans)
             self.history.append(metrics)
             self.after_iteration(metrics)
         return self.history
@@ -133,9 +183,8 @@ class PPOTrainer:
             return {}
         val, prompts = self.rl.val_kwargs, self.test_prompts
         sampling = dataclasses.replace(self.gen.sampling_config, temperature=val.temperature, top_p=val.top_p)
-        generated = self.rollout_service.generate(RolloutRequest(prompts.input_ids, val.n,
-                                                                 self.gen.sampling_config.seed, sampling))
-        exp = build_experience(prompts.input_ids, generated.outputs, val.n, self.pad_id, prompts.labels,
+        rolled = self.roll(RolloutRequest(prompts.input_ids, val.n, self.gen.sampling_config.seed, sampling), prompts)
+        exp = build_experience(prompts.input_ids, rolled.outputs, val.n, self.pad_id, prompts.labels,
                                self.rollout_service.version)
         per_verifier, _ = self.verify(exp)
         scores = self.reward_runner.weighted(per_verifier)
@@ -144,6 +193,8 @@ class PPOTrainer:
         metrics.update({"val/score/mean": float(scores.mean()),
                         f"val/pass@{val.n}": float((first > 0).any(1).float().mean()),
                         "val/response_length/mean": float(exp.response_mask.sum(1).float().mean())})
+        if "tool_calls/rate" in rolled.metrics:
+            metrics["val/tool_calls/rate"] = rolled.metrics["tool_calls/rate"]
         return metrics
 
     def after_iteration(self, metrics: Dict[str, float]) -> None:
@@ -278,6 +329,10 @@ class PPOTrainer:
         generating = entry.result.timing.get("timing/generate", 0.0)
         self.timing["timing/rollout_wait"] = waited
         self.timing["timing/rollout"] = generating
+        now = time.time()
+        self.spans.append(("actor", "timing/rollout_wait", now - waited, now))
+        if entry.result.window is not None:
+            self.spans.append(("rollout workers", "timing/rollout", *entry.result.window))
         exp = build_experience(entry.prompts.input_ids, entry.result.outputs, n, self.pad_id, entry.prompts.labels,
                                entry.version)
         metrics, _ = self.score(exp)
@@ -303,9 +358,12 @@ class PPOTrainer:
         """Prompts split over the rollout engines; the sample seeds depend on the iteration (and the
         generation batch of dynamic sampling) only."""
         n = self.rl.n_samples_per_prompt
-        generated = self.run_generation(RolloutRequest(prompts.input_ids, n, self.sample_seed(batch),
-                                                       max_new_tokens=prompts.max_new_tokens))
-        return build_experience(prompts.input_ids, generated.outputs, n, self.pad_id, prompts.labels,
+        rolled = self.roll(RolloutRequest(prompts.input_ids, n, self.sample_seed(batch),
+                                          max_new_tokens=prompts.max_new_tokens), prompts)
+        for key, value in rolled.metrics.items():  # summed over generation batches (dynamic sampling)
+            target = self.timing if key.startswith("timing/") else self.rollout_metrics
+            target[key] = target.get(key, 0.0) + value if batch else value
+        return build_experience(prompts.input_ids, rolled.outputs, n, self.pad_id, prompts.labels,
                                 self.rollout_service.version)
 
     def log_probs(self, exp: Experience, which: str) -> torch.Tensor:
@@ -345,8 +403,9 @@ class PPOTrainer:
 
     def verify(self, exp: Experience) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
         """Each rule verifier's value for every response (decoded without out-of-vocabulary ids, counted in
-        rollout/out_of_vocab_tokens), and the verifier metrics."""
-        texts, outside = decode_responses(self.tokenizer, exp.response_ids, exp.response_mask)
+        rollout/out_of_vocab_tokens), and the verifier metrics. What is scored is the model's own words
+        (loss_mask): tool results in a trajectory are not the model's answer."""
+        texts, outside = decode_responses(self.tokenizer, exp.response_ids, exp.loss_mask)
         per_verifier, metrics = self.reward_runner.score_each(texts, exp.labels)
         metrics["rollout/out_of_vocab_tokens"] = float(outside)
         return per_verifier, metrics
@@ -412,6 +471,7 @@ class PPOTrainer:
         metrics: Dict[str, float] = {"iteration": self.iteration}
         metrics.update(data_metrics(exp, version))
         metrics.update(reward_metrics)
+        metrics.update(self.rollout_metrics)
         metrics.update(update_metrics)
         metrics["actor/kl_coef"] = float(self.kl_ctrl.value)
         metrics.update(self.timing)

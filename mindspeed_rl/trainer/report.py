@@ -4,8 +4,9 @@
 
 It reads ``run.json`` (config, batch plan, command; written at start) and ``metrics.jsonl``, and shows the
 config summary, the batch plan, the final numbers, and curves: score with the validation score, KL, entropy,
-response length, the per-phase timing stacked, and e2e/update/vllm tokens per second. A training run
-writes it at its end.
+response length, the per-phase timing stacked, e2e/update/vllm tokens per second, and the timeline of the
+last iterations (``timeline.jsonl``: which worker does what when; asynchronous generation on the rollout
+workers shows beside the actor's training). A training run writes it at its end.
 """
 from __future__ import annotations
 
@@ -159,6 +160,66 @@ def figures(rows: List[Dict[str, float]]) -> List[Tuple[str, str]]:
     return out
 
 
+# lanes top to bottom: the roles that do work in an iteration
+TIMELINE_LANES = ("actor", "reference", "critic", "reward", "driver", "rollout workers")
+TIMELINE_PHASES = {  # phase -> (label, colour)
+    "timing/rollout": ("generate", "tab:blue"), "timing/generate": ("generate", "tab:blue"),
+    "timing/rollout_wait": ("wait for rollout", "lightgrey"), "timing/rule_reward": ("rule reward", "tab:olive"),
+    "timing/reward_model": ("reward model", "tab:olive"), "timing/reference_model": ("reference", "tab:purple"),
+    "timing/old_log_p": ("old log-probs", "tab:cyan"), "timing/critic_model": ("values", "tab:brown"),
+    "timing/adv": ("advantages", "tab:gray"), "timing/update_critic": ("critic update", "tab:pink"),
+    "timing/update": ("actor update", "tab:red"), "timing/weight_sync": ("weight sync", "tab:orange"),
+    "timing/validation": ("validation", "tab:green"),
+}
+
+
+def timeline_figure(timeline: List[Dict], last: int = 4) -> Optional[Tuple[str, str]]:
+    """(title, base64 PNG): which worker did what when in the last ``last`` iterations (wall clock, from
+    timeline.jsonl); None without spans."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    shown = timeline[-last:]
+    spans = [s for row in shown for s in row["spans"]]
+    if not spans:
+        return None
+    origin = min(s[2] for s in spans)
+    lanes = [lane for lane in TIMELINE_LANES if any(s[0] == lane for s in spans)]
+    lanes += sorted({s[0] for s in spans} - set(lanes))
+    fig, ax = plt.subplots(figsize=(11, 0.5 * len(lanes) + 1.6), dpi=90)
+    used = {}
+    for lane_index, lane in enumerate(reversed(lanes)):
+        for s_lane, phase, start, end in spans:
+            if s_lane != lane:
+                continue
+            label, colour = TIMELINE_PHASES.get(phase, (phase.split("/", 1)[-1], "black"))
+            ax.broken_barh([(start - origin, max(end - start, 1e-3))], (lane_index - 0.35, 0.7), color=colour)
+            used[label] = colour
+    for row in shown:
+        ax.axvline(row["start"] - origin, color="black", linewidth=0.8, linestyle="--")
+        ax.text(row["start"] - origin, len(lanes) - 0.45, f" it {row['iteration']}", fontsize=7, va="bottom")
+    ax.set_yticks(range(len(lanes)), list(reversed(lanes)))
+    ax.set_xlabel("seconds")
+    ax.set_title(f"Timeline of the last {len(shown)} iteration(s): which worker does what when")
+    ax.legend(handles=[Patch(color=c, label=l) for l, c in used.items()], fontsize=7, loc="upper left",
+              bbox_to_anchor=(1.01, 1.0))
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    out = ("Timeline", _png(fig))
+    plt.close(fig)
+    return out
+
+
+def read_timeline(path: str) -> List[Dict]:
+    if not os.path.isfile(path):
+        return []
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
@@ -213,6 +274,9 @@ def render(run_dir: str) -> str:
     if info.get("batch_plan"):
         parts.append(f"<h2>Batch plan</h2><pre>{html.escape(info['batch_plan'])}</pre>")
     plots = figures(rows)
+    timeline = timeline_figure(read_timeline(os.path.join(run_dir, "timeline.jsonl")))
+    if timeline is not None:
+        plots.append(timeline)
     if plots:
         parts.append("<h2>Curves</h2><div class='grid'>" + "".join(
             f"<figure><img alt='{html.escape(title)}' src='data:image/png;base64,{data}'></figure>"

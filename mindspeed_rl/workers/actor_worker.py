@@ -136,7 +136,7 @@ class IntegratedActorWorker(MegatronWorker):
         self.actor_offload.offload(params=self.gen.offload_train_param, grads=self.gen.offload_train_grad,
                                    optimizer=self.gen.offload_train_optimizer)
         t_to_infer = time.perf_counter() - t0
-        t0 = time.perf_counter()
+        t0, started = time.perf_counter(), time.time()
         outputs = self.rollout.generate(prompts, sampling, n, seed, max_new_tokens) if prompts else []
         t_generate = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -147,7 +147,8 @@ class IntegratedActorWorker(MegatronWorker):
                              request_digest=request_digest(prompts, n, seed, sampling, max_new_tokens, version),
                              outputs=outputs if self.engine_rank == 0 else None,
                              timing={"timing/resharding_to_infer": t_to_infer,
-                                     "timing/resharding_to_train": t_to_train, "timing/generate": t_generate})
+                                     "timing/resharding_to_train": t_to_train, "timing/generate": t_generate},
+                             started=started)
 
     # ----- forward passes -----------------------------------------------------------------------------
     def compute_log_prob(self, rows: Experience, which: str = "actor") -> ForwardAnswer:

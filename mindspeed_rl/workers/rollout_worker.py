@@ -79,12 +79,12 @@ class RolloutWorker:
         if version is not None and version != self.version:
             raise StaleWeights(f"rollout rank {self.rank} holds policy version {self.version}, asked for {version}")
         sampling = sampling or self.gen.sampling_config
-        t0 = time.perf_counter()
+        t0, started = time.perf_counter(), time.time()
         outputs = self.engine.generate(prompts, sampling, n, seed, max_new_tokens) if prompts else []
         return RolloutResult(rank=self.rank, engine=self.engine_index,
                              request_digest=request_digest(prompts, n, seed, sampling, max_new_tokens, version),
                              outputs=outputs if self.engine_rank == 0 else None,
-                             timing={"timing/generate": time.perf_counter() - t0})
+                             timing={"timing/generate": time.perf_counter() - t0}, started=started)
 
     def shutdown(self) -> None:
         from ..utils import dist

@@ -1,0 +1,147 @@
+"""Tool specs: the name the model calls, the JSON schema shown to it, and the function that runs it.
+
+A tool is a Python function of keyword arguments returning a string (anything else is JSON-encoded). It
+runs in the sandbox's child process (``sandbox.py``), found there by its dotted path ``module:function``.
+Register one with the ``tool`` decorator and name it in the config by that path::
+
+    from mindspeed_rl.tools import tool
+
+    @tool(description="Look a word up.", parameters={"type": "object",
+          "properties": {"word": {"type": "string"}}, "required": ["word"]})
+    def lookup(word: str) -> str: ...
+
+    rl_config: {tools: [calculator, my_pkg.my_tools:lookup]}
+
+or describe it in a tool config file (``rl_config.tool_config_path``)::
+
+    tools:
+      - name: lookup
+        function: my_pkg.my_tools:lookup
+        description: Look a word up.
+        parameters: {type: object, properties: {word: {type: string}}, required: [word]}
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, Optional, Union
+
+
+class ToolConfigError(ValueError):
+    """A tool entry that does not resolve (unknown name, function not importable, schema missing)."""
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    function: str                     # "module:function", imported in the sandbox
+    description: str
+    parameters: Dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+
+    def schema(self) -> Dict[str, Any]:
+        """The OpenAI / hermes function schema the chat template lists."""
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": self.parameters}}
+
+    def missing_arguments(self, arguments: Dict[str, Any]) -> list:
+        return [k for k in self.parameters.get("required", []) if k not in arguments]
+
+
+def tool(description: str, parameters: Optional[Dict[str, Any]] = None, name: Optional[str] = None) -> Callable:
+    """Mark a function as a tool: its spec is read from the function when the config names its path."""
+
+    def mark(fn: Callable) -> Callable:
+        fn.tool_spec = dict(name=name or fn.__name__, description=description,
+                            parameters=parameters or {"type": "object", "properties": {}})
+        return fn
+
+    return mark
+
+
+BUILTIN_TOOLS: Dict[str, ToolSpec] = {
+    "calculator": ToolSpec(
+        "calculator", "mindspeed_rl.tools.builtin:calculator",
+        "Evaluate an arithmetic expression exactly: integers and decimals, + - * / // % ** and parentheses.",
+        {"type": "object", "properties": {"expression": {"type": "string", "description": "e.g. 37 * 91"}},
+         "required": ["expression"]}),
+    "python": ToolSpec(
+        "python", "mindspeed_rl.tools.builtin:python",
+        "Run a Python program and return what it prints (standard library only, no network, no files "
+        "outside a scratch folder).",
+        {"type": "object", "properties": {"code": {"type": "string", "description": "the program"}},
+         "required": ["code"]}),
+}
+
+
+def normalise_path(path: str) -> str:
+    """``module.function`` or ``module:function`` -> ``module:function``."""
+    module, sep, attr = path.partition(":")
+    if not sep:
+        module, _, attr = path.rpartition(".")
+    if not module or not attr:
+        raise ToolConfigError(f"tool function {path!r}: expected 'module:function'")
+    return f"{module}:{attr}"
+
+
+def import_function(path: str, what: str = "tool function") -> Callable:
+    """``module:function`` (or ``module.function``) -> the function."""
+    module, _, attr = normalise_path(path).partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ToolConfigError(f"{what} {path!r} cannot be imported: {exc}") from None
+    if not callable(fn):
+        raise ToolConfigError(f"{what} {path!r} is not callable")
+    return fn
+
+
+def _spec(entry: Union[str, Dict[str, Any]], where: str) -> ToolSpec:
+    if isinstance(entry, str):
+        if entry in BUILTIN_TOOLS:
+            return BUILTIN_TOOLS[entry]
+        if ":" not in entry and "." not in entry:
+            raise ToolConfigError(f"{where}: unknown tool {entry!r}; built in: {', '.join(sorted(BUILTIN_TOOLS))}, "
+                                  "or a registered function as 'module:function'")
+        marked = getattr(import_function(entry), "tool_spec", None)
+        if marked is None:
+            raise ToolConfigError(f"{where}: {entry!r} is not marked with @tool (or describe it in a tool config "
+                                  "file with name, function, description, parameters)")
+        return ToolSpec(function=normalise_path(entry), **marked)
+    if isinstance(entry, dict):
+        unknown = set(entry) - {"name", "function", "description", "parameters"}
+        if unknown or not entry.get("name") or not entry.get("function"):
+            raise ToolConfigError(f"{where}: a tool entry needs name and function (description, parameters "
+                                  f"optional); got keys {sorted(entry)}")
+        import_function(entry["function"])
+        return ToolSpec(entry["name"], normalise_path(entry["function"]), entry.get("description", ""),
+                        entry.get("parameters") or {"type": "object", "properties": {}})
+    raise ToolConfigError(f"{where}: a tool is a name, 'module:function' or a mapping, not {type(entry).__name__}")
+
+
+def load_tool_file(path: str) -> list:
+    """The ``tools`` list of a tool config YAML file."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh) or {}
+    except OSError as exc:
+        raise ToolConfigError(f"tool_config_path {path}: {exc.strerror}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("tools"), list):
+        raise ToolConfigError(f"tool_config_path {path}: expected a mapping with a 'tools' list")
+    return data["tools"]
+
+
+def resolve_tools(entries: Iterable[Union[str, Dict[str, Any]]] = (), tool_config_path: str = "",
+                  where: str = "rl_config.tools") -> Dict[str, ToolSpec]:
+    """name -> spec for the config's tools (names, paths, mappings) and the tool config file's."""
+    specs: Dict[str, ToolSpec] = {}
+    sources = [(entry, f"{where}[{i}]") for i, entry in enumerate(entries or [])]
+    if tool_config_path:
+        sources += [(entry, f"{tool_config_path} tools[{i}]") for i, entry in enumerate(load_tool_file(tool_config_path))]
+    for entry, label in sources:
+        spec = _spec(entry, label)
+        if spec.name in specs and specs[spec.name] != spec:
+            raise ToolConfigError(f"{label}: two different tools are named {spec.name!r}")
+        specs[spec.name] = spec
+    return specs

@@ -1,0 +1,157 @@
+"""Assets of the tool-use CPU task ("multiply"), made offline on first use.
+
+The question is a product of two 2-digit numbers ("37*91=?"); the reward is 1 when the model's own words end
+in "#### 3367". A 3.4M-parameter model cannot multiply, so the way to the answer is the calculator: call it
+with the expression, read the result, copy it. As in ReTool, RL starts from a short cold-start SFT: first on examples
+that call the calculator half of the time (copying the expression and the result is learnt there), then a
+tenth of the steps on examples that mostly guess (``tool_share`` call the tool). The model starts RL calling
+the tool now and then, and is right then; RL has to make that the habit. A control run
+without the tool loop (``rollout_function: single_turn``) can only guess.
+
+Everything is written under ``root``: the tokenizer (digits are single tokens, the tool tags special tokens,
+``<|im_end|>`` the end of a turn), the prompts preprocessed with the calculator in their system line
+(train and held-out test), the cold-start model as HF and as a Megatron checkpoint for ``load``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import Dict, List, Optional, Tuple
+
+PROMPT_TYPE = "chatml_tools_compact"
+SPECIAL = ["<|im_end|>", "<|endoftext|>", "<|im_start|>", "<tool_call>", "</tool_call>", "<tool_response>",
+           "</tool_response>"]  # <|im_end|> is id 0: the models' EOS
+
+
+def make_rows(count: int, seed: int) -> List[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(count):
+        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        rows.append({"question": f"{a}*{b}=?", "answer": f"#### {a * b}"})
+    return rows
+
+
+def tool_call_text(expression: str) -> str:
+    return '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>' % expression
+
+
+def build_tokenizer(out_dir: str, rows: List[dict], vocab_size: int, tool_format) -> "object":
+    """Byte-level BPE with every digit its own token, the tool tags and chat markers as special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    texts = [r["question"] for r in rows] + [tool_call_text(r["question"][:-2]) for r in rows[:500]]
+    texts += [tool_format.render([r["answer"][5:]]) + r["answer"] for r in rows[:500]]
+    texts += ["system\ntools: calculator", "user\n", "assistant\n"] * 50
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    if len(fast) < vocab_size:
+        fast.add_tokens([f"<|extra_{i}|>" for i in range(vocab_size - len(fast))], special_tokens=True)
+    os.makedirs(out_dir, exist_ok=True)
+    fast.save_pretrained(out_dir)
+    return fast
+
+
+def sft_example(tokenizer, prompt_ids: List[int], row: dict, use_tool: bool, rng: random.Random,
+                tool_format) -> Tuple[List[int], List[int]]:
+    """(ids, loss mask) of one cold-start example, tokenised turn by turn as the agent loop builds it."""
+    eos = tokenizer.eos_token
+    answer = row["answer"][5:]
+    if use_tool:
+        parts = [(tool_call_text(row["question"][:-2]) + eos, 1), (tool_format.render([answer]), 0),
+                 (f"#### {answer}{eos}", 1)]
+    else:
+        parts = [(f"#### {rng.randint(1000, 9999)}{eos}", 1)]
+    ids, mask = list(prompt_ids), [0] * len(prompt_ids)
+    for text, trained in parts:
+        piece = tokenizer.encode(text, add_special_tokens=False)
+        ids += piece
+        mask += [trained] * len(piece)
+    return ids, mask
+
+
+def cold_start(hf_dir: str, tokenizer, examples: List[Tuple[List[int], List[int]]], steps: int, batch: int,
+               lr: float, seed: int) -> None:
+    """Supervised training of the HF model in ``hf_dir`` on the examples' masked tokens; saved in place."""
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    pad = tokenizer.pad_token_id
+    rng = random.Random(seed)
+    for _ in tqdm(range(steps), desc="cold-start SFT", leave=False):
+        chosen = [examples[rng.randrange(len(examples))] for _ in range(batch)]
+        width = max(len(ids) for ids, _ in chosen)
+        ids = torch.full((batch, width), pad)
+        labels = torch.full((batch, width), -100)
+        attention = torch.zeros((batch, width), dtype=torch.long)
+        for b, (seq, mask) in enumerate(chosen):
+            ids[b, :len(seq)] = torch.tensor(seq)
+            attention[b, :len(seq)] = 1
+            labels[b, :len(seq)] = torch.where(torch.tensor(mask).bool(), torch.tensor(seq), -100)
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    model.save_pretrained(hf_dir)
+
+
+def prepare_tool_task(root: str, config_name: str = "grpo_tiny_cpu_tools", train_rows: int = 2000, test_rows: int = 64,
+                      tool_share: float = 0.15, sft_steps: int = 1500, sft_batch: int = 16, sft_lr: float = 3e-3,
+                      seed: int = 1) -> Dict[str, str]:
+    """Write the task's assets under ``root`` (idempotent) and return their paths: tokenizer, data_prefix,
+    test_prefix, hf (the cold-start model) and mcore (the same for ``load``)."""
+    from ..checkpoint.convert import hf_to_mg
+    from ..config_cls.dataset_config import DatasetConfig
+    from ..config_cls import load_ppo_config
+    from ..datasets.preprocess import preprocess
+    from ..datasets.templates import apply_template, load_templates
+    from ..rollout.agent_loop import ToolFormat
+    from ..tools.registry import BUILTIN_TOOLS
+    from .tiny_hf import build_hf_model
+
+    paths = {"tokenizer": os.path.join(root, "tiny_tools_hf"), "data_prefix": os.path.join(root, "data", "multiply_train"),
+             "test_prefix": os.path.join(root, "data", "multiply_test"),
+             "hf": os.path.join(root, "tiny_tools_sft_hf"), "mcore": os.path.join(root, "ckpt", "tiny_tools_sft_mcore")}
+    done = os.path.join(paths["mcore"], "latest_checkpointed_iteration.txt")
+    if os.path.isfile(done):
+        return paths
+    model = load_ppo_config(config_name).actor.model
+    tool_format = ToolFormat.of_template(load_templates()[PROMPT_TYPE], PROMPT_TYPE)
+    rows = make_rows(train_rows, seed)
+    seen = {r["question"] for r in rows}
+    test = [r for r in make_rows(4 * test_rows, seed + 1000) if r["question"] not in seen][:test_rows]
+    tokenizer = build_tokenizer(paths["tokenizer"], rows, model.padded_vocab_size, tool_format)
+    for name, part in (("multiply_train", rows), ("multiply_test", test)):
+        raw = os.path.join(root, "raw", name + ".jsonl")
+        os.makedirs(os.path.dirname(raw), exist_ok=True)
+        with open(raw, "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in part)
+        preprocess(DatasetConfig(input=raw, tokenizer_name_or_path=paths["tokenizer"],
+                                 output_prefix=os.path.join(root, "data", name), prompt_type=PROMPT_TYPE,
+                                 tools=["calculator"], seq_length=64, handler_name="R1AlpacaStyleInstructionHandler",
+                                 dataset_additional_keys=["labels"]), progress=False)
+    rng = random.Random(seed)
+    prompts = [tokenizer.encode(apply_template(PROMPT_TYPE, row["question"], tools=[BUILTIN_TOOLS["calculator"]]),
+                                add_special_tokens=False) for row in rows]
+    build_hf_model(paths["hf"], model, seed=seed, tokenizer_dir=paths["tokenizer"])
+    # learning to copy the expression and the result needs many tool examples; the last steps mostly guess,
+    # so the model starts RL rarely calling the tool
+    for steps, share in ((sft_steps - sft_steps // 10, 0.5), (sft_steps // 10, tool_share)):
+        examples = [sft_example(tokenizer, p, row, rng.random() < share, rng, tool_format)
+                    for p, row in zip(prompts, rows)]
+        cold_start(paths["hf"], tokenizer, examples, steps, batch=sft_batch, lr=sft_lr, seed=seed)
+    hf_to_mg(paths["hf"], paths["mcore"])
+    return paths
