@@ -73,7 +73,8 @@ def test_ppo_learns_and_the_control_run_does_not(assets):
     assert [x["iteration"] for x in lines] == list(range(0, ITERATIONS + 1))  # 0: validation before training
     run = os.path.join(root, "logs", runs[0])
     report = open(os.path.join(run, "report.html"), encoding="utf-8").read()   # the run report, at the end
-    assert report.count("data:image/png;base64,") == 6 and "<th>iterations</th><td>16</td>" in report
+    assert report.count("data:image/png;base64,") == 7 and "<th>iterations</th><td>16</td>" in report
+    assert "alt='Timeline'" in report  # the six curves and the timeline of the last iterations
     assert "RotaryEmbedding" in open(os.path.join(run, "logs", "actor_0.log")).read()   # vLLM's chatter: in the file
     # save_hf: the HF folder beside the last checkpoint
     hf_dir = os.path.join(root, "ckpt", "actor", f"iter_{ITERATIONS:07d}_hf")
