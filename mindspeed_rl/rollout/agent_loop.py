@@ -106,8 +106,6 @@ class Trajectory:
     done: bool = False
     turns: int = 0
     calls: int = 0
-    errors: int = 0
-    timeouts: int = 0
     observation_tokens: int = 0
 
     def append(self, tokens: Sequence[int], logprobs: Sequence[float], trained: bool) -> None:
@@ -143,12 +141,11 @@ def tool_agent(request: RolloutRequest, context: AgentContext) -> AgentBatch:
     if context.tool_format is None or context.sandbox is None:
         raise ValueError("the tool_agent rollout function needs tools, a sandbox and a chat template with a tool role")
     parse = PARSERS[s.tool_parser_format]
-    max_tokens = (request.sampling.max_tokens if request.sampling is not None else None)
     budgets = request.max_new_tokens
-    trajectories = [Trajectory(i, list(p), int(budgets[i]) if budgets else int(max_tokens or 0))
-                    for i, p in enumerate(request.prompts) for _ in range(request.n)]
-    if max_tokens is None and not budgets:
+    if not budgets and request.sampling is None:
         raise ValueError("tool_agent: the request names no response budget (sampling.max_tokens)")
+    trajectories = [Trajectory(i, list(p), int(budgets[i]) if budgets else request.sampling.max_tokens)
+                    for i, p in enumerate(request.prompts) for _ in range(request.n)]
     tool_seconds = 0.0
     counts = {"error": 0, "timeout": 0, "oversized": 0, "crash": 0, "malformed": 0}
     turn = 0
@@ -196,19 +193,16 @@ def tool_agent(request: RolloutRequest, context: AgentContext) -> AgentBatch:
                  if not isinstance(item, str)]
         t0 = time.perf_counter()
         results = iter(context.sandbox.run_many(calls, s.tool_workers))
-        tool_seconds += time.perf_counter() - t0 if calls else 0.0
+        tool_seconds += time.perf_counter() - t0
         for traj, items in pending:
             contents = []
             for item in items:
                 if isinstance(item, str):
                     contents.append(item)
-                    traj.errors += 1
                     continue
                 result: ToolResult = next(results)
                 if not result.ok:
                     counts[result.status] += 1
-                    traj.errors += result.status != "timeout"
-                    traj.timeouts += result.status == "timeout"
                 contents.append(truncate(result.content, s.max_tool_response_length, s.tool_response_truncate_side))
             observation = tok.encode(context.tool_format.render(contents), add_special_tokens=False)
             if len(observation) >= traj.left:  # no room to answer after it
