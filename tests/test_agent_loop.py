@@ -214,3 +214,21 @@ def test_preprocessing_lists_the_tools_in_the_system_turn(tmp_path):
     assert compact == "<|im_start|>system\ntools: calculator<|im_end|>\n<|im_start|>user\n6*7=?<|im_end|>\n<|im_start|>assistant\n"
     with pytest.raises(ValueError, match="no tools_format"):
         tools_block("empty", [BUILTIN_TOOLS["calculator"]])
+
+
+def test_rollout_metrics_of_several_generation_batches_merge_by_kind():
+    """Dynamic sampling generates several batches per iteration: times and counts add up, means and rates
+    are averaged over the batches, maxima kept."""
+    from mindspeed_rl.trainer.ppo_trainer import PPOTrainer
+
+    trainer = PPOTrainer.__new__(PPOTrainer)
+    trainer.timing, trainer.rollout_metrics = {"timing/rollout": 1.0}, {}
+    first = {"tool_calls/rate": 0.5, "multi_turn/num_turns/mean": 1.0, "multi_turn/num_turns/max": 2.0,
+             "tool_calls/errors": 1.0, "timing/tool": 0.25}
+    second = {"tool_calls/rate": 0.25, "multi_turn/num_turns/mean": 2.0, "multi_turn/num_turns/max": 1.0,
+              "tool_calls/errors": 2.0, "timing/tool": 0.5}
+    trainer.add_rollout_metrics(first, 0)
+    trainer.add_rollout_metrics(second, 1)
+    assert trainer.rollout_metrics == {"tool_calls/rate": 0.375, "multi_turn/num_turns/mean": 1.5,
+                                       "multi_turn/num_turns/max": 2.0, "tool_calls/errors": 3.0}
+    assert trainer.timing == {"timing/rollout": 1.0, "timing/tool": 0.75}

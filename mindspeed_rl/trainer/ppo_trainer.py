@@ -16,7 +16,7 @@ from ..algorithms.rollout_correction import mismatch_metrics, truncated_is_weigh
 from ..algorithms.shaping import informative_groups, overlong_penalty
 from ..config_cls.ppo_config import PPOConfig, agent_rollout_function, filter_metric_name
 from ..protocol import MODEL_INPUTS, Experience, RolloutRequest, build_experience, mini_batch_plan
-from ..rollout.agent_loop import AgentBatch, AgentContext, AgentSettings, ToolFormat, rollout_function
+from ..rollout.agent_loop import AgentBatch, AgentContext, AgentSettings, ToolFormat, rollout_function, single_turn
 from ..rollout.partial import ChunkRequest, PartialRollout
 from ..rollout.pipeline import RolloutPipeline
 from ..rollout.service import ColocatedRollout, DisaggregatedRollout
@@ -92,7 +92,7 @@ class PPOTrainer:
 
     def roll(self, request: RolloutRequest, prompts: PromptBatch) -> AgentBatch:
         """The rollout function on one request (sampling settings filled in for it)."""
-        if self.rollout_fn is not rollout_function("single_turn") and request.sampling is None:
+        if self.rollout_fn is not single_turn and request.sampling is None:
             request = dataclasses.replace(request, sampling=self.gen.sampling_config)
         self.agent.prompt_tools = prompts.tools
         batch = self.rollout_fn(request, self.agent)
@@ -360,11 +360,23 @@ class PPOTrainer:
         n = self.rl.n_samples_per_prompt
         rolled = self.roll(RolloutRequest(prompts.input_ids, n, self.sample_seed(batch),
                                           max_new_tokens=prompts.max_new_tokens), prompts)
-        for key, value in rolled.metrics.items():  # summed over generation batches (dynamic sampling)
-            target = self.timing if key.startswith("timing/") else self.rollout_metrics
-            target[key] = target.get(key, 0.0) + value if batch else value
+        self.add_rollout_metrics(rolled.metrics, batch)
         return build_experience(prompts.input_ids, rolled.outputs, n, self.pad_id, prompts.labels,
                                 self.rollout_service.version)
+
+    def add_rollout_metrics(self, metrics: Dict[str, float], batch: int) -> None:
+        """Generation batch ``batch``'s rollout-function metrics into the iteration's (dynamic sampling makes
+        several): times and counts summed, means and rates averaged over the batches, maxima kept."""
+        for key, value in metrics.items():
+            target = self.timing if key.startswith("timing/") else self.rollout_metrics
+            if not batch or key not in target:
+                target[key] = value
+            elif key.endswith("/max"):
+                target[key] = max(target[key], value)
+            elif key.endswith(("/mean", "/rate")):
+                target[key] += (value - target[key]) / (batch + 1)
+            else:
+                target[key] += value
 
     def log_probs(self, exp: Experience, which: str) -> torch.Tensor:
         answer = self.actor.forward("compute_log_prob", exp, MODEL_INPUTS, which, balance=self.rl.use_dp_batch_balance)
