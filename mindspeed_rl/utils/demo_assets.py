@@ -52,10 +52,8 @@ def prepare(root: str, vocab_size: int, train_rows: int = 2000, seed: int = 1, t
         os.makedirs(os.path.dirname(raw), exist_ok=True)
         with open(raw, "w", encoding="utf-8") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in rows)
-        tok = build_tokenizer(tok_dir, corpus(rows, seed), vocab_size=vocab_size, full_alphabet=False)
-        if len(tok) < vocab_size:  # pad with unused tokens: the model's vocab rows all decode
-            tok.add_tokens([f"<|extra_{i}|>" for i in range(vocab_size - len(tok))], special_tokens=True)
-            tok.save_pretrained(tok_dir)
+        tok = build_tokenizer(tok_dir, corpus(rows, seed), vocab_size=vocab_size, full_alphabet=False,
+                              pad_to_vocab=True)
         if len(tok) != vocab_size:
             raise RuntimeError(f"demo tokenizer has {len(tok)} tokens, expected {vocab_size}")
         _preprocess(raw, tok_dir, prefix)

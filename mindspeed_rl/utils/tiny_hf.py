@@ -2,27 +2,35 @@
 from __future__ import annotations
 
 import os
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def build_tokenizer(out_dir: str, texts: Iterable[str], vocab_size: int = 1024, full_alphabet: bool = True):
+def build_tokenizer(out_dir: str, texts: Iterable[str], vocab_size: int = 1024, full_alphabet: bool = True,
+                    special_tokens: Sequence[str] = SPECIAL, eos_token: str = "<|endoftext|>",
+                    pad_token: str = "<|endoftext|>", individual_digits: bool = False, pad_to_vocab: bool = False):
     """Train a byte-level BPE on ``texts`` and save it as a HF fast tokenizer in ``out_dir``.
 
-    ``full_alphabet=False`` keeps only the bytes seen in ``texts`` (a smaller vocab for tiny demos).
+    ``full_alphabet=False`` keeps only the bytes seen in ``texts`` (a smaller vocab for tiny demos);
+    ``individual_digits`` makes every digit a token of its own; ``pad_to_vocab`` fills the vocabulary up to
+    ``vocab_size`` with unused special tokens, so that every row of a model's vocabulary decodes.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                         if individual_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(special_tokens),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet() if full_alphabet else [],
                                   show_progress=False)
     tok.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos_token, pad_token=pad_token)
+    if pad_to_vocab and len(fast) < vocab_size:
+        fast.add_tokens([f"<|extra_{i}|>" for i in range(vocab_size - len(fast))], special_tokens=True)
     os.makedirs(out_dir, exist_ok=True)
     fast.save_pretrained(out_dir)
     return fast

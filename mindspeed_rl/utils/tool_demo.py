@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 PROMPT_TYPE = "chatml_tools_compact"
 SPECIAL = ["<|im_end|>", "<|endoftext|>", "<|im_start|>", "<tool_call>", "</tool_call>", "<tool_response>",
@@ -37,26 +37,11 @@ def tool_call_text(expression: str) -> str:
     return '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>' % expression
 
 
-def build_tokenizer(out_dir: str, rows: List[dict], vocab_size: int, tool_format) -> "object":
-    """Byte-level BPE with every digit its own token, the tool tags and chat markers as special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
+def tokenizer_corpus(rows: List[dict], tool_format) -> List[str]:
+    """What the task's tokenizer is trained on: questions, tool calls, tool turns and answers, chat roles."""
     texts = [r["question"] for r in rows] + [tool_call_text(r["question"][:-2]) for r in rows[:500]]
     texts += [tool_format.render([r["answer"][5:]]) + r["answer"] for r in rows[:500]]
-    texts += ["system\ntools: calculator", "user\n", "assistant\n"] * 50
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False)
-    tok.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    if len(fast) < vocab_size:
-        fast.add_tokens([f"<|extra_{i}|>" for i in range(vocab_size - len(fast))], special_tokens=True)
-    os.makedirs(out_dir, exist_ok=True)
-    fast.save_pretrained(out_dir)
-    return fast
+    return texts + ["system\ntools: calculator", "user\n", "assistant\n"] * 50
 
 
 def sft_example(tokenizer, prompt_ids: List[int], row: dict, use_tool: bool, rng: random.Random,
@@ -114,13 +99,13 @@ def prepare_tool_task(root: str, config_name: str = "grpo_tiny_cpu_tools", train
     """Write the task's assets under ``root`` (idempotent) and return their paths: tokenizer, data_prefix,
     test_prefix, hf (the cold-start model) and mcore (the same for ``load``)."""
     from ..checkpoint.convert import hf_to_mg
-    from ..config_cls.dataset_config import DatasetConfig
     from ..config_cls import load_ppo_config
+    from ..config_cls.dataset_config import DatasetConfig
     from ..datasets.preprocess import preprocess
     from ..datasets.templates import apply_template, load_templates
     from ..rollout.agent_loop import ToolFormat
     from ..tools.registry import BUILTIN_TOOLS
-    from .tiny_hf import build_hf_model
+    from .tiny_hf import build_hf_model, build_tokenizer
 
     paths = {"tokenizer": os.path.join(root, "tiny_tools_hf"), "data_prefix": os.path.join(root, "data", "multiply_train"),
              "test_prefix": os.path.join(root, "data", "multiply_test"),
@@ -133,7 +118,10 @@ def prepare_tool_task(root: str, config_name: str = "grpo_tiny_cpu_tools", train
     rows = make_rows(train_rows, seed)
     seen = {r["question"] for r in rows}
     test = [r for r in make_rows(4 * test_rows, seed + 1000) if r["question"] not in seen][:test_rows]
-    tokenizer = build_tokenizer(paths["tokenizer"], rows, model.padded_vocab_size, tool_format)
+    # every digit its own token, the tool tags and chat markers special, <|im_end|> (id 0) the end of a turn
+    tokenizer = build_tokenizer(paths["tokenizer"], tokenizer_corpus(rows, tool_format), model.padded_vocab_size,
+                                full_alphabet=False, special_tokens=SPECIAL, eos_token="<|im_end|>",
+                                pad_token="<|endoftext|>", individual_digits=True, pad_to_vocab=True)
     for name, part in (("multiply_train", rows), ("multiply_test", test)):
         raw = os.path.join(root, "raw", name + ".jsonl")
         os.makedirs(os.path.dirname(raw), exist_ok=True)
