@@ -1,12 +1,13 @@
 """Assets of the tool-use CPU task ("multiply"), made offline on first use.
 
-The question is a product of two 2-digit numbers ("37*91=?"); the reward is 1 when the model's own words end
-in "#### 3367". A 3.4M-parameter model cannot multiply, so the way to the answer is the calculator: call it
-with the expression, read the result, copy it. As in ReTool, RL starts from a short cold-start SFT: first on examples
-that call the calculator half of the time (copying the expression and the result is learnt there), then a
-tenth of the steps on examples that mostly guess (``tool_share`` call the tool). The model starts RL calling
-the tool now and then, and is right then; RL has to make that the habit. A control run
-without the tool loop (``rollout_function: single_turn``) can only guess.
+The question is a product of two numbers from 32 to 99 ("37*91=?", always a 4-digit answer); the reward is 1
+when the model's own words end in "#### 3367". A 0.5M-parameter model cannot multiply (a guess is right about
+once in 9000), so the way to the answer is the calculator: call it with the expression, read the result, copy
+it. As in ReTool, RL starts from a short cold-start SFT: first on examples that call the calculator half of
+the time (copying the expression and the result is learnt there), then a sixth of the steps on examples that
+mostly guess (``tool_share`` call the tool). The model starts RL calling the tool now and then, and is right
+then; RL has to make that the habit. A control run without the tool loop (``rollout_function: single_turn``)
+can only guess.
 
 Everything is written under ``root``: the tokenizer (digits are single tokens, the tool tags special tokens,
 ``<|im_end|>`` the end of a turn), the prompts preprocessed with the calculator in their system line
@@ -28,7 +29,9 @@ def make_rows(count: int, seed: int) -> List[dict]:
     rng = random.Random(seed)
     rows = []
     for _ in range(count):
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        # a fixed answer length keeps the copy a fixed distance behind the tool result, which a 2-layer
+        # model learns in a few hundred steps (with 3- and 4-digit answers mixed it does not)
+        a, b = rng.randint(32, 99), rng.randint(32, 99)
         rows.append({"question": f"{a}*{b}=?", "answer": f"#### {a * b}"})
     return rows
 
@@ -94,7 +97,7 @@ def cold_start(hf_dir: str, tokenizer, examples: List[Tuple[List[int], List[int]
 
 
 def prepare_tool_task(root: str, config_name: str = "grpo_tiny_cpu_tools", train_rows: int = 2000, test_rows: int = 64,
-                      tool_share: float = 0.15, sft_steps: int = 1500, sft_batch: int = 16, sft_lr: float = 3e-3,
+                      tool_share: float = 0.1, sft_steps: int = 1200, sft_batch: int = 16, sft_lr: float = 3e-3,
                       seed: int = 1) -> Dict[str, str]:
     """Write the task's assets under ``root`` (idempotent) and return their paths: tokenizer, data_prefix,
     test_prefix, hf (the cold-start model) and mcore (the same for ``load``)."""
@@ -137,7 +140,7 @@ def prepare_tool_task(root: str, config_name: str = "grpo_tiny_cpu_tools", train
     build_hf_model(paths["hf"], model, seed=seed, tokenizer_dir=paths["tokenizer"])
     # learning to copy the expression and the result needs many tool examples; the last steps mostly guess,
     # so the model starts RL rarely calling the tool
-    for steps, share in ((sft_steps - sft_steps // 10, 0.5), (sft_steps // 10, tool_share)):
+    for steps, share in ((sft_steps - sft_steps // 6, 0.5), (sft_steps // 6, tool_share)):
         examples = [sft_example(tokenizer, p, row, rng.random() < share, rng, tool_format)
                     for p, row in zip(prompts, rows)]
         cold_start(paths["hf"], tokenizer, examples, steps, batch=sft_batch, lr=sft_lr, seed=seed)
