@@ -1,5 +1,6 @@
 """Small builders shared by tests."""
 import pathlib
+import time
 from typing import Iterator, Sequence
 
 from mindspeed_rl.config_cls import ModelConfig
@@ -112,3 +113,17 @@ def single_process_world_fixture(seed: int = 11):
         dist.destroy()
 
     return single_process_world
+
+
+def wait_for(proc, text, timeout=240):
+    """Read ``proc``'s output until a line holds ``text``; the lines read so far."""
+    seen = []
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            break
+        seen.append(line)
+        if text in line:
+            return seen
+    raise AssertionError(f"{text!r} never appeared:\n" + "".join(seen[-40:]))

@@ -19,7 +19,7 @@ from mindspeed_rl.checkpoint import megatron_layout as ml
 from mindspeed_rl.config_cls import load_ppo_config
 from mindspeed_rl.utils.demo_assets import prepare
 from mindspeed_rl.utils.tiny_hf import build_hf_model, build_tokenizer
-from tests.helpers import tiny_model_config
+from tests.helpers import tiny_model_config, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -316,19 +316,6 @@ def start_training(root, paths, *extra):
     cmd = [sys.executable, os.path.join(ROOT, "cli", "train_ppo.py"),
            *train_args(root, paths, "megatron_training.save_interval=1", *extra)]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def wait_for(proc, text, timeout=240):
-    seen = []
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if not line and proc.poll() is not None:
-            break
-        seen.append(line)
-        if text in line:
-            return seen
-    raise AssertionError(f"{text!r} never appeared:\n" + "".join(seen[-40:]))
 
 
 @pytest.mark.slow
