@@ -2,7 +2,7 @@
 megatron-core + vLLM on CPU, the sandbox): the cold-start model calls the calculator in a few of its answers;
 the tool agent runs the calls once each, the results enter the trajectories with loss_mask 0, and GRPO turns
 the tool into the habit: the tool-call rate and the accuracy rise from near 0 within 12 iterations. The
-metrics and the run report's timeline are written. The cold-start SFT takes about a minute, the run another.
+metrics and the run report's timeline are written. The cold-start SFT takes about a minute, the run 80 s.
 (The control that cannot call the tool stays at guessing: bench/tool_learning.py.)
 """
 import glob
@@ -41,13 +41,13 @@ def test_the_tool_agent_learns_to_use_the_calculator(assets):
     accuracy = [round(m[ACCURACY], 3) for m in history]
     calls = [round(m["tool_calls/rate"], 3) for m in history]
     # learning: the last three iterations use the tool and are right far more often than the first three
-    # (measured: accuracy 0.06 -> 0.67, tool-call rate 0.06 -> 0.75; a guess is right once in ~9000)
+    # (measured: accuracy 0.07 -> 0.73, tool-call rate 0.07 -> 0.73; a guess is right once in ~9000)
     first, last = (lambda xs: sum(xs[:3]) / 3), (lambda xs: sum(xs[-3:]) / 3)
     assert first(accuracy) < 0.2 and last(accuracy) > max(0.3, first(accuracy) + 0.2), (accuracy, calls)
     assert last(calls) > max(0.3, first(calls) + 0.2), (accuracy, calls)
     assert history[-1]["val/score/mean"] >= history[5]["val/score/mean"], accuracy
     for m in history:
-        assert m["tool_calls/mean"] <= 1.0 and m["tool_calls/errors"] <= m["tool_calls/mean"] * 64
+        assert m["tool_calls/mean"] <= 1.0 and m["tool_calls/errors"] <= m["tool_calls/mean"] * 128
         assert m["tool_calls/timeouts"] == 0 and m["timing/tool"] >= 0
         assert 1.0 <= m["multi_turn/num_turns/mean"] <= 2.0
         assert m["response_length/mean"] >= m["multi_turn/generated_tokens/mean"]

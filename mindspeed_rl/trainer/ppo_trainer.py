@@ -342,11 +342,11 @@ class PPOTrainer:
 
     def sample_seed(self, batch: int = 0, iteration: int = None) -> int:
         """Base seed of one generation call: its iteration (this one by default) and the call's number within
-        it (dynamic sampling's batch, partial rollout's round). Sample ``i`` of the call is seeded ``base + i``,
-        so the user's seeds lie far apart: with seeds 1 and 2 one apart, the two runs' samples would be the same
-        random streams shifted by one sample."""
+        it (dynamic sampling's batch, partial rollout's round). Sample ``i`` of the call is seeded ``base + i``
+        and torch's CPU generator keeps a seed's low 32 bits, so the user's seeds are spread over those bits:
+        with seeds 1 and 2 one apart, two runs would draw the same random streams shifted by one sample."""
         iteration = self.iteration if iteration is None else iteration
-        return (self.gen.sampling_config.seed * 2**40 + 1_000_003 * iteration + 100_003 * batch) % 2**63
+        return (self.gen.sampling_config.seed * 1_000_000_007 + 1_000_003 * iteration + 100_003 * batch) % 2**32
 
     def run_generation(self, request: RolloutRequest):
         with self.timer("timing/rollout"):
