@@ -82,7 +82,8 @@ def test_sigterm_during_async_training_leaves_a_checkpoint_the_hint_resumes(tmp_
     assert [b["iteration"] for b in inflight] == [saved]  # the batch for the next iteration (0-based index)
 
     hint = out.split("Resume by adding: ")[1].split()
-    assert hint == ["actor_config.finetune=false", f"actor_config.load={root}/ckpt/actor"], out[-2000:]
+    assert hint == ["actor_config.finetune=false", f"actor_config.load={root}/ckpt/actor",
+                    "actor_config.no_load_optim=false", "actor_config.no_load_rng=false"], out[-2000:]
     resumed = subprocess.run(args + [f"megatron_training.train_iters={saved + 1}"] + hint, cwd=ROOT, env=env,
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]

@@ -3,6 +3,7 @@
 Every user error exits 2 with one message naming the key, file or flag and no traceback; faults during
 training stop cleanly with their own exit codes (docs/operations.md, "When things go wrong").
 """
+import glob
 import json
 import os
 import shutil
@@ -94,11 +95,12 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path, capsys):
 
 
 # ----- pre-flight: before Ray starts ---------------------------------------------------------------------------
-def fake_checkpoint(folder, tracker="release", iteration_dir="release", truncate=False):
+def fake_checkpoint(folder, tracker="release", iteration_dir="release", truncate=False, model=None):
     rank_dir = os.path.join(folder, iteration_dir, "mp_rank_00")
     os.makedirs(rank_dir, exist_ok=True)
     path = os.path.join(rank_dir, "model_optim_rng.pt")
-    torch.save({"model": {"w": torch.ones(1000)}, "iteration": 0}, path)
+    torch.save({"model": {"w": torch.ones(1000)}, "iteration": 0, **({"config": {"model": model}} if model else {})},
+               path)
     if truncate:
         with open(path, "r+b") as fh:
             fh.truncate(os.path.getsize(path) // 2)
@@ -108,7 +110,8 @@ def fake_checkpoint(folder, tracker="release", iteration_dir="release", truncate
 
 
 @pytest.mark.parametrize("case", ["unwritable_save", "tracker_abc", "missing_iteration", "truncated_file",
-                                  "truncated_idx", "weight_load_env"])
+                                  "truncated_idx", "weight_load_env", "other_model", "missing_optimizer_shard",
+                                  "critic_never_saved", "roles_apart_without_common", "folder_locked"])
 def test_preflight_names_the_path_in_seconds_without_starting_ray(assets, tmp_path, capsys, case, monkeypatch):
     import ray
 
@@ -127,6 +130,37 @@ def test_preflight_names_the_path_in_seconds_without_starting_ray(assets, tmp_pa
     elif case == "truncated_file":
         path = fake_checkpoint(str(tmp_path / "load"), truncate=True)
         extra, words = [f"actor_config.load={tmp_path}/load"], f"{path} is truncated or corrupt"
+    elif case == "other_model":
+        model = load_ppo_config("ppo_tiny_cpu").actor.model
+        fake_checkpoint(str(tmp_path / "load"), model={"hidden_size": model.hidden_size * 2,
+                                                       "num_layers": model.num_layers})
+        extra = [f"actor_config.load={tmp_path}/load"]
+        words = f"holds another model than actor_config.model: hidden_size {model.hidden_size * 2} (run: {model.hidden_size})"
+    elif case == "missing_optimizer_shard":
+        fake_checkpoint(str(tmp_path / "actor"), tracker="2", iteration_dir="iter_0000002")
+        extra = [f"actor_config.load={tmp_path}/actor", "actor_config.finetune=false", "actor_config.no_load_optim=false",
+                 "actor_config.use_distributed_optimizer=true"]
+        words = f"{tmp_path}/actor/iter_0000002/mp_rank_00/distrib_optim_dp000.pt is missing"
+    elif case == "critic_never_saved":
+        fake_checkpoint(str(tmp_path / "actor"), tracker="2", iteration_dir="iter_0000002")
+        (tmp_path / "critic").mkdir()
+        extra = [f"actor_config.load={tmp_path}/actor", "actor_config.finetune=false", "critic_config.finetune=false",
+                 f"critic_config.load={tmp_path}/critic"]
+        words = "critic's folder " + f"{tmp_path}/critic holds no checkpoint: resume every role from the same run"
+    elif case == "roles_apart_without_common":
+        fake_checkpoint(str(tmp_path / "actor"), tracker="3", iteration_dir="iter_0000003")
+        fake_checkpoint(str(tmp_path / "critic"), tracker="2", iteration_dir="iter_0000002")
+        extra = [f"actor_config.load={tmp_path}/actor", "actor_config.finetune=false", "critic_config.finetune=false",
+                 f"critic_config.load={tmp_path}/critic"]
+        words = f"(actor 3, critic 2: a save was interrupted) and {tmp_path}/actor no longer holds iter_0000002"
+    elif case == "folder_locked":
+        from mindspeed_rl.utils.run_lock import LOCK_NAME
+
+        (tmp_path / "ckpt" / "critic").mkdir(parents=True)
+        holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        (tmp_path / "ckpt" / "critic" / LOCK_NAME).write_text(json.dumps(
+            {"pid": holder.pid, "host": __import__("socket").gethostname(), "started": time.time()}))
+        extra, words = [], f"critic_config.save: {tmp_path}/ckpt/critic is used by a live run (pid {holder.pid}"
     elif case == "weight_load_env":
         monkeypatch.setenv("MINDSPEED_RL_VLLM_WEIGHT_LOAD", "reload")
         words = "MINDSPEED_RL_VLLM_WEIGHT_LOAD='reload': expected one of auto, reload_weights, load_weights"
@@ -137,9 +171,15 @@ def test_preflight_names_the_path_in_seconds_without_starting_ray(assets, tmp_pa
         idx.write_bytes(idx.read_bytes()[:40])
         extra, words = [f"megatron_training.data_path={data}/{os.path.basename(paths['data_prefix'])}"], f"{idx} is truncated"
     start = time.perf_counter()
-    err = user_error(capsys, train_ppo.main, train_args(tmp_path, paths, *extra))
+    try:
+        err = user_error(capsys, train_ppo.main, train_args(tmp_path, paths, *extra))
+    finally:
+        if case == "folder_locked":
+            holder.kill()
     assert words in err
     assert time.perf_counter() - start < 30 and not ray.is_initialized()
+    if case == "folder_locked":  # the locks this run took on its other folders are gone again
+        assert not [p for p in glob.glob(f"{tmp_path}/**/{LOCK_NAME}", recursive=True) if "critic" not in p]
 
 
 # ----- safe loading --------------------------------------------------------------------------------------------
@@ -341,7 +381,79 @@ def test_sigterm_stops_cleanly_and_a_dead_worker_is_one_paragraph(assets, tmp_pa
     assert proc.returncode == 4, out[-3000:]
     message = [line for line in out.splitlines() if line.startswith("stopped:")]
     assert len(message) == 1 and "the critic worker of rank 0 died" in message[0]
-    assert f"Resume by adding: actor_config.finetune=false actor_config.load={tmp_path}/dead/ckpt/actor" in message[0]
+    assert (f"Resume by adding: actor_config.finetune=false actor_config.load={tmp_path}/dead/ckpt/actor "
+            "actor_config.no_load_optim=false actor_config.no_load_rng=false critic_config.finetune=false "
+            f"critic_config.load={tmp_path}/dead/ckpt/critic critic_config.no_load_optim=false") in message[0]
     assert "ActorDiedError" not in out
     time.sleep(2)
     assert ray_processes() - before == set()
+
+
+# ----- resume pairs roles only at an iteration every role completed; one run per folder ---------------------------
+def test_a_save_stopped_between_the_roles_resumes_both_from_the_last_common_iteration(tmp_path, capsys):
+    """The driver was killed after the actor committed iteration 2 and before the critic did."""
+    from mindspeed_rl.trainer.preflight import resume_iteration
+
+    for role, done in (("actor", (1, 2)), ("critic", (1,))):
+        for it in done:
+            ml.begin_save(str(tmp_path / role), it)
+            ml.write_rank(str(tmp_path / role), it, 0, 0, 1, {"model": {"w": torch.full((2,), float(it))},
+                                                               "iteration": it})
+            ml.commit_save(str(tmp_path / role), it, 1)
+    ml.write_rank(str(tmp_path / "critic"), 2, 0, 0, 1, {"model": {}, "iteration": 2})  # its staging folder
+    cfg = load_ppo_config("ppo_tiny_cpu", [f"actor_config.load={tmp_path}/actor", "actor_config.finetune=false",
+                                           f"critic_config.load={tmp_path}/critic", "critic_config.finetune=false"])
+    assert resume_iteration(cfg) == 1
+    out = capsys.readouterr().out
+    assert "(actor 2, critic 1: the last save was interrupted); resuming every role from iteration 1" in out
+    assert ml.load_rank(str(tmp_path / "actor"), 0, 0, iteration=1)["model"]["w"].tolist() == [1.0, 1.0]
+    # roles that agree resume at their tracker, silently
+    ml.begin_save(str(tmp_path / "critic"), 2)
+    ml.write_rank(str(tmp_path / "critic"), 2, 0, 0, 1, {"model": {}, "iteration": 2})
+    ml.commit_save(str(tmp_path / "critic"), 2, 1)
+    assert resume_iteration(cfg) == 2 and capsys.readouterr().out == ""
+
+
+def test_the_resume_hint_names_every_role_its_optimizer_and_rng_and_quotes_paths(tmp_path):
+    from mindspeed_rl.trainer.launch import last_checkpoint_text
+
+    save = tmp_path / "my runs" / "actor"
+    fake_checkpoint(str(save), tracker="3", iteration_dir="iter_0000003")
+    cfg = load_ppo_config("ppo_tiny_cpu", [f"actor_config.save={save}", f"critic_config.save={tmp_path}/critic"])
+    text = last_checkpoint_text(cfg)
+    hint = text.split("Resume by adding: ")[1]
+    assert f"'actor_config.load={save}'" in hint and "(iteration 3)" in text
+    parsed = dict(item.split("=", 1) for item in __import__("shlex").split(hint))
+    assert parsed == {"actor_config.finetune": "false", "actor_config.load": str(save),
+                      "actor_config.no_load_optim": "false", "actor_config.no_load_rng": "false",
+                      "critic_config.finetune": "false", "critic_config.load": f"{tmp_path}/critic",
+                      "critic_config.no_load_optim": "false", "critic_config.no_load_rng": "false"}
+
+
+def test_a_folder_lock_is_refused_while_its_run_lives_and_taken_over_when_it_is_gone(tmp_path):
+    import socket
+
+    from mindspeed_rl.utils.run_lock import LOCK_NAME, FolderLocked, RunLock
+
+    folders = [("actor_config.save", str(tmp_path / "ckpt")), ("rl_config.log_dir", str(tmp_path / "logs"))]
+    with RunLock(folders) as first:
+        assert sorted(os.listdir(tmp_path / "ckpt")) == [LOCK_NAME]
+        holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:  # the same folder from a second live run (another pid)
+            (tmp_path / "logs" / LOCK_NAME).write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(),
+                                                                    "started": time.time()}))
+            with pytest.raises(FolderLocked, match=f"rl_config.log_dir: {tmp_path}/logs is used by a live run "
+                                                   f"\\(pid {holder.pid} on"):
+                RunLock([("rl_config.log_dir", str(tmp_path / "logs"))]).acquire()
+        finally:
+            holder.kill()
+            holder.wait()
+        # that run is gone: its lock is stale and taken over, with a note
+        second = RunLock([("rl_config.log_dir", str(tmp_path / "logs"))]).acquire()
+        assert "took over the stale lock" in second.notes[0] and str(holder.pid) in second.notes[0]
+        second.release()
+        (tmp_path / "logs" / LOCK_NAME).write_text(json.dumps({"pid": 1, "host": "elsewhere", "started": 0}))
+        with pytest.raises(FolderLocked, match="used by a run on another host .*if that run is gone, delete"):
+            RunLock([("rl_config.log_dir", str(tmp_path / "logs"))]).acquire()
+        assert os.path.exists(tmp_path / "ckpt" / LOCK_NAME)  # a refused run leaves the holder's locks alone
+    assert not os.path.exists(tmp_path / "ckpt" / LOCK_NAME)  # released at the end

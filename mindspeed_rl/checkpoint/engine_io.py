@@ -147,11 +147,13 @@ def save_hf_copy(engine, ckpt_dir: str, iteration: int) -> Optional[str]:
     return path or hf_folder_of(ckpt_dir, iteration)
 
 
-def load_engine(engine, ckpt_dir: str, load_optim: bool = True, load_rng: bool = True) -> Dict[str, Any]:
-    """Load the latest checkpoint into the engine; returns the payload (iteration, extras)."""
+def load_engine(engine, ckpt_dir: str, load_optim: bool = True, load_rng: bool = True,
+                iteration: Optional[int] = None) -> Dict[str, Any]:
+    """Load the latest checkpoint (or ``iteration``) into the engine; returns the payload (iteration, extras)."""
     tp_rank, pp_rank, dp_rank, tp, pp = _ranks()
     ep_rank, ep, _ = _expert_ranks()
-    payload = ml.load_rank(ckpt_dir, tp_rank, pp_rank, expected=(tp, pp, ep), mmap=False, ep_rank=ep_rank)
+    payload = ml.load_rank(ckpt_dir, tp_rank, pp_rank, expected=(tp, pp, ep), mmap=False, ep_rank=ep_rank,
+                           iteration=iteration)
     engine.load_weights(payload["model"])
     if load_optim and engine.optimizer is not None:
         optim = payload.get("optimizer")
@@ -159,7 +161,7 @@ def load_engine(engine, ckpt_dir: str, load_optim: bool = True, load_rng: bool =
             raise ml.CheckpointError(f"{ckpt_dir}: has no optimizer state; set no_load_optim: true to start it fresh")
         engine.scheduler.load_state_dict(optim["scheduler"])
         if engine.megatron.use_distributed_optimizer:
-            shards = ml.load_extra(ckpt_dir, tp_rank, pp_rank, _dp_file(dp_rank), ep_rank)
+            shards = ml.load_extra(ckpt_dir, tp_rank, pp_rank, _dp_file(dp_rank), ep_rank, iteration)
             for sub, state in zip(_sub_optimizers(engine.optimizer), shards):
                 sub.optimizer.load_state_dict(state)
         elif "optimizer" in optim:

@@ -66,7 +66,14 @@ def read_tracker_or_none(ckpt_dir: str) -> Optional[Union[int, str]]:
         return "unreadable"
 
 
-def latest_iteration_dir(ckpt_dir: str) -> Tuple[Union[int, str], str]:
+def latest_iteration_dir(ckpt_dir: str, iteration: Optional[int] = None) -> Tuple[Union[int, str], str]:
+    """(iteration, folder) of the tracker's iteration, or of ``iteration`` when given (a resume that every
+    role completed: see common_iteration)."""
+    if iteration is not None:
+        path = os.path.join(ckpt_dir, iteration_dir_name(iteration))
+        if not os.path.isdir(path):
+            raise CheckpointError(f"{ckpt_dir}: has no {iteration_dir_name(iteration)}")
+        return iteration, path
     iteration = read_tracker(ckpt_dir)
     if iteration is None:
         raise CheckpointError(f"{ckpt_dir}: no {TRACKER}; not a Megatron checkpoint folder "
@@ -112,9 +119,10 @@ def rank_file(iter_dir: str, tp_rank: int, pp_rank: int, pp: int, ep_rank: int =
 
 
 def load_rank(ckpt_dir: str, tp_rank: int, pp_rank: int, expected: Optional[Tuple[int, ...]] = None,
-              mmap: bool = True, ep_rank: int = 0) -> Dict[str, Any]:
-    """Load one rank's file of the latest checkpoint, refusing a TP/PP(/EP) layout that differs."""
-    _, iter_dir = latest_iteration_dir(ckpt_dir)
+              mmap: bool = True, ep_rank: int = 0, iteration: Optional[int] = None) -> Dict[str, Any]:
+    """Load one rank's file of the latest checkpoint (or of ``iteration``), refusing a TP/PP(/EP) layout
+    that differs."""
+    _, iter_dir = latest_iteration_dir(ckpt_dir, iteration)
     _, pp, ep = checked_layout(ckpt_dir, iter_dir, expected)
     return safe_load(rank_file(iter_dir, tp_rank, pp_rank, pp, ep_rank, ep), mmap=mmap)
 
@@ -125,12 +133,14 @@ def checked_layout(ckpt_dir: str, iter_dir: str, expected: Optional[Tuple[int, .
     tp, pp, ep = full_layout_of(iter_dir)
     want = tuple(expected) + (1,) * (3 - len(expected)) if expected is not None else None
     if want is not None and (tp, pp, ep) != want:
+        from shlex import quote
+
+        target = f"{ckpt_dir.rstrip('/')}_tp{want[0]}pp{want[1]}" + (f"ep{want[2]}" if want[2] > 1 else "")
         raise CheckpointError(
             f"{ckpt_dir} is saved with TP={tp}, PP={pp}, EP={ep} but the run uses TP={want[0]}, PP={want[1]}, "
             f"EP={want[2]}. Reshard it: python cli/convert_ckpt.py --load-model-type mg --save-model-type mg "
-            f"--load-dir {ckpt_dir} --save-dir {ckpt_dir.rstrip('/')}_tp{want[0]}pp{want[1]}"
-            + (f"ep{want[2]} " if want[2] > 1 else " ")
-            + f"--target-tensor-parallel-size {want[0]} --target-pipeline-parallel-size {want[1]}"
+            f"--load-dir {quote(ckpt_dir)} --save-dir {quote(target)} "
+            f"--target-tensor-parallel-size {want[0]} --target-pipeline-parallel-size {want[1]}"
             + (f" --target-expert-parallel-size {want[2]}" if want[2] > 1 or ep > 1 else ""))
     return tp, pp, ep
 
@@ -145,8 +155,9 @@ def write_extra(ckpt_dir: str, iteration: Union[int, str], tp_rank: int, pp_rank
     return path
 
 
-def load_extra(ckpt_dir: str, tp_rank: int, pp_rank: int, name: str, ep_rank: int = 0) -> Any:
-    _, iter_dir = latest_iteration_dir(ckpt_dir)
+def load_extra(ckpt_dir: str, tp_rank: int, pp_rank: int, name: str, ep_rank: int = 0,
+               iteration: Optional[int] = None) -> Any:
+    _, iter_dir = latest_iteration_dir(ckpt_dir, iteration)
     _, pp, ep = full_layout_of(iter_dir)
     path = os.path.join(iter_dir, rank_dir_name(tp_rank, pp_rank, pp, ep_rank, ep), name)
     if not os.path.isfile(path):
@@ -230,3 +241,41 @@ def list_iterations(ckpt_dir: str) -> List[int]:
         if m:
             out.append(int(m.group(1)))
     return sorted(out)
+
+
+def common_iteration(folders: Dict[str, str]) -> Tuple[Optional[int], Optional[str]]:
+    """The iteration every role's checkpoint folder completed, and a note when some role is ahead.
+
+    Roles commit their checkpoints one after the other; a run stopped between two commits leaves, e.g., the
+    actor at iteration 2 and the critic at 1. Resuming pairs them only at an iteration all of them hold:
+    the oldest of the trackers, loaded from each folder's own ``iter_*`` (an older one is kept beside the
+    newer). ``folders``: role name -> checkpoint folder. (None, None) when none holds a training iteration.
+    """
+    trackers = {role: read_tracker(folder) for role, folder in folders.items()}
+    numbered = {role: it for role, it in trackers.items() if isinstance(it, int)}
+    if not numbered:
+        return None, None
+    missing = [role for role in folders if role not in numbered]
+    if missing:
+        role = missing[0]
+        raise CheckpointError(
+            f"the {', '.join(sorted(numbered))} checkpoint is at iteration {max(numbered.values())} but the {role}'s "
+            f"folder {folders[role]} holds {'no checkpoint' if trackers[role] is None else 'converted weights only'}: "
+            f"resume every role from the same run, or set {role}_config.finetune=true to start the {role} afresh")
+    common = min(numbered.values())
+    ahead = {role: it for role, it in numbered.items() if it > common}
+    for role in ahead:
+        if not os.path.isdir(os.path.join(folders[role], iteration_dir_name(common))):
+            raise CheckpointError(
+                f"the roles' checkpoints end at different iterations ({_listed(numbered)}: a save was interrupted) "
+                f"and {folders[role]} no longer holds {iteration_dir_name(common)}: no iteration is complete for "
+                "every role")
+    note = None
+    if ahead:
+        note = (f"the roles' checkpoints end at different iterations ({_listed(numbered)}: the last save was "
+                f"interrupted); resuming every role from iteration {common}, the last one all of them completed")
+    return common, note
+
+
+def _listed(numbered: Dict[str, int]) -> str:
+    return ", ".join(f"{role} {it}" for role, it in numbered.items())

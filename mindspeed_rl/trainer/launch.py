@@ -95,10 +95,18 @@ def run(cfg: PPOConfig) -> int:
 
     import ray
 
+    from ..utils.run_lock import FolderLocked, RunLock
     from .ppo_trainer import NonFiniteStop
 
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    lock = RunLock(locked_folders(cfg))
     try:
+        try:
+            lock.acquire()
+        except FolderLocked as exc:
+            raise UserError(str(exc)) from None
+        for note in lock.notes:
+            print(f"note: {note}", flush=True)
         history = train(cfg)
         return 0 if history else 1
     except NonFiniteStop as exc:
@@ -111,22 +119,41 @@ def run(cfg: PPOConfig) -> int:
         print(f"stopped by SIGTERM: workers shut down. {last_checkpoint_text(cfg)}", file=sys.stderr, flush=True)
         return EXIT_TERMINATED
     finally:
+        lock.release()
         signal.signal(signal.SIGTERM, previous)
         ray.shutdown()
+
+
+def locked_folders(cfg: PPOConfig) -> List:
+    """(key, folder) of every folder the run writes: the training roles' saves and the log folder."""
+    folders = [(f"{role.name}_config.save", role.megatron.save) for role in cfg.roles
+               if role.name in ("actor", "critic") and role.megatron.save]
+    return folders + [("rl_config.log_dir", cfg.rl.log_dir)]
 
 
 def last_checkpoint_text(cfg: PPOConfig) -> str:
     """Where the last good checkpoint is and the overrides that resume from it."""
     from ..checkpoint.megatron_layout import read_tracker_or_none
 
-    am, cm = cfg.actor.megatron, cfg.critic.megatron
+    am = cfg.actor.megatron
     iteration = read_tracker_or_none(am.save) if am.save else None
     if iteration is None:
         return "No checkpoint was saved yet (megatron_training.save_interval sets how often)."
-    resume = f"actor_config.finetune=false actor_config.load={am.save}"
-    if cfg.uses_critic and cm.save:
-        resume += f" critic_config.finetune=false critic_config.load={cm.save}"
-    return f"Last good checkpoint: {am.save} (iteration {iteration}). Resume by adding: {resume}"
+    return f"Last good checkpoint: {am.save} (iteration {iteration}). Resume by adding: {resume_overrides(cfg)}"
+
+
+def resume_overrides(cfg: PPOConfig) -> str:
+    """The overrides that resume this run from its saves: every training role, with its optimizer and RNG
+    state (the shipped configs start both afresh), paths quoted for the shell."""
+    import shlex
+
+    parts = []
+    for role in cfg.roles:
+        if role.name in ("actor", "critic") and role.megatron.save:
+            section = f"{role.name}_config"
+            parts += [f"{section}.finetune=false", shlex.quote(f"{section}.load={role.megatron.save}"),
+                      f"{section}.no_load_optim=false", f"{section}.no_load_rng=false"]
+    return " ".join(parts)
 
 
 def describe_dead_worker(exc, groups, cfg: PPOConfig) -> str:
@@ -190,7 +217,7 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     undo_routing = None
     from .preflight import preflight
 
-    preflight(cfg)
+    resume_at = preflight(cfg)
     acc = get_accelerator()
     env = runtime_env_vars()
     workers: List = []  # groups started so far, for the clean-up
@@ -251,9 +278,10 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
         am, cm = cfg.actor.megatron, cfg.critic.megatron
         actor_load, critic_load = existing_checkpoint(am), existing_checkpoint(cm)
         resumed = actor.call("init_weights", actor_load, am.finetune, not am.no_load_optim, not am.no_load_rng,
-                             rl.integrated_mode_config.ref_model_load_path)[0]
+                             rl.integrated_mode_config.ref_model_load_path, resume_at)[0]
         if critic is not None:
-            critic.call("init_weights", critic_load, cm.finetune, not cm.no_load_optim, not cm.no_load_rng)
+            critic.call("init_weights", critic_load, cm.finetune, not cm.no_load_optim, not cm.no_load_rng,
+                        resume_at)
         start = resumed.iteration if not am.finetune and actor_load else 0
         state = resumed.trainer_state
         sampler = PromptSampler(len(dataset), mt.global_batch_size, mt.seed, shuffle=not mt.no_shuffle,

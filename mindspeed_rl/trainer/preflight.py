@@ -5,6 +5,7 @@ before any training, a broken checkpoint before any worker starts.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import zipfile
@@ -31,11 +32,13 @@ def checkpoint_files(iter_dir: str) -> List[str]:
                   if name.endswith(".pt"))
 
 
-def check_checkpoint(key: str, folder: str, layout: Optional[Tuple[int, int]] = None) -> None:
-    """The tracker is valid, the iteration it names exists with the expected TP x PP layout, and every
-    file in it is complete (a torch checkpoint is a zip: a truncated one has no central directory)."""
+def check_checkpoint(key: str, folder: str, layout: Optional[Tuple[int, int]] = None,
+                     iteration: Optional[int] = None) -> str:
+    """The tracker is valid, the iteration it names (or ``iteration``) exists with the expected TP x PP
+    layout, and every file in it is complete (a torch checkpoint is a zip: a truncated one has no central
+    directory). Returns the iteration's folder."""
     try:
-        _, iter_dir = ml.latest_iteration_dir(folder)
+        _, iter_dir = ml.latest_iteration_dir(folder, iteration)
         ml.checked_layout(folder, iter_dir, layout)
     except ml.CheckpointError as exc:
         raise UserError(f"{key}: {exc}") from None
@@ -45,14 +48,72 @@ def check_checkpoint(key: str, folder: str, layout: Optional[Tuple[int, int]] = 
                 archive.infolist()
         except (zipfile.BadZipFile, OSError) as exc:
             raise UserError(f"{key}: {path} is truncated or corrupt ({exc})") from None
+    return iter_dir
 
 
-def check_role(role: RoleConfig) -> None:
+# what makes weights fit a model: a checkpoint of another shape would fail in the workers after start-up
+SHAPE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
+              "group_query_attention", "kv_channels", "padded_vocab_size", "num_experts", "moe_ffn_hidden_size",
+              "untie_embeddings_and_output_weights", "add_qkv_bias", "swiglu")
+
+
+def check_stored_model(key: str, iter_dir: str, role: RoleConfig) -> None:
+    """The model config stored in the checkpoint has the run's shape (hidden size, layers, heads, vocab)."""
+    first = sorted(checkpoint_files(iter_dir))[0]
+    try:
+        stored = (ml.safe_load(first, mmap=True).get("config") or {}).get("model") or {}
+    except ml.CheckpointError as exc:
+        raise UserError(f"{key}: {exc}") from None
+    run = dataclasses.asdict(role.model)
+    differ = [f"{k} {stored[k]} (run: {run[k]})" for k in SHAPE_KEYS
+              if k in stored and k in run and stored[k] is not None and run[k] is not None and stored[k] != run[k]]
+    if differ:
+        raise UserError(f"{key}: {os.path.dirname(iter_dir)} holds another model than {role.name}_config.model: "
+                        f"{', '.join(differ)}")
+
+
+def check_optimizer_files(key: str, iter_dir: str, role: RoleConfig) -> None:
+    """Resuming the distributed optimizer needs every data-parallel rank's shard in every rank folder."""
+    if role.megatron.expert_model_parallel_size > 1:
+        return  # the shards follow the expert-parallel grouping; the workers check those
+    wanted = [f"distrib_optim_dp{r:03d}.pt" for r in range(role.dp)]
+    for rank_dir in sorted(d for d in os.listdir(iter_dir) if d.startswith("mp_rank_")):
+        for name in wanted:
+            path = os.path.join(iter_dir, rank_dir, name)
+            if not os.path.isfile(path):
+                raise UserError(f"{key}: {path} is missing, so the optimizer state cannot be resumed (saved with "
+                                f"another data-parallel size or without the distributed optimizer?); set "
+                                f"{role.name}_config.no_load_optim=true to start the optimizer afresh")
+
+
+def check_role(role: RoleConfig, iteration: Optional[int] = None) -> None:
     m, section = role.megatron, f"{role.name}_config"
     if m.save:
         check_writable(f"{section}.save", m.save)
     if m.load and (m.finetune or ml.read_tracker_or_none(m.load) is not None):
-        check_checkpoint(f"{section}.load", m.load, (role.tp, role.pp, m.expert_model_parallel_size))
+        resuming = not m.finetune and role.name in RESUMED_ROLES
+        iter_dir = check_checkpoint(f"{section}.load", m.load, (role.tp, role.pp, m.expert_model_parallel_size),
+                                    iteration if resuming else None)
+        check_stored_model(f"{section}.load", iter_dir, role)
+        if resuming and not m.no_load_optim and m.use_distributed_optimizer:
+            check_optimizer_files(f"{section}.load", iter_dir, role)
+
+
+RESUMED_ROLES = ("actor", "critic")  # the roles that train, save and resume
+
+
+def resume_iteration(cfg: PPOConfig) -> Optional[int]:
+    """The iteration a resume (finetune false) loads in every training role: the last one all of them
+    completed (a stop between two roles' saves leaves one ahead; it is said, not paired silently)."""
+    folders = {role.name: role.megatron.load for role in cfg.roles
+               if role.name in RESUMED_ROLES and role.megatron.load and not role.megatron.finetune}
+    try:
+        iteration, note = ml.common_iteration(folders)
+    except ml.CheckpointError as exc:
+        raise UserError(str(exc)) from None
+    if note:
+        print(f"note: {note}", flush=True)
+    return iteration
 
 
 def check_environment() -> None:
@@ -63,12 +124,16 @@ def check_environment() -> None:
         raise UserError(str(exc)) from None
 
 
-def preflight(cfg: PPOConfig) -> None:
+def preflight(cfg: PPOConfig) -> Optional[int]:
+    """Every check above; returns the iteration a resume loads (None: the latest, or not a resume)."""
     check_environment()
+    iteration = resume_iteration(cfg)
     roles = cfg.roles
     for role in roles:
-        check_role(role)
+        check_role(role, iteration)
     ref = cfg.rl.integrated_mode_config.ref_model_load_path
     if ref:
-        check_checkpoint("rl_config.integrated_mode_config.ref_model_load_path", ref,
-                         (cfg.actor.tp, cfg.actor.pp, cfg.actor.megatron.expert_model_parallel_size))
+        iter_dir = check_checkpoint("rl_config.integrated_mode_config.ref_model_load_path", ref,
+                                    (cfg.actor.tp, cfg.actor.pp, cfg.actor.megatron.expert_model_parallel_size))
+        check_stored_model("rl_config.integrated_mode_config.ref_model_load_path", iter_dir, cfg.actor)
+    return iteration

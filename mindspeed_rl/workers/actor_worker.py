@@ -62,7 +62,7 @@ class IntegratedActorWorker(MegatronWorker):
 
     # ----- weights --------------------------------------------------------------------------------
     def init_weights(self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool,
-                     ref_load: Optional[str]) -> LoadedState:
+                     ref_load: Optional[str], iteration: Optional[int] = None) -> LoadedState:
         """Actor from ``load`` (or its seeded init); the reference from the original weights.
 
         The reference is, in order: ``ref_load`` (integrated_mode_config.ref_model_load_path); on a resume
@@ -76,7 +76,7 @@ class IntegratedActorWorker(MegatronWorker):
             payload = load_weights_only(self.actor, load)
         initial = {k: v.detach().clone() for k, v in self.actor.named_weights()} if self.ref is not None else None
         if load and not finetune:
-            payload = load_engine(self.actor, load, load_optim, load_rng)
+            payload = load_engine(self.actor, load, load_optim, load_rng, iteration)
         if self.ref is not None:
             self.ref.load_weights(initial)
             origin = ref_load or (payload.get("trainer_state") or {}).get("ref_from")

@@ -28,13 +28,14 @@ class CriticWorker(MegatronWorker):
         self.offloader = Offloader(self.critic)
         self.offload_when_idle = offload_when_idle
 
-    def init_weights(self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool) -> LoadedState:
+    def init_weights(self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool,
+                     iteration: Optional[int] = None) -> LoadedState:
         from ..checkpoint.engine_io import load_engine, load_weights_only
 
         payload: Dict = {}
         if load:
             payload = (load_weights_only(self.critic, load) if finetune
-                       else load_engine(self.critic, load, load_optim, load_rng))
+                       else load_engine(self.critic, load, load_optim, load_rng, iteration))
         self._idle()
         return LoadedState(int(payload.get("iteration") or 0), dict(payload.get("trainer_state") or {}))
 
