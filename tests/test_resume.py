@@ -1,5 +1,6 @@
 """Exact resume with finetune=false: 4 iterations straight == 2, stop, resume, 2 more (rewards, losses,
-final weights); a save killed half-way never becomes the latest checkpoint."""
+final weights), also when the run stopped between the actor's and the critic's save of a third iteration;
+a save killed half-way never becomes the latest checkpoint."""
 import os
 import signal
 import subprocess
@@ -45,13 +46,18 @@ def test_resume_reproduces_the_straight_run(tmp_path):
     paths = prepare(os.path.join(root, "assets"), load_ppo_config("ppo_tiny_cpu").actor.model.padded_vocab_size)
     try:
         straight = train(cfg_for(root, paths, "straight", 4))
-        first = train(cfg_for(root, paths, "split", 2))
+        first = train(cfg_for(root, paths, "split", 3, **{"megatron_training.save_interval": 1}))[:2]
+        # the driver dies after the actor committed iteration 3 and before the critic did: the critic's
+        # iteration 3 is still its staging folder and its tracker says 2
+        os.replace(f"{root}/split/critic/iter_0000003", f"{root}/split/critic/iter_0000003.tmp")
+        with open(f"{root}/split/critic/{ml.TRACKER}", "w") as fh:
+            fh.write("2\n")
         resume = {"actor_config.finetune": "false", "critic_config.finetune": "false",
                   "actor_config.load": f"{root}/split/actor", "critic_config.load": f"{root}/split/critic"}
         second = train(cfg_for(root, paths, "split", 4, **resume))
     finally:
         ray.shutdown()
-    assert [m["iteration"] for m in second] == [3, 4]
+    assert [m["iteration"] for m in second] == [3, 4]  # both roles from iteration 2, not actor 3 + critic 2
     for a, b in zip(straight, first + second):
         for key in COMPARED:
             assert a[key] == pytest.approx(b[key], abs=1e-6), (a["iteration"], key)
