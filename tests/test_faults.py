@@ -57,6 +57,8 @@ def user_error(capsys, fn, args):
     ("generate_config=null", "generate_config: is null"),
     ("generate_config.sampling_config=null", "generate_config.sampling_config: is null"),
     ("rl_config.verifier_function=[]", "rl_config.verifier_function: is empty"),
+    ("generate_config.max_model_len=4096", "generate_config.max_model_len: 4096 exceeds the actor model's "
+                                           "max_position_embeddings 1024"),
 ])
 def test_bad_values_are_refused_before_anything_starts(capsys, override, words):
     err = user_error(capsys, train_ppo.main, ["--config-name", "ppo_tiny_cpu", "dry_run=true", override])
@@ -457,3 +459,57 @@ def test_a_folder_lock_is_refused_while_its_run_lives_and_taken_over_when_it_is_
             RunLock([("rl_config.log_dir", str(tmp_path / "logs"))]).acquire()
         assert os.path.exists(tmp_path / "ckpt" / LOCK_NAME)  # a refused run leaves the holder's locks alone
     assert not os.path.exists(tmp_path / "ckpt" / LOCK_NAME)  # released at the end
+
+
+def test_a_full_disk_during_a_save_says_so_removes_its_staging_files_and_keeps_the_last_checkpoint(tmp_path,
+                                                                                                    monkeypatch):
+    import collections
+
+    ckpt = str(tmp_path / "ckpt")
+    ml.begin_save(ckpt, 1)
+    ml.write_rank(ckpt, 1, 0, 0, 1, {"model": {"w": torch.ones(2)}, "iteration": 1})
+    ml.commit_save(ckpt, 1, 1)
+
+    def full(payload, path):  # what torch's stream writer raises when the disk fills up
+        open(path, "wb").write(b"half")
+        raise RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file "
+                           "data/0: file write failed")
+
+    monkeypatch.setattr(ml.torch, "save", full)
+    monkeypatch.setattr(ml.shutil, "disk_usage", lambda folder: collections.namedtuple("U", "total used free")(1, 1, 0))
+    ml.begin_save(ckpt, 2)
+    with pytest.raises(ml.CheckpointError) as caught:
+        ml.write_rank(ckpt, 2, 0, 0, 1, {"model": {"w": torch.zeros(2)}, "iteration": 2})
+    assert str(caught.value) == (f"no space left on {ckpt} while saving iter_0000002: its staging files are removed "
+                                 "and iter_0000001 stays the latest checkpoint; free space and resume")
+    assert sorted(os.listdir(ckpt)) == ["iter_0000001", ml.TRACKER]
+    monkeypatch.undo()
+    assert ml.load_rank(ckpt, 0, 0)["model"]["w"].tolist() == [1.0, 1.0]
+    # another write failure with space left is not called a full disk
+    monkeypatch.setattr(ml.torch, "save", full)
+    with pytest.raises(RuntimeError, match="file write failed"):
+        ml.write_rank(ckpt, 3, 0, 0, 1, {"model": {}, "iteration": 3})
+
+
+def test_a_worker_exception_arrives_as_its_type_and_message(tmp_path):
+    import ray.exceptions
+
+    from mindspeed_rl.trainer.launch import describe_dead_worker, describe_worker_error, exception_line
+
+    cfg = load_ppo_config("ppo_tiny_cpu", [f"actor_config.save={tmp_path}/actor"])
+    error = ml.CheckpointError(f"no space left on {tmp_path}/actor while saving iter_0000002")
+    raised = ray.exceptions.RayTaskError("save", "Traceback (most recent call last):\n  ...\nCheckpointError: no space",
+                                         error, "ray::actor_0_17:IntegratedActorWorker.save").as_instanceof_cause()
+    out = describe_worker_error(raised, [], cfg, str(tmp_path / "run"))
+    assert out.user_error and str(out).startswith(
+        f"the actor worker of rank 0 raised CheckpointError: no space left on {tmp_path}/actor while saving")
+    assert "CheckpointError: no space" in (tmp_path / "run" / "worker_error.txt").read_text()  # the whole traceback
+    bug = ray.exceptions.RayTaskError("update", "tb", KeyError("x"), "ray::critic_1_3:CriticWorker.update")
+    assert not describe_worker_error(bug.as_instanceof_cause(), [], cfg, str(tmp_path / "run")).user_error
+    # a constructor that raised: the dead-worker paragraph shows the exception, not only "died"
+    text = ("The actor died because of an error raised in its creation task, ray::actor_0_5:IntegratedActorWorker"
+            ".__init__() (pid=1, ip=1)\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
+            "ValueError: User-specified max_model_len (4096) is greater than the derived max_model_len (1024)")
+    assert exception_line(text).startswith("ValueError: User-specified max_model_len (4096)")
+    assert "the actor worker of rank 0 died (ValueError: User-specified" in describe_dead_worker(
+        type("E", (), {"__str__": lambda self: text})(), [], cfg)

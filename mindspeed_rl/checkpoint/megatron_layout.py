@@ -18,6 +18,7 @@ complete.
 """
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -149,9 +150,7 @@ def write_extra(ckpt_dir: str, iteration: Union[int, str], tp_rank: int, pp_rank
                 name: str, payload: Any, ep_rank: int = 0, ep: int = 1) -> str:
     """Write another file (e.g. a DP rank's optimizer shard) beside a rank's model file."""
     path = os.path.join(staging_dir(ckpt_dir, iteration), rank_dir_name(tp_rank, pp_rank, pp, ep_rank, ep), name)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save(payload, path + ".part")
-    os.replace(path + ".part", path)
+    _save_staged(payload, path, ckpt_dir, iteration)
     return path
 
 
@@ -202,11 +201,37 @@ def write_rank(ckpt_dir: str, iteration: Union[int, str], tp_rank: int, pp_rank:
                payload: Dict[str, Any], ep_rank: int = 0, ep: int = 1) -> str:
     """Write one rank's file into the staging folder of ``iteration``."""
     path = os.path.join(staging_dir(ckpt_dir, iteration), rank_dir_name(tp_rank, pp_rank, pp, ep_rank, ep), FILE)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    payload = {"checkpoint_version": CHECKPOINT_VERSION, **payload}
-    torch.save(payload, path + ".part")
-    os.replace(path + ".part", path)
+    _save_staged({"checkpoint_version": CHECKPOINT_VERSION, **payload}, path, ckpt_dir, iteration)
     return path
+
+
+FULL_DISK_BYTES = 64 * 2**20  # torch's writer reports a full disk as "file write failed", not as ENOSPC
+
+
+def _save_staged(payload: Any, path: str, ckpt_dir: str, iteration: Union[int, str]) -> None:
+    """torch.save into the staging folder; a full disk removes the staging folder and says so."""
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.save(payload, path + ".part")
+        os.replace(path + ".part", path)
+    except (OSError, RuntimeError) as exc:
+        if not _out_of_space(exc, ckpt_dir):
+            raise
+        shutil.rmtree(staging_dir(ckpt_dir, iteration), ignore_errors=True)
+        latest = read_tracker_or_none(ckpt_dir)
+        kept = f"{iteration_dir_name(latest)} stays the latest checkpoint" if latest not in (None, "unreadable") \
+            else "no earlier checkpoint exists"
+        raise CheckpointError(f"no space left on {ckpt_dir} while saving {iteration_dir_name(iteration)}: its "
+                              f"staging files are removed and {kept}; free space and resume") from None
+
+
+def _out_of_space(exc: BaseException, folder: str) -> bool:
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return True
+    try:
+        return shutil.disk_usage(folder).free < FULL_DISK_BYTES
+    except OSError:
+        return False
 
 
 def begin_save(ckpt_dir: str, iteration: Union[int, str]) -> None:

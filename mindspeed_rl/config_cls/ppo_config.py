@@ -257,6 +257,11 @@ def check_cross_fields(cfg: PPOConfig) -> None:
         raise ConfigError("generate_config.max_model_len",
                           f"{gen.max_model_len} is below rl_config.max_prompt_length + "
                           f"sampling_config.max_tokens = {needed}")
+    positions = cfg.actor.model.max_position_embeddings
+    if positions is not None and gen.max_model_len > positions:
+        raise ConfigError("generate_config.max_model_len",
+                          f"{gen.max_model_len} exceeds the actor model's max_position_embeddings {positions}: "
+                          "vLLM refuses it (lower max_model_len)")
     if gen.max_num_batched_tokens < gen.max_model_len and gen.max_num_batched_tokens < rl.max_prompt_length:
         raise ConfigError("generate_config.max_num_batched_tokens",
                           f"{gen.max_num_batched_tokens} cannot hold one prompt of max_prompt_length "

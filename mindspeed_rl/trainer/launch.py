@@ -9,7 +9,7 @@ from typing import Dict, List
 
 from ..config_cls.loader import CONFIG_DIR
 from ..config_cls.ppo_config import PPOConfig
-from ..utils.cli import UserError
+from ..utils.cli import USER_ERROR_EXIT, UserError
 
 
 def runtime_env_vars() -> Dict[str, str]:
@@ -74,7 +74,7 @@ def existing_checkpoint(megatron) -> "str | None":
     return megatron.load
 
 
-EXIT_NONFINITE, EXIT_WORKER_DIED, EXIT_TERMINATED = 3, 4, 143
+EXIT_NONFINITE, EXIT_WORKER_DIED, EXIT_WORKER_RAISED, EXIT_TERMINATED = 3, 4, 5, 143
 
 
 class Terminated(KeyboardInterrupt):
@@ -115,6 +115,9 @@ def run(cfg: PPOConfig) -> int:
     except WorkerDied as exc:
         print(f"stopped: {exc}", file=sys.stderr, flush=True)
         return EXIT_WORKER_DIED
+    except WorkerRaised as exc:
+        print(f"stopped: {exc}", file=sys.stderr, flush=True)
+        return USER_ERROR_EXIT if exc.user_error else EXIT_WORKER_RAISED
     except Terminated:
         print(f"stopped by SIGTERM: workers shut down. {last_checkpoint_text(cfg)}", file=sys.stderr, flush=True)
         return EXIT_TERMINATED
@@ -156,20 +159,59 @@ def resume_overrides(cfg: PPOConfig) -> str:
     return " ".join(parts)
 
 
-def describe_dead_worker(exc, groups, cfg: PPOConfig) -> str:
-    """One paragraph: which role and rank died, why (first line), the last checkpoint, how to resume."""
-    dead = getattr(exc, "actor_id", None)
-    who = "a worker"
+def worker_name(exc, groups) -> str:
+    """'the <role> worker of rank <r>' for a Ray error raised by or about one of ``groups``' workers."""
+    failed = getattr(exc, "actor_id", None)
     for group in groups:
         for rank, handle in enumerate(group.handles):
-            if dead is not None and handle._actor_id.hex() == str(dead):
-                who = f"the {group.name} worker of rank {rank}"
-    text = str(exc)
-    named = re.search(r"ray::(actor|critic|reward)_(\d+)_\d+:", text)  # spawn_group's actor names
-    if who == "a worker" and named:
-        who = f"the {named.group(1)} worker of rank {named.group(2)}"
-    cause = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
-    return f"{who} died ({cause[:300]}). {last_checkpoint_text(cfg)}"
+            if failed is not None and handle._actor_id.hex() == str(failed):
+                return f"the {group.name} worker of rank {rank}"
+    named = re.search(r"ray::(actor|critic|reward|rollout)_(\d+)_\d+", str(exc))  # spawn_group's actor names
+    return f"the {named.group(1)} worker of rank {named.group(2)}" if named else "a worker"
+
+
+def exception_line(text: str) -> str:
+    """The last ``Type: message`` line of a Python traceback in ``text`` (a worker's constructor failing
+    arrives as a RayActorError whose text holds the traceback), else its first line."""
+    found = re.findall(r"^\s*((?:[\w.]+\.)?\w*(?:Error|Exception|Exit)\w*: .+)$", text, re.MULTILINE)
+    if found:
+        return found[-1].strip()
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def describe_dead_worker(exc, groups, cfg: PPOConfig) -> str:
+    """One paragraph: which role and rank died, why (the exception it raised, else the first line), the last
+    checkpoint, how to resume."""
+    cause = exception_line(str(exc)) or type(exc).__name__
+    return f"{worker_name(exc, groups)} died ({cause[:300]}). {last_checkpoint_text(cfg)}"
+
+
+class WorkerRaised(RuntimeError):
+    """A worker's method raised: the message names the worker, the exception's type and message."""
+
+    def __init__(self, message: str, user_error: bool):
+        super().__init__(message)
+        self.user_error = user_error
+
+
+def describe_worker_error(exc, groups, cfg: PPOConfig, run_dir: str) -> WorkerRaised:
+    """A RayTaskError as one paragraph: who raised what, the last checkpoint, where the whole traceback is
+    (written to ``<run dir>/worker_error.txt``); bad input (a checkpoint, a file, the disk) is exit 2."""
+    from ..checkpoint.megatron_layout import CheckpointError
+    from ..config_cls.base import ConfigError
+
+    cause = getattr(exc, "cause", None) or exc
+    message = str(cause).strip().splitlines()[0][:500] if str(cause).strip() else ""
+    path = os.path.join(run_dir, "worker_error.txt")
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(str(exc))
+    except OSError:
+        path = "not written: " + path
+    user = isinstance(cause, (CheckpointError, ConfigError, UserError))
+    return WorkerRaised(f"{worker_name(exc, groups)} raised {type(cause).__name__}: {message}. "
+                        f"{last_checkpoint_text(cfg)} (traceback: {path})", user)
 
 
 def train(cfg: PPOConfig) -> List[Dict[str, float]]:
@@ -303,6 +345,8 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
         history = trainer.fit()
     except ray.exceptions.RayActorError as exc:
         raise WorkerDied(describe_dead_worker(exc, workers, cfg)) from None
+    except ray.exceptions.RayTaskError as exc:
+        raise describe_worker_error(exc, workers, cfg, run_dir) from None
     finally:
         if runner is not None:
             runner.close()
