@@ -269,6 +269,33 @@ def test_a_streak_of_skipped_steps_stops_the_run_with_exit_3(monkeypatch, capsys
     assert "stopped: the actor's last 3" in capsys.readouterr().err
 
 
+def test_a_collapsed_policy_is_not_saved_and_stops_the_run_after_max_collapsed_iterations(capsys):
+    """lr=0.5: entropy and gradient norm exactly 0 from iteration 3 on; the guard saves none of those."""
+    from types import SimpleNamespace
+
+    from mindspeed_rl.trainer.ppo_trainer import NonFiniteStop, PPOTrainer
+
+    cfg = load_ppo_config("ppo_tiny_cpu", ["rl_config.max_collapsed_iterations=3", "megatron_training.save_interval=1"])
+    saved = []
+    trainer = SimpleNamespace(rl=cfg.rl, cfg=cfg, iteration=0, save=lambda: saved.append(trainer.iteration))
+    healthy = {"actor/entropy": 0.8, "grad_norm": 0.4}
+    flat = {"actor/entropy": 0.0, "grad_norm": 0.0}
+    for metrics in (healthy, healthy, flat, healthy, flat, flat):  # a single flat iteration is forgiven
+        trainer.iteration += 1
+        PPOTrainer.after_iteration(trainer, metrics)
+    assert saved == [1, 2, 4] and "iteration 6 not saved: the policy looks collapsed" in capsys.readouterr().out
+    trainer.iteration += 1
+    with pytest.raises(NonFiniteStop, match="the policy collapsed: .* in the last 3 iterations"):
+        PPOTrainer.after_iteration(trainer, flat)
+    assert saved == [1, 2, 4]
+    off = SimpleNamespace(rl=load_ppo_config("ppo_tiny_cpu", ["rl_config.max_collapsed_iterations=0"]).rl, cfg=cfg,
+                          iteration=0, save=lambda: saved.append(-1))
+    for _ in range(4):
+        off.iteration += 1
+        PPOTrainer.after_iteration(off, flat)
+    assert saved[3:] == [-1] * 4
+
+
 # ----- the converter -------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):

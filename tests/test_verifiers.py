@@ -44,7 +44,7 @@ def test_format_rewards():
     assert get_verifier("format")("<answer>4</answer>", "4") == 0.0
 
 
-def test_rule_reward_runner_weights_and_hung_verifier():
+def test_rule_reward_runner_weights_and_hung_verifier(capsys):
     import time
 
     import tests.verifier_plugins  # noqa: F401  (registers test_sleepy)
@@ -63,6 +63,11 @@ def test_rule_reward_runner_weights_and_hung_verifier():
     assert scores.tolist()[3] == 1.0
     assert metrics["rule_reward/timeouts"] == 1 and metrics["rule_reward/failures"] == 1
     assert sleepy_runner.score(["ok"], [""])[0].tolist() == [1.0]   # the pool was replaced
+    # an infinite score is a failure like a raise: scored 0, counted, the verifier named once
+    scores, metrics = sleepy_runner.score(["inf", "ok", "inf"], ["", "", ""])
+    assert scores.tolist() == [0.0, 1.0, 0.0] and metrics["rule_reward/failures"] == 2
+    out = capsys.readouterr().out
+    assert out.count("warning: verifier 'test_sleepy' returned inf for a sample: scored 0") == 1
     sleepy_runner.close()
 
 

@@ -94,6 +94,11 @@ class RLConfig:
     max_nonfinite_steps: int = opt(3, "Consecutive optimizer steps of one role skipped for a NaN/Inf loss or "
                                       "gradient after which the run stops with exit code 3 (each skipped step "
                                       "is counted in <role>/skipped_steps).", ge=1)
+    max_collapsed_iterations: int = opt(3, "Consecutive iterations with a collapsed policy (actor entropy below "
+                                           "1e-4 and gradient norm 0: nothing left to learn, e.g. after a too "
+                                           "large lr) after which the run stops with exit code 3; collapsed "
+                                           "iterations are not saved, so the last checkpoint is the one before. "
+                                           "0 turns the guard off.", ge=0)
     # advantages and KL
     adv_estimator: str = opt("gae", "Advantage estimator (docs/algorithms.md): gae needs a critic; the group "
                                     "estimators need n_samples_per_prompt >= 2.",

@@ -1,7 +1,8 @@
 """Rule rewards off the driver: verifiers run in a small process pool with a per-sample timeout.
 
-score_i = sum_k w_k * verifier_k(response_i, label_i); a verifier that raises scores 0 and one
-that runs past ``timeout`` seconds scores 0; both are counted (a hung worker is replaced).
+score_i = sum_k w_k * verifier_k(response_i, label_i); a verifier that raises or returns NaN/Inf scores 0
+(said once per verifier for Inf) and one that runs past ``timeout`` seconds scores 0; both are counted
+(a hung worker is replaced).
 
 Workers come from a fork server, not from forking the driver: the driver runs threads (Ray's,
 logging's) whose locks a forked child can inherit held, and such a child hangs on its first write
@@ -11,6 +12,7 @@ the driver), and every new worker runs each verifier once before its samples are
 """
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 from typing import Dict, List, Sequence, Tuple
 
@@ -87,7 +89,9 @@ class RuleRewardRunner:
                     self._restart()
                     start, restarted = index + 1, True
                     break
-                if value != value:  # nan: the verifier raised
+                if not math.isfinite(value):  # nan: the verifier raised; inf: it returned one
+                    if value == value:
+                        self._warn_nonfinite(tasks[index][1], value)
                     value, failures = 0.0, failures + 1
                 results[index] = value
             if not restarted:
@@ -101,6 +105,14 @@ class RuleRewardRunner:
         metrics["rule_reward/timeouts"] = float(timeouts)
         metrics["rule_reward/failures"] = float(failures)
         return per_verifier, metrics
+
+    def _warn_nonfinite(self, name: str, value: float) -> None:
+        """Once per verifier: it returned a non-finite score (scored 0, counted in rule_reward/failures)."""
+        warned = self.__dict__.setdefault("_warned", set())
+        if name not in warned:
+            warned.add(name)
+            print(f"warning: verifier {name!r} returned {value} for a sample: scored 0 and counted in "
+                  "rule_reward/failures (said once per verifier)", flush=True)
 
     def close(self) -> None:
         if self._pool is not None:

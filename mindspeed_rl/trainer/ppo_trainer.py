@@ -29,7 +29,16 @@ def format_validation(metrics: Dict[str, float]) -> str:
 
 
 class NonFiniteStop(RuntimeError):
-    """Too many consecutive optimizer steps had a non-finite loss or gradient."""
+    """Too many consecutive optimizer steps had a non-finite loss or gradient, or the policy collapsed."""
+
+
+COLLAPSED_ENTROPY = 1e-4  # nats per token: the policy samples one token wherever it is
+
+
+def collapsed(metrics: Dict[str, float]) -> bool:
+    """The actor's policy has collapsed: (near) zero entropy and no gradient left."""
+    entropy, grad_norm = metrics.get("actor/entropy"), metrics.get("grad_norm")
+    return entropy is not None and grad_norm is not None and entropy < COLLAPSED_ENTROPY and grad_norm == 0.0
 
 
 class PPOTrainer:
@@ -204,9 +213,19 @@ class PPOTrainer:
                 raise NonFiniteStop(f"the {role}'s last {streak} optimizer steps had a NaN/Inf loss or gradient and "
                                     f"were skipped (rl_config.max_nonfinite_steps {self.rl.max_nonfinite_steps}); "
                                     f"iteration {self.iteration} is not saved")
+        limit = self.rl.max_collapsed_iterations
+        streak = getattr(self, "collapse_streak", 0) + 1 if limit and collapsed(metrics) else 0
+        self.collapse_streak = streak
+        if streak >= limit > 0:
+            raise NonFiniteStop(f"the policy collapsed: actor entropy below {COLLAPSED_ENTROPY} and gradient norm 0 "
+                                f"in the last {streak} iterations (rl_config.max_collapsed_iterations {limit}; 0 "
+                                "turns this off); lower the learning rate. Those iterations are not saved")
         every = self.cfg.megatron_training.save_interval
         last = self.iteration == self.cfg.megatron_training.train_iters
-        if self.iteration % every == 0 or last:
+        if (self.iteration % every == 0 or last) and streak:
+            print(f"iteration {self.iteration} not saved: the policy looks collapsed (actor entropy "
+                  f"{metrics['actor/entropy']:.2g}, gradient norm 0)", flush=True)
+        elif self.iteration % every == 0 or last:
             self.save()
 
     def trainer_state(self) -> Dict:
