@@ -174,3 +174,29 @@ def test_templates():
     assert apply_template("qwen", "hi", system="").startswith("<|im_start|>user")
     with pytest.raises(KeyError, match="qwen_r1"):
         apply_template("nope", "x")
+
+
+def test_a_huge_row_is_skipped_as_too_long_without_being_tokenised(tokenizer_dir):
+    """A 20 MB question cost 4.9 GB and 56 s to tokenise before its length check; the bound (seq_length x the
+    longest vocabulary entry in characters) skips it first."""
+    import time
+
+    from transformers import AutoTokenizer
+
+    from mindspeed_rl.config_cls.dataset_config import DatasetConfig
+    from mindspeed_rl.datasets.handlers import HANDLERS, longest_token
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    cfg = DatasetConfig(input="x.jsonl", tokenizer_name_or_path=tokenizer_dir, output_prefix="x", seq_length=512,
+                        handler_name="R1AlpacaStyleInstructionHandler", dataset_additional_keys=["labels"])
+    handler = HANDLERS[cfg.handler_name](cfg, tokenizer)
+    assert handler.longest_token == longest_token(tokenizer) >= max(len(t) for t in tokenizer.get_vocab())
+    encoded = []
+    real_encode = tokenizer.encode
+    tokenizer.encode = lambda text, **kw: encoded.append(len(text)) or real_encode(text, **kw)
+    start = time.perf_counter()
+    assert handler.process({"question": "word " * 4_000_000, "answer": "#### 1"}) == (None, "too_long")
+    assert encoded == [] and time.perf_counter() - start < 2
+    # a row just within the bound is still tokenised and judged by its real length
+    sample, why = handler.process({"question": "What is 2 + 3?", "answer": "#### 5"})
+    assert why is None and sample["labels"] == "5" and len(encoded) == 1

@@ -10,6 +10,13 @@ from .templates import apply_template
 Sample = Dict[str, Any]
 
 
+def longest_token(tokenizer) -> int:
+    """Characters of the longest vocabulary entry: no token covers more characters of a text (a byte-level
+    entry spells one byte per character, and a character is at least one byte)."""
+    vocab = tokenizer.get_vocab()
+    return max((len(token) for token in vocab), default=1) or 1
+
+
 class AlpacaStyleInstructionHandler:
     """Prompt from map_keys.prompt (+ query, system) in the chat template; labels = the response."""
 
@@ -17,6 +24,7 @@ class AlpacaStyleInstructionHandler:
         self.cfg, self.tokenizer = cfg, tokenizer
         self.keys = {k: v for k, v in cfg.map_keys.items() if v}
         self.tools = cfg.tool_specs() if cfg.tools or cfg.tool_config_path else {}
+        self.longest_token = longest_token(tokenizer)
 
     def _field(self, row: dict, role: str, required: bool) -> Tuple[Optional[str], Optional[str]]:
         name = self.keys.get(role)
@@ -64,6 +72,8 @@ class AlpacaStyleInstructionHandler:
         if why:
             return None, why
         text = apply_template(self.cfg.prompt_type, prompt, query, system or None, tools)
+        if len(text) > self.cfg.seq_length * self.longest_token:
+            return None, "too_long"  # more tokens than seq_length for sure: not tokenised (a huge row would cost GBs)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if len(ids) > self.cfg.seq_length:
             return None, "too_long"
