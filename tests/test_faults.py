@@ -57,6 +57,8 @@ def user_error(capsys, fn, args):
     ("generate_config=null", "generate_config: is null"),
     ("generate_config.sampling_config=null", "generate_config.sampling_config: is null"),
     ("rl_config.verifier_function=[]", "rl_config.verifier_function: is empty"),
+    ("megatron_training.seq_length=60", "megatron_training.seq_length: 60 is below rl_config.max_prompt_length + "
+                                        "sampling_config.max_tokens"),
     ("generate_config.max_model_len=4096", "generate_config.max_model_len: 4096 exceeds the actor model's "
                                            "max_position_embeddings 1024"),
 ])

@@ -253,6 +253,10 @@ def check_cross_fields(cfg: PPOConfig) -> None:
         raise ConfigError("rl_config.max_prompt_length",
                           f"{rl.max_prompt_length} exceeds megatron_training.seq_length {seq_length}")
     needed = rl.max_prompt_length + gen.sampling_config.max_tokens
+    if seq_length is not None and needed > seq_length:
+        raise ConfigError("megatron_training.seq_length",
+                          f"{seq_length} is below rl_config.max_prompt_length + sampling_config.max_tokens = {needed}, "
+                          "the longest sequence training sees")
     if needed > gen.max_model_len:
         raise ConfigError("generate_config.max_model_len",
                           f"{gen.max_model_len} is below rl_config.max_prompt_length + "
