@@ -57,6 +57,9 @@ def user_error(capsys, fn, args):
     ("generate_config=null", "generate_config: is null"),
     ("generate_config.sampling_config=null", "generate_config.sampling_config: is null"),
     ("rl_config.verifier_function=[]", "rl_config.verifier_function: is empty"),
+    ("rl_config.use_integrated_worker=false", "rl_config.use_integrated_worker: false (actor, reference and critic "
+                                              "in workers on devices of their own) is not implemented"),
+    ("rl_config.blocking=false", "rl_config.blocking: false is not implemented"),
     ("megatron_training.seq_length=60", "megatron_training.seq_length: 60 is below rl_config.max_prompt_length + "
                                         "sampling_config.max_tokens"),
     ("generate_config.max_model_len=4096", "generate_config.max_model_len: 4096 exceeds the actor model's "

@@ -80,9 +80,7 @@ class PPOConfig:
     def world_size(self) -> int:
         """Devices that count for the throughput metrics (docs/ppo.md, Metrics)."""
         rollout = self.rl.rollout_resource.num_npus if self.rl.rollout_resource is not None else 0
-        if self.rl.use_integrated_worker:
-            return self.actor.num_devices + rollout
-        return sum(role.num_devices for role in self.roles) + rollout
+        return self.actor.num_devices + rollout  # integrated: the other roles share the actor's devices
 
 
 def model_section_data(name: str, models: Mapping[str, Any], config_dir: Optional[str], key: str) -> Mapping:
@@ -220,15 +218,24 @@ def check_cross_fields(cfg: PPOConfig) -> None:
         if m.save_hf and m.no_shared_storage:
             raise ConfigError(_role_key(role, "save_hf"), "needs a filesystem all ranks share (no_shared_storage is "
                                                          "true): convert afterwards with cli/convert_ckpt.py")
+    if not rl.use_integrated_worker:
+        raise ConfigError("rl_config.use_integrated_worker", "false (actor, reference and critic in workers on devices "
+                                                             "of their own) is not implemented: the roles share the "
+                                                             "actor's devices; for rollout on devices of its own set "
+                                                             "rl_config.rollout_resource")
+    if not rl.blocking:
+        raise ConfigError("rl_config.blocking", "false is not implemented: the stages of an iteration run one after "
+                                                "the other; to overlap generation with training use "
+                                                "rl_config.max_head_offpolicyness (asynchronous rollout)")
     if cfg.reward is not None:
         if not cfg.reward.megatron.load:
             raise ConfigError("reward_config.load", "required: the reward model's weights (a checkpoint converted "
                                                     "with cli/convert_ckpt.py --orm)")
-        if rl.use_integrated_worker and cfg.reward.num_devices > cfg.actor.num_devices:
+        if cfg.reward.num_devices > cfg.actor.num_devices:
             raise ConfigError("rl_config.reward_resource.num_npus",
                               f"{cfg.reward.num_devices} exceeds actor_resource.num_npus {cfg.actor.num_devices}: "
                               "in integrated mode the reward model shares the actor's devices")
-    if cfg.uses_critic and rl.use_integrated_worker and cfg.critic.num_devices > cfg.actor.num_devices:
+    if cfg.uses_critic and cfg.critic.num_devices > cfg.actor.num_devices:
         raise ConfigError("rl_config.critic_resource.num_npus",
                           f"{cfg.critic.num_devices} exceeds actor_resource.num_npus {cfg.actor.num_devices}: "
                           "in integrated mode the critic shares the actor's devices")

@@ -47,11 +47,15 @@ class RLConfig:
     """PPO iteration, advantage and loss settings, rewards, resources and logging."""
 
     # orchestration
-    guarantee_order: bool = opt(False, "Keep samples in prompt order through the pipeline.")
+    guarantee_order: bool = opt(False, "MindSpeed-RL's switch for keeping samples in prompt order: here they "
+                                       "always are (responses are regrouped by prompt), true or false.")
     use_integrated_worker: bool = opt(True, "Actor, rollout engine and reference share one worker per rank, "
-                                            "and the critic sits on the same devices.")
-    blocking: bool = opt(True, "Each stage finishes before the next starts.")
-    num_cpus_for_local_task: float = opt(1.0, "CPUs reserved for the driver's local tasks.", gt=0)
+                                            "and the critic sits on the same devices (false is refused: not "
+                                            "implemented).")
+    blocking: bool = opt(True, "Each stage finishes before the next starts (false is refused: overlap "
+                               "generation and training with max_head_offpolicyness).")
+    num_cpus_for_local_task: float = opt(1.0, "CPUs for the driver's local work: the number of rule-reward "
+                                              "verifier processes (rounded down, at least 1).", gt=0)
     actor_resource: ResourceConfig = opt(doc="Devices of the actor group.", factory=lambda: ResourceConfig(1))
     critic_resource: ResourceConfig = opt(doc="Devices of the critic group.", factory=lambda: ResourceConfig(1))
     reward_resource: Optional[ResourceConfig] = opt(None, "Devices of the reward-model group (ORM).")

@@ -329,7 +329,8 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
         sampler = PromptSampler(len(dataset), mt.global_batch_size, mt.seed, shuffle=not mt.no_shuffle,
                                 consumed_samples=int(state.get("consumed_samples", 0)))
         if rl.rule_reward:
-            runner = RuleRewardRunner(rl.verifier_function, rl.verifier_weight, rl.verifier_timeout)
+            runner = RuleRewardRunner(rl.verifier_function, rl.verifier_weight, rl.verifier_timeout,
+                                      workers=max(1, int(rl.num_cpus_for_local_task)))
         logger = MetricsLogger(run_dir, mt.train_iters, rl,
                                {"rl_config": resolved["rl"], "actor": resolved["actor"]["megatron"]})
         trainer = PPOTrainer(cfg, actor, critic, runner, dataset, sampler, tokenizer, logger, start, reward,
