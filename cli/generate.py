@@ -113,7 +113,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise UserError(f"--tokenizer-name-or-path {tok_dir}: cannot load a tokenizer ({exc})") from None
     dist.init_distributed()
     dist.init_model_parallel(seed=args.seed)
-    gpt, _ = load_model(args.load_dir)
+    from mindspeed_rl.checkpoint.convert import ConversionError
+    from mindspeed_rl.checkpoint.megatron_layout import CheckpointError
+
+    try:
+        gpt, _ = load_model(args.load_dir)
+    except (CheckpointError, ConversionError) as exc:  # truncated, crafted or incomplete: named, exit 2
+        raise UserError(f"--load-dir {args.load_dir}: {exc}") from None
     encoded = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     results = []

@@ -65,3 +65,36 @@ def test_bad_input_exits_2(converted, tmp_path, capsys):
     assert generate.main(["--load-dir", str(root / "mg"), "--tokenizer-name-or-path", str(root / "tok"),
                           "--input", str(bad), "--output", str(tmp_path / "o.jsonl")]) == 2
     assert "bad.jsonl:2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["truncated", "crafted"])
+def test_a_truncated_or_crafted_checkpoint_exits_2_naming_the_file(converted, tmp_path, capsys, damage):
+    import os
+    import shutil
+
+    root, _, _, prompts = converted
+    mg = tmp_path / "mg"
+    shutil.copytree(root / "mg", mg)
+    rank_file = mg / "release" / "mp_rank_01" / "model_optim_rng.pt"
+    if damage == "truncated":
+        with open(rank_file, "r+b") as fh:
+            fh.truncate(os.path.getsize(rank_file) // 2)
+    else:
+        marker = tmp_path / "pwned"
+        torch.save({"model": {}, "config": RunsACommand(str(marker))}, rank_file)
+    rc = generate.main(["--load-dir", str(mg), "--tokenizer-name-or-path", str(root / "tok"),
+                        "--input", str(root / "prompts.jsonl"), "--output", str(tmp_path / "o.jsonl")])
+    err = capsys.readouterr().err
+    assert rc == 2 and str(rank_file) in err and "Traceback" not in err, err
+    assert ("truncated or corrupt" if damage == "truncated" else "refused to load") in err
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "o.jsonl").exists()
+
+
+class RunsACommand:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
