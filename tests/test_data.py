@@ -6,7 +6,7 @@ import pytest
 
 from cli import preprocess_data
 from mindspeed_rl.datasets.padding import left_pad
-from mindspeed_rl.datasets.prompt_dataset import PromptDataset, PromptSampler, collate_prompts
+from mindspeed_rl.datasets.prompt_dataset import DatasetMissing, PromptDataset, PromptSampler, collate_prompts
 from mindspeed_rl.datasets.templates import apply_template
 from mindspeed_rl.utils.tiny_hf import build_tokenizer
 from tests.conftest import SHARED
@@ -200,3 +200,19 @@ def test_a_huge_row_is_skipped_as_too_long_without_being_tokenised(tokenizer_dir
     # a row just within the bound is still tokenised and judged by its real length
     sample, why = handler.process({"question": "What is 2 + 3?", "answer": "#### 5"})
     assert why is None and sample["labels"] == "5" and len(encoded) == 1
+
+
+def test_a_bin_truncated_under_a_running_job_is_named_not_a_sigbus(tmp_path, tokenizer_dir, gsm_rows):
+    """The .bin is memory-mapped: reading a row past a truncation would kill the process with SIGBUS (exit 135,
+    a C-level dump); the dataset checks the file first and names it."""
+    rc, prefix = run(tmp_path, tokenizer_dir, write_jsonl(tmp_path / "rows.jsonl", gsm_rows[:20]))
+    assert rc == 0
+    dataset = PromptDataset(prefix)
+    first = dataset[0]
+    assert first["labels"] and dataset[19]["input_ids"]
+    bin_path = f"{prefix}_packed_input_ids_document.bin"
+    with open(bin_path, "r+b") as fh:
+        fh.truncate(os.path.getsize(bin_path) // 2)
+    assert dataset[0] == first  # rows still inside the file read as before
+    with pytest.raises(DatasetMissing, match=f"{bin_path} was truncated while the run read it"):
+        dataset[19]

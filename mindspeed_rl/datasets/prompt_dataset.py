@@ -56,6 +56,10 @@ class PromptDataset:
                 raise DatasetMissing(f"{key} {output_prefix}: {prefix}.bin/.idx not found "
                                      f"(run cli/preprocess_data.py to make them)")
         self.fields = {name: open_indexed(prefix) for name, prefix in fields.items()}
+        # the .bin files as memory-mapped: one truncated under a running job would end it with SIGBUS on the
+        # next read, so each read first checks the file (the same inode as the mapping) still holds its bytes
+        self.bins = {name: os.open(prefix + ".bin", os.O_RDONLY) for name, prefix in fields.items()}
+        self.bin_paths = {name: prefix + ".bin" for name, prefix in fields.items()}
         lengths = np.asarray(self.fields["input_ids"].sequence_lengths)
         keep = np.ones(len(lengths), dtype=bool) if max_prompt_length is None else lengths <= max_prompt_length
         self.indices = np.nonzero(keep & (lengths > 0))[0]
@@ -66,13 +70,30 @@ class PromptDataset:
     def __len__(self) -> int:
         return len(self.indices)
 
+    def _check_bin(self, name: str, row: int) -> None:
+        index = self.fields[name].index
+        needed = int(index.sequence_pointers[row]) + int(index.sequence_lengths[row]) * index.dtype_size
+        have = os.fstat(self.bins[name]).st_size
+        if have < needed:
+            raise DatasetMissing(f"{self.bin_paths[name]} was truncated while the run read it ({have} bytes; row "
+                                 f"{row} needs {needed}): rerun cli/preprocess_data.py, then resume")
+
     def __getitem__(self, i: int) -> Dict:
         row = int(self.indices[i])
+        for name in self.fields:
+            self._check_bin(name, row)
         item = {"index": row, "input_ids": self.fields["input_ids"][row].astype(np.int64).tolist()}
         for name, ds in self.fields.items():
             if name != "input_ids":
                 item[name] = ds[row].tobytes().decode("utf-8")
         return item
+
+    def __del__(self) -> None:
+        for fd in getattr(self, "bins", {}).values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 class PromptSampler:

@@ -95,6 +95,7 @@ def run(cfg: PPOConfig) -> int:
 
     import ray
 
+    from ..datasets.prompt_dataset import DatasetMissing
     from ..utils.run_lock import FolderLocked, RunLock
     from .ppo_trainer import NonFiniteStop
 
@@ -118,6 +119,9 @@ def run(cfg: PPOConfig) -> int:
     except WorkerRaised as exc:
         print(f"stopped: {exc}", file=sys.stderr, flush=True)
         return USER_ERROR_EXIT if exc.user_error else EXIT_WORKER_RAISED
+    except DatasetMissing as exc:  # a data file damaged under the running job
+        print(f"stopped: {exc}. {last_checkpoint_text(cfg)}", file=sys.stderr, flush=True)
+        return USER_ERROR_EXIT
     except Terminated:
         print(f"stopped by SIGTERM: workers shut down. {last_checkpoint_text(cfg)}", file=sys.stderr, flush=True)
         return EXIT_TERMINATED
