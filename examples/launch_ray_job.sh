@@ -11,7 +11,11 @@
 # head's cluster goes away. Each node stops only the Ray it started (the session it started Ray in,
 # recorded in $RAY_TMP.launcher_sid.<pid>), never other processes. Logs go to $LOG_DIR (default logs/).
 set -euo pipefail
+CALLER_DIR=$PWD
 cd "$(dirname "$0")/.."
+if [ "$CALLER_DIR" != "$PWD" ]; then
+  echo "[launcher] running in $PWD: relative paths in the config and the overrides are read from there"
+fi
 PY=${PYTHON:-.venv/bin/python}
 RAY=${RAY:-$(dirname "$PY")/ray}
 
@@ -75,12 +79,23 @@ print(int(ray.cluster_resources().get(sys.argv[2], 0)))
 PYEOF
 }
 
+ray_failed() {  # ray_failed LOG: the reason `ray start` gave, on the console
+  local reason
+  reason=$(grep -iE "error|exception|refused|in use|denied|failed" "$1" 2>/dev/null | grep -v "^ *File " | tail -n 3) || true
+  echo "[launcher] error: ray start failed (${reason:-see $1}); the whole output is in $1" >&2
+}
+
 LOG_DIR=${LOG_DIR:-logs}
 mkdir -p "$LOG_DIR"
 if [ "$NODE_RANK" = "0" ]; then
+  # the config first, in seconds: a typo must not wait for Ray and the other nodes
+  "$PY" cli/train_ppo.py --config-name "$CONFIG" --check "$@" > "$LOG_DIR/plan.txt" || exit $?
   echo "[launcher] head $CURRENT_IP: ray start --head --port $RAY_PORT (${NPUS_PER_NODE} x $DEVICE_RESOURCE)"
-  start_own_ray "$LOG_DIR/ray_head.log" --head --port "$RAY_PORT" --node-ip-address "$CURRENT_IP" \
-      --temp-dir "$RAY_TMP" --include-dashboard false --disable-usage-stats "${RESOURCES[@]}"
+  if ! start_own_ray "$LOG_DIR/ray_head.log" --head --port "$RAY_PORT" --node-ip-address "$CURRENT_IP" \
+      --temp-dir "$RAY_TMP" --include-dashboard false --disable-usage-stats "${RESOURCES[@]}"; then
+    ray_failed "$LOG_DIR/ray_head.log"
+    exit 2
+  fi
   want=$((NNODES * NPUS_PER_NODE))
   deadline=$((SECONDS + WAIT_SECONDS))
   while true; do
@@ -102,6 +117,7 @@ else
   until start_own_ray "$LOG_DIR/ray_node.log" --address "$MASTER_ADDR:$RAY_PORT" --node-ip-address "$CURRENT_IP" \
         --temp-dir "$RAY_TMP" --disable-usage-stats "${RESOURCES[@]}"; do
     if [ "$SECONDS" -ge "$deadline" ]; then
+      ray_failed "$LOG_DIR/ray_node.log"
       echo "[launcher] error: could not join $MASTER_ADDR:$RAY_PORT within ${WAIT_SECONDS}s" >&2
       exit 2
     fi

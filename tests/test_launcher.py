@@ -63,3 +63,27 @@ def test_two_node_launch_spans_nodes_and_leaves_other_ray_alone(tmp_path):
         decoy.kill()
         subprocess.run(["pkill", "-9", "-f", other_tmp])
         subprocess.run(["pkill", "-9", "-f", env["RAY_TMP"]])
+
+
+def test_a_config_typo_through_the_launcher_is_refused_before_ray_starts(tmp_path):
+    """The head validates the config (cli/train_ppo.py --check) before `ray start`: a typo costs seconds,
+    and a run from another folder is told where relative paths are read from."""
+    env = {**os.environ, "PYTHON": sys.executable, "NNODES": "1", "LOG_DIR": str(tmp_path / "logs"),
+           "RAY": "/bin/false"}  # a Ray start would fail loudly: it must not be reached
+    start = time.perf_counter()
+    proc = subprocess.run(["bash", SCRIPT, "ppo_tiny_cpu", "rl_config.n_samples_per_prompt=abc"], cwd=str(tmp_path),
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "config error: rl_config.n_samples_per_prompt: got 'abc', expected an integer" in proc.stderr
+    assert "ray start" not in proc.stdout + proc.stderr and time.perf_counter() - start < 60
+    assert f"[launcher] running in {ROOT}: relative paths in the config and the overrides are read from there" \
+        in proc.stdout
+    # a valid config passes the check and goes on to `ray start`, whose failure is one line with its reason
+    paths = prepare(str(tmp_path / "assets"), load_ppo_config("ppo_tiny_cpu").actor.model.padded_vocab_size)
+    overrides = [f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
+                 f"megatron_training.data_path={paths['data_prefix']}",
+                 f"megatron_training.test_data_path={paths['test_prefix']}"]
+    proc = subprocess.run(["bash", SCRIPT, "ppo_tiny_cpu", *overrides], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "[launcher] error: ray start failed (" in proc.stderr, proc.stderr
+    assert "check: the config and its paths are valid" in open(tmp_path / "logs" / "plan.txt").read()
