@@ -33,6 +33,22 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 @report_user_errors
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    import signal
+    import threading
+
+    from mindspeed_rl.utils.cli import raise_terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        return run_main(argv)
+    # SIGTERM during start-up (config, imports, Ray) stops as it does later: exit 143 with a message
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        return run_main(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_main(argv: Optional[Sequence[str]]) -> int:
     args = parse_args(argv)
     cfg = load_ppo_config(args.config_name, args.overrides, args.config_dir)
     print(batch_plan(cfg), flush=True)

@@ -545,3 +545,63 @@ def test_a_worker_exception_arrives_as_its_type_and_message(tmp_path):
     assert exception_line(text).startswith("ValueError: User-specified max_model_len (4096)")
     assert "the actor worker of rank 0 died (ValueError: User-specified" in describe_dead_worker(
         type("E", (), {"__str__": lambda self: text})(), [], cfg)
+
+
+@pytest.mark.slow
+def test_a_run_heals_itself_after_a_dead_worker_and_ends_as_an_uninterrupted_run(assets, tmp_path):
+    """rl_config.max_restarts=1: the critic worker is killed after the first save; the driver restarts every
+    worker group, resumes from the last checkpoint both roles completed, and the run ends with exit 0 and
+    the final iteration's metrics of a run nobody killed (exact resume)."""
+    root, paths = assets
+
+    def last_metrics(out):
+        run_dir = [line.split("run directory: ")[1].split()[0] for line in out.splitlines()
+                   if line.startswith("run directory: ")][-1]
+        with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+            return [json.loads(line) for line in fh][-1]
+
+    straight = start_training(tmp_path / "straight", paths, "megatron_training.train_iters=3")
+    straight_out = straight.communicate(timeout=300)[0]
+    assert straight.returncode == 0, straight_out[-3000:]
+    healing = start_training(tmp_path / "heal", paths, "megatron_training.train_iters=3", "rl_config.max_restarts=1")
+    seen = wait_for(healing, "saved iteration 1")
+    subprocess.run(["pkill", "-9", "-f", "ray::CriticWorker"])
+    out = "".join(seen) + healing.communicate(timeout=400)[0]
+    assert healing.returncode == 0, out[-3000:]
+    restart = [line for line in out.splitlines() if line.startswith("restart 1 of 1")]
+    assert len(restart) == 1 and "the critic worker of rank 0 died" in restart[0], out[-3000:]
+    assert "resumed at iteration" in out
+    a, b = last_metrics(straight_out), last_metrics(out)
+    assert a["iteration"] == b["iteration"] == 3
+    for key in ("critic/score/mean", "actor/pg_loss", "critic/vf_loss", "grad_norm", "response_length/mean"):
+        assert a[key] == pytest.approx(b[key], abs=1e-6), key
+
+
+def test_sigterm_during_start_up_exits_143_with_a_message(assets, tmp_path):
+    root, paths = assets
+    before = ray_processes()
+    proc = start_training(tmp_path / "early", paths)
+    wait_for(proc, "layout")  # the batch plan is printed: imports, Ray and the workers are still to come
+    time.sleep(1)
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 143, out[-3000:]
+    assert "stopped by SIGTERM" in out and "Traceback (most recent" not in out
+    time.sleep(2)
+    assert ray_processes() - before == set()
+
+
+def test_a_restart_resumes_every_role_from_its_save_or_none(tmp_path):
+    from mindspeed_rl.trainer.launch import resumed_config
+
+    cfg = load_ppo_config("ppo_tiny_cpu", [f"actor_config.save={tmp_path}/actor", f"critic_config.save={tmp_path}/critic",
+                                           "rl_config.max_restarts=2"])
+    assert resumed_config(cfg) is cfg  # nothing saved yet: the restart begins again
+    fake_checkpoint(str(tmp_path / "actor"), tracker="1", iteration_dir="iter_0000001")
+    assert resumed_config(cfg) is None  # the actor saved, the critic not: no restart pairs them
+    fake_checkpoint(str(tmp_path / "critic"), tracker="1", iteration_dir="iter_0000001")
+    resumed = resumed_config(cfg)
+    for role in (resumed.actor, resumed.critic):
+        m = role.megatron
+        assert (m.finetune, m.load, m.no_load_optim, m.no_load_rng) == (False, m.save, False, False)
+    assert resumed.rl.max_restarts == 2 and resumed.actor.model == cfg.actor.model

@@ -98,6 +98,10 @@ class RLConfig:
     max_nonfinite_steps: int = opt(3, "Consecutive optimizer steps of one role skipped for a NaN/Inf loss or "
                                       "gradient after which the run stops with exit code 3 (each skipped step "
                                       "is counted in <role>/skipped_steps).", ge=1)
+    max_restarts: int = opt(0, "Runs that heal themselves: when a worker process dies (exit code 4 otherwise), "
+                               "the driver restarts every worker group and resumes from the last checkpoint all "
+                               "roles completed (optimizer and RNG included), up to this many times per run; each "
+                               "restart is printed. 0: stop at the first dead worker.", ge=0)
     max_collapsed_iterations: int = opt(3, "Consecutive iterations with a collapsed policy (actor entropy below "
                                            "1e-4 and gradient norm 0: nothing left to learn, e.g. after a too "
                                            "large lr) after which the run stops with exit code 3; collapsed "

@@ -9,7 +9,7 @@ from typing import Dict, List
 
 from ..config_cls.loader import CONFIG_DIR
 from ..config_cls.ppo_config import PPOConfig
-from ..utils.cli import USER_ERROR_EXIT, UserError
+from ..utils.cli import USER_ERROR_EXIT, Terminated, UserError, raise_terminated
 
 
 def runtime_env_vars() -> Dict[str, str]:
@@ -74,19 +74,11 @@ def existing_checkpoint(megatron) -> "str | None":
     return megatron.load
 
 
-EXIT_NONFINITE, EXIT_WORKER_DIED, EXIT_WORKER_RAISED, EXIT_TERMINATED = 3, 4, 5, 143
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM: stop like Ctrl-C (workers shut down, Ray stopped, the last checkpoint left as it is)."""
+EXIT_NONFINITE, EXIT_WORKER_DIED, EXIT_WORKER_RAISED, EXIT_TERMINATED = 3, 4, 5, 143  # 143: utils.cli
 
 
 class WorkerDied(RuntimeError):
     """A Ray worker process died; the message says which, the last checkpoint and how to resume."""
-
-
-def _raise_terminated(signum, frame):
-    raise Terminated()
 
 
 def run(cfg: PPOConfig) -> int:
@@ -99,7 +91,7 @@ def run(cfg: PPOConfig) -> int:
     from ..utils.run_lock import FolderLocked, RunLock
     from .ppo_trainer import NonFiniteStop
 
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
     lock = RunLock(locked_folders(cfg))
     try:
         try:
@@ -108,7 +100,7 @@ def run(cfg: PPOConfig) -> int:
             raise UserError(str(exc)) from None
         for note in lock.notes:
             print(f"note: {note}", flush=True)
-        history = train(cfg)
+        history = train_healing(cfg)
         return 0 if history else 1
     except NonFiniteStop as exc:
         print(f"stopped: {exc}. {last_checkpoint_text(cfg)}", file=sys.stderr, flush=True)
@@ -129,6 +121,50 @@ def run(cfg: PPOConfig) -> int:
         lock.release()
         signal.signal(signal.SIGTERM, previous)
         ray.shutdown()
+
+
+def train_healing(cfg: PPOConfig) -> List[Dict[str, float]]:
+    """train(), restarted after a dead worker up to rl_config.max_restarts times: every worker group anew,
+    resumed from the last checkpoint every role completed (or from the start when none was saved yet)."""
+    import ray
+
+    restarts = 0
+    while True:
+        try:
+            return train(cfg)
+        except WorkerDied as exc:
+            resumed = resumed_config(cfg) if restarts < cfg.rl.max_restarts else None
+            if resumed is None:
+                raise
+            restarts += 1
+            cfg = resumed
+            print(f"restart {restarts} of {cfg.rl.max_restarts} (rl_config.max_restarts): {exc}", flush=True)
+            ray.shutdown()  # a fresh cluster session: nothing of the dead worker's placement is left
+
+
+def resumed_config(cfg: PPOConfig) -> "PPOConfig | None":
+    """``cfg`` resuming from its own saves (finetune false, optimizer and RNG loaded) when every training
+    role has saved; ``cfg`` as it is when none has (the restart begins again); None when only some have
+    (a restart would pair one role's progress with another's start)."""
+    import dataclasses
+
+    from ..checkpoint.megatron_layout import read_tracker_or_none
+
+    roles = [role for role in cfg.roles if role.name in ("actor", "critic")]
+    saved = [bool(role.megatron.save) and isinstance(read_tracker_or_none(role.megatron.save), int) for role in roles]
+    if not any(saved):
+        return cfg
+    if not all(saved):
+        return None
+
+    def resumed(role):
+        if role.name not in ("actor", "critic") or role not in roles:
+            return role
+        m = role.megatron
+        return dataclasses.replace(role, megatron=dataclasses.replace(m, finetune=False, load=m.save,
+                                                                       no_load_optim=False, no_load_rng=False))
+
+    return dataclasses.replace(cfg, actor=resumed(cfg.actor), critic=resumed(cfg.critic))
 
 
 def locked_folders(cfg: PPOConfig) -> List:

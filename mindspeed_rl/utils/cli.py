@@ -14,6 +14,17 @@ class UserError(Exception):
     """Bad input from the user (a file, a flag, a row): reported without a traceback."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM: stop like Ctrl-C (clean-up runs), exit code 143."""
+
+
+TERMINATED_EXIT = 143
+
+
+def raise_terminated(signum, frame):
+    raise Terminated()
+
+
 def report_user_errors(main: Callable[..., int]) -> Callable[..., int]:
     """Wrap a CLI ``main(argv) -> int``: ConfigError/UserError -> message on stderr, exit code 2."""
 
@@ -27,6 +38,9 @@ def report_user_errors(main: Callable[..., int]) -> Callable[..., int]:
         except UserError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return USER_ERROR_EXIT
+        except Terminated:
+            print("stopped by SIGTERM", file=sys.stderr)
+            return TERMINATED_EXIT
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             return 130
