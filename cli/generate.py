@@ -108,7 +108,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from mindspeed_rl.utils import dist
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+        tokenizer = AutoTokenizer.from_pretrained(tok_dir, trust_remote_code=False)
     except (OSError, ValueError) as exc:
         raise UserError(f"--tokenizer-name-or-path {tok_dir}: cannot load a tokenizer ({exc})") from None
     dist.init_distributed()

@@ -605,3 +605,15 @@ def test_a_restart_resumes_every_role_from_its_save_or_none(tmp_path):
         m = role.megatron
         assert (m.finetune, m.load, m.no_load_optim, m.no_load_rng) == (False, m.save, False, False)
     assert resumed.rl.max_restarts == 2 and resumed.actor.model == cfg.actor.model
+
+
+def test_a_tokenizer_with_remote_code_is_refused_without_a_prompt_or_running_it(tmp_path):
+    from mindspeed_rl.trainer.launch import load_tokenizer
+    from mindspeed_rl.utils.cli import UserError
+
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["tok.MyTok", None]},
+                                                                "tokenizer_class": "MyTok"}))
+    (tmp_path / "tok.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    with pytest.raises(UserError, match="needs its own Python code .* which is never run here"):
+        load_tokenizer(str(tmp_path))
+    assert not (tmp_path / "ran").exists()

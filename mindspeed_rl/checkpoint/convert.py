@@ -453,7 +453,7 @@ def special_token_ids(tokenizer_dir: Optional[str]) -> Tuple[int, int]:
         return 0, 0
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=False)
     eos = tok.eos_token_id if tok.eos_token_id is not None else 0
     return eos, tok.pad_token_id if tok.pad_token_id is not None else eos
 

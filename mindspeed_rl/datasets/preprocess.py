@@ -38,7 +38,7 @@ def field_prefix(output_prefix: str, field: str) -> str:
 def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
 
 
 def _init_worker(cfg: DatasetConfig) -> None:

@@ -50,8 +50,12 @@ def load_tokenizer(path: str):
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)  # never a [y/N] prompt
     except (OSError, ValueError) as exc:
+        if "custom code" in str(exc):
+            raise UserError(f"megatron_training.tokenizer_name_or_path {path}: the tokenizer needs its own Python "
+                            "code (auto_map / trust_remote_code), which is never run here: use a tokenizer folder "
+                            "without it") from None
         raise UserError(f"megatron_training.tokenizer_name_or_path {path}: cannot load a tokenizer ({exc})") from None
 
 
