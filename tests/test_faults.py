@@ -118,7 +118,8 @@ def fake_checkpoint(folder, tracker="release", iteration_dir="release", truncate
 
 @pytest.mark.parametrize("case", ["unwritable_save", "tracker_abc", "missing_iteration", "truncated_file",
                                   "truncated_idx", "weight_load_env", "other_model", "missing_optimizer_shard",
-                                  "critic_never_saved", "roles_apart_without_common", "folder_locked"])
+                                  "critic_never_saved", "roles_apart_without_common", "folder_locked",
+                                  "both_roles_other_tp"])
 def test_preflight_names_the_path_in_seconds_without_starting_ray(assets, tmp_path, capsys, case, monkeypatch):
     import ray
 
@@ -160,6 +161,14 @@ def test_preflight_names_the_path_in_seconds_without_starting_ray(assets, tmp_pa
         extra = [f"actor_config.load={tmp_path}/actor", "actor_config.finetune=false", "critic_config.finetune=false",
                  f"critic_config.load={tmp_path}/critic"]
         words = f"(actor 3, critic 2: a save was interrupted) and {tmp_path}/actor no longer holds iter_0000002"
+    elif case == "both_roles_other_tp":
+        for role in ("my actor", "critic"):  # saved at TP 2, the run is TP 1
+            fake_checkpoint(str(tmp_path / role), tracker="2", iteration_dir="iter_0000002")
+            shutil.copytree(tmp_path / role / "iter_0000002" / "mp_rank_00", tmp_path / role / "iter_0000002" / "mp_rank_01")
+        extra = [f"actor_config.load={tmp_path}/my actor", "actor_config.finetune=false", "critic_config.finetune=false",
+                 f"critic_config.load={tmp_path}/critic"]
+        words = (f"--load-dir '{tmp_path}/my actor' --save-dir '{tmp_path}/my actor_tp1pp1'",
+                 f"critic_config.load: {tmp_path}/critic is saved with TP=2, PP=1, EP=1 but the run uses TP=1")
     elif case == "folder_locked":
         from mindspeed_rl.utils.run_lock import LOCK_NAME
 
@@ -183,7 +192,7 @@ def test_preflight_names_the_path_in_seconds_without_starting_ray(assets, tmp_pa
     finally:
         if case == "folder_locked":
             holder.kill()
-    assert words in err
+    assert all(w in err for w in words) if isinstance(words, tuple) else words in err, err
     assert time.perf_counter() - start < 30 and not ray.is_initialized()
     if case == "folder_locked":  # the locks this run took on its other folders are gone again
         assert not [p for p in glob.glob(f"{tmp_path}/**/{LOCK_NAME}", recursive=True) if "critic" not in p]

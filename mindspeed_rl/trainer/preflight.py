@@ -128,9 +128,14 @@ def preflight(cfg: PPOConfig) -> Optional[int]:
     """Every check above; returns the iteration a resume loads (None: the latest, or not a resume)."""
     check_environment()
     iteration = resume_iteration(cfg)
-    roles = cfg.roles
-    for role in roles:
-        check_role(role, iteration)
+    problems = []
+    for role in cfg.roles:  # every role's problem at once: a resharded actor next to an unresharded critic
+        try:
+            check_role(role, iteration)
+        except UserError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise UserError("\n".join(problems))
     ref = cfg.rl.integrated_mode_config.ref_model_load_path
     if ref:
         iter_dir = check_checkpoint("rl_config.integrated_mode_config.ref_model_load_path", ref,
