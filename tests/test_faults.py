@@ -402,7 +402,7 @@ def start_training(root, paths, *extra):
 
 
 @pytest.mark.slow
-def test_sigterm_stops_cleanly_and_a_dead_worker_is_one_paragraph(assets, tmp_path):
+def test_sigterm_stops_cleanly_and_a_dead_worker_restarts_the_run_which_ends_as_if_uninterrupted(assets, tmp_path):
     root, paths = assets
     before = ray_processes()
     proc = start_training(tmp_path / "term", paths)
@@ -417,19 +417,57 @@ def test_sigterm_stops_cleanly_and_a_dead_worker_is_one_paragraph(assets, tmp_pa
     time.sleep(2)
     assert ray_processes() - before == set()  # nothing orphaned
 
-    proc = start_training(tmp_path / "dead", paths)
-    wait_for(proc, "saved iteration 1")
+    # a dead worker with rl_config.max_restarts=1: the restart line is the one paragraph exit 4 would print
+    # (who died, the last checkpoint, the resume overrides); the run resumes from the last checkpoint both
+    # roles completed and ends as a run nobody killed (exact resume)
+    def last_metrics(out):
+        run_dir = [line.split("run directory: ")[1].split()[0] for line in out.splitlines()
+                   if line.startswith("run directory: ")][-1]
+        with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
+            return [json.loads(line) for line in fh][-1]
+
+    straight = start_training(tmp_path / "straight", paths, "megatron_training.train_iters=3")
+    straight_out = straight.communicate(timeout=300)[0]
+    assert straight.returncode == 0, straight_out[-3000:]
+    proc = start_training(tmp_path / "dead", paths, "megatron_training.train_iters=3", "rl_config.max_restarts=1")
+    seen = wait_for(proc, "saved iteration 1")
     subprocess.run(["pkill", "-9", "-f", "ray::CriticWorker"])
-    out = proc.communicate(timeout=180)[0]
-    assert proc.returncode == 4, out[-3000:]
-    message = [line for line in out.splitlines() if line.startswith("stopped:")]
-    assert len(message) == 1 and "the critic worker of rank 0 died" in message[0]
+    out = "".join(seen) + proc.communicate(timeout=400)[0]
+    assert proc.returncode == 0, out[-3000:]
+    message = [line for line in out.splitlines() if line.startswith("restart 1 of 1 (rl_config.max_restarts): ")]
+    assert len(message) == 1 and "the critic worker of rank 0 died" in message[0], out[-3000:]
     assert (f"Resume by adding: actor_config.finetune=false actor_config.load={tmp_path}/dead/ckpt/actor "
             "actor_config.no_load_optim=false actor_config.no_load_rng=false critic_config.finetune=false "
             f"critic_config.load={tmp_path}/dead/ckpt/critic critic_config.no_load_optim=false") in message[0]
-    assert "ActorDiedError" not in out
+    assert "ActorDiedError" not in out and "resumed at iteration" in out
+    a, b = last_metrics(straight_out), last_metrics(out)
+    assert a["iteration"] == b["iteration"] == 3
+    for key in ("critic/score/mean", "actor/pg_loss", "critic/vf_loss", "grad_norm", "response_length/mean"):
+        assert a[key] == pytest.approx(b[key], abs=1e-6), key
     time.sleep(2)
     assert ray_processes() - before == set()
+
+
+def test_a_dead_worker_without_restarts_left_stops_with_exit_4_and_one_paragraph(monkeypatch, capsys):
+    from mindspeed_rl.trainer import launch
+
+    cfg = load_ppo_config("ppo_tiny_cpu", ["rl_config.max_restarts=0"])
+    calls = []
+
+    def dies(cfg):
+        calls.append(cfg)
+        raise launch.WorkerDied("the critic worker of rank 0 died (killed). No checkpoint was saved yet")
+
+    monkeypatch.setattr(launch, "train", dies)
+    assert launch.run(cfg) == launch.EXIT_WORKER_DIED and len(calls) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == "stopped: the critic worker of rank 0 died (killed). No checkpoint was saved yet"
+    # with restarts left but nothing saved yet, the run begins again, then stops when they are used up
+    import ray
+
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    assert launch.run(load_ppo_config("ppo_tiny_cpu", ["rl_config.max_restarts=2"])) == launch.EXIT_WORKER_DIED
+    assert len(calls) == 4 and capsys.readouterr().out.count("restart ") == 2
 
 
 # ----- resume pairs roles only at an iteration every role completed; one run per folder ---------------------------
@@ -555,35 +593,6 @@ def test_a_worker_exception_arrives_as_its_type_and_message(tmp_path):
     assert "the actor worker of rank 0 died (ValueError: User-specified" in describe_dead_worker(
         type("E", (), {"__str__": lambda self: text})(), [], cfg)
 
-
-@pytest.mark.slow
-def test_a_run_heals_itself_after_a_dead_worker_and_ends_as_an_uninterrupted_run(assets, tmp_path):
-    """rl_config.max_restarts=1: the critic worker is killed after the first save; the driver restarts every
-    worker group, resumes from the last checkpoint both roles completed, and the run ends with exit 0 and
-    the final iteration's metrics of a run nobody killed (exact resume)."""
-    root, paths = assets
-
-    def last_metrics(out):
-        run_dir = [line.split("run directory: ")[1].split()[0] for line in out.splitlines()
-                   if line.startswith("run directory: ")][-1]
-        with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
-            return [json.loads(line) for line in fh][-1]
-
-    straight = start_training(tmp_path / "straight", paths, "megatron_training.train_iters=3")
-    straight_out = straight.communicate(timeout=300)[0]
-    assert straight.returncode == 0, straight_out[-3000:]
-    healing = start_training(tmp_path / "heal", paths, "megatron_training.train_iters=3", "rl_config.max_restarts=1")
-    seen = wait_for(healing, "saved iteration 1")
-    subprocess.run(["pkill", "-9", "-f", "ray::CriticWorker"])
-    out = "".join(seen) + healing.communicate(timeout=400)[0]
-    assert healing.returncode == 0, out[-3000:]
-    restart = [line for line in out.splitlines() if line.startswith("restart 1 of 1")]
-    assert len(restart) == 1 and "the critic worker of rank 0 died" in restart[0], out[-3000:]
-    assert "resumed at iteration" in out
-    a, b = last_metrics(straight_out), last_metrics(out)
-    assert a["iteration"] == b["iteration"] == 3
-    for key in ("critic/score/mean", "actor/pg_loss", "critic/vf_loss", "grad_norm", "response_length/mean"):
-        assert a[key] == pytest.approx(b[key], abs=1e-6), key
 
 
 def test_sigterm_during_start_up_exits_143_with_a_message(assets, tmp_path):
