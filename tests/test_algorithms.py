@@ -149,3 +149,49 @@ def test_token_rewards_put_the_score_on_the_last_generated_token():
 
     mask = torch.tensor([[1, 1, 0, 0, 1, 1, 0, 0]])  # ends in a cut tool result: the score goes on token 5
     assert token_level_rewards(torch.tensor([2.0]), mask).tolist() == [[0, 0, 0, 0, 0, 2.0, 0, 0]]
+
+
+# ----- three points where we follow verl ---------------------------------------------------------------------------
+def test_the_adaptive_controller_is_fed_the_mean_of_per_response_means():
+    """A 4-token response with KL 1 and a 1-token response with KL 3: verl's current_kl is (1 + 3) / 2 = 2,
+    not the token mean 7 / 5."""
+    from mindspeed_rl.algorithms.kl import controller_kl
+
+    kl = torch.tensor([[1.0, 1.0, 1.0, 1.0], [3.0, 9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0]])
+    assert controller_kl(kl, mask) == pytest.approx(2.0)
+    ctrl = AdaptiveKLController(0.1, target=1.0, horizon=10)
+    ctrl.update(controller_kl(kl, mask), 2)
+    assert ctrl.value == pytest.approx(0.1 * (1 + 0.2 * 2 / 10))
+
+
+def test_an_empty_response_keeps_its_score_in_the_group_statistics():
+    """DAPO's acc_for_dapo gives -1 to an empty answer; with no token to carry it the score used to become 0."""
+    from mindspeed_rl.algorithms.advantages import sequence_rewards
+    from mindspeed_rl.algorithms.registry import ADVANTAGE_ESTIMATORS
+
+    scores = torch.tensor([1.0, -1.0, -1.0])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])  # the third response is empty
+    rewards = token_level_rewards(scores, mask)
+    assert sequence_rewards(rewards, mask).tolist() == [1.0, -1.0, 0.0]  # without the scores: dropped
+    seq = sequence_rewards(rewards, mask, scores)
+    assert seq.tolist() == [1.0, -1.0, -1.0]
+    adv, _ = ADVANTAGE_ESTIMATORS["group_norm"].compute(token_rewards=rewards, sequence_rewards=seq, values=None,
+                                                        mask=mask, group=torch.tensor([0, 0, 0]), gamma=1.0,
+                                                        lam=1.0, whiten=True)
+    mean, std = seq.mean(), seq.std()
+    assert adv[0, 0].item() == pytest.approx(((1.0 - mean) / (std + 1e-6)).item(), rel=1e-4)
+    assert adv[2].abs().sum() == 0  # no token of the empty response is trained
+
+
+def test_rollout_mismatch_kl_k1_is_kl_of_rollout_to_trainer_positive_in_expectation():
+    from mindspeed_rl.algorithms.rollout_correction import mismatch_metrics
+
+    torch.manual_seed(0)
+    rollout = torch.log_softmax(torch.randn(4000, 5), -1)
+    trainer = torch.log_softmax(torch.randn(4000, 5) * 0.5 + rollout, -1)
+    tokens = torch.multinomial(rollout.exp(), 1)  # sampled by the rollout policy
+    rollout_lp, trainer_lp = rollout.gather(1, tokens).T, trainer.gather(1, tokens).T
+    metrics = mismatch_metrics(trainer_lp, rollout_lp, torch.ones_like(rollout_lp))
+    exact = (rollout.exp() * (rollout - trainer)).sum(1).mean().item()  # KL(rollout || trainer)
+    assert metrics["rollout_correction/kl_k1"] > 0 and metrics["rollout_correction/kl_k1"] == pytest.approx(exact, rel=0.15)

@@ -59,9 +59,20 @@ def token_level_rewards(scores: torch.Tensor, mask: torch.Tensor, kl: Optional[t
     return rewards * mask
 
 
-def sequence_rewards(token_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """R_i = sum_t r_{i,t}: the score, minus beta * sum_t KL_t when the KL is in the reward."""
-    return torch.where(mask.bool(), token_rewards, torch.zeros_like(token_rewards)).sum(1)
+def sequence_rewards(token_rewards: torch.Tensor, mask: torch.Tensor,
+                     scores: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """R_i = sum_t r_{i,t}: the score, minus beta * sum_t KL_t when the KL is in the reward.
+
+        R_i = score_i  for a response with no valid token (given ``scores``)
+
+    An empty response has no token to carry its score; as in verl it still counts with its score in the
+    group statistics (DAPO's -1 for an empty answer stays -1, not 0).
+    """
+    summed = torch.where(mask.bool(), token_rewards, torch.zeros_like(token_rewards)).sum(1)
+    if scores is None:
+        return summed
+    empty = ~mask.bool().any(1)
+    return torch.where(empty, scores.to(summed.dtype), summed)
 
 
 def _broadcast(per_sequence: torch.Tensor, mask: torch.Tensor) -> Pair:

@@ -5,6 +5,7 @@ import math
 
 import torch
 
+from .advantages import masked_mean
 from .registry import KL_ALIASES, kl_names
 
 
@@ -35,6 +36,16 @@ def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str = "
         r = (-diff).clamp(-20, 20)
         return (r.exp() - r - 1).clamp(-10, 10)
     raise ValueError(f"unknown kl_penalty {kind!r}; known: {', '.join(kl_names())}")
+
+
+def controller_kl(kl: torch.Tensor, mask: torch.Tensor) -> float:
+    """The KL an adaptive controller is fed: the mean over responses of each response's token mean,
+
+        KL = (1/B) sum_i [ sum_t m_it kl_it / sum_t m_it ]
+
+    (verl's ``current_kl``): a long response weighs as much as a short one.
+    """
+    return float(masked_mean(kl, mask, dim=1).mean())
 
 
 class FixedKLController:

@@ -15,7 +15,9 @@ def mismatch_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
                      mask: torch.Tensor) -> Dict[str, float]:
     """How far the trainer's log-probs are from the engine's on the sampled tokens.
 
-        k1 = mean(log pi_old - log pi_rollout)                        (KL(rollout || old) up to sign)
+        k1 = mean(log pi_rollout - log pi_old)                        (KL(rollout || old): the tokens are
+                                                                       sampled from the rollout policy, so
+                                                                       it is >= 0 in expectation; verl's kl)
         k3 = mean(rho - log rho - 1),  rho = pi_old / pi_rollout      (low-variance KL(rollout || old))
         ratio_mean, ratio_max: rho over valid tokens
     """
@@ -24,7 +26,7 @@ def mismatch_metrics(old_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor,
         return {}
     log_rho = torch.where(m, old_log_prob - rollout_log_prob, torch.zeros_like(old_log_prob)).clamp(-20, 20)
     rho = log_rho.exp()
-    return {"rollout_correction/kl_k1": float(masked_mean(log_rho, m)),
+    return {"rollout_correction/kl_k1": float(masked_mean(-log_rho, m)),
             "rollout_correction/kl_k3": float(masked_mean(rho - log_rho - 1, m)),
             "rollout_correction/ratio_mean": float(masked_mean(rho, m)),
             "rollout_correction/ratio_max": float(rho[m].max())}

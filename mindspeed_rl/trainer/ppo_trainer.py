@@ -10,8 +10,8 @@ from typing import Dict, List, Tuple
 import numpy as np
 import torch
 
-from ..algorithms.advantages import masked_mean, sequence_rewards, token_level_rewards
-from ..algorithms.kl import kl_penalty, make_kl_controller
+from ..algorithms.advantages import sequence_rewards, token_level_rewards
+from ..algorithms.kl import controller_kl, kl_penalty, make_kl_controller
 from ..algorithms.rollout_correction import mismatch_metrics, truncated_is_weights
 from ..algorithms.shaping import informative_groups, overlong_penalty
 from ..config_cls.ppo_config import PPOConfig, agent_rollout_function, filter_metric_name
@@ -455,13 +455,13 @@ class PPOTrainer:
         beta = self.kl_ctrl.value if self.algorithm.kl_in_reward else 0.0
         exp.set("token_rewards", token_level_rewards(exp.scores, mask.float(), kl, beta))
         adv, ret = self.algorithm.estimator.compute(
-            token_rewards=exp.token_rewards, sequence_rewards=sequence_rewards(exp.token_rewards, mask),
+            token_rewards=exp.token_rewards, sequence_rewards=sequence_rewards(exp.token_rewards, mask, exp.scores),
             values=exp.values, mask=mask, group=exp.group, gamma=self.rl.gamma, lam=self.rl.lam,
             whiten=self.rl.whiten_advantages)
         exp.set("advantages", adv)
         exp.set("returns", ret)
         if kl is not None:
-            self.kl_ctrl.update(float(masked_mean(kl, mask)), exp.num_rows)
+            self.kl_ctrl.update(controller_kl(kl, mask), exp.num_rows)
 
     def correct_rollout(self, exp: Experience) -> Dict[str, float]:
         """Rollout/trainer mismatch metrics, and the truncated importance weights: on every loss token when
