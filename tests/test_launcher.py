@@ -69,7 +69,8 @@ def test_a_config_typo_through_the_launcher_is_refused_before_ray_starts(tmp_pat
     """The head validates the config (cli/train_ppo.py --check) before `ray start`: a typo costs seconds,
     and a run from another folder is told where relative paths are read from."""
     env = {**os.environ, "PYTHON": sys.executable, "NNODES": "1", "LOG_DIR": str(tmp_path / "logs"),
-           "RAY": "/bin/false"}  # a Ray start would fail loudly: it must not be reached
+           "MASTER_ADDR": "127.0.0.1", "CURRENT_IP": "127.0.0.1", "WAIT_SECONDS": "5",  # the head, whatever the
+           "RAY": "/bin/false"}  # suite left in os.environ; a Ray start would fail loudly: it must not be reached
     start = time.perf_counter()
     proc = subprocess.run(["bash", SCRIPT, "ppo_tiny_cpu", "rl_config.n_samples_per_prompt=abc"], cwd=str(tmp_path),
                           env=env, capture_output=True, text=True, timeout=120)

@@ -10,11 +10,14 @@ from .templates import apply_template
 Sample = Dict[str, Any]
 
 
-def longest_token(tokenizer) -> int:
+def longest_token(tokenizer) -> Optional[int]:
     """Characters of the longest vocabulary entry: no token covers more characters of a text (a byte-level
-    entry spells one byte per character, and a character is at least one byte)."""
-    vocab = tokenizer.get_vocab()
-    return max((len(token) for token in vocab), default=1) or 1
+    entry spells one byte per character, and a character is at least one byte). None for a tokenizer that
+    does not list its vocabulary (then every prompt is tokenised before its length check)."""
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    if get_vocab is None:
+        return None
+    return max((len(token) for token in get_vocab()), default=1) or 1
 
 
 class AlpacaStyleInstructionHandler:
@@ -72,7 +75,7 @@ class AlpacaStyleInstructionHandler:
         if why:
             return None, why
         text = apply_template(self.cfg.prompt_type, prompt, query, system or None, tools)
-        if len(text) > self.cfg.seq_length * self.longest_token:
+        if self.longest_token and len(text) > self.cfg.seq_length * self.longest_token:
             return None, "too_long"  # more tokens than seq_length for sure: not tokenised (a huge row would cost GBs)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if len(ids) > self.cfg.seq_length:
