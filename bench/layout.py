@@ -11,16 +11,15 @@ phase. The first iteration is a warm-up and is left out of the medians.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from bench.train_run import train  # noqa: E402
 PHASES = ("timing/all", "timing/rollout", "timing/resharding_to_infer", "timing/reference_model", "timing/old_log_p",
           "timing/critic_model", "timing/rule_reward", "timing/adv", "timing/update_critic", "timing/update",
           "e2e_tps", "update_tps", "vllm_tps", "rollout/logprob_diff_max")
@@ -31,19 +30,12 @@ def run(config: str, iterations: int, work: str) -> dict:
                  "rl_config.mini_batch_size=64", f"rl_config.log_dir={work}/{config}/logs",
                  f"actor_config.save={work}/{config}/actor", f"critic_config.save={work}/{config}/critic",
                  "megatron_training.save_interval=1000"]
-    cmd = [sys.executable, os.path.join(ROOT, "cli", "train_ppo.py"), "--config-name", config] + overrides
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, NPUS_PER_NODE="4"))
-    wall = time.perf_counter() - start
-    if proc.returncode:
-        raise SystemExit(f"{config} failed:\n{proc.stderr[-3000:]}")
-    ready = re.search(r"workers ready in ([0-9.]+)s", proc.stdout)
-    run_dir = re.findall(r"run directory: (\S+)", proc.stdout)[-1]
-    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8")]
-    measured = rows[1:] or rows
+    done = train(config, overrides, config, env=dict(os.environ, NPUS_PER_NODE="4"))
+    ready = re.search(r"workers ready in ([0-9.]+)s", done.stdout)
+    measured = done.rows[1:] or done.rows
     result = {k: statistics.median(r[k] for r in measured) for k in PHASES if k in measured[0]}
     result["start-up"] = float(ready.group(1)) if ready else float("nan")
-    result["wall"] = wall
+    result["wall"] = done.wall
     return result
 
 

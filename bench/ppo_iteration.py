@@ -28,13 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from bench.train_run import train  # noqa: E402
 
 # Qwen2-shaped, untied, GQA; head_dim 64 (vLLM's CPU attention)
 SHAPES = {
@@ -72,8 +72,6 @@ def measured_peak(dtype: str, threads: int) -> float:
     """The matmul peak (FLOP/s) with the workers' thread count, in ``dtype``."""
     import torch
 
-    if ROOT not in sys.path:
-        sys.path.insert(0, ROOT)
     from bench.engine import matmul_peak
 
     torch.set_num_threads(threads)
@@ -136,15 +134,9 @@ def overrides(shape_name: str, dtype: str, iterations: int, prompts: int, new_to
 
 
 def run(args, work: str) -> dict:
-    cmd = [sys.executable, os.path.join(ROOT, "cli", "train_ppo.py"), "--config-name", "ppo_tiny_cpu"]
-    cmd += overrides(args.shape, args.dtype, args.iterations, args.prompts, args.new_tokens, work, args.workload,
-                     args.packing, args.micro_batch)
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(f"training failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
-    run_dir = re.findall(r"run directory: (\S+)", proc.stdout)[-1]
-    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8")]
-    rows = [r for r in rows if "timing/all" in r]
+    done = train("ppo_tiny_cpu", overrides(args.shape, args.dtype, args.iterations, args.prompts, args.new_tokens,
+                                           work, args.workload, args.packing, args.micro_batch), "training")
+    rows = [r for r in done.rows if "timing/all" in r]
     measured = rows[1:] or rows
     return {k: statistics.median(r[k] for r in measured if k in r) for k in measured[0]}
 

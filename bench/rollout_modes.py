@@ -18,17 +18,14 @@ generation), staleness, and the whole command's wall time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from bench.train_run import train  # noqa: E402
 MODES = {"sync": ("grpo_tiny_cpu", []),
          "partial": ("grpo_tiny_cpu", ["rl_config.partial_rollout_max_split={split}"]),
          "async": ("grpo_tiny_cpu_async", [])}
@@ -45,15 +42,8 @@ def run(mode: str, workload: dict, iterations: int, work: str, split: int) -> di
                  f"generate_config.sampling_config.max_tokens={workload['max_tokens']}",
                  f"megatron_training.dataset_additional_keys={workload['keys']}"]
     overrides += [e.format(split=split) for e in extra]
-    cmd = [sys.executable, os.path.join(ROOT, "cli", "train_ppo.py"), "--config-name", config] + overrides
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if proc.returncode:
-        raise SystemExit(f"{mode} on {workload['name']} failed:\n{proc.stderr[-3000:]}")
-    run_dir = re.findall(r"run directory: (\S+)", proc.stdout)[-1]
-    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8")]
-    rows = [r for r in rows if "timing/all" in r][1:] or rows
+    done = train(config, overrides, f"{mode} on {workload['name']}")
+    rows = [r for r in done.rows if "timing/all" in r][1:] or done.rows
 
     def median(fn):
         return statistics.median(fn(r) for r in rows)
@@ -64,7 +54,7 @@ def run(mode: str, workload: dict, iterations: int, work: str, split: int) -> di
             "generation": median(lambda r: r.get("timing/rollout", 0.0)), "trainer idle": median(trainer_idle),
             "rollout idle": median(lambda r: r["timing/all"] - r.get("timing/rollout", 0.0)),
             "staleness": median(lambda r: r.get("rollout/staleness_mean", 0.0)),
-            "length": median(lambda r: r["response_length/mean"]), "wall": wall}
+            "length": median(lambda r: r["response_length/mean"]), "wall": done.wall}
 
 
 def main() -> None:

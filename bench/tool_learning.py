@@ -12,37 +12,27 @@ then the validation score and the wall time of each command.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
-import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from bench.train_run import train  # noqa: E402
 RUNS = {"tools": "tool_agent", "control": "single_turn"}
 
 
 def run(name: str, iterations: int, seed: int, work: str, overrides) -> dict:
     out = os.path.join(work, f"{name}_seed{seed}")
-    cmd = [sys.executable, os.path.join(ROOT, "cli", "train_ppo.py"), "--config-name", "grpo_tiny_cpu_tools",
-           f"rl_config.rollout_function={RUNS[name]}", f"megatron_training.train_iters={iterations}",
-           f"megatron_training.seed={seed}", f"generate_config.sampling_config.seed={seed}",
-           f"rl_config.log_dir={out}/logs", f"actor_config.save={out}/actor",
-           "megatron_training.save_interval=1000", f"rl_config.test_freq={iterations}", *overrides]
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    wall = time.perf_counter() - start
-    if proc.returncode:
-        raise SystemExit(f"{name} (seed {seed}) failed:\n{proc.stderr[-3000:]}")
-    run_dir = re.findall(r"run directory: (\S+)", proc.stdout)[-1]
-    rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"), encoding="utf-8")]
-    rows = [r for r in rows if "acc_for_ppo_rewards/mean" in r]
+    done = train("grpo_tiny_cpu_tools", [
+        f"rl_config.rollout_function={RUNS[name]}", f"megatron_training.train_iters={iterations}",
+        f"megatron_training.seed={seed}", f"generate_config.sampling_config.seed={seed}",
+        f"rl_config.log_dir={out}/logs", f"actor_config.save={out}/actor",
+        "megatron_training.save_interval=1000", f"rl_config.test_freq={iterations}", *overrides], f"{name} (seed {seed})")
+    rows = [r for r in done.rows if "acc_for_ppo_rewards/mean" in r]
     return {"accuracy": [r["acc_for_ppo_rewards/mean"] for r in rows],
             "calls": [r.get("tool_calls/rate", 0.0) for r in rows],
-            "val": [r["val/score/mean"] for r in rows if "val/score/mean" in r], "wall": wall}
+            "val": [r["val/score/mean"] for r in rows if "val/score/mean" in r], "wall": done.wall}
 
 
 def main() -> None:
