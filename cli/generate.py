@@ -100,17 +100,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tok_dir = args.tokenizer_name_or_path or args.load_dir
     if not os.path.isdir(tok_dir):
         raise UserError(f"--tokenizer-name-or-path {tok_dir}: folder does not exist")
-    from transformers import AutoTokenizer
     from tqdm import tqdm
 
     from mindspeed_rl.rollout.fallback import generate
     from mindspeed_rl.trainer.prompts import decode_known
     from mindspeed_rl.utils import dist
+    from mindspeed_rl.utils.hf_tokenizer import load_tokenizer
 
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(tok_dir, trust_remote_code=False)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"--tokenizer-name-or-path {tok_dir}: cannot load a tokenizer ({exc})") from None
+    tokenizer = load_tokenizer(tok_dir, "--tokenizer-name-or-path")
     dist.init_distributed()
     dist.init_model_parallel(seed=args.seed)
     from mindspeed_rl.checkpoint.convert import ConversionError

@@ -216,3 +216,17 @@ def test_a_bin_truncated_under_a_running_job_is_named_not_a_sigbus(tmp_path, tok
     assert dataset[0] == first  # rows still inside the file read as before
     with pytest.raises(DatasetMissing, match=f"{bin_path} was truncated while the run read it"):
         dataset[19]
+
+
+def test_a_tokenizer_with_remote_code_is_refused_before_workers_start(tmp_path, gsm_rows, capsys):
+    tok = tmp_path / "remote_tok"
+    tok.mkdir()
+    (tok / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["tok.MyTok", None]},
+                                                           "tokenizer_class": "MyTok"}))
+    (tok / "tok.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    rc = preprocess_data.main(["gsm8k", f"input={write_jsonl(tmp_path / 'rows.jsonl', gsm_rows[:4])}",
+                               f"tokenizer_name_or_path={tok}", f"output_prefix={tmp_path / 'out'}", "workers=2",
+                               "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and f"tokenizer_name_or_path {tok}: the tokenizer needs its own Python code" in err, err
+    assert "Traceback" not in err and not (tmp_path / "ran").exists()

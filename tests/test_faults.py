@@ -626,12 +626,12 @@ def test_a_restart_resumes_every_role_from_its_save_or_none(tmp_path):
 
 
 def test_a_tokenizer_with_remote_code_is_refused_without_a_prompt_or_running_it(tmp_path):
-    from mindspeed_rl.trainer.launch import load_tokenizer
     from mindspeed_rl.utils.cli import UserError
+    from mindspeed_rl.utils.hf_tokenizer import load_tokenizer
 
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["tok.MyTok", None]},
                                                                 "tokenizer_class": "MyTok"}))
     (tmp_path / "tok.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
     with pytest.raises(UserError, match="needs its own Python code .* which is never run here"):
-        load_tokenizer(str(tmp_path))
+        load_tokenizer(str(tmp_path), "megatron_training.tokenizer_name_or_path")
     assert not (tmp_path / "ran").exists()

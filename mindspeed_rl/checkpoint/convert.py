@@ -451,9 +451,9 @@ def special_token_ids(tokenizer_dir: Optional[str]) -> Tuple[int, int]:
     """(eos, pad) ids of the tokenizer in ``tokenizer_dir``; 0 where it has none."""
     if not tokenizer_dir or not os.path.isdir(tokenizer_dir):
         return 0, 0
-    from transformers import AutoTokenizer
+    from ..utils.hf_tokenizer import load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=False)
+    tok = load_tokenizer(tokenizer_dir, "megatron_training.tokenizer_name_or_path")
     eos = tok.eos_token_id if tok.eos_token_id is not None else 0
     return eos, tok.pad_token_id if tok.pad_token_id is not None else eos
 

@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from ..config_cls.dataset_config import DatasetConfig
 from .handlers import HANDLERS
+from ..utils.hf_tokenizer import load_tokenizer
 from .readers import BadEncoding, iter_rows
 
 log = logging.getLogger(__name__)
@@ -35,16 +36,12 @@ def field_prefix(output_prefix: str, field: str) -> str:
     return f"{output_prefix}_packed_{field}_document"
 
 
-def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-
-
-def _init_worker(cfg: DatasetConfig) -> None:
+def _init_worker(cfg: DatasetConfig, tokenizer=None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(1)
-    _WORKER["handler"] = HANDLERS[cfg.handler_name](cfg, load_tokenizer(cfg.tokenizer_name_or_path))
+    if tokenizer is None:
+        tokenizer = load_tokenizer(cfg.tokenizer_name_or_path, "tokenizer_name_or_path")
+    _WORKER["handler"] = HANDLERS[cfg.handler_name](cfg, tokenizer)
 
 
 def _process_chunk(chunk: List[Tuple[str, object]]):
@@ -121,6 +118,7 @@ def preprocess(cfg: DatasetConfig, progress: bool = True) -> Dict:
     first = next(rows, None)  # surfaces a bad input path before workers start
     if first is not None:
         rows = itertools.chain([first], rows)
+    tokenizer = load_tokenizer(cfg.tokenizer_name_or_path, "tokenizer_name_or_path")  # a bad one before workers
     writer = IndexedWriter(cfg.output_prefix, ["input_ids", *cfg.dataset_additional_keys])
     read, kept, skipped, examples = 0, 0, Counter(), []
     start = time.perf_counter()
@@ -133,7 +131,7 @@ def preprocess(cfg: DatasetConfig, progress: bool = True) -> Dict:
             pool = mp.get_context(method).Pool(cfg.workers, initializer=_init_worker, initargs=(cfg,))
             results = pool.imap(_process_chunk, _chunks(rows, CHUNK))
         else:
-            _init_worker(cfg)
+            _init_worker(cfg, tokenizer)
             results = map(_process_chunk, _chunks(rows, CHUNK))
         next_log = cfg.log_interval
         for chunk in results:

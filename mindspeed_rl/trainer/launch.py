@@ -10,6 +10,7 @@ from typing import Dict, List
 from ..config_cls.loader import CONFIG_DIR
 from ..config_cls.ppo_config import PPOConfig
 from ..utils.cli import USER_ERROR_EXIT, Terminated, UserError, raise_terminated
+from ..utils.hf_tokenizer import load_tokenizer
 
 
 def runtime_env_vars() -> Dict[str, str]:
@@ -44,19 +45,6 @@ def init_ray(env: Dict[str, str], quiet: bool = False) -> None:
         ray.init(num_cpus=os.cpu_count(), **kwargs)
     if own_handler:  # ray.init installs its own SIGTERM handler (an abort with a dump): keep the process's
         signal.signal(signal.SIGTERM, previous)
-
-
-def load_tokenizer(path: str):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=False)  # never a [y/N] prompt
-    except (OSError, ValueError) as exc:
-        if "custom code" in str(exc):
-            raise UserError(f"megatron_training.tokenizer_name_or_path {path}: the tokenizer needs its own Python "
-                            "code (auto_map / trust_remote_code), which is never run here: use a tokenizer folder "
-                            "without it") from None
-        raise UserError(f"megatron_training.tokenizer_name_or_path {path}: cannot load a tokenizer ({exc})") from None
 
 
 def describe_placement(pg) -> str:
@@ -274,7 +262,7 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     from .ppo_trainer import PPOTrainer
 
     mt, rl, gen = cfg.megatron_training, cfg.rl, cfg.generate
-    tokenizer = load_tokenizer(cfg.actor.megatron.tokenizer_name_or_path)
+    tokenizer = load_tokenizer(cfg.actor.megatron.tokenizer_name_or_path, "megatron_training.tokenizer_name_or_path")
 
     def open_prompts(key: str):
         try:
