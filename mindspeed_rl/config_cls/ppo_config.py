@@ -77,6 +77,11 @@ class PPOConfig:
         return [self.actor] + ([self.critic] if self.uses_critic else []) + ([self.reward] if self.reward else [])
 
     @property
+    def training_roles(self) -> List[RoleConfig]:
+        """The roles that train, save and resume (the reward model is frozen)."""
+        return [self.actor] + ([self.critic] if self.uses_critic else [])
+
+    @property
     def world_size(self) -> int:
         """Devices that count for the throughput metrics (docs/ppo.md, Metrics)."""
         rollout = self.rl.rollout_resource.num_npus if self.rl.rollout_resource is not None else 0

@@ -142,7 +142,7 @@ def resumed_config(cfg: PPOConfig) -> "PPOConfig | None":
 
     from ..checkpoint.megatron_layout import read_tracker_or_none
 
-    roles = [role for role in cfg.roles if role.name in ("actor", "critic")]
+    roles = cfg.training_roles
     saved = [bool(role.megatron.save) and isinstance(read_tracker_or_none(role.megatron.save), int) for role in roles]
     if not any(saved):
         return cfg
@@ -150,19 +150,16 @@ def resumed_config(cfg: PPOConfig) -> "PPOConfig | None":
         return None
 
     def resumed(role):
-        if role.name not in ("actor", "critic") or role not in roles:
-            return role
         m = role.megatron
         return dataclasses.replace(role, megatron=dataclasses.replace(m, finetune=False, load=m.save,
                                                                        no_load_optim=False, no_load_rng=False))
 
-    return dataclasses.replace(cfg, actor=resumed(cfg.actor), critic=resumed(cfg.critic))
+    return dataclasses.replace(cfg, **{role.name: resumed(role) for role in roles})
 
 
 def locked_folders(cfg: PPOConfig) -> List:
     """(key, folder) of every folder the run writes: the training roles' saves and the log folder."""
-    folders = [(f"{role.name}_config.save", role.megatron.save) for role in cfg.roles
-               if role.name in ("actor", "critic") and role.megatron.save]
+    folders = [(f"{role.name}_config.save", role.megatron.save) for role in cfg.training_roles if role.megatron.save]
     return folders + [("rl_config.log_dir", cfg.rl.log_dir)]
 
 
@@ -183,8 +180,8 @@ def resume_overrides(cfg: PPOConfig) -> str:
     import shlex
 
     parts = []
-    for role in cfg.roles:
-        if role.name in ("actor", "critic") and role.megatron.save:
+    for role in cfg.training_roles:
+        if role.megatron.save:
             section = f"{role.name}_config"
             parts += [f"{section}.finetune=false", shlex.quote(f"{section}.load={role.megatron.save}"),
                       f"{section}.no_load_optim=false", f"{section}.no_load_rng=false"]

@@ -86,12 +86,14 @@ def check_optimizer_files(key: str, iter_dir: str, role: RoleConfig) -> None:
                                 f"{role.name}_config.no_load_optim=true to start the optimizer afresh")
 
 
-def check_role(role: RoleConfig, iteration: Optional[int] = None) -> None:
+def check_role(role: RoleConfig, iteration: Optional[int] = None, trains: bool = True) -> None:
+    """``iteration``: the one a resume loads (None: the tracker's); ``trains``: the role resumes its training
+    state (the reward model only loads weights)."""
     m, section = role.megatron, f"{role.name}_config"
     if m.save:
         check_writable(f"{section}.save", m.save)
     if m.load and (m.finetune or ml.read_tracker_or_none(m.load) is not None):
-        resuming = not m.finetune and role.name in RESUMED_ROLES
+        resuming = trains and not m.finetune
         iter_dir = check_checkpoint(f"{section}.load", m.load, (role.tp, role.pp, m.expert_model_parallel_size),
                                     iteration if resuming else None)
         check_stored_model(f"{section}.load", iter_dir, role)
@@ -99,14 +101,11 @@ def check_role(role: RoleConfig, iteration: Optional[int] = None) -> None:
             check_optimizer_files(f"{section}.load", iter_dir, role)
 
 
-RESUMED_ROLES = ("actor", "critic")  # the roles that train, save and resume
-
-
 def resume_iteration(cfg: PPOConfig) -> Optional[int]:
     """The iteration a resume (finetune false) loads in every training role: the last one all of them
     completed (a stop between two roles' saves leaves one ahead; it is said, not paired silently)."""
-    folders = {role.name: role.megatron.load for role in cfg.roles
-               if role.name in RESUMED_ROLES and role.megatron.load and not role.megatron.finetune}
+    folders = {role.name: role.megatron.load for role in cfg.training_roles
+               if role.megatron.load and not role.megatron.finetune}
     try:
         iteration, note = ml.common_iteration(folders)
     except ml.CheckpointError as exc:
@@ -128,10 +127,10 @@ def preflight(cfg: PPOConfig) -> Optional[int]:
     """Every check above; returns the iteration a resume loads (None: the latest, or not a resume)."""
     check_environment()
     iteration = resume_iteration(cfg)
-    problems = []
+    problems, trained = [], {role.name for role in cfg.training_roles}
     for role in cfg.roles:  # every role's problem at once: a resharded actor next to an unresharded critic
         try:
-            check_role(role, iteration)
+            check_role(role, iteration, role.name in trained)
         except UserError as exc:
             problems.append(str(exc))
     if problems:
