@@ -14,6 +14,11 @@ class DatasetMissing(FileNotFoundError):
     """The preprocessed files named by data_path (or test_data_path) are not there."""
 
 
+def bytes_needed(index, row: int) -> int:
+    """How long the .bin must be for ``row`` of an indexed dataset's index to be read."""
+    return int(index.sequence_pointers[row]) + int(index.sequence_lengths[row]) * index.dtype_size
+
+
 def open_indexed(prefix: str):
     """An IndexedDataset whose .idx parses and whose .bin holds every byte the index points at."""
     import sys
@@ -32,7 +37,7 @@ def open_indexed(prefix: str):
         raise DatasetMissing(f"{prefix}.idx is truncated or corrupt ({problem}); rerun cli/preprocess_data.py")
     index = dataset.index
     if len(index.sequence_lengths):
-        needed = int(index.sequence_pointers[-1]) + int(index.sequence_lengths[-1]) * index.dtype_size
+        needed = bytes_needed(index, -1)
         have = os.path.getsize(prefix + ".bin")
         if have < needed:
             raise DatasetMissing(f"{prefix}.bin is truncated ({have} bytes; its index needs {needed}); "
@@ -71,8 +76,7 @@ class PromptDataset:
         return len(self.indices)
 
     def _check_bin(self, name: str, row: int) -> None:
-        index = self.fields[name].index
-        needed = int(index.sequence_pointers[row]) + int(index.sequence_lengths[row]) * index.dtype_size
+        needed = bytes_needed(self.fields[name].index, row)
         have = os.fstat(self.bins[name]).st_size
         if have < needed:
             raise DatasetMissing(f"{self.bin_paths[name]} was truncated while the run read it ({have} bytes; row "
