@@ -291,7 +291,8 @@ def test_a_collapsed_policy_is_not_saved_and_stops_the_run_after_max_collapsed_i
 
     cfg = load_ppo_config("ppo_tiny_cpu", ["rl_config.max_collapsed_iterations=3", "megatron_training.save_interval=1"])
     saved = []
-    trainer = SimpleNamespace(rl=cfg.rl, cfg=cfg, iteration=0, save=lambda: saved.append(trainer.iteration))
+    trainer = SimpleNamespace(rl=cfg.rl, cfg=cfg, iteration=0, collapse_streak=0,
+                              save=lambda: saved.append(trainer.iteration))
     healthy = {"actor/entropy": 0.8, "grad_norm": 0.4}
     flat = {"actor/entropy": 0.0, "grad_norm": 0.0}
     for metrics in (healthy, healthy, flat, healthy, flat, flat):  # a single flat iteration is forgiven
@@ -303,7 +304,7 @@ def test_a_collapsed_policy_is_not_saved_and_stops_the_run_after_max_collapsed_i
         PPOTrainer.after_iteration(trainer, flat)
     assert saved == [1, 2, 4]
     off = SimpleNamespace(rl=load_ppo_config("ppo_tiny_cpu", ["rl_config.max_collapsed_iterations=0"]).rl, cfg=cfg,
-                          iteration=0, save=lambda: saved.append(-1))
+                          iteration=0, collapse_streak=0, save=lambda: saved.append(-1))
     for _ in range(4):
         off.iteration += 1
         PPOTrainer.after_iteration(off, flat)

@@ -31,6 +31,7 @@ class RuleRewardRunner:
         self.names, self.weights = list(names), list(weights)
         self.timeout, self.workers = timeout, workers
         self._pool = None
+        self._warned = set()  # verifiers already named for a non-finite score
 
     def _get_pool(self):
         if self._pool is None:
@@ -108,9 +109,8 @@ class RuleRewardRunner:
 
     def _warn_nonfinite(self, name: str, value: float) -> None:
         """Once per verifier: it returned a non-finite score (scored 0, counted in rule_reward/failures)."""
-        warned = self.__dict__.setdefault("_warned", set())
-        if name not in warned:
-            warned.add(name)
+        if name not in self._warned:
+            self._warned.add(name)
             print(f"warning: verifier {name!r} returned {value} for a sample: scored 0 and counted in "
                   "rule_reward/failures (said once per verifier)", flush=True)
 

@@ -74,6 +74,7 @@ class PPOTrainer:
                                   and not self.algorithm.kl_in_reward and not self.algorithm.rollout_is
                                   and not self.off_policy)
         self.history: List[Dict[str, float]] = []
+        self.collapse_streak = 0  # iterations in a row with a collapsed policy (rl_config.max_collapsed_iterations)
         self.spans: List[Tuple[str, str, float, float]] = []  # (lane, phase, start, end) of this iteration
         self.ref_from = None  # the original weights the reference was built from, for resumes
         # how prompts become trajectories (single turn, the tool agent, a user's function)
@@ -214,19 +215,19 @@ class PPOTrainer:
                                     f"were skipped (rl_config.max_nonfinite_steps {self.rl.max_nonfinite_steps}); "
                                     f"iteration {self.iteration} is not saved")
         limit = self.rl.max_collapsed_iterations
-        streak = getattr(self, "collapse_streak", 0) + 1 if limit and collapsed(metrics) else 0
-        self.collapse_streak = streak
+        streak = self.collapse_streak = self.collapse_streak + 1 if limit and collapsed(metrics) else 0
         if streak >= limit > 0:
             raise NonFiniteStop(f"the policy collapsed: actor entropy below {COLLAPSED_ENTROPY} and gradient norm 0 "
                                 f"in the last {streak} iterations (rl_config.max_collapsed_iterations {limit}; 0 "
                                 "turns this off); lower the learning rate. Those iterations are not saved")
         every = self.cfg.megatron_training.save_interval
         last = self.iteration == self.cfg.megatron_training.train_iters
-        if (self.iteration % every == 0 or last) and streak:
-            print(f"iteration {self.iteration} not saved: the policy looks collapsed (actor entropy "
-                  f"{metrics['actor/entropy']:.2g}, gradient norm 0)", flush=True)
-        elif self.iteration % every == 0 or last:
-            self.save()
+        if self.iteration % every == 0 or last:
+            if streak:
+                print(f"iteration {self.iteration} not saved: the policy looks collapsed (actor entropy "
+                      f"{metrics['actor/entropy']:.2g}, gradient norm 0)", flush=True)
+            else:
+                self.save()
 
     def trainer_state(self) -> Dict:
         """What a resume needs besides the models: position in the data, the KL coefficient, where the
