@@ -1,6 +1,6 @@
 """Preprocessing throughput on GSM8K train (7,473 rows) with workers 1 and 2.
 
-    .venv/bin/python bench/preprocess.py [--input ../shared/data/gsm8k/train.jsonl] [--repeats 3]
+    .venv/bin/python bench/preprocess.py [--input <GSM8K train.jsonl>] [--repeats 3]
 
 The tokenizer is a byte-level BPE (vocab 8192) trained here on the same text (no model hub);
 rows/s counts the whole run: reading, templating, tokenising, writing the indexed files.
