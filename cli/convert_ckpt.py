@@ -15,7 +15,8 @@
     python cli/convert_ckpt.py --load-model-type mg --save-model-type hf --load-dir ./ckpt \\
         --save-dir ./Qwen2.5-32B --model-type-hf qwen25
 
-    # Megatron -> Megatron with another TP/PP
+    # Megatron -> Megatron with another TP/PP. A training checkpoint keeps its iteration, trainer state and
+    # optimizer (Adam's moments split like their weights): resume from --save-dir with finetune: false
     python cli/convert_ckpt.py --load-model-type mg --save-model-type mg --load-dir ./ckpt \\
         --save-dir ./ckpt_tp4pp2 --target-tensor-parallel-size 4 --target-pipeline-parallel-size 2
 """
@@ -55,6 +56,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--use-mcore-models", action="store_true", help="accepted (megatron-core is the only kind)")
     p.add_argument("--model-type", default="GPT", choices=("GPT",))
     p.add_argument("--max-shard-size-gb", type=float, default=2.0, help="HF output shard size")
+    p.add_argument("--weights-only", action="store_true",
+                   help="mg -> mg: write the weights as 'release' even from a training checkpoint (no iteration, "
+                        "trainer or optimizer state)")
     p.add_argument("--force", action="store_true",
                    help="write a Megatron checkpoint into a folder that holds training checkpoints (its tracker "
                         "then points at the converted 'release' weights)")
@@ -105,11 +109,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                      int(args.max_shard_size_gb * 1024**3))
             print(f"converted {args.load_dir} -> {where}")
         elif args.load_model_type == "mg" and args.save_model_type == "mg":
-            convert.mg_to_mg(args.load_dir, args.save_dir, args.target_tensor_parallel_size,
-                             args.target_pipeline_parallel_size, args.num_layer_list, args.params_dtype,
-                             args.target_expert_parallel_size)
+            from mindspeed_rl.checkpoint.reshard import mg_to_mg
+
+            iteration, kept_optim = mg_to_mg(args.load_dir, args.save_dir, args.target_tensor_parallel_size,
+                                             args.target_pipeline_parallel_size, args.num_layer_list,
+                                             args.params_dtype, args.target_expert_parallel_size, args.weights_only)
+            kept = ("weights" if iteration == "release" else
+                    f"iteration {iteration}: weights, trainer state" + (", optimizer" if kept_optim else
+                                                                        " (no optimizer state: resume with "
+                                                                        "no_load_optim=true)"))
             print(f"resharded {args.load_dir} -> {args.save_dir} (TP {args.target_tensor_parallel_size}, "
-                  f"PP {args.target_pipeline_parallel_size}, EP {args.target_expert_parallel_size})")
+                  f"PP {args.target_pipeline_parallel_size}, EP {args.target_expert_parallel_size}; {kept})")
         else:
             raise UserError("hf -> hf is not a conversion; use --save-model-type mg")
     except (convert.ConversionError, CheckpointError) as exc:

@@ -338,3 +338,104 @@ def run_reshard_relations(rank, world, spec, workdir, port):
         results[case["name"]] = (updated, fresh[itp])
     torch.save(results, os.path.join(workdir, f"reshard_rank{rank}.pt"))
     dist.destroy()
+
+
+def _gathered_by_layout(engine, local, tp, pp, counts, join):
+    """Rank 0: ``local`` (a per-rank dict) of every rank, joined over data-parallel ranks by ``join`` and
+    merged over TP x PP into full tensors with global names."""
+    from megatron.core import parallel_state as ps
+
+    from mindspeed_rl.checkpoint.sharding import merge_state_dicts
+
+    gathered = [None] * torch_dist.get_world_size()
+    torch_dist.all_gather_object(gathered, (ps.get_pipeline_model_parallel_rank(),
+                                            ps.get_tensor_model_parallel_rank(), local))
+    shards = [[join([g[2] for g in gathered if g[:2] == (p, t)]) for t in range(tp)] for p in range(pp)]
+    return merge_state_dicts(shards, counts)
+
+
+def full_weights(engine, tp, pp, counts):
+    local = {k: v.detach().float().clone() for k, v in engine.named_weights()}
+    return _gathered_by_layout(engine, local, tp, pp, counts, lambda replicas: replicas[0])
+
+
+def full_optimizer_state(engine, tp, pp, counts):
+    """{kind/name: full tensor} for the fp32 main weights and Adam's moments, whatever the layout."""
+    from mindspeed_rl.checkpoint.optimizer_state import MOMENTS, assemble, engine_slots
+
+    pieces = {}
+    for sub, megatron_sub in zip(engine_slots(engine), engine.optimizer.chained_optimizers):
+        for slot in sub:
+            state = megatron_sub.optimizer.state[slot.main]
+            piece = {"shape": slot.shape, "start": slot.start, "end": slot.end, "step": float(state["step"]),
+                     "param": slot.main.detach().float().reshape(-1).clone()}
+            piece.update({k: state[k].detach().float().reshape(-1).clone() for k in MOMENTS})
+            pieces.setdefault(slot.name, []).append(piece)
+
+    kinds = ("param",) + MOMENTS
+    assembled = {kind: (lambda replicas, kind=kind: {n: e[kind] for n, e in assemble(replicas).items()})
+                 for kind in kinds}
+    return {f"{kind}/{name}": tensor for kind in kinds
+            for name, tensor in _gathered_by_layout(engine, pieces, tp, pp, counts, assembled[kind]).items()}
+
+
+def run_resharded_resume(rank, world, spec, workdir, port):
+    """Per case: train 3 steps at the source layout (saving after 2), reshard that checkpoint with the
+    converter, load it at the target layout and take the third step again; also once without the
+    optimizer state (the control). Saves per case the optimizer state saved and loaded, and the weights
+    after the straight, resumed and fresh-optimizer third steps."""
+    from megatron.core import parallel_state as ps
+
+    from mindspeed_rl.checkpoint.engine_io import load_engine, save_engine
+    from mindspeed_rl.checkpoint.reshard import mg_to_mg
+    from mindspeed_rl.checkpoint.sharding import shard_state_dict
+    from mindspeed_rl.models.engine import MegatronEngine
+    from tests.helpers import make_batch, tiny_model_config, tiny_role
+
+    dist = start_rank(rank, world, port)
+    model = tiny_model_config(num_layers=4)
+    full = torch.load(os.path.join(workdir, "full_lm.pt"), weights_only=True)
+    batches = [make_batch(8, 20, vocab=model.padded_vocab_size, seed=s) for s in (1, 2, 3)]
+    results = {}
+    for case in spec["cases"]:
+        outcome = {}
+        for run_name, side in (("straight", "source"), ("resumed", "target"), ("fresh", "target")):
+            layout = case[side]
+            tp, pp = layout["tp"], layout["pp"]
+            counts = [model.num_layers // pp] * pp
+            ps.destroy_model_parallel()
+            dist.init_model_parallel(tp, pp, seed=5)
+            dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+            role = tiny_role(tp=tp, pp=pp, num_devices=world, model=model, lr=1e-2, bf16=case["bf16"],
+                             use_distributed_optimizer=layout.get("dist_opt", False))
+            engine = MegatronEngine(role, total_steps=6)
+            src, dst = os.path.join(workdir, case["name"], "src"), os.path.join(workdir, case["name"], "dst")
+
+            def step(batch):
+                rows = batch["input_ids"].shape[0] // dp
+                local = {k: v[dp_rank * rows:(dp_rank + 1) * rows] for k, v in batch.items()}
+                mask = batch["attention_mask"]
+                engine.train_step(local, global_sft_loss(float((mask[:, 1:] * mask[:, :-1]).sum())), 2)
+
+            if run_name == "straight":
+                engine.load_weights(shard_state_dict(full, tp, ps.get_tensor_model_parallel_rank(), counts,
+                                                     ps.get_pipeline_model_parallel_rank()))
+                step(batches[0])
+                step(batches[1])
+                save_engine(engine, src, 2, {"trainer_state": {"consumed_samples": 16}})
+                outcome["saved"] = full_optimizer_state(engine, tp, pp, counts)
+                if rank == 0:
+                    target = case["target"]
+                    mg_to_mg(src, dst, target["tp"], target["pp"])
+                torch_dist.barrier()
+            else:
+                payload = load_engine(engine, dst, load_optim=run_name == "resumed", load_rng=False)
+                assert payload["iteration"] == 2 and payload["trainer_state"] == {"consumed_samples": 16}
+                if run_name == "resumed":
+                    outcome["loaded"] = full_optimizer_state(engine, tp, pp, counts)
+            step(batches[2])
+            outcome[run_name] = full_weights(engine, tp, pp, counts)
+        results[case["name"]] = outcome
+    if rank == 0:
+        torch.save(results, os.path.join(workdir, "resharded_resume.pt"))
+    dist.destroy()

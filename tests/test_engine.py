@@ -194,21 +194,23 @@ def test_device_only_flags_are_mapped_on_cpu_with_one_log_line(caplog):
         assert fields == {"num_layers_in_first_pipeline_stage": 1} and cfg.num_layers_in_first_pipeline_stage == 1
 
 
-@pytest.mark.parametrize("dist_opt", [False, True])
-def test_engine_save_load_resumes_the_same_trajectory(tmp_path, dist_opt):
+@pytest.mark.parametrize("dist_opt,bf16", [(False, False), (True, False), (True, True)])
+def test_engine_save_load_resumes_the_same_trajectory(tmp_path, dist_opt, bf16):
+    """Bit-identical next step; with bf16 + the distributed optimizer the fp32 main weights come back too
+    (not rebuilt from the bf16 weights)."""
     from mindspeed_rl.checkpoint import megatron_layout as ml
     from mindspeed_rl.checkpoint.engine_io import load_engine, save_engine
 
     batch = make_batch(4, 10, seed=8)
     dist.init_model_parallel(seed=11)
-    a = MegatronEngine(tiny_role(use_distributed_optimizer=dist_opt, lr=1e-2), total_steps=6)
+    a = MegatronEngine(tiny_role(use_distributed_optimizer=dist_opt, bf16=bf16, lr=1e-2), total_steps=6)
     a.train_step(batch, sft_loss, 2)
     save_engine(a, str(tmp_path), iteration=1, extra={"consumed_samples": 4})
     assert ml.read_tracker(str(tmp_path)) == 1
     torch.manual_seed(123)
     noise_after_save = torch.rand(3)
     next_a = a.train_step(batch, sft_loss, 2)
-    b = MegatronEngine(tiny_role(use_distributed_optimizer=dist_opt, lr=1e-2), total_steps=6)
+    b = MegatronEngine(tiny_role(use_distributed_optimizer=dist_opt, bf16=bf16, lr=1e-2), total_steps=6)
     payload = load_engine(b, str(tmp_path))
     assert payload["iteration"] == 1 and payload["consumed_samples"] == 4
     next_b = b.train_step(batch, sft_loss, 2)

@@ -102,12 +102,12 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path, capsys):
 
 
 # ----- pre-flight: before Ray starts ---------------------------------------------------------------------------
-def fake_checkpoint(folder, tracker="release", iteration_dir="release", truncate=False, model=None):
+def fake_checkpoint(folder, tracker="release", iteration_dir="release", truncate=False, model=None, **extra):
     rank_dir = os.path.join(folder, iteration_dir, "mp_rank_00")
     os.makedirs(rank_dir, exist_ok=True)
     path = os.path.join(rank_dir, "model_optim_rng.pt")
-    torch.save({"model": {"w": torch.ones(1000)}, "iteration": 0, **({"config": {"model": model}} if model else {})},
-               path)
+    torch.save({"model": {"w": torch.ones(1000)}, "iteration": 0, **({"config": {"model": model}} if model else {}),
+                **extra}, path)
     if truncate:
         with open(path, "r+b") as fh:
             fh.truncate(os.path.getsize(path) // 2)
@@ -119,7 +119,7 @@ def fake_checkpoint(folder, tracker="release", iteration_dir="release", truncate
 @pytest.mark.parametrize("case", ["unwritable_save", "tracker_abc", "missing_iteration", "truncated_file",
                                   "truncated_idx", "weight_load_env", "other_model", "missing_optimizer_shard",
                                   "critic_never_saved", "roles_apart_without_common", "folder_locked",
-                                  "both_roles_other_tp"])
+                                  "both_roles_other_tp", "recorded_reference_other_tp"])
 def test_preflight_names_the_path_in_seconds_without_starting_ray(assets, tmp_path, capsys, case, monkeypatch):
     import ray
 
@@ -169,6 +169,14 @@ def test_preflight_names_the_path_in_seconds_without_starting_ray(assets, tmp_pa
                  f"critic_config.load={tmp_path}/critic"]
         words = (f"--load-dir '{tmp_path}/my actor' --save-dir '{tmp_path}/my actor_tp1pp1'",
                  f"critic_config.load: {tmp_path}/critic is saved with TP=2, PP=1, EP=1 but the run uses TP=1")
+    elif case == "recorded_reference_other_tp":  # the actor was resharded, the folder its reference came from not
+        fake_checkpoint(str(tmp_path / "origin"), tracker="release")
+        shutil.copytree(tmp_path / "origin" / "release" / "mp_rank_00", tmp_path / "origin" / "release" / "mp_rank_01")
+        fake_checkpoint(str(tmp_path / "actor"), tracker="2", iteration_dir="iter_0000002",
+                        trainer_state={"ref_from": str(tmp_path / "origin")})
+        extra = [f"actor_config.load={tmp_path}/actor", "actor_config.finetune=false"]
+        words = (f"the reference recorded in {tmp_path}/actor (trainer_state.ref_from): {tmp_path}/origin is saved "
+                 "with TP=2", "then set rl_config.integrated_mode_config.ref_model_load_path to the resharded folder")
     elif case == "folder_locked":
         from mindspeed_rl.utils.run_lock import LOCK_NAME
 

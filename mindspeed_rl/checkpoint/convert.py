@@ -131,7 +131,7 @@ def checkpoint_config(cfg: ModelConfig, tp: int, pp: int, counts: Sequence[int],
             "orm": orm}
 
 
-def _check_parallel(cfg: ModelConfig, tp: int, ep: int = 1) -> None:
+def check_parallel(cfg: ModelConfig, tp: int, ep: int = 1) -> None:
     if cfg.num_attention_heads % tp or cfg.kv_heads % tp:
         raise ConversionError(f"--target-tensor-parallel-size {tp} does not divide the {cfg.num_attention_heads} heads "
                               f"/ {cfg.kv_heads} query groups")
@@ -165,13 +165,17 @@ class StageShards:
             for ep_rank, stored in targets:
                 self.shards[tp_rank][ep_rank][stored] = shard
 
+    def take(self, tp_rank: int, ep_rank: int) -> Dict[str, torch.Tensor]:
+        """One rank's shards (released from this object)."""
+        shards, self.shards[tp_rank][ep_rank] = self.shards[tp_rank][ep_rank], {}
+        return shards
+
     def write(self, save_dir: str, iteration, pp_rank: int, pp: int, config: dict) -> None:
         for tp_rank in range(self.tp):
             for ep_rank in range(self.ep):
                 ml.write_rank(save_dir, iteration, tp_rank, pp_rank, pp,
-                              {"model": self.shards[tp_rank][ep_rank], "iteration": 0, "config": config},
+                              {"model": self.take(tp_rank, ep_rank), "iteration": 0, "config": config},
                               ep_rank, self.ep)
-                self.shards[tp_rank][ep_rank] = {}
 
 
 def read_hf_model_config(load_dir: str, model_type_hf: Optional[str] = None) -> ModelConfig:
@@ -198,7 +202,7 @@ def hf_to_mg(load_dir: str, save_dir: str, tp: int = 1, pp: int = 1, num_layer_l
     family = get_family(cfg.model_type_hf)
     if cfg.add_qkv_bias and HF_LAYER.format(i=0) + "self_attn.q_proj.bias" not in reader:
         raise ConversionError(f"{load_dir}: {family.name} expects q/k/v biases, none found")
-    _check_parallel(cfg, tp, ep)
+    check_parallel(cfg, tp, ep)
     counts = layer_counts(cfg.num_layers, pp, num_layer_list)
     starts = stage_starts(counts)
     torch_dtype = DTYPES[dtype]
@@ -456,29 +460,3 @@ def special_token_ids(tokenizer_dir: Optional[str]) -> Tuple[int, int]:
     tok = load_tokenizer(tokenizer_dir, "megatron_training.tokenizer_name_or_path")
     eos = tok.eos_token_id if tok.eos_token_id is not None else 0
     return eos, tok.pad_token_id if tok.pad_token_id is not None else eos
-
-
-def mg_to_mg(load_dir: str, save_dir: str, tp: int, pp: int, num_layer_list: Optional[str] = None,
-             dtype: Optional[str] = None, ep: int = 1) -> None:
-    """Reshard a Megatron checkpoint's weights to another TP x PP x EP (saved as 'release')."""
-    config, _, _, _ = read_mg_config(load_dir)
-    cfg = ModelConfig(**config["model"])
-    _check_parallel(cfg, tp, ep)
-    counts = layer_counts(cfg.num_layers, pp, num_layer_list)
-    starts = stage_starts(counts)
-    out_config = checkpoint_config(cfg, tp, pp, counts, dtype or config.get("params_dtype", "fp32"),
-                                   config.get("orm", False), ep)
-    full: Dict[str, torch.Tensor] = {}
-    for _, stage in iter_mg_stages(load_dir):
-        full.update({k: (v.to(DTYPES[dtype]) if dtype else v).clone() for k, v in stage.items()})
-    ml.begin_save(save_dir, "release")
-    for pp_rank in range(pp):
-        lo, hi = starts[pp_rank], starts[pp_rank] + counts[pp_rank]
-        stage = StageShards(tp, lo, cfg.swiglu, ep, cfg.num_experts)
-        for n, t in full.items():
-            layer = layer_number(n)
-            if (lo <= layer < hi) or (layer < 0 and ((n.startswith("embedding.") and pp_rank == 0) or
-                                                     (not n.startswith("embedding.") and pp_rank == pp - 1))):
-                stage.add(n, t)
-        stage.write(save_dir, "release", pp_rank, pp, out_config)
-    ml.commit_save(save_dir, "release", tp * pp * ep)

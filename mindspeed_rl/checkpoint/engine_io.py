@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from . import megatron_layout as ml
+from . import optimizer_state
 
 
 def _ranks():
@@ -70,21 +71,26 @@ def set_rng_state(state: Dict[str, Any]) -> None:
 
 
 def _optimizer_state(engine) -> Optional[Dict[str, Any]]:
-    """Optimizer + scheduler state of this rank. With the distributed optimizer each DP rank holds
-    its own shard (the inner torch optimizers' state), saved to its own file."""
+    """Optimizer + scheduler state of this rank, with each position's parameter name and range (the
+    ``layout``, what lets a converter split and merge it). With the distributed optimizer each DP rank
+    holds its own shard (the inner torch optimizers' state and its fp32 main weights), saved to its own file."""
     opt = engine.optimizer
     if opt is None:
         return None
+    all_slots = optimizer_state.engine_slots(engine)
+    layout = [[s.describe() for s in sub] for sub in all_slots]
     state = {"scheduler": engine.scheduler.state_dict()}
     if engine.megatron.use_distributed_optimizer:
-        state["shards"] = [sub.optimizer.state_dict() for sub in _sub_optimizers(opt)]
+        state["shards"] = {"optimizers": [sub.optimizer.state_dict() for sub in optimizer_state.sub_optimizers(opt)],
+                           "layout": layout,
+                           "mains": [[s.main.detach().cpu().clone() for s in sub] for sub in all_slots]}
     else:
+        models = {id(p) for p in engine.unwrapped().parameters()}
         state["optimizer"] = opt.state_dict()
+        state["layout"] = layout
+        # the fp32 copies of 16-bit weights (the same tensors as in the state dict: stored once)
+        state["mains"] = [[None if id(s.main) in models else s.main for s in sub] for sub in all_slots]
     return state
-
-
-def _sub_optimizers(opt):
-    return list(getattr(opt, "chained_optimizers", None) or [opt])
 
 
 def _dp_file(dp_rank: int) -> str:
@@ -160,10 +166,17 @@ def load_engine(engine, ckpt_dir: str, load_optim: bool = True, load_rng: bool =
         if optim is None:
             raise ml.CheckpointError(f"{ckpt_dir}: has no optimizer state; set no_load_optim: true to start it fresh")
         engine.scheduler.load_state_dict(optim["scheduler"])
-        if engine.megatron.use_distributed_optimizer:
-            shards = ml.load_extra(ckpt_dir, tp_rank, pp_rank, _dp_file(dp_rank), ep_rank, iteration)
-            for sub, state in zip(_sub_optimizers(engine.optimizer), shards):
+        if "named" in optim:  # resharded by the converter: by parameter name, any optimizer layout
+            optimizer_state.load_named(engine, optim["named"])
+        elif engine.megatron.use_distributed_optimizer:
+            saved = ml.load_extra(ckpt_dir, tp_rank, pp_rank, _dp_file(dp_rank), ep_rank, iteration)
+            shards = saved["optimizers"] if isinstance(saved, dict) else saved
+            for sub, state in zip(optimizer_state.sub_optimizers(engine.optimizer), shards):
                 sub.optimizer.load_state_dict(state)
+            if isinstance(saved, dict):  # the fp32 main weights (older checkpoints: rebuilt from the weights)
+                for sub_slots, mains in zip(optimizer_state.engine_slots(engine), saved["mains"]):
+                    for slot, main in zip(sub_slots, mains):
+                        slot.main.data.copy_(main)
         elif "optimizer" in optim:
             engine.optimizer.load_state_dict(optim["optimizer"])
         else:

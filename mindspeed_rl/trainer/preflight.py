@@ -136,8 +136,35 @@ def preflight(cfg: PPOConfig) -> Optional[int]:
     if problems:
         raise UserError("\n".join(problems))
     ref = cfg.rl.integrated_mode_config.ref_model_load_path
+    layout = (cfg.actor.tp, cfg.actor.pp, cfg.actor.megatron.expert_model_parallel_size)
     if ref:
-        iter_dir = check_checkpoint("rl_config.integrated_mode_config.ref_model_load_path", ref,
-                                    (cfg.actor.tp, cfg.actor.pp, cfg.actor.megatron.expert_model_parallel_size))
+        iter_dir = check_checkpoint("rl_config.integrated_mode_config.ref_model_load_path", ref, layout)
         check_stored_model("rl_config.integrated_mode_config.ref_model_load_path", iter_dir, cfg.actor)
+    else:
+        check_recorded_reference(cfg, iteration, layout)
     return iteration
+
+
+def check_recorded_reference(cfg: PPOConfig, iteration: Optional[int], layout: Tuple[int, int, int]) -> None:
+    """A resume builds the reference from where the first run started (recorded in the actor's checkpoint):
+    that folder must still fit the run, e.g. after the actor was resharded to another TP x PP."""
+    am = cfg.actor.megatron
+    if not am.load or am.finetune or ml.read_tracker_or_none(am.load) in (None, "unreadable"):
+        return
+    try:
+        _, iter_dir = ml.latest_iteration_dir(am.load, iteration)
+        state = ml.safe_load(checkpoint_files(iter_dir)[0], mmap=True).get("trainer_state") or {}
+    except (ml.CheckpointError, IndexError):
+        return  # check_role has named the problem with this folder already
+    origin = state.get("ref_from")
+    if not origin:
+        return
+    key = f"the reference recorded in {am.load} (trainer_state.ref_from)"
+    if not os.path.isdir(origin):
+        raise UserError(f"{key}: {origin} no longer exists; set rl_config.integrated_mode_config."
+                        "ref_model_load_path to the reference weights")
+    try:
+        check_checkpoint(key, origin, layout)
+    except UserError as exc:
+        raise UserError(f"{exc}\nthen set rl_config.integrated_mode_config.ref_model_load_path to the resharded "
+                        "folder") from None
