@@ -20,9 +20,8 @@ import time
 from typing import Optional, Sequence
 
 from mindspeed_rl.config_cls import ConfigError, MegatronConfig, ModelConfig
-from mindspeed_rl.config_cls.base import build_section
 from mindspeed_rl.config_cls.loader import CONFIG_DIR
-from mindspeed_rl.config_cls.ppo_config import model_section_data
+from mindspeed_rl.config_cls.ppo_config import build_model_section, model_section_data
 from mindspeed_rl.utils.cli import UserError, report_user_errors
 
 STEPS = ("versions", "imports", "megatron", "vllm")
@@ -30,10 +29,7 @@ LOGPROB_TOLERANCE = 1e-2   # fp32 on both sides: CPU measures ~1e-6; device kern
 
 
 def load_model_section(name: str) -> ModelConfig:
-    data = model_section_data(name, {}, CONFIG_DIR, "--model")
-    model = build_section(ModelConfig, data, f"model.{name}")
-    model.validate()
-    return model
+    return build_model_section(model_section_data(name, {}, CONFIG_DIR, "--model"), f"model.{name}")
 
 
 def verdict(step: str, ok: bool, detail: str) -> None:

@@ -26,14 +26,11 @@ TINY = {"qwen25": "tiny_qwen25", "qwen3": "tiny_qwen3", "llama3": "tiny_llama3",
 
 def tiny(family: str, **overrides) -> ModelConfig:
     """The family's tiny model yaml (configs/model/tiny_<family>.yaml), read as the trainer reads it."""
-    from mindspeed_rl.config_cls.base import build_section
-    from mindspeed_rl.config_cls.ppo_config import model_section_data
+    from mindspeed_rl.config_cls.ppo_config import build_model_section, model_section_data
 
     name = TINY[family]
     data = {**model_section_data(name, {}, os.path.dirname(MODEL_DIR), "model"), **overrides}
-    cfg = build_section(ModelConfig, data, f"model.{name}")
-    cfg.validate()
-    return cfg
+    return build_model_section(data, f"model.{name}")
 
 
 def test_registry_names_match_the_config_choices_and_templates_exist():

@@ -68,6 +68,41 @@ def test_resume_reproduces_the_straight_run(tmp_path):
         assert worst <= 1e-6, (role, worst)
     state = ml.load_rank(f"{root}/split/actor", 0, 0)["trainer_state"]
     assert state["iteration"] == 4 and state["consumed_samples"] == 32
+    resume_at_tp2(root, paths, resume)
+
+
+def resume_at_tp2(root, paths, resume):
+    """The checkpoint of iteration 4 at TP 1, resumed at TP 2: pre-flight refuses it with one reshard
+    command per role (paths quoted); those commands keep iteration, trainer state and optimizer, and the
+    resumed run goes on at iteration 5 with the data position of the checkpoint."""
+    import shlex
+
+    import ray
+
+    from cli import convert_ckpt
+    from mindspeed_rl.trainer.launch import train
+    from mindspeed_rl.trainer.preflight import preflight
+    from mindspeed_rl.utils.cli import UserError
+
+    tp2 = {"actor_config.tensor_model_parallel_size": 2, "critic_config.tensor_model_parallel_size": 2,
+           "rl_config.actor_resource.num_npus": 2, "rl_config.critic_resource.num_npus": 2}
+    with pytest.raises(UserError) as refused:
+        preflight(cfg_for(root, paths, "tp2", 5, **resume, **tp2))
+    commands = [line.split("Reshard it: ", 1)[1] for line in str(refused.value).splitlines() if "Reshard it: " in line]
+    assert len(commands) == 2, str(refused.value)
+    for command in commands:
+        argv = shlex.split(command)
+        assert argv[:2] == ["python", "cli/convert_ckpt.py"] and convert_ckpt.main(argv[2:]) == 0
+    resharded = {key: f"{value}_tp2pp1" for key, value in resume.items() if key.endswith(".load")}
+    for folder in resharded.values():
+        assert ml.read_tracker(folder) == 4 and ml.full_layout_of(f"{folder}/iter_0000004") == (2, 1, 1)
+    try:
+        after = train(cfg_for(root, paths, "tp2", 5, **{**resume, **resharded}, **tp2))
+    finally:
+        ray.shutdown()
+    assert [m["iteration"] for m in after] == [5]
+    state = ml.load_rank(f"{root}/tp2/actor", 0, 0, expected=(2, 1))["trainer_state"]
+    assert state["iteration"] == 5 and state["consumed_samples"] == 40
 
 
 @pytest.mark.slow

@@ -96,3 +96,34 @@ def test_a_verifier_the_workers_cannot_see_is_an_error_not_zero_scores():
     with pytest.raises(RuntimeError, match="'test_local_only' is not registered in the worker"):
         runner.score(["a"], [""])
     runner.close()
+
+
+def test_a_verifier_by_path_runs_in_the_workers_without_registering(monkeypatch):
+    """examples/plugins/my_verifiers.py, named module:function: imported by the driver and by each worker."""
+    import os
+
+    from mindspeed_rl.rewards.runner import RuleRewardRunner
+
+    plugins = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "plugins")
+    monkeypatch.syspath_prepend(plugins)
+    monkeypatch.setenv("PYTHONPATH", plugins + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    runner = RuleRewardRunner(["acc_for_ppo", "my_verifiers:short_answer"], [1.0, 0.5], timeout=5)
+    scores, metrics = runner.score(["#### 7", "#### " + "x" * 100, "#### 8"], ["7", "7", "7"])
+    assert scores.tolist() == [1.5, 0.0, 0.5]
+    assert metrics["my_verifiers:short_answer_rewards/mean"] == pytest.approx(2 / 3)
+    runner.close()
+
+
+@pytest.mark.parametrize("path,words", [
+    ("no_such_module_xyz:fn", "cannot import 'no_such_module_xyz' (ModuleNotFoundError"),
+    ("mindspeed_rl.rewards.verifiers:nope", "module 'mindspeed_rl.rewards.verifiers' has no 'nope'"),
+    ("mindspeed_rl.rewards.verifiers:_NUMBER", "'_NUMBER' is not a function but a Pattern"),
+])
+def test_a_verifier_path_that_does_not_import_is_refused_naming_the_key(capsys, path, words):
+    from cli import train_ppo
+
+    rc = train_ppo.main(["--config-name", "ppo_tiny_cpu", "dry_run=true",
+                         f"rl_config.verifier_function=[acc_for_ppo,'{path}']", "rl_config.verifier_weight=[1.0,1.0]"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert f"rl_config.verifier_function[1]: '{path}': {words}" in err, err

@@ -42,7 +42,8 @@ involves several keys, stops the run with exit code 2 and one message naming the
 - `infer_tensor_parallel_size` must be a multiple or a divisor of the actor's TP and divide its devices.
 - `max_prompt_length + sampling_config.max_tokens <= max_model_len` and `<= megatron_training.seq_length`;
   `max_model_len <=` the actor model's `max_position_embeddings`.
-- `verifier_function` and `verifier_weight` have the same length and name registered verifiers.
+- `verifier_function` and `verifier_weight` have the same length; each verifier is a registered name or a
+  `module:function` that imports (a failing import is refused naming the entry).
 - the actor's and the critic's `save` folders differ; `bf16` and `fp16` are not both set.
 - `num_layer_list` (uneven pipeline stages) lists PP positive counts summing to `num_layers`.
 - tokenizer, data and `load` folders must exist (`dry_run` reports them as warnings).

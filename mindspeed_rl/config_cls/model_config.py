@@ -88,9 +88,6 @@ class ModelConfig:
                                                               f"{self.num_experts}")
             if self.moe_ffn_hidden_size is None:
                 raise ConfigError(f"{path}.moe_ffn_hidden_size", "required with num_experts")
-        from ..families import get_family
-
-        get_family(self.model_type_hf).check(self, path)
         if not self.use_mcore_models:
             raise ConfigError(f"{path}.use_mcore_models", "only megatron-core models are supported; set true")
 

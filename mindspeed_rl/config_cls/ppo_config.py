@@ -104,6 +104,16 @@ def model_section_data(name: str, models: Mapping[str, Any], config_dir: Optiona
                            + (f"; did you mean {hint!r}?" if hint else ""))
 
 
+def build_model_section(data: Mapping, path: str) -> ModelConfig:
+    """A model section, checked on its own and against its family (raises ConfigError naming the key)."""
+    model = build_section(ModelConfig, data, path)
+    model.validate()
+    from ..families import get_family  # the families build on ModelConfig: the composition checks them
+
+    get_family(model.model_type_hf).check(model, path)
+    return model
+
+
 def _role(name: str, section_key: str, data: Mapping, base: Mapping, models: Mapping,
           config_dir: Optional[str], num_devices: int) -> RoleConfig:
     overrides = data.get(section_key, {})
@@ -113,8 +123,7 @@ def _role(name: str, section_key: str, data: Mapping, base: Mapping, models: Map
     megatron = build_section(MegatronConfig, merged, where)
     model_name = megatron.model
     model_data = model_section_data(model_name, models, config_dir, f"{where}.model")
-    model = build_section(ModelConfig, model_data, f"model.{model_name}")
-    model.validate()
+    model = build_model_section(model_data, f"model.{model_name}")
     return RoleConfig(name=name, megatron=megatron, model=model, num_devices=num_devices)
 
 
@@ -290,11 +299,16 @@ def check_cross_fields(cfg: PPOConfig) -> None:
                           f"{len(rl.verifier_weight)} weights for {len(rl.verifier_function)} verifier functions "
                           f"{rl.verifier_function}")
     if rl.rule_reward:
-        from ..rewards.registry import known_verifiers
+        from ..rewards.registry import VerifierImportError, import_verifier, is_path, known_verifiers
 
         known = known_verifiers()
         for i, name in enumerate(rl.verifier_function):
-            if name not in known:
+            if is_path(name):
+                try:
+                    import_verifier(name)
+                except VerifierImportError as exc:
+                    raise ConfigError(f"rl_config.verifier_function[{i}]", f"{name!r}: {exc}") from None
+            elif name not in known:
                 hint = closest_key(name, known)
                 raise ConfigError(f"rl_config.verifier_function[{i}]",
                                   f"unknown verifier {name!r}" + (f"; did you mean {hint!r}?" if hint else "")

@@ -204,7 +204,7 @@ class RLConfig:
     val_kwargs: ValKwargsConfig = opt(doc="Validation sampling.", factory=ValKwargsConfig)
     # rewards
     rule_reward: bool = opt(True, "Score responses with rule verifiers.")
-    verifier_function: List[str] = opt(doc="Registered verifier names.", factory=lambda: ["acc_for_ppo"])
+    verifier_function: List[str] = opt(doc="Verifiers: built-in or registered names, or a plug-in by path `package.module:function`.", factory=lambda: ["acc_for_ppo"])
     verifier_weight: List[float] = opt(doc="Weight of each verifier, same length as verifier_function.",
                                        factory=lambda: [1.0])
     verifier_timeout: float = opt(10.0, "Seconds a verifier may take per sample before scoring 0.", gt=0)

@@ -1,11 +1,31 @@
 """Name -> verifier function. A verifier maps (response text, label) to a score (in [0, 1], or [-1, 1] for
-acc_for_dapo)."""
+acc_for_dapo).
+
+A name in ``rl_config.verifier_function`` is a built-in (``verifiers.py``), a name a module registered with
+``@register_verifier``, or a plug-in by path, ``package.module:function``, imported where it is used (the
+driver's config check and each reward worker), so a user's verifier needs no edit of this package.
+"""
 from __future__ import annotations
 
+import importlib
 from typing import Callable, Dict, List
 
+from . import verifiers
+
 Verifier = Callable[[str, str], float]
-_REGISTRY: Dict[str, Verifier] = {}
+BUILTIN: Dict[str, Verifier] = {
+    "acc_for_ppo": verifiers.accuracy, "base_acc": verifiers.accuracy, "gsm8k": verifiers.accuracy,
+    "math": verifiers.accuracy, "acc_for_dapo": verifiers.accuracy_plus_minus,
+    "format": verifiers.format_reward, "strict_format": verifiers.strict_format_reward,
+}
+_REGISTRY: Dict[str, Verifier] = dict(BUILTIN)
+
+
+class VerifierImportError(KeyError):
+    """A ``module:function`` verifier that cannot be imported (the message says why)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 def register_verifier(*names: str) -> Callable[[Verifier], Verifier]:
@@ -18,17 +38,34 @@ def register_verifier(*names: str) -> Callable[[Verifier], Verifier]:
     return wrap
 
 
-def _load_builtin() -> None:
-    from . import verifiers  # noqa: F401  (registers on import)
-
-
 def known_verifiers() -> List[str]:
-    _load_builtin()
     return sorted(_REGISTRY)
 
 
+def is_path(name: str) -> bool:
+    return ":" in name
+
+
+def import_verifier(path: str) -> Verifier:
+    """``package.module:function`` -> the function; VerifierImportError says what failed."""
+    module, _, attr = path.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), attr)
+    except ImportError as exc:
+        raise VerifierImportError(f"cannot import {module!r} ({type(exc).__name__}: {exc}); the module must be "
+                                  "importable from the run's working folder or PYTHONPATH") from None
+    except AttributeError:
+        raise VerifierImportError(f"module {module!r} has no {attr!r}") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module raised while importing
+        raise VerifierImportError(f"importing {module!r} raised {type(exc).__name__}: {exc}") from None
+    if not callable(fn):
+        raise VerifierImportError(f"{attr!r} is not a function but a {type(fn).__name__}")
+    return fn
+
+
 def get_verifier(name: str) -> Verifier:
-    _load_builtin()
+    if is_path(name):
+        return import_verifier(name)
     if name not in _REGISTRY:
         raise KeyError(f"unknown verifier {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]

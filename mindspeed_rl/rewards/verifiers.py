@@ -11,8 +11,6 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from .registry import register_verifier
-
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 _FORMAT = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.S)
 _STRICT_FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.S)
@@ -73,7 +71,6 @@ def answers_match(answer: str, label: str) -> bool:
         return False
 
 
-@register_verifier("acc_for_ppo", "base_acc", "gsm8k", "math")
 def accuracy(response: str, label: str) -> float:
     """1 when the response's final answer equals the label, else 0 (MindSpeed-RL's base_acc too)."""
     answer = extract_answer(response)
@@ -82,17 +79,14 @@ def accuracy(response: str, label: str) -> float:
     return 1.0 if answers_match(answer, str(label)) else 0.0
 
 
-@register_verifier("acc_for_dapo")
 def accuracy_plus_minus(response: str, label: str) -> float:
     """DAPO's rule reward: +1 for a right final answer, -1 otherwise."""
     return 2.0 * accuracy(response, label) - 1.0
 
 
-@register_verifier("format")
 def format_reward(response: str, label: str) -> float:
     return 1.0 if _FORMAT.search(response) else 0.0
 
 
-@register_verifier("strict_format")
 def strict_format_reward(response: str, label: str) -> float:
     return 1.0 if _STRICT_FORMAT.match(response) else 0.0
