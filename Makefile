@@ -5,7 +5,7 @@ PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.mindspeed_rl_installed
 export PYTHONWARNINGS ?= ignore::UserWarning,ignore::DeprecationWarning,ignore::FutureWarning
 
-.PHONY: setup demo test test-npu-versions docs clean-demo
+.PHONY: setup demo test test-npu-versions lint docs clean-demo
 
 $(STAMP): scripts/install.sh requirements/cpu.txt setup.py
 	bash scripts/install.sh
@@ -18,6 +18,12 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PYTHON) -m pytest tests
+
+# ruff (settings in pyproject.toml): lint rules and the formatter, both only checking.
+lint: $(STAMP)
+	@$(VENV)/bin/ruff --version >/dev/null 2>&1 || $(PYTHON) -m pip install -q --disable-pip-version-check -r requirements/lint.txt
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 # The compatibility stage: the same code on the NPU stack's megatron-core and vLLM releases (on CPU),
 # in its own .venv-npu-versions.

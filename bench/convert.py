@@ -6,6 +6,7 @@ The HF folder is written shard by shard (safetensors + index, fp32) without buil
 the bench itself stays small; each conversion runs as a child process and its peak RSS is read
 from the OS (ru_maxrss of the child).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,32 +41,53 @@ def write_hf(folder: str, layers: int, hidden: int, ffn: int, heads: int, kv: in
     dump(shard_names[0], {"model.embed_tokens.weight": torch.randn(vocab, hidden, generator=g) * 0.02})
     for i in range(layers):
         p = f"model.layers.{i}."
-        dump(shard_names[i + 1], {
-            p + "input_layernorm.weight": torch.ones(hidden), p + "post_attention_layernorm.weight": torch.ones(hidden),
-            p + "self_attn.q_proj.weight": torch.randn(heads * d, hidden, generator=g) * 0.02,
-            p + "self_attn.k_proj.weight": torch.randn(kv * d, hidden, generator=g) * 0.02,
-            p + "self_attn.v_proj.weight": torch.randn(kv * d, hidden, generator=g) * 0.02,
-            p + "self_attn.q_proj.bias": torch.zeros(heads * d), p + "self_attn.k_proj.bias": torch.zeros(kv * d),
-            p + "self_attn.v_proj.bias": torch.zeros(kv * d),
-            p + "self_attn.o_proj.weight": torch.randn(hidden, heads * d, generator=g) * 0.02,
-            p + "mlp.gate_proj.weight": torch.randn(ffn, hidden, generator=g) * 0.02,
-            p + "mlp.up_proj.weight": torch.randn(ffn, hidden, generator=g) * 0.02,
-            p + "mlp.down_proj.weight": torch.randn(hidden, ffn, generator=g) * 0.02})
-    dump(shard_names[-1], {"model.norm.weight": torch.ones(hidden),
-                           "lm_head.weight": torch.randn(vocab, hidden, generator=g) * 0.02})
+        dump(
+            shard_names[i + 1],
+            {
+                p + "input_layernorm.weight": torch.ones(hidden),
+                p + "post_attention_layernorm.weight": torch.ones(hidden),
+                p + "self_attn.q_proj.weight": torch.randn(heads * d, hidden, generator=g) * 0.02,
+                p + "self_attn.k_proj.weight": torch.randn(kv * d, hidden, generator=g) * 0.02,
+                p + "self_attn.v_proj.weight": torch.randn(kv * d, hidden, generator=g) * 0.02,
+                p + "self_attn.q_proj.bias": torch.zeros(heads * d),
+                p + "self_attn.k_proj.bias": torch.zeros(kv * d),
+                p + "self_attn.v_proj.bias": torch.zeros(kv * d),
+                p + "self_attn.o_proj.weight": torch.randn(hidden, heads * d, generator=g) * 0.02,
+                p + "mlp.gate_proj.weight": torch.randn(ffn, hidden, generator=g) * 0.02,
+                p + "mlp.up_proj.weight": torch.randn(ffn, hidden, generator=g) * 0.02,
+                p + "mlp.down_proj.weight": torch.randn(hidden, ffn, generator=g) * 0.02,
+            },
+        )
+    dump(
+        shard_names[-1],
+        {"model.norm.weight": torch.ones(hidden), "lm_head.weight": torch.randn(vocab, hidden, generator=g) * 0.02},
+    )
     with open(os.path.join(folder, "model.safetensors.index.json"), "w") as fh:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fh)
-    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": hidden,
-              "intermediate_size": ffn, "num_hidden_layers": layers, "num_attention_heads": heads,
-              "num_key_value_heads": kv, "vocab_size": vocab, "max_position_embeddings": 4096,
-              "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False, "torch_dtype": "float32"}
+    config = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_size": hidden,
+        "intermediate_size": ffn,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv,
+        "vocab_size": vocab,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
     with open(os.path.join(folder, "config.json"), "w") as fh:
         json.dump(config, fh)
     return n_params
 
 
-WRAPPER = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
-           "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+WRAPPER = (
+    "import resource, subprocess, sys; subprocess.run(sys.argv[1:], check=True, stdout=subprocess.DEVNULL); "
+    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"
+)
 
 
 def run(cmd) -> tuple:
@@ -88,11 +110,38 @@ def main() -> None:
     size = n * 4 / 2**30
     print(f"model: {n / 1e9:.2f}B parameters, {size:.2f} GiB in fp32")
     py = sys.executable
-    t1, rss1 = run([py, "cli/convert_ckpt.py", "--load-model-type", "hf", "--save-model-type", "mg",
-                    "--load-dir", hf, "--save-dir", mg, "--target-tensor-parallel-size", "2", "--add-qkv-bias"])
+    t1, rss1 = run(
+        [
+            py,
+            "cli/convert_ckpt.py",
+            "--load-model-type",
+            "hf",
+            "--save-model-type",
+            "mg",
+            "--load-dir",
+            hf,
+            "--save-dir",
+            mg,
+            "--target-tensor-parallel-size",
+            "2",
+            "--add-qkv-bias",
+        ]
+    )
     print(f"hf -> mg (TP 2): {t1:.1f} s, peak RSS {rss1:.2f} GiB ({rss1 / size:.2f}x the weights)")
-    t2, rss2 = run([py, "cli/convert_ckpt.py", "--load-model-type", "mg", "--save-model-type", "hf",
-                    "--load-dir", mg, "--save-dir", hf])
+    t2, rss2 = run(
+        [
+            py,
+            "cli/convert_ckpt.py",
+            "--load-model-type",
+            "mg",
+            "--save-model-type",
+            "hf",
+            "--load-dir",
+            mg,
+            "--save-dir",
+            hf,
+        ]
+    )
     print(f"mg -> hf: {t2:.1f} s, peak RSS {rss2:.2f} GiB ({rss2 / size:.2f}x the weights)")
     if not args.keep:
         shutil.rmtree(args.workdir, ignore_errors=True)

@@ -7,6 +7,7 @@ the same run and dtype. Model FLOPs per token: 2 x N forward (6 x N for forward+
 parameters that do matmuls (all but the input embedding), plus attention 4 x layers x seq x hidden
 forward (x3 for training), causal masking not discounted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,10 +20,22 @@ from mindspeed_rl.models.engine import MegatronEngine
 from mindspeed_rl.utils import dist
 
 MODELS = {
-    "12M": dict(num_layers=6, hidden_size=384, ffn_hidden_size=1024, num_attention_heads=6, num_query_groups=2,
-                padded_vocab_size=4096),
-    "50M": dict(num_layers=10, hidden_size=640, ffn_hidden_size=1728, num_attention_heads=10, num_query_groups=2,
-                padded_vocab_size=8192),
+    "12M": dict(
+        num_layers=6,
+        hidden_size=384,
+        ffn_hidden_size=1024,
+        num_attention_heads=6,
+        num_query_groups=2,
+        padded_vocab_size=4096,
+    ),
+    "50M": dict(
+        num_layers=10,
+        hidden_size=640,
+        ffn_hidden_size=1728,
+        num_attention_heads=10,
+        num_query_groups=2,
+        padded_vocab_size=8192,
+    ),
 }
 
 
@@ -62,16 +75,23 @@ def main() -> None:
     print("| model | params | dtype | batch x seq | forward tok/s | forward MFU | train step tok/s | train MFU |")
     print("|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
-        model = ModelConfig(max_position_embeddings=max(1024, args.seq), group_query_attention=True,
-                            add_qkv_bias=True, untie_embeddings_and_output_weights=True, **MODELS[name])
+        model = ModelConfig(
+            max_position_embeddings=max(1024, args.seq),
+            group_query_attention=True,
+            add_qkv_bias=True,
+            untie_embeddings_and_output_weights=True,
+            **MODELS[name],
+        )
         role = RoleConfig("actor", MegatronConfig(model=name, bf16=args.dtype == "bf16", lr=1e-5), model, 1)
         engine = MegatronEngine(role, total_steps=100)
         n_params = sum(p.numel() for p in engine.unwrapped().parameters())
         matmul_params = n_params - model.padded_vocab_size * model.hidden_size
         tokens = args.batch * args.seq
         attn = 4 * model.num_layers * args.seq * model.hidden_size
-        batch = {"input_ids": torch.randint(0, model.padded_vocab_size, (args.batch, args.seq)),
-                 "attention_mask": torch.ones(args.batch, args.seq, dtype=torch.long)}
+        batch = {
+            "input_ids": torch.randint(0, model.padded_vocab_size, (args.batch, args.seq)),
+            "attention_mask": torch.ones(args.batch, args.seq, dtype=torch.long),
+        }
 
         def loss_fn(outputs, mb):
             return -outputs["log_probs"][:, 1:].mean() / (args.batch // args.micro_batch), {}
@@ -80,10 +100,12 @@ def main() -> None:
         t_train = timed(lambda: engine.train_step(batch, loss_fn, args.micro_batch), args.iters)
         fwd_flops = tokens * (2 * matmul_params + attn)
         train_flops = 3 * fwd_flops
-        print(f"| {name} | {n_params / 1e6:.1f}M | {args.dtype} | {args.batch} x {args.seq} | "
-              f"{tokens / t_fwd:,.0f} | {fwd_flops / t_fwd / peak:.1%} | {tokens / t_train:,.0f} | "
-              f"{train_flops / t_train / peak:.1%} |", flush=True)
-        del engine
+        print(
+            f"| {name} | {n_params / 1e6:.1f}M | {args.dtype} | {args.batch} x {args.seq} | "
+            f"{tokens / t_fwd:,.0f} | {fwd_flops / t_fwd / peak:.1%} | {tokens / t_train:,.0f} | "
+            f"{train_flops / t_train / peak:.1%} |",
+            flush=True,
+        )
     dist.destroy()
 
 

@@ -8,6 +8,7 @@ markdown table: start-up (Ray start to workers ready: the log line "workers read
 command's wall time, then the median over iterations 2..N of each
 phase. The first iteration is a warm-up and is left out of the medians.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,16 +21,35 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench.train_run import train  # noqa: E402
-PHASES = ("timing/all", "timing/rollout", "timing/resharding_to_infer", "timing/reference_model", "timing/old_log_p",
-          "timing/critic_model", "timing/rule_reward", "timing/adv", "timing/update_critic", "timing/update",
-          "e2e_tps", "update_tps", "vllm_tps", "rollout/logprob_diff_max")
+
+PHASES = (
+    "timing/all",
+    "timing/rollout",
+    "timing/resharding_to_infer",
+    "timing/reference_model",
+    "timing/old_log_p",
+    "timing/critic_model",
+    "timing/rule_reward",
+    "timing/adv",
+    "timing/update_critic",
+    "timing/update",
+    "e2e_tps",
+    "update_tps",
+    "vllm_tps",
+    "rollout/logprob_diff_max",
+)
 
 
 def run(config: str, iterations: int, work: str) -> dict:
-    overrides = [f"megatron_training.train_iters={iterations}", "megatron_training.global_batch_size=16",
-                 "rl_config.mini_batch_size=64", f"rl_config.log_dir={work}/{config}/logs",
-                 f"actor_config.save={work}/{config}/actor", f"critic_config.save={work}/{config}/critic",
-                 "megatron_training.save_interval=1000"]
+    overrides = [
+        f"megatron_training.train_iters={iterations}",
+        "megatron_training.global_batch_size=16",
+        "rl_config.mini_batch_size=64",
+        f"rl_config.log_dir={work}/{config}/logs",
+        f"actor_config.save={work}/{config}/actor",
+        f"critic_config.save={work}/{config}/critic",
+        "megatron_training.save_interval=1000",
+    ]
     done = train(config, overrides, config, env=dict(os.environ, NPUS_PER_NODE="4"))
     ready = re.search(r"workers ready in ([0-9.]+)s", done.stdout)
     measured = done.rows[1:] or done.rows
@@ -52,8 +72,11 @@ def main() -> None:
         cells = []
         for config in args.configs:
             value = results[config].get(key)
-            cells.append("-" if value is None else (f"{value:.2e}" if "diff" in key else
-                                                    f"{value:,.0f}" if "tps" in key else f"{value:.2f} s"))
+            cells.append(
+                "-"
+                if value is None
+                else (f"{value:.2e}" if "diff" in key else f"{value:,.0f}" if "tps" in key else f"{value:.2f} s")
+            )
         print(f"| {key} | " + " | ".join(cells) + " |")
 
 

@@ -23,6 +23,7 @@ prefill and decode each token once), reference and old log-probs (2 x N_actor ea
 (2 x N_critic), the actor update (6 x N_actor) and the critic update (6 x N_critic). The input embedding is a
 lookup and not counted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,29 +39,56 @@ from bench.train_run import train  # noqa: E402
 
 # Qwen2-shaped, untied, GQA; head_dim 64 (vLLM's CPU attention)
 SHAPES = {
-    "tiny": dict(num_layers=4, hidden_size=256, ffn_hidden_size=704, num_attention_heads=4, num_query_groups=2,
-                 padded_vocab_size=256),
-    "small": dict(num_layers=4, hidden_size=512, ffn_hidden_size=1536, num_attention_heads=8, num_query_groups=2,
-                  padded_vocab_size=512),
-    "50M": dict(num_layers=10, hidden_size=640, ffn_hidden_size=1728, num_attention_heads=10, num_query_groups=2,
-                padded_vocab_size=8192),
+    "tiny": dict(
+        num_layers=4,
+        hidden_size=256,
+        ffn_hidden_size=704,
+        num_attention_heads=4,
+        num_query_groups=2,
+        padded_vocab_size=256,
+    ),
+    "small": dict(
+        num_layers=4,
+        hidden_size=512,
+        ffn_hidden_size=1536,
+        num_attention_heads=8,
+        num_query_groups=2,
+        padded_vocab_size=512,
+    ),
+    "50M": dict(
+        num_layers=10,
+        hidden_size=640,
+        ffn_hidden_size=1728,
+        num_attention_heads=10,
+        num_query_groups=2,
+        padded_vocab_size=8192,
+    ),
 }
-PHASES = ("timing/all", "timing/rollout", "timing/reference_model", "timing/old_log_p", "timing/critic_model",
-          "timing/rule_reward", "timing/adv", "timing/update", "timing/update_critic")
+PHASES = (
+    "timing/all",
+    "timing/rollout",
+    "timing/reference_model",
+    "timing/old_log_p",
+    "timing/critic_model",
+    "timing/rule_reward",
+    "timing/adv",
+    "timing/update",
+    "timing/update_critic",
+)
 
 
 def matmul_weights(shape: dict, head: str) -> int:
     """Weights that take part in matmuls: every layer's projections and the output head (LM or value)."""
     h, f, layers = shape["hidden_size"], shape["ffn_hidden_size"], shape["num_layers"]
     kv = h // shape["num_attention_heads"] * shape["num_query_groups"]
-    per_layer = h * h + 2 * h * kv + h * h + 3 * h * f   # q, k, v, o; gate, up, down
+    per_layer = h * h + 2 * h * kv + h * h + 3 * h * f  # q, k, v, o; gate, up, down
     return layers * per_layer + (h * shape["padded_vocab_size"] if head == "lm" else h)
 
 
 def iteration_flops(shape: dict, tokens: float, seq: float, old_log_probs: bool = True) -> float:
     """FLOPs of one PPO iteration over ``tokens`` (prompt + response) tokens of mean length ``seq``; the old
     log-prob pass only when it ran (one epoch of one mini-batch skips it: the old policy is the current one)."""
-    attention = 4 * shape["num_layers"] * seq * shape["hidden_size"]   # per token, forward
+    attention = 4 * shape["num_layers"] * seq * shape["hidden_size"]  # per token, forward
     actor, critic = matmul_weights(shape, "lm"), matmul_weights(shape, "value")
     forward_actor, forward_critic = 2 * actor + attention, 2 * critic + attention
     # rollout + reference (+ old log-probs) + update (3 x forward); values + critic update (3 x forward)
@@ -80,7 +108,6 @@ def measured_peak(dtype: str, threads: int) -> float:
 
 def variable_dataset(work: str, rows: int, longest: int, seed: int = 3) -> str:
     """The demo prompts with a max_new_tokens budget each, log-uniform in 8..longest, preprocessed."""
-    import json
     import math
     import random
 
@@ -95,47 +122,98 @@ def variable_dataset(work: str, rows: int, longest: int, seed: int = 3) -> str:
             budget = int(round(math.exp(rng.uniform(math.log(8), math.log(longest)))))
             fh.write(json.dumps(dict(row, max_new_tokens=budget)) + "\n")
     prefix = os.path.join(work, "data", "variable")
-    preprocess(DatasetConfig(input=raw, tokenizer_name_or_path=os.path.join(ROOT, "demo_assets", "tiny_qwen25_hf"),
-                             output_prefix=prefix, prompt_type="empty", seq_length=64,
-                             dataset_additional_keys=["labels", "max_new_tokens"]), progress=False)
+    preprocess(
+        DatasetConfig(
+            input=raw,
+            tokenizer_name_or_path=os.path.join(ROOT, "demo_assets", "tiny_qwen25_hf"),
+            output_prefix=prefix,
+            prompt_type="empty",
+            seq_length=64,
+            dataset_additional_keys=["labels", "max_new_tokens"],
+        ),
+        progress=False,
+    )
     return prefix
 
 
-def overrides(shape_name: str, dtype: str, iterations: int, prompts: int, new_tokens: int, work: str,
-              workload: str = "fixed", packing: bool = False, micro_batch: int = 16) -> list:
+def overrides(
+    shape_name: str,
+    dtype: str,
+    iterations: int,
+    prompts: int,
+    new_tokens: int,
+    work: str,
+    workload: str = "fixed",
+    packing: bool = False,
+    micro_batch: int = 16,
+) -> list:
     shape = SHAPES[shape_name]
     model = [f"model.tiny_qwen25.{k}={v}" for k, v in shape.items()]
     bf16 = dtype == "bf16"
     extra = []
     if workload == "variable":
-        extra += [f"megatron_training.data_path={variable_dataset(work, 512, new_tokens)}",
-                  "megatron_training.dataset_additional_keys=[labels,max_new_tokens]"]
+        extra += [
+            f"megatron_training.data_path={variable_dataset(work, 512, new_tokens)}",
+            "megatron_training.dataset_additional_keys=[labels,max_new_tokens]",
+        ]
     if packing:
         mean_seq = 16 + (new_tokens if workload == "fixed" else new_tokens // 4)
         budget = max(min(micro_batch, prompts) * mean_seq, 64 + new_tokens)
-        extra += ["rl_config.use_remove_padding=true", "rl_config.use_dynamic_bsz=true",
-                  "rl_config.use_dp_batch_balance=true", f"rl_config.update_max_packing_token_size={budget}",
-                  f"rl_config.actor_max_packing_token_size={2 * budget}",
-                  f"rl_config.ref_max_packing_token_size={2 * budget}"]
-    return model + extra + [
-        f"megatron_training.train_iters={iterations}", f"megatron_training.global_batch_size={prompts}",
-        f"megatron_training.bf16={str(bf16).lower()}", "megatron_training.test_data_path=null",
-        "megatron_training.save_interval=100000", "rl_config.test_freq=0", "rl_config.val_before_train=false",
-        "rl_config.n_samples_per_prompt=1", f"rl_config.mini_batch_size={prompts}", "rl_config.epochs=1",
-        f"rl_config.actor_forward_micro_batch_size={prompts}", f"rl_config.ref_forward_micro_batch_size={prompts}",
-        f"actor_config.micro_batch_size={min(micro_batch, prompts)}",
-        f"critic_config.micro_batch_size={min(micro_batch, prompts)}",
-        "actor_config.save=null", "actor_config.save_hf=false", "critic_config.save=null",
-        f"rl_config.log_dir={work}/logs",
-        f"generate_config.dtype={'bfloat16' if bf16 else 'float32'}",
-        f"generate_config.max_model_len={64 + new_tokens}", f"generate_config.sampling_config.max_tokens={new_tokens}",
-        "generate_config.sampling_config.ignore_eos=true", f"rl_config.max_prompt_length=64",
-    ]
+        extra += [
+            "rl_config.use_remove_padding=true",
+            "rl_config.use_dynamic_bsz=true",
+            "rl_config.use_dp_batch_balance=true",
+            f"rl_config.update_max_packing_token_size={budget}",
+            f"rl_config.actor_max_packing_token_size={2 * budget}",
+            f"rl_config.ref_max_packing_token_size={2 * budget}",
+        ]
+    return (
+        model
+        + extra
+        + [
+            f"megatron_training.train_iters={iterations}",
+            f"megatron_training.global_batch_size={prompts}",
+            f"megatron_training.bf16={str(bf16).lower()}",
+            "megatron_training.test_data_path=null",
+            "megatron_training.save_interval=100000",
+            "rl_config.test_freq=0",
+            "rl_config.val_before_train=false",
+            "rl_config.n_samples_per_prompt=1",
+            f"rl_config.mini_batch_size={prompts}",
+            "rl_config.epochs=1",
+            f"rl_config.actor_forward_micro_batch_size={prompts}",
+            f"rl_config.ref_forward_micro_batch_size={prompts}",
+            f"actor_config.micro_batch_size={min(micro_batch, prompts)}",
+            f"critic_config.micro_batch_size={min(micro_batch, prompts)}",
+            "actor_config.save=null",
+            "actor_config.save_hf=false",
+            "critic_config.save=null",
+            f"rl_config.log_dir={work}/logs",
+            f"generate_config.dtype={'bfloat16' if bf16 else 'float32'}",
+            f"generate_config.max_model_len={64 + new_tokens}",
+            f"generate_config.sampling_config.max_tokens={new_tokens}",
+            "generate_config.sampling_config.ignore_eos=true",
+            "rl_config.max_prompt_length=64",
+        ]
+    )
 
 
 def run(args, work: str) -> dict:
-    done = train("ppo_tiny_cpu", overrides(args.shape, args.dtype, args.iterations, args.prompts, args.new_tokens,
-                                           work, args.workload, args.packing, args.micro_batch), "training")
+    done = train(
+        "ppo_tiny_cpu",
+        overrides(
+            args.shape,
+            args.dtype,
+            args.iterations,
+            args.prompts,
+            args.new_tokens,
+            work,
+            args.workload,
+            args.packing,
+            args.micro_batch,
+        ),
+        "training",
+    )
     rows = [r for r in done.rows if "timing/all" in r]
     measured = rows[1:] or rows
     return {k: statistics.median(r[k] for r in measured if k in r) for k in measured[0]}
@@ -165,13 +243,17 @@ def main() -> None:
     seq = m["prompt_length/mean"] + m["response_length/mean"]
     tokens = seq * args.prompts
     flops = iteration_flops(shape, tokens, seq, "timing/old_log_p" in m)
-    print(f"shape {args.shape} ({matmul_weights(shape, 'lm') / 1e6:.1f}M matmul weights), {args.dtype}, "
-          f"{args.workload} workload{' with packing' if args.packing else ''}, "
-          f"{args.prompts} prompts x {m['response_length/mean']:.0f} new tokens on average "
-          f"(min {m['response_length/min']:.0f}, max {m['response_length/max']:.0f}) "
-          f"(prompt {m['prompt_length/mean']:.1f}), {threads} threads")
-    print(f"matmul peak ({args.dtype}): {peak / 1e9:.0f} GFLOP/s; iteration model FLOPs {flops / 1e9:.0f} GFLOP "
-          f"-> floor {flops / peak:.2f} s")
+    print(
+        f"shape {args.shape} ({matmul_weights(shape, 'lm') / 1e6:.1f}M matmul weights), {args.dtype}, "
+        f"{args.workload} workload{' with packing' if args.packing else ''}, "
+        f"{args.prompts} prompts x {m['response_length/mean']:.0f} new tokens on average "
+        f"(min {m['response_length/min']:.0f}, max {m['response_length/max']:.0f}) "
+        f"(prompt {m['prompt_length/mean']:.1f}), {threads} threads"
+    )
+    print(
+        f"matmul peak ({args.dtype}): {peak / 1e9:.0f} GFLOP/s; iteration model FLOPs {flops / 1e9:.0f} GFLOP "
+        f"-> floor {flops / peak:.2f} s"
+    )
     print("| phase | seconds (median of iterations 2..N) |")
     print("|---|---|")
     for key in PHASES:

@@ -5,6 +5,7 @@
 The tokenizer is a byte-level BPE (vocab 8192) trained here on the same text (no model hub);
 rows/s counts the whole run: reading, templating, tokenising, writing the indexed files.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,15 +42,29 @@ def main() -> None:
         times, inner = [], []
         for r in range(args.repeats):
             t0 = time.perf_counter()
-            out = subprocess.run([sys.executable, "cli/preprocess_data.py", "gsm8k", f"input={args.input}",
-                                  f"tokenizer_name_or_path={work}/tok", f"output_prefix={work}/out{workers}_{r}",
-                                  f"workers={workers}", "--quiet"], check=True, cwd=ROOT, capture_output=True,
-                                 text=True).stdout
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "cli/preprocess_data.py",
+                    "gsm8k",
+                    f"input={args.input}",
+                    f"tokenizer_name_or_path={work}/tok",
+                    f"output_prefix={work}/out{workers}_{r}",
+                    f"workers={workers}",
+                    "--quiet",
+                ],
+                check=True,
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+            ).stdout
             times.append(time.perf_counter() - t0)
             inner.append(float(re.search(r"\(([\d.]+) rows/s", out).group(1)))
         med = statistics.median(times)
-        print(f"workers {workers}: preprocessing {statistics.median(inner):,.0f} rows/s (median of {args.repeats}); "
-              f"whole process incl. Python start-up {med:.2f} s = {rows / med:,.0f} rows/s")
+        print(
+            f"workers {workers}: preprocessing {statistics.median(inner):,.0f} rows/s (median of {args.repeats}); "
+            f"whole process incl. Python start-up {med:.2f} s = {rows / med:,.0f} rows/s"
+        )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ cache), so it is timed on --fallback-prompts prompts to keep the run short; its 
 comparable, its total time is not. Weight sync = megatron shards -> full pieces -> vLLM's
 in-place layer-wise reload (+ prefix-cache reset).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,17 +39,29 @@ def main() -> None:
     print("| model | params | engine | sequences | generated tokens | seconds | tokens/s | weight sync s |")
     print("|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
-        model = ModelConfig(max_position_embeddings=1024, group_query_attention=True, add_qkv_bias=True,
-                            untie_embeddings_and_output_weights=True, **MODELS[name])
+        model = ModelConfig(
+            max_position_embeddings=1024,
+            group_query_attention=True,
+            add_qkv_bias=True,
+            untie_embeddings_and_output_weights=True,
+            **MODELS[name],
+        )
         role = RoleConfig("actor", MegatronConfig(model=name), model, 1)
         actor = MegatronEngine(role, trainable=False)
         n_params = sum(p.numel() for p in actor.unwrapped().parameters())
         g = torch.Generator().manual_seed(0)
         for backend, count in (("vllm", args.prompts), ("fallback", args.fallback_prompts)):
-            gen = GenerateConfig(backend=backend, dtype="float32", max_model_len=32 + args.new_tokens,
-                                 max_num_seqs=256, max_num_batched_tokens=8192, gpu_memory_utilization=0.05)
-            engine = make_rollout_engine(model, gen, "cpu", eos_token_id=None if backend == "fallback" else 0,
-                                         vocab_size=model.padded_vocab_size)
+            gen = GenerateConfig(
+                backend=backend,
+                dtype="float32",
+                max_model_len=32 + args.new_tokens,
+                max_num_seqs=256,
+                max_num_batched_tokens=8192,
+                gpu_memory_utilization=0.05,
+            )
+            engine = make_rollout_engine(
+                model, gen, "cpu", eos_token_id=None if backend == "fallback" else 0, vocab_size=model.padded_vocab_size
+            )
             t0 = time.perf_counter()
             engine.update_weights(iter_full_weights(actor))
             sync = time.perf_counter() - t0
@@ -59,8 +72,11 @@ def main() -> None:
             outs = engine.generate(prompts, sampling, n=args.n)
             elapsed = time.perf_counter() - t0
             tokens = sum(len(o.response_ids) for o in outs)
-            print(f"| {name} | {n_params / 1e6:.1f}M | {engine.name} | {len(outs)} | {tokens} | {elapsed:.1f} | "
-                  f"{tokens / elapsed:,.0f} | {sync:.3f} |", flush=True)
+            print(
+                f"| {name} | {n_params / 1e6:.1f}M | {engine.name} | {len(outs)} | {tokens} | {elapsed:.1f} | "
+                f"{tokens / elapsed:,.0f} | {sync:.3f} |",
+                flush=True,
+            )
             engine.shutdown()
         del actor
     dist.destroy()

@@ -15,6 +15,7 @@ Prints a markdown table of medians over iterations 2..N: step (timing/all), e2e_
 runs on them, timing/rollout_wait in async), rollout idle (time the engines do not generate: step -
 generation), staleness, and the whole command's wall time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,21 +27,30 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench.train_run import train  # noqa: E402
-MODES = {"sync": ("grpo_tiny_cpu", []),
-         "partial": ("grpo_tiny_cpu", ["rl_config.partial_rollout_max_split={split}"]),
-         "async": ("grpo_tiny_cpu_async", [])}
+
+MODES = {
+    "sync": ("grpo_tiny_cpu", []),
+    "partial": ("grpo_tiny_cpu", ["rl_config.partial_rollout_max_split={split}"]),
+    "async": ("grpo_tiny_cpu_async", []),
+}
 
 
 def run(mode: str, workload: dict, iterations: int, work: str, split: int) -> dict:
     config, extra = MODES[mode]
     out = os.path.join(work, f"{mode}_{workload['name']}")
-    overrides = [f"megatron_training.train_iters={iterations}", f"rl_config.log_dir={out}/logs",
-                 f"actor_config.save={out}/actor", "megatron_training.save_interval=1000",
-                 "megatron_training.test_data_path=null", "rl_config.test_freq=0", "rl_config.val_before_train=false",
-                 f"megatron_training.tokenizer_name_or_path={workload['tokenizer']}",
-                 f"megatron_training.data_path={workload['data']}",
-                 f"generate_config.sampling_config.max_tokens={workload['max_tokens']}",
-                 f"megatron_training.dataset_additional_keys={workload['keys']}"]
+    overrides = [
+        f"megatron_training.train_iters={iterations}",
+        f"rl_config.log_dir={out}/logs",
+        f"actor_config.save={out}/actor",
+        "megatron_training.save_interval=1000",
+        "megatron_training.test_data_path=null",
+        "rl_config.test_freq=0",
+        "rl_config.val_before_train=false",
+        f"megatron_training.tokenizer_name_or_path={workload['tokenizer']}",
+        f"megatron_training.data_path={workload['data']}",
+        f"generate_config.sampling_config.max_tokens={workload['max_tokens']}",
+        f"megatron_training.dataset_additional_keys={workload['keys']}",
+    ]
     overrides += [e.format(split=split) for e in extra]
     done = train(config, overrides, f"{mode} on {workload['name']}")
     rows = [r for r in done.rows if "timing/all" in r][1:] or done.rows
@@ -48,13 +58,19 @@ def run(mode: str, workload: dict, iterations: int, work: str, split: int) -> di
     def median(fn):
         return statistics.median(fn(r) for r in rows)
 
-    trainer_idle = (lambda r: r.get("timing/rollout_wait", 0.0)) if mode == "async" else (
-        lambda r: r.get("timing/rollout", 0.0))
-    return {"step": median(lambda r: r["timing/all"]), "e2e_tps": median(lambda r: r["e2e_tps"]),
-            "generation": median(lambda r: r.get("timing/rollout", 0.0)), "trainer idle": median(trainer_idle),
-            "rollout idle": median(lambda r: r["timing/all"] - r.get("timing/rollout", 0.0)),
-            "staleness": median(lambda r: r.get("rollout/staleness_mean", 0.0)),
-            "length": median(lambda r: r["response_length/mean"]), "wall": done.wall}
+    trainer_idle = (
+        (lambda r: r.get("timing/rollout_wait", 0.0)) if mode == "async" else (lambda r: r.get("timing/rollout", 0.0))
+    )
+    return {
+        "step": median(lambda r: r["timing/all"]),
+        "e2e_tps": median(lambda r: r["e2e_tps"]),
+        "generation": median(lambda r: r.get("timing/rollout", 0.0)),
+        "trainer idle": median(trainer_idle),
+        "rollout idle": median(lambda r: r["timing/all"] - r.get("timing/rollout", 0.0)),
+        "staleness": median(lambda r: r.get("rollout/staleness_mean", 0.0)),
+        "length": median(lambda r: r["response_length/mean"]),
+        "wall": done.wall,
+    }
 
 
 def main() -> None:
@@ -73,10 +89,22 @@ def main() -> None:
         vocab = load_ppo_config("grpo_tiny_cpu").actor.model.padded_vocab_size
         paths = prepare(os.path.join(work, "assets"), vocab)
         long_tail = prepare_long_tail(os.path.join(work, "assets"), vocab, args.short_tokens, args.long_tokens)
-        workloads = [dict(name="fixed", data=paths["data_prefix"], tokenizer=paths["tokenizer"],
-                          max_tokens=args.fixed_tokens, keys="[labels]"),
-                     dict(name="long-tail", data=long_tail, tokenizer=paths["tokenizer"],
-                          max_tokens=args.long_tokens, keys="[labels,max_new_tokens]")]
+        workloads = [
+            dict(
+                name="fixed",
+                data=paths["data_prefix"],
+                tokenizer=paths["tokenizer"],
+                max_tokens=args.fixed_tokens,
+                keys="[labels]",
+            ),
+            dict(
+                name="long-tail",
+                data=long_tail,
+                tokenizer=paths["tokenizer"],
+                max_tokens=args.long_tokens,
+                keys="[labels,max_new_tokens]",
+            ),
+        ]
         results = {(w["name"], m): run(m, w, args.iterations, work, args.split) for w in workloads for m in args.modes}
     columns = ("step", "e2e_tps", "generation", "trainer idle", "rollout idle", "staleness", "length", "wall")
     print("| workload | mode | " + " | ".join(columns) + " |")

@@ -1,5 +1,6 @@
 """One training run through the user's command (cli/train_ppo.py), timed, and what it wrote read back:
 shared by the benches that compare runs."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class TrainRun:
     stdout: str
     rows: List[dict]  # metrics.jsonl of the run, one dict per line
-    wall: float       # seconds, the whole command
+    wall: float  # seconds, the whole command
 
 
 def train(config: str, overrides: Sequence[str], label: str, env: Optional[Dict[str, str]] = None) -> TrainRun:

@@ -12,6 +12,7 @@ Steps, each with a verdict line:
             rollout's path), then greedy generation whose log-probs must equal megatron's
 Exit 0 when every step passes; 2 naming the first failure.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,7 @@ from mindspeed_rl.config_cls.ppo_config import build_model_section, model_sectio
 from mindspeed_rl.utils.cli import UserError, report_user_errors
 
 STEPS = ("versions", "imports", "megatron", "vllm")
-LOGPROB_TOLERANCE = 1e-2   # fp32 on both sides: CPU measures ~1e-6; device kernels differ more
+LOGPROB_TOLERANCE = 1e-2  # fp32 on both sides: CPU measures ~1e-6; device kernels differ more
 
 
 def load_model_section(name: str) -> ModelConfig:
@@ -42,8 +43,11 @@ def step_versions(stack: str) -> None:
     from mindspeed_rl.compat.stack import mismatches, pinned
 
     problems = mismatches(stack)
-    verdict("versions", not problems, "; ".join(problems) if problems else
-            f"{len(pinned(stack))} packages as requirements/{stack}.txt pins")
+    verdict(
+        "versions",
+        not problems,
+        "; ".join(problems) if problems else f"{len(pinned(stack))} packages as requirements/{stack}.txt pins",
+    )
 
 
 def step_imports() -> None:
@@ -53,15 +57,16 @@ def step_imports() -> None:
 
     from mindspeed_rl.accelerator import get_accelerator
 
-    acc = get_accelerator()   # imports the device's torch extension (torch_npu on NPU)
+    acc = get_accelerator()  # imports the device's torch extension (torch_npu on NPU)
     early = sorted(m for m in sys.modules if m.startswith("megatron."))
     if early:
         verdict("imports", False, f"megatron-core was imported before the device's patches: {early[:3]}")
-    acc.prepare_megatron()    # MindSpeed's adaptor on NPU, the CPU compatibility on CPU
+    acc.prepare_megatron()  # MindSpeed's adaptor on NPU, the CPU compatibility on CPU
     importlib.import_module("megatron.core")
     try:
         vllm = importlib.import_module("vllm")
         from vllm.platforms import current_platform
+
         platform = f"vLLM platform {type(current_platform).__name__}"
     except Exception as exc:  # noqa: BLE001 - any failure to import vLLM is the verdict
         verdict("imports", False, f"vLLM does not import: {type(exc).__name__}: {exc}")
@@ -88,8 +93,9 @@ def step_megatron(model_cfg: ModelConfig, model_name: str, seq_length: int, batc
     tokens = torch.randint(0, vocab, (batch, seq_length), device=device)
     t0 = time.perf_counter()
     logits = forward(gpt, tokens)
-    loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
-                                             tokens[:, 1:].reshape(-1))
+    loss = torch.nn.functional.cross_entropy(
+        logits[:, :-1].float().reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)
+    )
     acc.synchronize()
     t_fwd = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -100,9 +106,13 @@ def step_megatron(model_cfg: ModelConfig, model_name: str, seq_length: int, batc
     total = len(list(gpt.parameters()))
     ok = bool(torch.isfinite(loss).item()) and grads == total
     mem = ", ".join(f"{k} {v:.2f}" for k, v in acc.memory_stats().items())
-    verdict("megatron", ok, f"{model_name} {n_params / 1e6:.2f}M params built in {t_build:.2f}s; loss "
-            f"{loss.item():.4f}; forward {t_fwd * 1e3:.1f} ms, backward {t_bwd * 1e3:.1f} ms, gradients on "
-            f"{grads}/{total} tensors; memory {mem}")
+    verdict(
+        "megatron",
+        ok,
+        f"{model_name} {n_params / 1e6:.2f}M params built in {t_build:.2f}s; loss "
+        f"{loss.item():.4f}; forward {t_fwd * 1e3:.1f} ms, backward {t_bwd * 1e3:.1f} ms, gradients on "
+        f"{grads}/{total} tensors; memory {mem}",
+    )
     return gpt
 
 
@@ -111,7 +121,7 @@ def forward(gpt, tokens):
 
     seq = tokens.shape[1]
     positions = torch.arange(seq, device=tokens.device).unsqueeze(0).expand(tokens.shape[0], -1)
-    mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=tokens.device), 1)   # True = masked
+    mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=tokens.device), 1)  # True = masked
     return gpt(tokens, positions, mask[None, None].expand(tokens.shape[0], 1, -1, -1))
 
 
@@ -123,8 +133,14 @@ def step_vllm(gpt, model_cfg: ModelConfig) -> None:
     from mindspeed_rl.rollout.factory import make_rollout_engine
 
     acc = get_accelerator()
-    gen = GenerateConfig(backend="vllm", dtype="float32", max_model_len=128, max_num_seqs=4,
-                         max_num_batched_tokens=512, gpu_memory_utilization=0.05)
+    gen = GenerateConfig(
+        backend="vllm",
+        dtype="float32",
+        max_model_len=128,
+        max_num_seqs=4,
+        max_num_batched_tokens=512,
+        gpu_memory_utilization=0.05,
+    )
     t0 = time.perf_counter()
     engine = make_rollout_engine(model_cfg, gen, acc.kind, eos_token_id=0)
     if getattr(engine, "name", "") != "vllm":
@@ -144,10 +160,13 @@ def step_vllm(gpt, model_cfg: ModelConfig) -> None:
         logp = torch.log_softmax(forward(gpt, tokens).float(), dim=-1)[0]
     ours = torch.stack([logp[len(prompt) - 1 + i, t] for i, t in enumerate(out.response_ids)]).cpu()
     diff = (ours - torch.tensor(out.logprobs)).abs().max().item()
-    verdict("vllm", diff <= LOGPROB_TOLERANCE,
-            f"engine up in {t_start:.1f}s, weights pushed by {engine.weight_load_method} in {t_sync * 1e3:.0f} ms, "
-            f"{len(out.response_ids)} greedy tokens; max |log-prob(vLLM) - log-prob(megatron)| = {diff:.2e} "
-            f"(tolerance {LOGPROB_TOLERANCE:g})")
+    verdict(
+        "vllm",
+        diff <= LOGPROB_TOLERANCE,
+        f"engine up in {t_start:.1f}s, weights pushed by {engine.weight_load_method} in {t_sync * 1e3:.0f} ms, "
+        f"{len(out.response_ids)} greedy tokens; max |log-prob(vLLM) - log-prob(megatron)| = {diff:.2e} "
+        f"(tolerance {LOGPROB_TOLERANCE:g})",
+    )
 
 
 @report_user_errors

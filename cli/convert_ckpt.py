@@ -20,6 +20,7 @@
     python cli/convert_ckpt.py --load-model-type mg --save-model-type mg --load-dir ./ckpt \\
         --save-dir ./ckpt_tp4pp2 --target-tensor-parallel-size 4 --target-pipeline-parallel-size 2
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,26 +43,47 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--target-tensor-parallel-size", type=int, default=1)
     p.add_argument("--target-pipeline-parallel-size", type=int, default=1)
     p.add_argument("--num-layer-list", default=None, help="uneven layers per pipeline stage, e.g. 3,5")
-    p.add_argument("--model-type-hf", choices=FAMILY_NAMES, default=None,
-                   help="model family; default: read from config.json (a value that contradicts it is refused)")
-    p.add_argument("--target-expert-parallel-size", type=int, default=1, help="split MoE experts over this many "
-                                                                                "expert-parallel ranks")
-    p.add_argument("--params-dtype", choices=("fp32", "bf16", "fp16"), default=None,
-                   help="dtype of the saved weights (default: fp32 for hf->mg, unchanged otherwise)")
-    p.add_argument("--add-qkv-bias", action="store_true",
-                   help="assert that the model has q/k/v biases (the family and config.json decide; accepted for "
-                        "MindSpeed-LLM's command lines)")
+    p.add_argument(
+        "--model-type-hf",
+        choices=FAMILY_NAMES,
+        default=None,
+        help="model family; default: read from config.json (a value that contradicts it is refused)",
+    )
+    p.add_argument(
+        "--target-expert-parallel-size",
+        type=int,
+        default=1,
+        help="split MoE experts over this many expert-parallel ranks",
+    )
+    p.add_argument(
+        "--params-dtype",
+        choices=("fp32", "bf16", "fp16"),
+        default=None,
+        help="dtype of the saved weights (default: fp32 for hf->mg, unchanged otherwise)",
+    )
+    p.add_argument(
+        "--add-qkv-bias",
+        action="store_true",
+        help="assert that the model has q/k/v biases (the family and config.json decide; accepted for "
+        "MindSpeed-LLM's command lines)",
+    )
     p.add_argument("--tokenizer-model", default=None, help="tokenizer file or folder (checked to exist)")
     p.add_argument("--orm", action="store_true", help="critic / reward model: the value head <-> score.weight")
     p.add_argument("--use-mcore-models", action="store_true", help="accepted (megatron-core is the only kind)")
     p.add_argument("--model-type", default="GPT", choices=("GPT",))
     p.add_argument("--max-shard-size-gb", type=float, default=2.0, help="HF output shard size")
-    p.add_argument("--weights-only", action="store_true",
-                   help="mg -> mg: write the weights as 'release' even from a training checkpoint (no iteration, "
-                        "trainer or optimizer state)")
-    p.add_argument("--force", action="store_true",
-                   help="write a Megatron checkpoint into a folder that holds training checkpoints (its tracker "
-                        "then points at the converted 'release' weights)")
+    p.add_argument(
+        "--weights-only",
+        action="store_true",
+        help="mg -> mg: write the weights as 'release' even from a training checkpoint (no iteration, "
+        "trainer or optimizer state)",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write a Megatron checkpoint into a folder that holds training checkpoints (its tracker "
+        "then points at the converted 'release' weights)",
+    )
     return p.parse_args(argv)
 
 
@@ -84,42 +106,69 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         tracker = read_tracker_or_none(args.save_dir) if os.path.isdir(args.save_dir) else None
         if tracker not in (None, "release"):
-            raise UserError(f"--save-dir {args.save_dir}: holds training checkpoints (latest iteration {tracker}); "
-                            "converting into it would point its tracker at the converted weights. Choose another "
-                            "folder, or add --force")
+            raise UserError(
+                f"--save-dir {args.save_dir}: holds training checkpoints (latest iteration {tracker}); "
+                "converting into it would point its tracker at the converted weights. Choose another "
+                "folder, or add --force"
+            )
     start = time.perf_counter()
     try:
         if args.load_model_type == "hf" and args.save_model_type == "mg":
             if args.add_qkv_bias and not convert.read_hf_model_config(args.load_dir, args.model_type_hf).add_qkv_bias:
-                raise UserError(f"--add-qkv-bias contradicts {os.path.join(args.load_dir, 'config.json')}: that "
-                                "model has no q/k/v bias (attention_bias false); drop the flag")
-            cfg = convert.hf_to_mg(args.load_dir, args.save_dir, args.target_tensor_parallel_size,
-                                   args.target_pipeline_parallel_size, args.num_layer_list,
-                                   args.params_dtype or "fp32", args.orm, args.model_type_hf,
-                                   ep=args.target_expert_parallel_size)
+                raise UserError(
+                    f"--add-qkv-bias contradicts {os.path.join(args.load_dir, 'config.json')}: that "
+                    "model has no q/k/v bias (attention_bias false); drop the flag"
+                )
+            cfg = convert.hf_to_mg(
+                args.load_dir,
+                args.save_dir,
+                args.target_tensor_parallel_size,
+                args.target_pipeline_parallel_size,
+                args.num_layer_list,
+                args.params_dtype or "fp32",
+                args.orm,
+                args.model_type_hf,
+                ep=args.target_expert_parallel_size,
+            )
             where = args.save_dir
             ep = f", EP {args.target_expert_parallel_size}" if args.target_expert_parallel_size > 1 else ""
-            print(f"converted {args.load_dir} ({cfg.model_type_hf}, {cfg.num_layers} layers) -> {where} "
-                  f"(TP {args.target_tensor_parallel_size}, PP {args.target_pipeline_parallel_size}{ep}, release)")
+            print(
+                f"converted {args.load_dir} ({cfg.model_type_hf}, {cfg.num_layers} layers) -> {where} "
+                f"(TP {args.target_tensor_parallel_size}, PP {args.target_pipeline_parallel_size}{ep}, release)"
+            )
         elif args.load_model_type == "mg" and args.save_model_type == "hf":
             if not os.path.isfile(os.path.join(args.save_dir, "config.json")):
-                raise UserError(f"--save-dir {args.save_dir}: needs the original HF config.json (and tokenizer "
-                                "files) to take the config from; the result goes to <save-dir>/mg2hf")
-            where = convert.mg_to_hf(args.load_dir, args.save_dir, args.params_dtype, args.orm or None,
-                                     int(args.max_shard_size_gb * 1024**3))
+                raise UserError(
+                    f"--save-dir {args.save_dir}: needs the original HF config.json (and tokenizer "
+                    "files) to take the config from; the result goes to <save-dir>/mg2hf"
+                )
+            where = convert.mg_to_hf(
+                args.load_dir, args.save_dir, args.params_dtype, args.orm or None, int(args.max_shard_size_gb * 1024**3)
+            )
             print(f"converted {args.load_dir} -> {where}")
         elif args.load_model_type == "mg" and args.save_model_type == "mg":
             from mindspeed_rl.checkpoint.reshard import mg_to_mg
 
-            iteration, kept_optim = mg_to_mg(args.load_dir, args.save_dir, args.target_tensor_parallel_size,
-                                             args.target_pipeline_parallel_size, args.num_layer_list,
-                                             args.params_dtype, args.target_expert_parallel_size, args.weights_only)
-            kept = ("weights" if iteration == "release" else
-                    f"iteration {iteration}: weights, trainer state" + (", optimizer" if kept_optim else
-                                                                        " (no optimizer state: resume with "
-                                                                        "no_load_optim=true)"))
-            print(f"resharded {args.load_dir} -> {args.save_dir} (TP {args.target_tensor_parallel_size}, "
-                  f"PP {args.target_pipeline_parallel_size}, EP {args.target_expert_parallel_size}; {kept})")
+            iteration, kept_optim = mg_to_mg(
+                args.load_dir,
+                args.save_dir,
+                args.target_tensor_parallel_size,
+                args.target_pipeline_parallel_size,
+                args.num_layer_list,
+                args.params_dtype,
+                args.target_expert_parallel_size,
+                args.weights_only,
+            )
+            kept = (
+                "weights"
+                if iteration == "release"
+                else f"iteration {iteration}: weights, trainer state"
+                + (", optimizer" if kept_optim else " (no optimizer state: resume with no_load_optim=true)")
+            )
+            print(
+                f"resharded {args.load_dir} -> {args.save_dir} (TP {args.target_tensor_parallel_size}, "
+                f"PP {args.target_pipeline_parallel_size}, EP {args.target_expert_parallel_size}; {kept})"
+            )
         else:
             raise UserError("hf -> hf is not a conversion; use --save-model-type mg")
     except (convert.ConversionError, CheckpointError) as exc:

@@ -7,6 +7,7 @@ Input: jsonl with a "prompt" per line (text, used as is). Output: one jsonl line
 prompt, response (text), token_ids (the response's ids) and logprobs (per response token).
 Runs on one device with the megatron-core model (any TP/PP checkpoint is merged first).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -75,7 +76,9 @@ def load_model(load_dir: str):
             for _, stage in convert.iter_mg_stages(tmp):
                 weights.update({k: v.clone() for k, v in stage.items()})
     else:
-        raise UserError(f"--load-dir {load_dir}: neither a Megatron checkpoint ({TRACKER}) nor a HF folder (config.json)")
+        raise UserError(
+            f"--load-dir {load_dir}: neither a Megatron checkpoint ({TRACKER}) nor a HF folder (config.json)"
+        )
     if config.get("orm"):
         raise UserError(f"--load-dir {load_dir}: a reward/critic checkpoint (value head) cannot generate text")
     model_cfg = ModelConfig(**config["model"])
@@ -121,16 +124,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     results = []
     for start in tqdm(range(0, len(encoded), args.batch_size), desc="generate", unit="batch"):
-        results += generate(gpt, encoded[start:start + args.batch_size], args.max_new_tokens,
-                            tokenizer.eos_token_id, pad, args.temperature, args.top_k, args.top_p,
-                            seed=args.seed + start)
+        results += generate(
+            gpt,
+            encoded[start : start + args.batch_size],
+            args.max_new_tokens,
+            tokenizer.eos_token_id,
+            pad,
+            args.temperature,
+            args.top_k,
+            args.top_p,
+            seed=args.seed + start,
+        )
     os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.output + ".part", "w", encoding="utf-8") as fh:
         for prompt, out in zip(prompts, results):
             text, _ = decode_known(tokenizer, out.response_ids)
-            fh.write(json.dumps({"prompt": prompt, "response": text,
-                                 "token_ids": out.response_ids, "logprobs": out.logprobs,
-                                 "finish_reason": out.finish_reason}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "prompt": prompt,
+                        "response": text,
+                        "token_ids": out.response_ids,
+                        "logprobs": out.logprobs,
+                        "finish_reason": out.finish_reason,
+                    }
+                )
+                + "\n"
+            )
     os.replace(args.output + ".part", args.output)
     dist.destroy()
     print(f"wrote {len(results)} responses to {args.output}")

@@ -1,8 +1,9 @@
 """Make the embedded demo's tokenizer and data under ./demo_assets (once; later calls return at once).
 
-    python cli/prepare_demo.py            # the lucky-number task (ppo/grpo/dapo_tiny_cpu)
-    python cli/prepare_demo.py --tools    # also the tool-use task (grpo_tiny_cpu_tools): cold-start SFT model
+python cli/prepare_demo.py            # the lucky-number task (ppo/grpo/dapo_tiny_cpu)
+python cli/prepare_demo.py --tools    # also the tool-use task (grpo_tiny_cpu_tools): cold-start SFT model
 """
+
 from __future__ import annotations
 
 import sys
@@ -14,14 +15,18 @@ from mindspeed_rl.utils.demo_assets import prepare
 def main() -> int:
     cfg = load_ppo_config("ppo_tiny_cpu")
     paths = prepare("./demo_assets", cfg.actor.model.padded_vocab_size)
-    print(f"demo assets: tokenizer {paths['tokenizer']}, prompts {paths['data_prefix']}, "
-          f"held-out test prompts {paths['test_prefix']}")
+    print(
+        f"demo assets: tokenizer {paths['tokenizer']}, prompts {paths['data_prefix']}, "
+        f"held-out test prompts {paths['test_prefix']}"
+    )
     if "--tools" in sys.argv[1:]:
         from mindspeed_rl.utils.tool_demo import prepare_tool_task
 
         tools = prepare_tool_task("./demo_assets")
-        print(f"tool-use task: tokenizer {tools['tokenizer']}, prompts {tools['data_prefix']}, "
-              f"cold-start model {tools['hf']} (Megatron: {tools['mcore']})")
+        print(
+            f"tool-use task: tokenizer {tools['tokenizer']}, prompts {tools['data_prefix']}, "
+            f"cold-start model {tools['hf']} (Megatron: {tools['mcore']})"
+        )
     return 0
 
 

@@ -6,6 +6,7 @@
 Bad rows are skipped and counted by reason (the first few are shown with their line numbers);
 the run exits 0 when anything was kept, 2 when nothing was or the yaml / input is wrong.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,11 +65,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for example in summary["examples"]:
         print(f"skipped {example}")
     skipped = ", ".join(f"{k} {v}" for k, v in summary["skipped"].items()) or "none"
-    print(f"read {summary['read']}, kept {summary['kept']}, skipped: {skipped} "
-          f"({summary['read'] / max(summary['seconds'], 1e-9):.0f} rows/s, {cfg.workers} worker(s))")
+    print(
+        f"read {summary['read']}, kept {summary['kept']}, skipped: {skipped} "
+        f"({summary['read'] / max(summary['seconds'], 1e-9):.0f} rows/s, {cfg.workers} worker(s))"
+    )
     if summary["kept"] == 0:
-        raise UserError(f"{cfg.input}: no row was kept; nothing written, and the outputs of any earlier run at "
-                        f"{cfg.output_prefix}_* (data and summary) are left as they were")
+        raise UserError(
+            f"{cfg.input}: no row was kept; nothing written, and the outputs of any earlier run at "
+            f"{cfg.output_prefix}_* (data and summary) are left as they were"
+        )
     print(f"wrote {cfg.output_prefix}_packed_*_document.bin/.idx and {cfg.output_prefix}_summary.json")
     return 0
 

@@ -9,6 +9,7 @@ with one message naming the key. ``dry_run=true`` validates, prints the batch pl
 files are warnings). ``--check`` validates as a real run would (missing files are errors, exit 2), prints
 the batch plan and starts nothing: the launcher runs it before it starts Ray.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,12 +22,21 @@ from mindspeed_rl.utils.cli import report_user_errors
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config-name", required=True,
-                        help="config under configs/ (e.g. ppo_qwen25_32b_A3) or a path to a YAML file")
-    parser.add_argument("--config-dir", "--config-path", dest="config_dir", default=None,
-                        help="folder to look the config name up in (default: the project's configs/)")
-    parser.add_argument("--check", action="store_true",
-                        help="validate the config and its paths as a real run would, start nothing (exit 0 or 2)")
+    parser.add_argument(
+        "--config-name", required=True, help="config under configs/ (e.g. ppo_qwen25_32b_A3) or a path to a YAML file"
+    )
+    parser.add_argument(
+        "--config-dir",
+        "--config-path",
+        dest="config_dir",
+        default=None,
+        help="folder to look the config name up in (default: the project's configs/)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the config and its paths as a real run would, start nothing (exit 0 or 2)",
+    )
     parser.add_argument("overrides", nargs="*", help="Hydra-style overrides: section.key=value")
     return parser.parse_args(argv)
 

@@ -1,4 +1,5 @@
 """mindspeed_rl: PPO post-training for large language models."""
+
 import warnings
 
 # megatron-core warns at every import when Transformer Engine / Apex are absent (always on CPU and

@@ -139,7 +139,7 @@ EOF
 esac
 
 say "installing mindspeed_rl (editable)"
-"${PIP[@]}" --no-deps -e "$ROOT"
+"${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT"
 
 if ! check_env; then
     die "the environment in $VENV is incomplete (see the imports above)"

@@ -1,4 +1,5 @@
 """Small builders shared by tests."""
+
 import pathlib
 import time
 from typing import Iterator, Sequence
@@ -16,10 +17,20 @@ def source_files(tops: Sequence[str], outside: pathlib.Path) -> Iterator[pathlib
 
 
 def tiny_model_config(**overrides) -> ModelConfig:
-    values = dict(num_layers=2, hidden_size=64, ffn_hidden_size=160, num_attention_heads=4,
-                  max_position_embeddings=256, padded_vocab_size=256, group_query_attention=True,
-                  num_query_groups=2, add_qkv_bias=True, untie_embeddings_and_output_weights=True,
-                  rotary_base=10000.0, norm_epsilon=1e-6)
+    values = dict(
+        num_layers=2,
+        hidden_size=64,
+        ffn_hidden_size=160,
+        num_attention_heads=4,
+        max_position_embeddings=256,
+        padded_vocab_size=256,
+        group_query_attention=True,
+        num_query_groups=2,
+        add_qkv_bias=True,
+        untie_embeddings_and_output_weights=True,
+        rotary_base=10000.0,
+        norm_epsilon=1e-6,
+    )
     values.update(overrides)
     cfg = ModelConfig(**values)
     cfg.validate()
@@ -29,11 +40,19 @@ def tiny_model_config(**overrides) -> ModelConfig:
 def tiny_role(name: str = "actor", tp: int = 1, pp: int = 1, num_devices: int = 1, model=None, **megatron):
     from mindspeed_rl.config_cls import MegatronConfig, RoleConfig
 
-    values = dict(model="tiny", tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, lr=1e-3,
-                  weight_decay=0.0, clip_grad=1.0, seed=1)
+    values = dict(
+        model="tiny",
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        lr=1e-3,
+        weight_decay=0.0,
+        clip_grad=1.0,
+        seed=1,
+    )
     values.update(megatron)
-    return RoleConfig(name=name, megatron=MegatronConfig(**values), model=model or tiny_model_config(),
-                      num_devices=num_devices)
+    return RoleConfig(
+        name=name, megatron=MegatronConfig(**values), model=model or tiny_model_config(), num_devices=num_devices
+    )
 
 
 def make_batch(batch: int = 4, seq: int = 20, vocab: int = 256, seed: int = 0, left_pad: bool = True):
@@ -49,8 +68,8 @@ def make_batch(batch: int = 4, seq: int = 20, vocab: int = 256, seed: int = 0, l
         ids[b, :pad] = 0
         tail = (b * 2) % 4
         if tail:
-            mask[b, seq - tail:] = 0
-            ids[b, seq - tail:] = 0
+            mask[b, seq - tail :] = 0
+            ids[b, seq - tail :] = 0
     return {"input_ids": ids, "attention_mask": mask}
 
 
@@ -68,18 +87,24 @@ def random_full_weights(model, seed: int = 0, scale: float = 0.05):
     torch.manual_seed(seed)
     h, f, v = model.hidden_size, model.ffn_hidden_size, model.padded_vocab_size
     qkv = (model.num_attention_heads + 2 * model.kv_heads) * model.head_dim
-    full = {"embedding.word_embeddings.weight": torch.randn(v, h) * 2 * scale,
-            "decoder.final_layernorm.weight": 1 + 0.1 * torch.randn(h),
-            "output_layer.weight": torch.randn(v, h) * 2 * scale}
+    full = {
+        "embedding.word_embeddings.weight": torch.randn(v, h) * 2 * scale,
+        "decoder.final_layernorm.weight": 1 + 0.1 * torch.randn(h),
+        "output_layer.weight": torch.randn(v, h) * 2 * scale,
+    }
     for i in range(model.num_layers):
         p = f"decoder.layers.{i}."
-        full.update({p + "input_layernorm.weight": 1 + 0.1 * torch.randn(h),
-                     p + "self_attention.linear_qkv.weight": torch.randn(qkv, h) * scale,
-                     p + "self_attention.linear_qkv.bias": torch.randn(qkv) * scale,
-                     p + "self_attention.linear_proj.weight": torch.randn(h, h) * scale,
-                     p + "pre_mlp_layernorm.weight": 1 + 0.1 * torch.randn(h),
-                     p + "mlp.linear_fc1.weight": torch.randn(2 * f, h) * scale,
-                     p + "mlp.linear_fc2.weight": torch.randn(h, f) * scale})
+        full.update(
+            {
+                p + "input_layernorm.weight": 1 + 0.1 * torch.randn(h),
+                p + "self_attention.linear_qkv.weight": torch.randn(qkv, h) * scale,
+                p + "self_attention.linear_qkv.bias": torch.randn(qkv) * scale,
+                p + "self_attention.linear_proj.weight": torch.randn(h, h) * scale,
+                p + "pre_mlp_layernorm.weight": 1 + 0.1 * torch.randn(h),
+                p + "mlp.linear_fc1.weight": torch.randn(2 * f, h) * scale,
+                p + "mlp.linear_fc2.weight": torch.randn(h, f) * scale,
+            }
+        )
     return full
 
 
@@ -89,10 +114,14 @@ def demo_config(name: str, root: str, paths: dict, iterations: int, **extra):
     from mindspeed_rl.config_cls import load_ppo_config
 
     validates = load_ppo_config(name).actor.megatron.test_data_path is not None  # the demo's held-out set
-    overrides = [f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
-                 f"megatron_training.data_path={paths['data_prefix']}", f"rl_config.log_dir={root}/logs",
-                 f"megatron_training.train_iters={iterations}", f"actor_config.save={root}/ckpt/actor",
-                 f"critic_config.save={root}/ckpt/critic"] + [f"{k}={v}" for k, v in extra.items()]
+    overrides = [
+        f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
+        f"megatron_training.data_path={paths['data_prefix']}",
+        f"rl_config.log_dir={root}/logs",
+        f"megatron_training.train_iters={iterations}",
+        f"actor_config.save={root}/ckpt/actor",
+        f"critic_config.save={root}/ckpt/critic",
+    ] + [f"{k}={v}" for k, v in extra.items()]
     if validates:
         overrides.append(f"megatron_training.test_data_path={paths['test_prefix']}")
     return load_ppo_config(name, overrides)

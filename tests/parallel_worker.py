@@ -1,9 +1,9 @@
 """Worker of the multi-process parallel-equivalence tests (run through torch.multiprocessing)."""
+
 import os
 
 import torch
 import torch.distributed as torch_dist
-
 
 
 def start_rank(rank, world, port, tp=1, pp=1, ep=1):
@@ -22,6 +22,7 @@ def global_sft_loss(normaliser):
         mask = mb["attention_mask"][:, 1:].float() * mb["attention_mask"][:, :-1].float()
         share = -(outputs["log_probs"][:, 1:] * mask).sum() / normaliser
         return share, {"tokens": float(mask.sum())}
+
     return loss_fn
 
 
@@ -29,6 +30,7 @@ def value_loss(normaliser):
     def loss_fn(outputs, mb):
         mask = mb["attention_mask"].float()
         return ((outputs["values"] - 1.0) ** 2 * mask).sum() / normaliser, {}
+
     return loss_fn
 
 
@@ -39,6 +41,7 @@ def seq_mean_token_mean_loss(scale):
     def loss_fn(outputs, mb):
         mask = mb["attention_mask"][:, 1:] * mb["attention_mask"][:, :-1]
         return aggregate(-outputs["log_probs"][:, 1:], mask, "seq-mean-token-mean", scale), {}
+
     return loss_fn
 
 
@@ -59,7 +62,7 @@ def run(rank, world, spec, workdir, port):
     results = {}
     batch = make_batch(8, 20, vocab=model.padded_vocab_size, seed=1)
     rows = batch["input_ids"].shape[0] // dp
-    local = {k: v[dp_rank * rows:(dp_rank + 1) * rows] for k, v in batch.items()}
+    local = {k: v[dp_rank * rows : (dp_rank + 1) * rows] for k, v in batch.items()}
     normaliser = float((batch["attention_mask"][:, 1:] * batch["attention_mask"][:, :-1]).sum())
     from mindspeed_rl.algorithms.losses import LossScale
 
@@ -67,23 +70,36 @@ def run(rank, world, spec, workdir, port):
     for run_name in ("lm", "value", "lm_seq"):
         head = run_name[:2] if run_name.startswith("lm") else run_name
         full = torch.load(os.path.join(workdir, f"full_{head}.pt"), weights_only=True)
-        role = tiny_role("actor" if head == "lm" else "critic", tp=tp, pp=pp, num_devices=world, model=model,
-                         num_layer_list=layer_list, use_distributed_optimizer=spec.get("dist_opt", False),
-                         lr=1e-4)
+        role = tiny_role(
+            "actor" if head == "lm" else "critic",
+            tp=tp,
+            pp=pp,
+            num_devices=world,
+            model=model,
+            num_layer_list=layer_list,
+            use_distributed_optimizer=spec.get("dist_opt", False),
+            lr=1e-4,
+        )
         engine = MegatronEngine(role, head=head, total_steps=4)
         engine.load_weights(shard_state_dict(full, tp, tp_rank, counts, pp_rank))
         out = engine.forward(local, micro_batch_size=2, with_entropy=True)
-        loss_fn = {"lm": global_sft_loss(normaliser), "lm_seq": seq_mean_token_mean_loss(scale),
-                   "value": value_loss(float(batch["attention_mask"].sum()))}[run_name]
+        loss_fn = {
+            "lm": global_sft_loss(normaliser),
+            "lm_seq": seq_mean_token_mean_loss(scale),
+            "value": value_loss(float(batch["attention_mask"].sum())),
+        }[run_name]
         step = engine.train_step(local, loss_fn, micro_batch_size=2)
         gathered = [None] * world
-        torch_dist.all_gather_object(gathered, (pp_rank, tp_rank, dp_rank, out,
-                                                {k: v.clone() for k, v in engine.named_weights()}))
+        torch_dist.all_gather_object(
+            gathered, (pp_rank, tp_rank, dp_rank, out, {k: v.clone() for k, v in engine.named_weights()})
+        )
         if rank == 0:
             outs = [g[3] for g in sorted(gathered, key=lambda g: g[2]) if g[0] == pp - 1 and g[1] == 0]
             results[run_name] = {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
-            shards = [[next(g[4] for g in gathered if g[0] == p and g[1] == t and g[2] == 0) for t in range(tp)]
-                      for p in range(pp)]
+            shards = [
+                [next(g[4] for g in gathered if g[0] == p and g[1] == t and g[2] == 0) for t in range(tp)]
+                for p in range(pp)
+            ]
             results[run_name + "_weights"] = merge_state_dicts(shards, counts)
             results[run_name + "_loss"] = step.loss
             results[run_name + "_grad_norm"] = step.grad_norm
@@ -107,8 +123,13 @@ def run_converted(rank, world, spec, workdir, port):
     for kind in ("lm", "value"):
         mg_dir = os.path.join(workdir, f"mg_{kind}_{spec['name']}")
         config = read_mg_config(mg_dir)[0]
-        role = tiny_role(tp=tp, pp=pp, num_devices=world, model=ModelConfig(**config["model"]),
-                         num_layer_list=config["num_layer_list"] if pp > 1 else None)
+        role = tiny_role(
+            tp=tp,
+            pp=pp,
+            num_devices=world,
+            model=ModelConfig(**config["model"]),
+            num_layer_list=config["num_layer_list"] if pp > 1 else None,
+        )
         engine = MegatronEngine(role, head=kind, trainable=False)
         load_weights_only(engine, mg_dir)
         out[kind] = engine.forward(batch, micro_batch_size=2, with_logits=kind == "lm")
@@ -135,15 +156,28 @@ def run_family(rank, world, spec, workdir, port):
     model = ModelConfig(**config["model"])
 
     def role(**extra):
-        return tiny_role(tp=tp, pp=pp, num_devices=world, model=model, expert_model_parallel_size=ep,
-                         num_layer_list=config["num_layer_list"] if pp > 1 else None, **extra)
+        return tiny_role(
+            tp=tp,
+            pp=pp,
+            num_devices=world,
+            model=model,
+            expert_model_parallel_size=ep,
+            num_layer_list=config["num_layer_list"] if pp > 1 else None,
+            **extra,
+        )
 
     batch = torch.load(os.path.join(workdir, "batch.pt"))
     engine = MegatronEngine(role(), trainable=False)
     load_weights_only(engine, mg_dir)
     out = {"logits": engine.forward(batch, micro_batch_size=2, with_logits=True)["logits"]}
-    gen = GenerateConfig(backend="vllm", dtype="float32", max_model_len=128, max_num_seqs=16,
-                         max_num_batched_tokens=1024, gpu_memory_utilization=0.005)
+    gen = GenerateConfig(
+        backend="vllm",
+        dtype="float32",
+        max_model_len=128,
+        max_num_seqs=16,
+        max_num_batched_tokens=1024,
+        gpu_memory_utilization=0.005,
+    )
     rollout = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
     rollout.update_weights(iter_full_weights(engine))
     prompts = torch.load(os.path.join(workdir, "prompts.pt"))
@@ -156,14 +190,17 @@ def run_family(rank, world, spec, workdir, port):
         load_weights_only(trained, mg_dir)
         dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
         rows = batch["input_ids"].shape[0] // dp
-        local = {k: v[dp_rank * rows:(dp_rank + 1) * rows] for k, v in batch.items()}
+        local = {k: v[dp_rank * rows : (dp_rank + 1) * rows] for k, v in batch.items()}
         normaliser = float((batch["attention_mask"][:, 1:] * batch["attention_mask"][:, :-1]).sum())
         step = trained.train_step(local, global_sft_loss(normaliser), micro_batch_size=2)
-        out.update(loss=step.loss, grad_norm=step.grad_norm,
-                   weights={k: v.clone() for piece in iter_full_weights(trained) for k, v in piece.items()})
+        out.update(
+            loss=step.loss,
+            grad_norm=step.grad_norm,
+            weights={k: v.clone() for piece in iter_full_weights(trained) for k, v in piece.items()},
+        )
         from mindspeed_rl.checkpoint.engine_io import load_engine, save_engine
 
-        ckpt = os.path.join(workdir, f"trained_{spec['name']}")   # a training checkpoint at this layout
+        ckpt = os.path.join(workdir, f"trained_{spec['name']}")  # a training checkpoint at this layout
         save_engine(trained, ckpt, 1)
         reloaded = MegatronEngine(role(lr=1e-4, clip_grad=0.0), total_steps=2)
         load_engine(reloaded, ckpt)
@@ -197,24 +234,39 @@ def run_rollout(rank, world, spec, workdir, port):
     from megatron.core import parallel_state as ps
 
     from mindspeed_rl.checkpoint.sharding import shard_state_dict
-    actor.load_weights(shard_state_dict(full, tp, ps.get_tensor_model_parallel_rank(), [4 // pp] * pp,
-                                        ps.get_pipeline_model_parallel_rank()))
-    gen = GenerateConfig(backend=spec["backend"], dtype="float32", max_model_len=128, max_num_seqs=16,
-                         max_num_batched_tokens=1024, gpu_memory_utilization=0.005)
+
+    actor.load_weights(
+        shard_state_dict(
+            full, tp, ps.get_tensor_model_parallel_rank(), [4 // pp] * pp, ps.get_pipeline_model_parallel_rank()
+        )
+    )
+    gen = GenerateConfig(
+        backend=spec["backend"],
+        dtype="float32",
+        max_model_len=128,
+        max_num_seqs=16,
+        max_num_batched_tokens=1024,
+        gpu_memory_utilization=0.005,
+    )
     engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
     stats = engine.update_weights(iter_full_weights(actor))
     prompts = [[5 + rank, 6, 7, 8], [9, 10 + rank, 11]]
-    outs = engine.generate(prompts, SamplingConfig(temperature=spec.get("temperature", 1.0), max_tokens=10, seed=3), n=2)
+    outs = engine.generate(
+        prompts, SamplingConfig(temperature=spec.get("temperature", 1.0), max_tokens=10, seed=3), n=2
+    )
     mine = [(prompts[o.prompt_index], o.response_ids, o.logprobs) for o in outs]
     everyone = [None] * world
     torch.distributed.all_gather_object(everyone, mine)
     rows = [r for part in everyone for r in part]
     ids, mask = left_pad([p + r for p, r, _ in rows], 0)
-    logp = actor.forward({"input_ids": ids, "attention_mask": mask}, micro_batch_size=4,
-                         temperature=spec.get("temperature", 1.0))["log_probs"]
+    logp = actor.forward(
+        {"input_ids": ids, "attention_mask": mask}, micro_batch_size=4, temperature=spec.get("temperature", 1.0)
+    )["log_probs"]
     if rank == 0:
-        torch.save({"rows": rows, "actor_logp": logp, "ids": ids, "stats": stats},
-                   os.path.join(workdir, f"rollout_{spec['name']}.pt"))
+        torch.save(
+            {"rows": rows, "actor_logp": logp, "ids": ids, "stats": stats},
+            os.path.join(workdir, f"rollout_{spec['name']}.pt"),
+        )
     engine.shutdown()
     dist.destroy()
 
@@ -226,10 +278,20 @@ def run_fresh_engine(rank, world, spec, workdir, port):
     from vllm import LLM, SamplingParams
 
     prompts = torch.load(os.path.join(workdir, "prompts.pt"))
-    llm = LLM(model=os.path.join(workdir, "hf"), skip_tokenizer_init=True, enforce_eager=True, dtype="float32",
-              max_model_len=128, kv_cache_memory_bytes=64 * 2**20, seed=1)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                        SamplingParams(temperature=0, max_tokens=10, detokenize=False), use_tqdm=False)
+    llm = LLM(
+        model=os.path.join(workdir, "hf"),
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype="float32",
+        max_model_len=128,
+        kv_cache_memory_bytes=64 * 2**20,
+        seed=1,
+    )
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        SamplingParams(temperature=0, max_tokens=10, detokenize=False),
+        use_tqdm=False,
+    )
     torch.save([list(o.outputs[0].token_ids) for o in outs], os.path.join(workdir, "fresh.pt"))
     llm.llm_engine.engine_core.shutdown()
 
@@ -247,8 +309,14 @@ def run_updated_engine(rank, world, spec, workdir, port):
     model = tiny_model_config(num_layers=4, hidden_size=128, ffn_hidden_size=256, padded_vocab_size=512)
     actor = MegatronEngine(tiny_role(model=model), trainable=False)
     actor.load_weights(torch.load(os.path.join(workdir, "actor_full.pt"), weights_only=True))
-    gen = GenerateConfig(backend="vllm", dtype="float32", max_model_len=128, max_num_seqs=16,
-                         max_num_batched_tokens=1024, gpu_memory_utilization=0.005)
+    gen = GenerateConfig(
+        backend="vllm",
+        dtype="float32",
+        max_model_len=128,
+        max_num_seqs=16,
+        max_num_batched_tokens=1024,
+        gpu_memory_utilization=0.005,
+    )
     os.environ[WEIGHT_LOAD_ENV] = spec.get("weight_load", "auto")
     engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
     # a first update with other weights, then the actor's: the second must replace the first everywhere
@@ -258,10 +326,13 @@ def run_updated_engine(rank, world, spec, workdir, port):
     greedy = [o.response_ids for o in engine.generate(prompts, SamplingConfig(temperature=0, max_tokens=10))]
     sampling = SamplingConfig(temperature=1.0, max_tokens=10, seed=11)
     runs = [[o.response_ids for o in engine.generate(prompts, sampling, n=3)] for _ in range(2)]
-    other_seed = [o.response_ids for o in engine.generate(prompts, SamplingConfig(temperature=1.0, max_tokens=10,
-                                                                                   seed=12), n=3)]
-    torch.save({"greedy": greedy, "runs": runs, "other_seed": other_seed, "method": engine.weight_load_method},
-               os.path.join(workdir, "updated.pt"))
+    other_seed = [
+        o.response_ids for o in engine.generate(prompts, SamplingConfig(temperature=1.0, max_tokens=10, seed=12), n=3)
+    ]
+    torch.save(
+        {"greedy": greedy, "runs": runs, "other_seed": other_seed, "method": engine.weight_load_method},
+        os.path.join(workdir, "updated.pt"),
+    )
     engine.shutdown()
     dist.destroy()
 
@@ -269,8 +340,8 @@ def run_updated_engine(rank, world, spec, workdir, port):
 def run_reward_worker(rank, world, spec, workdir, port):
     """The ORM worker (outside Ray) scores sequences from a converted --orm checkpoint."""
     os.environ["OMP_NUM_THREADS"] = "1"
-    from mindspeed_rl.config_cls import ModelConfig, RLConfig
     from mindspeed_rl.checkpoint.convert import read_mg_config
+    from mindspeed_rl.config_cls import ModelConfig, RLConfig
     from mindspeed_rl.workers.reward_worker import RewardWorker
     from tests.helpers import tiny_role
 
@@ -281,15 +352,23 @@ def run_reward_worker(rank, world, spec, workdir, port):
     batch = torch.load(os.path.join(workdir, "batch.pt"))
     from mindspeed_rl.protocol import Experience
 
-    rows = Experience(prompt_width=3, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                      response_mask=batch["attention_mask"][:, 3:])
+    rows = Experience(
+        prompt_width=3,
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        response_mask=batch["attention_mask"][:, 3:],
+    )
     out = worker.compute_scores(rows)
     torch.save(out.per_row, os.path.join(workdir, "rm_scores.pt"))
     worker.shutdown()
 
 
-RESHARD_CASES = [dict(name="tp2_to_itp1", tp=2, pp=1, itp=1), dict(name="tp2_to_itp2", tp=2, pp=1, itp=2),
-                 dict(name="tp1_to_itp2", tp=1, pp=1, itp=2), dict(name="tp2pp2_to_itp2", tp=2, pp=2, itp=2)]
+RESHARD_CASES = [
+    dict(name="tp2_to_itp1", tp=2, pp=1, itp=1),
+    dict(name="tp2_to_itp2", tp=2, pp=1, itp=2),
+    dict(name="tp1_to_itp2", tp=1, pp=1, itp=2),
+    dict(name="tp2pp2_to_itp2", tp=2, pp=2, itp=2),
+]
 
 
 def run_reshard_relations(rank, world, spec, workdir, port):
@@ -318,21 +397,42 @@ def run_reshard_relations(rank, world, spec, workdir, port):
         ps.destroy_model_parallel()
         dist.init_model_parallel(tp, pp, seed=5)
         actor = MegatronEngine(tiny_role(tp=tp, pp=pp, num_devices=world, model=model), trainable=False)
-        actor.load_weights(shard_state_dict(full, tp, ps.get_tensor_model_parallel_rank(), [4 // pp] * pp,
-                                            ps.get_pipeline_model_parallel_rank()))
-        gen = GenerateConfig(backend="vllm", dtype="float32", max_model_len=128, max_num_seqs=16,
-                             max_num_batched_tokens=1024, gpu_memory_utilization=0.005, infer_tensor_parallel_size=itp)
+        actor.load_weights(
+            shard_state_dict(
+                full, tp, ps.get_tensor_model_parallel_rank(), [4 // pp] * pp, ps.get_pipeline_model_parallel_rank()
+            )
+        )
+        gen = GenerateConfig(
+            backend="vllm",
+            dtype="float32",
+            max_model_len=128,
+            max_num_seqs=16,
+            max_num_batched_tokens=1024,
+            gpu_memory_utilization=0.005,
+            infer_tensor_parallel_size=itp,
+        )
         engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
         engine.update_weights(iter_full_weights(actor))
         updated = [o.response_ids for o in engine.generate(prompts, SamplingConfig(temperature=0, max_tokens=10))]
         engine.shutdown()
         if itp not in fresh:  # one fresh engine per infer TP serves every case with that TP
             get_accelerator().prepare_vllm()
-            llm = LLM(model=os.path.join(workdir, "hf"), skip_tokenizer_init=True, enforce_eager=True,
-                      dtype="float32", max_model_len=128, kv_cache_memory_bytes=32 * 2**20, seed=1,
-                      tensor_parallel_size=itp, distributed_executor_backend="external_launcher")
-            outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
-                                SamplingParams(temperature=0, max_tokens=10, detokenize=False), use_tqdm=False)
+            llm = LLM(
+                model=os.path.join(workdir, "hf"),
+                skip_tokenizer_init=True,
+                enforce_eager=True,
+                dtype="float32",
+                max_model_len=128,
+                kv_cache_memory_bytes=32 * 2**20,
+                seed=1,
+                tensor_parallel_size=itp,
+                distributed_executor_backend="external_launcher",
+            )
+            outs = llm.generate(
+                [{"prompt_token_ids": p} for p in prompts],
+                SamplingParams(temperature=0, max_tokens=10, detokenize=False),
+                use_tqdm=False,
+            )
             stop_llm(llm)
             fresh[itp] = [list(o.outputs[0].token_ids) for o in outs]
         results[case["name"]] = (updated, fresh[itp])
@@ -348,8 +448,9 @@ def _gathered_by_layout(engine, local, tp, pp, counts, join):
     from mindspeed_rl.checkpoint.sharding import merge_state_dicts
 
     gathered = [None] * torch_dist.get_world_size()
-    torch_dist.all_gather_object(gathered, (ps.get_pipeline_model_parallel_rank(),
-                                            ps.get_tensor_model_parallel_rank(), local))
+    torch_dist.all_gather_object(
+        gathered, (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank(), local)
+    )
     shards = [[join([g[2] for g in gathered if g[:2] == (p, t)]) for t in range(tp)] for p in range(pp)]
     return merge_state_dicts(shards, counts)
 
@@ -367,16 +468,25 @@ def full_optimizer_state(engine, tp, pp, counts):
     for sub, megatron_sub in zip(engine_slots(engine), engine.optimizer.chained_optimizers):
         for slot in sub:
             state = megatron_sub.optimizer.state[slot.main]
-            piece = {"shape": slot.shape, "start": slot.start, "end": slot.end, "step": float(state["step"]),
-                     "param": slot.main.detach().float().reshape(-1).clone()}
+            piece = {
+                "shape": slot.shape,
+                "start": slot.start,
+                "end": slot.end,
+                "step": float(state["step"]),
+                "param": slot.main.detach().float().reshape(-1).clone(),
+            }
             piece.update({k: state[k].detach().float().reshape(-1).clone() for k in MOMENTS})
             pieces.setdefault(slot.name, []).append(piece)
 
     kinds = ("param",) + MOMENTS
-    assembled = {kind: (lambda replicas, kind=kind: {n: e[kind] for n, e in assemble(replicas).items()})
-                 for kind in kinds}
-    return {f"{kind}/{name}": tensor for kind in kinds
-            for name, tensor in _gathered_by_layout(engine, pieces, tp, pp, counts, assembled[kind]).items()}
+    assembled = {
+        kind: (lambda replicas, kind=kind: {n: e[kind] for n, e in assemble(replicas).items()}) for kind in kinds
+    }
+    return {
+        f"{kind}/{name}": tensor
+        for kind in kinds
+        for name, tensor in _gathered_by_layout(engine, pieces, tp, pp, counts, assembled[kind]).items()
+    }
 
 
 def run_resharded_resume(rank, world, spec, workdir, port):
@@ -406,20 +516,30 @@ def run_resharded_resume(rank, world, spec, workdir, port):
             ps.destroy_model_parallel()
             dist.init_model_parallel(tp, pp, seed=5)
             dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
-            role = tiny_role(tp=tp, pp=pp, num_devices=world, model=model, lr=1e-2, bf16=case["bf16"],
-                             use_distributed_optimizer=layout.get("dist_opt", False))
+            role = tiny_role(
+                tp=tp,
+                pp=pp,
+                num_devices=world,
+                model=model,
+                lr=1e-2,
+                bf16=case["bf16"],
+                use_distributed_optimizer=layout.get("dist_opt", False),
+            )
             engine = MegatronEngine(role, total_steps=6)
             src, dst = os.path.join(workdir, case["name"], "src"), os.path.join(workdir, case["name"], "dst")
 
             def step(batch):
                 rows = batch["input_ids"].shape[0] // dp
-                local = {k: v[dp_rank * rows:(dp_rank + 1) * rows] for k, v in batch.items()}
+                local = {k: v[dp_rank * rows : (dp_rank + 1) * rows] for k, v in batch.items()}
                 mask = batch["attention_mask"]
                 engine.train_step(local, global_sft_loss(float((mask[:, 1:] * mask[:, :-1]).sum())), 2)
 
             if run_name == "straight":
-                engine.load_weights(shard_state_dict(full, tp, ps.get_tensor_model_parallel_rank(), counts,
-                                                     ps.get_pipeline_model_parallel_rank()))
+                engine.load_weights(
+                    shard_state_dict(
+                        full, tp, ps.get_tensor_model_parallel_rank(), counts, ps.get_pipeline_model_parallel_rank()
+                    )
+                )
                 step(batches[0])
                 step(batches[1])
                 save_engine(engine, src, 2, {"trainer_state": {"consumed_samples": 16}})

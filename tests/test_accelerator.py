@@ -1,4 +1,5 @@
 """Device detection (with fake torch_npu / CUDA), the device layer, megatron-core on CPU."""
+
 import os
 import sys
 import types
@@ -138,8 +139,9 @@ def test_megatron_gpt_forward_backward_on_cpu():
         mask = torch.triu(torch.ones(24, 24, dtype=torch.bool), 1)[None, None].expand(2, 1, 24, 24)
         logits = gpt(tokens, positions, mask)
         assert logits.shape == (2, 24, model_cfg.padded_vocab_size)
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                                 tokens[:, 1:].reshape(-1))
+        loss = torch.nn.functional.cross_entropy(
+            logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)
+        )
         loss.backward()
         assert torch.isfinite(loss)
         assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in gpt.parameters())
@@ -153,9 +155,18 @@ def test_megatron_gpt_forward_backward_on_cpu():
 
 
 # ----- the decisions behind the device floor (tests/test_device_floor.py) --------------------------------
-FEATURES = {"transformer_engine", "rope_fusion", "gradient_accumulation_fusion", "sequence_parallel",
-            "masked_softmax_fusion", "flash_attn", "fused_rmsnorm", "fused_swiglu", "bias_activation_fusion",
-            "bias_dropout_fusion"}
+FEATURES = {
+    "transformer_engine",
+    "rope_fusion",
+    "gradient_accumulation_fusion",
+    "sequence_parallel",
+    "masked_softmax_fusion",
+    "flash_attn",
+    "fused_rmsnorm",
+    "fused_swiglu",
+    "bias_activation_fusion",
+    "bias_dropout_fusion",
+}
 
 
 def fake_ray(ids):
@@ -193,10 +204,11 @@ def test_cpu_decisions(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     gen = GenerateConfig(gpu_memory_utilization=0.2)
     # no chunked prefill on CPU (a split prefill rewinds a seeded CPU generator), so a step holds a whole prompt
-    assert acc.vllm_engine_kwargs(gen) == {"kv_cache_memory_bytes": vllm_kv_cache_bytes(gen),
-                                           "enable_chunked_prefill": False,
-                                           "max_num_batched_tokens": max(gen.max_num_batched_tokens,
-                                                                         gen.max_model_len)}
+    assert acc.vllm_engine_kwargs(gen) == {
+        "kv_cache_memory_bytes": vllm_kv_cache_bytes(gen),
+        "enable_chunked_prefill": False,
+        "max_num_batched_tokens": max(gen.max_num_batched_tokens, gen.max_model_len),
+    }
 
 
 def test_cpu_kv_cache_budget_is_shared_by_the_engine_processes_of_a_host(monkeypatch):
@@ -220,8 +232,9 @@ def test_vllm_head_dims_limit_cpu_only():
 
     cpu = accelerator.accelerator_class("cpu")
     assert cpu.vllm_unusable_reason(32) is None
-    assert cpu.vllm_unusable_reason(16) == ("vLLM's CPU attention supports head_dim (32, 64, 80, 96, 112, 128, "
-                                            "160, 192, 224, 256, 512); the model has 16")
+    assert cpu.vllm_unusable_reason(16) == (
+        "vLLM's CPU attention supports head_dim (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512); the model has 16"
+    )
     for kind in ("cuda", "npu"):
         assert accelerator.accelerator_class(kind).vllm_unusable_reason(16) is None
     gen = GenerateConfig()
@@ -229,8 +242,14 @@ def test_vllm_head_dims_limit_cpu_only():
     # vLLM's Qwen2 ignores head_dim: kv_channels other than hidden / heads cannot run anywhere
     assert "kv_channels 64" in vllm_unusable_reason(tiny_model_config(hidden_size=128, kv_channels=64), gen, "cuda")
     # Qwen3 honours head_dim: 128-wide heads on a 5120 / 64 = 80 hidden split (Qwen3-32B) are fine
-    qwen3 = tiny_model_config(hidden_size=5120 // 8, num_attention_heads=8, kv_channels=128, add_qkv_bias=False,
-                              qk_layernorm=True, model_type_hf="qwen3")
+    qwen3 = tiny_model_config(
+        hidden_size=5120 // 8,
+        num_attention_heads=8,
+        kv_channels=128,
+        add_qkv_bias=False,
+        qk_layernorm=True,
+        model_type_hf="qwen3",
+    )
     assert vllm_unusable_reason(qwen3, gen, "cpu") is None
 
 
@@ -243,18 +262,34 @@ def test_device_kinds_answer_without_their_device(monkeypatch):
         assert cls.pin_memory and cls.offload_when_idle and cls.vllm_supports_sleep
         assert not cls.cpu_initialization
         assert cls.vllm_engine_kwargs(gen) == {"gpu_memory_utilization": 0.3, "enable_sleep_mode": True}
-    always = dict(sequence_parallel=True, flash_attn=True, fused_rmsnorm=True, fused_swiglu=True,
-                  bias_activation_fusion=True, bias_dropout_fusion=True)
+    always = dict(
+        sequence_parallel=True,
+        flash_attn=True,
+        fused_rmsnorm=True,
+        fused_swiglu=True,
+        bias_activation_fusion=True,
+        bias_dropout_fusion=True,
+    )
     assert accelerator.accelerator_class("npu").fused_features() == dict(
-        always, transformer_engine=False, rope_fusion=True, gradient_accumulation_fusion=True,
-        masked_softmax_fusion=False)
+        always,
+        transformer_engine=False,
+        rope_fusion=True,
+        gradient_accumulation_fusion=True,
+        masked_softmax_fusion=False,
+    )
     cuda = accelerator.accelerator_class("cuda")
     monkeypatch.setitem(sys.modules, "transformer_engine", None)  # not installed
-    assert cuda.fused_features() == dict(always, transformer_engine=False, rope_fusion=False,
-                                         gradient_accumulation_fusion=False, masked_softmax_fusion=True)
+    assert cuda.fused_features() == dict(
+        always,
+        transformer_engine=False,
+        rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        masked_softmax_fusion=True,
+    )
     monkeypatch.setitem(sys.modules, "transformer_engine", types.ModuleType("transformer_engine"))
-    assert cuda.fused_features() == dict(always, transformer_engine=True, rope_fusion=True,
-                                         gradient_accumulation_fusion=True, masked_softmax_fusion=True)
+    assert cuda.fused_features() == dict(
+        always, transformer_engine=True, rope_fusion=True, gradient_accumulation_fusion=True, masked_softmax_fusion=True
+    )
     with pytest.raises(detect.DeviceUnavailable, match="unknown device kind"):
         accelerator.accelerator_class("tpu")
 
@@ -273,7 +308,7 @@ def test_cuda_placement_and_ranks_without_a_gpu(monkeypatch):
     assert acc.place_model(module) == (module, torch.device("cuda", 3))
     no_ray_noset_env(monkeypatch)
     monkeypatch.setitem(sys.modules, "ray", fake_ray({"GPU": ["3"]}))
-    assert acc.local_rank() == 0                       # Ray set CUDA_VISIBLE_DEVICES: the one device is 0
+    assert acc.local_rank() == 0  # Ray set CUDA_VISIBLE_DEVICES: the one device is 0
     monkeypatch.setenv("RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "1")
     assert acc.local_rank() == 3
     monkeypatch.setitem(sys.modules, "ray", fake_ray({"NPU": ["3"]}))
@@ -297,8 +332,9 @@ def test_device_rng_state_reaches_the_checkpoint(monkeypatch):
     assert restored == [saved]
 
     monkeypatch.setitem(sys.modules, "torch_npu", fake_torch_npu())
-    monkeypatch.setattr(torch, "npu", types.SimpleNamespace(get_rng_state=lambda: saved,
-                                                            set_rng_state=restored.append), raising=False)
+    monkeypatch.setattr(
+        torch, "npu", types.SimpleNamespace(get_rng_state=lambda: saved, set_rng_state=restored.append), raising=False
+    )
     npu = accelerator.make_accelerator("npu")
     assert npu.device_rng_state() is saved
     npu.set_device_rng_state(saved)

@@ -1,13 +1,21 @@
 """The tool agent loop on a scripted policy: token-in-token-out trajectories, loss_mask 0 on tool results, one
 sandbox run per call, the turn / call / budget limits, malformed and unknown calls."""
+
 import json
 from typing import List
 
 import pytest
 
 from mindspeed_rl.protocol import RolloutOutput, RolloutRequest, build_experience
-from mindspeed_rl.rollout.agent_loop import (AgentContext, AgentSettings, ToolFormat, rollout_function, single_turn,
-                                             tool_agent, truncate)
+from mindspeed_rl.rollout.agent_loop import (
+    AgentContext,
+    AgentSettings,
+    ToolFormat,
+    rollout_function,
+    single_turn,
+    tool_agent,
+    truncate,
+)
 from mindspeed_rl.tools import BUILTIN_TOOLS, ToolResult
 
 FORMAT = ToolFormat("\n<user>", "<tool_response>{content}</tool_response>", "</user>\n<assistant>")
@@ -42,8 +50,11 @@ class ScriptedPolicy:
                 text = self.script(context, request.seed + i * request.n + k)
                 budget = request.max_new_tokens[i] if request.max_new_tokens else request.sampling.max_tokens
                 ids = tok.encode(text)[:budget]
-                outputs.append(RolloutOutput(i, ids, [-0.5] * len(ids), "stop" if len(ids) < budget or
-                                             len(ids) == len(text) else "length"))
+                outputs.append(
+                    RolloutOutput(
+                        i, ids, [-0.5] * len(ids), "stop" if len(ids) < budget or len(ids) == len(text) else "length"
+                    )
+                )
         return outputs
 
 
@@ -67,8 +78,14 @@ class CountingSandbox:
 
 
 def context(policy, sandbox=None, **settings):
-    return AgentContext(policy, CharTokenizer(), {"calculator": BUILTIN_TOOLS["calculator"]}, sandbox or CountingSandbox(),
-                        AgentSettings(**settings), FORMAT)
+    return AgentContext(
+        policy,
+        CharTokenizer(),
+        {"calculator": BUILTIN_TOOLS["calculator"]},
+        sandbox or CountingSandbox(),
+        AgentSettings(**settings),
+        FORMAT,
+    )
 
 
 def request(prompts=("Q: 6*7?",), n=2, max_tokens=400):
@@ -92,7 +109,9 @@ def test_trajectory_is_the_generated_tokens_and_the_tool_turns_exactly():
     turn1 = call("6*7") + "<eos>"
     observation = "\n<user><tool_response>42</tool_response></user>\n<assistant>"
     turn2 = "#### 42<eos>"
-    assert len(batch.outputs) == 2 and sandbox.calls == [(BUILTIN_TOOLS["calculator"].function, {"expression": "6*7"})] * 2
+    assert (
+        len(batch.outputs) == 2 and sandbox.calls == [(BUILTIN_TOOLS["calculator"].function, {"expression": "6*7"})] * 2
+    )
     for out in batch.outputs:
         assert tok.decode(out.response_ids) == turn1 + observation + turn2
         assert out.loss_mask == [1] * len(turn1) + [0] * len(observation) + [1] * len(turn2)
@@ -112,8 +131,8 @@ def test_experience_trains_on_generated_tokens_only():
     batch = tool_agent(request(), context(ScriptedPolicy(solve)))
     exp = build_experience(request().prompts, batch.outputs, 2, pad_id=0, labels=["42"])
     out = batch.outputs[0]
-    assert exp.loss_mask[0, :len(out.loss_mask)].tolist() == out.loss_mask
-    assert exp.response_mask[0, :len(out.loss_mask)].tolist() == [1] * len(out.loss_mask)
+    assert exp.loss_mask[0, : len(out.loss_mask)].tolist() == out.loss_mask
+    assert exp.response_mask[0, : len(out.loss_mask)].tolist() == [1] * len(out.loss_mask)
     assert int(exp.loss_mask.sum()) < int(exp.response_mask.sum())
 
 
@@ -148,10 +167,12 @@ def test_parallel_calls_beyond_the_limit_are_refused_with_a_message():
 
 
 def test_malformed_and_unknown_calls_answer_with_errors_and_are_counted():
-    script = {0: '<tool_call>{"name": "calculator", "arguments": {"expression": </tool_call>',
-              1: '<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>',
-              2: '<tool_call>{"name": "calculator", "arguments": {}}</tool_call>',
-              3: call("2 ** 0.5")}
+    script = {
+        0: '<tool_call>{"name": "calculator", "arguments": {"expression": </tool_call>',
+        1: '<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>',
+        2: '<tool_call>{"name": "calculator", "arguments": {}}</tool_call>',
+        3: call("2 ** 0.5"),
+    }
 
     def policy(ctx, seed):
         return "#### x" if "<tool_response>" in ctx else script[seed - 100]
@@ -197,8 +218,14 @@ def test_preprocessing_lists_the_tools_in_the_system_turn(tmp_path):
     from mindspeed_rl.datasets.handlers import AlpacaStyleInstructionHandler
     from mindspeed_rl.datasets.templates import apply_template, tools_block
 
-    cfg = DatasetConfig(input="x", tokenizer_name_or_path="x", output_prefix="x", prompt_type="qwen",
-                        tools=["calculator", "python"], dataset_additional_keys=["labels", "tools"])
+    cfg = DatasetConfig(
+        input="x",
+        tokenizer_name_or_path="x",
+        output_prefix="x",
+        prompt_type="qwen",
+        tools=["calculator", "python"],
+        dataset_additional_keys=["labels", "tools"],
+    )
     cfg.validate()
     handler = AlpacaStyleInstructionHandler(cfg, CharTokenizer())
     sample, why = handler.process({"question": "6*7?", "answer": "42"})
@@ -211,7 +238,10 @@ def test_preprocessing_lists_the_tools_in_the_system_turn(tmp_path):
     assert json.loads(narrowed["tools"]) == ["calculator"]
     assert handler.process({"question": "q", "answer": "1", "tools": ["search"]}) == (None, "unknown_tool:search")
     compact = apply_template("chatml_tools_compact", "6*7=?", tools=[BUILTIN_TOOLS["calculator"]])
-    assert compact == "<|im_start|>system\ntools: calculator<|im_end|>\n<|im_start|>user\n6*7=?<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        compact
+        == "<|im_start|>system\ntools: calculator<|im_end|>\n<|im_start|>user\n6*7=?<|im_end|>\n<|im_start|>assistant\n"
+    )
     with pytest.raises(ValueError, match="no tools_format"):
         tools_block("empty", [BUILTIN_TOOLS["calculator"]])
 
@@ -223,12 +253,26 @@ def test_rollout_metrics_of_several_generation_batches_merge_by_kind():
 
     trainer = PPOTrainer.__new__(PPOTrainer)
     trainer.timing, trainer.rollout_metrics = {"timing/rollout": 1.0}, {}
-    first = {"tool_calls/rate": 0.5, "multi_turn/num_turns/mean": 1.0, "multi_turn/num_turns/max": 2.0,
-             "tool_calls/errors": 1.0, "timing/tool": 0.25}
-    second = {"tool_calls/rate": 0.25, "multi_turn/num_turns/mean": 2.0, "multi_turn/num_turns/max": 1.0,
-              "tool_calls/errors": 2.0, "timing/tool": 0.5}
+    first = {
+        "tool_calls/rate": 0.5,
+        "multi_turn/num_turns/mean": 1.0,
+        "multi_turn/num_turns/max": 2.0,
+        "tool_calls/errors": 1.0,
+        "timing/tool": 0.25,
+    }
+    second = {
+        "tool_calls/rate": 0.25,
+        "multi_turn/num_turns/mean": 2.0,
+        "multi_turn/num_turns/max": 1.0,
+        "tool_calls/errors": 2.0,
+        "timing/tool": 0.5,
+    }
     trainer.add_rollout_metrics(first, 0)
     trainer.add_rollout_metrics(second, 1)
-    assert trainer.rollout_metrics == {"tool_calls/rate": 0.375, "multi_turn/num_turns/mean": 1.5,
-                                       "multi_turn/num_turns/max": 2.0, "tool_calls/errors": 3.0}
+    assert trainer.rollout_metrics == {
+        "tool_calls/rate": 0.375,
+        "multi_turn/num_turns/mean": 1.5,
+        "multi_turn/num_turns/max": 2.0,
+        "tool_calls/errors": 3.0,
+    }
     assert trainer.timing == {"timing/rollout": 1.0, "timing/tool": 0.75}

@@ -1,6 +1,7 @@
 """The algorithm family against hand-computed values: every registered estimator and policy loss, the
 loss aggregation modes (independent of the micro-batch / DP split), KL variants, rollout correction,
 DAPO shaping and filtering, and the registry's decisions."""
+
 import inspect
 import math
 from types import SimpleNamespace
@@ -8,12 +9,31 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from mindspeed_rl.algorithms import (ADVANTAGE_ESTIMATORS, POLICY_LOSSES, AlgorithmChoiceError, Clip, LossScale,
-                                     aggregate, dr_grpo_advantages, entropy_loss, gspo_policy_loss, informative_groups,
-                                     kl_penalty, mismatch_metrics, overlong_penalty, reinforce_plus_plus_advantages,
-                                     reinforce_plus_plus_baseline_advantages, resolve_algorithm, rloo_advantages,
-                                     grpo_advantages, sequence_rewards, token_level_rewards, truncated_is_weights,
-                                     value_loss, vanilla_policy_loss)
+from mindspeed_rl.algorithms import (
+    ADVANTAGE_ESTIMATORS,
+    POLICY_LOSSES,
+    AlgorithmChoiceError,
+    Clip,
+    LossScale,
+    aggregate,
+    dr_grpo_advantages,
+    entropy_loss,
+    grpo_advantages,
+    gspo_policy_loss,
+    informative_groups,
+    kl_penalty,
+    mismatch_metrics,
+    overlong_penalty,
+    reinforce_plus_plus_advantages,
+    reinforce_plus_plus_baseline_advantages,
+    resolve_algorithm,
+    rloo_advantages,
+    sequence_rewards,
+    token_level_rewards,
+    truncated_is_weights,
+    value_loss,
+    vanilla_policy_loss,
+)
 from mindspeed_rl.algorithms import advantages as advantages_module
 from mindspeed_rl.algorithms import losses as losses_module
 from mindspeed_rl.algorithms.registry import LOSS_AGG_MODES, kl_names
@@ -28,10 +48,16 @@ SCORES = T([1.0, 0.0, 2.0, 0.0])
 def test_grpo_normalises_by_group_mean_and_std():
     adv, ret = grpo_advantages(SCORES, MASK, GROUP)
     # group 0: mean 0.5, unbiased std sqrt(0.5); group 1: mean 1, std sqrt(2)
-    want = T([0.5 / (math.sqrt(0.5) + 1e-6), -0.5 / (math.sqrt(0.5) + 1e-6), 1 / (math.sqrt(2) + 1e-6),
-              -1 / (math.sqrt(2) + 1e-6)])
+    want = T(
+        [
+            0.5 / (math.sqrt(0.5) + 1e-6),
+            -0.5 / (math.sqrt(0.5) + 1e-6),
+            1 / (math.sqrt(2) + 1e-6),
+            -1 / (math.sqrt(2) + 1e-6),
+        ]
+    )
     assert torch.allclose(adv[:, 0], want, atol=1e-6)
-    assert torch.equal(adv, ret) and adv[1, 1] == 0 and adv[0, 2] == 0   # padding stays 0
+    assert torch.equal(adv, ret) and adv[1, 1] == 0 and adv[0, 2] == 0  # padding stays 0
 
 
 def test_dr_grpo_subtracts_the_group_mean_only():
@@ -49,7 +75,7 @@ def test_rloo_baseline_is_the_mean_of_the_others():
 def test_reinforce_plus_plus_reward_to_go_then_whitened():
     rewards, mask = T([[0.0, 1.0], [0.5, 0.0]]), T([[1, 1], [1, 0]])
     adv, ret = reinforce_plus_plus_advantages(rewards, mask, gamma=0.5)
-    assert torch.allclose(ret, T([[0.5, 1.0], [0.5, 0.0]]))    # G_0 = 0 + 0.5 * 1
+    assert torch.allclose(ret, T([[0.5, 1.0], [0.5, 0.0]]))  # G_0 = 0 + 0.5 * 1
     g = T([0.5, 1.0, 0.5])
     want = (g - g.mean()) / g.std()
     assert torch.allclose(adv[mask.bool()], want, atol=1e-5) and adv[1, 1] == 0
@@ -57,7 +83,7 @@ def test_reinforce_plus_plus_reward_to_go_then_whitened():
 
 def test_reinforce_plus_plus_baseline_centres_in_group_then_whitens():
     adv, _ = reinforce_plus_plus_baseline_advantages(SCORES, MASK, GROUP)
-    centred = T([0.5, 0.5, -0.5, 1.0, 1.0, 1.0, -1.0, -1.0])   # per valid token, row-major
+    centred = T([0.5, 0.5, -0.5, 1.0, 1.0, 1.0, -1.0, -1.0])  # per valid token, row-major
     want = (centred - centred.mean()) / centred.std()
     assert torch.allclose(adv[MASK.bool()], want, atol=1e-5)
 
@@ -69,9 +95,17 @@ def test_kl_in_the_reward_reaches_group_estimators():
     kl = T([[0.0, 0.0], [1.0, 1.0]])
     rewards = token_level_rewards(T([1.0, 1.0]), mask, kl, kl_coef=0.5)
     assert torch.allclose(sequence_rewards(rewards, mask), T([1.0, 0.0]))
-    adv, _ = ADVANTAGE_ESTIMATORS["group_norm"].compute(token_rewards=rewards, sequence_rewards=sequence_rewards(
-        rewards, mask), values=None, mask=mask, group=T([0, 0]), gamma=1.0, lam=1.0, whiten=True)
-    assert adv[0, 0] > 0 > adv[1, 0]   # equal scores, the row with the larger KL loses
+    adv, _ = ADVANTAGE_ESTIMATORS["group_norm"].compute(
+        token_rewards=rewards,
+        sequence_rewards=sequence_rewards(rewards, mask),
+        values=None,
+        mask=mask,
+        group=T([0, 0]),
+        gamma=1.0,
+        lam=1.0,
+        whiten=True,
+    )
+    assert adv[0, 0] > 0 > adv[1, 0]  # equal scores, the row with the larger KL loses
 
 
 def test_every_registered_function_exists_reads_known_inputs_and_states_its_formula():
@@ -92,9 +126,16 @@ def test_every_estimator_runs_on_a_batch_and_stays_zero_on_padding():
     mask = T([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
     rewards = token_level_rewards(T([1.0, 0.0, 0.5, 1.0]), mask.float())
     for name, spec in ADVANTAGE_ESTIMATORS.items():
-        adv, ret = spec.compute(token_rewards=rewards, sequence_rewards=sequence_rewards(rewards, mask),
-                                values=torch.randn(4, 4), mask=mask, group=T([0, 0, 1, 1]), gamma=1.0, lam=0.95,
-                                whiten=True)
+        adv, ret = spec.compute(
+            token_rewards=rewards,
+            sequence_rewards=sequence_rewards(rewards, mask),
+            values=torch.randn(4, 4),
+            mask=mask,
+            group=T([0, 0, 1, 1]),
+            gamma=1.0,
+            lam=0.95,
+            whiten=True,
+        )
         assert adv.shape == ret.shape == (4, 4) and torch.isfinite(adv).all(), name
         assert (adv[~mask.bool()] == 0).all() and (ret[~mask.bool()] == 0).all(), name
 
@@ -114,9 +155,9 @@ def test_each_mode_is_independent_of_the_micro_batch_and_dp_split(mode):
     torch.manual_seed(1)
     values = torch.randn(8, 6, dtype=torch.float64)
     mask = (torch.rand(8, 6) > 0.4).long()
-    mask[3] = 0                                   # a response without valid tokens
+    mask[3] = 0  # a response without valid tokens
     whole = aggregate(values, mask, mode, LossScale.of(mask, horizon=16))
-    scale = LossScale.of(mask, horizon=16)        # what WorkerGroup.update sends every share
+    scale = LossScale.of(mask, horizon=16)  # what WorkerGroup.update sends every share
     for splits in ([8], [4, 4], [1, 3, 2, 2], [2] * 4, [1] * 8):
         bounds = torch.tensor([0] + splits).cumsum(0)
         shares = sum(aggregate(values[a:b], mask[a:b], mode, scale) for a, b in zip(bounds[:-1], bounds[1:]))
@@ -180,13 +221,13 @@ def test_gspo_uses_the_geometric_mean_ratio_of_each_sequence():
     lp = T([[math.log(1.1), math.log(1.3)], [math.log(1.5), 0.0]]).requires_grad_()
     adv, mask = T([[1.0, 1.0], [1.0, 1.0]]), T([[1, 1], [1, 0]])
     loss, m = gspo_policy_loss(lp, old, adv, mask, Clip(0.2, 0.2), "seq-mean-token-mean")
-    s0 = math.sqrt(1.1 * 1.3)                      # 1.1958 < 1.2: inside the clip range
-    assert loss.item() == pytest.approx((-s0 + -1.2) / 2, rel=1e-5)   # s1 = 1.5 clipped to 1.2 (A > 0)
+    s0 = math.sqrt(1.1 * 1.3)  # 1.1958 < 1.2: inside the clip range
+    assert loss.item() == pytest.approx((-s0 + -1.2) / 2, rel=1e-5)  # s1 = 1.5 clipped to 1.2 (A > 0)
     assert m["pg_clipfrac"].item() == pytest.approx(0.5)
     loss.backward()
     # loss = (1/2) * (1/2) sum_t -s_{0,t}; d s_{0,t} / d lp_t = s0: every token of sequence 0 gets -s0 / 4
     assert torch.allclose(lp.grad[0], torch.full((2,), -s0 / 4), atol=1e-6)
-    assert lp.grad[1].abs().sum() == 0            # clipped: no gradient
+    assert lp.grad[1].abs().sum() == 0  # clipped: no gradient
 
 
 # ----- KL ----------------------------------------------------------------------------------------------------
@@ -199,8 +240,8 @@ def test_verl_kl_names_and_straight_through_variants():
         x = T([-1.0], requires_grad=True)
         value = kl_penalty(x, ref, name)
         value.backward()
-        assert value.item() == pytest.approx(kl_penalty(lp, ref, name[:-1]).item())   # forward: the estimator
-        assert x.grad.item() == pytest.approx(0.5)   # gradient of k2: (log pi - log pi_ref)
+        assert value.item() == pytest.approx(kl_penalty(lp, ref, name[:-1]).item())  # forward: the estimator
+        assert x.grad.item() == pytest.approx(0.5)  # gradient of k2: (log pi - log pi_ref)
     assert set(kl_names()) >= {"k1", "k2", "k3", "k1+", "k3+", "kl", "low_var_kl"}
 
 
@@ -213,7 +254,7 @@ def test_truncated_importance_weights_token_and_sequence():
     assert torch.allclose(w, T([[1.0, 2.0], [0.5, 0.0]]))
     assert m["rollout_correction/is_capped_frac"] == pytest.approx(1 / 3)
     w, _ = truncated_is_weights(old, rollout, mask, "sequence", threshold=2.0)
-    assert torch.allclose(w, T([[2.0, 2.0], [0.5, 0.0]]))      # prod 3 capped at 2; 0.5
+    assert torch.allclose(w, T([[2.0, 2.0], [0.5, 0.0]]))  # prod 3 capped at 2; 0.5
     metrics = mismatch_metrics(old, rollout, mask)
     rho = T([1.0, 3.0, 0.5])
     assert metrics["rollout_correction/ratio_max"] == pytest.approx(3.0)
@@ -234,10 +275,22 @@ def test_informative_groups_drop_all_equal_groups():
 
 # ----- the registry's decisions -------------------------------------------------------------------------------
 def rl(**kw):
-    values = dict(adv_estimator="gae", n_samples_per_prompt=1, policy_loss="vanilla", loss_agg_mode=None,
-                  token_level_loss=None, clip_higher_enable=None, clip_ratio_low=None, clip_ratio_high=None,
-                  clip_ratio=0.2, clip_ratio_c=None, init_kl_coef=0.0, kl_ctrl_type="fixed", use_kl_in_reward=False,
-                  rollout_correction=SimpleNamespace(rollout_is=None))
+    values = dict(
+        adv_estimator="gae",
+        n_samples_per_prompt=1,
+        policy_loss="vanilla",
+        loss_agg_mode=None,
+        token_level_loss=None,
+        clip_higher_enable=None,
+        clip_ratio_low=None,
+        clip_ratio_high=None,
+        clip_ratio=0.2,
+        clip_ratio_c=None,
+        init_kl_coef=0.0,
+        kl_ctrl_type="fixed",
+        use_kl_in_reward=False,
+        rollout_correction=SimpleNamespace(rollout_is=None),
+    )
     values.update(kw)
     return SimpleNamespace(**values)
 
@@ -247,11 +300,20 @@ def test_plan_decides_critic_reference_and_kl_once():
     assert ppo.use_critic and ppo.use_reference and ppo.kl_in_loss and not ppo.kl_in_reward
     grpo = resolve_algorithm(rl(adv_estimator="grpo", n_samples_per_prompt=8))
     assert not grpo.use_critic and not grpo.use_reference and grpo.estimator.name == "group_norm"
-    verl_style = resolve_algorithm(rl(adv_estimator="rloo", n_samples_per_prompt=4, use_kl_in_reward=True,
-                                      init_kl_coef=0.01))
+    verl_style = resolve_algorithm(
+        rl(adv_estimator="rloo", n_samples_per_prompt=4, use_kl_in_reward=True, init_kl_coef=0.01)
+    )
     assert verl_style.kl_in_reward and not verl_style.kl_in_loss and verl_style.use_reference
-    dapo = resolve_algorithm(rl(adv_estimator="group_norm", n_samples_per_prompt=8, clip_higher_enable=True,
-                                clip_ratio_low=0.2, clip_ratio_high=0.28, token_level_loss=True))
+    dapo = resolve_algorithm(
+        rl(
+            adv_estimator="group_norm",
+            n_samples_per_prompt=8,
+            clip_higher_enable=True,
+            clip_ratio_low=0.2,
+            clip_ratio_high=0.28,
+            token_level_loss=True,
+        )
+    )
     assert (dapo.clip_low, dapo.clip_high, dapo.loss_agg_mode) == (0.2, 0.28, "token-mean")
     assert resolve_algorithm(rl(policy_loss="gspo")).loss_agg_mode == "seq-mean-token-mean"
     assert resolve_algorithm(rl(token_level_loss=False)).loss_agg_mode == "seq-mean-token-mean"

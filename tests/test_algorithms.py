@@ -1,16 +1,29 @@
 """PPO math against hand-computed values."""
+
 import math
 
 import pytest
 import torch
 
-from mindspeed_rl.algorithms import (AdaptiveKLController, Clip, FixedKLController, LossScale, aggregate,
-                                     aggregate_token_mean, compute_gae, entropy_loss, group_norm_advantages,
-                                     kl_penalty, masked_whiten, token_level_rewards, value_loss, vanilla_policy_loss)
+from mindspeed_rl.algorithms import (
+    AdaptiveKLController,
+    Clip,
+    FixedKLController,
+    aggregate_token_mean,
+    compute_gae,
+    entropy_loss,
+    group_norm_advantages,
+    kl_penalty,
+    masked_whiten,
+    token_level_rewards,
+    value_loss,
+    vanilla_policy_loss,
+)
 
 
 def policy_loss(lp, old, adv, mask, clip_ratio, clip_ratio_c=None):
     return vanilla_policy_loss(lp, old, adv, mask, Clip(clip_ratio, clip_ratio, clip_ratio_c))
+
 
 T = torch.tensor
 
@@ -54,9 +67,9 @@ def test_kl_controllers():
     fixed.update(5.0, 10)
     assert fixed.value == 0.1
     adaptive = AdaptiveKLController(0.1, target=0.05, horizon=100)
-    adaptive.update(0.1, n_steps=10)           # error clipped to +0.2
+    adaptive.update(0.1, n_steps=10)  # error clipped to +0.2
     assert adaptive.value == pytest.approx(0.1 * (1 + 0.2 * 10 / 100))
-    adaptive.update(0.045, n_steps=100)        # error -0.1
+    adaptive.update(0.045, n_steps=100)  # error -0.1
     assert adaptive.value == pytest.approx(0.102 * 0.9)
     state = adaptive.state_dict()
     other = AdaptiveKLController(1.0, 0.05, 100)
@@ -95,7 +108,7 @@ def test_token_mean_shares_add_up_across_micro_batches():
     x, mask = torch.randn(6, 5), (torch.rand(6, 5) > 0.3).float()
     total = aggregate_token_mean(x, mask)
     n = float(mask.sum())
-    shares = sum(aggregate_token_mean(x[i:i + 2], mask[i:i + 2], n) for i in range(0, 6, 2))
+    shares = sum(aggregate_token_mean(x[i : i + 2], mask[i : i + 2], n) for i in range(0, 6, 2))
     assert shares.item() == pytest.approx(total.item(), rel=1e-5, abs=1e-6)
     assert entropy_loss(x, mask).item() == pytest.approx(total.item())
 
@@ -139,8 +152,9 @@ def test_gae_skips_tool_results_consistently():
     # d0 = 0 + .5*.2 - .1 = 0;      A0 = 0 + .25*(-.0375) = -.009375
     assert torch.allclose(adv, torch.tensor([[-0.009375, -0.0375, 0.0, 0.0, 0.05, 0.6]]))
     assert torch.allclose(returns, torch.tensor([[0.090625, 0.1625, 0.0, 0.0, 0.35, 1.0]]))
-    plain_adv, _ = compute_gae(torch.tensor([[0.0, 0.0, 0.0, 1.0]]), torch.tensor([[0.1, 0.2, 0.3, 0.4]]),
-                               torch.ones(1, 4), gamma=0.5, lam=0.5)
+    plain_adv, _ = compute_gae(
+        torch.tensor([[0.0, 0.0, 0.0, 1.0]]), torch.tensor([[0.1, 0.2, 0.3, 0.4]]), torch.ones(1, 4), gamma=0.5, lam=0.5
+    )
     assert torch.allclose(adv[HOLE_MASK.bool()], plain_adv.flatten())
 
 
@@ -176,9 +190,16 @@ def test_an_empty_response_keeps_its_score_in_the_group_statistics():
     assert sequence_rewards(rewards, mask).tolist() == [1.0, -1.0, 0.0]  # without the scores: dropped
     seq = sequence_rewards(rewards, mask, scores)
     assert seq.tolist() == [1.0, -1.0, -1.0]
-    adv, _ = ADVANTAGE_ESTIMATORS["group_norm"].compute(token_rewards=rewards, sequence_rewards=seq, values=None,
-                                                        mask=mask, group=torch.tensor([0, 0, 0]), gamma=1.0,
-                                                        lam=1.0, whiten=True)
+    adv, _ = ADVANTAGE_ESTIMATORS["group_norm"].compute(
+        token_rewards=rewards,
+        sequence_rewards=seq,
+        values=None,
+        mask=mask,
+        group=torch.tensor([0, 0, 0]),
+        gamma=1.0,
+        lam=1.0,
+        whiten=True,
+    )
     mean, std = seq.mean(), seq.std()
     assert adv[0, 0].item() == pytest.approx(((1.0 - mean) / (std + 1e-6)).item(), rel=1e-4)
     assert adv[2].abs().sum() == 0  # no token of the empty response is trained
@@ -194,4 +215,6 @@ def test_rollout_mismatch_kl_k1_is_kl_of_rollout_to_trainer_positive_in_expectat
     rollout_lp, trainer_lp = rollout.gather(1, tokens).T, trainer.gather(1, tokens).T
     metrics = mismatch_metrics(trainer_lp, rollout_lp, torch.ones_like(rollout_lp))
     exact = (rollout.exp() * (rollout - trainer)).sum(1).mean().item()  # KL(rollout || trainer)
-    assert metrics["rollout_correction/kl_k1"] > 0 and metrics["rollout_correction/kl_k1"] == pytest.approx(exact, rel=0.15)
+    assert metrics["rollout_correction/kl_k1"] > 0 and metrics["rollout_correction/kl_k1"] == pytest.approx(
+        exact, rel=0.15
+    )

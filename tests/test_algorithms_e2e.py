@@ -2,6 +2,7 @@
 control run without policy updates does not. Same pipeline as PPO (Ray + megatron-core + vLLM on CPU),
 no critic; DAPO without reference, with dynamic sampling and overlong shaping. About 2.5 minutes.
 """
+
 import pytest
 
 from mindspeed_rl.config_cls import load_ppo_config
@@ -9,7 +10,7 @@ from mindspeed_rl.utils.demo_assets import prepare
 from tests.helpers import demo_config
 
 ITERATIONS = 12
-ACCURACY = "acc_for_ppo_rewards/mean"   # the verifier's mean over every generated response
+ACCURACY = "acc_for_ppo_rewards/mean"  # the verifier's mean over every generated response
 
 
 @pytest.fixture(scope="module")
@@ -48,4 +49,4 @@ def test_grpo_and_dapo_twins_learn_and_the_control_run_does_not(assets):
         assert m["dynamic_sampling/kept_groups"] + m["dynamic_sampling/filled_groups"] >= 16
         assert 1 <= m["dynamic_sampling/batches"] <= 4
         assert -0.2 <= m["overlong/penalty_mean"] <= 0
-        assert m["rollout_correction/ratio_max"] < 1.01   # engine and trainer agree in fp32
+        assert m["rollout_correction/ratio_max"] < 1.01  # engine and trainer agree in fp32

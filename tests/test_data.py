@@ -1,4 +1,5 @@
 """Preprocessing (configs/datasets yaml -> indexed files), bad rows, the prompt dataset and sampler."""
+
 import json
 import os
 
@@ -30,8 +31,17 @@ def tokenizer_dir(tmp_path_factory, gsm_rows):
 
 def run(tmp_path, tokenizer_dir, input_path, name="out", *extra):
     prefix = str(tmp_path / name)
-    rc = preprocess_data.main(["gsm8k", f"input={input_path}", f"tokenizer_name_or_path={tokenizer_dir}",
-                               f"output_prefix={prefix}", "workers=1", "--quiet", *extra])
+    rc = preprocess_data.main(
+        [
+            "gsm8k",
+            f"input={input_path}",
+            f"tokenizer_name_or_path={tokenizer_dir}",
+            f"output_prefix={prefix}",
+            "workers=1",
+            "--quiet",
+            *extra,
+        ]
+    )
     return rc, prefix
 
 
@@ -82,16 +92,35 @@ def test_json_parquet_and_folder_inputs_match_jsonl(tmp_path, tokenizer_dir, gsm
 
 def test_bad_rows_are_skipped_and_counted(tmp_path, tokenizer_dir, gsm_rows, capsys):
     good = gsm_rows[:5]
-    rows = [good[0], "{not json", good[1], {"answer": "#### 3"}, {"question": 7, "answer": "#### 1"},
-            {"question": "   ", "answer": "#### 2"}, {"question": "word " * 3000, "answer": "#### 4"},
-            "[1, 2]", good[2], {"question": "no answer"}, good[3]]
+    rows = [
+        good[0],
+        "{not json",
+        good[1],
+        {"answer": "#### 3"},
+        {"question": 7, "answer": "#### 1"},
+        {"question": "   ", "answer": "#### 2"},
+        {"question": "word " * 3000, "answer": "#### 4"},
+        "[1, 2]",
+        good[2],
+        {"question": "no answer"},
+        good[3],
+    ]
     rc, prefix = run(tmp_path, tokenizer_dir, write_jsonl(tmp_path / "bad.jsonl", rows), "bad", "seq_length=512")
     out = capsys.readouterr().out
     assert rc == 0
     assert json.load(open(prefix + "_summary.json")) == {
-        "read": 11, "kept": 4,
-        "skipped": {"empty_prompt": 1, "malformed_json": 1, "missing_key:answer": 1, "missing_key:question": 1,
-                    "not_a_string:question": 1, "not_an_object": 1, "too_long": 1}}
+        "read": 11,
+        "kept": 4,
+        "skipped": {
+            "empty_prompt": 1,
+            "malformed_json": 1,
+            "missing_key:answer": 1,
+            "missing_key:question": 1,
+            "not_a_string:question": 1,
+            "not_an_object": 1,
+            "too_long": 1,
+        },
+    }
     assert "skipped bad.jsonl:2: malformed_json" in out
     assert "skipped bad.jsonl:4: missing_key:question" in out
     assert len(PromptDataset(prefix)) == 4
@@ -104,15 +133,18 @@ def test_nothing_kept_exits_2_and_writes_no_data(tmp_path, tokenizer_dir, capsys
     assert not any(f.endswith((".bin", ".idx", ".part")) for f in os.listdir(tmp_path))
 
 
-@pytest.mark.parametrize("args,text", [
-    (["nope_dataset"], "no dataset config"),
-    (["gsm8k", "input=/no/such/file.jsonl"], "no such file"),
-    (["gsm8k", "workerz=2"], "did you mean 'workers'"),
-    (["gsm8k", "workers=0"], "workers"),
-    (["gsm8k", "prompt_type=nope"], "prompt_type"),
-    (["gsm8k", "handler_name=X"], "handler_name"),
-    (["gsm8k", "input=/tmp/readme.txt"], "expected a"),
-])
+@pytest.mark.parametrize(
+    "args,text",
+    [
+        (["nope_dataset"], "no dataset config"),
+        (["gsm8k", "input=/no/such/file.jsonl"], "no such file"),
+        (["gsm8k", "workerz=2"], "did you mean 'workers'"),
+        (["gsm8k", "workers=0"], "workers"),
+        (["gsm8k", "prompt_type=nope"], "prompt_type"),
+        (["gsm8k", "handler_name=X"], "handler_name"),
+        (["gsm8k", "input=/tmp/readme.txt"], "expected a"),
+    ],
+)
 def test_bad_config_or_input_exits_2(tmp_path, tokenizer_dir, args, text, capsys):
     open("/tmp/readme.txt", "w").close()
     argv = args + [f"tokenizer_name_or_path={tokenizer_dir}", f"output_prefix={tmp_path}/o", "--quiet"]
@@ -128,13 +160,15 @@ def test_two_workers_write_the_same_files(tmp_path, tokenizer_dir, gsm_rows):
     _, one = run(tmp_path, tokenizer_dir, path, "w1")
     _, two = run(tmp_path, tokenizer_dir, path, "w2", "workers=2")
     for field in ("input_ids", "labels"):
-        assert open(f"{one}_packed_{field}_document.bin", "rb").read() == \
-            open(f"{two}_packed_{field}_document.bin", "rb").read()
+        assert (
+            open(f"{one}_packed_{field}_document.bin", "rb").read()
+            == open(f"{two}_packed_{field}_document.bin", "rb").read()
+        )
 
 
 def test_sampler_resumes_exactly_and_covers_epochs():
     straight = PromptSampler(10, 4, seed=3)
-    batches = [straight.next_batch() for _ in range(7)]   # 28 samples: crosses two epoch boundaries
+    batches = [straight.next_batch() for _ in range(7)]  # 28 samples: crosses two epoch boundaries
     assert sorted(batches[0] + batches[1] + batches[2][:2]) == list(range(10))
     resumed = PromptSampler(10, 4, seed=3)
     for _ in range(3):
@@ -160,8 +194,9 @@ def test_max_prompt_length_drops_long_prompts(tmp_path, tokenizer_dir, gsm_rows)
 def test_left_padding_and_collate():
     ids, mask = left_pad([[5, 6, 7], [8]], pad_id=0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
-    batch = collate_prompts([{"input_ids": [1, 2], "labels": "3", "index": 0},
-                             {"input_ids": [4], "labels": "5", "index": 1}], pad_id=9)
+    batch = collate_prompts(
+        [{"input_ids": [1, 2], "labels": "3", "index": 0}, {"input_ids": [4], "labels": "5", "index": 1}], pad_id=9
+    )
     assert batch["input_ids"].tolist() == [[1, 2], [9, 4]] and batch["labels"] == ["3", "5"]
 
 
@@ -187,8 +222,14 @@ def test_a_huge_row_is_skipped_as_too_long_without_being_tokenised(tokenizer_dir
     from mindspeed_rl.datasets.handlers import HANDLERS, longest_token
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    cfg = DatasetConfig(input="x.jsonl", tokenizer_name_or_path=tokenizer_dir, output_prefix="x", seq_length=512,
-                        handler_name="R1AlpacaStyleInstructionHandler", dataset_additional_keys=["labels"])
+    cfg = DatasetConfig(
+        input="x.jsonl",
+        tokenizer_name_or_path=tokenizer_dir,
+        output_prefix="x",
+        seq_length=512,
+        handler_name="R1AlpacaStyleInstructionHandler",
+        dataset_additional_keys=["labels"],
+    )
     handler = HANDLERS[cfg.handler_name](cfg, tokenizer)
     assert handler.longest_token == longest_token(tokenizer) >= max(len(t) for t in tokenizer.get_vocab())
     encoded = []
@@ -221,12 +262,20 @@ def test_a_bin_truncated_under_a_running_job_is_named_not_a_sigbus(tmp_path, tok
 def test_a_tokenizer_with_remote_code_is_refused_before_workers_start(tmp_path, gsm_rows, capsys):
     tok = tmp_path / "remote_tok"
     tok.mkdir()
-    (tok / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["tok.MyTok", None]},
-                                                           "tokenizer_class": "MyTok"}))
+    (tok / "tokenizer_config.json").write_text(
+        json.dumps({"auto_map": {"AutoTokenizer": ["tok.MyTok", None]}, "tokenizer_class": "MyTok"})
+    )
     (tok / "tok.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
-    rc = preprocess_data.main(["gsm8k", f"input={write_jsonl(tmp_path / 'rows.jsonl', gsm_rows[:4])}",
-                               f"tokenizer_name_or_path={tok}", f"output_prefix={tmp_path / 'out'}", "workers=2",
-                               "--quiet"])
+    rc = preprocess_data.main(
+        [
+            "gsm8k",
+            f"input={write_jsonl(tmp_path / 'rows.jsonl', gsm_rows[:4])}",
+            f"tokenizer_name_or_path={tok}",
+            f"output_prefix={tmp_path / 'out'}",
+            "workers=2",
+            "--quiet",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and f"tokenizer_name_or_path {tok}: the tokenizer needs its own Python code" in err, err
     assert "Traceback" not in err and not (tmp_path / "ran").exists()

@@ -1,5 +1,6 @@
 """The device floor: outside mindspeed_rl/accelerator/ no code compares a device kind or calls
 torch.cuda / torch.npu; every device decision is an Accelerator method."""
+
 import ast
 import pathlib
 from typing import Iterator, List
@@ -36,14 +37,20 @@ def device_code(source: str, filename: str = "<snippet>") -> List[str]:
         if isinstance(node, ast.Compare):
             if any(_kinds_in(side) for side in [node.left, *node.comparators]):
                 what = "compares a device kind"
-        elif (isinstance(node, ast.Attribute) and node.attr in DEVICE_MODULES
-              and isinstance(node.value, ast.Name) and node.value.id == "torch"):
+        elif (
+            isinstance(node, ast.Attribute)
+            and node.attr in DEVICE_MODULES
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "torch"
+        ):
             what = f"torch.{node.attr}"
         elif isinstance(node, ast.Import) and any(_device_module(a.name) for a in node.names):
             what = "imports a device module"
         elif isinstance(node, ast.ImportFrom) and (
-                _device_module(node.module or "")
-                or node.module == "torch" and any(a.name in DEVICE_MODULES for a in node.names)):
+            _device_module(node.module or "")
+            or node.module == "torch"
+            and any(a.name in DEVICE_MODULES for a in node.names)
+        ):
             what = "imports a device module"
         if what:
             found.append((node.lineno, f"{filename}:{node.lineno}: {what}"))
@@ -65,19 +72,27 @@ def test_the_detector_flags_device_code():
     files = list(checked_files())
     assert any(p.name == "launch.py" for p in files) and any(p.parent.name == "cli" for p in files)
     assert not any(p.parent == ACCELERATOR for p in files)
-    snippet = '\n'.join([
-        'if acc.kind == "cpu": pass',
-        'torch.cuda.synchronize()',
-        'ok = kind in ("cuda", "npu")',
-        'ok = "npu" != kind',
-        'state = torch.npu.get_rng_state()',
-        'ok = kind not in ["cpu"]',
-        'ok = kind == "embedding" and mode in ("kl", "abs")',
-        'x = torch.device("cpu")',
-        'from torch import cuda',
-        'import torch_npu',
-    ])
-    assert device_code(snippet, "s.py") == ["s.py:1: compares a device kind", "s.py:2: torch.cuda",
-                                           "s.py:3: compares a device kind", "s.py:4: compares a device kind",
-                                           "s.py:5: torch.npu", "s.py:6: compares a device kind",
-                                           "s.py:9: imports a device module", "s.py:10: imports a device module"]
+    snippet = "\n".join(
+        [
+            'if acc.kind == "cpu": pass',
+            "torch.cuda.synchronize()",
+            'ok = kind in ("cuda", "npu")',
+            'ok = "npu" != kind',
+            "state = torch.npu.get_rng_state()",
+            'ok = kind not in ["cpu"]',
+            'ok = kind == "embedding" and mode in ("kl", "abs")',
+            'x = torch.device("cpu")',
+            "from torch import cuda",
+            "import torch_npu",
+        ]
+    )
+    assert device_code(snippet, "s.py") == [
+        "s.py:1: compares a device kind",
+        "s.py:2: torch.cuda",
+        "s.py:3: compares a device kind",
+        "s.py:4: compares a device kind",
+        "s.py:5: torch.npu",
+        "s.py:6: compares a device kind",
+        "s.py:9: imports a device module",
+        "s.py:10: imports a device module",
+    ]

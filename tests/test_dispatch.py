@@ -1,17 +1,28 @@
 """Typed experience and the worker group's dispatch: prompts by engine, rows by train DP, mini-batches
 with their global token count; a broken dispatch contract is refused."""
+
 import numpy as np
 import pytest
 import torch
 
-from mindspeed_rl.protocol import (Experience, ForwardAnswer, MiniBatch, RankLayout, RolloutOutput, RolloutResult,
-                                   build_experience)
+from mindspeed_rl.protocol import (
+    Experience,
+    ForwardAnswer,
+    MiniBatch,
+    RankLayout,
+    RolloutOutput,
+    RolloutResult,
+    build_experience,
+)
 from mindspeed_rl.workers.worker_group import DispatchError, WorkerGroup
 
 
 def outputs_for(prompts, n):
-    return [RolloutOutput(p, [10 + p, 20 + k][: 1 + (p + k) % 2], [-0.5, -0.25][: 1 + (p + k) % 2], "stop")
-            for p in range(len(prompts)) for k in range(n)]
+    return [
+        RolloutOutput(p, [10 + p, 20 + k][: 1 + (p + k) % 2], [-0.5, -0.25][: 1 + (p + k) % 2], "stop")
+        for p in range(len(prompts))
+        for k in range(n)
+    ]
 
 
 def test_build_experience_layout_and_field_shapes():
@@ -20,7 +31,7 @@ def test_build_experience_layout_and_field_shapes():
     exp = build_experience(prompts, arrived, 2, pad_id=0, labels=["a", "b", "c"])
     assert exp.num_rows == 6 and exp.prompt_width == 3 and exp.response_width == 2
     assert exp.group.tolist() == [0, 0, 1, 1, 2, 2] and exp.labels == ["a", "a", "b", "b", "c", "c"]
-    assert exp.input_ids[3].tolist() == [0, 0, 4, 11, 0]          # left-padded prompt | right-padded response
+    assert exp.input_ids[3].tolist() == [0, 0, 4, 11, 0]  # left-padded prompt | right-padded response
     assert exp.attention_mask[3].tolist() == [0, 0, 1, 1, 0]
     assert exp.response_mask.sum(1).tolist() == [1, 2, 2, 1, 1, 2]
     with pytest.raises(ValueError, match=r"values: shape \(6, 3\), expected \(6, 2\)"):
@@ -65,8 +76,11 @@ class FakeActorRank:
         self.lay, self.tamper, self.received = layout, tamper, []
 
     def generate(self, prompts, n, seed, sampling=None, max_new_tokens=None, version=None):
-        self.received.append((prompts, n, seed) + ((max_new_tokens,) if max_new_tokens else ())
-                             + ((version,) if version is not None else ()))
+        self.received.append(
+            (prompts, n, seed)
+            + ((max_new_tokens,) if max_new_tokens else ())
+            + ((version,) if version is not None else ())
+        )
         outs = [RolloutOutput(i // n, [seed + i], [-1.0], "stop") for i in range(len(prompts) * n)]
         digest = repr((prompts, n, seed + (1 if self.tamper else 0)))
         return RolloutResult(self.lay.rank, self.lay.engine, digest, outs if self.lay.engine_rank == 0 else None)
@@ -84,9 +98,17 @@ def group_of(world, tp, engine_size, tamper_rank=None):
     """Ranks laid out as megatron does (TP fastest, then DP) with vLLM's contiguous engine blocks."""
     layouts, ranks = [], []
     for rank in range(world):
-        lay = RankLayout(rank=rank, dp_rank=rank // tp, dp_size=world // tp, tp_rank=rank % tp, pp_rank=0,
-                         output=rank % tp == 0, engine=rank // engine_size, engine_rank=rank % engine_size,
-                         engine_size=engine_size)
+        lay = RankLayout(
+            rank=rank,
+            dp_rank=rank // tp,
+            dp_size=world // tp,
+            tp_rank=rank % tp,
+            pp_rank=0,
+            output=rank % tp == 0,
+            engine=rank // engine_size,
+            engine_rank=rank % engine_size,
+            engine_size=engine_size,
+        )
         layouts.append(lay)
         ranks.append(FakeActorRank(lay, tamper=rank == tamper_rank))
     return WorkerGroup("actor", [FakeHandle(r) for r in ranks], layouts), ranks
@@ -107,10 +129,10 @@ def test_generate_gives_every_rank_of_an_engine_the_same_prompts(world, tp, engi
     engines = group.engines()
     assert engines == [list(range(e, e + engine_size)) for e in range(0, world, engine_size)]
     got = group.generate(prompts, 2, 100)
-    for members in engines:                       # identical requests inside an engine
+    for members in engines:  # identical requests inside an engine
         assert all(ranks[r].received == ranks[members[0]].received for r in members)
     seen = [p for members in engines for p in ranks[members[0]].received[0][0]]
-    assert seen == prompts                        # every prompt once, engines in order
+    assert seen == prompts  # every prompt once, engines in order
     # global prompt indices, and sample j of the iteration seeded 100 + j whatever the engine count
     by_prompt = sorted((o.prompt_index, o.response_ids[0]) for o in got.outputs)
     assert by_prompt == [(j // 2, 100 + j) for j in range(12)]
@@ -123,13 +145,13 @@ def test_generate_refuses_ranks_of_one_engine_that_disagree():
 
 
 def test_forward_splits_rows_by_train_dp_and_gathers_from_output_ranks():
-    group, ranks = group_of(4, 2, 2)             # TP 2 x DP 2
+    group, ranks = group_of(4, 2, 2)  # TP 2 x DP 2
     prompts = [[p + 1] for p in range(4)]
     exp = build_experience(prompts, outputs_for(prompts, 2), 2, pad_id=0)
     answer = group.forward("forward", exp, ("input_ids", "attention_mask", "response_mask"), "ref")
     assert answer.per_row.tolist() == [1, 1, 2, 2, 3, 3, 4, 4] and answer.timing == {"timing/ref": 1.0}
     assert [len(r.received) for r in ranks] == [1, 1, 1, 1] and ranks[0].received[0].num_rows == 4
-    assert torch.equal(ranks[0].received[0].input_ids, ranks[1].received[0].input_ids)   # one DP group
+    assert torch.equal(ranks[0].received[0].input_ids, ranks[1].received[0].input_ids)  # one DP group
     assert not torch.equal(ranks[0].received[0].input_ids, ranks[2].received[0].input_ids)
 
 
@@ -164,16 +186,18 @@ def test_dp_batch_balance_near_equal_tokens_and_rows_back_in_order():
     layouts = [RankLayout(rank=r, dp_rank=r, dp_size=2, tp_rank=0, pp_rank=0, output=True) for r in range(2)]
     ranks = [TensorRank(lay) for lay in layouts]
     group = WorkerGroup("actor", [FakeHandle(r) for r in ranks], layouts)
-    lengths = [16, 1, 14, 2, 12, 3, 10, 4]          # contiguous halves: 33 vs 29 + ...; long rows first
+    lengths = [16, 1, 14, 2, 12, 3, 10, 4]  # contiguous halves: 33 vs 29 + ...; long rows first
     prompts = [[p + 1] for p in range(8)]
-    outs = [RolloutOutput(p, list(range(100 + p, 100 + p + lengths[p])), [0.0] * lengths[p], "stop")
-            for p in range(8)]
+    outs = [RolloutOutput(p, list(range(100 + p, 100 + p + lengths[p])), [0.0] * lengths[p], "stop") for p in range(8)]
     exp = build_experience(prompts, outs, 1, pad_id=0)
     want = exp.input_ids[:, -1]
     plain = group.forward("forward", exp, ("input_ids", "attention_mask"), "ref")
     balanced = group.forward("forward", exp, ("input_ids", "attention_mask"), "ref", balance=True)
-    assert torch.equal(plain.per_row, want) and torch.equal(balanced.per_row, want)   # rows back in order
-    spread = lambda answers: abs(ranks[0].received[-1].attention_mask.sum() - ranks[1].received[-1].attention_mask.sum())
+    assert torch.equal(plain.per_row, want) and torch.equal(balanced.per_row, want)  # rows back in order
+
+    def spread(answers):
+        return abs(ranks[0].received[-1].attention_mask.sum() - ranks[1].received[-1].attention_mask.sum())
+
     # timings: the slowest DP group's (here its token count)
     assert plain.timing["timing/ref"] == max(int(exp.attention_mask[:4].sum()), int(exp.attention_mask[4:].sum()))
     assert spread(balanced) <= 2 and [r.received[-1].num_rows for r in ranks] == [4, 4]
@@ -186,7 +210,7 @@ def test_dp_batch_balance_near_equal_tokens_and_rows_back_in_order():
 
 
 def test_generate_splits_per_prompt_budgets_with_the_prompts():
-    group, ranks = group_of(4, 1, 2)               # 2 engines of 2 ranks
+    group, ranks = group_of(4, 1, 2)  # 2 engines of 2 ranks
     prompts = [[p + 1] for p in range(4)]
     group.generate(prompts, 2, 100, max_new_tokens=[5, 6, 7, 8])
     assert ranks[0].received[-1] == ([[1], [2]], 2, 100, [5, 6]) == ranks[1].received[-1]
@@ -196,8 +220,10 @@ def test_generate_splits_per_prompt_budgets_with_the_prompts():
 def test_prompt_batch_reads_budgets_when_the_dataset_has_them():
     from mindspeed_rl.trainer.prompts import PromptBatch
 
-    data = [{"input_ids": [1, 2], "labels": "7", "max_new_tokens": "12"},
-            {"input_ids": [3], "labels": "8", "max_new_tokens": "40"}]
+    data = [
+        {"input_ids": [1, 2], "labels": "7", "max_new_tokens": "12"},
+        {"input_ids": [3], "labels": "8", "max_new_tokens": "40"},
+    ]
     batch = PromptBatch.of(data, [1, 0])
     assert batch.input_ids == [[3], [1, 2]] and batch.max_new_tokens == [40, 12]
     assert PromptBatch.of([{"input_ids": [1], "labels": "x"}], [0]).max_new_tokens is None

@@ -1,16 +1,20 @@
 """The megatron-core engine on one CPU process: heads, schedules, frozen models, offload."""
+
 import math
 
 import pytest
 import torch
 
-from mindspeed_rl.models.engine import (MegatronEngine, megatron_attention_mask, position_ids_from_mask,
-                                        split_micro_batches)
+from mindspeed_rl.models.engine import (
+    MegatronEngine,
+    megatron_attention_mask,
+    position_ids_from_mask,
+    split_micro_batches,
+)
 from mindspeed_rl.models.heads import last_token_values, log_probs_and_entropy
 from mindspeed_rl.models.offload import Offloader
 from mindspeed_rl.utils import dist
 from tests.helpers import make_batch, sft_loss, single_process_world_fixture, tiny_role
-
 
 single_process_world = single_process_world_fixture(seed=11)
 
@@ -47,8 +51,8 @@ def test_masks_and_positions():
     mask = torch.tensor([[0, 1, 1, 0]])
     m = megatron_attention_mask(mask)[0, 0]
     assert m.shape == (4, 4)
-    assert not m[2, 1] and m[1, 2] and m[2, 0]   # causal, padded key masked
-    assert not m[0, 0]                            # a padded query keeps itself (finite softmax)
+    assert not m[2, 1] and m[1, 2] and m[2, 0]  # causal, padded key masked
+    assert not m[0, 0]  # a padded query keeps itself (finite softmax)
     assert position_ids_from_mask(mask).tolist() == [[0, 0, 1, 1]]
     parts = split_micro_batches({"x": torch.arange(5)}, 2)
     assert [p["x"].tolist() for p in parts] == [[0, 1], [2, 3], [4]]
@@ -67,8 +71,10 @@ def test_padding_does_not_change_log_probs():
     engine = MegatronEngine(tiny_role(), trainable=False)
     batch = make_batch(2, 12, seed=4, left_pad=False)
     batch["attention_mask"][:] = 1
-    padded = {"input_ids": torch.cat([torch.zeros(2, 3, dtype=torch.long), batch["input_ids"]], 1),
-              "attention_mask": torch.cat([torch.zeros(2, 3, dtype=torch.long), batch["attention_mask"]], 1)}
+    padded = {
+        "input_ids": torch.cat([torch.zeros(2, 3, dtype=torch.long), batch["input_ids"]], 1),
+        "attention_mask": torch.cat([torch.zeros(2, 3, dtype=torch.long), batch["attention_mask"]], 1),
+    }
     a = engine.forward(batch, 2)["log_probs"]
     b = engine.forward(padded, 2)["log_probs"][:, 3:]
     assert torch.allclose(a[:, 1:], b[:, 1:], atol=1e-5)
@@ -77,8 +83,9 @@ def test_padding_does_not_change_log_probs():
 @pytest.mark.parametrize("style", ["constant", "linear", "cosine"])
 def test_lr_schedules(style):
     lr, min_lr, steps, warmup_fraction = 1e-3, 1e-4, 10, 0.2
-    engine = MegatronEngine(tiny_role(lr=lr, min_lr=min_lr, lr_decay_style=style,
-                                      lr_warmup_fraction=warmup_fraction), total_steps=steps)
+    engine = MegatronEngine(
+        tiny_role(lr=lr, min_lr=min_lr, lr_decay_style=style, lr_warmup_fraction=warmup_fraction), total_steps=steps
+    )
     batch = make_batch(2, 8)
     seen = [engine.current_lr()] + [engine.train_step(batch, sft_loss, 2).lr for _ in range(steps)]
     warmup = int(warmup_fraction * steps)
@@ -126,15 +133,24 @@ def test_offload_round_trip_is_exact_and_training_continues(dist_opt, bf16):
     for e in engines:
         e.train_step(batch, sft_loss, 2)
     off = Offloader(a)
-    snapshot = {name: [t.clone() for t in getter()] for name, getter in
-                (("param", off.param_tensors), ("grad", off.grad_tensors), ("optimizer", off.optimizer_tensors))}
+    snapshot = {
+        name: [t.clone() for t in getter()]
+        for name, getter in (
+            ("param", off.param_tensors),
+            ("grad", off.grad_tensors),
+            ("optimizer", off.optimizer_tensors),
+        )
+    }
     assert snapshot["optimizer"], "Adam state exists after a step"
     moved = off.offload()
     assert moved["param"] > 0 and moved["grad"] > 0 and moved["optimizer"] > 0
     assert all(t.untyped_storage().nbytes() == 0 for t in off.param_tensors())
     off.onload()
-    for name, getter in (("param", off.param_tensors), ("grad", off.grad_tensors),
-                         ("optimizer", off.optimizer_tensors)):
+    for name, getter in (
+        ("param", off.param_tensors),
+        ("grad", off.grad_tensors),
+        ("optimizer", off.optimizer_tensors),
+    ):
         assert all(torch.equal(x, y) for x, y in zip(snapshot[name], getter())), name
     ra, rb = a.train_step(batch, sft_loss, 2), b.train_step(batch, sft_loss, 2)
     assert ra.loss == rb.loss
@@ -150,9 +166,13 @@ def test_value_head_engine_outputs_values():
     assert critic.unwrapped().output_layer.weight.shape == (1, 64)
 
 
-@pytest.mark.parametrize("recompute", [dict(recompute_granularity="full", recompute_method="uniform",
-                                            recompute_num_layers=1),
-                                       dict(recompute_granularity="selective")])
+@pytest.mark.parametrize(
+    "recompute",
+    [
+        dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
+        dict(recompute_granularity="selective"),
+    ],
+)
 def test_activation_recompute_gives_the_same_step(recompute):
     batch = make_batch(4, 12, seed=9)
     results, initial = [], None
@@ -175,9 +195,16 @@ def test_device_only_flags_are_mapped_on_cpu_with_one_log_line(caplog):
     from tests.helpers import tiny_model_config
 
     builder._LOGGED.clear()
-    m = MegatronConfig(model="t", sequence_parallel=True, use_fused_rotary_pos_emb=True, use_flash_attn=True,
-                       use_fused_rmsnorm=True, tensor_model_parallel_size=1, num_layer_list="1,1",
-                       pipeline_model_parallel_size=2)
+    m = MegatronConfig(
+        model="t",
+        sequence_parallel=True,
+        use_fused_rotary_pos_emb=True,
+        use_flash_attn=True,
+        use_fused_rmsnorm=True,
+        tensor_model_parallel_size=1,
+        num_layer_list="1,1",
+        pipeline_model_parallel_size=2,
+    )
     with caplog.at_level("WARNING"):
         cfg = builder.transformer_config(tiny_model_config(), m, "cpu")
         builder.transformer_config(tiny_model_config(), m, "cpu")
@@ -187,7 +214,7 @@ def test_device_only_flags_are_mapped_on_cpu_with_one_log_line(caplog):
     for flag in ("use_fused_rotary_pos_emb", "use_flash_attn", "use_fused_rmsnorm"):
         assert text.count(flag) == 1, flag
     fields = uneven_pipeline_fields(m.layers_per_stage(2))
-    if "pipeline_model_parallel_layout" in fields:   # megatron-core >= 0.13
+    if "pipeline_model_parallel_layout" in fields:  # megatron-core >= 0.13
         assert fields == {"pipeline_model_parallel_layout": "Et*1|t*1L"}
         assert cfg.pipeline_model_parallel_layout is not None
     else:

@@ -1,6 +1,7 @@
 """Model families: the registry, hf <-> mcore per family (bit-identical round trips at TP / PP / EP), and,
 per family at a parallel layout, HF logits == Megatron's and vLLM greedy == HF greedy after in-place
 resharding; for Qwen3-MoE also one training step at EP 2 equal to EP 1."""
+
 import json
 import os
 
@@ -9,8 +10,14 @@ import torch
 import torch.multiprocessing as mp
 
 from cli import convert_ckpt
-from mindspeed_rl.checkpoint.convert import (ConversionError, HFReader, hf_to_mg, mg_to_hf, read_hf_model_config,
-                                             read_mg_config)
+from mindspeed_rl.checkpoint.convert import (
+    ConversionError,
+    HFReader,
+    hf_to_mg,
+    mg_to_hf,
+    read_hf_model_config,
+    read_mg_config,
+)
 from mindspeed_rl.config_cls import ConfigError, ModelConfig
 from mindspeed_rl.config_cls.model_config import FAMILY_NAMES
 from mindspeed_rl.datasets.templates import load_templates
@@ -59,25 +66,48 @@ def test_hf_config_read_back_gives_the_same_model_section(family, tmp_path):
     hf = json.load(open(tmp_path / "config.json"))
     assert resolve_family(hf, None) is get_family(family)
     back = read_hf_model_config(str(tmp_path))
-    for key in ("qk_layernorm", "add_qkv_bias", "num_experts", "moe_router_topk", "moe_ffn_hidden_size",
-                "rope_scaling_type", "rope_scaling_factor", "rope_scaling_original_max_position_embeddings",
-                "head_dim", "kv_heads", "untie_embeddings_and_output_weights"):
+    for key in (
+        "qk_layernorm",
+        "add_qkv_bias",
+        "num_experts",
+        "moe_router_topk",
+        "moe_ffn_hidden_size",
+        "rope_scaling_type",
+        "rope_scaling_factor",
+        "rope_scaling_original_max_position_embeddings",
+        "head_dim",
+        "kv_heads",
+        "untie_embeddings_and_output_weights",
+    ):
         assert getattr(back, key) == getattr(model, key), key
 
 
 def test_llama3_rope_scaling_is_read_and_written(tmp_path):
     model = tiny("llama3")
     hf = get_family("llama3").hf_config(model, 0, 0)
-    assert hf["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 128}
+    assert hf["rope_scaling"] == {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 128,
+    }
     with pytest.raises(FamilyError, match="yarn"):
         get_family("llama3").model_config_from_hf({**hf, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
 
 
 def test_a_flag_that_contradicts_config_json_is_refused_naming_both(tmp_path, capsys):
     build_hf_model(str(tmp_path / "hf"), tiny("qwen3"), seed=0)
-    args = ["--load-model-type", "hf", "--save-model-type", "mg", "--load-dir", str(tmp_path / "hf"),
-            "--save-dir", str(tmp_path / "mg")]
+    args = [
+        "--load-model-type",
+        "hf",
+        "--save-model-type",
+        "mg",
+        "--load-dir",
+        str(tmp_path / "hf"),
+        "--save-dir",
+        str(tmp_path / "mg"),
+    ]
     assert convert_ckpt.main(args + ["--model-type-hf", "qwen25"]) == 2
     err = capsys.readouterr().err
     assert "--model-type-hf qwen25" in err and "qwen3" in err and "config.json" in err and "Traceback" not in err
@@ -89,13 +119,35 @@ def test_a_flag_that_contradicts_config_json_is_refused_naming_both(tmp_path, ca
     assert convert_ckpt.main(args + ["--model-type-hf", "qwen3"]) == 0
     # MindSpeed-LLM's Qwen2.5 scripts say "llama2 --add-qkv-bias" for a Qwen2 folder
     build_hf_model(str(tmp_path / "qwen2"), tiny("qwen25"), seed=0)
-    assert convert_ckpt.main(["--load-model-type", "hf", "--save-model-type", "mg", "--load-dir", str(tmp_path / "qwen2"),
-                              "--save-dir", str(tmp_path / "mg2"), "--model-type-hf", "llama2", "--add-qkv-bias"]) == 0
+    assert (
+        convert_ckpt.main(
+            [
+                "--load-model-type",
+                "hf",
+                "--save-model-type",
+                "mg",
+                "--load-dir",
+                str(tmp_path / "qwen2"),
+                "--save-dir",
+                str(tmp_path / "mg2"),
+                "--model-type-hf",
+                "llama2",
+                "--add-qkv-bias",
+            ]
+        )
+        == 0
+    )
     assert read_mg_config(str(tmp_path / "mg2"))[0]["model"]["model_type_hf"] == "qwen25"
 
 
-ROUND_TRIPS = [("qwen3", 2, 1, 1), ("qwen3", 1, 2, 1), ("llama3", 2, 2, 1), ("qwen3_moe", 1, 1, 2),
-               ("qwen3_moe", 2, 1, 2), ("qwen3_moe", 1, 2, 4)]
+ROUND_TRIPS = [
+    ("qwen3", 2, 1, 1),
+    ("qwen3", 1, 2, 1),
+    ("llama3", 2, 2, 1),
+    ("qwen3_moe", 1, 1, 2),
+    ("qwen3_moe", 2, 1, 2),
+    ("qwen3_moe", 1, 2, 4),
+]
 
 
 @pytest.mark.parametrize("family,tp,pp,ep", ROUND_TRIPS)
@@ -105,8 +157,9 @@ def test_hf_mg_hf_round_trip_is_bit_identical(family, tp, pp, ep, tmp_path):
     files = sorted(os.listdir(tmp_path / "mg" / "release"))
     assert len(files) == tp * pp * ep, files
     if ep > 1:  # each EP rank holds its own experts, numbered locally; Megatron's folder names
-        assert files[-1] == (f"mp_rank_{tp - 1:02d}_{ep - 1:03d}" if pp == 1 else
-                             f"mp_rank_{tp - 1:02d}_{pp - 1:03d}_{ep - 1:03d}")
+        assert files[-1] == (
+            f"mp_rank_{tp - 1:02d}_{ep - 1:03d}" if pp == 1 else f"mp_rank_{tp - 1:02d}_{pp - 1:03d}_{ep - 1:03d}"
+        )
         assert read_mg_config(str(tmp_path / "mg"))[2:] == (tp, pp)
         first = torch.load(tmp_path / "mg" / "release" / files[0] / "model_optim_rng.pt", weights_only=True)
         experts = {n.split("local_experts.")[1].split(".")[0] for n in first["model"] if "local_experts" in n}
@@ -116,16 +169,30 @@ def test_hf_mg_hf_round_trip_is_bit_identical(family, tp, pp, ep, tmp_path):
     assert set(before.weight_map) == set(after.weight_map)
     for name in before.weight_map:
         assert torch.equal(before.get(name), after.get(name)), name
-    assert json.load(open(tmp_path / "hf" / "mg2hf" / "config.json"))["architectures"] == \
-        [get_family(family).architecture]
+    assert json.load(open(tmp_path / "hf" / "mg2hf" / "config.json"))["architectures"] == [
+        get_family(family).architecture
+    ]
 
 
 def test_expert_parallel_reshard_and_refusals(tmp_path):
     build_hf_model(str(tmp_path / "hf"), tiny("qwen3_moe"), seed=3)
     hf_to_mg(str(tmp_path / "hf"), str(tmp_path / "ep2"), ep=2)
-    convert_ckpt.main(["--load-model-type", "mg", "--save-model-type", "mg", "--load-dir", str(tmp_path / "ep2"),
-                       "--save-dir", str(tmp_path / "ep4tp2"), "--target-expert-parallel-size", "4",
-                       "--target-tensor-parallel-size", "2"])
+    convert_ckpt.main(
+        [
+            "--load-model-type",
+            "mg",
+            "--save-model-type",
+            "mg",
+            "--load-dir",
+            str(tmp_path / "ep2"),
+            "--save-dir",
+            str(tmp_path / "ep4tp2"),
+            "--target-expert-parallel-size",
+            "4",
+            "--target-tensor-parallel-size",
+            "2",
+        ]
+    )
     mg_to_hf(str(tmp_path / "ep4tp2"), str(tmp_path / "hf"))
     before, after = HFReader(str(tmp_path / "hf")), HFReader(str(tmp_path / "hf" / "mg2hf"))
     assert all(torch.equal(before.get(n), after.get(n)) for n in before.weight_map)
@@ -133,10 +200,12 @@ def test_expert_parallel_reshard_and_refusals(tmp_path):
         hf_to_mg(str(tmp_path / "hf"), str(tmp_path / "bad"), ep=3)
 
 
-LAYOUTS = [dict(name="qwen3_tp2", family="qwen3", tp=2, pp=1, world=2),
-           dict(name="llama3_pp2", family="llama3", tp=1, pp=2, world=2),
-           dict(name="qwen3_moe_ep2", family="qwen3_moe", tp=1, pp=1, ep=2, world=2, train=True),
-           dict(name="qwen3_moe_ep1", family="qwen3_moe", tp=1, pp=1, ep=1, world=1, train=True)]
+LAYOUTS = [
+    dict(name="qwen3_tp2", family="qwen3", tp=2, pp=1, world=2),
+    dict(name="llama3_pp2", family="llama3", tp=1, pp=2, world=2),
+    dict(name="qwen3_moe_ep2", family="qwen3_moe", tp=1, pp=1, ep=2, world=2, train=True),
+    dict(name="qwen3_moe_ep1", family="qwen3_moe", tp=1, pp=1, ep=1, world=1, train=True),
+]
 
 
 @pytest.mark.slow
@@ -151,21 +220,46 @@ def test_each_family_matches_hf_after_conversion_and_in_place_resharding(tmp_pat
         hf_dir = tmp_path / f"hf_{spec['family']}"
         if not hf_dir.exists():
             build_hf_model(str(hf_dir), tiny(spec["family"]), seed=11)
-        assert convert_ckpt.main(["--load-model-type", "hf", "--save-model-type", "mg", "--load-dir", str(hf_dir),
-                                  "--save-dir", str(tmp_path / f"mg_{spec['name']}"),
-                                  "--target-tensor-parallel-size", str(spec["tp"]),
-                                  "--target-pipeline-parallel-size", str(spec["pp"]),
-                                  "--target-expert-parallel-size", str(spec.get("ep", 1))]) == 0
-        mp.start_processes(parallel_worker.run_family, args=(spec["world"], spec, str(tmp_path), free_port()),
-                           nprocs=spec["world"], join=True, start_method="spawn")
+        assert (
+            convert_ckpt.main(
+                [
+                    "--load-model-type",
+                    "hf",
+                    "--save-model-type",
+                    "mg",
+                    "--load-dir",
+                    str(hf_dir),
+                    "--save-dir",
+                    str(tmp_path / f"mg_{spec['name']}"),
+                    "--target-tensor-parallel-size",
+                    str(spec["tp"]),
+                    "--target-pipeline-parallel-size",
+                    str(spec["pp"]),
+                    "--target-expert-parallel-size",
+                    str(spec.get("ep", 1)),
+                ]
+            )
+            == 0
+        )
+        mp.start_processes(
+            parallel_worker.run_family,
+            args=(spec["world"], spec, str(tmp_path), free_port()),
+            nprocs=spec["world"],
+            join=True,
+            start_method="spawn",
+        )
     real = batch["attention_mask"].bool()
     for spec in LAYOUTS:
         hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / f"hf_{spec['family']}"), dtype=torch.float32).eval()
         got = torch.load(tmp_path / f"family_{spec['name']}.pt", weights_only=False)
         with torch.no_grad():
             want = hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            greedy = [hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None,
-                                  pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+            greedy = [
+                hf.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None, pad_token_id=0)[
+                    0, len(p) :
+                ].tolist()
+                for p in prompts
+            ]
         diff = (got["logits"] - want)[real].abs().max().item()
         assert diff <= 2e-5, f"{spec['name']}: logits differ by {diff}"
         assert got["greedy"] == greedy, spec["name"]
@@ -210,9 +304,18 @@ def test_two_ppo_iterations_per_family(tmp_path):
         for family in PPO_FAMILIES:
             name = TINY[family]
             root = str(tmp_path / family)
-            cfg = demo_config("ppo_tiny_cpu", root, paths, 2, **{
-                "megatron_training.model": name, "actor_config.model": name, "critic_config.model": name,
-                "rl_config.test_freq": 0})   # validation once, before training
+            cfg = demo_config(
+                "ppo_tiny_cpu",
+                root,
+                paths,
+                2,
+                **{
+                    "megatron_training.model": name,
+                    "actor_config.model": name,
+                    "critic_config.model": name,
+                    "rl_config.test_freq": 0,
+                },
+            )  # validation once, before training
             results[family] = train(cfg)
     finally:
         ray.shutdown()
@@ -228,11 +331,22 @@ def test_two_ppo_iterations_per_family(tmp_path):
         assert AutoConfig.from_pretrained(str(hf_dir)).model_type == get_family(family).hf_model_types[0]
 
 
-DRY_RUNS = [("qwen3_8b", [], "8.19B params"), ("qwen3_32b", [], "32.8B params"), ("llama31_8b", [], "8.03B params"),
-            ("qwen3_30b_a3b", ["actor_config.tensor_model_parallel_size=4", "critic_config.tensor_model_parallel_size=4",
-                               "actor_config.expert_model_parallel_size=8", "critic_config.expert_model_parallel_size=8",
-                               "generate_config.infer_tensor_parallel_size=4"],
-             "30.5B params, 3.35B active; 128 experts over EP 8")]
+DRY_RUNS = [
+    ("qwen3_8b", [], "8.19B params"),
+    ("qwen3_32b", [], "32.8B params"),
+    ("llama31_8b", [], "8.03B params"),
+    (
+        "qwen3_30b_a3b",
+        [
+            "actor_config.tensor_model_parallel_size=4",
+            "critic_config.tensor_model_parallel_size=4",
+            "actor_config.expert_model_parallel_size=8",
+            "critic_config.expert_model_parallel_size=8",
+            "generate_config.infer_tensor_parallel_size=4",
+        ],
+        "30.5B params, 3.35B active; 128 experts over EP 8",
+    ),
+]
 
 
 @pytest.mark.parametrize("name,extra,expected", DRY_RUNS)
@@ -263,12 +377,22 @@ def test_llama3_rope_frequencies_equal_transformers_for_the_yamls_context():
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     model = tiny("llama3")
-    hf = LlamaConfig(**{k: v for k, v in get_family("llama3").hf_config(model, 0, 0).items()
-                        if k not in ("architectures", "model_type", "torch_dtype")})
+    hf = LlamaConfig(
+        **{
+            k: v
+            for k, v in get_family("llama3").hf_config(model, 0, 0).items()
+            if k not in ("architectures", "model_type", "torch_dtype")
+        }
+    )
     want, _ = ROPE_INIT_FUNCTIONS["llama3"](hf, "cpu")
-    gpt = SimpleNamespace(rotary_pos_emb=RotaryEmbedding(kv_channels=model.head_dim, rotary_percent=1.0,
-                                                         rotary_base=int(model.rotary_base),
-                                                         use_cpu_initialization=True))
-    assert (gpt.rotary_pos_emb.inv_freq - want).abs().max() > 1e-3   # unscaled: far off
+    gpt = SimpleNamespace(
+        rotary_pos_emb=RotaryEmbedding(
+            kv_channels=model.head_dim,
+            rotary_percent=1.0,
+            rotary_base=int(model.rotary_base),
+            use_cpu_initialization=True,
+        )
+    )
+    assert (gpt.rotary_pos_emb.inv_freq - want).abs().max() > 1e-3  # unscaled: far off
     get_family("llama3").post_build(gpt, model)
     assert torch.allclose(gpt.rotary_pos_emb.inv_freq, want.to(gpt.rotary_pos_emb.inv_freq.dtype), rtol=1e-6, atol=0)

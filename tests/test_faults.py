@@ -3,6 +3,7 @@
 Every user error exits 2 with one message naming the key, file or flag and no traceback; faults during
 training stop cleanly with their own exit codes (docs/operations.md, "When things go wrong").
 """
+
 import glob
 import json
 import os
@@ -32,10 +33,17 @@ def assets(tmp_path_factory):
 
 
 def train_args(root, paths, *extra):
-    return ["--config-name", "ppo_tiny_cpu", f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
-            f"megatron_training.data_path={paths['data_prefix']}", f"rl_config.log_dir={root}/logs",
-            f"megatron_training.test_data_path={paths['test_prefix']}",
-            f"actor_config.save={root}/ckpt/actor", f"critic_config.save={root}/ckpt/critic", *extra]
+    return [
+        "--config-name",
+        "ppo_tiny_cpu",
+        f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
+        f"megatron_training.data_path={paths['data_prefix']}",
+        f"rl_config.log_dir={root}/logs",
+        f"megatron_training.test_data_path={paths['test_prefix']}",
+        f"actor_config.save={root}/ckpt/actor",
+        f"critic_config.save={root}/ckpt/critic",
+        *extra,
+    ]
 
 
 def user_error(capsys, fn, args):
@@ -48,49 +56,90 @@ def user_error(capsys, fn, args):
 
 
 # ----- the validator -------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("override,words", [
-    ("rl_config.verifier_weight=[nan]", "rl_config.verifier_weight[0]: got nan, expected a finite number"),
-    ("actor_config.lr=inf", "actor_config.lr: got inf"),
-    ("actor_config.lr=1e6", "actor_config.lr: got 1000000.0, must be <= 1"),
-    ("critic_config.clip_grad=-inf", "critic_config.clip_grad: got -inf"),
-    ("rl_config=null", "rl_config: is null"),
-    ("generate_config=null", "generate_config: is null"),
-    ("generate_config.sampling_config=null", "generate_config.sampling_config: is null"),
-    ("rl_config.verifier_function=[]", "rl_config.verifier_function: is empty"),
-    ("rl_config.use_integrated_worker=false", "rl_config.use_integrated_worker: false (actor, reference and critic "
-                                              "in workers on devices of their own) is not implemented"),
-    ("rl_config.blocking=false", "rl_config.blocking: false is not implemented"),
-    ("megatron_training.seq_length=60", "megatron_training.seq_length: 60 is below rl_config.max_prompt_length + "
-                                        "sampling_config.max_tokens"),
-    ("generate_config.max_model_len=4096", "generate_config.max_model_len: 4096 exceeds the actor model's "
-                                           "max_position_embeddings 1024"),
-])
+@pytest.mark.parametrize(
+    "override,words",
+    [
+        ("rl_config.verifier_weight=[nan]", "rl_config.verifier_weight[0]: got nan, expected a finite number"),
+        ("actor_config.lr=inf", "actor_config.lr: got inf"),
+        ("actor_config.lr=1e6", "actor_config.lr: got 1000000.0, must be <= 1"),
+        ("critic_config.clip_grad=-inf", "critic_config.clip_grad: got -inf"),
+        ("rl_config=null", "rl_config: is null"),
+        ("generate_config=null", "generate_config: is null"),
+        ("generate_config.sampling_config=null", "generate_config.sampling_config: is null"),
+        ("rl_config.verifier_function=[]", "rl_config.verifier_function: is empty"),
+        (
+            "rl_config.use_integrated_worker=false",
+            "rl_config.use_integrated_worker: false (actor, reference and critic "
+            "in workers on devices of their own) is not implemented",
+        ),
+        ("rl_config.blocking=false", "rl_config.blocking: false is not implemented"),
+        (
+            "megatron_training.seq_length=60",
+            "megatron_training.seq_length: 60 is below rl_config.max_prompt_length + sampling_config.max_tokens",
+        ),
+        (
+            "generate_config.max_model_len=4096",
+            "generate_config.max_model_len: 4096 exceeds the actor model's max_position_embeddings 1024",
+        ),
+    ],
+)
 def test_bad_values_are_refused_before_anything_starts(capsys, override, words):
     err = user_error(capsys, train_ppo.main, ["--config-name", "ppo_tiny_cpu", "dry_run=true", override])
     assert words in err
 
 
-@pytest.mark.parametrize("overrides,words", [
-    (["rl_config.partial_rollout_max_split=2", "rl_config.filter_groups_enable=true", "rl_config.n_samples_per_prompt=2",
-      "rl_config.mini_batch_size=32"], "rl_config.partial_rollout_max_split: partial rollout and dynamic sampling"),
-    (["rl_config.partial_rollout_max_split=17"], "rl_config.partial_rollout_max_split: 17 chunks of a 16-token"),
-    (["rl_config.partial_rollout_max_split=4", "generate_config.sampling_config.min_tokens=5"],
-     "generate_config.sampling_config.min_tokens: 5 is above the partial-rollout chunk of 4 tokens"),
-    (["rl_config.max_head_offpolicyness=1"], "rl_config.max_head_offpolicyness: asynchronous rollout needs rollout "
-                                             "workers of their own"),
-    (["rl_config.max_head_offpolicyness=1", "rl_config.rollout_resource.num_npus=1",
-      "rl_config.partial_rollout_max_split=2"], "cannot be combined with partial rollout or dynamic sampling"),
-    (["rl_config.rollout_resource.num_npus=3", "generate_config.infer_tensor_parallel_size=2"],
-     "generate_config.infer_tensor_parallel_size: 2 does not divide the rollout workers' 3 devices"),
-])
+@pytest.mark.parametrize(
+    "overrides,words",
+    [
+        (
+            [
+                "rl_config.partial_rollout_max_split=2",
+                "rl_config.filter_groups_enable=true",
+                "rl_config.n_samples_per_prompt=2",
+                "rl_config.mini_batch_size=32",
+            ],
+            "rl_config.partial_rollout_max_split: partial rollout and dynamic sampling",
+        ),
+        (["rl_config.partial_rollout_max_split=17"], "rl_config.partial_rollout_max_split: 17 chunks of a 16-token"),
+        (
+            ["rl_config.partial_rollout_max_split=4", "generate_config.sampling_config.min_tokens=5"],
+            "generate_config.sampling_config.min_tokens: 5 is above the partial-rollout chunk of 4 tokens",
+        ),
+        (
+            ["rl_config.max_head_offpolicyness=1"],
+            "rl_config.max_head_offpolicyness: asynchronous rollout needs rollout workers of their own",
+        ),
+        (
+            [
+                "rl_config.max_head_offpolicyness=1",
+                "rl_config.rollout_resource.num_npus=1",
+                "rl_config.partial_rollout_max_split=2",
+            ],
+            "cannot be combined with partial rollout or dynamic sampling",
+        ),
+        (
+            ["rl_config.rollout_resource.num_npus=3", "generate_config.infer_tensor_parallel_size=2"],
+            "generate_config.infer_tensor_parallel_size: 2 does not divide the rollout workers' 3 devices",
+        ),
+    ],
+)
 def test_rollout_mode_keys_that_do_not_fit_together_are_refused(capsys, overrides, words):
     err = user_error(capsys, train_ppo.main, ["--config-name", "ppo_tiny_cpu", "dry_run=true", *overrides])
     assert words in err
 
 
 def test_prompt_longer_than_the_training_sequence_is_refused(capsys):
-    err = user_error(capsys, train_ppo.main, ["--config-name", "ppo_tiny_cpu", "dry_run=true",
-                                              "rl_config.max_prompt_length=200", "generate_config.max_model_len=512"])
+    err = user_error(
+        capsys,
+        train_ppo.main,
+        [
+            "--config-name",
+            "ppo_tiny_cpu",
+            "dry_run=true",
+            "rl_config.max_prompt_length=200",
+            "generate_config.max_model_len=512",
+        ],
+    )
     assert "rl_config.max_prompt_length: 200 exceeds megatron_training.seq_length 96" in err
 
 
@@ -106,8 +155,10 @@ def fake_checkpoint(folder, tracker="release", iteration_dir="release", truncate
     rank_dir = os.path.join(folder, iteration_dir, "mp_rank_00")
     os.makedirs(rank_dir, exist_ok=True)
     path = os.path.join(rank_dir, "model_optim_rng.pt")
-    torch.save({"model": {"w": torch.ones(1000)}, "iteration": 0, **({"config": {"model": model}} if model else {}),
-                **extra}, path)
+    torch.save(
+        {"model": {"w": torch.ones(1000)}, "iteration": 0, **({"config": {"model": model}} if model else {}), **extra},
+        path,
+    )
     if truncate:
         with open(path, "r+b") as fh:
             fh.truncate(os.path.getsize(path) // 2)
@@ -116,10 +167,24 @@ def fake_checkpoint(folder, tracker="release", iteration_dir="release", truncate
     return path
 
 
-@pytest.mark.parametrize("case", ["unwritable_save", "tracker_abc", "missing_iteration", "truncated_file",
-                                  "truncated_idx", "weight_load_env", "other_model", "missing_optimizer_shard",
-                                  "critic_never_saved", "roles_apart_without_common", "folder_locked",
-                                  "both_roles_other_tp", "recorded_reference_other_tp"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "unwritable_save",
+        "tracker_abc",
+        "missing_iteration",
+        "truncated_file",
+        "truncated_idx",
+        "weight_load_env",
+        "other_model",
+        "missing_optimizer_shard",
+        "critic_never_saved",
+        "roles_apart_without_common",
+        "folder_locked",
+        "both_roles_other_tp",
+        "recorded_reference_other_tp",
+    ],
+)
 def test_preflight_names_the_path_in_seconds_without_starting_ray(assets, tmp_path, capsys, case, monkeypatch):
     import ray
 
@@ -128,7 +193,10 @@ def test_preflight_names_the_path_in_seconds_without_starting_ray(assets, tmp_pa
     if case == "unwritable_save":
         blocker = tmp_path / "a_file"
         blocker.write_text("not a folder")
-        extra, words = [f"actor_config.save={blocker}/ckpt"], f"actor_config.save: cannot write checkpoints to {blocker}/ckpt"
+        extra, words = (
+            [f"actor_config.save={blocker}/ckpt"],
+            f"actor_config.save: cannot write checkpoints to {blocker}/ckpt",
+        )
     elif case == "tracker_abc":
         fake_checkpoint(str(tmp_path / "load"), tracker="abc")
         extra, words = [f"actor_config.load={tmp_path}/load"], "expected 'release' or an iteration number, found 'abc'"
@@ -140,50 +208,82 @@ def test_preflight_names_the_path_in_seconds_without_starting_ray(assets, tmp_pa
         extra, words = [f"actor_config.load={tmp_path}/load"], f"{path} is truncated or corrupt"
     elif case == "other_model":
         model = load_ppo_config("ppo_tiny_cpu").actor.model
-        fake_checkpoint(str(tmp_path / "load"), model={"hidden_size": model.hidden_size * 2,
-                                                       "num_layers": model.num_layers})
+        fake_checkpoint(
+            str(tmp_path / "load"), model={"hidden_size": model.hidden_size * 2, "num_layers": model.num_layers}
+        )
         extra = [f"actor_config.load={tmp_path}/load"]
-        words = f"holds another model than actor_config.model: hidden_size {model.hidden_size * 2} (run: {model.hidden_size})"
+        words = (
+            f"holds another model than actor_config.model: hidden_size {model.hidden_size * 2} "
+            f"(run: {model.hidden_size})"
+        )
     elif case == "missing_optimizer_shard":
         fake_checkpoint(str(tmp_path / "actor"), tracker="2", iteration_dir="iter_0000002")
-        extra = [f"actor_config.load={tmp_path}/actor", "actor_config.finetune=false", "actor_config.no_load_optim=false",
-                 "actor_config.use_distributed_optimizer=true"]
+        extra = [
+            f"actor_config.load={tmp_path}/actor",
+            "actor_config.finetune=false",
+            "actor_config.no_load_optim=false",
+            "actor_config.use_distributed_optimizer=true",
+        ]
         words = f"{tmp_path}/actor/iter_0000002/mp_rank_00/distrib_optim_dp000.pt is missing"
     elif case == "critic_never_saved":
         fake_checkpoint(str(tmp_path / "actor"), tracker="2", iteration_dir="iter_0000002")
         (tmp_path / "critic").mkdir()
-        extra = [f"actor_config.load={tmp_path}/actor", "actor_config.finetune=false", "critic_config.finetune=false",
-                 f"critic_config.load={tmp_path}/critic"]
+        extra = [
+            f"actor_config.load={tmp_path}/actor",
+            "actor_config.finetune=false",
+            "critic_config.finetune=false",
+            f"critic_config.load={tmp_path}/critic",
+        ]
         words = "critic's folder " + f"{tmp_path}/critic holds no checkpoint: resume every role from the same run"
     elif case == "roles_apart_without_common":
         fake_checkpoint(str(tmp_path / "actor"), tracker="3", iteration_dir="iter_0000003")
         fake_checkpoint(str(tmp_path / "critic"), tracker="2", iteration_dir="iter_0000002")
-        extra = [f"actor_config.load={tmp_path}/actor", "actor_config.finetune=false", "critic_config.finetune=false",
-                 f"critic_config.load={tmp_path}/critic"]
+        extra = [
+            f"actor_config.load={tmp_path}/actor",
+            "actor_config.finetune=false",
+            "critic_config.finetune=false",
+            f"critic_config.load={tmp_path}/critic",
+        ]
         words = f"(actor 3, critic 2: a save was interrupted) and {tmp_path}/actor no longer holds iter_0000002"
     elif case == "both_roles_other_tp":
         for role in ("my actor", "critic"):  # saved at TP 2, the run is TP 1
             fake_checkpoint(str(tmp_path / role), tracker="2", iteration_dir="iter_0000002")
-            shutil.copytree(tmp_path / role / "iter_0000002" / "mp_rank_00", tmp_path / role / "iter_0000002" / "mp_rank_01")
-        extra = [f"actor_config.load={tmp_path}/my actor", "actor_config.finetune=false", "critic_config.finetune=false",
-                 f"critic_config.load={tmp_path}/critic"]
-        words = (f"--load-dir '{tmp_path}/my actor' --save-dir '{tmp_path}/my actor_tp1pp1'",
-                 f"critic_config.load: {tmp_path}/critic is saved with TP=2, PP=1, EP=1 but the run uses TP=1")
+            shutil.copytree(
+                tmp_path / role / "iter_0000002" / "mp_rank_00", tmp_path / role / "iter_0000002" / "mp_rank_01"
+            )
+        extra = [
+            f"actor_config.load={tmp_path}/my actor",
+            "actor_config.finetune=false",
+            "critic_config.finetune=false",
+            f"critic_config.load={tmp_path}/critic",
+        ]
+        words = (
+            f"--load-dir '{tmp_path}/my actor' --save-dir '{tmp_path}/my actor_tp1pp1'",
+            f"critic_config.load: {tmp_path}/critic is saved with TP=2, PP=1, EP=1 but the run uses TP=1",
+        )
     elif case == "recorded_reference_other_tp":  # the actor was resharded, the folder its reference came from not
         fake_checkpoint(str(tmp_path / "origin"), tracker="release")
         shutil.copytree(tmp_path / "origin" / "release" / "mp_rank_00", tmp_path / "origin" / "release" / "mp_rank_01")
-        fake_checkpoint(str(tmp_path / "actor"), tracker="2", iteration_dir="iter_0000002",
-                        trainer_state={"ref_from": str(tmp_path / "origin")})
+        fake_checkpoint(
+            str(tmp_path / "actor"),
+            tracker="2",
+            iteration_dir="iter_0000002",
+            trainer_state={"ref_from": str(tmp_path / "origin")},
+        )
         extra = [f"actor_config.load={tmp_path}/actor", "actor_config.finetune=false"]
-        words = (f"the reference recorded in {tmp_path}/actor (trainer_state.ref_from): {tmp_path}/origin is saved "
-                 "with TP=2", "then set rl_config.integrated_mode_config.ref_model_load_path to the resharded folder")
+        words = (
+            f"the reference recorded in {tmp_path}/actor (trainer_state.ref_from): {tmp_path}/origin is saved "
+            "with TP=2",
+            "then set rl_config.integrated_mode_config.ref_model_load_path to the resharded folder",
+        )
     elif case == "folder_locked":
         from mindspeed_rl.utils.run_lock import LOCK_NAME
 
         (tmp_path / "ckpt" / "critic").mkdir(parents=True)
         holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-        (tmp_path / "ckpt" / "critic" / LOCK_NAME).write_text(json.dumps(
-            {"pid": holder.pid, "host": __import__("socket").gethostname(), "started": time.time()}))
+        (tmp_path / "ckpt" / "critic" / LOCK_NAME).write_text(
+            json.dumps({"pid": holder.pid, "host": __import__("socket").gethostname(), "started": time.time()})
+        )
         extra, words = [], f"critic_config.save: {tmp_path}/ckpt/critic is used by a live run (pid {holder.pid}"
     elif case == "weight_load_env":
         monkeypatch.setenv("MINDSPEED_RL_VLLM_WEIGHT_LOAD", "reload")
@@ -193,7 +293,10 @@ def test_preflight_names_the_path_in_seconds_without_starting_ray(assets, tmp_pa
         shutil.copytree(os.path.dirname(paths["data_prefix"]), data)
         idx = data / (os.path.basename(paths["data_prefix"]) + "_packed_input_ids_document.idx")
         idx.write_bytes(idx.read_bytes()[:40])
-        extra, words = [f"megatron_training.data_path={data}/{os.path.basename(paths['data_prefix'])}"], f"{idx} is truncated"
+        extra, words = (
+            [f"megatron_training.data_path={data}/{os.path.basename(paths['data_prefix'])}"],
+            f"{idx} is truncated",
+        )
     start = time.perf_counter()
     try:
         err = user_error(capsys, train_ppo.main, train_args(tmp_path, paths, *extra))
@@ -221,8 +324,20 @@ def test_a_crafted_checkpoint_runs_nothing(tmp_path, capsys):
     torch.save({"model": {}, "config": RunsACommand(str(marker))}, path)
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "config.json").write_text("{}")
-    err = user_error(capsys, convert_ckpt.main, ["--load-model-type", "mg", "--save-model-type", "hf", "--load-dir",
-                                                 str(tmp_path / "mg"), "--save-dir", str(tmp_path / "hf")])
+    err = user_error(
+        capsys,
+        convert_ckpt.main,
+        [
+            "--load-model-type",
+            "mg",
+            "--save-model-type",
+            "hf",
+            "--load-dir",
+            str(tmp_path / "mg"),
+            "--save-dir",
+            str(tmp_path / "hf"),
+        ],
+    )
     assert not marker.exists()
     assert path in err and "refused to load" in err
     with pytest.raises(ml.CheckpointError, match="refused to load"):
@@ -239,9 +354,9 @@ def test_shipped_configs_do_not_trust_remote_code():
 def test_non_finite_steps_are_skipped_counted_and_never_saved(tmp_path):
     from mindspeed_rl.checkpoint.engine_io import save_engine
     from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.protocol import Experience, MiniBatch
     from mindspeed_rl.utils import dist
     from mindspeed_rl.workers.base_worker import train_on_mini_batches
-    from mindspeed_rl.protocol import Experience, MiniBatch
     from tests.helpers import make_batch, sft_loss, tiny_role
 
     dist.init_distributed()
@@ -250,8 +365,12 @@ def test_non_finite_steps_are_skipped_counted_and_never_saved(tmp_path):
         engine = MegatronEngine(tiny_role(), head="lm", trainable=True, total_steps=10)
         before = {k: v.clone() for k, v in engine.named_weights()}
         batch = make_batch(4, 12)
-        rows = Experience(prompt_width=4, input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                          response_mask=batch["attention_mask"][:, 4:])
+        rows = Experience(
+            prompt_width=4,
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            response_mask=batch["attention_mask"][:, 4:],
+        )
 
         def nan_loss(rows, normaliser):
             return lambda outputs, mb: (sft_loss(outputs, mb)[0] * float("nan"), {})
@@ -259,8 +378,9 @@ def test_non_finite_steps_are_skipped_counted_and_never_saved(tmp_path):
         metrics = train_on_mini_batches(engine, [MiniBatch(rows, 1.0)] * 2, nan_loss, 2, "actor")
         assert metrics["actor/skipped_steps"] == 2 and metrics["actor/nonfinite_streak"] == 2
         assert all(torch.equal(before[k], v) for k, v in engine.named_weights())  # no step was taken
-        metrics = train_on_mini_batches(engine, [MiniBatch(rows, 1.0)],
-                                        lambda r, n: (lambda o, mb: sft_loss(o, mb)), 2, "actor")
+        metrics = train_on_mini_batches(
+            engine, [MiniBatch(rows, 1.0)], lambda r, n: lambda o, mb: sft_loss(o, mb), 2, "actor"
+        )
         assert metrics["actor/skipped_steps"] == 0 and metrics["actor/nonfinite_streak"] == 0
         save_engine(engine, str(tmp_path / "ckpt"), 1)
         with torch.no_grad():
@@ -299,8 +419,9 @@ def test_a_collapsed_policy_is_not_saved_and_stops_the_run_after_max_collapsed_i
 
     cfg = load_ppo_config("ppo_tiny_cpu", ["rl_config.max_collapsed_iterations=3", "megatron_training.save_interval=1"])
     saved = []
-    trainer = SimpleNamespace(rl=cfg.rl, cfg=cfg, iteration=0, collapse_streak=0,
-                              save=lambda: saved.append(trainer.iteration))
+    trainer = SimpleNamespace(
+        rl=cfg.rl, cfg=cfg, iteration=0, collapse_streak=0, save=lambda: saved.append(trainer.iteration)
+    )
     healthy = {"actor/entropy": 0.8, "grad_norm": 0.4}
     flat = {"actor/entropy": 0.0, "grad_norm": 0.0}
     for metrics in (healthy, healthy, flat, healthy, flat, flat):  # a single flat iteration is forgiven
@@ -311,8 +432,13 @@ def test_a_collapsed_policy_is_not_saved_and_stops_the_run_after_max_collapsed_i
     with pytest.raises(NonFiniteStop, match="the policy collapsed: .* in the last 3 iterations"):
         PPOTrainer.after_iteration(trainer, flat)
     assert saved == [1, 2, 4]
-    off = SimpleNamespace(rl=load_ppo_config("ppo_tiny_cpu", ["rl_config.max_collapsed_iterations=0"]).rl, cfg=cfg,
-                          iteration=0, collapse_streak=0, save=lambda: saved.append(-1))
+    off = SimpleNamespace(
+        rl=load_ppo_config("ppo_tiny_cpu", ["rl_config.max_collapsed_iterations=0"]).rl,
+        cfg=cfg,
+        iteration=0,
+        collapse_streak=0,
+        save=lambda: saved.append(-1),
+    )
     for _ in range(4):
         off.iteration += 1
         PPOTrainer.after_iteration(off, flat)
@@ -328,8 +454,18 @@ def hf_dir(tmp_path_factory):
 
 
 def to_mg(load, save, *extra):
-    return ["--load-model-type", "hf", "--save-model-type", "mg", "--load-dir", load, "--save-dir", save,
-            "--add-qkv-bias", *extra]
+    return [
+        "--load-model-type",
+        "hf",
+        "--save-model-type",
+        "mg",
+        "--load-dir",
+        load,
+        "--save-dir",
+        save,
+        "--add-qkv-bias",
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("damage", ["truncated_safetensors", "malformed_config", "incomplete_config"])
@@ -353,13 +489,29 @@ def test_converter_names_the_broken_file(hf_dir, tmp_path, capsys, damage):
 
 
 def test_converter_flags_and_folders(hf_dir, tmp_path, capsys):
-    err = user_error(capsys, convert_ckpt.main, to_mg(hf_dir, str(tmp_path / "mg"), "--target-pipeline-parallel-size",
-                                                      "2", "--num-layer-list", "1,x"))
+    err = user_error(
+        capsys,
+        convert_ckpt.main,
+        to_mg(hf_dir, str(tmp_path / "mg"), "--target-pipeline-parallel-size", "2", "--num-layer-list", "1,x"),
+    )
     assert "--num-layer-list 1,x: expected comma-separated integers" in err
     assert convert_ckpt.main(to_mg(hf_dir, str(tmp_path / "lm"))) == 0
     shutil.copy(os.path.join(hf_dir, "config.json"), tmp_path / "config.json")
-    err = user_error(capsys, convert_ckpt.main, ["--load-model-type", "mg", "--save-model-type", "hf", "--load-dir",
-                                                 str(tmp_path / "lm"), "--save-dir", str(tmp_path), "--orm"])
+    err = user_error(
+        capsys,
+        convert_ckpt.main,
+        [
+            "--load-model-type",
+            "mg",
+            "--save-model-type",
+            "hf",
+            "--load-dir",
+            str(tmp_path / "lm"),
+            "--save-dir",
+            str(tmp_path),
+            "--orm",
+        ],
+    )
     assert "no value head" in err and not (tmp_path / "mg2hf").exists()
     training = tmp_path / "training"
     fake_checkpoint(str(training), tracker="200", iteration_dir="iter_0000200")
@@ -405,8 +557,11 @@ def ray_processes():
 
 def start_training(root, paths, *extra):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    cmd = [sys.executable, os.path.join(ROOT, "cli", "train_ppo.py"),
-           *train_args(root, paths, "megatron_training.save_interval=1", *extra)]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "cli", "train_ppo.py"),
+        *train_args(root, paths, "megatron_training.save_interval=1", *extra),
+    ]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -430,8 +585,11 @@ def test_sigterm_stops_cleanly_and_a_dead_worker_restarts_the_run_which_ends_as_
     # (who died, the last checkpoint, the resume overrides); the run resumes from the last checkpoint both
     # roles completed and ends as a run nobody killed (exact resume)
     def last_metrics(out):
-        run_dir = [line.split("run directory: ")[1].split()[0] for line in out.splitlines()
-                   if line.startswith("run directory: ")][-1]
+        run_dir = [
+            line.split("run directory: ")[1].split()[0]
+            for line in out.splitlines()
+            if line.startswith("run directory: ")
+        ][-1]
         with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
             return [json.loads(line) for line in fh][-1]
 
@@ -445,9 +603,11 @@ def test_sigterm_stops_cleanly_and_a_dead_worker_restarts_the_run_which_ends_as_
     assert proc.returncode == 0, out[-3000:]
     message = [line for line in out.splitlines() if line.startswith("restart 1 of 1 (rl_config.max_restarts): ")]
     assert len(message) == 1 and "the critic worker of rank 0 died" in message[0], out[-3000:]
-    assert (f"Resume by adding: actor_config.finetune=false actor_config.load={tmp_path}/dead/ckpt/actor "
-            "actor_config.no_load_optim=false actor_config.no_load_rng=false critic_config.finetune=false "
-            f"critic_config.load={tmp_path}/dead/ckpt/critic critic_config.no_load_optim=false") in message[0]
+    assert (
+        f"Resume by adding: actor_config.finetune=false actor_config.load={tmp_path}/dead/ckpt/actor "
+        "actor_config.no_load_optim=false actor_config.no_load_rng=false critic_config.finetune=false "
+        f"critic_config.load={tmp_path}/dead/ckpt/critic critic_config.no_load_optim=false"
+    ) in message[0]
     assert "ActorDiedError" not in out and "resumed at iteration" in out
     a, b = last_metrics(straight_out), last_metrics(out)
     assert a["iteration"] == b["iteration"] == 3
@@ -487,12 +647,20 @@ def test_a_save_stopped_between_the_roles_resumes_both_from_the_last_common_iter
     for role, done in (("actor", (1, 2)), ("critic", (1,))):
         for it in done:
             ml.begin_save(str(tmp_path / role), it)
-            ml.write_rank(str(tmp_path / role), it, 0, 0, 1, {"model": {"w": torch.full((2,), float(it))},
-                                                               "iteration": it})
+            ml.write_rank(
+                str(tmp_path / role), it, 0, 0, 1, {"model": {"w": torch.full((2,), float(it))}, "iteration": it}
+            )
             ml.commit_save(str(tmp_path / role), it, 1)
     ml.write_rank(str(tmp_path / "critic"), 2, 0, 0, 1, {"model": {}, "iteration": 2})  # its staging folder
-    cfg = load_ppo_config("ppo_tiny_cpu", [f"actor_config.load={tmp_path}/actor", "actor_config.finetune=false",
-                                           f"critic_config.load={tmp_path}/critic", "critic_config.finetune=false"])
+    cfg = load_ppo_config(
+        "ppo_tiny_cpu",
+        [
+            f"actor_config.load={tmp_path}/actor",
+            "actor_config.finetune=false",
+            f"critic_config.load={tmp_path}/critic",
+            "critic_config.finetune=false",
+        ],
+    )
     assert resume_iteration(cfg) == 1
     out = capsys.readouterr().out
     assert "(actor 2, critic 1: the last save was interrupted); resuming every role from iteration 1" in out
@@ -514,10 +682,16 @@ def test_the_resume_hint_names_every_role_its_optimizer_and_rng_and_quotes_paths
     hint = text.split("Resume by adding: ")[1]
     assert f"'actor_config.load={save}'" in hint and "(iteration 3)" in text
     parsed = dict(item.split("=", 1) for item in __import__("shlex").split(hint))
-    assert parsed == {"actor_config.finetune": "false", "actor_config.load": str(save),
-                      "actor_config.no_load_optim": "false", "actor_config.no_load_rng": "false",
-                      "critic_config.finetune": "false", "critic_config.load": f"{tmp_path}/critic",
-                      "critic_config.no_load_optim": "false", "critic_config.no_load_rng": "false"}
+    assert parsed == {
+        "actor_config.finetune": "false",
+        "actor_config.load": str(save),
+        "actor_config.no_load_optim": "false",
+        "actor_config.no_load_rng": "false",
+        "critic_config.finetune": "false",
+        "critic_config.load": f"{tmp_path}/critic",
+        "critic_config.no_load_optim": "false",
+        "critic_config.no_load_rng": "false",
+    }
 
 
 def test_a_folder_lock_is_refused_while_its_run_lives_and_taken_over_when_it_is_gone(tmp_path):
@@ -526,14 +700,16 @@ def test_a_folder_lock_is_refused_while_its_run_lives_and_taken_over_when_it_is_
     from mindspeed_rl.utils.run_lock import LOCK_NAME, FolderLocked, RunLock
 
     folders = [("actor_config.save", str(tmp_path / "ckpt")), ("rl_config.log_dir", str(tmp_path / "logs"))]
-    with RunLock(folders) as first:
+    with RunLock(folders):
         assert sorted(os.listdir(tmp_path / "ckpt")) == [LOCK_NAME]
         holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
         try:  # the same folder from a second live run (another pid)
-            (tmp_path / "logs" / LOCK_NAME).write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(),
-                                                                    "started": time.time()}))
-            with pytest.raises(FolderLocked, match=f"rl_config.log_dir: {tmp_path}/logs is used by a live run "
-                                                   f"\\(pid {holder.pid} on"):
+            (tmp_path / "logs" / LOCK_NAME).write_text(
+                json.dumps({"pid": holder.pid, "host": socket.gethostname(), "started": time.time()})
+            )
+            with pytest.raises(
+                FolderLocked, match=f"rl_config.log_dir: {tmp_path}/logs is used by a live run \\(pid {holder.pid} on"
+            ):
                 RunLock([("rl_config.log_dir", str(tmp_path / "logs"))]).acquire()
         finally:
             holder.kill()
@@ -549,8 +725,9 @@ def test_a_folder_lock_is_refused_while_its_run_lives_and_taken_over_when_it_is_
     assert not os.path.exists(tmp_path / "ckpt" / LOCK_NAME)  # released at the end
 
 
-def test_a_full_disk_during_a_save_says_so_removes_its_staging_files_and_keeps_the_last_checkpoint(tmp_path,
-                                                                                                    monkeypatch):
+def test_a_full_disk_during_a_save_says_so_removes_its_staging_files_and_keeps_the_last_checkpoint(
+    tmp_path, monkeypatch
+):
     import collections
 
     ckpt = str(tmp_path / "ckpt")
@@ -560,16 +737,20 @@ def test_a_full_disk_during_a_save_says_so_removes_its_staging_files_and_keeps_t
 
     def full(payload, path):  # what torch's stream writer raises when the disk fills up
         open(path, "wb").write(b"half")
-        raise RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file "
-                           "data/0: file write failed")
+        raise RuntimeError(
+            "[enforce fail at inline_container.cc:664] . PytorchStreamWriter failed writing file "
+            "data/0: file write failed"
+        )
 
     monkeypatch.setattr(ml.torch, "save", full)
     monkeypatch.setattr(ml.shutil, "disk_usage", lambda folder: collections.namedtuple("U", "total used free")(1, 1, 0))
     ml.begin_save(ckpt, 2)
     with pytest.raises(ml.CheckpointError) as caught:
         ml.write_rank(ckpt, 2, 0, 0, 1, {"model": {"w": torch.zeros(2)}, "iteration": 2})
-    assert str(caught.value) == (f"no space left on {ckpt} while saving iter_0000002: its staging files are removed "
-                                 "and iter_0000001 stays the latest checkpoint; free space and resume")
+    assert str(caught.value) == (
+        f"no space left on {ckpt} while saving iter_0000002: its staging files are removed "
+        "and iter_0000001 stays the latest checkpoint; free space and resume"
+    )
     assert sorted(os.listdir(ckpt)) == ["iter_0000001", ml.TRACKER]
     monkeypatch.undo()
     assert ml.load_rank(ckpt, 0, 0)["model"]["w"].tolist() == [1.0, 1.0]
@@ -586,22 +767,29 @@ def test_a_worker_exception_arrives_as_its_type_and_message(tmp_path):
 
     cfg = load_ppo_config("ppo_tiny_cpu", [f"actor_config.save={tmp_path}/actor"])
     error = ml.CheckpointError(f"no space left on {tmp_path}/actor while saving iter_0000002")
-    raised = ray.exceptions.RayTaskError("save", "Traceback (most recent call last):\n  ...\nCheckpointError: no space",
-                                         error, "ray::actor_0_17:IntegratedActorWorker.save").as_instanceof_cause()
+    raised = ray.exceptions.RayTaskError(
+        "save",
+        "Traceback (most recent call last):\n  ...\nCheckpointError: no space",
+        error,
+        "ray::actor_0_17:IntegratedActorWorker.save",
+    ).as_instanceof_cause()
     out = describe_worker_error(raised, [], cfg, str(tmp_path / "run"))
     assert out.user_error and str(out).startswith(
-        f"the actor worker of rank 0 raised CheckpointError: no space left on {tmp_path}/actor while saving")
+        f"the actor worker of rank 0 raised CheckpointError: no space left on {tmp_path}/actor while saving"
+    )
     assert "CheckpointError: no space" in (tmp_path / "run" / "worker_error.txt").read_text()  # the whole traceback
     bug = ray.exceptions.RayTaskError("update", "tb", KeyError("x"), "ray::critic_1_3:CriticWorker.update")
     assert not describe_worker_error(bug.as_instanceof_cause(), [], cfg, str(tmp_path / "run")).user_error
     # a constructor that raised: the dead-worker paragraph shows the exception, not only "died"
-    text = ("The actor died because of an error raised in its creation task, ray::actor_0_5:IntegratedActorWorker"
-            ".__init__() (pid=1, ip=1)\nTraceback (most recent call last):\n  File \"x.py\", line 1\n"
-            "ValueError: User-specified max_model_len (4096) is greater than the derived max_model_len (1024)")
+    text = (
+        "The actor died because of an error raised in its creation task, ray::actor_0_5:IntegratedActorWorker"
+        '.__init__() (pid=1, ip=1)\nTraceback (most recent call last):\n  File "x.py", line 1\n'
+        "ValueError: User-specified max_model_len (4096) is greater than the derived max_model_len (1024)"
+    )
     assert exception_line(text).startswith("ValueError: User-specified max_model_len (4096)")
     assert "the actor worker of rank 0 died (ValueError: User-specified" in describe_dead_worker(
-        type("E", (), {"__str__": lambda self: text})(), [], cfg)
-
+        type("E", (), {"__str__": lambda self: text})(), [], cfg
+    )
 
 
 def test_sigterm_during_start_up_exits_143_with_a_message(assets, tmp_path):
@@ -621,8 +809,10 @@ def test_sigterm_during_start_up_exits_143_with_a_message(assets, tmp_path):
 def test_a_restart_resumes_every_role_from_its_save_or_none(tmp_path):
     from mindspeed_rl.trainer.launch import resumed_config
 
-    cfg = load_ppo_config("ppo_tiny_cpu", [f"actor_config.save={tmp_path}/actor", f"critic_config.save={tmp_path}/critic",
-                                           "rl_config.max_restarts=2"])
+    cfg = load_ppo_config(
+        "ppo_tiny_cpu",
+        [f"actor_config.save={tmp_path}/actor", f"critic_config.save={tmp_path}/critic", "rl_config.max_restarts=2"],
+    )
     assert resumed_config(cfg) is cfg  # nothing saved yet: the restart begins again
     fake_checkpoint(str(tmp_path / "actor"), tracker="1", iteration_dir="iter_0000001")
     assert resumed_config(cfg) is None  # the actor saved, the critic not: no restart pairs them
@@ -638,8 +828,9 @@ def test_a_tokenizer_with_remote_code_is_refused_without_a_prompt_or_running_it(
     from mindspeed_rl.utils.cli import UserError
     from mindspeed_rl.utils.hf_tokenizer import load_tokenizer
 
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"auto_map": {"AutoTokenizer": ["tok.MyTok", None]},
-                                                                "tokenizer_class": "MyTok"}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"auto_map": {"AutoTokenizer": ["tok.MyTok", None]}, "tokenizer_class": "MyTok"})
+    )
     (tmp_path / "tok.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
     with pytest.raises(UserError, match="needs its own Python code .* which is never run here"):
         load_tokenizer(str(tmp_path), "megatron_training.tokenizer_name_or_path")

@@ -1,5 +1,6 @@
 """examples/ppo/ppo_trainer_qwen25_32b.sh on one machine as two Ray nodes (two raylets): the placement
 group spans both nodes, a short PPO run completes, and an unrelated Ray cluster is left alone."""
+
 import os
 import subprocess
 import sys
@@ -24,27 +25,72 @@ def test_two_node_launch_spans_nodes_and_leaves_other_ray_alone(tmp_path):
 
     short = tempfile.mkdtemp(prefix="r", dir="/tmp")  # Ray's socket paths must stay under 108 bytes
     paths = prepare(str(tmp_path / "assets"), load_ppo_config("ppo_tiny_cpu").actor.model.padded_vocab_size)
-    env = {**os.environ, "PYTHON": sys.executable, "RAY_AUTH_MODE": "disabled", "NNODES": "2", "NPUS_PER_NODE": "1",
-           "MASTER_ADDR": "127.0.0.1", "CURRENT_IP": "127.0.0.1", "RAY_PORT": "6371",
-           "RAY_TMP": os.path.join(short, "a"), "LOG_DIR": str(tmp_path / "logs"), "WAIT_SECONDS": "180", "PYTHONWARNINGS": "ignore"}
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "RAY_AUTH_MODE": "disabled",
+        "NNODES": "2",
+        "NPUS_PER_NODE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "CURRENT_IP": "127.0.0.1",
+        "RAY_PORT": "6371",
+        "RAY_TMP": os.path.join(short, "a"),
+        "LOG_DIR": str(tmp_path / "logs"),
+        "WAIT_SECONDS": "180",
+        "PYTHONWARNINGS": "ignore",
+    }
     other_tmp = os.path.join(short, "b")
-    subprocess.run([ray_bin(), "start", "--head", "--port", "6372", "--num-cpus", "0", "--temp-dir", other_tmp,
-                    "--include-dashboard", "false", "--disable-usage-stats"], check=True, env=env,
-                   capture_output=True)
-    overrides = [f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
-                 f"megatron_training.data_path={paths['data_prefix']}", f"rl_config.log_dir={tmp_path}/logs",
-                 f"megatron_training.test_data_path={paths['test_prefix']}",
-                 "megatron_training.train_iters=2", "megatron_training.global_batch_size=8",
-                 "rl_config.actor_resource.num_npus=2", "rl_config.critic_resource.num_npus=2",
-                 f"actor_config.save={tmp_path}/ckpt/actor", f"critic_config.save={tmp_path}/ckpt/critic"]
+    subprocess.run(
+        [
+            ray_bin(),
+            "start",
+            "--head",
+            "--port",
+            "6372",
+            "--num-cpus",
+            "0",
+            "--temp-dir",
+            other_tmp,
+            "--include-dashboard",
+            "false",
+            "--disable-usage-stats",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    overrides = [
+        f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
+        f"megatron_training.data_path={paths['data_prefix']}",
+        f"rl_config.log_dir={tmp_path}/logs",
+        f"megatron_training.test_data_path={paths['test_prefix']}",
+        "megatron_training.train_iters=2",
+        "megatron_training.global_batch_size=8",
+        "rl_config.actor_resource.num_npus=2",
+        "rl_config.critic_resource.num_npus=2",
+        f"actor_config.save={tmp_path}/ckpt/actor",
+        f"critic_config.save={tmp_path}/ckpt/critic",
+    ]
     # a process whose command line holds RAY_TMP as the prefix of another path: not the launcher's to stop
     decoy = subprocess.Popen(["bash", "-c", "sleep 600", env["RAY_TMP"] + "_decoy/x"])
     try:
-        worker = subprocess.Popen(["bash", SCRIPT, "ppo_tiny_cpu"], env={**env, "NODE_RANK": "1"},
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path))
+        worker = subprocess.Popen(
+            ["bash", SCRIPT, "ppo_tiny_cpu"],
+            env={**env, "NODE_RANK": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=str(tmp_path),
+        )
         time.sleep(1)
-        head = subprocess.run(["bash", SCRIPT, "ppo_tiny_cpu", *overrides], env={**env, "NODE_RANK": "0"},
-                              capture_output=True, text=True, cwd=str(tmp_path), timeout=600)
+        head = subprocess.run(
+            ["bash", SCRIPT, "ppo_tiny_cpu", *overrides],
+            env={**env, "NODE_RANK": "0"},
+            capture_output=True,
+            text=True,
+            cwd=str(tmp_path),
+            timeout=600,
+        )
         out = head.stdout + head.stderr
         assert head.returncode == 0, out[-4000:]
         assert "2 / 2 CPU in the cluster" in out
@@ -68,23 +114,41 @@ def test_two_node_launch_spans_nodes_and_leaves_other_ray_alone(tmp_path):
 def test_a_config_typo_through_the_launcher_is_refused_before_ray_starts(tmp_path):
     """The head validates the config (cli/train_ppo.py --check) before `ray start`: a typo costs seconds,
     and a run from another folder is told where relative paths are read from."""
-    env = {**os.environ, "PYTHON": sys.executable, "NNODES": "1", "LOG_DIR": str(tmp_path / "logs"),
-           "MASTER_ADDR": "127.0.0.1", "CURRENT_IP": "127.0.0.1", "WAIT_SECONDS": "5",  # the head, whatever the
-           "RAY": "/bin/false"}  # suite left in os.environ; a Ray start would fail loudly: it must not be reached
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "NNODES": "1",
+        "LOG_DIR": str(tmp_path / "logs"),
+        "MASTER_ADDR": "127.0.0.1",
+        "CURRENT_IP": "127.0.0.1",
+        "WAIT_SECONDS": "5",  # the head, whatever the
+        "RAY": "/bin/false",
+    }  # suite left in os.environ; a Ray start would fail loudly: it must not be reached
     start = time.perf_counter()
-    proc = subprocess.run(["bash", SCRIPT, "ppo_tiny_cpu", "rl_config.n_samples_per_prompt=abc"], cwd=str(tmp_path),
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["bash", SCRIPT, "ppo_tiny_cpu", "rl_config.n_samples_per_prompt=abc"],
+        cwd=str(tmp_path),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "config error: rl_config.n_samples_per_prompt: got 'abc', expected an integer" in proc.stderr
     assert "ray start" not in proc.stdout + proc.stderr and time.perf_counter() - start < 60
-    assert f"[launcher] running in {ROOT}: relative paths in the config and the overrides are read from there" \
+    assert (
+        f"[launcher] running in {ROOT}: relative paths in the config and the overrides are read from there"
         in proc.stdout
+    )
     # a valid config passes the check and goes on to `ray start`, whose failure is one line with its reason
     paths = prepare(str(tmp_path / "assets"), load_ppo_config("ppo_tiny_cpu").actor.model.padded_vocab_size)
-    overrides = [f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
-                 f"megatron_training.data_path={paths['data_prefix']}",
-                 f"megatron_training.test_data_path={paths['test_prefix']}"]
-    proc = subprocess.run(["bash", SCRIPT, "ppo_tiny_cpu", *overrides], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=120)
+    overrides = [
+        f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
+        f"megatron_training.data_path={paths['data_prefix']}",
+        f"megatron_training.test_data_path={paths['test_prefix']}",
+    ]
+    proc = subprocess.run(
+        ["bash", SCRIPT, "ppo_tiny_cpu", *overrides], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and "[launcher] error: ray start failed (" in proc.stderr, proc.stderr
     assert "check: the config and its paths are valid" in open(tmp_path / "logs" / "plan.txt").read()

@@ -2,6 +2,7 @@
 engines of infer TP 2, critic TP 2 x DP 2, one placement group of 4 bundles): each engine's ranks get the
 same prompts, rollout log-probs equal the actor's, and a resume at that layout continues where it stopped.
 """
+
 import os
 
 import pytest
@@ -36,8 +37,12 @@ def test_x4_twin_engines_logprobs_and_resume(tmp_path, monkeypatch):
     monkeypatch.setattr(WorkerGroup, "collect_generate", spy)
     try:
         first = train(x4_config(root, paths, 2))
-        resume = {"actor_config.finetune": "false", "critic_config.finetune": "false",
-                  "actor_config.load": f"{root}/ckpt/actor", "critic_config.load": f"{root}/ckpt/critic"}
+        resume = {
+            "actor_config.finetune": "false",
+            "critic_config.finetune": "false",
+            "actor_config.load": f"{root}/ckpt/actor",
+            "critic_config.load": f"{root}/ckpt/critic",
+        }
         second = train(x4_config(root, paths, 3, **resume))
     finally:
         ray.shutdown()
@@ -46,16 +51,16 @@ def test_x4_twin_engines_logprobs_and_resume(tmp_path, monkeypatch):
     for engines, result in generated:
         assert engines == [[0, 1], [2, 3]]
         digests = {r.rank: r.request_digest for r in result.per_rank}
-        for ranks in engines:                     # both ranks of each engine received identical requests
+        for ranks in engines:  # both ranks of each engine received identical requests
             assert digests[ranks[0]] == digests[ranks[1]]
-        assert digests[0] != digests[2]           # and the two engines shared the prompts out
+        assert digests[0] != digests[2]  # and the two engines shared the prompts out
         leaders = [r for r in result.per_rank if r.outputs is not None]
         assert sorted(r.rank for r in leaders) == [0, 2]
-        assert len(result.outputs) == 8 * 8       # every prompt x sample, once
+        assert len(result.outputs) == 8 * 8  # every prompt x sample, once
     for metrics in first + second:
         assert metrics["rollout/logprob_diff_max"] < 1e-4, metrics["rollout/logprob_diff_max"]
     assert [m["iteration"] for m in first] == [1, 2]
-    assert [m["iteration"] for m in second] == [3]           # continued from the saved iteration
+    assert [m["iteration"] for m in second] == [3]  # continued from the saved iteration
     assert ml.read_tracker(f"{root}/ckpt/actor") == 3 and ml.read_tracker(f"{root}/ckpt/critic") == 3
     saved = ml.load_rank(f"{root}/ckpt/actor", 1, 0, mmap=False)  # TP rank 1's shard of the resumed actor
     assert saved["iteration"] == 3 and saved["trainer_state"]["consumed_samples"] == 3 * 8

@@ -1,4 +1,5 @@
 """Library chatter goes to a log file; our messages and the library lines that matter reach the console."""
+
 import logging
 import os
 import subprocess
@@ -24,18 +25,31 @@ WORKER = textwrap.dedent("""
 
 def test_worker_output_is_routed_to_its_file_and_what_matters_to_the_console(tmp_path):
     log = tmp_path / "logs" / "actor_0.log"
-    proc = subprocess.run([sys.executable, "-c", WORKER], capture_output=True, text=True,
-                          env=dict(os.environ, MINDSPEED_RL_LOG_FILE=str(log), PYTHONWARNINGS="default"))
+    proc = subprocess.run(
+        [sys.executable, "-c", WORKER],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, MINDSPEED_RL_LOG_FILE=str(log), PYTHONWARNINGS="default"),
+    )
     assert proc.returncode == 0, proc.stderr
     console = proc.stdout.splitlines()
-    assert console == ["WARNING vllm.v1.core.sched: Sequence group 3 is preempted: not enough KV cache space",
-                       "ERROR megatron.core.optimizer: gradient all-reduce failed",
-                       "rollout engine: vLLM (cpu, infer TP 1)"]
+    assert console == [
+        "WARNING vllm.v1.core.sched: Sequence group 3 is preempted: not enough KV cache space",
+        "ERROR megatron.core.optimizer: gradient all-reduce failed",
+        "rollout engine: vLLM (cpu, infer TP 1)",
+    ]
     assert proc.stderr == ""
     text = log.read_text()
-    for line in ("a print from a library", "NUMA binding from C++", "RotaryEmbedding: Failed to load weights",
-                 "preempted", "gradient all-reduce failed", "rollout engine", "compatibility applied",
-                 "full scope is deprecated"):
+    for line in (
+        "a print from a library",
+        "NUMA binding from C++",
+        "RotaryEmbedding: Failed to load weights",
+        "preempted",
+        "gradient all-reduce failed",
+        "rollout engine",
+        "compatibility applied",
+        "full scope is deprecated",
+    ):
         assert line in text, line
     summary = library_logs.summary_line(str(log.parent))
     assert summary == f"library logs: {log.parent} (actor_0.log 5 warning(s) 1 error(s))"

@@ -1,4 +1,5 @@
 """metrics.jsonl, tensorboard scalars, wandb offline, PNG curves."""
+
 import json
 import os
 
@@ -8,22 +9,38 @@ from mindspeed_rl.trainer.loggers import MetricsLogger
 
 
 def rows(n=3):
-    return [{"iteration": i, "critic/score/mean": 0.1 * i, "critic/score/max": 1.0, "critic/score/min": 0.0,
-             "response_length/mean": 10.0 + i, "timing/all": 2.0, "e2e_tps": 100.0 * i} for i in range(1, n + 1)]
+    return [
+        {
+            "iteration": i,
+            "critic/score/mean": 0.1 * i,
+            "critic/score/max": 1.0,
+            "critic/score/min": 0.0,
+            "response_length/mean": 10.0 + i,
+            "timing/all": 2.0,
+            "e2e_tps": 100.0 * i,
+        }
+        for i in range(1, n + 1)
+    ]
 
 
 def test_jsonl_tensorboard_wandb_and_curves(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    rl = RLConfig(use_tensorboard=True, use_wandb=True, wandb_project="p", wandb_exp_name="e",
-                  wandb_save_dir=str(tmp_path / "wandb"), console_metrics=True)
+    rl = RLConfig(
+        use_tensorboard=True,
+        use_wandb=True,
+        wandb_project="p",
+        wandb_exp_name="e",
+        wandb_save_dir=str(tmp_path / "wandb"),
+        console_metrics=True,
+    )
     logger = MetricsLogger(str(tmp_path / "run"), 3, rl)
     for row in rows():
         logger.log(dict(row))
     logger.close()
     out = capsys.readouterr().out
     assert "iter 2/3 | score 0.200 | len 12.0 | step 2.00s | e2e_tps 200 | ETA 2s" in out
-    assert "e2e_tps: 200" in out   # console_metrics: every metric by name as well
+    assert "e2e_tps: 200" in out  # console_metrics: every metric by name as well
     lines = [json.loads(x) for x in open(tmp_path / "run" / "metrics.jsonl")]
     assert [x["iteration"] for x in lines] == [1, 2, 3] and list(lines[0])[0] == "iteration"
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -52,9 +69,11 @@ def test_the_console_is_one_compact_line_per_iteration_by_default(tmp_path, caps
     for row in rows(3):
         logger.log(dict(row, **{"actor/kl_loss": 0.01234, "critic/score/max": 1.0}))
     out = capsys.readouterr().out.strip().splitlines()
-    assert out == [f"iter {i}/200 | score {0.1 * i:.3f} | kl 0.0123 | len {10 + i:.1f} | step 2.00s | "
-                   f"e2e_tps {100 * i} | ETA {m}" for i, m in ((1, "6m38s"), (2, "6m36s"), (3, "6m34s"))]
+    assert out == [
+        f"iter {i}/200 | score {0.1 * i:.3f} | kl 0.0123 | len {10 + i:.1f} | step 2.00s | e2e_tps {100 * i} | ETA {m}"
+        for i, m in ((1, "6m38s"), (2, "6m36s"), (3, "6m34s"))
+    ]
     logger.log(dict(rows(4)[-1], **{"val/score/mean": 0.75}))
     assert "| score 0.400 | val 0.750 | len 14.0 |" in capsys.readouterr().out
     line = json.loads(open(tmp_path / "run" / "metrics.jsonl").readline())
-    assert line["critic/score/max"] == 1.0   # the full dict still goes to metrics.jsonl
+    assert line["critic/score/max"] == 1.0  # the full dict still goes to metrics.jsonl

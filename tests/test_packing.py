@@ -1,5 +1,6 @@
 """Remove padding and token-budget micro-batches: the same log-probs, values, losses and gradients as the
 padded path (fp32, within 1e-5), whatever the split."""
+
 import numpy as np
 import pytest
 import torch
@@ -7,7 +8,6 @@ import torch
 from mindspeed_rl.models.engine import MegatronEngine
 from mindspeed_rl.models.packing import balanced_split, pack, token_budget_groups, trim
 from tests.helpers import single_process_world_fixture, tiny_role
-
 
 single_process_world = single_process_world_fixture(seed=11)
 
@@ -19,7 +19,7 @@ def rl_batch(rows=6, prompt=7, response=9, seed=0):
     mask = torch.zeros(rows, prompt + response, dtype=torch.long)
     for b in range(rows):
         p_len, r_len = 2 + (b * 3) % (prompt - 1), 1 + (b * 5) % response
-        mask[b, prompt - p_len:prompt + r_len] = 1
+        mask[b, prompt - p_len : prompt + r_len] = 1
     ids = ids * mask
     response_mask = mask.clone()
     response_mask[:, :prompt] = 0
@@ -36,8 +36,9 @@ def token_loss(outputs, mb, total_tokens):
 
 
 def clone_engine(source, head, remove_padding):
-    engine = MegatronEngine(tiny_role(lr=1e-2), head=head, trainable=True, total_steps=10,
-                            remove_padding=remove_padding)
+    engine = MegatronEngine(
+        tiny_role(lr=1e-2), head=head, trainable=True, total_steps=10, remove_padding=remove_padding
+    )
     engine.load_weights(dict(source.named_weights()))
     return engine
 
@@ -56,8 +57,7 @@ def test_pack_and_trim_keep_rows_apart_and_restore_the_grid():
     assert torch.equal(echo.long(), batch["input_ids"])
     trimmed = trim(batch["input_ids"][2:4], batch["attention_mask"][2:4])
     assert trimmed.input_ids.shape[1] < batch["input_ids"].shape[1]
-    assert torch.equal(trimmed.restore(trimmed.input_ids[..., None].float())[..., 0].long(),
-                       batch["input_ids"][2:4])
+    assert torch.equal(trimmed.restore(trimmed.input_ids[..., None].float())[..., 0].long(), batch["input_ids"][2:4])
 
 
 @pytest.mark.parametrize("remove_padding,budget", [(True, None), (False, 40), (True, 40)])
@@ -84,9 +84,13 @@ def test_train_step_loss_and_weights_are_independent_of_the_split(head):
     total = float(batch["response_mask"].sum())
     source = MegatronEngine(tiny_role(), head=head, trainable=False)
     results = {}
-    for name, remove_padding, micro, budget in (("padded", False, 8, None), ("padded micro 2", False, 2, None),
-                                                ("budget 30", False, 8, 30), ("packed", True, 3, None),
-                                                ("packed budget 25", True, 8, 25)):
+    for name, remove_padding, micro, budget in (
+        ("padded", False, 8, None),
+        ("padded micro 2", False, 2, None),
+        ("budget 30", False, 8, 30),
+        ("packed", True, 3, None),
+        ("packed budget 25", True, 8, 25),
+    ):
         engine = clone_engine(source, head, remove_padding)
         step = engine.train_step(batch, lambda o, mb: token_loss(o, mb, total), micro, token_budget=budget)
         grads = {n: p.main_grad.clone() for n, p in engine.unwrapped().named_parameters()}
@@ -95,7 +99,7 @@ def test_train_step_loss_and_weights_are_independent_of_the_split(head):
     for name, (other_loss, other_norm, other_grads) in results.items():
         assert other_loss == pytest.approx(loss, abs=1e-5), name
         assert other_norm == pytest.approx(grad_norm, rel=1e-4), name
-        for key, grad in grads.items():   # the gradient itself (Adam's first step would amplify rounding)
+        for key, grad in grads.items():  # the gradient itself (Adam's first step would amplify rounding)
             assert torch.allclose(other_grads[key], grad, atol=1e-6, rtol=1e-4), (name, key)
 
 
@@ -106,7 +110,7 @@ def test_token_budget_groups_fit_the_budget_and_cover_every_row_once():
         assert sorted(np.concatenate(groups).tolist()) == list(range(len(lengths)))
         for g in groups:
             cost = sum(lengths[i] for i in g) if packed else len(g) * max(lengths[i] for i in g)
-            assert cost <= 128 or len(g) == 1   # the 250-token row gets a micro-batch of its own
+            assert cost <= 128 or len(g) == 1  # the 250-token row gets a micro-batch of its own
     assert len(token_budget_groups(lengths, 128, packed=True)) < len(token_budget_groups(lengths, 128, packed=False))
 
 

@@ -2,6 +2,7 @@
 
 Each layout runs in its own spawned processes (gloo on CPU); fp32, max abs diff <= 1e-5.
 """
+
 import os
 
 import pytest
@@ -21,8 +22,13 @@ TOL = 1e-5
 
 
 def _spawn(spec, workdir):
-    mp.start_processes(parallel_worker.run, args=(spec["world"], spec, workdir, free_port()),
-                       nprocs=spec["world"], join=True, start_method="spawn")
+    mp.start_processes(
+        parallel_worker.run,
+        args=(spec["world"], spec, workdir, free_port()),
+        nprocs=spec["world"],
+        join=True,
+        start_method="spawn",
+    )
     return torch.load(os.path.join(workdir, f"result_{spec['name']}.pt"), weights_only=False)
 
 
@@ -60,7 +66,7 @@ def test_outputs_and_losses_match_tp1(results, layout):
     # micro-batches of 2 and DP shares add up to the unsplit loss and gradient
     assert abs(ref["lm_seq_loss"] - got["lm_seq_loss"]) <= TOL
     assert abs(ref["lm_seq_grad_norm"] - got["lm_seq_grad_norm"]) <= 1e-4
-    assert abs(ref["lm_seq_loss"] - ref["lm_loss"]) > 1e-3   # a different number from token-mean
+    assert abs(ref["lm_seq_loss"] - ref["lm_loss"]) > 1e-3  # a different number from token-mean
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ randomly initialised policy on the lucky-number task, and a control run without 
 
 This is the suite's one long test (about 2.5 minutes on 2 cores).
 """
+
 import json
 import os
 
@@ -53,15 +54,48 @@ def test_ppo_learns_and_the_control_run_does_not(assets):
     assert {"val/acc_for_ppo/mean@1", "val/pass@1", "val/response_length/mean"} <= set(learned[-1])
     # every documented metric is logged, with the throughput formulas applied
     m = learned[-1]
-    for key in ("timing/all", "timing/update", "timing/rollout", "timing/old_log_p", "timing/reference_model",
-                "timing/resharding_to_train", "timing/resharding_to_infer", "timing/adv", "timing/critic_model",
-                "timing/update_critic", "timing/rule_reward", "actor/entropy", "actor/kl_loss", "actor/pg_loss",
-                "actor/pg_clipfrac", "actor/ppo_kl", "actor/lr", "critic/lr", "grad_norm", "critic/vf_loss",
-                "critic/vf_clipfrac", "acc_for_ppo_rewards/mean", "critic/score/mean", "critic/score/max",
-                "critic/score/min", "critic/rewards/mean", "critic/advantages/mean", "critic/returns/mean",
-                "critic/values/mean", "response_length/mean", "response_length/max", "response_length/min",
-                "prompt_length/mean", "prompt_length/max", "prompt_length/min", "e2e_tps", "update_tps",
-                "vllm_tps", "rollout/logprob_diff_mean", "rollout/logprob_diff_max"):
+    for key in (
+        "timing/all",
+        "timing/update",
+        "timing/rollout",
+        "timing/old_log_p",
+        "timing/reference_model",
+        "timing/resharding_to_train",
+        "timing/resharding_to_infer",
+        "timing/adv",
+        "timing/critic_model",
+        "timing/update_critic",
+        "timing/rule_reward",
+        "actor/entropy",
+        "actor/kl_loss",
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+        "actor/ppo_kl",
+        "actor/lr",
+        "critic/lr",
+        "grad_norm",
+        "critic/vf_loss",
+        "critic/vf_clipfrac",
+        "acc_for_ppo_rewards/mean",
+        "critic/score/mean",
+        "critic/score/max",
+        "critic/score/min",
+        "critic/rewards/mean",
+        "critic/advantages/mean",
+        "critic/returns/mean",
+        "critic/values/mean",
+        "response_length/mean",
+        "response_length/max",
+        "response_length/min",
+        "prompt_length/mean",
+        "prompt_length/max",
+        "prompt_length/min",
+        "e2e_tps",
+        "update_tps",
+        "vllm_tps",
+        "rollout/logprob_diff_mean",
+        "rollout/logprob_diff_max",
+    ):
         assert key in m, key
     tokens = (m["response_length/mean"] + m["prompt_length/mean"]) * 16 * 8
     assert m["e2e_tps"] == pytest.approx(tokens / m["timing/all"])
@@ -72,10 +106,10 @@ def test_ppo_learns_and_the_control_run_does_not(assets):
     lines = [json.loads(x) for x in open(os.path.join(root, "logs", runs[0], "metrics.jsonl"))]
     assert [x["iteration"] for x in lines] == list(range(0, ITERATIONS + 1))  # 0: validation before training
     run = os.path.join(root, "logs", runs[0])
-    report = open(os.path.join(run, "report.html"), encoding="utf-8").read()   # the run report, at the end
+    report = open(os.path.join(run, "report.html"), encoding="utf-8").read()  # the run report, at the end
     assert report.count("data:image/png;base64,") == 7 and "<th>iterations</th><td>16</td>" in report
     assert "alt='Timeline'" in report  # the six curves and the timeline of the last iterations
-    assert "RotaryEmbedding" in open(os.path.join(run, "logs", "actor_0.log")).read()   # vLLM's chatter: in the file
+    assert "RotaryEmbedding" in open(os.path.join(run, "logs", "actor_0.log")).read()  # vLLM's chatter: in the file
     # save_hf: the HF folder beside the last checkpoint
     hf_dir = os.path.join(root, "ckpt", "actor", f"iter_{ITERATIONS:07d}_hf")
     assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(os.listdir(hf_dir))

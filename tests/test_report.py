@@ -1,4 +1,5 @@
 """The HTML run report, rendered from a small metrics.jsonl and run.json."""
+
 import base64
 import json
 import re
@@ -11,14 +12,33 @@ from mindspeed_rl.trainer import report
 def write_run(run_dir, iterations=4):
     cfg = load_ppo_config("ppo_tiny_cpu", [])
     resolved = {k: v for k, v in to_plain(cfg).items() if k != "raw"}
-    report.write_run_info(str(run_dir), cfg.raw, resolved, "Batch plan\n  iteration : 16 prompts x 8 samples",
-                          ["cli/train_ppo.py", "--config-name", "ppo_tiny_cpu"])
+    report.write_run_info(
+        str(run_dir),
+        cfg.raw,
+        resolved,
+        "Batch plan\n  iteration : 16 prompts x 8 samples",
+        ["cli/train_ppo.py", "--config-name", "ppo_tiny_cpu"],
+    )
     rows = [{"iteration": 0, "val/score/mean": 0.125, "val/response_length/mean": 16.0}]
     for i in range(1, iterations + 1):
-        rows.append({"iteration": i, "critic/score/mean": 0.1 * i, "actor/kl_loss": 0.01 * i,
-                     "actor/entropy": 5.0 - i, "response_length/mean": 10.0 + i, "response_length/max": 16.0,
-                     "response_length/min": 2.0, "timing/all": 3.0, "timing/rollout": 1.0, "timing/update": 1.5,
-                     "timing/reference_model": 0.5, "e2e_tps": 100.0 * i, "update_tps": 300.0, "vllm_tps": 500.0})
+        rows.append(
+            {
+                "iteration": i,
+                "critic/score/mean": 0.1 * i,
+                "actor/kl_loss": 0.01 * i,
+                "actor/entropy": 5.0 - i,
+                "response_length/mean": 10.0 + i,
+                "response_length/max": 16.0,
+                "response_length/min": 2.0,
+                "timing/all": 3.0,
+                "timing/rollout": 1.0,
+                "timing/update": 1.5,
+                "timing/reference_model": 0.5,
+                "e2e_tps": 100.0 * i,
+                "update_tps": 300.0,
+                "vllm_tps": 500.0,
+            }
+        )
     rows[2]["val/score/mean"] = 0.75
     with open(run_dir / "metrics.jsonl", "w") as fh:
         fh.writelines(json.dumps(r) + "\n" for r in rows)
@@ -30,7 +50,7 @@ def test_report_is_self_contained_with_summary_plan_curves_and_final_numbers(tmp
     text = open(path, encoding="utf-8").read()
     # self-contained: every image embedded, nothing fetched from elsewhere
     images = re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", text)
-    assert len(images) == 6   # score, KL, entropy, length, throughput, stacked timing
+    assert len(images) == 6  # score, KL, entropy, length, throughput, stacked timing
     assert all(base64.b64decode(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in images)
     assert "http://" not in text and "https://" not in text and "<script" not in text
     # config summary from the resolved config, the batch plan, the command
@@ -71,14 +91,24 @@ def test_timeline_shows_who_does_what_when(tmp_path):
     logger = MetricsLogger(str(tmp_path), 4)
     t = 1000.0
     for it in range(1, 4):
-        logger.timeline(it, t, t + 3.0, [("actor", "timing/rollout_wait", t, t + 0.2),
-                                         ("actor", "timing/update", t + 0.5, t + 2.5),
-                                         ("rollout workers", "timing/rollout", t + 0.4, t + 2.9),
-                                         ("actor", "timing/weight_sync", t + 2.6, t + 3.0),
-                                         ("rollout workers", "timing/weight_sync", t + 2.9, t + 3.0)])
+        logger.timeline(
+            it,
+            t,
+            t + 3.0,
+            [
+                ("actor", "timing/rollout_wait", t, t + 0.2),
+                ("actor", "timing/update", t + 0.5, t + 2.5),
+                ("rollout workers", "timing/rollout", t + 0.4, t + 2.9),
+                ("actor", "timing/weight_sync", t + 2.6, t + 3.0),
+                ("rollout workers", "timing/weight_sync", t + 2.9, t + 3.0),
+            ],
+        )
         t += 3.0
     rows = report.read_timeline(str(tmp_path / "timeline.jsonl"))
-    assert [r["iteration"] for r in rows] == [1, 2, 3] and rows[0]["spans"][2][:2] == ["rollout workers", "timing/rollout"]
+    assert [r["iteration"] for r in rows] == [1, 2, 3] and rows[0]["spans"][2][:2] == [
+        "rollout workers",
+        "timing/rollout",
+    ]
     title, png = report.timeline_figure(rows)
     assert title == "Timeline" and base64.b64decode(png).startswith(b"\x89PNG")
     text = open(report.render(str(tmp_path)), encoding="utf-8").read()

@@ -1,5 +1,6 @@
 """Resharding a training checkpoint keeps the run: the optimizer's moments and fp32 main weights are split
 and merged like their weights, so a resume at another TP x PP x DP takes the same next step."""
+
 import os
 
 import pytest
@@ -16,7 +17,9 @@ single_process_world = single_process_world_fixture(seed=11)
 
 
 def _weights_diff(a, b):
-    return max((x.float() - y.float()).abs().max().item() for (_, x), (_, y) in zip(a.named_weights(), b.named_weights()))
+    return max(
+        (x.float() - y.float()).abs().max().item() for (_, x), (_, y) in zip(a.named_weights(), b.named_weights())
+    )
 
 
 @pytest.mark.parametrize("dist_opt,bf16", [(False, False), (False, True), (True, True)])
@@ -60,16 +63,26 @@ def test_resharded_resume_at_another_layout_takes_the_same_step(tmp_path):
     from tests.helpers import random_full_weights, tiny_model_config
 
     workdir = str(tmp_path)
-    torch.save(random_full_weights(tiny_model_config(num_layers=4), seed=0, scale=0.05),
-               os.path.join(workdir, "full_lm.pt"))
-    cases = [dict(name="dp2_to_tp2", bf16=False, source=dict(tp=1, pp=1, dist_opt=True), target=dict(tp=2, pp=1)),
-             dict(name="tp2_to_pp2", bf16=True, source=dict(tp=2, pp=1), target=dict(tp=1, pp=2, dist_opt=True))]
-    mp.start_processes(parallel_worker.run_resharded_resume, args=(2, {"cases": cases}, workdir, free_port()),
-                       nprocs=2, join=True, start_method="spawn")
+    torch.save(
+        random_full_weights(tiny_model_config(num_layers=4), seed=0, scale=0.05), os.path.join(workdir, "full_lm.pt")
+    )
+    cases = [
+        dict(name="dp2_to_tp2", bf16=False, source=dict(tp=1, pp=1, dist_opt=True), target=dict(tp=2, pp=1)),
+        dict(name="tp2_to_pp2", bf16=True, source=dict(tp=2, pp=1), target=dict(tp=1, pp=2, dist_opt=True)),
+    ]
+    mp.start_processes(
+        parallel_worker.run_resharded_resume,
+        args=(2, {"cases": cases}, workdir, free_port()),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
     results = torch.load(os.path.join(workdir, "resharded_resume.pt"), weights_only=False)
     for case in cases:
         out = results[case["name"]]
-        assert out["saved"].keys() == out["loaded"].keys() and len(out["saved"]) == 3 * 31  # 4 layers x 7 + embedding, norm, head
+        assert (
+            out["saved"].keys() == out["loaded"].keys() and len(out["saved"]) == 3 * 31
+        )  # 4 layers x 7 + embedding, norm, head
         assert all(torch.equal(out["saved"][k], out["loaded"][k]) for k in out["saved"]), case["name"]
         if not case["bf16"]:
             worst = max((out["straight"][k] - out["resumed"][k]).abs().max().item() for k in out["straight"])

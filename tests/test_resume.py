@@ -1,6 +1,7 @@
 """Exact resume with finetune=false: 4 iterations straight == 2, stop, resume, 2 more (rewards, losses,
 final weights), also when the run stopped between the actor's and the critic's save of a third iteration;
 a save killed half-way never becomes the latest checkpoint."""
+
 import os
 import signal
 import subprocess
@@ -14,20 +15,38 @@ from mindspeed_rl.checkpoint import megatron_layout as ml
 from mindspeed_rl.config_cls import load_ppo_config
 from mindspeed_rl.utils.demo_assets import prepare
 
-COMPARED = ("critic/score/mean", "actor/pg_loss", "critic/vf_loss", "actor/kl_loss", "grad_norm",
-            "response_length/mean", "critic/advantages/mean")
+COMPARED = (
+    "critic/score/mean",
+    "actor/pg_loss",
+    "critic/vf_loss",
+    "actor/kl_loss",
+    "grad_norm",
+    "response_length/mean",
+    "critic/advantages/mean",
+)
 
 
 def cfg_for(root, paths, name, iters, **extra):
-    overrides = [f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
-                 f"megatron_training.data_path={paths['data_prefix']}", f"rl_config.log_dir={root}/logs",
-                 "megatron_training.test_data_path=null", "rl_config.test_freq=0", "rl_config.val_before_train=false",
-                 f"megatron_training.train_iters={iters}", "megatron_training.save_interval=2",
-                 "megatron_training.global_batch_size=8", "rl_config.mini_batch_size=32",
-                 "rl_config.shuffle_mini_batch=true", "rl_config.init_kl_coef=0.01",
-                 f"actor_config.save={root}/{name}/actor", f"critic_config.save={root}/{name}/critic",
-                 "actor_config.no_load_optim=false", "actor_config.no_load_rng=false",
-                 "critic_config.no_load_optim=false", "critic_config.no_load_rng=false"]
+    overrides = [
+        f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
+        f"megatron_training.data_path={paths['data_prefix']}",
+        f"rl_config.log_dir={root}/logs",
+        "megatron_training.test_data_path=null",
+        "rl_config.test_freq=0",
+        "rl_config.val_before_train=false",
+        f"megatron_training.train_iters={iters}",
+        "megatron_training.save_interval=2",
+        "megatron_training.global_batch_size=8",
+        "rl_config.mini_batch_size=32",
+        "rl_config.shuffle_mini_batch=true",
+        "rl_config.init_kl_coef=0.01",
+        f"actor_config.save={root}/{name}/actor",
+        f"critic_config.save={root}/{name}/critic",
+        "actor_config.no_load_optim=false",
+        "actor_config.no_load_rng=false",
+        "critic_config.no_load_optim=false",
+        "critic_config.no_load_rng=false",
+    ]
     overrides += [f"{k}={v}" for k, v in extra.items()]
     return load_ppo_config("ppo_tiny_cpu", overrides)
 
@@ -52,8 +71,12 @@ def test_resume_reproduces_the_straight_run(tmp_path):
         os.replace(f"{root}/split/critic/iter_0000003", f"{root}/split/critic/iter_0000003.tmp")
         with open(f"{root}/split/critic/{ml.TRACKER}", "w") as fh:
             fh.write("2\n")
-        resume = {"actor_config.finetune": "false", "critic_config.finetune": "false",
-                  "actor_config.load": f"{root}/split/actor", "critic_config.load": f"{root}/split/critic"}
+        resume = {
+            "actor_config.finetune": "false",
+            "critic_config.finetune": "false",
+            "actor_config.load": f"{root}/split/actor",
+            "critic_config.load": f"{root}/split/critic",
+        }
         second = train(cfg_for(root, paths, "split", 4, **resume))
     finally:
         ray.shutdown()
@@ -84,8 +107,12 @@ def resume_at_tp2(root, paths, resume):
     from mindspeed_rl.trainer.preflight import preflight
     from mindspeed_rl.utils.cli import UserError
 
-    tp2 = {"actor_config.tensor_model_parallel_size": 2, "critic_config.tensor_model_parallel_size": 2,
-           "rl_config.actor_resource.num_npus": 2, "rl_config.critic_resource.num_npus": 2}
+    tp2 = {
+        "actor_config.tensor_model_parallel_size": 2,
+        "critic_config.tensor_model_parallel_size": 2,
+        "rl_config.actor_resource.num_npus": 2,
+        "rl_config.critic_resource.num_npus": 2,
+    }
     with pytest.raises(UserError) as refused:
         preflight(cfg_for(root, paths, "tp2", 5, **resume, **tp2))
     commands = [line.split("Reshard it: ", 1)[1] for line in str(refused.value).splitlines() if "Reshard it: " in line]
@@ -118,20 +145,27 @@ def test_partial_rollout_resume_reproduces_the_straight_run_with_parked_response
     vocab = load_ppo_config("ppo_tiny_cpu").actor.model.padded_vocab_size
     paths = prepare(os.path.join(root, "assets"), vocab)
     paths["data_prefix"] = prepare_long_tail(os.path.join(root, "assets"), vocab, short=4, long=16)
-    partial = {"rl_config.partial_rollout_max_split": 4, "megatron_training.dataset_additional_keys": "[labels,max_new_tokens]"}
+    partial = {
+        "rl_config.partial_rollout_max_split": 4,
+        "megatron_training.dataset_additional_keys": "[labels,max_new_tokens]",
+    }
     try:
         straight = train(cfg_for(root, paths, "straight", 4, **partial))
         first = train(cfg_for(root, paths, "split", 2, **partial))
         state = ml.load_rank(f"{root}/split/actor", 0, 0)["trainer_state"]
-        resume = {"actor_config.finetune": "false", "critic_config.finetune": "false",
-                  "actor_config.load": f"{root}/split/actor", "critic_config.load": f"{root}/split/critic"}
+        resume = {
+            "actor_config.finetune": "false",
+            "critic_config.finetune": "false",
+            "actor_config.load": f"{root}/split/actor",
+            "critic_config.load": f"{root}/split/critic",
+        }
         second = train(cfg_for(root, paths, "split", 4, **partial, **resume))
     finally:
         ray.shutdown()
     parked = [t for t in state["partial_rollout"]["pool"] if not t["finished"]]
     assert parked and all(0 < len(t["response_ids"]) < t["budget"] and set(t["versions"]) <= {0, 1} for t in parked)
     assert any(m["partial_rollout/carried_share"] > 0 and m["rollout/staleness_max"] >= 1 for m in straight)
-    assert any("rollout_correction/is_weight_mean" in m for m in straight)   # TIS on the stale tokens
+    assert any("rollout_correction/is_weight_mean" in m for m in straight)  # TIS on the stale tokens
     for a, b in zip(straight, first + second):
         for key in COMPARED + ("partial_rollout/rounds", "partial_rollout/parked", "rollout/staleness_mean"):
             assert a[key] == pytest.approx(b[key], abs=1e-6), (a["iteration"], key)

@@ -1,4 +1,5 @@
 """Rollout: vLLM updated in place from megatron shards, log-prob agreement, the fallback engine."""
+
 import os
 
 import pytest
@@ -23,8 +24,7 @@ def random_full_weights(seed=0):
 
 
 def spawn(fn, world, spec, workdir):
-    mp.start_processes(fn, args=(world, spec, str(workdir), free_port()), nprocs=world, join=True,
-                       start_method="spawn")
+    mp.start_processes(fn, args=(world, spec, str(workdir), free_port()), nprocs=world, join=True, start_method="spawn")
 
 
 def write_hf_folder(folder, model, full):
@@ -51,8 +51,8 @@ def test_vllm_updated_in_place_equals_a_fresh_engine_and_seeds_repeat(tmp_path, 
     updated, fresh = torch.load(tmp_path / "updated.pt"), torch.load(tmp_path / "fresh.pt")
     assert updated["method"] == ("reload_weights" if weight_load == "auto" else "load_weights")
     assert updated["greedy"] == fresh
-    assert updated["runs"][0] == updated["runs"][1]           # same seed, same samples
-    assert updated["runs"][0] != updated["other_seed"]        # another seed, other samples
+    assert updated["runs"][0] == updated["runs"][1]  # same seed, same samples
+    assert updated["runs"][0] != updated["other_seed"]  # another seed, other samples
     assert len(updated["runs"][0]) == 3 * len(PROMPTS)
 
 
@@ -68,7 +68,7 @@ def test_rollout_logprobs_equal_the_megatron_actor(tmp_path, layout):
     worst = 0.0
     for i, (prompt, response, logps) in enumerate(result["rows"]):
         start = width - len(prompt) - len(response) + len(prompt)
-        actor = result["actor_logp"][i, start:start + len(response)]
+        actor = result["actor_logp"][i, start : start + len(response)]
         worst = max(worst, (actor - torch.tensor(logps)).abs().max().item())
     assert len(result["rows"]) == 8 and worst <= 1e-4, worst
     assert result["stats"]["tensors"] == 3 + 4 * 12  # embedding, norm, head + 12 HF tensors per layer
@@ -114,7 +114,7 @@ def test_fallback_engine_greedy_matches_argmax_and_update_is_complete():
         for prompt, out in zip(PROMPTS, outs):
             seq = torch.tensor([prompt + out.response_ids])
             logp = actor.forward({"input_ids": seq, "attention_mask": torch.ones_like(seq)}, 1)["log_probs"]
-            assert torch.allclose(logp[0, len(prompt):], torch.tensor(out.logprobs), atol=1e-5)
+            assert torch.allclose(logp[0, len(prompt) :], torch.tensor(out.logprobs), atol=1e-5)
         sampled = engine.generate(PROMPTS, SamplingConfig(temperature=1.0, max_tokens=5, seed=3), n=2)
         again = engine.generate(PROMPTS, SamplingConfig(temperature=1.0, max_tokens=5, seed=3), n=2)
         assert [o.response_ids for o in sampled] == [o.response_ids for o in again]
@@ -146,7 +146,7 @@ def test_vllm_samples_of_one_prompt_differ():
     import sys
     import textwrap
 
-    code = textwrap.dedent('''
+    code = textwrap.dedent("""
         import os, sys
         sys.path.insert(0, ".")
         from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
@@ -158,9 +158,13 @@ def test_vllm_samples_of_one_prompt_differ():
         outs = e.generate([[1, 2, 3]], SamplingConfig(temperature=1.0, max_tokens=8, seed=5), n=4)
         print("DISTINCT", len({tuple(o.response_ids) for o in outs}))
         e.shutdown()
-    ''')
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     line = [x for x in proc.stdout.splitlines() if x.startswith("DISTINCT")]
     assert line, proc.stderr[-2000:]
     assert int(line[0].split()[1]) == 4
@@ -185,7 +189,7 @@ def test_fallback_ignore_eos_and_min_tokens(temperature):
         return generate(model, prompts, 6, eos_token_id=7, temperature=temperature, seed=0, **kw)
 
     if temperature == 0:
-        assert [o.response_ids for o in run()] == [[7], [7]]   # EOS first, so it stops at once
+        assert [o.response_ids for o in run()] == [[7], [7]]  # EOS first, so it stops at once
     fixed = run(ignore_eos=True)
     assert all(len(o.response_ids) == 6 and o.finish_reason == "length" for o in fixed)
     held = run(min_tokens=4)
@@ -197,7 +201,7 @@ def test_fallback_ignore_eos_and_min_tokens(temperature):
         assert out.logprobs == pytest.approx(expected, abs=1e-5)
     if temperature == 0:
         assert [o.response_ids for o in held] == [[3, 3, 3, 3, 7], [3, 3, 3, 3, 7]]
-    budgets = run(ignore_eos=True, caps=[2, 9])   # per-prompt budgets, capped by max_new_tokens (6)
+    budgets = run(ignore_eos=True, caps=[2, 9])  # per-prompt budgets, capped by max_new_tokens (6)
     assert [len(o.response_ids) for o in budgets] == [2, 6]
 
 
@@ -207,7 +211,7 @@ def test_vllm_ignore_eos_and_min_tokens_pass_through():
     import sys
     import textwrap
 
-    code = textwrap.dedent('''
+    code = textwrap.dedent("""
         import sys
         sys.path.insert(0, ".")
         from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
@@ -227,14 +231,18 @@ def test_vllm_ignore_eos_and_min_tokens_pass_through():
                             max_new_tokens=[3, 20])
         print("BUDGETS", *[len(o.response_ids) for o in capped])
         e.shutdown()
-    ''')
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     line = [x for x in proc.stdout.splitlines() if x.startswith("LENGTHS")]
     assert line, proc.stderr[-2000:]
     assert line[0].split()[1:] == ["1", "8", "False", "True"]
     budgets = [x for x in proc.stdout.splitlines() if x.startswith("BUDGETS")]
-    assert budgets[0].split()[1:] == ["3", "3", "8", "8"]   # per-prompt budgets, capped by max_tokens
+    assert budgets[0].split()[1:] == ["3", "3", "8", "8"]  # per-prompt budgets, capped by max_tokens
 
 
 def test_one_vocabulary_rule_the_whole_padded_vocabulary_everywhere():
@@ -262,7 +270,7 @@ def test_one_vocabulary_rule_the_whole_padded_vocabulary_everywhere():
         for prompt, out in zip(PROMPTS, outs):  # rollout log-probs == the actor's, over the same vocabulary
             seq = torch.tensor([prompt + out.response_ids])
             logp = actor.forward({"input_ids": seq, "attention_mask": torch.ones_like(seq)}, 1)["log_probs"]
-            assert torch.allclose(logp[0, len(prompt):], torch.tensor(out.logprobs), atol=1e-5)
+            assert torch.allclose(logp[0, len(prompt) :], torch.tensor(out.logprobs), atol=1e-5)
 
         class Tokenizer:  # a 200-token tokenizer
             def __len__(self):
@@ -286,7 +294,7 @@ def test_vllm_on_cpu_samples_many_distinct_long_prompts_with_seeds():
     import sys
     import textwrap
 
-    code = textwrap.dedent('''
+    code = textwrap.dedent("""
         import sys
         sys.path.insert(0, ".")
         from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
@@ -299,8 +307,12 @@ def test_vllm_on_cpu_samples_many_distinct_long_prompts_with_seeds():
         outs = e.generate(prompts, SamplingConfig(temperature=1.0, max_tokens=4, seed=5), n=1)
         print("DONE", len(outs), sum(len(o.response_ids) for o in outs))
         e.shutdown()
-    ''')
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    """)
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+    )
     line = [x for x in proc.stdout.splitlines() if x.startswith("DONE")]
     assert line and line[0].split()[1] == "24", proc.stderr[-2000:]

@@ -1,5 +1,6 @@
 """The asynchronous rollout pipeline against a fake service: batches are submitted ahead with the version of
 their submission, taken in order, and a checkpoint of the queue restores the same samples."""
+
 import copy
 
 import pytest
@@ -24,8 +25,9 @@ class FakeService(RolloutService):
     def collect(self, handle):
         request, version = handle.pending
         self.collected.append(request.seed)
-        outs = [RolloutOutput(i, [request.seed + i + 1000 * version], [-0.5], "stop")
-                for i in range(len(request.prompts))]
+        outs = [
+            RolloutOutput(i, [request.seed + i + 1000 * version], [-0.5], "stop") for i in range(len(request.prompts))
+        ]
         return GeneratedBatch(outs, {"timing/generate": 1.0}, [])
 
 
@@ -41,7 +43,7 @@ def test_batches_run_ahead_by_the_lag_and_keep_their_submission_version():
         pipeline.fill(k, make_request)
         entry, _ = pipeline.take(k)
         assert entry.iteration == k and entry.prompts.input_ids == [[k]]
-        assert k - entry.version == min(k, 2)          # sampled 2 versions before it trains (fewer at the start)
+        assert k - entry.version == min(k, 2)  # sampled 2 versions before it trains (fewer at the start)
         service.update_weights(k + 1)
     assert service.submitted[:3] == [(0, 0), (100, 0), (200, 0)] and service.submitted[3] == (300, 1)
     with pytest.raises(RuntimeError, match="no batch submitted for iteration 9"):
@@ -54,7 +56,7 @@ def test_a_checkpoint_of_the_queue_restores_the_same_samples():
     pipeline.fill(0, make_request)
     pipeline.take(0)
     service.update_weights(1)
-    state = copy.deepcopy(pipeline.state_dict())       # waits for batch 1 (in flight)
+    state = copy.deepcopy(pipeline.state_dict())  # waits for batch 1 (in flight)
     assert [b["iteration"] for b in state] == [1] and state[0]["version"] == 0
     straight, _ = pipeline.take(1)
 

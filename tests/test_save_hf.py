@@ -1,5 +1,6 @@
 """save_hf: the HF folder written beside a checkpoint loads in transformers with Megatron's logits (actor)
 and values (critic, the --orm form)."""
+
 import json
 import os
 
@@ -11,7 +12,6 @@ from mindspeed_rl.checkpoint.engine_io import save_engine, save_hf_copy
 from mindspeed_rl.models.engine import MegatronEngine
 from mindspeed_rl.utils.tiny_hf import build_tokenizer
 from tests.helpers import make_batch, single_process_world_fixture, tiny_role
-
 
 single_process_world = single_process_world_fixture(seed=11)
 

@@ -1,11 +1,19 @@
 """Tools: the hermes parser, the built-in calculator and Python executor, and the sandbox's limits with tools
 that raise, hang, spin, return 10 MB, eat memory, die, write outside their folder, connect or spawn."""
+
 import os
 
 import pytest
 
-from mindspeed_rl.tools import (BUILTIN_TOOLS, Sandbox, SandboxLimits, ToolCall, ToolConfigError, parse_hermes,
-                                resolve_tools)
+from mindspeed_rl.tools import (
+    BUILTIN_TOOLS,
+    Sandbox,
+    SandboxLimits,
+    ToolCall,
+    ToolConfigError,
+    parse_hermes,
+    resolve_tools,
+)
 from mindspeed_rl.tools.builtin import calculator, python
 
 LIMITS = SandboxLimits(timeout_s=4.0, cpu_seconds=2, memory_mb=512, max_result_bytes=4096, max_file_mb=8)
@@ -22,8 +30,10 @@ def run(sandbox, name, **arguments):
 
 # ----- parser ------------------------------------------------------------------------------------------------
 def test_hermes_parses_calls_in_order_and_flags_malformed_ones():
-    text = ('Let me compute.<tool_call>\n{"name": "calculator", "arguments": {"expression": "37 * 91"}}\n</tool_call>'
-            '<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(1)\\"}"}</tool_call>')
+    text = (
+        'Let me compute.<tool_call>\n{"name": "calculator", "arguments": {"expression": "37 * 91"}}\n</tool_call>'
+        '<tool_call>{"name": "python", "arguments": "{\\"code\\": \\"print(1)\\"}"}</tool_call>'
+    )
     turn = parse_hermes(text)
     assert turn.calls == [ToolCall("calculator", {"expression": "37 * 91"}), ToolCall("python", {"code": "print(1)"})]
     assert not turn.errors and turn.wants_tools
@@ -56,7 +66,7 @@ def test_calculator_is_exact_and_refuses_what_is_not_arithmetic():
     assert calculator("37 * 91") == "3367"
     assert calculator("(2 + 3) ** 3 - 7 // 2 % 3") == "125"
     assert calculator("1 / 4 + 0.5") == "0.75"
-    assert calculator("2 ** 100") == str(2 ** 100)
+    assert calculator("2 ** 100") == str(2**100)
     for bad in ("__import__('os')", "2 ** 1000", "2 ** 0.5", "x + 1", ""):
         with pytest.raises(ValueError):
             calculator(bad)

@@ -5,6 +5,7 @@ the tool into the habit: the tool-call rate and the accuracy rise from near 0 wi
 metrics and the run report's timeline are written. The cold-start SFT takes about a minute, the run 80 s.
 (The control that cannot call the tool stays at guessing: bench/tool_learning.py.)
 """
+
 import glob
 import json
 import os
@@ -32,8 +33,13 @@ def test_the_tool_agent_learns_to_use_the_calculator(assets):
     from mindspeed_rl.trainer.launch import train
 
     root, paths = assets
-    cfg = demo_config("grpo_tiny_cpu_tools", root, paths, ITERATIONS, **{"actor_config.load": paths["mcore"],
-                                                                        "rl_config.test_freq": 6})
+    cfg = demo_config(
+        "grpo_tiny_cpu_tools",
+        root,
+        paths,
+        ITERATIONS,
+        **{"actor_config.load": paths["mcore"], "rl_config.test_freq": 6},
+    )
     try:
         history = train(cfg)
     finally:
@@ -53,7 +59,9 @@ def test_the_tool_agent_learns_to_use_the_calculator(assets):
         assert m["response_length/mean"] >= m["multi_turn/generated_tokens/mean"]
     assert max(m["multi_turn/observation_tokens/mean"] for m in history) > 0
     # the run report draws the timeline of the last iterations
-    run_dir = max(glob.glob(os.path.join(cfg.rl.log_dir, "*", "timeline.jsonl")), key=os.path.getmtime)[:-len("/timeline.jsonl")]
+    run_dir = max(glob.glob(os.path.join(cfg.rl.log_dir, "*", "timeline.jsonl")), key=os.path.getmtime)[
+        : -len("/timeline.jsonl")
+    ]
     with open(os.path.join(run_dir, "timeline.jsonl")) as fh:
         rows = [json.loads(line) for line in fh]
     assert len(rows) == ITERATIONS and {s[1] for s in rows[-1]["spans"]} >= {"timing/rollout", "timing/update"}

@@ -1,4 +1,5 @@
 """Rule verifiers registered by name."""
+
 import pytest
 
 from mindspeed_rl.rewards import get_verifier, known_verifiers
@@ -11,26 +12,32 @@ def test_registry_names():
         get_verifier("nope")
 
 
-@pytest.mark.parametrize("text,answer", [
-    ("so the total is \\boxed{72}.", "72"),
-    ("\\boxed{\\frac{1}{2}} and later \\boxed{3}", "3"),
-    ("Natalia sold 48/2 = 24 clips in May.\n#### 72", "72"),
-    ("it costs $1,200 in all", "1,200"),
-    ("no digits here", None),
-])
+@pytest.mark.parametrize(
+    "text,answer",
+    [
+        ("so the total is \\boxed{72}.", "72"),
+        ("\\boxed{\\frac{1}{2}} and later \\boxed{3}", "3"),
+        ("Natalia sold 48/2 = 24 clips in May.\n#### 72", "72"),
+        ("it costs $1,200 in all", "1,200"),
+        ("no digits here", None),
+    ],
+)
 def test_extract_answer(text, answer):
     assert extract_answer(text) == answer
 
 
-@pytest.mark.parametrize("response,label,score", [
-    ("The answer is \\boxed{72}", "72", 1.0),
-    ("The answer is \\boxed{71}", "72", 0.0),
-    ("#### 1,200", "1200", 1.0),
-    ("x = 0.5", "1/2", 1.0),             # 1/2 is not a plain number: math-verify decides
-    ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
-    ("I think 3 then 4", "4", 1.0),
-    ("nothing", "4", 0.0),
-])
+@pytest.mark.parametrize(
+    "response,label,score",
+    [
+        ("The answer is \\boxed{72}", "72", 1.0),
+        ("The answer is \\boxed{71}", "72", 0.0),
+        ("#### 1,200", "1200", 1.0),
+        ("x = 0.5", "1/2", 1.0),  # 1/2 is not a plain number: math-verify decides
+        ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
+        ("I think 3 then 4", "4", 1.0),
+        ("nothing", "4", 0.0),
+    ],
+)
 def test_acc_for_ppo(response, label, score):
     assert get_verifier("acc_for_ppo")(response, label) == score
 
@@ -53,7 +60,9 @@ def test_rule_reward_runner_weights_and_hung_verifier(capsys):
     runner = RuleRewardRunner(["acc_for_ppo", "format"], [1.0, 0.5], timeout=5)
     scores, metrics = runner.score(["\\boxed{7}", "<think>x</think><answer>\\boxed{7}</answer>", "8"], ["7", "7", "7"])
     assert scores.tolist() == [1.0, 1.5, 0.0]
-    assert metrics["acc_for_ppo_rewards/mean"] == pytest.approx(2 / 3) and metrics["format_rewards/mean"] == pytest.approx(1 / 3)
+    assert metrics["acc_for_ppo_rewards/mean"] == pytest.approx(2 / 3) and metrics[
+        "format_rewards/mean"
+    ] == pytest.approx(1 / 3)
     runner.close()
     sleepy_runner = RuleRewardRunner(["test_sleepy"], [1.0], timeout=1.0)
     start = time.time()
@@ -62,7 +71,7 @@ def test_rule_reward_runner_weights_and_hung_verifier(capsys):
     assert scores.tolist()[0] == 1.0 and scores.tolist()[1] == 0.0 and scores.tolist()[2] == 0.0
     assert scores.tolist()[3] == 1.0
     assert metrics["rule_reward/timeouts"] == 1 and metrics["rule_reward/failures"] == 1
-    assert sleepy_runner.score(["ok"], [""])[0].tolist() == [1.0]   # the pool was replaced
+    assert sleepy_runner.score(["ok"], [""])[0].tolist() == [1.0]  # the pool was replaced
     # an infinite score is a failure like a raise: scored 0, counted, the verifier named once
     scores, metrics = sleepy_runner.score(["inf", "ok", "inf"], ["", "", ""])
     assert scores.tolist() == [0.0, 1.0, 0.0] and metrics["rule_reward/failures"] == 2
@@ -80,8 +89,8 @@ def test_each_worker_is_warmed_up_before_its_samples_are_timed():
     runner = RuleRewardRunner(["test_lazy"], [1.0], timeout=1.0)
     scores, metrics = runner.score(["a", "b", "c"], ["", "", ""])
     assert scores.tolist() == [1.0, 1.0, 1.0] and metrics["rule_reward/timeouts"] == 0
-    assert not plugins.FIRST_CALL["done"]   # it ran in the worker, not in this (driver) process
-    runner._restart()                        # as after a timeout: a fresh worker
+    assert not plugins.FIRST_CALL["done"]  # it ran in the worker, not in this (driver) process
+    runner._restart()  # as after a timeout: a fresh worker
     assert runner.score(["d"], [""])[1]["rule_reward/timeouts"] == 0
     runner.close()
 
@@ -91,7 +100,7 @@ def test_a_verifier_the_workers_cannot_see_is_an_error_not_zero_scores():
     from mindspeed_rl.rewards.runner import RuleRewardRunner
 
     if "test_local_only" not in _REGISTRY:
-        register_verifier("test_local_only")(lambda response, label: 1.0)   # not at import time of a module
+        register_verifier("test_local_only")(lambda response, label: 1.0)  # not at import time of a module
     runner = RuleRewardRunner(["test_local_only"], [1.0], timeout=5)
     with pytest.raises(RuntimeError, match="'test_local_only' is not registered in the worker"):
         runner.score(["a"], [""])
@@ -114,16 +123,26 @@ def test_a_verifier_by_path_runs_in_the_workers_without_registering(monkeypatch)
     runner.close()
 
 
-@pytest.mark.parametrize("path,words", [
-    ("no_such_module_xyz:fn", "cannot import 'no_such_module_xyz' (ModuleNotFoundError"),
-    ("mindspeed_rl.rewards.verifiers:nope", "module 'mindspeed_rl.rewards.verifiers' has no 'nope'"),
-    ("mindspeed_rl.rewards.verifiers:_NUMBER", "'_NUMBER' is not a function but a Pattern"),
-])
+@pytest.mark.parametrize(
+    "path,words",
+    [
+        ("no_such_module_xyz:fn", "cannot import 'no_such_module_xyz' (ModuleNotFoundError"),
+        ("mindspeed_rl.rewards.verifiers:nope", "module 'mindspeed_rl.rewards.verifiers' has no 'nope'"),
+        ("mindspeed_rl.rewards.verifiers:_NUMBER", "'_NUMBER' is not a function but a Pattern"),
+    ],
+)
 def test_a_verifier_path_that_does_not_import_is_refused_naming_the_key(capsys, path, words):
     from cli import train_ppo
 
-    rc = train_ppo.main(["--config-name", "ppo_tiny_cpu", "dry_run=true",
-                         f"rl_config.verifier_function=[acc_for_ppo,'{path}']", "rl_config.verifier_weight=[1.0,1.0]"])
+    rc = train_ppo.main(
+        [
+            "--config-name",
+            "ppo_tiny_cpu",
+            "dry_run=true",
+            f"rl_config.verifier_function=[acc_for_ppo,'{path}']",
+            "rl_config.verifier_weight=[1.0,1.0]",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err
     assert f"rl_config.verifier_function[1]: '{path}': {words}" in err, err

@@ -1,5 +1,6 @@
 """The weight channel of the disaggregated layout: a group of its own (not the default world) streams full
 tensors piece by piece from the actor's sender to every rollout rank, bit for bit."""
+
 import os
 
 import torch
@@ -10,10 +11,15 @@ from mindspeed_rl.utils.dist import free_port
 
 def pieces():
     gen = torch.Generator().manual_seed(3)
-    return [{"embedding.word_embeddings.weight": torch.randn(7, 4, generator=gen)},
-            {"decoder.layers.0.mlp.linear_fc1.weight": torch.randn(6, 4, generator=gen).to(torch.bfloat16),
-             "decoder.layers.0.self_attention.linear_qkv.bias": torch.randn(12, generator=gen)},
-            {}, {"decoder.final_layernorm.weight": torch.ones(4, dtype=torch.float64)}]
+    return [
+        {"embedding.word_embeddings.weight": torch.randn(7, 4, generator=gen)},
+        {
+            "decoder.layers.0.mlp.linear_fc1.weight": torch.randn(6, 4, generator=gen).to(torch.bfloat16),
+            "decoder.layers.0.self_attention.linear_qkv.bias": torch.randn(12, generator=gen),
+        },
+        {},
+        {"decoder.final_layernorm.weight": torch.ones(4, dtype=torch.float64)},
+    ]
 
 
 def run(rank, size, port, workdir):
@@ -29,7 +35,7 @@ def run(rank, size, port, workdir):
 
 def test_every_receiver_gets_every_piece_exactly(tmp_path):
     mp.start_processes(run, args=(3, free_port(), str(tmp_path)), nprocs=3, start_method="spawn")
-    want = pieces()                            # an empty piece (a stage with nothing to send) is not the end
+    want = pieces()  # an empty piece (a stage with nothing to send) is not the end
     sent = torch.load(tmp_path / "sent.pt")
     assert sent["tensors"] == 4 and sent["bytes"] == 7 * 4 * 4 + 6 * 4 * 2 + 12 * 4 + 4 * 8
     for rank in (1, 2):

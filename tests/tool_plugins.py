@@ -1,13 +1,16 @@
 """Tools that misbehave, for the sandbox tests (imported by the sandbox's child process as
 ``tests.tool_plugins:<name>``)."""
+
 import os
 import time
 
 from mindspeed_rl.tools import tool
 
 
-@tool(description="Echo the text back.", parameters={"type": "object", "properties": {"text": {"type": "string"}},
-                                                     "required": ["text"]})
+@tool(
+    description="Echo the text back.",
+    parameters={"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+)
 def echo(text: str) -> str:
     return text
 

@@ -1,5 +1,6 @@
 """Verifiers the rule-reward tests register (at import, as a user's plug-in module would: the runner imports
 a verifier's module in each worker)."""
+
 import time
 
 from mindspeed_rl.rewards.registry import register_verifier

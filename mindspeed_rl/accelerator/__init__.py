@@ -8,6 +8,7 @@
 
 Code outside this package asks the accelerator instead of comparing ``kind`` (tests/test_device_floor.py).
 """
+
 from __future__ import annotations
 
 from typing import Optional, Type
@@ -52,5 +53,14 @@ def reset_accelerator() -> None:
     _ACCELERATOR = None
 
 
-__all__ = ["Accelerator", "DeviceUnavailable", "ENV_VAR", "KINDS", "accelerator_class", "detect_device_kind",
-           "get_accelerator", "make_accelerator", "reset_accelerator"]
+__all__ = [
+    "Accelerator",
+    "DeviceUnavailable",
+    "ENV_VAR",
+    "KINDS",
+    "accelerator_class",
+    "detect_device_kind",
+    "get_accelerator",
+    "make_accelerator",
+    "reset_accelerator",
+]

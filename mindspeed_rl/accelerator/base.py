@@ -1,4 +1,5 @@
 """The interface every device kind implements."""
+
 from __future__ import annotations
 
 import os
@@ -80,10 +81,18 @@ class Accelerator:
     def fused_features(cls) -> Dict[str, bool]:
         """Which of megatron-core's fused and device-only paths this kind can run (models/builder.py maps
         the config's flags onto them). A classmethod: it needs no device."""
-        return {"transformer_engine": False, "rope_fusion": False, "gradient_accumulation_fusion": False,
-                "sequence_parallel": True, "masked_softmax_fusion": False, "flash_attn": True,
-                "fused_rmsnorm": True, "fused_swiglu": True, "bias_activation_fusion": True,
-                "bias_dropout_fusion": True}
+        return {
+            "transformer_engine": False,
+            "rope_fusion": False,
+            "gradient_accumulation_fusion": False,
+            "sequence_parallel": True,
+            "masked_softmax_fusion": False,
+            "flash_attn": True,
+            "fused_rmsnorm": True,
+            "fused_swiglu": True,
+            "bias_activation_fusion": True,
+            "bias_dropout_fusion": True,
+        }
 
     @classmethod
     def vllm_unusable_reason(cls, head_dim: int) -> Optional[str]:

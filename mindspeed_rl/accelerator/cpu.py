@@ -1,4 +1,5 @@
 """CPU: gloo, one 'device' per CPU slot, megatron-core made to run without CUDA."""
+
 from __future__ import annotations
 
 import gc
@@ -73,8 +74,11 @@ class CpuAccelerator(Accelerator):
         """The KV-cache budget in bytes, and no chunked prefill: when a step splits a prompt's prefill, vLLM
         rewinds that request's seeded generator, which CPU generators cannot do ("CPU Generator does not use
         offset"). Many distinct long prompts in one call (partial rollout's continuations) reach that path."""
-        return {"kv_cache_memory_bytes": vllm_kv_cache_bytes(gen), "enable_chunked_prefill": False,
-                "max_num_batched_tokens": max(gen.max_num_batched_tokens, gen.max_model_len)}
+        return {
+            "kv_cache_memory_bytes": vllm_kv_cache_bytes(gen),
+            "enable_chunked_prefill": False,
+            "max_num_batched_tokens": max(gen.max_num_batched_tokens, gen.max_model_len),
+        }
 
     def bundle_cpus(self, devices: int) -> Tuple[float, int]:
         """A bundle is a share of the cluster's CPUs that fits on one node."""

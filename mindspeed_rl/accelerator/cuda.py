@@ -1,4 +1,5 @@
 """NVIDIA GPUs: nccl, Ray resource "GPU"."""
+
 from __future__ import annotations
 
 from typing import Dict, Optional
@@ -42,10 +43,12 @@ class CudaAccelerator(Accelerator):
 
     def memory_stats(self) -> Dict[str, float]:
         g = 2**30
-        return {"allocated_gib": torch.cuda.memory_allocated() / g,
-                "reserved_gib": torch.cuda.memory_reserved() / g,
-                "max_allocated_gib": torch.cuda.max_memory_allocated() / g,
-                "host_rss_gib": host_rss_gib()}
+        return {
+            "allocated_gib": torch.cuda.memory_allocated() / g,
+            "reserved_gib": torch.cuda.memory_reserved() / g,
+            "max_allocated_gib": torch.cuda.max_memory_allocated() / g,
+            "host_rss_gib": host_rss_gib(),
+        }
 
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)
@@ -69,5 +72,10 @@ class CudaAccelerator(Accelerator):
             te = True
         except ImportError:
             te = False
-        return dict(super().fused_features(), transformer_engine=te, rope_fusion=te,
-                    gradient_accumulation_fusion=te, masked_softmax_fusion=True)
+        return dict(
+            super().fused_features(),
+            transformer_engine=te,
+            rope_fusion=te,
+            gradient_accumulation_fusion=te,
+            masked_softmax_fusion=True,
+        )

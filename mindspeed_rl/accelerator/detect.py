@@ -1,4 +1,5 @@
 """Which device kind this process runs on: npu > cuda > cpu, or MINDSPEED_RL_DEVICE."""
+
 from __future__ import annotations
 
 import importlib

@@ -12,6 +12,7 @@ megatron-core assumes CUDA in a few places (measured with megatron-core 0.12 and
   scoped to those calls only so the hot path pays nothing.
 Everything is idempotent and refuses to run when CUDA is actually available.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -184,8 +185,7 @@ def apply() -> None:
 
     tutils = importlib.import_module("megatron.core.transformer.utils")
     tutils.get_default_causal_mask = _cpu_causal_mask
-    for name in ("megatron.core.transformer.dot_product_attention",
-                 "megatron.core.fusions.fused_softmax"):
+    for name in ("megatron.core.transformer.dot_product_attention", "megatron.core.fusions.fused_softmax"):
         try:
             mod = importlib.import_module(name)
         except ImportError:
@@ -203,14 +203,22 @@ def apply() -> None:
 def _rebind_imported_names() -> None:
     """Modules that did ``from x import f`` keep the unwrapped f: point them at the wrapper."""
     pairs = [
-        ("megatron.core.pipeline_parallel.schedules", "megatron.core.pipeline_parallel",
-         ("forward_backward_no_pipelining", "forward_backward_pipelining_without_interleaving",
-          "forward_backward_pipelining_with_interleaving")),
+        (
+            "megatron.core.pipeline_parallel.schedules",
+            "megatron.core.pipeline_parallel",
+            (
+                "forward_backward_no_pipelining",
+                "forward_backward_pipelining_without_interleaving",
+                "forward_backward_pipelining_with_interleaving",
+            ),
+        ),
         ("megatron.core.tensor_parallel.data", "megatron.core.tensor_parallel", ("broadcast_data",)),
-        ("megatron.core.optimizer.clip_grads", "megatron.core.optimizer.optimizer",
-         ("get_grad_norm_fp32", "clip_grad_by_total_norm_fp32", "count_zeros_fp32")),
-        ("megatron.core.distributed.finalize_model_grads", "megatron.core.distributed",
-         ("finalize_model_grads",)),
+        (
+            "megatron.core.optimizer.clip_grads",
+            "megatron.core.optimizer.optimizer",
+            ("get_grad_norm_fp32", "clip_grad_by_total_norm_fp32", "count_zeros_fp32"),
+        ),
+        ("megatron.core.distributed.finalize_model_grads", "megatron.core.distributed", ("finalize_model_grads",)),
     ]
     for src_name, dst_name, names in pairs:
         try:

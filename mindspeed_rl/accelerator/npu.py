@@ -1,4 +1,5 @@
 """Ascend NPUs: torch_npu, hccl, Ray resource "NPU", MindSpeed's megatron adaptor."""
+
 from __future__ import annotations
 
 import importlib
@@ -54,10 +55,12 @@ class NpuAccelerator(Accelerator):
 
     def memory_stats(self) -> Dict[str, float]:
         g = 2**30
-        return {"allocated_gib": self._npu.memory_allocated() / g,
-                "reserved_gib": self._npu.memory_reserved() / g,
-                "max_allocated_gib": self._npu.max_memory_allocated() / g,
-                "host_rss_gib": host_rss_gib()}
+        return {
+            "allocated_gib": self._npu.memory_allocated() / g,
+            "reserved_gib": self._npu.memory_reserved() / g,
+            "max_allocated_gib": self._npu.max_memory_allocated() / g,
+            "host_rss_gib": host_rss_gib(),
+        }
 
     def manual_seed(self, seed: int) -> None:
         torch.manual_seed(seed)

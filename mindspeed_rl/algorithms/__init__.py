@@ -4,20 +4,49 @@ Tensors are [batch, response_length] over response tokens; ``mask`` is 1 on real
 ``registry`` (torch-free) names the estimators and losses and resolves a run's algorithm; the
 other modules are loaded on first use so that config validation does not import torch.
 """
+
 import importlib
 
 _EXPORTS = {
-    "advantages": ("compute_gae", "gae_advantages", "group_norm_advantages", "grpo_advantages",
-                   "dr_grpo_advantages", "rloo_advantages", "reinforce_plus_plus_advantages",
-                   "reinforce_plus_plus_baseline_advantages", "masked_mean", "masked_var", "masked_whiten",
-                   "sequence_rewards", "token_level_rewards"),
+    "advantages": (
+        "compute_gae",
+        "gae_advantages",
+        "group_norm_advantages",
+        "grpo_advantages",
+        "dr_grpo_advantages",
+        "rloo_advantages",
+        "reinforce_plus_plus_advantages",
+        "reinforce_plus_plus_baseline_advantages",
+        "masked_mean",
+        "masked_var",
+        "masked_whiten",
+        "sequence_rewards",
+        "token_level_rewards",
+    ),
     "kl": ("AdaptiveKLController", "FixedKLController", "kl_penalty", "make_kl_controller"),
-    "losses": ("Clip", "LossScale", "aggregate", "aggregate_token_mean", "entropy_loss", "gspo_policy_loss",
-               "value_loss", "vanilla_policy_loss"),
+    "losses": (
+        "Clip",
+        "LossScale",
+        "aggregate",
+        "aggregate_token_mean",
+        "entropy_loss",
+        "gspo_policy_loss",
+        "value_loss",
+        "vanilla_policy_loss",
+    ),
     "rollout_correction": ("mismatch_metrics", "truncated_is_weights"),
     "shaping": ("informative_groups", "overlong_penalty"),
-    "registry": ("ADVANTAGE_ESTIMATORS", "POLICY_LOSSES", "LOSS_AGG_MODES", "AlgorithmChoiceError", "AlgorithmPlan",
-                 "get_advantage", "get_policy_loss", "kl_names", "resolve_algorithm"),
+    "registry": (
+        "ADVANTAGE_ESTIMATORS",
+        "POLICY_LOSSES",
+        "LOSS_AGG_MODES",
+        "AlgorithmChoiceError",
+        "AlgorithmPlan",
+        "get_advantage",
+        "get_policy_loss",
+        "kl_names",
+        "resolve_algorithm",
+    ),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

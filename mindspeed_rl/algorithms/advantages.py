@@ -6,6 +6,7 @@ index of each response's prompt (the n responses of one prompt share it). Every 
 and equals the advantages (or the reward-to-go) elsewhere. The registry (``registry.py``) maps config
 names to these functions; a parameter's name says which input it reads.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence, Tuple
@@ -44,11 +45,12 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, 
     return torch.where(mask.bool(), out, torch.zeros_like(out))
 
 
-def token_level_rewards(scores: torch.Tensor, mask: torch.Tensor, kl: Optional[torch.Tensor] = None,
-                        kl_coef: float = 0.0) -> torch.Tensor:
+def token_level_rewards(
+    scores: torch.Tensor, mask: torch.Tensor, kl: Optional[torch.Tensor] = None, kl_coef: float = 0.0
+) -> torch.Tensor:
     """r_t = -beta * KL_t on every response token, plus the sequence score on the last one.
 
-        r_t = score * [t = last valid token] - beta * kl_t     (kl term only when use_kl_in_reward)
+    r_t = score * [t = last valid token] - beta * kl_t     (kl term only when use_kl_in_reward)
     """
     mask = mask.to(scores.dtype)
     last = (mask * torch.arange(mask.shape[1], device=mask.device)).argmax(dim=1)
@@ -59,8 +61,9 @@ def token_level_rewards(scores: torch.Tensor, mask: torch.Tensor, kl: Optional[t
     return rewards * mask
 
 
-def sequence_rewards(token_rewards: torch.Tensor, mask: torch.Tensor,
-                     scores: Optional[torch.Tensor] = None) -> torch.Tensor:
+def sequence_rewards(
+    token_rewards: torch.Tensor, mask: torch.Tensor, scores: Optional[torch.Tensor] = None
+) -> torch.Tensor:
     """R_i = sum_t r_{i,t}: the score, minus beta * sum_t KL_t when the KL is in the reward.
 
         R_i = score_i  for a response with no valid token (given ``scores``)
@@ -90,8 +93,7 @@ def _group_stats(x: torch.Tensor, group: torch.Tensor) -> Tuple[torch.Tensor, to
     return mean[inverse], std[inverse], size[inverse]
 
 
-def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
-                lam: float) -> Pair:
+def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float) -> Pair:
     """Generalised advantage estimation over the valid response tokens.
 
         delta_t = r_t + gamma * V_{t+1} - V_t          (V after the last valid token is 0)
@@ -116,19 +118,21 @@ def compute_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
     return advantages, returns
 
 
-def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
-                   lam: float, whiten: bool) -> Pair:
+def gae_advantages(
+    token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float, whiten: bool
+) -> Pair:
     """PPO's estimator: GAE(gamma, lambda) on the critic's values; A whitened over the batch's valid
     tokens when ``whiten`` (R_t = A_t + V_t is taken before whitening)."""
     adv, returns = compute_gae(token_rewards, values, mask, gamma, lam)
     return (masked_whiten(adv, mask) if whiten else adv), returns
 
 
-def group_norm_advantages(scores: torch.Tensor, mask: torch.Tensor, group_ids: Sequence[int],
-                          eps: float = 1e-6) -> Pair:
+def group_norm_advantages(
+    scores: torch.Tensor, mask: torch.Tensor, group_ids: Sequence[int], eps: float = 1e-6
+) -> Pair:
     """GRPO: each response's reward normalised within its prompt's group, broadcast to every token.
 
-        A_i = (R_i - mean_{j in g(i)} R_j) / (std_{j in g(i)} R_j + eps)
+    A_i = (R_i - mean_{j in g(i)} R_j) / (std_{j in g(i)} R_j + eps)
     """
     group = torch.as_tensor(list(group_ids))
     mean, std, _ = _group_stats(scores.float(), group)
@@ -143,7 +147,7 @@ def grpo_advantages(sequence_rewards: torch.Tensor, mask: torch.Tensor, group: t
 def dr_grpo_advantages(sequence_rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor) -> Pair:
     """Dr. GRPO: the group mean is the baseline, no division by the group std.
 
-        A_i = R_i - mean_{j in g(i)} R_j
+    A_i = R_i - mean_{j in g(i)} R_j
     """
     mean, _, _ = _group_stats(sequence_rewards.float(), group)
     return _broadcast(sequence_rewards.float() - mean, mask)
@@ -152,7 +156,7 @@ def dr_grpo_advantages(sequence_rewards: torch.Tensor, mask: torch.Tensor, group
 def rloo_advantages(sequence_rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor) -> Pair:
     """RLOO: the baseline of a response is the mean of the other responses of its prompt.
 
-        A_i = R_i - 1/(n-1) sum_{j in g(i), j != i} R_j  =  n/(n-1) (R_i - mean_g R)
+    A_i = R_i - 1/(n-1) sum_{j in g(i), j != i} R_j  =  n/(n-1) (R_i - mean_g R)
     """
     r = sequence_rewards.float()
     mean, _, size = _group_stats(r, group)
@@ -179,11 +183,12 @@ def reinforce_plus_plus_advantages(token_rewards: torch.Tensor, mask: torch.Tens
     return masked_whiten(returns, mask), returns
 
 
-def reinforce_plus_plus_baseline_advantages(sequence_rewards: torch.Tensor, mask: torch.Tensor,
-                                            group: torch.Tensor) -> Pair:
+def reinforce_plus_plus_baseline_advantages(
+    sequence_rewards: torch.Tensor, mask: torch.Tensor, group: torch.Tensor
+) -> Pair:
     """REINFORCE++ with a group baseline: subtract the prompt's mean reward, then whiten over the batch.
 
-        a_i = R_i - mean_{j in g(i)} R_j;   A_{i,t} = whiten(a_i broadcast to tokens)
+    a_i = R_i - mean_{j in g(i)} R_j;   A_{i,t} = whiten(a_i broadcast to tokens)
     """
     mean, _, _ = _group_stats(sequence_rewards.float(), group)
     centred, _ = _broadcast(sequence_rewards.float() - mean, mask)

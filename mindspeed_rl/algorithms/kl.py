@@ -1,4 +1,5 @@
 """KL estimators between the actor and the reference, and the KL coefficient controllers."""
+
 from __future__ import annotations
 
 import math
@@ -12,13 +13,13 @@ from .registry import KL_ALIASES, kl_names
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str = "kl") -> torch.Tensor:
     """Per-token estimate of KL(pi || pi_ref) from log-probs of the sampled tokens.
 
-        kl  (k1):         log pi - log pi_ref
-        abs:              |log pi - log pi_ref|
-        mse (k2):         0.5 (log pi - log pi_ref)^2
-        low_var_kl (k3):  exp(log pi_ref - log pi) - (log pi_ref - log pi) - 1, clamped to [-10, 10]
-        <name>+:          straight-through: the value of <name>, the gradient of k2
-                          (k2's gradient is the unbiased gradient of KL; k1's and k3's are not):
-                          k2 - sg(k2) + sg(<name>)
+    kl  (k1):         log pi - log pi_ref
+    abs:              |log pi - log pi_ref|
+    mse (k2):         0.5 (log pi - log pi_ref)^2
+    low_var_kl (k3):  exp(log pi_ref - log pi) - (log pi_ref - log pi) - 1, clamped to [-10, 10]
+    <name>+:          straight-through: the value of <name>, the gradient of k2
+                      (k2's gradient is the unbiased gradient of KL; k1's and k3's are not):
+                      k2 - sg(k2) + sg(<name>)
     """
     if kind.endswith("+"):
         value = kl_penalty(log_prob, ref_log_prob, kind[:-1])
@@ -67,7 +68,7 @@ class FixedKLController:
 class AdaptiveKLController:
     """Ziegler et al. (2019): move beta toward the target KL, proportionally and clipped.
 
-        e = clip(KL / target - 1, -0.2, 0.2);   beta <- beta * (1 + e * n_steps / horizon)
+    e = clip(KL / target - 1, -0.2, 0.2);   beta <- beta * (1 + e * n_steps / horizon)
     """
 
     def __init__(self, init_kl_coef: float, target: float, horizon: float):

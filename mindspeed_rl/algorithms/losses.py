@@ -6,6 +6,7 @@ shares add up to the same number however the mini-batch is split. Masked positio
 away (``torch.where``), never multiplied by 0, so NaN or Inf there cannot leak into a loss or a
 gradient.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,8 +40,9 @@ def _select(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask.bool(), values, torch.zeros_like(values))
 
 
-def aggregate(values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
-              scale: Optional[LossScale] = None) -> torch.Tensor:
+def aggregate(
+    values: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", scale: Optional[LossScale] = None
+) -> torch.Tensor:
     """Reduce per-token values l_{i,t} over the valid positions (m = 1) of a mini-batch.
 
         token-mean:              sum_{i,t} m l / N_tokens
@@ -93,9 +95,16 @@ def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip: Clip
     return loss, clipped_frac, lower_frac
 
 
-def vanilla_policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
-                        mask: torch.Tensor, clip: Clip, mode: str = "token-mean", scale: Optional[LossScale] = None,
-                        weights: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Metrics]:
+def vanilla_policy_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: Clip,
+    mode: str = "token-mean",
+    scale: Optional[LossScale] = None,
+    weights: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, Metrics]:
     """PPO's clipped surrogate, with clip-higher (DAPO) and the optional dual clip.
 
         ratio_t = exp(log pi_t - log pi_old_t)
@@ -113,16 +122,24 @@ def vanilla_policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, adva
     if weights is not None:
         loss = loss * _select(weights, m)
     tokens = LossScale((scale or LossScale.of(mask)).tokens, 1.0)
-    metrics = {"pg_clipfrac": aggregate(clipped_frac, m, "token-mean", tokens).detach(),
-               "pg_clipfrac_lower": aggregate(lower_frac, m, "token-mean", tokens).detach(),
-               "ppo_kl": aggregate(-log_ratio, m, "token-mean", tokens).detach()}
+    metrics = {
+        "pg_clipfrac": aggregate(clipped_frac, m, "token-mean", tokens).detach(),
+        "pg_clipfrac_lower": aggregate(lower_frac, m, "token-mean", tokens).detach(),
+        "ppo_kl": aggregate(-log_ratio, m, "token-mean", tokens).detach(),
+    }
     return aggregate(loss, m, mode, scale), metrics
 
 
-def gspo_policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advantages: torch.Tensor,
-                     mask: torch.Tensor, clip: Clip, mode: str = "seq-mean-token-mean",
-                     scale: Optional[LossScale] = None,
-                     weights: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Metrics]:
+def gspo_policy_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: Clip,
+    mode: str = "seq-mean-token-mean",
+    scale: Optional[LossScale] = None,
+    weights: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, Metrics]:
     """GSPO: one importance ratio per sequence, the geometric mean of its token ratios.
 
         s_i     = exp( (1/|o_i|) sum_t (log pi_t - log pi_old_t) )
@@ -143,20 +160,28 @@ def gspo_policy_loss(log_prob: torch.Tensor, old_log_prob: torch.Tensor, advanta
         loss = loss * _select(weights, m)
     scale = scale or LossScale.of(mask)
     seqs = LossScale(scale.tokens, scale.sequences)
-    metrics = {"pg_clipfrac": aggregate(clipped_frac, m, "seq-mean-token-mean", seqs).detach(),
-               "pg_clipfrac_lower": aggregate(lower_frac, m, "seq-mean-token-mean", seqs).detach(),
-               "ppo_kl": aggregate(-log_ratio, m, "token-mean", LossScale(scale.tokens, 1.0)).detach()}
+    metrics = {
+        "pg_clipfrac": aggregate(clipped_frac, m, "seq-mean-token-mean", seqs).detach(),
+        "pg_clipfrac_lower": aggregate(lower_frac, m, "seq-mean-token-mean", seqs).detach(),
+        "ppo_kl": aggregate(-log_ratio, m, "token-mean", LossScale(scale.tokens, 1.0)).detach(),
+    }
     return aggregate(loss, m, mode, scale), metrics
 
 
-def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-               cliprange_value: float, mode: str = "token-mean",
-               scale: Optional[LossScale] = None) -> Tuple[torch.Tensor, Metrics]:
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    cliprange_value: float,
+    mode: str = "token-mean",
+    scale: Optional[LossScale] = None,
+) -> Tuple[torch.Tensor, Metrics]:
     """Clipped value loss.
 
-        V_clip = V_old + clip(V - V_old, -c, c)
-        L_t    = 0.5 * max((V - R)^2, (V_clip - R)^2)
-        vf_clipfrac = token share where the clipped error is the larger one
+    V_clip = V_old + clip(V - V_old, -c, c)
+    L_t    = 0.5 * max((V - R)^2, (V_clip - R)^2)
+    vf_clipfrac = token share where the clipped error is the larger one
     """
     m = mask.bool()
     values, old_values, returns = _select(values, m), _select(old_values, m), _select(returns, m)
@@ -168,7 +193,8 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     return aggregate(loss, m, mode, scale), {"vf_clipfrac": aggregate(frac, m, "token-mean", tokens).detach()}
 
 
-def entropy_loss(entropy: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean",
-                 scale: Optional[LossScale] = None) -> torch.Tensor:
+def entropy_loss(
+    entropy: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", scale: Optional[LossScale] = None
+) -> torch.Tensor:
     """The mean entropy H_t under ``mode``; the actor loss subtracts entropy_coeff x this."""
     return aggregate(entropy, mask, mode, scale)

@@ -8,6 +8,7 @@ reads: token_rewards, sequence_rewards, values, mask, group, gamma, lam, whiten)
 ``register_advantage`` line here, and a hand-computed test. Nothing here imports torch: a bad config
 is refused before any heavy import.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -26,10 +27,10 @@ class AlgorithmChoiceError(ValueError):
 @dataclass(frozen=True)
 class AdvantageEstimator:
     name: str
-    function: str                 # its function in algorithms/advantages.py
-    needs_critic: bool            # reads the critic's values (a critic group is started)
-    min_samples_per_prompt: int   # group estimators need >= 2 responses per prompt
-    rewards: str                  # "token": reads per-token rewards; "sequence": one reward per response
+    function: str  # its function in algorithms/advantages.py
+    needs_critic: bool  # reads the critic's values (a critic group is started)
+    min_samples_per_prompt: int  # group estimators need >= 2 responses per prompt
+    rewards: str  # "token": reads per-token rewards; "sequence": one reward per response
     summary: str
     aliases: Tuple[str, ...] = ()
 
@@ -44,8 +45,8 @@ class AdvantageEstimator:
 @dataclass(frozen=True)
 class PolicyLoss:
     name: str
-    function: str                 # its function in algorithms/losses.py
-    default_agg_mode: str         # the aggregation the method was published with
+    function: str  # its function in algorithms/losses.py
+    default_agg_mode: str  # the aggregation the method was published with
     summary: str
 
     def compute(self, *args: Any, **kwargs: Any):
@@ -61,8 +62,16 @@ KL_BASE = ("kl", "abs", "mse", "low_var_kl")
 KL_ALIASES = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}  # verl's names
 
 
-def register_advantage(name: str, function: str, *, needs_critic: bool = False, min_samples_per_prompt: int = 1,
-                       rewards: str = "sequence", aliases: Tuple[str, ...] = (), summary: str = "") -> None:
+def register_advantage(
+    name: str,
+    function: str,
+    *,
+    needs_critic: bool = False,
+    min_samples_per_prompt: int = 1,
+    rewards: str = "sequence",
+    aliases: Tuple[str, ...] = (),
+    summary: str = "",
+) -> None:
     spec = AdvantageEstimator(name, function, needs_critic, min_samples_per_prompt, rewards, summary, aliases)
     for key in (name,) + aliases:
         if key in ADVANTAGE_ESTIMATORS:
@@ -70,31 +79,56 @@ def register_advantage(name: str, function: str, *, needs_critic: bool = False, 
         ADVANTAGE_ESTIMATORS[key] = spec
 
 
-def register_policy_loss(name: str, function: str, *, default_agg_mode: str = "token-mean",
-                         summary: str = "") -> None:
+def register_policy_loss(name: str, function: str, *, default_agg_mode: str = "token-mean", summary: str = "") -> None:
     if name in POLICY_LOSSES:
         raise ValueError(f"policy loss {name!r} is registered twice")
     POLICY_LOSSES[name] = PolicyLoss(name, function, default_agg_mode, summary)
 
 
-register_advantage("gae", "gae_advantages", needs_critic=True, rewards="token",
-                   summary="PPO: GAE on the critic's values, whitened")
-register_advantage("group_norm", "grpo_advantages", min_samples_per_prompt=2, aliases=("grpo",),
-                   summary="GRPO: reward normalised by its prompt group's mean and std")
-register_advantage("dr_grpo", "dr_grpo_advantages", min_samples_per_prompt=2,
-                   summary="Dr. GRPO: reward minus its group's mean, no std division")
-register_advantage("rloo", "rloo_advantages", min_samples_per_prompt=2,
-                   summary="RLOO: reward minus the mean of the other responses of its prompt")
-register_advantage("reinforce_plus_plus", "reinforce_plus_plus_advantages", rewards="token",
-                   summary="REINFORCE++: discounted reward-to-go, whitened over the batch")
-register_advantage("reinforce_plus_plus_baseline", "reinforce_plus_plus_baseline_advantages",
-                   min_samples_per_prompt=2,
-                   summary="REINFORCE++ with the group mean as baseline, whitened over the batch")
+register_advantage(
+    "gae", "gae_advantages", needs_critic=True, rewards="token", summary="PPO: GAE on the critic's values, whitened"
+)
+register_advantage(
+    "group_norm",
+    "grpo_advantages",
+    min_samples_per_prompt=2,
+    aliases=("grpo",),
+    summary="GRPO: reward normalised by its prompt group's mean and std",
+)
+register_advantage(
+    "dr_grpo",
+    "dr_grpo_advantages",
+    min_samples_per_prompt=2,
+    summary="Dr. GRPO: reward minus its group's mean, no std division",
+)
+register_advantage(
+    "rloo",
+    "rloo_advantages",
+    min_samples_per_prompt=2,
+    summary="RLOO: reward minus the mean of the other responses of its prompt",
+)
+register_advantage(
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_advantages",
+    rewards="token",
+    summary="REINFORCE++: discounted reward-to-go, whitened over the batch",
+)
+register_advantage(
+    "reinforce_plus_plus_baseline",
+    "reinforce_plus_plus_baseline_advantages",
+    min_samples_per_prompt=2,
+    summary="REINFORCE++ with the group mean as baseline, whitened over the batch",
+)
 
-register_policy_loss("vanilla", "vanilla_policy_loss",
-                     summary="PPO clipped surrogate per token (clip-higher, dual clip)")
-register_policy_loss("gspo", "gspo_policy_loss", default_agg_mode="seq-mean-token-mean",
-                     summary="GSPO: sequence-level ratio (geometric mean of token ratios), clipped")
+register_policy_loss(
+    "vanilla", "vanilla_policy_loss", summary="PPO clipped surrogate per token (clip-higher, dual clip)"
+)
+register_policy_loss(
+    "gspo",
+    "gspo_policy_loss",
+    default_agg_mode="seq-mean-token-mean",
+    summary="GSPO: sequence-level ratio (geometric mean of token ratios), clipped",
+)
 
 
 def kl_names() -> Tuple[str, ...]:
@@ -105,15 +139,17 @@ def kl_names() -> Tuple[str, ...]:
 
 def get_advantage(name: str) -> AdvantageEstimator:
     if name not in ADVANTAGE_ESTIMATORS:
-        raise AlgorithmChoiceError("rl_config.adv_estimator", f"unknown estimator {name!r}; registered: "
-                                                              f"{', '.join(ADVANTAGE_ESTIMATORS)}")
+        raise AlgorithmChoiceError(
+            "rl_config.adv_estimator", f"unknown estimator {name!r}; registered: {', '.join(ADVANTAGE_ESTIMATORS)}"
+        )
     return ADVANTAGE_ESTIMATORS[name]
 
 
 def get_policy_loss(name: str) -> PolicyLoss:
     if name not in POLICY_LOSSES:
-        raise AlgorithmChoiceError("rl_config.policy_loss", f"unknown policy loss {name!r}; registered: "
-                                                            f"{', '.join(POLICY_LOSSES)}")
+        raise AlgorithmChoiceError(
+            "rl_config.policy_loss", f"unknown policy loss {name!r}; registered: {', '.join(POLICY_LOSSES)}"
+        )
     return POLICY_LOSSES[name]
 
 
@@ -127,9 +163,9 @@ class AlgorithmPlan:
     clip_low: float
     clip_high: float
     clip_dual: Optional[float]
-    kl_in_reward: bool            # -beta * KL_t in the token rewards (verl's use_kl_in_reward)
-    kl_in_loss: bool              # + beta * KL in the actor loss (MindSpeed-RL's GRPO)
-    rollout_is: Optional[str]     # None, "token" or "sequence"
+    kl_in_reward: bool  # -beta * KL_t in the token rewards (verl's use_kl_in_reward)
+    kl_in_loss: bool  # + beta * KL in the actor loss (MindSpeed-RL's GRPO)
+    rollout_is: Optional[str]  # None, "token" or "sequence"
 
     @property
     def use_critic(self) -> bool:
@@ -141,12 +177,15 @@ class AlgorithmPlan:
 
     def describe(self) -> str:
         kl = "in the reward" if self.kl_in_reward else "in the actor loss" if self.kl_in_loss else "off"
-        clip = (f"[1 - {self.clip_low:g}, 1 + {self.clip_high:g}]"
-                + (f", dual clip {self.clip_dual:g}" if self.clip_dual is not None else ""))
-        return (f"advantages {self.estimator.name} ({self.estimator.summary}); policy loss {self.policy_loss.name}, "
-                f"clip {clip}, {self.loss_agg_mode}; KL {kl}; critic {'yes' if self.use_critic else 'no'}, "
-                f"reference {'yes' if self.use_reference else 'no'}"
-                + (f"; rollout correction: {self.rollout_is}-level truncated IS" if self.rollout_is else ""))
+        clip = f"[1 - {self.clip_low:g}, 1 + {self.clip_high:g}]" + (
+            f", dual clip {self.clip_dual:g}" if self.clip_dual is not None else ""
+        )
+        return (
+            f"advantages {self.estimator.name} ({self.estimator.summary}); policy loss {self.policy_loss.name}, "
+            f"clip {clip}, {self.loss_agg_mode}; KL {kl}; critic {'yes' if self.use_critic else 'no'}, "
+            f"reference {'yes' if self.use_reference else 'no'}"
+            + (f"; rollout correction: {self.rollout_is}-level truncated IS" if self.rollout_is else "")
+        )
 
 
 def resolve_loss_agg_mode(loss_agg_mode: Optional[str], token_level_loss: Optional[bool], policy: PolicyLoss) -> str:
@@ -154,9 +193,11 @@ def resolve_loss_agg_mode(loss_agg_mode: Optional[str], token_level_loss: Option
     false -> seq-mean-token-mean; neither: the policy loss's published default."""
     from_flag = None if token_level_loss is None else ("token-mean" if token_level_loss else "seq-mean-token-mean")
     if loss_agg_mode is not None and from_flag is not None and loss_agg_mode != from_flag:
-        raise AlgorithmChoiceError("rl_config.token_level_loss",
-                                   f"{str(token_level_loss).lower()} means {from_flag}, but loss_agg_mode is "
-                                   f"{loss_agg_mode}; set only one of them")
+        raise AlgorithmChoiceError(
+            "rl_config.token_level_loss",
+            f"{str(token_level_loss).lower()} means {from_flag}, but loss_agg_mode is "
+            f"{loss_agg_mode}; set only one of them",
+        )
     return loss_agg_mode or from_flag or policy.default_agg_mode
 
 
@@ -164,27 +205,39 @@ def resolve_algorithm(rl: Any) -> AlgorithmPlan:
     """The plan of an ``rl_config`` (any object with its attributes); AlgorithmChoiceError names the key."""
     estimator = get_advantage(rl.adv_estimator)
     if rl.n_samples_per_prompt < estimator.min_samples_per_prompt:
-        raise AlgorithmChoiceError("rl_config.n_samples_per_prompt",
-                                   f"{rl.n_samples_per_prompt}, but adv_estimator {rl.adv_estimator} compares the "
-                                   f"responses of one prompt and needs at least {estimator.min_samples_per_prompt} "
-                                   f"samples per prompt")
+        raise AlgorithmChoiceError(
+            "rl_config.n_samples_per_prompt",
+            f"{rl.n_samples_per_prompt}, but adv_estimator {rl.adv_estimator} compares the "
+            f"responses of one prompt and needs at least {estimator.min_samples_per_prompt} "
+            f"samples per prompt",
+        )
     policy = get_policy_loss(rl.policy_loss)
     mode = resolve_loss_agg_mode(rl.loss_agg_mode, rl.token_level_loss, policy)
     given = [k for k in ("clip_ratio_low", "clip_ratio_high") if getattr(rl, k) is not None]
     if rl.clip_higher_enable is False and given:
-        raise AlgorithmChoiceError(f"rl_config.{given[0]}", "is set but clip_higher_enable is false: set "
-                                                            "clip_higher_enable true, or remove it")
+        raise AlgorithmChoiceError(
+            f"rl_config.{given[0]}", "is set but clip_higher_enable is false: set clip_higher_enable true, or remove it"
+        )
     if rl.clip_higher_enable and rl.clip_ratio_high is None:
-        raise AlgorithmChoiceError("rl_config.clip_ratio_high", "required when clip_higher_enable is true "
-                                                                "(DAPO: 0.28)")
+        raise AlgorithmChoiceError("rl_config.clip_ratio_high", "required when clip_higher_enable is true (DAPO: 0.28)")
     low = rl.clip_ratio_low if rl.clip_ratio_low is not None else rl.clip_ratio
     high = rl.clip_ratio_high if rl.clip_ratio_high is not None else rl.clip_ratio
     beta_used = rl.init_kl_coef > 0 or rl.kl_ctrl_type == "adaptive"
     if rl.use_kl_in_reward and not beta_used:
-        raise AlgorithmChoiceError("rl_config.init_kl_coef",
-                                   "is 0 with use_kl_in_reward true: the KL term would vanish; set init_kl_coef "
-                                   "> 0, or use_kl_in_reward false")
+        raise AlgorithmChoiceError(
+            "rl_config.init_kl_coef",
+            "is 0 with use_kl_in_reward true: the KL term would vanish; set init_kl_coef "
+            "> 0, or use_kl_in_reward false",
+        )
     correction = rl.rollout_correction.rollout_is
-    return AlgorithmPlan(estimator=estimator, policy_loss=policy, loss_agg_mode=mode, clip_low=low, clip_high=high,
-                         clip_dual=rl.clip_ratio_c, kl_in_reward=bool(rl.use_kl_in_reward),
-                         kl_in_loss=bool(beta_used and not rl.use_kl_in_reward), rollout_is=correction)
+    return AlgorithmPlan(
+        estimator=estimator,
+        policy_loss=policy,
+        loss_agg_mode=mode,
+        clip_low=low,
+        clip_high=high,
+        clip_dual=rl.clip_ratio_c,
+        kl_in_reward=bool(rl.use_kl_in_reward),
+        kl_in_loss=bool(beta_used and not rl.use_kl_in_reward),
+        rollout_is=correction,
+    )

@@ -1,4 +1,5 @@
 """Reward shaping and group filtering of DAPO."""
+
 from __future__ import annotations
 
 import torch

@@ -4,6 +4,7 @@ Peak host memory stays near one stage's weights plus one layer: HF shards are re
 (safetensors ``safe_open``, or ``torch.load(mmap=True)`` for .bin), megatron rank files are
 memory-mapped, and HF output is written in safetensors shards as they fill.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,9 +27,17 @@ from .tp_split import ep_owner, expert_number, layer_number, merge_tp, renumber_
 
 log = logging.getLogger(__name__)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
-                   "merges.txt", "tokenizer.model", "generation_config.json", "added_tokens.json",
-                   "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+    "generation_config.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
 
 
 class ConversionError(RuntimeError):
@@ -90,8 +99,9 @@ class HFReader:
                 with self._open(filename) as handle:
                     return handle.get_tensor(name)
             except SafetensorError as exc:
-                raise ConversionError(f"{os.path.join(self.folder, filename)}: cannot read {name!r} "
-                                      f"(truncated or corrupt: {exc})") from None
+                raise ConversionError(
+                    f"{os.path.join(self.folder, filename)}: cannot read {name!r} (truncated or corrupt: {exc})"
+                ) from None
         return self._open(filename)[name]
 
 
@@ -114,32 +124,46 @@ def layer_counts(num_layers: int, pp: int, num_layer_list: Optional[str]) -> Lis
         try:
             counts = [int(x) for x in num_layer_list.split(",")]
         except ValueError:
-            raise ConversionError(f"--num-layer-list {num_layer_list}: expected comma-separated integers, "
-                                  "e.g. 3,5") from None
+            raise ConversionError(
+                f"--num-layer-list {num_layer_list}: expected comma-separated integers, e.g. 3,5"
+            ) from None
         if len(counts) != pp or sum(counts) != num_layers or min(counts) < 1:
-            raise ConversionError(f"--num-layer-list {num_layer_list}: needs {pp} positive counts summing to {num_layers}")
+            raise ConversionError(
+                f"--num-layer-list {num_layer_list}: needs {pp} positive counts summing to {num_layers}"
+            )
         return counts
     if num_layers % pp:
         raise ConversionError(f"{num_layers} layers do not split evenly into {pp} stages; give --num-layer-list")
     return [num_layers // pp] * pp
 
 
-def checkpoint_config(cfg: ModelConfig, tp: int, pp: int, counts: Sequence[int], dtype: str, orm: bool,
-                      ep: int = 1) -> dict:
-    return {"model": dataclasses.asdict(cfg), "tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp,
-            "expert_model_parallel_size": ep, "num_layer_list": ",".join(map(str, counts)), "params_dtype": dtype,
-            "orm": orm}
+def checkpoint_config(
+    cfg: ModelConfig, tp: int, pp: int, counts: Sequence[int], dtype: str, orm: bool, ep: int = 1
+) -> dict:
+    return {
+        "model": dataclasses.asdict(cfg),
+        "tensor_model_parallel_size": tp,
+        "pipeline_model_parallel_size": pp,
+        "expert_model_parallel_size": ep,
+        "num_layer_list": ",".join(map(str, counts)),
+        "params_dtype": dtype,
+        "orm": orm,
+    }
 
 
 def check_parallel(cfg: ModelConfig, tp: int, ep: int = 1) -> None:
     if cfg.num_attention_heads % tp or cfg.kv_heads % tp:
-        raise ConversionError(f"--target-tensor-parallel-size {tp} does not divide the {cfg.num_attention_heads} heads "
-                              f"/ {cfg.kv_heads} query groups")
+        raise ConversionError(
+            f"--target-tensor-parallel-size {tp} does not divide the {cfg.num_attention_heads} heads "
+            f"/ {cfg.kv_heads} query groups"
+        )
     if (cfg.padded_vocab_size or 0) % tp:
         raise ConversionError(f"--target-tensor-parallel-size {tp} does not divide the vocab {cfg.padded_vocab_size}")
     if ep > 1 and not cfg.num_experts:
-        raise ConversionError(f"--target-expert-parallel-size {ep}: the model is dense ({cfg.model_type_hf}); "
-                              "expert parallelism needs a MoE model")
+        raise ConversionError(
+            f"--target-expert-parallel-size {ep}: the model is dense ({cfg.model_type_hf}); "
+            "expert parallelism needs a MoE model"
+        )
     if cfg.num_experts and cfg.num_experts % ep:
         raise ConversionError(f"--target-expert-parallel-size {ep} does not divide the {cfg.num_experts} experts")
 
@@ -173,9 +197,16 @@ class StageShards:
     def write(self, save_dir: str, iteration, pp_rank: int, pp: int, config: dict) -> None:
         for tp_rank in range(self.tp):
             for ep_rank in range(self.ep):
-                ml.write_rank(save_dir, iteration, tp_rank, pp_rank, pp,
-                              {"model": self.take(tp_rank, ep_rank), "iteration": 0, "config": config},
-                              ep_rank, self.ep)
+                ml.write_rank(
+                    save_dir,
+                    iteration,
+                    tp_rank,
+                    pp_rank,
+                    pp,
+                    {"model": self.take(tp_rank, ep_rank), "iteration": 0, "config": config},
+                    ep_rank,
+                    self.ep,
+                )
 
 
 def read_hf_model_config(load_dir: str, model_type_hf: Optional[str] = None) -> ModelConfig:
@@ -193,9 +224,18 @@ def read_hf_model_config(load_dir: str, model_type_hf: Optional[str] = None) -> 
         raise ConversionError(str(exc) if str(exc).startswith(("--", path)) else f"{path}: {exc}") from None
 
 
-def hf_to_mg(load_dir: str, save_dir: str, tp: int = 1, pp: int = 1, num_layer_list: Optional[str] = None,
-             dtype: str = "fp32", orm: bool = False, model_type_hf: Optional[str] = None,
-             seed: int = 1234, ep: int = 1) -> ModelConfig:
+def hf_to_mg(
+    load_dir: str,
+    save_dir: str,
+    tp: int = 1,
+    pp: int = 1,
+    num_layer_list: Optional[str] = None,
+    dtype: str = "fp32",
+    orm: bool = False,
+    model_type_hf: Optional[str] = None,
+    seed: int = 1234,
+    ep: int = 1,
+) -> ModelConfig:
     """Convert a HF folder into a Megatron 'release' checkpoint with TP x PP (x EP) rank files."""
     reader = HFReader(load_dir)
     cfg = read_hf_model_config(load_dir, model_type_hf)
@@ -242,8 +282,11 @@ def _value_head(reader: HFReader, cfg: ModelConfig, orm: bool, seed: int) -> tor
         if score.shape[0] != 1:
             raise ConversionError(f"score.weight has {score.shape[0]} labels; an ORM / critic needs num_labels=1")
         return score
-    log.warning("--orm: %s has no score.weight (a causal LM): the value head is initialised "
-                "N(0, 1/(hidden+1)) so a critic can start from this model", reader.folder)
+    log.warning(
+        "--orm: %s has no score.weight (a causal LM): the value head is initialised "
+        "N(0, 1/(hidden+1)) so a critic can start from this model",
+        reader.folder,
+    )
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(1, cfg.hidden_size, generator=gen) / (cfg.hidden_size + 1)
 
@@ -259,8 +302,9 @@ def read_mg_config(load_dir: str) -> Tuple[dict, str, int, int]:
     return config, iter_dir, tp, pp
 
 
-def stage_rank_shards(iter_dir: str, pp_rank: int, layout: Tuple[int, int, int],
-                      num_experts: Optional[int]) -> List[Dict[str, torch.Tensor]]:
+def stage_rank_shards(
+    iter_dir: str, pp_rank: int, layout: Tuple[int, int, int], num_experts: Optional[int]
+) -> List[Dict[str, torch.Tensor]]:
     """The model shards of one pipeline stage, one dict per TP rank; with EP > 1 the EP ranks' files are
     joined, experts renamed to their global numbers (memory-mapped: tensors are read when used).
     ``layout``: the folder's (TP, PP, EP), from ``ml.full_layout_of``."""
@@ -373,16 +417,29 @@ class SafetensorsShardWriter:
             json.dump({"metadata": {"total_size": self.total}, "weight_map": weight_map}, fh, indent=2)
 
 
-def mg_to_hf(load_dir: str, save_dir: str, dtype: Optional[str] = None, orm: Optional[bool] = None,
-             max_shard_bytes: int = 2 * 1024**3) -> str:
+def mg_to_hf(
+    load_dir: str,
+    save_dir: str,
+    dtype: Optional[str] = None,
+    orm: Optional[bool] = None,
+    max_shard_bytes: int = 2 * 1024**3,
+) -> str:
     """Convert the latest Megatron checkpoint into ``<save_dir>/mg2hf`` (config from ``save_dir``)."""
-    return write_hf_folder(load_dir, os.path.join(save_dir, "mg2hf"), read_hf_config(save_dir), save_dir, dtype,
-                           orm, max_shard_bytes)
+    return write_hf_folder(
+        load_dir, os.path.join(save_dir, "mg2hf"), read_hf_config(save_dir), save_dir, dtype, orm, max_shard_bytes
+    )
 
 
-def write_hf_folder(load_dir: str, out_dir: str, hf_config: dict, tokenizer_dir: Optional[str],
-                    dtype: Optional[str] = None, orm: Optional[bool] = None, max_shard_bytes: int = 2 * 1024**3,
-                    progress: bool = True) -> str:
+def write_hf_folder(
+    load_dir: str,
+    out_dir: str,
+    hf_config: dict,
+    tokenizer_dir: Optional[str],
+    dtype: Optional[str] = None,
+    orm: Optional[bool] = None,
+    max_shard_bytes: int = 2 * 1024**3,
+    progress: bool = True,
+) -> str:
     """The latest Megatron checkpoint of ``load_dir`` as a HF folder: safetensors shards, config.json from
     ``hf_config`` (a sequence classifier with ``orm``) and the tokenizer files of ``tokenizer_dir``. Written
     into a staging folder and renamed, so ``out_dir`` is complete or absent."""
@@ -390,8 +447,10 @@ def write_hf_folder(load_dir: str, out_dir: str, hf_config: dict, tokenizer_dir:
     cfg = ModelConfig(**config["model"])
     family = get_family(cfg.model_type_hf)
     if orm and not config.get("orm", False):
-        raise ConversionError(f"--orm: {load_dir} holds a language model (no value head; saved without --orm); "
-                              "drop --orm to write a causal LM")
+        raise ConversionError(
+            f"--orm: {load_dir} holds a language model (no value head; saved without --orm); "
+            "drop --orm to write a causal LM"
+        )
     orm = config.get("orm", False) if orm is None else orm
     hf_config = dict(hf_config)
     staging = out_dir + ".tmp"
@@ -416,7 +475,9 @@ def write_hf_folder(load_dir: str, out_dir: str, hf_config: dict, tokenizer_dir:
     bar.close()
     writer.close()
     if orm:
-        arch = hf_config.get("architectures", [family.architecture])[0].replace("ForCausalLM", "ForSequenceClassification")
+        arch = hf_config.get("architectures", [family.architecture])[0].replace(
+            "ForCausalLM", "ForSequenceClassification"
+        )
         hf_config.update(architectures=[arch], num_labels=1)
     if torch_dtype is not None:
         hf_config["torch_dtype"] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype]
@@ -447,8 +508,15 @@ def export_saved_iteration(ckpt_dir: str, iteration: int, tokenizer_dir: Optiona
     dtype = config.get("params_dtype", "fp32")
     model = ModelConfig(**config["model"])
     hf_config = get_family(model.model_type_hf).hf_config(model, eos, pad)
-    return write_hf_folder(ckpt_dir, hf_folder_of(ckpt_dir, iteration), hf_config, tokenizer_dir, dtype,
-                           config.get("orm", False), progress=False)
+    return write_hf_folder(
+        ckpt_dir,
+        hf_folder_of(ckpt_dir, iteration),
+        hf_config,
+        tokenizer_dir,
+        dtype,
+        config.get("orm", False),
+        progress=False,
+    )
 
 
 def special_token_ids(tokenizer_dir: Optional[str]) -> Tuple[int, int]:

@@ -4,6 +4,7 @@ Every rank of the engine's world calls these together. Each (TP, PP) rank file i
 the rank with DP rank 0 (with expert parallelism: each (TP, PP, EP) file by the EP rank's first
 data-parallel replica); with the distributed optimizer every DP rank also writes its own shard.
 """
+
 from __future__ import annotations
 
 import random
@@ -19,9 +20,13 @@ from . import optimizer_state
 def _ranks():
     from megatron.core import parallel_state as ps
 
-    return (ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank(),
-            ps.get_data_parallel_rank(), ps.get_tensor_model_parallel_world_size(),
-            ps.get_pipeline_model_parallel_world_size())
+    return (
+        ps.get_tensor_model_parallel_rank(),
+        ps.get_pipeline_model_parallel_rank(),
+        ps.get_data_parallel_rank(),
+        ps.get_tensor_model_parallel_world_size(),
+        ps.get_pipeline_model_parallel_world_size(),
+    )
 
 
 def _expert_ranks():
@@ -37,8 +42,11 @@ def _expert_ranks():
 def rng_state() -> Dict[str, Any]:
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
-    state = {"python": random.getstate(), "torch": torch.get_rng_state(),
-             "tracker": get_cuda_rng_tracker().get_states()}
+    state = {
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+        "tracker": get_cuda_rng_tracker().get_states(),
+    }
     try:
         import numpy as np
 
@@ -81,9 +89,11 @@ def _optimizer_state(engine) -> Optional[Dict[str, Any]]:
     layout = [[s.describe() for s in sub] for sub in all_slots]
     state = {"scheduler": engine.scheduler.state_dict()}
     if engine.megatron.use_distributed_optimizer:
-        state["shards"] = {"optimizers": [sub.optimizer.state_dict() for sub in optimizer_state.sub_optimizers(opt)],
-                           "layout": layout,
-                           "mains": [[s.main.detach().cpu().clone() for s in sub] for sub in all_slots]}
+        state["shards"] = {
+            "optimizers": [sub.optimizer.state_dict() for sub in optimizer_state.sub_optimizers(opt)],
+            "layout": layout,
+            "mains": [[s.main.detach().cpu().clone() for s in sub] for sub in all_slots],
+        }
     else:
         models = {id(p) for p in engine.unwrapped().parameters()}
         state["optimizer"] = opt.state_dict()
@@ -97,16 +107,23 @@ def _dp_file(dp_rank: int) -> str:
     return f"distrib_optim_dp{dp_rank:03d}.pt"
 
 
-def save_engine(engine, ckpt_dir: str, iteration: int, extra: Optional[Dict[str, Any]] = None,
-                save_optim: bool = True, save_rng: bool = True) -> None:
+def save_engine(
+    engine,
+    ckpt_dir: str,
+    iteration: int,
+    extra: Optional[Dict[str, Any]] = None,
+    save_optim: bool = True,
+    save_rng: bool = True,
+) -> None:
     """Write ``iteration`` of this engine under ``ckpt_dir`` (atomic: staged, renamed, tracker last)."""
     from ..checkpoint.convert import checkpoint_config
 
     tp_rank, pp_rank, dp_rank, tp, pp = _ranks()
     ep_rank, ep, writer = _expert_ranks()
     if not engine.all_finite():  # every rank agrees: nothing is written, the previous checkpoint stays the latest
-        raise ml.CheckpointError(f"{ckpt_dir}: iteration {iteration} not saved: the {engine.role.name}'s weights "
-                                 "hold NaN or Inf")
+        raise ml.CheckpointError(
+            f"{ckpt_dir}: iteration {iteration} not saved: the {engine.role.name}'s weights hold NaN or Inf"
+        )
     world_rank = dist.get_rank()
     if world_rank == 0:
         ml.begin_save(ckpt_dir, iteration)
@@ -115,12 +132,20 @@ def save_engine(engine, ckpt_dir: str, iteration: int, extra: Optional[Dict[str,
     if writer:
         m = engine.megatron
         counts = m.layers_per_stage(engine.role.model.num_layers)
-        payload = {"model": {k: v.detach().cpu() for k, v in engine.named_weights()},
-                   "iteration": iteration,
-                   "config": checkpoint_config(engine.role.model, tp, pp, counts,
-                                               "bf16" if m.bf16 else "fp16" if m.fp16 else "fp32",
-                                               engine.head == "value", ep),
-                   **(extra or {})}
+        payload = {
+            "model": {k: v.detach().cpu() for k, v in engine.named_weights()},
+            "iteration": iteration,
+            "config": checkpoint_config(
+                engine.role.model,
+                tp,
+                pp,
+                counts,
+                "bf16" if m.bf16 else "fp16" if m.fp16 else "fp32",
+                engine.head == "value",
+                ep,
+            ),
+            **(extra or {}),
+        }
         if optim is not None:
             payload["optimizer"] = {k: v for k, v in optim.items() if k != "shards"}
         if save_rng:
@@ -153,13 +178,15 @@ def save_hf_copy(engine, ckpt_dir: str, iteration: int) -> Optional[str]:
     return path or hf_folder_of(ckpt_dir, iteration)
 
 
-def load_engine(engine, ckpt_dir: str, load_optim: bool = True, load_rng: bool = True,
-                iteration: Optional[int] = None) -> Dict[str, Any]:
+def load_engine(
+    engine, ckpt_dir: str, load_optim: bool = True, load_rng: bool = True, iteration: Optional[int] = None
+) -> Dict[str, Any]:
     """Load the latest checkpoint (or ``iteration``) into the engine; returns the payload (iteration, extras)."""
     tp_rank, pp_rank, dp_rank, tp, pp = _ranks()
     ep_rank, ep, _ = _expert_ranks()
-    payload = ml.load_rank(ckpt_dir, tp_rank, pp_rank, expected=(tp, pp, ep), mmap=False, ep_rank=ep_rank,
-                           iteration=iteration)
+    payload = ml.load_rank(
+        ckpt_dir, tp_rank, pp_rank, expected=(tp, pp, ep), mmap=False, ep_rank=ep_rank, iteration=iteration
+    )
     engine.load_weights(payload["model"])
     if load_optim and engine.optimizer is not None:
         optim = payload.get("optimizer")
@@ -180,8 +207,10 @@ def load_engine(engine, ckpt_dir: str, load_optim: bool = True, load_rng: bool =
         elif "optimizer" in optim:
             engine.optimizer.load_state_dict(optim["optimizer"])
         else:
-            raise ml.CheckpointError(f"{ckpt_dir}: saved with the distributed optimizer; set "
-                                     "use_distributed_optimizer: true or no_load_optim: true")
+            raise ml.CheckpointError(
+                f"{ckpt_dir}: saved with the distributed optimizer; set "
+                "use_distributed_optimizer: true or no_load_optim: true"
+            )
     if load_rng and payload.get("rng_state") is not None:
         set_rng_state(payload["rng_state"])
     return payload

@@ -16,6 +16,7 @@ iteration, consumed samples and the config. Saving writes into ``<iter>.tmp``, r
 the previous complete checkpoint or the new complete one, never a half-written one that looks
 complete.
 """
+
 from __future__ import annotations
 
 import errno
@@ -77,8 +78,10 @@ def latest_iteration_dir(ckpt_dir: str, iteration: Optional[int] = None) -> Tupl
         return iteration, path
     iteration = read_tracker(ckpt_dir)
     if iteration is None:
-        raise CheckpointError(f"{ckpt_dir}: no {TRACKER}; not a Megatron checkpoint folder "
-                              f"(convert a HF model with cli/convert_ckpt.py --load-model-type hf)")
+        raise CheckpointError(
+            f"{ckpt_dir}: no {TRACKER}; not a Megatron checkpoint folder "
+            f"(convert a HF model with cli/convert_ckpt.py --load-model-type hf)"
+        )
     path = os.path.join(ckpt_dir, iteration_dir_name(iteration))
     if not os.path.isdir(path):
         raise CheckpointError(f"{ckpt_dir}: the tracker names {iteration_dir_name(iteration)}, which does not exist")
@@ -119,8 +122,15 @@ def rank_file(iter_dir: str, tp_rank: int, pp_rank: int, pp: int, ep_rank: int =
     return os.path.join(iter_dir, rank_dir_name(tp_rank, pp_rank, pp, ep_rank, ep), FILE)
 
 
-def load_rank(ckpt_dir: str, tp_rank: int, pp_rank: int, expected: Optional[Tuple[int, ...]] = None,
-              mmap: bool = True, ep_rank: int = 0, iteration: Optional[int] = None) -> Dict[str, Any]:
+def load_rank(
+    ckpt_dir: str,
+    tp_rank: int,
+    pp_rank: int,
+    expected: Optional[Tuple[int, ...]] = None,
+    mmap: bool = True,
+    ep_rank: int = 0,
+    iteration: Optional[int] = None,
+) -> Dict[str, Any]:
     """Load one rank's file of the latest checkpoint (or of ``iteration``), refusing a TP/PP(/EP) layout
     that differs."""
     _, iter_dir = latest_iteration_dir(ckpt_dir, iteration)
@@ -142,20 +152,31 @@ def checked_layout(ckpt_dir: str, iter_dir: str, expected: Optional[Tuple[int, .
             f"EP={want[2]}. Reshard it: python cli/convert_ckpt.py --load-model-type mg --save-model-type mg "
             f"--load-dir {quote(ckpt_dir)} --save-dir {quote(target)} "
             f"--target-tensor-parallel-size {want[0]} --target-pipeline-parallel-size {want[1]}"
-            + (f" --target-expert-parallel-size {want[2]}" if want[2] > 1 or ep > 1 else ""))
+            + (f" --target-expert-parallel-size {want[2]}" if want[2] > 1 or ep > 1 else "")
+        )
     return tp, pp, ep
 
 
-def write_extra(ckpt_dir: str, iteration: Union[int, str], tp_rank: int, pp_rank: int, pp: int,
-                name: str, payload: Any, ep_rank: int = 0, ep: int = 1) -> str:
+def write_extra(
+    ckpt_dir: str,
+    iteration: Union[int, str],
+    tp_rank: int,
+    pp_rank: int,
+    pp: int,
+    name: str,
+    payload: Any,
+    ep_rank: int = 0,
+    ep: int = 1,
+) -> str:
     """Write another file (e.g. a DP rank's optimizer shard) beside a rank's model file."""
     path = os.path.join(staging_dir(ckpt_dir, iteration), rank_dir_name(tp_rank, pp_rank, pp, ep_rank, ep), name)
     _save_staged(payload, path, ckpt_dir, iteration)
     return path
 
 
-def load_extra(ckpt_dir: str, tp_rank: int, pp_rank: int, name: str, ep_rank: int = 0,
-               iteration: Optional[int] = None) -> Any:
+def load_extra(
+    ckpt_dir: str, tp_rank: int, pp_rank: int, name: str, ep_rank: int = 0, iteration: Optional[int] = None
+) -> Any:
     _, iter_dir = latest_iteration_dir(ckpt_dir, iteration)
     _, pp, ep = full_layout_of(iter_dir)
     path = os.path.join(iter_dir, rank_dir_name(tp_rank, pp_rank, pp, ep_rank, ep), name)
@@ -186,9 +207,13 @@ def safe_load(path: str, mmap: bool = False) -> Any:
         raise CheckpointError(f"{path}: missing") from None
     except pickle.UnpicklingError as exc:
         first = str(exc).strip().splitlines()
-        reason = next((line.strip() for line in first if "Unsupported" in line or "GLOBAL" in line), first[0] if first else "")
-        raise CheckpointError(f"{path}: refused to load: it holds objects other than tensors and plain data "
-                              f"({reason}); only load checkpoints you trust") from None
+        reason = next(
+            (line.strip() for line in first if "Unsupported" in line or "GLOBAL" in line), first[0] if first else ""
+        )
+        raise CheckpointError(
+            f"{path}: refused to load: it holds objects other than tensors and plain data "
+            f"({reason}); only load checkpoints you trust"
+        ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as exc:
         raise CheckpointError(f"{path}: truncated or corrupt ({str(exc).strip().splitlines()[0][:200]})") from None
 
@@ -197,8 +222,16 @@ def staging_dir(ckpt_dir: str, iteration: Union[int, str]) -> str:
     return os.path.join(ckpt_dir, iteration_dir_name(iteration) + ".tmp")
 
 
-def write_rank(ckpt_dir: str, iteration: Union[int, str], tp_rank: int, pp_rank: int, pp: int,
-               payload: Dict[str, Any], ep_rank: int = 0, ep: int = 1) -> str:
+def write_rank(
+    ckpt_dir: str,
+    iteration: Union[int, str],
+    tp_rank: int,
+    pp_rank: int,
+    pp: int,
+    payload: Dict[str, Any],
+    ep_rank: int = 0,
+    ep: int = 1,
+) -> str:
     """Write one rank's file into the staging folder of ``iteration``."""
     path = os.path.join(staging_dir(ckpt_dir, iteration), rank_dir_name(tp_rank, pp_rank, pp, ep_rank, ep), FILE)
     _save_staged({"checkpoint_version": CHECKPOINT_VERSION, **payload}, path, ckpt_dir, iteration)
@@ -219,10 +252,15 @@ def _save_staged(payload: Any, path: str, ckpt_dir: str, iteration: Union[int, s
             raise
         shutil.rmtree(staging_dir(ckpt_dir, iteration), ignore_errors=True)
         latest = read_tracker_or_none(ckpt_dir)
-        kept = f"{iteration_dir_name(latest)} stays the latest checkpoint" if latest not in (None, "unreadable") \
+        kept = (
+            f"{iteration_dir_name(latest)} stays the latest checkpoint"
+            if latest not in (None, "unreadable")
             else "no earlier checkpoint exists"
-        raise CheckpointError(f"no space left on {ckpt_dir} while saving {iteration_dir_name(iteration)}: its "
-                              f"staging files are removed and {kept}; free space and resume") from None
+        )
+        raise CheckpointError(
+            f"no space left on {ckpt_dir} while saving {iteration_dir_name(iteration)}: its "
+            f"staging files are removed and {kept}; free space and resume"
+        ) from None
 
 
 def _out_of_space(exc: BaseException, folder: str) -> bool:
@@ -286,7 +324,8 @@ def common_iteration(folders: Dict[str, str]) -> Tuple[Optional[int], Optional[s
         raise CheckpointError(
             f"the {', '.join(sorted(numbered))} checkpoint is at iteration {max(numbered.values())} but the {role}'s "
             f"folder {folders[role]} holds {'no checkpoint' if trackers[role] is None else 'converted weights only'}: "
-            f"resume every role from the same run, or set {role}_config.finetune=true to start the {role} afresh")
+            f"resume every role from the same run, or set {role}_config.finetune=true to start the {role} afresh"
+        )
     common = min(numbered.values())
     ahead = {role: it for role, it in numbered.items() if it > common}
     for role in ahead:
@@ -294,11 +333,14 @@ def common_iteration(folders: Dict[str, str]) -> Tuple[Optional[int], Optional[s
             raise CheckpointError(
                 f"the roles' checkpoints end at different iterations ({_listed(numbered)}: a save was interrupted) "
                 f"and {folders[role]} no longer holds {iteration_dir_name(common)}: no iteration is complete for "
-                "every role")
+                "every role"
+            )
     note = None
     if ahead:
-        note = (f"the roles' checkpoints end at different iterations ({_listed(numbered)}: the last save was "
-                f"interrupted); resuming every role from iteration {common}, the last one all of them completed")
+        note = (
+            f"the roles' checkpoints end at different iterations ({_listed(numbered)}: the last save was "
+            f"interrupted); resuming every role from iteration {common}, the last one all of them completed"
+        )
     return common, note
 
 

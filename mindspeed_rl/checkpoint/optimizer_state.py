@@ -14,6 +14,7 @@ rebuild for every parameter name its full (TP-local) tensors
 which are split across tensor-parallel ranks exactly like the weight of that name. ``load_named`` puts a
 named state into any optimizer layout (plain, mixed precision, distributed with any DP size).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,15 +47,19 @@ def _main_to_model(sub) -> Dict[int, Tuple[torch.nn.Parameter, int, int]]:
     """id(main parameter) -> (model parameter, start, end) for one megatron optimizer."""
     out: Dict[int, Tuple[torch.nn.Parameter, int, int]] = {}
     if hasattr(sub, "shard_fp32_from_float16_groups"):  # distributed optimizer: a flat range per DP rank
-        pairs = [(sub.model_float16_groups, sub.shard_fp32_from_float16_groups),
-                 (sub.model_fp32_groups, sub.shard_fp32_groups)]
+        pairs = [
+            (sub.model_float16_groups, sub.shard_fp32_from_float16_groups),
+            (sub.model_fp32_groups, sub.shard_fp32_groups),
+        ]
         for model_groups, main_groups in pairs:
             for model_group, main_group in zip(model_groups, main_groups):
                 for model_param, main in zip(model_group, main_group):
                     rng = sub._get_model_param_range_map(model_param)["param"]
                     out[id(main)] = (model_param, rng.start, rng.end)
         return out
-    for model_group, main_group in zip(getattr(sub, "float16_groups", []), getattr(sub, "fp32_from_float16_groups", [])):
+    for model_group, main_group in zip(
+        getattr(sub, "float16_groups", []), getattr(sub, "fp32_from_float16_groups", [])
+    ):
         for model_param, main in zip(model_group, main_group):
             out[id(main)] = (model_param, 0, model_param.numel())
     for group in sub.optimizer.param_groups:  # fp32 parameters are their own main copy
@@ -81,8 +86,11 @@ def engine_slots(engine) -> List[List[Slot]]:
     return [slots(sub, names) for sub in sub_optimizers(engine.optimizer)]
 
 
-def named_from_native(layout: Sequence[Sequence[Tuple]], states: Sequence[dict],
-                      mains: Optional[Sequence[Sequence[Optional[torch.Tensor]]]] = None) -> NamedState:
+def named_from_native(
+    layout: Sequence[Sequence[Tuple]],
+    states: Sequence[dict],
+    mains: Optional[Sequence[Sequence[Optional[torch.Tensor]]]] = None,
+) -> NamedState:
     """Rebuild named pieces from saved native states.
 
     ``layout``: per sub-optimizer, the slots' (name, shape, start, end) as recorded at save time;
@@ -126,17 +134,18 @@ def assemble(pieces_per_rank: Sequence[NamedState]) -> Dict[str, Dict[str, torch
                     numel *= d
                 full = out.setdefault(name, {"shape": piece["shape"], "step": piece["step"]})
                 mask = covered.setdefault(name, torch.zeros(numel, dtype=torch.bool))
-                mask[piece["start"]:piece["end"]] = True
+                mask[piece["start"] : piece["end"]] = True
                 for key in MOMENTS + ("param",):
                     if key in piece:
                         flat = full.setdefault(key, torch.zeros(numel, dtype=torch.float32))
-                        flat[piece["start"]:piece["end"]] = piece[key]
+                        flat[piece["start"] : piece["end"]] = piece[key]
     result = {}
     for name, full in out.items():
         if not bool(covered[name].all()):
             raise ValueError(f"the optimizer state of {name} is incomplete (a data-parallel rank's file is missing)")
-        result[name] = {k: (v.reshape(full["shape"]) if isinstance(v, torch.Tensor) else v)
-                        for k, v in full.items() if k != "shape"}
+        result[name] = {
+            k: (v.reshape(full["shape"]) if isinstance(v, torch.Tensor) else v) for k, v in full.items() if k != "shape"
+        }
     return result
 
 
@@ -153,7 +162,7 @@ def load_named(engine, named: Dict[str, Dict[str, Any]]) -> None:
             entry = named[slot.name]
             state = inner.state[slot.main]
             for key in MOMENTS:
-                value = entry[key].reshape(-1)[slot.start:slot.end].view(slot.main.shape)
+                value = entry[key].reshape(-1)[slot.start : slot.end].view(slot.main.shape)
                 if key in state:
                     state[key].copy_(value)
                 else:
@@ -164,7 +173,7 @@ def load_named(engine, named: Dict[str, Dict[str, Any]]) -> None:
                 else:  # torch's Adam: a float tensor per parameter
                     state["step"] = torch.tensor(float(entry["step"]), dtype=torch.float32)
             if "param" in entry:  # the model's own weights were loaded from the checkpoint already
-                slot.main.copy_(entry["param"].reshape(-1)[slot.start:slot.end].view(slot.main.shape))
+                slot.main.copy_(entry["param"].reshape(-1)[slot.start : slot.end].view(slot.main.shape))
 
 
 def iter_layout(engine) -> Iterator[List[Tuple]]:

@@ -6,6 +6,7 @@ are rebuilt per parameter name (``optimizer_state``) and split exactly like the 
 so a resume at the new layout continues with the same optimizer. The RNG state belongs to the old
 ranks and is left out. A 'release' folder (converted weights) stays weights only.
 """
+
 from __future__ import annotations
 
 import functools
@@ -17,8 +18,16 @@ import torch
 from ..config_cls.model_config import ModelConfig
 from . import megatron_layout as ml
 from . import optimizer_state
-from .convert import (DTYPES, ConversionError, StageShards, check_parallel, checkpoint_config, iter_mg_stages,
-                      layer_counts, read_mg_config)
+from .convert import (
+    DTYPES,
+    ConversionError,
+    StageShards,
+    check_parallel,
+    checkpoint_config,
+    iter_mg_stages,
+    layer_counts,
+    read_mg_config,
+)
 from .sharding import stage_starts
 from .tp_split import expert_number, layer_number, merge_tp, renumber_expert, shift_layer
 
@@ -34,23 +43,29 @@ def _rank_named_optimizer(path: str) -> Dict[str, Dict[str, Any]]:
     folder = os.path.dirname(path)
     if "optimizer" in optim:
         if "layout" not in optim:
-            raise ConversionError(f"{path}: the optimizer state does not record its parameter names (saved by an "
-                                  "older version); reshard with --weights-only and resume with no_load_optim=true")
+            raise ConversionError(
+                f"{path}: the optimizer state does not record its parameter names (saved by an "
+                "older version); reshard with --weights-only and resume with no_load_optim=true"
+            )
         native = optim["optimizer"] if isinstance(optim["optimizer"], list) else [optim["optimizer"]]
         inner = [sd["optimizer"] if "optimizer" in sd else sd for sd in native]
         pieces = [optimizer_state.named_from_native(optim["layout"], inner, optim.get("mains"))]
     else:
         shard_files = sorted(n for n in os.listdir(folder) if n.startswith("distrib_optim_dp"))
         if not shard_files:
-            raise ConversionError(f"{folder}: no optimizer state (saved with no_save_optim?); reshard with "
-                                  "--weights-only and resume with no_load_optim=true")
+            raise ConversionError(
+                f"{folder}: no optimizer state (saved with no_save_optim?); reshard with "
+                "--weights-only and resume with no_load_optim=true"
+            )
         pieces = []
         for name in shard_files:
             saved = ml.safe_load(os.path.join(folder, name), mmap=True)
             if not isinstance(saved, dict):
-                raise ConversionError(f"{os.path.join(folder, name)}: the optimizer shard does not record its "
-                                      "parameter names (saved by an older version); reshard with --weights-only "
-                                      "and resume with no_load_optim=true")
+                raise ConversionError(
+                    f"{os.path.join(folder, name)}: the optimizer shard does not record its "
+                    "parameter names (saved by an older version); reshard with --weights-only "
+                    "and resume with no_load_optim=true"
+                )
             pieces.append(optimizer_state.named_from_native(saved["layout"], saved["optimizers"], saved["mains"]))
     try:
         return optimizer_state.assemble(pieces)
@@ -58,8 +73,9 @@ def _rank_named_optimizer(path: str) -> Dict[str, Dict[str, Any]]:
         raise ConversionError(f"{folder}: {exc}") from None
 
 
-def _optimizer_stages(iter_dir: str, layout: Tuple[int, int, int], counts: List[int], swiglu: bool,
-                      num_experts: Optional[int]) -> Tuple[Dict[str, Dict[str, torch.Tensor]], Dict[str, float]]:
+def _optimizer_stages(
+    iter_dir: str, layout: Tuple[int, int, int], counts: List[int], swiglu: bool, num_experts: Optional[int]
+) -> Tuple[Dict[str, Dict[str, torch.Tensor]], Dict[str, float]]:
     """{kind: {global name: full tensor}} for kind in param / exp_avg / exp_avg_sq, and the step per name."""
     tp, pp, ep = layout
     per = (num_experts or ep) // ep
@@ -95,8 +111,16 @@ def _in_stage(name: str, pp_rank: int, pp: int, lo: int, hi: int) -> bool:
     return (pp_rank == 0) if name.startswith("embedding.") else (pp_rank == pp - 1)
 
 
-def mg_to_mg(load_dir: str, save_dir: str, tp: int, pp: int, num_layer_list: Optional[str] = None,
-             dtype: Optional[str] = None, ep: int = 1, weights_only: bool = False) -> Tuple[Any, bool]:
+def mg_to_mg(
+    load_dir: str,
+    save_dir: str,
+    tp: int,
+    pp: int,
+    num_layer_list: Optional[str] = None,
+    dtype: Optional[str] = None,
+    ep: int = 1,
+    weights_only: bool = False,
+) -> Tuple[Any, bool]:
     """Reshard ``load_dir``'s latest checkpoint to TP x PP x EP under ``save_dir``. Returns (the iteration
     written: the source's for a training checkpoint, else 'release'; whether optimizer state was kept)."""
     config, iter_dir, _, _ = read_mg_config(load_dir)
@@ -109,16 +133,18 @@ def mg_to_mg(load_dir: str, save_dir: str, tp: int, pp: int, num_layer_list: Opt
     check_parallel(cfg, tp, ep)
     counts = layer_counts(cfg.num_layers, pp, num_layer_list)
     starts = stage_starts(counts)
-    out_config = checkpoint_config(cfg, tp, pp, counts, dtype or config.get("params_dtype", "fp32"),
-                                   config.get("orm", False), ep)
+    out_config = checkpoint_config(
+        cfg, tp, pp, counts, dtype or config.get("params_dtype", "fp32"), config.get("orm", False), ep
+    )
     full: Dict[str, torch.Tensor] = {}
     for _, stage in iter_mg_stages(load_dir):
         full.update({k: (v.to(DTYPES[dtype]) if dtype else v).clone() for k, v in stage.items()})
     optim_full, step = {}, None
     if keep_optim:
         source_counts = [int(x) for x in config["num_layer_list"].split(",")]
-        optim_full, steps = _optimizer_stages(iter_dir, ml.full_layout_of(iter_dir), source_counts,
-                                              cfg.swiglu, cfg.num_experts)
+        optim_full, steps = _optimizer_stages(
+            iter_dir, ml.full_layout_of(iter_dir), source_counts, cfg.swiglu, cfg.num_experts
+        )
         # Adam's step count: one per optimizer step, the same for every parameter
         step = max((s for s in steps.values() if s is not None), default=None)
     target = iteration if training else "release"

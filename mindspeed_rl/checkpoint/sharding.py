@@ -1,4 +1,5 @@
 """Full (TP=1, PP=1) megatron state dicts <-> the shard of one (TP rank, PP stage)."""
+
 from __future__ import annotations
 
 from typing import Dict, List, Sequence
@@ -18,8 +19,9 @@ def stage_starts(layer_counts: Sequence[int]) -> List[int]:
     return starts
 
 
-def shard_state_dict(full: StateDict, tp: int, tp_rank: int, layer_counts: Sequence[int], pp_rank: int,
-                     swiglu: bool = True) -> StateDict:
+def shard_state_dict(
+    full: StateDict, tp: int, tp_rank: int, layer_counts: Sequence[int], pp_rank: int, swiglu: bool = True
+) -> StateDict:
     """The weights one (TP rank, PP stage) holds, with stage-local layer numbers."""
     pp = len(layer_counts)
     start = stage_starts(layer_counts)[pp_rank]
@@ -43,8 +45,9 @@ def shard_state_dict(full: StateDict, tp: int, tp_rank: int, layer_counts: Seque
     return out
 
 
-def merge_state_dicts(shards: Sequence[Sequence[StateDict]], layer_counts: Sequence[int],
-                      swiglu: bool = True) -> StateDict:
+def merge_state_dicts(
+    shards: Sequence[Sequence[StateDict]], layer_counts: Sequence[int], swiglu: bool = True
+) -> StateDict:
     """Full weights from ``shards[pp_rank][tp_rank]`` (stage-local layer numbers)."""
     starts = stage_starts(layer_counts)
     full: StateDict = {}

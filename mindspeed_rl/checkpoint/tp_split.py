@@ -6,6 +6,7 @@ linear_fc1 of a SwiGLU MLP is cat(gate, up), so rank r holds cat(gate chunk r, u
 linear_proj and linear_fc2 chunk on dim 1; norms are replicated. A value head
 (``output_layer.weight`` with one row) is replicated.
 """
+
 from __future__ import annotations
 
 import re
@@ -75,8 +76,7 @@ def shift_layer(name: str, offset: int) -> str:
     m = _LAYER.search(name)
     if not m:
         return name
-    return name[:m.start(2)] + str(int(m.group(2)) + offset) + name[m.end(2):]
-
+    return name[: m.start(2)] + str(int(m.group(2)) + offset) + name[m.end(2) :]
 
 
 def expert_number(name: str) -> int:
@@ -87,7 +87,7 @@ def expert_number(name: str) -> int:
 
 def renumber_expert(name: str, expert: int) -> str:
     m = _EXPERT.search(name)
-    return name[:m.start(1)] + str(expert) + name[m.end(1):]
+    return name[: m.start(1)] + str(expert) + name[m.end(1) :]
 
 
 def ep_owner(expert: int, num_experts: int, ep: int):

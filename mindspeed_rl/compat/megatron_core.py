@@ -1,4 +1,5 @@
 """megatron-core API differences between 0.12 (the NPU stack, MindSpeed's core_r0.12.1) and 0.16."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -71,13 +72,17 @@ def uneven_pipeline_fields(counts: List[int]) -> Dict[str, object]:
     from megatron.core.transformer import TransformerConfig
 
     if "pipeline_model_parallel_layout" in {f.name for f in dataclasses.fields(TransformerConfig)}:
-        stages = [("E" if i == 0 else "") + (f"t*{count}" if count else "") + ("L" if i == len(counts) - 1 else "")
-                  for i, count in enumerate(counts)]
+        stages = [
+            ("E" if i == 0 else "") + (f"t*{count}" if count else "") + ("L" if i == len(counts) - 1 else "")
+            for i, count in enumerate(counts)
+        ]
         return {"pipeline_model_parallel_layout": "|".join(stages)}
     middle = counts[1:-1]
     if len(set(middle)) > 1:
-        raise ValueError(f"layers per stage {counts}: megatron-core before 0.13 needs the stages between the first "
-                         "and the last to hold the same number of layers")
+        raise ValueError(
+            f"layers per stage {counts}: megatron-core before 0.13 needs the stages between the first "
+            "and the last to hold the same number of layers"
+        )
     if len(counts) == 2:
         return {"num_layers_in_first_pipeline_stage": counts[0]}
     return {"num_layers_in_first_pipeline_stage": counts[0], "num_layers_in_last_pipeline_stage": counts[-1]}

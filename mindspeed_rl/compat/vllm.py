@@ -8,6 +8,7 @@ processing a fresh load does. ``MINDSPEED_RL_VLLM_WEIGHT_LOAD`` forces one path
 (``reload_weights`` | ``load_weights``; ``auto`` by default) for tests and for working around a
 release whose layer-wise reload misbehaves.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -66,8 +67,9 @@ def keep_cpu_linear_weights() -> None:
     packed copy is rebuilt by the post-load processing after every update)."""
     # the linear layers import it from here when they process their weights
     utils = importlib.import_module("vllm.model_executor.layers.utils")
-    original = getattr(utils.dispatch_cpu_unquantized_gemm, "mindspeed_rl_original",
-                       utils.dispatch_cpu_unquantized_gemm)
+    original = getattr(
+        utils.dispatch_cpu_unquantized_gemm, "mindspeed_rl_original", utils.dispatch_cpu_unquantized_gemm
+    )
 
     def dispatch_keeping_weight(layer, remove_weight):
         return original(layer, remove_weight=False)

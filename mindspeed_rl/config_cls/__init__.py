@@ -1,4 +1,5 @@
 """Typed, validated configuration (no torch import: fails fast on bad input)."""
+
 from .base import ConfigError
 from .generate_config import GenerateConfig, SamplingConfig
 from .loader import compose, load_ppo_config
@@ -7,6 +8,18 @@ from .model_config import ModelConfig
 from .ppo_config import PPOConfig, RoleConfig, batch_plan, build_ppo_config, missing_paths
 from .rl_config import RLConfig
 
-__all__ = ["ConfigError", "GenerateConfig", "SamplingConfig", "MegatronConfig", "ModelConfig",
-           "RLConfig", "PPOConfig", "RoleConfig", "batch_plan", "build_ppo_config", "compose",
-           "load_ppo_config", "missing_paths"]
+__all__ = [
+    "ConfigError",
+    "GenerateConfig",
+    "SamplingConfig",
+    "MegatronConfig",
+    "ModelConfig",
+    "RLConfig",
+    "PPOConfig",
+    "RoleConfig",
+    "batch_plan",
+    "build_ppo_config",
+    "compose",
+    "load_ppo_config",
+    "missing_paths",
+]

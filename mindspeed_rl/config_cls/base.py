@@ -4,11 +4,12 @@ Each field carries its documentation and rules in ``metadata`` (see :func:`opt`)
 validation, error messages and docs/config.md come from one place. Nothing here imports
 torch: a bad config must be refused in well under a second.
 """
+
 from __future__ import annotations
 
 import dataclasses
-import math
 import difflib
+import math
 import types
 import typing
 from typing import Any, Mapping, Optional
@@ -25,10 +26,17 @@ class ConfigError(ValueError):
         super().__init__(f"{key}: {message}" if key else message)
 
 
-def opt(default: Any = REQUIRED, doc: str = "", *, choices: Optional[tuple] = None,
-        ge: Optional[float] = None, gt: Optional[float] = None,
-        le: Optional[float] = None, lt: Optional[float] = None,
-        factory: Optional[typing.Callable[[], Any]] = None) -> Any:
+def opt(
+    default: Any = REQUIRED,
+    doc: str = "",
+    *,
+    choices: Optional[tuple] = None,
+    ge: Optional[float] = None,
+    gt: Optional[float] = None,
+    le: Optional[float] = None,
+    lt: Optional[float] = None,
+    factory: Optional[typing.Callable[[], Any]] = None,
+) -> Any:
     """A documented config field with optional range/choice rules."""
     meta = {"doc": doc, "choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt}
     if factory is not None:
@@ -117,8 +125,12 @@ def _check_rules(value: Any, meta: Mapping[str, Any], key: str) -> None:
         hint = closest_key(str(value), [str(c) for c in choices])
         extra = f"; did you mean {hint!r}?" if hint else ""
         raise ConfigError(key, f"got {value!r}, allowed: {', '.join(map(str, choices))}{extra}")
-    for rule, test, words in (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
-                              ("le", lambda v, b: v <= b, "<="), ("lt", lambda v, b: v < b, "<")):
+    for rule, test, words in (
+        ("ge", lambda v, b: v >= b, ">="),
+        ("gt", lambda v, b: v > b, ">"),
+        ("le", lambda v, b: v <= b, "<="),
+        ("lt", lambda v, b: v < b, "<"),
+    ):
         bound = meta.get(rule)
         if bound is not None and isinstance(value, (int, float)) and not test(value, bound):
             raise ConfigError(key, f"got {value!r}, must be {words} {bound}")

@@ -1,4 +1,5 @@
 """configs/datasets/<name>.yaml: what cli/preprocess_data.py reads."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,24 +18,30 @@ class DatasetConfig:
     input: str = opt(doc="A .jsonl, .json (array) or .parquet file, or a folder of them.")
     tokenizer_name_or_path: str = opt(doc="HF tokenizer folder.")
     output_prefix: str = opt(doc="Prefix of the output files (<prefix>_packed_<field>_document.bin/.idx).")
-    tokenizer_type: str = opt("HuggingFaceTokenizer", "Tokenizer kind.",
-                              choices=("HuggingFaceTokenizer", "PretrainedFromHF"))
+    tokenizer_type: str = opt(
+        "HuggingFaceTokenizer", "Tokenizer kind.", choices=("HuggingFaceTokenizer", "PretrainedFromHF")
+    )
     handler_name: str = opt("R1AlpacaStyleInstructionHandler", "How rows become samples.", choices=HANDLERS)
     workers: int = opt(1, "Worker processes.", ge=1)
     log_interval: int = opt(1000, "Log progress every this many rows.", ge=1)
     prompt_type: str = opt("qwen_r1", "Chat template from configs/model/templates.json.")
-    map_keys: Dict[str, str] = opt(doc="Row field of prompt, query, response and system ('' = none).",
-                                   factory=lambda: {"prompt": "question", "query": "", "response": "answer",
-                                                    "system": ""})
-    dataset_additional_keys: List[str] = opt(doc="Extra fields stored with each prompt (labels: the answer).",
-                                             factory=lambda: ["labels"])
+    map_keys: Dict[str, str] = opt(
+        doc="Row field of prompt, query, response and system ('' = none).",
+        factory=lambda: {"prompt": "question", "query": "", "response": "answer", "system": ""},
+    )
+    dataset_additional_keys: List[str] = opt(
+        doc="Extra fields stored with each prompt (labels: the answer).", factory=lambda: ["labels"]
+    )
     seq_length: int = opt(2048, "Prompts longer than this many tokens are skipped.", ge=1)
-    tools: List[str] = opt(doc="Tools listed in every prompt's system turn (the template's tools_format): "
-                               "built-in names (calculator, python) or registered functions 'module:function'. "
-                               "A row's own 'tools' field (a list of names) narrows them for that row.",
-                           factory=list)
-    tool_config_path: str = opt("", "A YAML file with a 'tools' list (name, function, description, parameters), "
-                                    "added to tools.")
+    tools: List[str] = opt(
+        doc="Tools listed in every prompt's system turn (the template's tools_format): "
+        "built-in names (calculator, python) or registered functions 'module:function'. "
+        "A row's own 'tools' field (a list of names) narrows them for that row.",
+        factory=list,
+    )
+    tool_config_path: str = opt(
+        "", "A YAML file with a 'tools' list (name, function, description, parameters), added to tools."
+    )
 
     def validate(self) -> None:
         from ..datasets.templates import template_names
@@ -49,15 +56,20 @@ class DatasetConfig:
         if "labels" in self.dataset_additional_keys and not self.map_keys.get("response"):
             raise ConfigError("map_keys.response", "required when dataset_additional_keys has labels")
         if self.prompt_type not in template_names():
-            raise ConfigError("prompt_type", f"{self.prompt_type!r} is not in configs/model/templates.json "
-                                             f"({', '.join(template_names())})")
+            raise ConfigError(
+                "prompt_type",
+                f"{self.prompt_type!r} is not in configs/model/templates.json ({', '.join(template_names())})",
+            )
         if self.tools or self.tool_config_path:
             self.tool_specs()
             from ..datasets.templates import load_templates
 
             if "tools_format" not in load_templates()[self.prompt_type]:
-                raise ConfigError("prompt_type", f"{self.prompt_type!r} cannot list tools (no tools_format in "
-                                                 "configs/model/templates.json); with tools use e.g. qwen")
+                raise ConfigError(
+                    "prompt_type",
+                    f"{self.prompt_type!r} cannot list tools (no tools_format in "
+                    "configs/model/templates.json); with tools use e.g. qwen",
+                )
 
     def tool_specs(self) -> dict:
         """name -> ToolSpec of the tools the prompts list."""

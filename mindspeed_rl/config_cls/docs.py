@@ -1,7 +1,8 @@
 """Write docs/config.md from the typed sections (one source for validation and docs).
 
-    python -m mindspeed_rl.config_cls.docs > docs/config.md
+python -m mindspeed_rl.config_cls.docs > docs/config.md
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -116,8 +117,10 @@ def render() -> str:
         out.append(f"\n## {title}\n\n{cls.__doc__.strip()}\n")
         out.append("| key | type | default | allowed | meaning |\n|---|---|---|---|---|")
         for f in dataclasses.fields(cls):
-            out.append(f"| `{f.name}` | {_type_name(hints[f.name])} | {_default(f)} | {_rules(f)} | "
-                       f"{f.metadata.get('doc', '')} |")
+            out.append(
+                f"| `{f.name}` | {_type_name(hints[f.name])} | {_default(f)} | {_rules(f)} | "
+                f"{f.metadata.get('doc', '')} |"
+            )
     return "\n".join(out) + "\n"
 
 

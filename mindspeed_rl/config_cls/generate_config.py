@@ -1,4 +1,5 @@
 """The ``generate_config`` section: rollout engine and sampling."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,30 +20,39 @@ class SamplingConfig:
     temperature: float = opt(1.0, "Sampling temperature (0: greedy).", ge=0)
     detokenize: bool = opt(False, "Return response text as well as token ids.")
     ignore_eos: bool = opt(False, "Keep generating after EOS, up to max_tokens (benchmarks: fixed response lengths).")
-    min_tokens: int = opt(0, "EOS cannot be sampled before this many new tokens (its log-prob is still the "
-                             "unconstrained one, as vLLM reports it).", ge=0)
+    min_tokens: int = opt(
+        0,
+        "EOS cannot be sampled before this many new tokens (its log-prob is still the "
+        "unconstrained one, as vLLM reports it).",
+        ge=0,
+    )
 
 
 @dataclass
 class GenerateConfig:
     """Rollout engine (vLLM or the fallback) inside the integrated actor."""
 
-    backend: str = opt("auto", "Rollout engine: vllm, fallback (megatron-core), or auto (vLLM when it "
-                               "can run the model, else fallback; the log says which and why).",
-                       choices=("auto", "vllm", "fallback"))
+    backend: str = opt(
+        "auto",
+        "Rollout engine: vllm, fallback (megatron-core), or auto (vLLM when it "
+        "can run the model, else fallback; the log says which and why).",
+        choices=("auto", "vllm", "fallback"),
+    )
     enforce_eager: bool = opt(True, "No CUDA/NPU graphs.")
     trust_remote_code: bool = opt(False, "Allow model code from the checkpoint folder.")
     offload_train_optimizer: bool = opt(False, "Move optimizer state to host during rollout.")
     offload_train_grad: bool = opt(False, "Move gradients to host during rollout.")
     offload_train_param: bool = opt(False, "Move training weights to host during rollout.")
-    infer_tensor_parallel_size: int = opt(1, "Tensor-parallel size of the engine (equal, multiple or "
-                                             "divisor of the actor's).", ge=1)
+    infer_tensor_parallel_size: int = opt(
+        1, "Tensor-parallel size of the engine (equal, multiple or divisor of the actor's).", ge=1
+    )
     infer_pipeline_parallel_size: int = opt(1, "Pipeline-parallel size of the engine.", ge=1, le=1)
     infer_expert_parallel_size: int = opt(1, "Expert-parallel size of the engine.", ge=1, le=1)
     max_num_seqs: int = opt(256, "Most sequences the engine runs at once.", ge=1)
     max_model_len: int = opt(4096, "Longest prompt + response the engine accepts.", ge=1)
     max_num_batched_tokens: int = opt(8192, "Token budget of one engine step.", ge=1)
     dtype: str = opt("bfloat16", "Engine weights dtype.", choices=("bfloat16", "float16", "float32", "auto"))
-    gpu_memory_utilization: float = opt(0.5, "Fraction of device memory for the engine (CPU: of host "
-                                             "memory, as a KV-cache byte budget).", gt=0, le=1)
+    gpu_memory_utilization: float = opt(
+        0.5, "Fraction of device memory for the engine (CPU: of host memory, as a KV-cache byte budget).", gt=0, le=1
+    )
     sampling_config: SamplingConfig = opt(doc="Sampling settings.", factory=SamplingConfig)

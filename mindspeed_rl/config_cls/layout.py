@@ -1,5 +1,6 @@
 """Which ranks do what: rollout engines (blocks of infer-TP actor ranks, as vLLM splits the world) and
 train data-parallel groups (megatron's order: TP fastest, then DP, then PP), as lists and as a diagram."""
+
 from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
@@ -22,6 +23,7 @@ def train_coordinates(rank: int, tp: int, dp: int) -> Tuple[int, int, int]:
 
 def describe_blocks(blocks: Sequence[Sequence[int]], name: str, shown: int = 4) -> str:
     """'engine 0 = [0-7], engine 1 = [8-15], ...' (the first few blocks, then how many more)."""
+
     def span(ranks: Sequence[int]) -> str:
         contiguous = list(ranks) == list(range(ranks[0], ranks[0] + len(ranks)))
         return f"[{ranks[0]}-{ranks[-1]}]" if contiguous and len(ranks) > 2 else str(list(ranks))
@@ -30,10 +32,10 @@ def describe_blocks(blocks: Sequence[Sequence[int]], name: str, shown: int = 4) 
     return text + (f", ... ({len(blocks)} in all)" if len(blocks) > shown else "")
 
 
-def layout_diagram(world: int, infer_tp: int, roles: Sequence[Tuple[str, int, int, int]],
-                   max_columns: int = 8) -> str:
+def layout_diagram(world: int, infer_tp: int, roles: Sequence[Tuple[str, int, int, int]], max_columns: int = 8) -> str:
     """A text picture of ranks -> engines -> DP groups. ``roles``: (name, tp, dp, pp) of each Megatron
     role on these ranks. Adjacent ranks with the same engine and DP/PP place share a column."""
+
     def labels(rank: int) -> List[str]:
         row = [f"engine {rank // infer_tp}"]
         for _, tp, dp, pp in roles:
@@ -51,7 +53,7 @@ def layout_diagram(world: int, infer_tp: int, roles: Sequence[Tuple[str, int, in
     hidden: Optional[int] = None
     if len(segments) > max_columns:
         hidden = len(segments) - max_columns + 1
-        segments = segments[:max_columns - 1] + [segments[-1]]
+        segments = segments[: max_columns - 1] + [segments[-1]]
     heads = ["ranks"] + ["rollout"] + [f"{name} train" for name, *_ in roles]
     notes = [f"{world} rank(s)", f"infer TP {infer_tp}: each engine's ranks run one vLLM instance on the same prompts"]
     notes += [f"TP {tp} x PP {pp} ranks per DP group" for _, tp, _, pp in roles]

@@ -5,6 +5,7 @@ composition, so that a key the YAML does not spell out (but the schema knows) ca
 without Hydra's ``+`` prefix, and an unknown key is reported by the schema validator with
 its full path and the closest known key, not as a Hydra stack trace.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,12 +28,17 @@ def resolve_config_name(name: str, config_dir: Optional[str] = None) -> Tuple[st
     config_dir = os.path.abspath(config_dir or CONFIG_DIR)
     path = os.path.join(config_dir, f"{name}.yaml")
     if not os.path.isfile(path):
-        known = sorted(f[:-5] for f in os.listdir(config_dir) if f.endswith(".yaml")) if os.path.isdir(config_dir) else []
+        known = (
+            sorted(f[:-5] for f in os.listdir(config_dir) if f.endswith(".yaml")) if os.path.isdir(config_dir) else []
+        )
         from .base import closest_key
 
         hint = closest_key(name, known)
-        raise ConfigError("--config-name", f"no config {name!r} in {config_dir}"
-                                           + (f"; did you mean {hint!r}?" if hint else f"; available: {', '.join(known)}"))
+        raise ConfigError(
+            "--config-name",
+            f"no config {name!r} in {config_dir}"
+            + (f"; did you mean {hint!r}?" if hint else f"; available: {', '.join(known)}"),
+        )
     return config_dir, name
 
 
@@ -63,8 +69,11 @@ def compose(config_name: str, overrides: Sequence[str] = (), config_dir: Optiona
 
     config_dir, name = resolve_config_name(config_name, config_dir)
     parsed = _parse_overrides(overrides)
-    group_overrides = [o.input_line for o in parsed if o.key_or_group.split(".")[0] in GROUPS
-                       and not o.key_or_group.startswith("model.")]
+    group_overrides = [
+        o.input_line
+        for o in parsed
+        if o.key_or_group.split(".")[0] in GROUPS and not o.key_or_group.startswith("model.")
+    ]
     value_overrides = [o for o in parsed if o.input_line not in group_overrides]
     GlobalHydra.instance().clear()
     try:
@@ -80,8 +89,11 @@ def compose(config_name: str, overrides: Sequence[str] = (), config_dir: Optiona
     for o in value_overrides:
         key = o.key_or_group
         if o.is_sweep_override():
-            raise ConfigError(key, f"{o.input_line!r} is a Hydra sweep (several values); runs take one value. "
-                                   f"Quote a value that contains commas: {key}='\"a,b\"'")
+            raise ConfigError(
+                key,
+                f"{o.input_line!r} is a Hydra sweep (several values); runs take one value. "
+                f"Quote a value that contains commas: {key}='\"a,b\"'",
+            )
         try:
             if o.is_delete():
                 parent, _, leaf = key.rpartition(".")

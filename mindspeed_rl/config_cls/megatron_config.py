@@ -3,6 +3,7 @@
 ``megatron_training`` holds the defaults shared by every role; ``actor_config`` and
 ``critic_config`` hold the same keys and override them per role (MindSpeed-RL's scheme).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,10 +17,12 @@ class MegatronConfig:
     """Megatron-core training settings of one role (after merging the role's overrides)."""
 
     # model and tokenizer
-    model: str = opt(doc="Name of the model section to use (a key under `model:`, or a file "
-                         "configs/model/<name>.yaml).")
-    tokenizer_type: str = opt("PretrainedFromHF", "Tokenizer kind.",
-                              choices=("PretrainedFromHF", "HuggingFaceTokenizer"))
+    model: str = opt(
+        doc="Name of the model section to use (a key under `model:`, or a file configs/model/<name>.yaml)."
+    )
+    tokenizer_type: str = opt(
+        "PretrainedFromHF", "Tokenizer kind.", choices=("PretrainedFromHF", "HuggingFaceTokenizer")
+    )
     tokenizer_name_or_path: Optional[str] = opt(None, "Folder holding the HF tokenizer files.")
     use_mcore_models: bool = opt(True, "Use megatron-core models (always true here).")
     # numerics and kernels: accepted everywhere, mapped to what the device has
@@ -35,20 +38,24 @@ class MegatronConfig:
     sequence_parallel: bool = opt(False, "Megatron sequence parallelism (needs TP > 1).")
     use_distributed_optimizer: bool = opt(False, "Shard optimizer state across data-parallel ranks.")
     recompute_granularity: Optional[str] = opt(None, "Activation recomputation.", choices=("full", "selective"))
-    recompute_method: Optional[str] = opt(None, "Which layers to recompute (full granularity).",
-                                          choices=("uniform", "block"))
+    recompute_method: Optional[str] = opt(
+        None, "Which layers to recompute (full granularity).", choices=("uniform", "block")
+    )
     recompute_num_layers: Optional[int] = opt(None, "Layers per recompute chunk.", ge=1)
     attention_dropout: float = opt(0.0, "Attention dropout.", ge=0, lt=1)
     hidden_dropout: float = opt(0.0, "Hidden dropout.", ge=0, lt=1)
     init_method_std: float = opt(0.02, "Std of the normal init of fresh weights.", gt=0)
-    distributed_backend: str = opt("nccl", "torch.distributed backend; mapped to the device's own "
-                                           "(hccl on NPU, nccl on CUDA, gloo on CPU).",
-                                   choices=("nccl", "hccl", "gloo"))
+    distributed_backend: str = opt(
+        "nccl",
+        "torch.distributed backend; mapped to the device's own (hccl on NPU, nccl on CUDA, gloo on CPU).",
+        choices=("nccl", "hccl", "gloo"),
+    )
     # parallelism
     tensor_model_parallel_size: int = opt(1, "Tensor-parallel size.", ge=1)
     pipeline_model_parallel_size: int = opt(1, "Pipeline-parallel size.", ge=1)
-    expert_model_parallel_size: int = opt(1, "Expert-parallel size (MoE): the experts are split over this many "
-                                             "data-parallel ranks.", ge=1)
+    expert_model_parallel_size: int = opt(
+        1, "Expert-parallel size (MoE): the experts are split over this many data-parallel ranks.", ge=1
+    )
     num_layer_list: Optional[str] = opt(None, "Uneven layers per pipeline stage, e.g. '3,5'.")
     # batches and schedule
     global_batch_size: int = opt(1, "Prompts per PPO iteration.", ge=1)
@@ -56,9 +63,12 @@ class MegatronConfig:
     seq_length: int = opt(2048, "Longest training sequence (prompt + response).", ge=1)
     train_iters: int = opt(1, "PPO iterations to run.", ge=1)
     save_interval: int = opt(100, "Save actor and critic every this many iterations.", ge=1)
-    stage: str = opt("ray_ppo", "MindSpeed-RL's trainer name, kept for its configs: one trainer runs every "
-                                "algorithm, chosen by rl_config (adv_estimator, policy_loss, ...).",
-                     choices=("ray_ppo", "ray_grpo", "ray_dapo"))
+    stage: str = opt(
+        "ray_ppo",
+        "MindSpeed-RL's trainer name, kept for its configs: one trainer runs every "
+        "algorithm, chosen by rl_config (adv_estimator, policy_loss, ...).",
+        choices=("ray_ppo", "ray_grpo", "ray_dapo"),
+    )
     seed: int = opt(1234, "Seed of weights init, data order and sampling.", ge=0)
     # optimizer
     lr: float = opt(1e-6, "Peak learning rate (above 1 Adam diverges: refused).", gt=0, le=1)
@@ -74,26 +84,35 @@ class MegatronConfig:
     # checkpoints
     load: Optional[str] = opt(None, "Checkpoint folder to load (Megatron layout).")
     save: Optional[str] = opt(None, "Checkpoint folder to save into.")
-    finetune: bool = opt(True, "true: load weights only and start at iteration 0; false: resume "
-                               "iteration, data position, optimizer and RNG.")
+    finetune: bool = opt(
+        True,
+        "true: load weights only and start at iteration 0; false: resume iteration, data position, optimizer and RNG.",
+    )
     no_load_optim: bool = opt(False, "On resume, do not load the optimizer state.")
     no_load_rng: bool = opt(False, "On resume, do not load the RNG states.")
     no_save_optim: bool = opt(False, "Do not save the optimizer state.")
     no_save_rng: bool = opt(False, "Do not save the RNG states.")
-    save_hf: bool = opt(False, "With every checkpoint also write its HF folder (safetensors, config.json, tokenizer "
-                               "files) beside it as <save>/iter_XXXXXXX_hf, loadable by transformers and vLLM as it "
-                               "is; a critic's in the --orm form. Needs save and a filesystem all ranks share.")
+    save_hf: bool = opt(
+        False,
+        "With every checkpoint also write its HF folder (safetensors, config.json, tokenizer "
+        "files) beside it as <save>/iter_XXXXXXX_hf, loadable by transformers and vLLM as it "
+        "is; a critic's in the --orm form. Needs save and a filesystem all ranks share.",
+    )
     no_shared_storage: bool = opt(False, "Nodes do not share a filesystem (each node writes its own shards).")
     # data
     data_path: Optional[str] = opt(None, "Prefix of the preprocessed dataset (cli/preprocess_data.py output_prefix).")
-    test_data_path: Optional[str] = opt(None, "Prefix of the preprocessed test set, evaluated on the rollout engines "
-                                              "(rl_config.test_freq, val_before_train, val_kwargs).")
+    test_data_path: Optional[str] = opt(
+        None,
+        "Prefix of the preprocessed test set, evaluated on the rollout engines "
+        "(rl_config.test_freq, val_before_train, val_kwargs).",
+    )
     split: str = opt("100,0,0", "train,valid,test split weights.")
     no_shuffle: bool = opt(False, "Serve prompts in file order.")
     full_shuffle_instruction_dataset: bool = opt(False, "Shuffle across epochs as one permutation.")
     no_pad_to_seq_lengths: bool = opt(False, "Pad batches to their longest sample, not to seq_length.")
-    dataset_additional_keys: List[str] = opt(doc="Extra dataset fields carried with each prompt (e.g. labels).",
-                                             factory=list)
+    dataset_additional_keys: List[str] = opt(
+        doc="Extra dataset fields carried with each prompt (e.g. labels).", factory=list
+    )
 
     @property
     def model_parallel_size(self) -> int:

@@ -1,4 +1,5 @@
 """Model architecture section: one file per model under configs/model/<name>.yaml."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,8 +8,20 @@ from typing import Optional
 from .base import ConfigError, opt
 
 # every name mindspeed_rl.families accepts (a test keeps the two in step)
-FAMILY_NAMES = ("qwen25", "qwen2", "qwen2.5", "qwen3", "llama3", "llama", "llama2", "llama3.1", "llama31",
-                "qwen3_moe", "qwen3-moe", "qwen3moe")
+FAMILY_NAMES = (
+    "qwen25",
+    "qwen2",
+    "qwen2.5",
+    "qwen3",
+    "llama3",
+    "llama",
+    "llama2",
+    "llama3.1",
+    "llama31",
+    "qwen3_moe",
+    "qwen3-moe",
+    "qwen3moe",
+)
 
 
 @dataclass
@@ -21,10 +34,14 @@ class ModelConfig:
     num_attention_heads: int = opt(doc="Query heads.", ge=1)
     max_position_embeddings: int = opt(doc="Longest position the RoPE tables cover.", ge=1)
     padded_vocab_size: Optional[int] = opt(
-        None, "Embedding rows; padded past the tokenizer's vocab so TP can split it evenly.", ge=1)
+        None, "Embedding rows; padded past the tokenizer's vocab so TP can split it evenly.", ge=1
+    )
     make_vocab_size_divisible_by: int = opt(
-        128, "When padded_vocab_size is not given, the tokenizer's vocab is padded to a multiple "
-             "of this times tensor_model_parallel_size.", ge=1)
+        128,
+        "When padded_vocab_size is not given, the tokenizer's vocab is padded to a multiple "
+        "of this times tensor_model_parallel_size.",
+        ge=1,
+    )
     kv_channels: Optional[int] = opt(None, "Head dimension; default hidden_size / num_attention_heads.", ge=1)
     group_query_attention: bool = opt(False, "Use grouped-query attention (num_query_groups K/V heads).")
     num_query_groups: Optional[int] = opt(None, "K/V heads when group_query_attention is true.", ge=1)
@@ -38,27 +55,34 @@ class ModelConfig:
     add_qkv_bias: bool = opt(False, "Bias on the Q/K/V projection only (Qwen2 family).")
     disable_bias_linear: bool = opt(True, "No bias on any other linear layer.")
     untie_embeddings_and_output_weights: bool = opt(
-        False, "Separate output layer instead of reusing the word embeddings.")
+        False, "Separate output layer instead of reusing the word embeddings."
+    )
     attention_softmax_in_fp32: bool = opt(True, "Compute the attention softmax in fp32.")
     use_mcore_models: bool = opt(True, "Megatron-core GPTModel (the only implementation here).")
     qk_layernorm: bool = opt(False, "RMSNorm on each query and key head before RoPE (Qwen3 family).")
-    rope_scaling_type: Optional[str] = opt(None, "RoPE frequency scaling: none, or llama3 (Llama 3.1+).",
-                                           choices=(None, "llama3"))
+    rope_scaling_type: Optional[str] = opt(
+        None, "RoPE frequency scaling: none, or llama3 (Llama 3.1+).", choices=(None, "llama3")
+    )
     rope_scaling_factor: float = opt(8.0, "llama3 rope scaling: factor.", gt=0)
     rope_scaling_low_freq_factor: float = opt(1.0, "llama3 rope scaling: low_freq_factor.", gt=0)
     rope_scaling_high_freq_factor: float = opt(4.0, "llama3 rope scaling: high_freq_factor.", gt=0)
     rope_scaling_original_max_position_embeddings: int = opt(
-        8192, "llama3 rope scaling: the context length the model was pre-trained with.", ge=1)
+        8192, "llama3 rope scaling: the context length the model was pre-trained with.", ge=1
+    )
     num_experts: Optional[int] = opt(None, "Routed experts per MoE layer (None: a dense model).", ge=1)
     moe_router_topk: int = opt(2, "Experts each token is routed to.", ge=1)
     moe_ffn_hidden_size: Optional[int] = opt(None, "Inner dimension of one expert's MLP.", ge=1)
     norm_topk_prob: bool = opt(True, "Renormalise the top-k routing weights to sum to 1 (Qwen3-MoE).")
     moe_aux_loss_coeff: float = opt(0.0, "Load-balancing auxiliary loss coefficient (0: no aux loss).", ge=0)
-    moe_token_dispatcher_type: str = opt("allgather", "How tokens reach their experts across expert-parallel "
-                                                      "ranks.", choices=("allgather", "alltoall"))
-    model_type_hf: str = opt("qwen25", "Model family (mindspeed_rl/families): its HF names, TP rules, the HF "
-                                       "config vLLM gets. MindSpeed-LLM's spellings are accepted.",
-                             choices=FAMILY_NAMES)
+    moe_token_dispatcher_type: str = opt(
+        "allgather", "How tokens reach their experts across expert-parallel ranks.", choices=("allgather", "alltoall")
+    )
+    model_type_hf: str = opt(
+        "qwen25",
+        "Model family (mindspeed_rl/families): its HF names, TP rules, the HF "
+        "config vLLM gets. MindSpeed-LLM's spellings are accepted.",
+        choices=FAMILY_NAMES,
+    )
 
     @property
     def head_dim(self) -> int:
@@ -71,21 +95,24 @@ class ModelConfig:
     def validate(self) -> None:
         path = getattr(self, "_path", "model")
         if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
-            raise ConfigError(f"{path}.num_attention_heads",
-                              f"hidden_size {self.hidden_size} is not divisible by "
-                              f"num_attention_heads {self.num_attention_heads}; set kv_channels")
+            raise ConfigError(
+                f"{path}.num_attention_heads",
+                f"hidden_size {self.hidden_size} is not divisible by "
+                f"num_attention_heads {self.num_attention_heads}; set kv_channels",
+            )
         if self.group_query_attention:
             if self.num_query_groups is None:
-                raise ConfigError(f"{path}.num_query_groups",
-                                  "required when group_query_attention is true")
+                raise ConfigError(f"{path}.num_query_groups", "required when group_query_attention is true")
             if self.num_attention_heads % self.num_query_groups:
-                raise ConfigError(f"{path}.num_query_groups",
-                                  f"{self.num_query_groups} does not divide num_attention_heads "
-                                  f"{self.num_attention_heads}")
+                raise ConfigError(
+                    f"{path}.num_query_groups",
+                    f"{self.num_query_groups} does not divide num_attention_heads {self.num_attention_heads}",
+                )
         if self.num_experts:
             if self.moe_router_topk > self.num_experts:
-                raise ConfigError(f"{path}.moe_router_topk", f"{self.moe_router_topk} exceeds num_experts "
-                                                              f"{self.num_experts}")
+                raise ConfigError(
+                    f"{path}.moe_router_topk", f"{self.moe_router_topk} exceeds num_experts {self.num_experts}"
+                )
             if self.moe_ffn_hidden_size is None:
                 raise ConfigError(f"{path}.moe_ffn_hidden_size", "required with num_experts")
         if not self.use_mcore_models:

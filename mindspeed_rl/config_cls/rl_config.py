@@ -1,4 +1,5 @@
 """The ``rl_config`` section: PPO algorithm, rewards, resources, logging."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,16 +21,20 @@ class IntegratedModeConfig:
     """Integrated (co-located) mode options."""
 
     ref_model_load_path: Optional[str] = opt(
-        None, "Load the reference model from this checkpoint instead of the actor's initial weights.")
+        None, "Load the reference model from this checkpoint instead of the actor's initial weights."
+    )
 
 
 @dataclass
 class RolloutCorrectionConfig:
     """Truncated importance sampling between the rollout engine's and the trainer's log-probs."""
 
-    rollout_is: Optional[str] = opt(None, "Reweight the policy loss by min(pi_old / pi_rollout, threshold): per "
-                                          "token, per sequence (the product of its token ratios), or off (null).",
-                                     choices=("token", "sequence"))
+    rollout_is: Optional[str] = opt(
+        None,
+        "Reweight the policy loss by min(pi_old / pi_rollout, threshold): per "
+        "token, per sequence (the product of its token ratios), or off (null).",
+        choices=("token", "sequence"),
+    )
     rollout_is_threshold: float = opt(2.0, "The cap of the importance weights.", gt=0)
 
 
@@ -47,174 +52,291 @@ class RLConfig:
     """PPO iteration, advantage and loss settings, rewards, resources and logging."""
 
     # orchestration
-    guarantee_order: bool = opt(False, "MindSpeed-RL's switch for keeping samples in prompt order: here they "
-                                       "always are (responses are regrouped by prompt), true or false.")
-    use_integrated_worker: bool = opt(True, "Actor, rollout engine and reference share one worker per rank, "
-                                            "and the critic sits on the same devices (false is refused: not "
-                                            "implemented).")
-    blocking: bool = opt(True, "Each stage finishes before the next starts (false is refused: overlap "
-                               "generation and training with max_head_offpolicyness).")
-    num_cpus_for_local_task: float = opt(1.0, "CPUs for the driver's local work: the number of rule-reward "
-                                              "verifier processes (rounded down, at least 1).", gt=0)
+    guarantee_order: bool = opt(
+        False,
+        "MindSpeed-RL's switch for keeping samples in prompt order: here they "
+        "always are (responses are regrouped by prompt), true or false.",
+    )
+    use_integrated_worker: bool = opt(
+        True,
+        "Actor, rollout engine and reference share one worker per rank, "
+        "and the critic sits on the same devices (false is refused: not "
+        "implemented).",
+    )
+    blocking: bool = opt(
+        True,
+        "Each stage finishes before the next starts (false is refused: overlap "
+        "generation and training with max_head_offpolicyness).",
+    )
+    num_cpus_for_local_task: float = opt(
+        1.0,
+        "CPUs for the driver's local work: the number of rule-reward verifier processes (rounded down, at least 1).",
+        gt=0,
+    )
     actor_resource: ResourceConfig = opt(doc="Devices of the actor group.", factory=lambda: ResourceConfig(1))
     critic_resource: ResourceConfig = opt(doc="Devices of the critic group.", factory=lambda: ResourceConfig(1))
     reward_resource: Optional[ResourceConfig] = opt(None, "Devices of the reward-model group (ORM).")
-    rollout_resource: Optional[ResourceConfig] = opt(None, "Disaggregated layout: rollout workers on this many "
-                                                           "devices of their own; the actor has no engine and "
-                                                           "pushes its weights to them after every update. "
-                                                           "null: the actor's own engines (integrated).")
+    rollout_resource: Optional[ResourceConfig] = opt(
+        None,
+        "Disaggregated layout: rollout workers on this many "
+        "devices of their own; the actor has no engine and "
+        "pushes its weights to them after every update. "
+        "null: the actor's own engines (integrated).",
+    )
     integrated_mode_config: IntegratedModeConfig = opt(doc="Integrated-mode options.", factory=IntegratedModeConfig)
     # batch split
     n_samples_per_prompt: int = opt(1, "Responses sampled per prompt.", ge=1)
-    mini_batch_size: int = opt(1, "Responses per optimizer step; global_batch_size x n_samples_per_prompt "
-                                  "must be a multiple.", ge=1)
+    mini_batch_size: int = opt(
+        1, "Responses per optimizer step; global_batch_size x n_samples_per_prompt must be a multiple.", ge=1
+    )
     epochs: int = opt(1, "Passes over the experience of one iteration.", ge=1)
     shuffle_mini_batch: bool = opt(False, "Shuffle samples before splitting into mini-batches.")
     actor_forward_micro_batch_size: int = opt(1, "Samples per no-grad actor forward (old log-probs).", ge=1)
     ref_forward_micro_batch_size: int = opt(1, "Samples per reference forward.", ge=1)
     # computing on valid tokens only (models/packing.py, docs/performance.md)
-    use_remove_padding: bool = opt(False, "Forwards and updates run on the valid tokens only: each micro-batch's "
-                                          "rows packed into one sequence (positions restart per row, block-diagonal "
-                                          "causal attention). Results equal the padded path.")
-    use_dynamic_bsz: bool = opt(False, "Micro-batches by a token budget instead of a row count: rows sorted by "
-                                       "length and grouped up to *_max_packing_token_size tokens (packed: the sum "
-                                       "of lengths; padded: rows x the longest). The loss normalisation is the "
-                                       "mini-batch's, so the gradient does not depend on the split.")
-    ref_max_packing_token_size: Optional[int] = opt(None, "Token budget of a reference (and reward model) "
-                                                          "forward micro-batch with use_dynamic_bsz (default: "
-                                                          "ref_forward_micro_batch_size x the longest sequence).",
-                                                    ge=1)
-    actor_max_packing_token_size: Optional[int] = opt(None, "Token budget of an old-log-prob or critic-value "
-                                                            "forward micro-batch with use_dynamic_bsz (default: "
-                                                            "actor_forward_micro_batch_size x the longest "
-                                                            "sequence).", ge=1)
-    update_max_packing_token_size: Optional[int] = opt(None, "Token budget of a training micro-batch (actor and "
-                                                             "critic) with use_dynamic_bsz (default: the role's "
-                                                             "micro_batch_size x the longest sequence).", ge=1)
-    use_dp_batch_balance: bool = opt(False, "Hand data-parallel ranks equal row counts with near-equal token sums "
-                                            "(longest rows first to the least-loaded rank) instead of contiguous "
-                                            "slices.")
+    use_remove_padding: bool = opt(
+        False,
+        "Forwards and updates run on the valid tokens only: each micro-batch's "
+        "rows packed into one sequence (positions restart per row, block-diagonal "
+        "causal attention). Results equal the padded path.",
+    )
+    use_dynamic_bsz: bool = opt(
+        False,
+        "Micro-batches by a token budget instead of a row count: rows sorted by "
+        "length and grouped up to *_max_packing_token_size tokens (packed: the sum "
+        "of lengths; padded: rows x the longest). The loss normalisation is the "
+        "mini-batch's, so the gradient does not depend on the split.",
+    )
+    ref_max_packing_token_size: Optional[int] = opt(
+        None,
+        "Token budget of a reference (and reward model) "
+        "forward micro-batch with use_dynamic_bsz (default: "
+        "ref_forward_micro_batch_size x the longest sequence).",
+        ge=1,
+    )
+    actor_max_packing_token_size: Optional[int] = opt(
+        None,
+        "Token budget of an old-log-prob or critic-value "
+        "forward micro-batch with use_dynamic_bsz (default: "
+        "actor_forward_micro_batch_size x the longest "
+        "sequence).",
+        ge=1,
+    )
+    update_max_packing_token_size: Optional[int] = opt(
+        None,
+        "Token budget of a training micro-batch (actor and "
+        "critic) with use_dynamic_bsz (default: the role's "
+        "micro_batch_size x the longest sequence).",
+        ge=1,
+    )
+    use_dp_batch_balance: bool = opt(
+        False,
+        "Hand data-parallel ranks equal row counts with near-equal token sums "
+        "(longest rows first to the least-loaded rank) instead of contiguous "
+        "slices.",
+    )
     max_prompt_length: int = opt(2048, "Prompts longer than this (tokens) are dropped at load.", ge=1)
-    max_nonfinite_steps: int = opt(3, "Consecutive optimizer steps of one role skipped for a NaN/Inf loss or "
-                                      "gradient after which the run stops with exit code 3 (each skipped step "
-                                      "is counted in <role>/skipped_steps).", ge=1)
-    max_restarts: int = opt(0, "Runs that heal themselves: when a worker process dies (exit code 4 otherwise), "
-                               "the driver restarts every worker group and resumes from the last checkpoint all "
-                               "roles completed (optimizer and RNG included), up to this many times per run; each "
-                               "restart is printed. 0: stop at the first dead worker.", ge=0)
-    max_collapsed_iterations: int = opt(3, "Consecutive iterations with a collapsed policy (actor entropy below "
-                                           "1e-4 and gradient norm 0: nothing left to learn, e.g. after a too "
-                                           "large lr) after which the run stops with exit code 3; collapsed "
-                                           "iterations are not saved, so the last checkpoint is the one before. "
-                                           "0 turns the guard off.", ge=0)
+    max_nonfinite_steps: int = opt(
+        3,
+        "Consecutive optimizer steps of one role skipped for a NaN/Inf loss or "
+        "gradient after which the run stops with exit code 3 (each skipped step "
+        "is counted in <role>/skipped_steps).",
+        ge=1,
+    )
+    max_restarts: int = opt(
+        0,
+        "Runs that heal themselves: when a worker process dies (exit code 4 otherwise), "
+        "the driver restarts every worker group and resumes from the last checkpoint all "
+        "roles completed (optimizer and RNG included), up to this many times per run; each "
+        "restart is printed. 0: stop at the first dead worker.",
+        ge=0,
+    )
+    max_collapsed_iterations: int = opt(
+        3,
+        "Consecutive iterations with a collapsed policy (actor entropy below "
+        "1e-4 and gradient norm 0: nothing left to learn, e.g. after a too "
+        "large lr) after which the run stops with exit code 3; collapsed "
+        "iterations are not saved, so the last checkpoint is the one before. "
+        "0 turns the guard off.",
+        ge=0,
+    )
     # advantages and KL
-    adv_estimator: str = opt("gae", "Advantage estimator (docs/algorithms.md): gae needs a critic; the group "
-                                    "estimators need n_samples_per_prompt >= 2.",
-                             choices=tuple(ADVANTAGE_ESTIMATORS))
+    adv_estimator: str = opt(
+        "gae",
+        "Advantage estimator (docs/algorithms.md): gae needs a critic; the group "
+        "estimators need n_samples_per_prompt >= 2.",
+        choices=tuple(ADVANTAGE_ESTIMATORS),
+    )
     gamma: float = opt(1.0, "Discount (gae, reinforce_plus_plus).", ge=0, le=1)
     lam: float = opt(1.0, "GAE lambda.", ge=0, le=1)
     whiten_advantages: bool = opt(True, "gae: normalise advantages over the batch's valid tokens.")
-    kl_penalty: str = opt("kl", "KL estimator between actor and reference: kl/k1, abs, mse/k2, low_var_kl/k3; "
-                                "a trailing + (k1+, k3+) takes that estimator's value with k2's gradient.",
-                          choices=kl_names())
+    kl_penalty: str = opt(
+        "kl",
+        "KL estimator between actor and reference: kl/k1, abs, mse/k2, low_var_kl/k3; "
+        "a trailing + (k1+, k3+) takes that estimator's value with k2's gradient.",
+        choices=kl_names(),
+    )
     kl_ctrl_type: str = opt("fixed", "KL coefficient controller.", choices=("fixed", "adaptive"))
-    init_kl_coef: float = opt(0.0, "Initial KL coefficient beta; 0 (with a fixed controller) turns the KL and the "
-                                   "reference model off.", ge=0)
+    init_kl_coef: float = opt(
+        0.0, "Initial KL coefficient beta; 0 (with a fixed controller) turns the KL and the reference model off.", ge=0
+    )
     kl_target: Optional[float] = opt(None, "Target KL of the adaptive controller.", gt=0)
     kl_horizon: Optional[float] = opt(None, "Horizon (samples) of the adaptive controller.", gt=0)
-    use_kl_in_reward: bool = opt(False, "Subtract beta x KL from the token rewards, which every estimator reads "
-                                        "(verl); false: beta x KL is a term of the actor loss (MindSpeed-RL).")
+    use_kl_in_reward: bool = opt(
+        False,
+        "Subtract beta x KL from the token rewards, which every estimator reads "
+        "(verl); false: beta x KL is a term of the actor loss (MindSpeed-RL).",
+    )
     # losses
-    policy_loss: str = opt("vanilla", "Policy loss: vanilla (PPO clip per token) or gspo (sequence-level ratio).",
-                           choices=tuple(POLICY_LOSSES))
-    loss_agg_mode: Optional[str] = opt(None, "How per-token losses become one number, over the whole mini-batch "
-                                             "(null: token-mean, or seq-mean-token-mean for gspo).",
-                                       choices=LOSS_AGG_MODES)
-    token_level_loss: Optional[bool] = opt(None, "MindSpeed-RL's name: true = loss_agg_mode token-mean, false = "
-                                                 "seq-mean-token-mean.")
-    clip_ratio: float = opt(0.2, "PPO ratio clip epsilon (both sides unless clip_ratio_low/high are set).",
-                            gt=0, lt=1)
-    clip_higher_enable: Optional[bool] = opt(None, "DAPO clip-higher: clip the ratio to [1 - clip_ratio_low, 1 + "
-                                                   "clip_ratio_high] (null: on when either is set).")
+    policy_loss: str = opt(
+        "vanilla",
+        "Policy loss: vanilla (PPO clip per token) or gspo (sequence-level ratio).",
+        choices=tuple(POLICY_LOSSES),
+    )
+    loss_agg_mode: Optional[str] = opt(
+        None,
+        "How per-token losses become one number, over the whole mini-batch "
+        "(null: token-mean, or seq-mean-token-mean for gspo).",
+        choices=LOSS_AGG_MODES,
+    )
+    token_level_loss: Optional[bool] = opt(
+        None, "MindSpeed-RL's name: true = loss_agg_mode token-mean, false = seq-mean-token-mean."
+    )
+    clip_ratio: float = opt(0.2, "PPO ratio clip epsilon (both sides unless clip_ratio_low/high are set).", gt=0, lt=1)
+    clip_higher_enable: Optional[bool] = opt(
+        None,
+        "DAPO clip-higher: clip the ratio to [1 - clip_ratio_low, 1 + clip_ratio_high] (null: on when either is set).",
+    )
     clip_ratio_low: Optional[float] = opt(None, "Lower clip epsilon (null: clip_ratio).", gt=0, lt=1)
     clip_ratio_high: Optional[float] = opt(None, "Upper clip epsilon (null: clip_ratio; DAPO: 0.28).", gt=0)
-    clip_ratio_c: Optional[float] = opt(None, "Dual-clip bound for negative advantages (e.g. 3.0); off when null.", gt=1)
+    clip_ratio_c: Optional[float] = opt(
+        None, "Dual-clip bound for negative advantages (e.g. 3.0); off when null.", gt=1
+    )
     cliprange_value: float = opt(0.5, "Value-function clip range.", gt=0)
     entropy_coeff: float = opt(0.0, "Entropy bonus coefficient.", ge=0)
-    rollout_correction: RolloutCorrectionConfig = opt(doc="Rollout correction (off by default).",
-                                                      factory=RolloutCorrectionConfig)
+    rollout_correction: RolloutCorrectionConfig = opt(
+        doc="Rollout correction (off by default).", factory=RolloutCorrectionConfig
+    )
     # DAPO: overlong reward shaping and dynamic sampling
-    overlong_buffer_enable: bool = opt(False, "Soft overlong punishment: responses longer than rollout_max_tokens "
-                                              "- overlong_buffer lose up to overlong_buffer_penalty_factor.")
+    overlong_buffer_enable: bool = opt(
+        False,
+        "Soft overlong punishment: responses longer than rollout_max_tokens "
+        "- overlong_buffer lose up to overlong_buffer_penalty_factor.",
+    )
     overlong_buffer: int = opt(0, "Length of the punishment ramp (tokens) before rollout_max_tokens.", ge=0)
     overlong_buffer_penalty_factor: float = opt(1.0, "The punishment at rollout_max_tokens.", ge=0)
-    rollout_max_tokens: Optional[int] = opt(None, "The length L_max of the overlong punishment (null: "
-                                                  "generate_config.sampling_config.max_tokens).", ge=1)
-    filter_groups_enable: bool = opt(False, "Dynamic sampling: drop prompt groups whose responses all score the "
-                                            "same and generate more until the batch is full.")
-    filter_groups_metric: Optional[str] = opt(None, "What must differ inside a group: score, or a verifier's name "
-                                                    "(MindSpeed-RL's grpo/<verifier>_rewards/mean is accepted); "
-                                                    "null: the first verifier (accuracy), else score.")
-    filter_groups_max_batches: int = opt(-1, "Most generation batches per iteration (-1: no limit). When reached, "
-                                             "the batch is completed with filtered groups (counted in "
-                                             "dynamic_sampling/filled_groups).", ge=-1)
-    filter_groups_train_batch_size: Optional[int] = opt(None, "Prompt groups trained per iteration after "
-                                                              "filtering (null: global_batch_size).", ge=1)
+    rollout_max_tokens: Optional[int] = opt(
+        None, "The length L_max of the overlong punishment (null: generate_config.sampling_config.max_tokens).", ge=1
+    )
+    filter_groups_enable: bool = opt(
+        False,
+        "Dynamic sampling: drop prompt groups whose responses all score the "
+        "same and generate more until the batch is full.",
+    )
+    filter_groups_metric: Optional[str] = opt(
+        None,
+        "What must differ inside a group: score, or a verifier's name "
+        "(MindSpeed-RL's grpo/<verifier>_rewards/mean is accepted); "
+        "null: the first verifier (accuracy), else score.",
+    )
+    filter_groups_max_batches: int = opt(
+        -1,
+        "Most generation batches per iteration (-1: no limit). When reached, "
+        "the batch is completed with filtered groups (counted in "
+        "dynamic_sampling/filled_groups).",
+        ge=-1,
+    )
+    filter_groups_train_batch_size: Optional[int] = opt(
+        None, "Prompt groups trained per iteration after filtering (null: global_batch_size).", ge=1
+    )
     # partial rollout
-    partial_rollout_max_split: int = opt(1, "Partial rollout when > 1: responses grow in chunks of max_tokens / N "
-                                            "tokens; once global_batch_size prompt groups have finished the batch "
-                                            "trains, and unfinished responses are parked and continued with the "
-                                            "next weights (finished within N iterations). 1: off.", ge=1)
-    require_max_age_all_finished: bool = opt(True, "Partial rollout: an iteration also waits for every response "
-                                                   "parked N - 1 times to finish (N = partial_rollout_max_split).")
+    partial_rollout_max_split: int = opt(
+        1,
+        "Partial rollout when > 1: responses grow in chunks of max_tokens / N "
+        "tokens; once global_batch_size prompt groups have finished the batch "
+        "trains, and unfinished responses are parked and continued with the "
+        "next weights (finished within N iterations). 1: off.",
+        ge=1,
+    )
+    require_max_age_all_finished: bool = opt(
+        True,
+        "Partial rollout: an iteration also waits for every response "
+        "parked N - 1 times to finish (N = partial_rollout_max_split).",
+    )
     # asynchronous rollout
-    max_head_offpolicyness: int = opt(0, "Asynchronous rollout when > 0 (AReaL's key): the rollout workers "
-                                         "generate the next iterations' batches while the actor trains, each "
-                                         "sampled at most this many policy versions before it is trained on. "
-                                         "Needs rollout_resource (disaggregated). 0: synchronous.", ge=0)
+    max_head_offpolicyness: int = opt(
+        0,
+        "Asynchronous rollout when > 0 (AReaL's key): the rollout workers "
+        "generate the next iterations' batches while the actor trains, each "
+        "sampled at most this many policy versions before it is trained on. "
+        "Needs rollout_resource (disaggregated). 0: synchronous.",
+        ge=0,
+    )
     # multi-turn rollouts with tools (rollout/agent_loop.py)
-    rollout_function: str = opt("single_turn", "How prompts become trajectories: single_turn, tool_agent "
-                                               "(generate, run the tool calls, append their results, continue), "
-                                               "or a function 'module:function'.")
+    rollout_function: str = opt(
+        "single_turn",
+        "How prompts become trajectories: single_turn, tool_agent "
+        "(generate, run the tool calls, append their results, continue), "
+        "or a function 'module:function'.",
+    )
     multi_turn_enable: bool = opt(False, "MindSpeed-RL's switch: true is rollout_function tool_agent.")
-    tools: List[str] = opt(doc="Tools the agent may call: built-in names (calculator, python) or registered "
-                               "functions 'module:function'. The prompts must list them (preprocessing's tools).",
-                           factory=list)
-    tool_config_path: str = opt("", "A YAML file with a 'tools' list (name, function, description, parameters), "
-                                    "added to tools.")
-    prompt_type: str = opt("qwen", "Chat template of the prompts (configs/model/templates.json): its tool role "
-                                   "formats the tool results appended to a trajectory.")
+    tools: List[str] = opt(
+        doc="Tools the agent may call: built-in names (calculator, python) or registered "
+        "functions 'module:function'. The prompts must list them (preprocessing's tools).",
+        factory=list,
+    )
+    tool_config_path: str = opt(
+        "", "A YAML file with a 'tools' list (name, function, description, parameters), added to tools."
+    )
+    prompt_type: str = opt(
+        "qwen",
+        "Chat template of the prompts (configs/model/templates.json): its tool role "
+        "formats the tool results appended to a trajectory.",
+    )
     tool_parser_format: str = opt("hermes", "Tool-call format of the model's turns.", choices=("hermes",))
     max_turns: int = opt(4, "Most assistant turns of a trajectory.", ge=1)
     max_tool_calls: int = opt(4, "Most tool calls of a trajectory; a turn asking for more ends it.", ge=0)
     max_parallel_calls: int = opt(1, "Most tool calls run per turn; more are answered with an error.", ge=1)
     max_tool_response_length: int = opt(512, "Characters of a tool result kept (the rest cut, marked).", ge=1)
-    tool_response_truncate_side: str = opt("middle", "Which part of a long tool result is kept: left (its end), "
-                                                     "right (its start) or middle (both ends).",
-                                           choices=("left", "right", "middle"))
+    tool_response_truncate_side: str = opt(
+        "middle",
+        "Which part of a long tool result is kept: left (its end), right (its start) or middle (both ends).",
+        choices=("left", "right", "middle"),
+    )
     tool_timeout: float = opt(10.0, "Wall-clock seconds of one tool call before its process is killed.", gt=0)
     tool_cpu_seconds: int = opt(10, "CPU seconds of one tool call (RLIMIT_CPU).", ge=1)
     tool_memory_mb: int = opt(1024, "Address space of one tool call's process, MB (RLIMIT_AS).", ge=64)
     tool_max_result_bytes: int = opt(65536, "A longer tool result is refused with an error message.", ge=1)
     tool_workers: int = opt(2, "Tool calls run side by side.", ge=1)
     # validation
-    test_freq: int = opt(0, "Validate on megatron_training.test_data_path every N iterations and at the end "
-                            "(0: off).", ge=0)
+    test_freq: int = opt(
+        0, "Validate on megatron_training.test_data_path every N iterations and at the end (0: off).", ge=0
+    )
     val_before_train: bool = opt(False, "Validate once before the first iteration (and at the end).")
     val_kwargs: ValKwargsConfig = opt(doc="Validation sampling.", factory=ValKwargsConfig)
     # rewards
     rule_reward: bool = opt(True, "Score responses with rule verifiers.")
-    verifier_function: List[str] = opt(doc="Verifiers: built-in or registered names, or a plug-in by path `package.module:function`.", factory=lambda: ["acc_for_ppo"])
-    verifier_weight: List[float] = opt(doc="Weight of each verifier, same length as verifier_function.",
-                                       factory=lambda: [1.0])
+    verifier_function: List[str] = opt(
+        doc="Verifiers: built-in or registered names, or a plug-in by path `package.module:function`.",
+        factory=lambda: ["acc_for_ppo"],
+    )
+    verifier_weight: List[float] = opt(
+        doc="Weight of each verifier, same length as verifier_function.", factory=lambda: [1.0]
+    )
     verifier_timeout: float = opt(10.0, "Seconds a verifier may take per sample before scoring 0.", gt=0)
     # logging
-    console_metrics: bool = opt(False, "Print every metric on the console each iteration, after the compact line "
-                                       "(they always go to metrics.jsonl, tensorboard and wandb).")
-    library_logs: str = opt("file", "Where vLLM, Ray, megatron-core and torch output goes: file (run_dir/logs/<role>_<rank>.log "
-                                    "and driver.log; errors and warnings that matter still reach the console) or "
-                                    "console (everything on the console, as the libraries print it).",
-                            choices=("file", "console"))
+    console_metrics: bool = opt(
+        False,
+        "Print every metric on the console each iteration, after the compact line "
+        "(they always go to metrics.jsonl, tensorboard and wandb).",
+    )
+    library_logs: str = opt(
+        "file",
+        "Where vLLM, Ray, megatron-core and torch output goes: file (run_dir/logs/<role>_<rank>.log "
+        "and driver.log; errors and warnings that matter still reach the console) or "
+        "console (everything on the console, as the libraries print it).",
+        choices=("file", "console"),
+    )
     use_tensorboard: bool = opt(False, "Write every metric to tensorboard.")
     use_wandb: bool = opt(False, "Log to Weights & Biases (offline mode works without network).")
     wandb_project: str = opt("mindspeed_rl", "wandb project.")

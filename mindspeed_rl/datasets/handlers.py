@@ -1,4 +1,5 @@
 """Rows -> samples. A handler returns (sample, None) or (None, skip reason)."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Left padding and attention masks for prompt batches: the one place they are built."""
+
 from __future__ import annotations
 
 from typing import Sequence, Tuple
@@ -13,6 +14,6 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> Tuple[torch.Ten
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
     for i, seq in enumerate(sequences):
         if len(seq):
-            ids[i, width - len(seq):] = torch.as_tensor(list(seq), dtype=torch.long)
-            mask[i, width - len(seq):] = 1
+            ids[i, width - len(seq) :] = torch.as_tensor(list(seq), dtype=torch.long)
+            mask[i, width - len(seq) :] = 1
     return ids, mask

@@ -6,6 +6,7 @@ other additional keys) as UTF-8 bytes. Files are written under temporary names a
 the end, so an interrupted run leaves no files that look complete. A summary
 ``<output_prefix>_summary.json`` holds {"read", "kept", "skipped": {reason: count}}.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -22,8 +23,8 @@ import torch
 from tqdm import tqdm
 
 from ..config_cls.dataset_config import DatasetConfig
-from .handlers import HANDLERS
 from ..utils.hf_tokenizer import load_tokenizer
+from .handlers import HANDLERS
 from .readers import BadEncoding, iter_rows
 
 log = logging.getLogger(__name__)
@@ -80,8 +81,11 @@ class IndexedWriter:
             if field == "input_ids":
                 builder.add_item(torch.tensor(value, dtype=torch.int32))
             else:
-                builder.add_item(torch.frombuffer(bytearray(value.encode("utf-8")), dtype=torch.uint8)
-                                 if value else torch.zeros(0, dtype=torch.uint8))
+                builder.add_item(
+                    torch.frombuffer(bytearray(value.encode("utf-8")), dtype=torch.uint8)
+                    if value
+                    else torch.zeros(0, dtype=torch.uint8)
+                )
             builder.end_document()
 
     def finish(self) -> None:

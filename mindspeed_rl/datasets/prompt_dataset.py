@@ -1,4 +1,5 @@
 """Prompts for training: the indexed files, a seeded epoch-wise sampler that resumes exactly."""
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,9 @@ def open_indexed(prefix: str):
         needed = bytes_needed(index, -1)
         have = os.path.getsize(prefix + ".bin")
         if have < needed:
-            raise DatasetMissing(f"{prefix}.bin is truncated ({have} bytes; its index needs {needed}); "
-                                 "rerun cli/preprocess_data.py")
+            raise DatasetMissing(
+                f"{prefix}.bin is truncated ({have} bytes; its index needs {needed}); rerun cli/preprocess_data.py"
+            )
     return dataset
 
 
@@ -51,15 +53,21 @@ class PromptDataset:
     Prompts longer than ``max_prompt_length`` tokens are left out (their count is in ``dropped``).
     """
 
-    def __init__(self, output_prefix: str, additional_keys: Sequence[str] = ("labels",),
-                 max_prompt_length: Optional[int] = None, key: str = "data_path"):
+    def __init__(
+        self,
+        output_prefix: str,
+        additional_keys: Sequence[str] = ("labels",),
+        max_prompt_length: Optional[int] = None,
+        key: str = "data_path",
+    ):
         self.prefix = output_prefix
         fields = {"input_ids": field_prefix(output_prefix, "input_ids")}
         fields.update({k: field_prefix(output_prefix, k) for k in additional_keys})
         for name, prefix in fields.items():
             if not os.path.isfile(prefix + ".bin") or not os.path.isfile(prefix + ".idx"):
-                raise DatasetMissing(f"{key} {output_prefix}: {prefix}.bin/.idx not found "
-                                     f"(run cli/preprocess_data.py to make them)")
+                raise DatasetMissing(
+                    f"{key} {output_prefix}: {prefix}.bin/.idx not found (run cli/preprocess_data.py to make them)"
+                )
         self.fields = {name: open_indexed(prefix) for name, prefix in fields.items()}
         # the .bin files as memory-mapped: one truncated under a running job would end it with SIGBUS on the
         # next read, so each read first checks the file (the same inode as the mapping) still holds its bytes
@@ -79,8 +87,10 @@ class PromptDataset:
         needed = bytes_needed(self.fields[name].index, row)
         have = os.fstat(self.bins[name]).st_size
         if have < needed:
-            raise DatasetMissing(f"{self.bin_paths[name]} was truncated while the run read it ({have} bytes; row "
-                                 f"{row} needs {needed}): rerun cli/preprocess_data.py, then resume")
+            raise DatasetMissing(
+                f"{self.bin_paths[name]} was truncated while the run read it ({have} bytes; row "
+                f"{row} needs {needed}): rerun cli/preprocess_data.py, then resume"
+            )
 
     def __getitem__(self, i: int) -> Dict:
         row = int(self.indices[i])
@@ -108,8 +118,7 @@ class PromptSampler:
     batches an uninterrupted run would have seen next.
     """
 
-    def __init__(self, size: int, global_batch_size: int, seed: int, shuffle: bool = True,
-                 consumed_samples: int = 0):
+    def __init__(self, size: int, global_batch_size: int, seed: int, shuffle: bool = True, consumed_samples: int = 0):
         if size < 1 or global_batch_size < 1:
             raise ValueError("size and global_batch_size must be >= 1")
         self.size, self.global_batch_size = size, global_batch_size
@@ -121,8 +130,11 @@ class PromptSampler:
         if epoch not in self._orders:
             if len(self._orders) > 2:
                 self._orders.pop(min(self._orders))
-            self._orders[epoch] = (np.random.RandomState(self.seed + epoch).permutation(self.size)
-                                   if self.shuffle else np.arange(self.size))
+            self._orders[epoch] = (
+                np.random.RandomState(self.seed + epoch).permutation(self.size)
+                if self.shuffle
+                else np.arange(self.size)
+            )
         return self._orders[epoch]
 
     def position(self, k: int) -> int:

@@ -3,6 +3,7 @@
 Rows are yielded as (where, payload): ``where`` is "file:line" (jsonl) or "file:row"; the payload
 is the raw line for jsonl (parsed by the workers) or the parsed row otherwise.
 """
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """Chat templates from configs/model/templates.json, applied the same way in preprocessing and training."""
+
 from __future__ import annotations
 
 import functools
@@ -6,8 +7,9 @@ import json
 import os
 from typing import Dict, Optional, Sequence
 
-TEMPLATES_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                              "configs", "model", "templates.json")
+TEMPLATES_FILE = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs", "model", "templates.json"
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -25,14 +27,17 @@ def tools_block(prompt_type: str, tools: Sequence) -> str:
     ({tool_names}); ``tools`` are ToolSpecs."""
     t = load_templates()[prompt_type]
     if "tools_format" not in t:
-        raise ValueError(f"prompt_type {prompt_type!r} cannot list tools: it has no tools_format in "
-                         "configs/model/templates.json")
-    return t["tools_format"].format(tools="\n".join(json.dumps(spec.schema()) for spec in tools),
-                                    tool_names=", ".join(spec.name for spec in tools))
+        raise ValueError(
+            f"prompt_type {prompt_type!r} cannot list tools: it has no tools_format in configs/model/templates.json"
+        )
+    return t["tools_format"].format(
+        tools="\n".join(json.dumps(spec.schema()) for spec in tools), tool_names=", ".join(spec.name for spec in tools)
+    )
 
 
-def apply_template(prompt_type: str, prompt: str, query: str = "", system: Optional[str] = None,
-                   tools: Optional[Sequence] = None) -> str:
+def apply_template(
+    prompt_type: str, prompt: str, query: str = "", system: Optional[str] = None, tools: Optional[Sequence] = None
+) -> str:
     """The model input for one instruction: system block, user turn, assistant prefix.
 
         text = system_format(system [+ tools_format(tools)]) + prompt_prefix + prompt [+ "\\n" + query]
@@ -47,7 +52,8 @@ def apply_template(prompt_type: str, prompt: str, query: str = "", system: Optio
     user = prompt if not query else f"{prompt}\n{query}"
     system_text = t.get("system", "") if system is None else system
     if tools:
-        system_text = (system_text + tools_block(prompt_type, tools)) if system_text else \
-            tools_block(prompt_type, tools).lstrip()
+        system_text = (
+            (system_text + tools_block(prompt_type, tools)) if system_text else tools_block(prompt_type, tools).lstrip()
+        )
     head = t.get("system_format", "{system}").format(system=system_text) if system_text else ""
     return head + t.get("prompt_prefix", "") + user + t.get("prompt_suffix", "")

@@ -7,6 +7,7 @@
 Adding a family: a module here with a :class:`ModelFamily` subclass registered in ``FAMILIES``,
 its names in ``config_cls.model_config.FAMILY_NAMES``, a model yaml and its tests (docs/models.md).
 """
+
 from __future__ import annotations
 
 from typing import Dict, Optional
@@ -30,8 +31,10 @@ def get_family(name: str) -> ModelFamily:
     try:
         return _BY_ALIAS[name.lower()]
     except KeyError:
-        raise FamilyError(f"unknown model family {name!r}; known: {', '.join(sorted(FAMILIES))} "
-                          f"(aliases: {', '.join(sorted(set(_BY_ALIAS) - set(FAMILIES)))})") from None
+        raise FamilyError(
+            f"unknown model family {name!r}; known: {', '.join(sorted(FAMILIES))} "
+            f"(aliases: {', '.join(sorted(set(_BY_ALIAS) - set(FAMILIES)))})"
+        ) from None
 
 
 def family_of_hf_config(hf: dict, source: str = "config.json") -> ModelFamily:
@@ -44,8 +47,10 @@ def family_of_hf_config(hf: dict, source: str = "config.json") -> ModelFamily:
     for family in FAMILIES.values():
         if arch and arch.replace("ForSequenceClassification", "ForCausalLM") == family.architecture:
             return family
-    raise FamilyError(f"{source}: model_type {model_type or None!r} / architecture {arch or None!r} is not a "
-                      f"supported family ({', '.join(f'{f.name}: {f.hf_model_types[0]}' for f in FAMILIES.values())})")
+    raise FamilyError(
+        f"{source}: model_type {model_type or None!r} / architecture {arch or None!r} is not a "
+        f"supported family ({', '.join(f'{f.name}: {f.hf_model_types[0]}' for f in FAMILIES.values())})"
+    )
 
 
 # MindSpeed-LLM converts Qwen2 / Qwen2.5 with ``--model-type-hf llama2 --add-qkv-bias`` ("a llama-like
@@ -61,11 +66,20 @@ def resolve_family(hf: dict, requested: Optional[str], source: str = "config.jso
         if requested.lower() in GENERIC_LLAMA and found.name == "qwen25":
             return found
         if wanted is not found:
-            raise FamilyError(f"--model-type-hf {requested} ({wanted.name}) contradicts {source}, which describes "
-                              f"a {found.name} model (model_type {hf.get('model_type')!r}); drop the flag to use "
-                              "what config.json says")
+            raise FamilyError(
+                f"--model-type-hf {requested} ({wanted.name}) contradicts {source}, which describes "
+                f"a {found.name} model (model_type {hf.get('model_type')!r}); drop the flag to use "
+                "what config.json says"
+            )
     return found
 
 
-__all__ = ["FAMILIES", "FamilyError", "ModelFamily", "family_names", "family_of_hf_config", "get_family",
-           "resolve_family"]
+__all__ = [
+    "FAMILIES",
+    "FamilyError",
+    "ModelFamily",
+    "family_names",
+    "family_of_hf_config",
+    "get_family",
+    "resolve_family",
+]

@@ -13,6 +13,7 @@ Names are global (expert ``e`` of ``num_experts``, layer ``i`` of ``num_layers``
 splits are the checkpoint layer's business (``checkpoint/tp_split.py``, ``checkpoint/convert.py``).
 A family module subclasses :class:`ModelFamily`, sets its switches and overrides what differs.
 """
+
 from __future__ import annotations
 
 from typing import Dict, List, NamedTuple, Optional, Tuple
@@ -31,9 +32,9 @@ EXPERT_MG = "mlp.experts.local_experts.{e}."
 
 
 class LayerNames(NamedTuple):
-    renamed: List[Tuple[str, str]]                    # (hf, megatron), one to one
-    qkv: List[Tuple[Tuple[str, str, str], str]]       # ((q, k, v), linear_qkv) for weight [and bias]
-    fc1: List[Tuple[Tuple[str, str], str]]            # ((gate, up), linear_fc1) per dense MLP or expert
+    renamed: List[Tuple[str, str]]  # (hf, megatron), one to one
+    qkv: List[Tuple[Tuple[str, str, str], str]]  # ((q, k, v), linear_qkv) for weight [and bias]
+    fc1: List[Tuple[Tuple[str, str], str]]  # ((gate, up), linear_fc1) per dense MLP or expert
 
 
 class FamilyError(ValueError):
@@ -64,15 +65,26 @@ class ModelFamily:
         if head_dim and head_dim == hf["hidden_size"] // heads:
             head_dim = None
         values = dict(
-            num_layers=hf["num_hidden_layers"], hidden_size=hf["hidden_size"],
-            ffn_hidden_size=hf["intermediate_size"], num_attention_heads=heads,
-            max_position_embeddings=hf.get("max_position_embeddings", 4096), padded_vocab_size=hf["vocab_size"],
-            make_vocab_size_divisible_by=1, kv_channels=head_dim, group_query_attention=kv != heads,
-            num_query_groups=kv if kv != heads else None, rotary_base=float(rope_theta(hf)), normalization="RMSNorm",
-            norm_epsilon=float(hf.get("rms_norm_eps", 1e-6)), swiglu=True,
-            add_qkv_bias=self.qkv_bias or bool(hf.get("attention_bias", False)), disable_bias_linear=True,
+            num_layers=hf["num_hidden_layers"],
+            hidden_size=hf["hidden_size"],
+            ffn_hidden_size=hf["intermediate_size"],
+            num_attention_heads=heads,
+            max_position_embeddings=hf.get("max_position_embeddings", 4096),
+            padded_vocab_size=hf["vocab_size"],
+            make_vocab_size_divisible_by=1,
+            kv_channels=head_dim,
+            group_query_attention=kv != heads,
+            num_query_groups=kv if kv != heads else None,
+            rotary_base=float(rope_theta(hf)),
+            normalization="RMSNorm",
+            norm_epsilon=float(hf.get("rms_norm_eps", 1e-6)),
+            swiglu=True,
+            add_qkv_bias=self.qkv_bias or bool(hf.get("attention_bias", False)),
+            disable_bias_linear=True,
             qk_layernorm=self.qk_layernorm,
-            untie_embeddings_and_output_weights=not hf.get("tie_word_embeddings", False), model_type_hf=self.name)
+            untie_embeddings_and_output_weights=not hf.get("tie_word_embeddings", False),
+            model_type_hf=self.name,
+        )
         values.update(self.extra_model_fields(hf))
         cfg = ModelConfig(**values)
         cfg.validate()
@@ -82,18 +94,28 @@ class ModelFamily:
         """Family-specific model-section fields read from a HF config (rope scaling, experts)."""
         return {}
 
-    def hf_config(self, model: ModelConfig, eos_token_id: int, pad_token_id: int,
-                  torch_dtype: str = "float32") -> dict:
+    def hf_config(self, model: ModelConfig, eos_token_id: int, pad_token_id: int, torch_dtype: str = "float32") -> dict:
         """The HF config.json of a model section: what vLLM loads and what save_hf / mcore -> hf write."""
         config = {
-            "architectures": [self.architecture], "model_type": self.hf_model_types[0],
-            "hidden_size": model.hidden_size, "intermediate_size": model.ffn_hidden_size,
-            "num_hidden_layers": model.num_layers, "num_attention_heads": model.num_attention_heads,
-            "num_key_value_heads": model.kv_heads, "head_dim": model.head_dim, "vocab_size": model.padded_vocab_size,
-            "max_position_embeddings": model.max_position_embeddings, "rms_norm_eps": float(model.norm_epsilon),
-            "rope_theta": float(model.rotary_base), "tie_word_embeddings": not model.untie_embeddings_and_output_weights,
-            "eos_token_id": eos_token_id, "pad_token_id": pad_token_id, "bos_token_id": eos_token_id,
-            "torch_dtype": torch_dtype, "hidden_act": "silu", "attention_bias": model.add_qkv_bias,
+            "architectures": [self.architecture],
+            "model_type": self.hf_model_types[0],
+            "hidden_size": model.hidden_size,
+            "intermediate_size": model.ffn_hidden_size,
+            "num_hidden_layers": model.num_layers,
+            "num_attention_heads": model.num_attention_heads,
+            "num_key_value_heads": model.kv_heads,
+            "head_dim": model.head_dim,
+            "vocab_size": model.padded_vocab_size,
+            "max_position_embeddings": model.max_position_embeddings,
+            "rms_norm_eps": float(model.norm_epsilon),
+            "rope_theta": float(model.rotary_base),
+            "tie_word_embeddings": not model.untie_embeddings_and_output_weights,
+            "eos_token_id": eos_token_id,
+            "pad_token_id": pad_token_id,
+            "bos_token_id": eos_token_id,
+            "torch_dtype": torch_dtype,
+            "hidden_act": "silu",
+            "attention_bias": model.add_qkv_bias,
         }
         config.update(self.extra_hf_fields(model))
         return config
@@ -112,8 +134,9 @@ class ModelFamily:
         if self.qk_layernorm and not model.qk_layernorm:
             raise ConfigError(f"{path}.qk_layernorm", f"{self.name} models normalise q and k per head; set true")
         if model.num_experts and not self.moe:
-            raise ConfigError(f"{path}.num_experts", f"{self.name} is a dense family; use a MoE family "
-                                                     "(qwen3_moe) for experts")
+            raise ConfigError(
+                f"{path}.num_experts", f"{self.name} is a dense family; use a MoE family (qwen3_moe) for experts"
+            )
         if self.moe and not model.num_experts:
             raise ConfigError(f"{path}.num_experts", f"{self.name} is a mixture-of-experts family; set num_experts")
 
@@ -134,15 +157,21 @@ class ModelFamily:
         ``renamed`` tensors map one to one; ``qkv`` packs (q, k, v) per query group (weight, and bias with
         ``add_qkv_bias``); ``fc1`` is cat(gate, up). The three maps below all read this one table."""
         h, m = HF_LAYER.format(i=i), MG_LAYER.format(i=i)
-        renamed = [(h + "input_layernorm.weight", m + "input_layernorm.weight"),
-                   (h + "post_attention_layernorm.weight", m + "pre_mlp_layernorm.weight"),
-                   (h + "self_attn.o_proj.weight", m + "self_attention.linear_proj.weight")]
+        renamed = [
+            (h + "input_layernorm.weight", m + "input_layernorm.weight"),
+            (h + "post_attention_layernorm.weight", m + "pre_mlp_layernorm.weight"),
+            (h + "self_attn.o_proj.weight", m + "self_attention.linear_proj.weight"),
+        ]
         if cfg.qk_layernorm:
-            renamed += [(h + "self_attn.q_norm.weight", m + "self_attention.q_layernorm.weight"),
-                        (h + "self_attn.k_norm.weight", m + "self_attention.k_layernorm.weight")]
+            renamed += [
+                (h + "self_attn.q_norm.weight", m + "self_attention.q_layernorm.weight"),
+                (h + "self_attn.k_norm.weight", m + "self_attention.k_layernorm.weight"),
+            ]
         suffixes = ("weight", "bias") if cfg.add_qkv_bias else ("weight",)
-        qkv = [(tuple(f"{h}self_attn.{x}_proj.{suffix}" for x in "qkv"), f"{m}self_attention.linear_qkv.{suffix}")
-               for suffix in suffixes]
+        qkv = [
+            (tuple(f"{h}self_attn.{x}_proj.{suffix}" for x in "qkv"), f"{m}self_attention.linear_qkv.{suffix}")
+            for suffix in suffixes
+        ]
         if cfg.num_experts:
             renamed.append((h + "mlp.gate.weight", m + "mlp.router.weight"))
             mlps = [(f"{h}mlp.experts.{e}.", m + EXPERT_MG.format(e=e)) for e in range(cfg.num_experts)]
@@ -154,8 +183,11 @@ class ModelFamily:
 
     def hf_layer_names(self, i: int, cfg: ModelConfig) -> List[str]:
         names = self.layer_names(i, cfg)
-        return ([hf for hf, _ in names.renamed] + [n for triple, _ in names.qkv for n in triple]
-                + [n for pair, _ in names.fc1 for n in pair])
+        return (
+            [hf for hf, _ in names.renamed]
+            + [n for triple, _ in names.qkv for n in triple]
+            + [n for pair, _ in names.fc1 for n in pair]
+        )
 
     def layer_hf_to_mcore(self, i: int, hf: Tensors, cfg: ModelConfig) -> Tensors:
         """Megatron weights of layer ``i`` (global layer and expert numbers) from its HF tensors."""

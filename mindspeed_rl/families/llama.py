@@ -9,6 +9,7 @@ llama3 scaling, per frequency f with wavelength w = 2 pi / f and context C (orig
 megatron-core builds this with C = 8192 and factors 1 / 4 fixed, so :meth:`post_build` recomputes the
 model's frequencies from the model section's own values.
 """
+
 from ..config_cls.model_config import ModelConfig
 from .base import FamilyError, ModelFamily, rope_parameters
 
@@ -27,26 +28,35 @@ class Llama3(ModelFamily):
             return {}
         if kind != "llama3":
             raise FamilyError(f"rope scaling {kind!r} is not supported for llama (only llama3)")
-        return {"rope_scaling_type": "llama3", "rope_scaling_factor": float(rope["factor"]),
-                "rope_scaling_low_freq_factor": float(rope.get("low_freq_factor", 1.0)),
-                "rope_scaling_high_freq_factor": float(rope.get("high_freq_factor", 4.0)),
-                "rope_scaling_original_max_position_embeddings": int(rope.get("original_max_position_embeddings",
-                                                                                8192))}
+        return {
+            "rope_scaling_type": "llama3",
+            "rope_scaling_factor": float(rope["factor"]),
+            "rope_scaling_low_freq_factor": float(rope.get("low_freq_factor", 1.0)),
+            "rope_scaling_high_freq_factor": float(rope.get("high_freq_factor", 4.0)),
+            "rope_scaling_original_max_position_embeddings": int(rope.get("original_max_position_embeddings", 8192)),
+        }
 
     def extra_hf_fields(self, model: ModelConfig) -> dict:
         if model.rope_scaling_type != "llama3":
             return {}
-        return {"rope_scaling": {"rope_type": "llama3", "factor": model.rope_scaling_factor,
-                                 "low_freq_factor": model.rope_scaling_low_freq_factor,
-                                 "high_freq_factor": model.rope_scaling_high_freq_factor,
-                                 "original_max_position_embeddings":
-                                     model.rope_scaling_original_max_position_embeddings}}
+        return {
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": model.rope_scaling_factor,
+                "low_freq_factor": model.rope_scaling_low_freq_factor,
+                "high_freq_factor": model.rope_scaling_high_freq_factor,
+                "original_max_position_embeddings": model.rope_scaling_original_max_position_embeddings,
+            }
+        }
 
     def post_build(self, gpt, model: ModelConfig) -> None:
         rope = getattr(gpt, "rotary_pos_emb", None)
         if model.rope_scaling_type != "llama3" or rope is None:
             return
         rope.inv_freq = rope._apply_scaling(
-            rope.inv_freq, factor=model.rope_scaling_factor, low_freq_factor=model.rope_scaling_low_freq_factor,
+            rope.inv_freq,
+            factor=model.rope_scaling_factor,
+            low_freq_factor=model.rope_scaling_low_freq_factor,
             high_freq_factor=model.rope_scaling_high_freq_factor,
-            original_max_position_embeddings=model.rope_scaling_original_max_position_embeddings)
+            original_max_position_embeddings=model.rope_scaling_original_max_position_embeddings,
+        )

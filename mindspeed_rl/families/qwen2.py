@@ -1,4 +1,5 @@
 """Qwen2 / Qwen2.5: GQA with a bias on q/k/v only, SwiGLU, RMSNorm, RoPE."""
+
 from typing import Optional
 
 from ..config_cls.model_config import ModelConfig
@@ -18,6 +19,8 @@ class Qwen25(ModelFamily):
 
     def vllm_unusable_reason(self, model: ModelConfig) -> Optional[str]:
         if model.head_dim != self.vllm_head_dim(model):
-            return (f"vLLM's Qwen2 computes head_dim as hidden_size / num_attention_heads = "
-                    f"{self.vllm_head_dim(model)}; the model sets kv_channels {model.kv_channels}")
+            return (
+                f"vLLM's Qwen2 computes head_dim as hidden_size / num_attention_heads = "
+                f"{self.vllm_head_dim(model)}; the model sets kv_channels {model.kv_channels}"
+            )
         return None

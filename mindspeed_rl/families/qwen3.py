@@ -1,5 +1,6 @@
 """Qwen3 dense: Qwen2.5's layer without the q/k/v bias, with RMSNorm on every query and key head
 (``q_norm`` / ``k_norm`` <-> megatron's ``q_layernorm`` / ``k_layernorm``) and an explicit head_dim."""
+
 from .base import ModelFamily
 
 

@@ -8,8 +8,8 @@ row only with torch's scaled_dot_product_attention (causal): the cost is sum(L_i
 
     attention(q_i, K_i, V_i) = softmax(q_i K_i^T * scale + causal) V_i      for each packed row i
 """
-from __future__ import annotations
 
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
@@ -19,8 +19,9 @@ from megatron.core.transformer.dot_product_attention import DotProductAttention
 class PackedDotProductAttention(DotProductAttention):
     """megatron's DotProductAttention plus the "thd" packed format (query [t, np, hn], key/value [t, ng, hn])."""
 
-    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
-                packed_seq_params=None):
+    def forward(
+        self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None
+    ):
         if packed_seq_params is None:
             return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias, None)
         if packed_seq_params.qkv_format != "thd":
@@ -47,8 +48,9 @@ def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int):
     from megatron.core.packed_seq_params import PackedSeqParams
 
     cu = cu_seqlens.to(torch.int32)
-    return PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=int(max_seqlen),
-                           max_seqlen_kv=int(max_seqlen))
+    return PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=int(max_seqlen), max_seqlen_kv=int(max_seqlen)
+    )
 
 
 def with_packed_attention(spec):

@@ -4,6 +4,7 @@ Flags that only mean something on one device (fused kernels, flash attention, se
 parallel, gradient-accumulation fusion) are accepted everywhere and mapped here, in one
 place, to what the device supports (``Accelerator.fused_features``); each mapping is logged once.
 """
+
 from __future__ import annotations
 
 import logging
@@ -53,8 +54,11 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
         _say_once(f"use_fused_rotary_pos_emb: no fused RoPE kernel on {kind}; using the unfused one")
     grad_acc_fusion = not megatron.no_gradient_accumulation_fusion and feats["gradient_accumulation_fusion"]
     softmax_fusion = not megatron.no_masked_softmax_fusion and feats["masked_softmax_fusion"]
-    for flag, ok in (("use_flash_attn", feats["flash_attn"]), ("use_fused_rmsnorm", feats["fused_rmsnorm"]),
-                     ("use_fused_swiglu", feats["fused_swiglu"])):
+    for flag, ok in (
+        ("use_flash_attn", feats["flash_attn"]),
+        ("use_fused_rmsnorm", feats["fused_rmsnorm"]),
+        ("use_fused_swiglu", feats["fused_swiglu"]),
+    ):
         if getattr(megatron, flag) and not ok:
             _say_once(f"{flag}: no such kernel on {kind}; using the torch implementation")
     dtype = params_dtype(megatron)
@@ -116,8 +120,7 @@ def layer_spec(model: ModelConfig, kind: Optional[str] = None):
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(**family)
     from .attention import with_packed_attention
 
-    return with_packed_attention(gpt_layer_specs.get_gpt_layer_local_spec(normalization=model.normalization,
-                                                                           **family))
+    return with_packed_attention(gpt_layer_specs.get_gpt_layer_local_spec(normalization=model.normalization, **family))
 
 
 def padded_vocab_size(model: ModelConfig, tokenizer_vocab: Optional[int], tp: int) -> int:
@@ -129,8 +132,14 @@ def padded_vocab_size(model: ModelConfig, tokenizer_vocab: Optional[int], tp: in
     return -(-tokenizer_vocab // multiple) * multiple
 
 
-def build_gpt_model(model: ModelConfig, megatron: MegatronConfig, *, pre_process: Optional[bool] = None,
-                    post_process: Optional[bool] = None, vocab_size: Optional[int] = None):
+def build_gpt_model(
+    model: ModelConfig,
+    megatron: MegatronConfig,
+    *,
+    pre_process: Optional[bool] = None,
+    post_process: Optional[bool] = None,
+    vocab_size: Optional[int] = None,
+):
     """A GPTModel for this pipeline stage (parallel_state must be initialised)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel

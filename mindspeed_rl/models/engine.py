@@ -9,6 +9,7 @@ over micro-batches and data-parallel ranks). The engine undoes megatron's divisi
 number of micro-batches and DP's gradient averaging, so the gradient is exactly d(sum of
 shares)/d(theta).
 """
+
 from __future__ import annotations
 
 import math
@@ -23,9 +24,8 @@ import torch.distributed as dist
 from ..accelerator import get_accelerator
 from ..config_cls.ppo_config import RoleConfig
 from .builder import build_gpt_model, params_dtype
-from .packing import (megatron_attention_mask, pack, position_ids_from_mask, restore_order,
-                      token_budget_groups, trim)
 from .heads import attach_value_head, log_probs_and_entropy
+from .packing import megatron_attention_mask, pack, position_ids_from_mask, restore_order, token_budget_groups, trim
 
 Batch = Dict[str, torch.Tensor]
 LossFn = Callable[[Dict[str, torch.Tensor], Batch], Tuple[torch.Tensor, Dict[str, float]]]
@@ -33,7 +33,7 @@ LossFn = Callable[[Dict[str, torch.Tensor], Batch], Tuple[torch.Tensor, Dict[str
 
 def split_micro_batches(batch: Batch, micro_batch_size: int) -> List[Batch]:
     size = next(iter(batch.values())).shape[0]
-    return [{k: v[i:i + micro_batch_size] for k, v in batch.items()} for i in range(0, size, micro_batch_size)]
+    return [{k: v[i : i + micro_batch_size] for k, v in batch.items()} for i in range(0, size, micro_batch_size)]
 
 
 @dataclass
@@ -53,9 +53,17 @@ class MegatronEngine:
     on packed valid tokens only (rl_config.use_remove_padding).
     """
 
-    def __init__(self, role: RoleConfig, *, head: str = "lm", trainable: bool = True,
-                 total_steps: int = 1, vocab_size: Optional[int] = None, value_head_init_std: float = 0.0,
-                 remove_padding: bool = False):
+    def __init__(
+        self,
+        role: RoleConfig,
+        *,
+        head: str = "lm",
+        trainable: bool = True,
+        total_steps: int = 1,
+        vocab_size: Optional[int] = None,
+        value_head_init_std: float = 0.0,
+        remove_padding: bool = False,
+    ):
         from megatron.core import parallel_state as ps
 
         if head not in ("lm", "value"):
@@ -88,8 +96,12 @@ class MegatronEngine:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
         ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False, overlap_param_gather=False,
-            use_distributed_optimizer=self.megatron.use_distributed_optimizer, bucket_size=None)
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            overlap_param_gather=False,
+            use_distributed_optimizer=self.megatron.use_distributed_optimizer,
+            bucket_size=None,
+        )
         return DistributedDataParallel(config=gpt.config, ddp_config=ddp_config, module=gpt)
 
     def _build_optimizer(self, total_steps: int) -> None:
@@ -99,25 +111,43 @@ class MegatronEngine:
 
         m = self.megatron
         opt_config = OptimizerConfig(
-            optimizer="adam", lr=m.lr, min_lr=m.min_lr, weight_decay=m.weight_decay,
-            adam_beta1=m.adam_beta1, adam_beta2=m.adam_beta2, adam_eps=m.adam_eps,
-            clip_grad=m.clip_grad, bf16=m.bf16, fp16=m.fp16, params_dtype=params_dtype(m),
+            optimizer="adam",
+            lr=m.lr,
+            min_lr=m.min_lr,
+            weight_decay=m.weight_decay,
+            adam_beta1=m.adam_beta1,
+            adam_beta2=m.adam_beta2,
+            adam_eps=m.adam_eps,
+            clip_grad=m.clip_grad,
+            bf16=m.bf16,
+            fp16=m.fp16,
+            params_dtype=params_dtype(m),
             use_distributed_optimizer=m.use_distributed_optimizer,
-            loss_scale=None if m.fp16 else 1.0)
+            loss_scale=None if m.fp16 else 1.0,
+        )
         self.optimizer = get_megatron_optimizer(opt_config, self.model, use_gloo_process_groups=True)
         decay_steps = max(1, m.lr_decay_iters or total_steps)
         warmup = int(m.lr_warmup_fraction * decay_steps)
         self.scheduler = OptimizerParamScheduler(
-            self.optimizer, init_lr=0.0 if warmup else m.lr, max_lr=m.lr, min_lr=m.min_lr,
-            lr_warmup_steps=warmup, lr_decay_steps=decay_steps, lr_decay_style=m.lr_decay_style,
-            start_wd=m.weight_decay, end_wd=m.weight_decay, wd_incr_steps=decay_steps,
-            wd_incr_style="constant")
+            self.optimizer,
+            init_lr=0.0 if warmup else m.lr,
+            max_lr=m.lr,
+            min_lr=m.min_lr,
+            lr_warmup_steps=warmup,
+            lr_decay_steps=decay_steps,
+            lr_decay_style=m.lr_decay_style,
+            start_wd=m.weight_decay,
+            end_wd=m.weight_decay,
+            wd_incr_steps=decay_steps,
+            wd_incr_style="constant",
+        )
         self.config.finalize_model_grads_func = finalize_model_grads
         self.config.grad_scale_func = self.optimizer.scale_loss
 
     # ----- forward / backward -------------------------------------------------------------
-    def _head_outputs(self, output: torch.Tensor, mb: Batch, temperature: float,
-                      with_entropy: bool, with_logits: bool = False) -> Dict[str, torch.Tensor]:
+    def _head_outputs(
+        self, output: torch.Tensor, mb: Batch, temperature: float, with_entropy: bool, with_logits: bool = False
+    ) -> Dict[str, torch.Tensor]:
         if self.head == "value":
             values = output.squeeze(-1).float()
             aligned = torch.zeros_like(values)
@@ -135,8 +165,16 @@ class MegatronEngine:
             out["logits"] = gather_from_tensor_model_parallel_region(output.float())
         return out
 
-    def _loss_wrapper(self, mb: Batch, loss_fn: Optional[LossFn], scale: float, temperature: float,
-                      with_entropy: bool, with_logits: bool, output: torch.Tensor):
+    def _loss_wrapper(
+        self,
+        mb: Batch,
+        loss_fn: Optional[LossFn],
+        scale: float,
+        temperature: float,
+        with_entropy: bool,
+        with_logits: bool,
+        output: torch.Tensor,
+    ):
         outputs = self._head_outputs(output, mb, temperature, with_entropy, with_logits)
         if loss_fn is None:  # forward only: hand the outputs back
             return output.sum() * 0.0, {k: v.detach() for k, v in outputs.items()}
@@ -157,8 +195,9 @@ class MegatronEngine:
     def _sequence_multiple(self) -> int:
         return self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
 
-    def _micro_batches(self, batch: Batch, micro_batch_size: int,
-                       token_budget: Optional[int]) -> Tuple[List[Batch], Optional[torch.Tensor]]:
+    def _micro_batches(
+        self, batch: Batch, micro_batch_size: int, token_budget: Optional[int]
+    ) -> Tuple[List[Batch], Optional[torch.Tensor]]:
         """Fixed-size row slices, or (with ``token_budget``) micro-batches of at most that many tokens; the
         second value is the row order of the concatenated micro-batches (None: the batch's own)."""
         if not token_budget:
@@ -168,9 +207,17 @@ class MegatronEngine:
         order = torch.as_tensor(np.concatenate(groups))
         return [{k: v[torch.as_tensor(g)] for k, v in batch.items()} for g in groups], order
 
-    def _run(self, batch: Batch, micro_batch_size: int, loss_fn: Optional[LossFn], forward_only: bool,
-             temperature: float = 1.0, with_entropy: bool = True, with_logits: bool = False,
-             token_budget: Optional[int] = None) -> Tuple[List[Dict], Optional[torch.Tensor]]:
+    def _run(
+        self,
+        batch: Batch,
+        micro_batch_size: int,
+        loss_fn: Optional[LossFn],
+        forward_only: bool,
+        temperature: float = 1.0,
+        with_entropy: bool = True,
+        with_logits: bool = False,
+        token_budget: Optional[int] = None,
+    ) -> Tuple[List[Dict], Optional[torch.Tensor]]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         batch = {k: v.to(self.device) for k, v in batch.items()}
@@ -179,24 +226,36 @@ class MegatronEngine:
         scale = float(len(micro) * (1 if forward_only else self.dp_size))
         fwd_bwd = get_forward_backward_func()
         stores = fwd_bwd(
-            forward_step_func=partial(self._forward_step, loss_fn, scale, temperature, with_entropy, with_logits,
-                                      token_budget is not None),
-            data_iterator=iter(micro), model=self.model, num_microbatches=len(micro),
-            seq_length=batch["input_ids"].shape[1], micro_batch_size=micro_batch_size,
-            forward_only=forward_only)
+            forward_step_func=partial(
+                self._forward_step, loss_fn, scale, temperature, with_entropy, with_logits, token_budget is not None
+            ),
+            data_iterator=iter(micro),
+            model=self.model,
+            num_microbatches=len(micro),
+            seq_length=batch["input_ids"].shape[1],
+            micro_batch_size=micro_batch_size,
+            forward_only=forward_only,
+        )
         return stores, order
 
     @torch.no_grad()
-    def forward(self, batch: Batch, micro_batch_size: int, temperature: float = 1.0,
-                with_entropy: bool = False, with_logits: bool = False,
-                token_budget: Optional[int] = None) -> Dict[str, torch.Tensor]:
+    def forward(
+        self,
+        batch: Batch,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        with_entropy: bool = False,
+        with_logits: bool = False,
+        token_budget: Optional[int] = None,
+    ) -> Dict[str, torch.Tensor]:
         """Head outputs for the whole batch (in its row order), returned on every rank of the model-parallel
         group. ``token_budget``: micro-batches of at most that many tokens instead of ``micro_batch_size``
         rows."""
         for chunk in self.model:
             chunk.eval()
-        stores, order = self._run(batch, micro_batch_size, None, True, temperature, with_entropy, with_logits,
-                                  token_budget)
+        stores, order = self._run(
+            batch, micro_batch_size, None, True, temperature, with_entropy, with_logits, token_budget
+        )
         outputs = None
         if self.pp_last:
             outputs = {k: torch.cat([s[k] for s in stores]) for k in stores[0]}
@@ -204,8 +263,14 @@ class MegatronEngine:
                 outputs = {k: restore_order(v, order) for k, v in outputs.items()}
         return self._broadcast_from_last_stage(outputs, batch)
 
-    def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int,
-                   temperature: float = 1.0, token_budget: Optional[int] = None) -> StepResult:
+    def train_step(
+        self,
+        batch: Batch,
+        loss_fn: LossFn,
+        micro_batch_size: int,
+        temperature: float = 1.0,
+        token_budget: Optional[int] = None,
+    ) -> StepResult:
         """One optimizer step over ``batch`` (one mini-batch on this DP rank); ``token_budget`` as in
         ``forward``. The gradient does not depend on how the rows are split into micro-batches."""
         if not self.trainable:
@@ -221,15 +286,26 @@ class MegatronEngine:
             self.optimizer.zero_grad()
             self.nonfinite_streak += 1
             metrics = self._reduce_metrics(stores)
-            return StepResult(loss=metrics.pop("loss", float("nan")), grad_norm=float("nan"), lr=self.current_lr(),
-                              update_successful=False, metrics=metrics, skipped=True)
+            return StepResult(
+                loss=metrics.pop("loss", float("nan")),
+                grad_norm=float("nan"),
+                lr=self.current_lr(),
+                update_successful=False,
+                metrics=metrics,
+                skipped=True,
+            )
         self.nonfinite_streak = 0
         update_successful, grad_norm, _ = self.optimizer.step()
         if update_successful:
             self.scheduler.step(increment=1)
         metrics = self._reduce_metrics(stores)
-        return StepResult(loss=metrics.pop("loss", 0.0), grad_norm=float(grad_norm or 0.0),
-                          lr=self.current_lr(), update_successful=bool(update_successful), metrics=metrics)
+        return StepResult(
+            loss=metrics.pop("loss", 0.0),
+            grad_norm=float(grad_norm or 0.0),
+            lr=self.current_lr(),
+            update_successful=bool(update_successful),
+            metrics=metrics,
+        )
 
     def all_finite(self, stores: Optional[List[Dict]] = None) -> bool:
         """Whether this step's losses and gradients (or, without ``stores``, the weights) are finite on every
@@ -256,14 +332,19 @@ class MegatronEngine:
 
         keys = [sorted(stores[0]) if stores else []]
         if ps.get_pipeline_model_parallel_world_size() > 1:
-            dist.broadcast_object_list(keys, src=ps.get_pipeline_model_parallel_last_rank(),
-                                       group=ps.get_pipeline_model_parallel_group())
+            dist.broadcast_object_list(
+                keys, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
+            )
         keys = keys[0]
-        values = torch.tensor([float(sum(float(s[k]) for s in stores)) if self.pp_last else 0.0 for k in keys],
-                              dtype=torch.float64, device=self._comm_device())
+        values = torch.tensor(
+            [float(sum(float(s[k]) for s in stores)) if self.pp_last else 0.0 for k in keys],
+            dtype=torch.float64,
+            device=self._comm_device(),
+        )
         if ps.get_pipeline_model_parallel_world_size() > 1:
-            dist.broadcast(values, src=ps.get_pipeline_model_parallel_last_rank(),
-                           group=ps.get_pipeline_model_parallel_group())
+            dist.broadcast(
+                values, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
+            )
         if self.dp_size > 1:
             dist.all_reduce(values, group=ps.get_data_parallel_group())
         return {k: float(v) for k, v in zip(keys, values.tolist())}
@@ -316,4 +397,3 @@ class MegatronEngine:
             param.copy_(src.to(param.dtype))
         if self.optimizer is not None:
             self.optimizer.reload_model_params()
-

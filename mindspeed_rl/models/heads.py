@@ -3,6 +3,7 @@
 Logits stay split across tensor-parallel ranks (each holds V/TP vocabulary rows); only
 per-token scalars cross ranks, never the full vocabulary.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -15,8 +16,11 @@ from torch import nn
 def _tp_group():
     from megatron.core import parallel_state as ps
 
-    return ps.get_tensor_model_parallel_group(), ps.get_tensor_model_parallel_world_size(), \
-        ps.get_tensor_model_parallel_rank()
+    return (
+        ps.get_tensor_model_parallel_group(),
+        ps.get_tensor_model_parallel_world_size(),
+        ps.get_tensor_model_parallel_rank(),
+    )
 
 
 def _tp_sum(x: torch.Tensor) -> torch.Tensor:
@@ -26,8 +30,9 @@ def _tp_sum(x: torch.Tensor) -> torch.Tensor:
     return reduce_from_tensor_model_parallel_region(x)
 
 
-def log_probs_and_entropy(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
-                          with_entropy: bool = True) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+def log_probs_and_entropy(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, with_entropy: bool = True
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Per-token log p(token) and entropy from vocab-parallel logits.
 
     logits: [..., V/TP] this rank's vocabulary slice, tokens: [...] global token ids.
@@ -69,8 +74,13 @@ class ValueHead(nn.Module):
     hidden states are gathered along the sequence first.
     """
 
-    def __init__(self, hidden_size: int, sequence_parallel: bool = False, init_std: float = 0.0,
-                 dtype: torch.dtype = torch.float32):
+    def __init__(
+        self,
+        hidden_size: int,
+        sequence_parallel: bool = False,
+        init_std: float = 0.0,
+        dtype: torch.dtype = torch.float32,
+    ):
         super().__init__()
         self.weight = nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype))
         if init_std > 0:
@@ -80,8 +90,9 @@ class ValueHead(nn.Module):
         self.weight.tensor_model_parallel = False
         self.weight.sequence_parallel = False
 
-    def forward(self, hidden: torch.Tensor, weight: Optional[torch.Tensor] = None,
-                runtime_gather_output: Optional[bool] = None) -> Tuple[torch.Tensor, None]:
+    def forward(
+        self, hidden: torch.Tensor, weight: Optional[torch.Tensor] = None, runtime_gather_output: Optional[bool] = None
+    ) -> Tuple[torch.Tensor, None]:
         if self.sequence_parallel:
             from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
 
@@ -95,8 +106,9 @@ def attach_value_head(gpt, hidden_size: int, init_std: float = 0.0) -> None:
         return
     dtype = next(gpt.parameters()).dtype
     device = next(gpt.parameters()).device
-    head = ValueHead(hidden_size, sequence_parallel=gpt.config.sequence_parallel, init_std=init_std,
-                     dtype=dtype).to(device)
+    head = ValueHead(hidden_size, sequence_parallel=gpt.config.sequence_parallel, init_std=init_std, dtype=dtype).to(
+        device
+    )
     gpt.output_layer = head
     gpt.share_embeddings_and_output_weights = False
 

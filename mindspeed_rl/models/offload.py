@@ -6,6 +6,7 @@ into megatron's contiguous param/grad buffers and the optimizer's references all
 so nothing has to be rebuilt. On CPU the same mechanics run (the copy lives in a separate
 host buffer), which keeps the logic tested on every machine.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Iterable, List
@@ -74,8 +75,9 @@ class Offloader:
     def param_tensors(self) -> List[torch.Tensor]:
         tensors = [b.param_data for b in self._buffers() if getattr(b, "param_data", None) is not None]
         covered = {t.untyped_storage().data_ptr() for t in tensors}
-        tensors += [p.data for p in self.engine.unwrapped().parameters()
-                    if p.data.untyped_storage().data_ptr() not in covered]
+        tensors += [
+            p.data for p in self.engine.unwrapped().parameters() if p.data.untyped_storage().data_ptr() not in covered
+        ]
         return tensors
 
     def grad_tensors(self) -> List[torch.Tensor]:

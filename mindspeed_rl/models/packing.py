@@ -12,9 +12,11 @@ losses and log-probs are computed on the same tensors as the padded path):
   (token-budget micro-batches without packing).
 
 ``megatron_attention_mask`` and ``position_ids_from_mask`` build the padded path's inputs (used by ``trim``,
-the engine and the fallback rollout). ``token_budget_groups`` forms micro-batches of at most a token budget (``use_dynamic_bsz``) and
+the engine and the fallback rollout). ``token_budget_groups`` forms micro-batches of at most a token budget
+(``use_dynamic_bsz``) and
 ``balanced_split`` hands DP ranks equal row counts with near-equal token sums (``use_dp_batch_balance``).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,13 +30,13 @@ import torch
 class ModelInput:
     """What the GPT model is called with, and how to put its output back on the padded [B, S] grid."""
 
-    input_ids: torch.Tensor          # [b, s]
-    position_ids: torch.Tensor       # [b, s]
+    input_ids: torch.Tensor  # [b, s]
+    position_ids: torch.Tensor  # [b, s]
     attention_mask: Optional[torch.Tensor]  # [b, 1, s, s] bool, True where masked (megatron's); None when packed
-    rows: torch.Tensor               # for each computed position with a real token: its row in [B, S] ...
-    cols: torch.Tensor               # ... and its column
-    flat: torch.Tensor               # ... and its index in the computed output, flattened over (b, s)
-    shape: Tuple[int, int]           # (B, S)
+    rows: torch.Tensor  # for each computed position with a real token: its row in [B, S] ...
+    cols: torch.Tensor  # ... and its column
+    flat: torch.Tensor  # ... and its index in the computed output, flattened over (b, s)
+    shape: Tuple[int, int]  # (B, S)
     cu_seqlens: Optional[torch.Tensor] = None  # packed: [rows + 1] starts of the rows in the sequence
     max_seqlen: int = 0
 
@@ -44,8 +46,14 @@ class ModelInput:
             return self.restore(model(self.input_ids, self.position_ids, self.attention_mask))
         from .attention import packed_seq_params
 
-        return self.restore(model(self.input_ids, self.position_ids, None,
-                                  packed_seq_params=packed_seq_params(self.cu_seqlens, self.max_seqlen)))
+        return self.restore(
+            model(
+                self.input_ids,
+                self.position_ids,
+                None,
+                packed_seq_params=packed_seq_params(self.cu_seqlens, self.max_seqlen),
+            )
+        )
 
     def restore(self, output: torch.Tensor) -> torch.Tensor:
         """The model's output [b, s, *] back on [B, S, *]; positions without a real token get 0."""
@@ -89,8 +97,17 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, multiple: int = 
     if length > total:
         bounds.append(length)
     cu = torch.tensor(bounds, dtype=torch.int32, device=device)
-    return ModelInput(ids, positions, None, rows, cols, torch.arange(total, device=device),
-                      tuple(attention_mask.shape), cu, int((cu[1:] - cu[:-1]).max()))
+    return ModelInput(
+        ids,
+        positions,
+        None,
+        rows,
+        cols,
+        torch.arange(total, device=device),
+        tuple(attention_mask.shape),
+        cu,
+        int((cu[1:] - cu[:-1]).max()),
+    )
 
 
 def trim(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> ModelInput:
@@ -101,8 +118,15 @@ def trim(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> ModelInput:
     b, s = mask.shape
     rows = torch.arange(b, device=mask.device).repeat_interleave(s)
     cols = torch.arange(lo, hi, device=mask.device).repeat(b)
-    return ModelInput(input_ids[:, lo:hi], position_ids_from_mask(mask), megatron_attention_mask(mask), rows, cols,
-                      torch.arange(b * s, device=mask.device), tuple(attention_mask.shape))
+    return ModelInput(
+        input_ids[:, lo:hi],
+        position_ids_from_mask(mask),
+        megatron_attention_mask(mask),
+        rows,
+        cols,
+        torch.arange(b * s, device=mask.device),
+        tuple(attention_mask.shape),
+    )
 
 
 def token_budget_groups(lengths: Sequence[int], budget: int, packed: bool) -> List[np.ndarray]:

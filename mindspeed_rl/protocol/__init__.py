@@ -1,9 +1,45 @@
 """Typed data that crosses Ray between the single controller and the workers."""
-from .experience import (FIELDS, MODEL_INPUTS, Experience, FieldSpec, MiniBatch, build_experience,
-                         mini_batch_plan, response_part, split_rows)
-from .rollout import (ForwardAnswer, GeneratedBatch, LoadedState, RankLayout, RolloutOutput, RolloutRequest,
-                      RolloutResult, request_digest, slowest)
 
-__all__ = ["FIELDS", "MODEL_INPUTS", "Experience", "FieldSpec", "ForwardAnswer", "GeneratedBatch", "LoadedState",
-           "MiniBatch", "RankLayout", "RolloutOutput", "RolloutRequest", "RolloutResult", "build_experience",
-           "mini_batch_plan", "request_digest", "response_part", "slowest", "split_rows"]
+from .experience import (
+    FIELDS,
+    MODEL_INPUTS,
+    Experience,
+    FieldSpec,
+    MiniBatch,
+    build_experience,
+    mini_batch_plan,
+    response_part,
+    split_rows,
+)
+from .rollout import (
+    ForwardAnswer,
+    GeneratedBatch,
+    LoadedState,
+    RankLayout,
+    RolloutOutput,
+    RolloutRequest,
+    RolloutResult,
+    request_digest,
+    slowest,
+)
+
+__all__ = [
+    "FIELDS",
+    "MODEL_INPUTS",
+    "Experience",
+    "FieldSpec",
+    "ForwardAnswer",
+    "GeneratedBatch",
+    "LoadedState",
+    "MiniBatch",
+    "RankLayout",
+    "RolloutOutput",
+    "RolloutRequest",
+    "RolloutResult",
+    "build_experience",
+    "mini_batch_plan",
+    "request_digest",
+    "response_part",
+    "slowest",
+    "split_rows",
+]

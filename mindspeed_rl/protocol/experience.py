@@ -8,6 +8,7 @@ the same two-part layout, so one number (``prompt_width``) says where the respon
 
 Dimensions in the field table: B rows, P = prompt_width, R = response_width.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,8 +17,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from ..datasets.padding import left_pad
 from ..algorithms.losses import LossScale
+from ..datasets.padding import left_pad
 from .rollout import RolloutOutput
 
 Rows = Union[np.ndarray, Sequence[int], slice]
@@ -25,37 +26,49 @@ Rows = Union[np.ndarray, Sequence[int], slice]
 
 @dataclass(frozen=True)
 class FieldSpec:
-    dims: Tuple[str, ...]     # "B", "P", "R" or "P+R"
+    dims: Tuple[str, ...]  # "B", "P", "R" or "P+R"
     dtype: torch.dtype
     doc: str
 
 
 FIELDS: Dict[str, FieldSpec] = {
-    "input_ids": FieldSpec(("B", "P+R"), torch.long, "prompt tokens (left-padded) then response tokens "
-                                                     "(right-padded)"),
+    "input_ids": FieldSpec(("B", "P+R"), torch.long, "prompt tokens (left-padded) then response tokens (right-padded)"),
     "attention_mask": FieldSpec(("B", "P+R"), torch.long, "1 on real prompt and response tokens, 0 on padding"),
     "prompt_mask": FieldSpec(("B", "P"), torch.long, "1 on real prompt tokens"),
     "response_ids": FieldSpec(("B", "R"), torch.long, "the generated tokens"),
     "response_mask": FieldSpec(("B", "R"), torch.long, "1 on every real response token (attention, lengths)"),
-    "loss_mask": FieldSpec(("B", "R"), torch.long, "1 on the response tokens the policy generated: the positions "
-                                                   "every loss, normaliser and advantage counts (equal to "
-                                                   "response_mask for single-turn text; 0 on tool output)"),
-    "policy_version": FieldSpec(("B", "R"), torch.long, "the policy version (updates applied) whose weights "
-                                                        "sampled each response token"),
+    "loss_mask": FieldSpec(
+        ("B", "R"),
+        torch.long,
+        "1 on the response tokens the policy generated: the positions "
+        "every loss, normaliser and advantage counts (equal to "
+        "response_mask for single-turn text; 0 on tool output)",
+    ),
+    "policy_version": FieldSpec(
+        ("B", "R"), torch.long, "the policy version (updates applied) whose weights sampled each response token"
+    ),
     "rollout_log_probs": FieldSpec(("B", "R"), torch.float32, "log p(token) under the rollout engine"),
-    "group": FieldSpec(("B",), torch.long, "index of the row's prompt in the iteration: the n responses of "
-                                           "one prompt share it (GRPO groups)"),
+    "group": FieldSpec(
+        ("B",),
+        torch.long,
+        "index of the row's prompt in the iteration: the n responses of one prompt share it (GRPO groups)",
+    ),
     "ref_log_probs": FieldSpec(("B", "R"), torch.float32, "log p(token) under the frozen reference"),
-    "old_log_probs": FieldSpec(("B", "R"), torch.float32, "log p(token) under the actor before this "
-                                                          "iteration's updates"),
+    "old_log_probs": FieldSpec(
+        ("B", "R"), torch.float32, "log p(token) under the actor before this iteration's updates"
+    ),
     "values": FieldSpec(("B", "R"), torch.float32, "critic value of each response position"),
     "scores": FieldSpec(("B",), torch.float32, "sequence score (rule verifiers and/or reward model)"),
     "kl": FieldSpec(("B", "R"), torch.float32, "per-token KL(actor || reference) estimate, 0 on padding"),
-    "token_rewards": FieldSpec(("B", "R"), torch.float32, "score on the last response token, minus KL "
-                                                          "when it is in the reward"),
+    "token_rewards": FieldSpec(
+        ("B", "R"), torch.float32, "score on the last response token, minus KL when it is in the reward"
+    ),
     "advantages": FieldSpec(("B", "R"), torch.float32, "advantage of each response token"),
-    "rollout_is_weights": FieldSpec(("B", "R"), torch.float32, "rollout-correction importance weight of each "
-                                                               "response token (rollout_correction.rollout_is)"),
+    "rollout_is_weights": FieldSpec(
+        ("B", "R"),
+        torch.float32,
+        "rollout-correction importance weight of each response token (rollout_correction.rollout_is)",
+    ),
     "returns": FieldSpec(("B", "R"), torch.float32, "value target of each response token"),
 }
 
@@ -74,7 +87,7 @@ class Experience:
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     response_mask: torch.Tensor
-    loss_mask: Optional[torch.Tensor] = None    # defaults to response_mask
+    loss_mask: Optional[torch.Tensor] = None  # defaults to response_mask
     policy_version: Optional[torch.Tensor] = None
     prompt_mask: Optional[torch.Tensor] = None
     response_ids: Optional[torch.Tensor] = None
@@ -109,8 +122,12 @@ class Experience:
         return [name for name in FIELDS if getattr(self, name) is not None]
 
     def expected_shape(self, name: str) -> Tuple[int, ...]:
-        sizes = {"B": self.num_rows, "P": self.prompt_width, "R": self.response_width,
-                 "P+R": self.prompt_width + self.response_width}
+        sizes = {
+            "B": self.num_rows,
+            "P": self.prompt_width,
+            "R": self.response_width,
+            "P+R": self.prompt_width + self.response_width,
+        }
         return tuple(sizes[d] for d in FIELDS[name].dims)
 
     def set(self, name: str, tensor: torch.Tensor) -> None:
@@ -123,8 +140,10 @@ class Experience:
     def _check_shape(self, name: str, tensor: torch.Tensor) -> None:
         want = self.expected_shape(name)
         if tuple(tensor.shape) != want:
-            raise ValueError(f"experience field {name}: shape {tuple(tensor.shape)}, expected {want} "
-                             f"({' x '.join(FIELDS[name].dims)})")
+            raise ValueError(
+                f"experience field {name}: shape {tuple(tensor.shape)}, expected {want} "
+                f"({' x '.join(FIELDS[name].dims)})"
+            )
 
     def validate(self) -> "Experience":
         for name in self.present():
@@ -147,8 +166,11 @@ class Experience:
             values[name] = (tensor if index is None else tensor[index]).clone()
         labels = None
         if self.labels is not None and fields is None:
-            picked = range(self.num_rows)[rows] if isinstance(rows, slice) else (
-                range(self.num_rows) if rows is None else [int(r) for r in rows])
+            picked = (
+                range(self.num_rows)[rows]
+                if isinstance(rows, slice)
+                else (range(self.num_rows) if rows is None else [int(r) for r in rows])
+            )
             labels = [self.labels[i] for i in picked]
         return Experience(prompt_width=self.prompt_width, labels=labels, **values)
 
@@ -165,8 +187,10 @@ class Experience:
         the right); padding is ``pad_id`` in token fields and 0 elsewhere."""
         left, right = prompt_width - self.prompt_width, response_width - self.response_width
         if left < 0 or right < 0:
-            raise ValueError(f"cannot narrow experience from P={self.prompt_width}, R={self.response_width} "
-                             f"to P={prompt_width}, R={response_width}")
+            raise ValueError(
+                f"cannot narrow experience from P={self.prompt_width}, R={self.response_width} "
+                f"to P={prompt_width}, R={response_width}"
+            )
         values = {}
         for name in self.present():
             tensor, dims = getattr(self, name), FIELDS[name].dims
@@ -204,8 +228,14 @@ class MiniBatch:
     scale: LossScale
 
 
-def build_experience(prompts: Sequence[Sequence[int]], outputs: Sequence[RolloutOutput], n: int, pad_id: int,
-                     labels: Optional[Sequence[str]] = None, version: int = 0) -> Experience:
+def build_experience(
+    prompts: Sequence[Sequence[int]],
+    outputs: Sequence[RolloutOutput],
+    n: int,
+    pad_id: int,
+    labels: Optional[Sequence[str]] = None,
+    version: int = 0,
+) -> Experience:
     """Rows prompt by prompt (n responses each): left-padded prompt + right-padded response.
 
     ``outputs`` carry global prompt indices (any order); each prompt must have exactly n of them. Tokens
@@ -238,10 +268,15 @@ def build_experience(prompts: Sequence[Sequence[int]], outputs: Sequence[Rollout
             loss_mask[b, :length] = torch.tensor(out.loss_mask, dtype=torch.long) if out.loss_mask else 1
     return Experience(
         prompt_width=int(prompt_ids.shape[1]),
-        input_ids=torch.cat([prompt_ids, response_ids], 1), attention_mask=torch.cat([prompt_mask, response_mask], 1),
-        response_mask=response_mask, loss_mask=loss_mask, policy_version=policy_version, prompt_mask=prompt_mask,
+        input_ids=torch.cat([prompt_ids, response_ids], 1),
+        attention_mask=torch.cat([prompt_mask, response_mask], 1),
+        response_mask=response_mask,
+        loss_mask=loss_mask,
+        policy_version=policy_version,
+        prompt_mask=prompt_mask,
         response_ids=response_ids,
-        rollout_log_probs=rollout_log_probs, group=torch.arange(len(rows)) // n,
+        rollout_log_probs=rollout_log_probs,
+        group=torch.arange(len(rows)) // n,
         labels=None if labels is None else [labels[i // n] for i in range(len(rows))],
     ).validate()
 
@@ -257,14 +292,23 @@ def mini_batch_plan(num_rows: int, mini_batch_size: int, epochs: int, shuffle: b
     plan = []
     for epoch in range(epochs):
         order = np.random.RandomState(seed + epoch).permutation(num_rows) if shuffle else np.arange(num_rows)
-        plan += [order[i:i + mini_batch_size] for i in range(0, num_rows, mini_batch_size)]
+        plan += [order[i : i + mini_batch_size] for i in range(0, num_rows, mini_batch_size)]
     return plan
 
 
 def response_part(per_token: torch.Tensor, prompt_width: int, response_width: int) -> torch.Tensor:
     """The response columns of a per-token tensor of the whole (prompt + response) sequence."""
-    return per_token[:, prompt_width:prompt_width + response_width]
+    return per_token[:, prompt_width : prompt_width + response_width]
 
 
-__all__ = ["FIELDS", "MODEL_INPUTS", "Experience", "FieldSpec", "MiniBatch", "build_experience", "split_rows",
-           "mini_batch_plan", "response_part"]
+__all__ = [
+    "FIELDS",
+    "MODEL_INPUTS",
+    "Experience",
+    "FieldSpec",
+    "MiniBatch",
+    "build_experience",
+    "split_rows",
+    "mini_batch_plan",
+    "response_part",
+]

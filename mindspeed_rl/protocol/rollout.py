@@ -1,4 +1,5 @@
 """What crosses Ray: generation requests and answers, and the typed answers of the workers' other calls."""
+
 from __future__ import annotations
 
 import hashlib
@@ -29,7 +30,7 @@ class RolloutRequest:
     prompts: List[List[int]]
     n: int
     seed: int
-    sampling: Optional[SamplingConfig] = None   # None: generate_config.sampling_config
+    sampling: Optional[SamplingConfig] = None  # None: generate_config.sampling_config
     max_new_tokens: Optional[List[int]] = None  # per-prompt response budgets (below sampling.max_tokens)
 
 
@@ -50,11 +51,18 @@ class RolloutResult:
     started: Optional[float] = None  # wall clock (time.time()) when generation began on this rank
 
 
-def request_digest(prompts: Sequence[Sequence[int]], n: int, seed: int, sampling: Optional[SamplingConfig],
-                   max_new_tokens: Optional[Sequence[int]], version: Optional[int]) -> str:
+def request_digest(
+    prompts: Sequence[Sequence[int]],
+    n: int,
+    seed: int,
+    sampling: Optional[SamplingConfig],
+    max_new_tokens: Optional[Sequence[int]],
+    version: Optional[int],
+) -> str:
     """Fingerprint of the requests one rank received (``RolloutResult.request_digest``)."""
-    return hashlib.sha1(repr((list(map(list, prompts)), n, seed, sampling, max_new_tokens,
-                              version)).encode()).hexdigest()
+    return hashlib.sha1(
+        repr((list(map(list, prompts)), n, seed, sampling, max_new_tokens, version)).encode()
+    ).hexdigest()
 
 
 def slowest(timings: Iterable[Dict[str, float]]) -> Dict[str, float]:
@@ -77,8 +85,11 @@ class GeneratedBatch:
     @property
     def window(self) -> Optional[Tuple[float, float]]:
         """Wall-clock start and end of the generation over the ranks (None when not recorded)."""
-        spans = [(r.started, r.started + r.timing.get("timing/generate", 0.0)) for r in self.per_rank
-                 if r.started is not None]
+        spans = [
+            (r.started, r.started + r.timing.get("timing/generate", 0.0))
+            for r in self.per_rank
+            if r.started is not None
+        ]
         return (min(s for s, _ in spans), max(e for _, e in spans)) if spans else None
 
 
@@ -110,7 +121,7 @@ class RankLayout:
     dp_size: int
     tp_rank: int
     pp_rank: int
-    output: bool                 # first TP rank of the last PP stage: holds the DP group's outputs
-    engine: int = -1             # rollout engine index (-1: no engine)
-    engine_rank: int = -1        # rank inside that engine (0 returns the outputs)
-    engine_size: int = 0         # ranks per engine (infer TP)
+    output: bool  # first TP rank of the last PP stage: holds the DP group's outputs
+    engine: int = -1  # rollout engine index (-1: no engine)
+    engine_rank: int = -1  # rank inside that engine (0 returns the outputs)
+    engine_size: int = 0  # ranks per engine (infer TP)

@@ -1,4 +1,5 @@
 """What runs inside a rule-reward worker process (kept free of torch: workers start fast and small)."""
+
 from __future__ import annotations
 
 import importlib
@@ -35,8 +36,10 @@ def warm_up(names: Sequence[str]) -> List[str]:
         try:
             verifier = get_verifier(name)
         except KeyError:
-            problems.append(f"verifier {name!r} is not registered in the worker: register it at import time of "
-                            "its module (not inside a function or a __main__ block)")
+            problems.append(
+                f"verifier {name!r} is not registered in the worker: register it at import time of "
+                "its module (not inside a function or a __main__ block)"
+            )
             continue
         try:
             verifier(WARM_UP_RESPONSE, WARM_UP_LABEL)

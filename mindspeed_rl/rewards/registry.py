@@ -5,6 +5,7 @@ A name in ``rl_config.verifier_function`` is a built-in (``verifiers.py``), a na
 ``@register_verifier``, or a plug-in by path, ``package.module:function``, imported where it is used (the
 driver's config check and each reward worker), so a user's verifier needs no edit of this package.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -14,9 +15,13 @@ from . import verifiers
 
 Verifier = Callable[[str, str], float]
 BUILTIN: Dict[str, Verifier] = {
-    "acc_for_ppo": verifiers.accuracy, "base_acc": verifiers.accuracy, "gsm8k": verifiers.accuracy,
-    "math": verifiers.accuracy, "acc_for_dapo": verifiers.accuracy_plus_minus,
-    "format": verifiers.format_reward, "strict_format": verifiers.strict_format_reward,
+    "acc_for_ppo": verifiers.accuracy,
+    "base_acc": verifiers.accuracy,
+    "gsm8k": verifiers.accuracy,
+    "math": verifiers.accuracy,
+    "acc_for_dapo": verifiers.accuracy_plus_minus,
+    "format": verifiers.format_reward,
+    "strict_format": verifiers.strict_format_reward,
 }
 _REGISTRY: Dict[str, Verifier] = dict(BUILTIN)
 
@@ -35,6 +40,7 @@ def register_verifier(*names: str) -> Callable[[Verifier], Verifier]:
                 raise ValueError(f"verifier {name!r} is registered twice")
             _REGISTRY[name] = fn
         return fn
+
     return wrap
 
 
@@ -52,8 +58,10 @@ def import_verifier(path: str) -> Verifier:
     try:
         fn = getattr(importlib.import_module(module), attr)
     except ImportError as exc:
-        raise VerifierImportError(f"cannot import {module!r} ({type(exc).__name__}: {exc}); the module must be "
-                                  "importable from the run's working folder or PYTHONPATH") from None
+        raise VerifierImportError(
+            f"cannot import {module!r} ({type(exc).__name__}: {exc}); the module must be "
+            "importable from the run's working folder or PYTHONPATH"
+        ) from None
     except AttributeError:
         raise VerifierImportError(f"module {module!r} has no {attr!r}") from None
     except Exception as exc:  # noqa: BLE001 - the user's module raised while importing

@@ -10,6 +10,7 @@ or import; in the suite that showed as 2-13 verifier timeouts of 10 s per iterat
 second run of a process. A verifier's module is imported in each worker (it registers there as in
 the driver), and every new worker runs each verifier once before its samples are timed.
 """
+
 from __future__ import annotations
 
 import math
@@ -39,15 +40,18 @@ class RuleRewardRunner:
             context = mp.get_context(method)
             if method == "forkserver":
                 # imported once in the server, so every worker forks warm (a missing module is skipped)
-                context.set_forkserver_preload(["mindspeed_rl.rewards.pool_worker", "mindspeed_rl.rewards.verifiers",
-                                                "sympy", "math_verify"])
+                context.set_forkserver_preload(
+                    ["mindspeed_rl.rewards.pool_worker", "mindspeed_rl.rewards.verifiers", "sympy", "math_verify"]
+                )
             pool = context.Pool(self.workers, initializer=start_worker, initargs=(self.modules,))
             try:
                 reports = pool.map_async(warm_up, [self.names] * self.workers, chunksize=1).get(self.WARM_UP_TIMEOUT)
             except mp.TimeoutError:
                 pool.terminate()
-                raise RuntimeError(f"rule reward workers did not start within {self.WARM_UP_TIMEOUT:.0f}s "
-                                   f"(verifiers {', '.join(self.names)})") from None
+                raise RuntimeError(
+                    f"rule reward workers did not start within {self.WARM_UP_TIMEOUT:.0f}s "
+                    f"(verifiers {', '.join(self.names)})"
+                ) from None
             problems = sorted({p for report in reports for p in report})
             if problems:
                 pool.terminate()
@@ -70,10 +74,11 @@ class RuleRewardRunner:
         """score_i = sum_k w_k * verifier_k(i), from ``score_each``'s values."""
         return sum(weight * per_verifier[name] for name, weight in zip(self.names, self.weights))
 
-    def score_each(self, responses: Sequence[str], labels: Sequence[str]) -> Tuple[Dict[str, torch.Tensor],
-                                                                                     Dict[str, float]]:
+    def score_each(
+        self, responses: Sequence[str], labels: Sequence[str]
+    ) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
         """Each verifier's value for every response (unweighted), and the metrics."""
-        tasks = [(k, name, r, l) for k, name in enumerate(self.names) for r, l in zip(responses, labels)]
+        tasks = [(k, name, r, lab) for k, name in enumerate(self.names) for r, lab in zip(responses, labels)]
         results: List[float] = [0.0] * len(tasks)
         timeouts = failures = 0
         start = 0
@@ -101,7 +106,7 @@ class RuleRewardRunner:
         metrics: Dict[str, float] = {}
         n = len(responses)
         for k, name in enumerate(self.names):
-            per_verifier[name] = torch.tensor(results[k * n:(k + 1) * n], dtype=torch.float32)
+            per_verifier[name] = torch.tensor(results[k * n : (k + 1) * n], dtype=torch.float32)
             metrics[f"{name}_rewards/mean"] = float(per_verifier[name].mean()) if n else 0.0
         metrics["rule_reward/timeouts"] = float(timeouts)
         metrics["rule_reward/failures"] = float(failures)
@@ -111,8 +116,11 @@ class RuleRewardRunner:
         """Once per verifier: it returned a non-finite score (scored 0, counted in rule_reward/failures)."""
         if name not in self._warned:
             self._warned.add(name)
-            print(f"warning: verifier {name!r} returned {value} for a sample: scored 0 and counted in "
-                  "rule_reward/failures (said once per verifier)", flush=True)
+            print(
+                f"warning: verifier {name!r} returned {value} for a sample: scored 0 and counted in "
+                "rule_reward/failures (said once per verifier)",
+                flush=True,
+            )
 
     def close(self) -> None:
         if self._pool is not None:

@@ -6,6 +6,7 @@
 - format: 1 when the response has the <think>...</think><answer>...</answer> shape anywhere.
 - strict_format: 1 when the whole response is exactly that shape.
 """
+
 from __future__ import annotations
 
 import re
@@ -31,7 +32,7 @@ def last_boxed(text: str) -> Optional[str]:
         elif text[j] == "}":
             depth -= 1
             if depth == 0:
-                return text[i + 1:j].strip()
+                return text[i + 1 : j].strip()
     return None
 
 
@@ -65,8 +66,9 @@ def answers_match(answer: str, label: str) -> bool:
     from math_verify import parse, verify
 
     try:  # math-verify's own limits (2 + 2 + 2 s) stay under the runner's per-sample timeout (10 s default)
-        return bool(verify(parse(f"${label}$", parsing_timeout=2), parse(f"${answer}$", parsing_timeout=2),
-                           timeout_seconds=2))
+        return bool(
+            verify(parse(f"${label}$", parsing_timeout=2), parse(f"${answer}$", parsing_timeout=2), timeout_seconds=2)
+        )
     except Exception:  # noqa: BLE001 - an unparsable answer is simply wrong
         return False
 

@@ -18,6 +18,7 @@ The tool agent, per turn over every unfinished trajectory:
    truncated to ``max_tool_response_length`` characters; the trajectory ends when the budget is spent,
    after ``max_turns`` assistant turns, or when a turn would exceed ``max_tool_calls`` in total.
 """
+
 from __future__ import annotations
 
 import time
@@ -44,17 +45,18 @@ class AgentBatch:
 class ToolFormat:
     """How tool results enter the conversation (a chat template's tool role)."""
 
-    turn_prefix: str    # after the assistant's end-of-turn token, before the first result
-    response: str       # one result, with {content}
-    turn_suffix: str    # after the last result: opens the next assistant turn
+    turn_prefix: str  # after the assistant's end-of-turn token, before the first result
+    response: str  # one result, with {content}
+    turn_suffix: str  # after the last result: opens the next assistant turn
 
     @staticmethod
     def of_template(template: Dict[str, str], name: str) -> "ToolFormat":
         keys = ("tool_turn_prefix", "tool_response", "tool_turn_suffix")
         missing = [k for k in keys if k not in template]
         if missing:
-            raise ValueError(f"prompt_type {name!r} has no tool role in configs/model/templates.json "
-                             f"(missing {', '.join(missing)})")
+            raise ValueError(
+                f"prompt_type {name!r} has no tool role in configs/model/templates.json (missing {', '.join(missing)})"
+            )
         return ToolFormat(*(template[k] for k in keys))
 
     def render(self, contents: Sequence[str]) -> str:
@@ -118,8 +120,9 @@ class Trajectory:
         return self.budget - len(self.tokens)
 
     def output(self) -> RolloutOutput:
-        return RolloutOutput(self.prompt_index, self.tokens, self.logprobs, self.finish_reason,
-                             loss_mask=self.loss_mask)
+        return RolloutOutput(
+            self.prompt_index, self.tokens, self.logprobs, self.finish_reason, loss_mask=self.loss_mask
+        )
 
 
 def truncate(text: str, limit: int, side: str) -> str:
@@ -132,7 +135,7 @@ def truncate(text: str, limit: int, side: str) -> str:
     if side == "right":
         return text[:limit] + marker
     head = limit // 2
-    return text[:head] + marker + text[len(text) - (limit - head):]
+    return text[:head] + marker + text[len(text) - (limit - head) :]
 
 
 def tool_agent(request: RolloutRequest, context: AgentContext) -> AgentBatch:
@@ -144,8 +147,11 @@ def tool_agent(request: RolloutRequest, context: AgentContext) -> AgentBatch:
     budgets = request.max_new_tokens
     if not budgets and request.sampling is None:
         raise ValueError("tool_agent: the request names no response budget (sampling.max_tokens)")
-    trajectories = [Trajectory(i, list(p), int(budgets[i]) if budgets else request.sampling.max_tokens)
-                    for i, p in enumerate(request.prompts) for _ in range(request.n)]
+    trajectories = [
+        Trajectory(i, list(p), int(budgets[i]) if budgets else request.sampling.max_tokens)
+        for i, p in enumerate(request.prompts)
+        for _ in range(request.n)
+    ]
     tool_seconds = 0.0
     counts = {"error": 0, "timeout": 0, "oversized": 0, "crash": 0, "malformed": 0}
     turn = 0
@@ -157,11 +163,17 @@ def tool_agent(request: RolloutRequest, context: AgentContext) -> AgentBatch:
             outputs = context.generate(request)
             order = _by_prompt(outputs, len(request.prompts), request.n)
         else:
-            order = context.generate(RolloutRequest([t.prompt + t.tokens for t in active], 1,
-                                                    request.seed + TURN_SEED_STRIDE * turn, request.sampling,
-                                                    [t.left for t in active]))
+            order = context.generate(
+                RolloutRequest(
+                    [t.prompt + t.tokens for t in active],
+                    1,
+                    request.seed + TURN_SEED_STRIDE * turn,
+                    request.sampling,
+                    [t.left for t in active],
+                )
+            )
             order = sorted(order, key=lambda o: o.prompt_index)
-        pending: List[tuple] = []   # (trajectory, [(call, spec) or error message])
+        pending: List[tuple] = []  # (trajectory, [(call, spec) or error message])
         for traj, out in zip(active, order):
             traj.append(out.response_ids, out.logprobs, trained=True)
             traj.turns += 1
@@ -189,8 +201,9 @@ def tool_agent(request: RolloutRequest, context: AgentContext) -> AgentBatch:
             traj.calls += sum(1 for item in items if not isinstance(item, str))
             pending.append((traj, items))
         # every tool call of this turn, over all trajectories, runs once in the sandbox
-        calls = [(item[1].function, item[0].arguments) for _, items in pending for item in items
-                 if not isinstance(item, str)]
+        calls = [
+            (item[1].function, item[0].arguments) for _, items in pending for item in items if not isinstance(item, str)
+        ]
         t0 = time.perf_counter()
         results = iter(context.sandbox.run_many(calls, s.tool_workers))
         tool_seconds += time.perf_counter() - t0
@@ -206,7 +219,7 @@ def tool_agent(request: RolloutRequest, context: AgentContext) -> AgentBatch:
                 contents.append(truncate(result.content, s.max_tool_response_length, s.tool_response_truncate_side))
             observation = tok.encode(context.tool_format.render(contents), add_special_tokens=False)
             if len(observation) >= traj.left:  # no room to answer after it
-                observation = observation[:traj.left]
+                observation = observation[: traj.left]
                 traj.finish_reason, traj.done = "length", True
             traj.append(observation, [], trained=False)
             traj.observation_tokens += len(observation)
@@ -263,6 +276,8 @@ def rollout_function(name: str) -> RolloutFunction:
     if name in ROLLOUT_FUNCTIONS:
         return ROLLOUT_FUNCTIONS[name]
     if ":" not in name and "." not in name:
-        raise ValueError(f"unknown rollout_function {name!r}; built in: {', '.join(ROLLOUT_FUNCTIONS)}, "
-                         "or a function as 'module:function'")
+        raise ValueError(
+            f"unknown rollout_function {name!r}; built in: {', '.join(ROLLOUT_FUNCTIONS)}, "
+            "or a function as 'module:function'"
+        )
     return import_function(name, "rollout_function")

@@ -1,4 +1,5 @@
 """The rollout engine interface shared by vLLM and the megatron-core fallback."""
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -19,8 +20,14 @@ class RolloutEngine(ABC):
     tensor_parallel_size = 1  # ranks that form one engine (contiguous ranks of the actor's world)
 
     @abstractmethod
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, n: int = 1,
-                 seed: int = None, max_new_tokens: Optional[Sequence[int]] = None) -> List[RolloutOutput]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        n: int = 1,
+        seed: int = None,
+        max_new_tokens: Optional[Sequence[int]] = None,
+    ) -> List[RolloutOutput]:
         """n responses per prompt, grouped by prompt (prompt 0's n responses first); ``max_new_tokens``
         caps each prompt's responses below ``sampling.max_tokens`` (per-prompt budgets)."""
 

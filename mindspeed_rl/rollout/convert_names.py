@@ -1,4 +1,5 @@
 """Full megatron-named pieces -> HF-named tensors (what vLLM's model loaders take), by the model's family."""
+
 from __future__ import annotations
 
 from typing import Dict, Iterable, Iterator, Tuple

@@ -1,4 +1,5 @@
 """Pick the rollout engine: generate_config.backend = vllm | fallback | auto (logs which and why)."""
+
 from __future__ import annotations
 
 import logging
@@ -15,8 +16,15 @@ class RolloutUnavailable(RuntimeError):
     """backend: vllm was asked for but vLLM cannot run this model here."""
 
 
-def make_rollout_engine(model: ModelConfig, gen: GenerateConfig, kind: str, eos_token_id: Optional[int],
-                        pad_token_id: int = 0, seed: int = 1, bf16: bool = False) -> RolloutEngine:
+def make_rollout_engine(
+    model: ModelConfig,
+    gen: GenerateConfig,
+    kind: str,
+    eos_token_id: Optional[int],
+    pad_token_id: int = 0,
+    seed: int = 1,
+    bf16: bool = False,
+) -> RolloutEngine:
     from .vllm_engine import vllm_unusable_reason
 
     reason = vllm_unusable_reason(model, gen, kind) if gen.backend in ("auto", "vllm") else "backend: fallback"

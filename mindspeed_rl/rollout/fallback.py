@@ -3,6 +3,7 @@
 Each step re-runs the model over the whole (left-padded) sequence, so it is O(length^2): right
 for small models, tests and machines without vLLM, not for production rollout.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,11 +25,22 @@ class GenerationOutput:
 
 
 @torch.no_grad()
-def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_token_id: Optional[int],
-             pad_token_id: int = 0, temperature: float = 1.0, top_k: int = -1, top_p: float = 1.0,
-             min_p: float = 0.0, seed: Optional[int] = None,
-             batch_size: int = 64, ignore_eos: bool = False, min_tokens: int = 0,
-             caps: Optional[Sequence[int]] = None) -> List[GenerationOutput]:
+def generate(
+    model,
+    prompts: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    eos_token_id: Optional[int],
+    pad_token_id: int = 0,
+    temperature: float = 1.0,
+    top_k: int = -1,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    seed: Optional[int] = None,
+    batch_size: int = 64,
+    ignore_eos: bool = False,
+    min_tokens: int = 0,
+    caps: Optional[Sequence[int]] = None,
+) -> List[GenerationOutput]:
     """Sample responses from a single-rank (TP=PP=1) GPTModel with an LM head, over the model's whole
     (padded) vocabulary: the same action space as vLLM and the actor's log-probs (docs/rollout.md).
     ``ignore_eos``: EOS does not stop a response; ``min_tokens``: EOS is not drawn before that many tokens;
@@ -37,8 +49,8 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, eos_t
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     outputs: List[GenerationOutput] = []
     for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start:start + batch_size]
-        limits = [min(max_new_tokens, int(c)) for c in caps[start:start + batch_size]] if caps else None
+        chunk = prompts[start : start + batch_size]
+        limits = [min(max_new_tokens, int(c)) for c in caps[start : start + batch_size]] if caps else None
         ids, mask = left_pad(chunk, pad_token_id)
         done = torch.zeros(len(chunk), dtype=torch.bool)
         responses = [[] for _ in chunk]

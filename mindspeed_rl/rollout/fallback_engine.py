@@ -1,4 +1,5 @@
 """The fallback rollout engine: a single-rank megatron-core copy of the actor that samples itself."""
+
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
@@ -21,20 +22,38 @@ class FallbackEngine(RolloutEngine):
         self.model_cfg = model
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         # one full copy, no TP/PP: built without parallel_state's stage checks
-        self.gpt = build_gpt_model(model, MegatronConfig(model="rollout", bf16=bf16), pre_process=True,
-                                   post_process=True)
+        self.gpt = build_gpt_model(
+            model, MegatronConfig(model="rollout", bf16=bf16), pre_process=True, post_process=True
+        )
         self.gpt.eval()
         for p in self.gpt.parameters():
             p.requires_grad_(False)
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, n: int = 1,
-                 seed: Optional[int] = None, max_new_tokens: Optional[Sequence[int]] = None) -> List[RolloutOutput]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        n: int = 1,
+        seed: Optional[int] = None,
+        max_new_tokens: Optional[Sequence[int]] = None,
+    ) -> List[RolloutOutput]:
         repeated = [list(p) for p in prompts for _ in range(n)]
         caps = [int(c) for c in max_new_tokens for _ in range(n)] if max_new_tokens else None
-        outs = generate(self.gpt, repeated, sampling.max_tokens, self.eos_token_id, self.pad_token_id,
-                        sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p,
-                        seed=sampling.seed if seed is None else seed, ignore_eos=sampling.ignore_eos,
-                        min_tokens=sampling.min_tokens, caps=caps)
+        outs = generate(
+            self.gpt,
+            repeated,
+            sampling.max_tokens,
+            self.eos_token_id,
+            self.pad_token_id,
+            sampling.temperature,
+            sampling.top_k,
+            sampling.top_p,
+            sampling.min_p,
+            seed=sampling.seed if seed is None else seed,
+            ignore_eos=sampling.ignore_eos,
+            min_tokens=sampling.min_tokens,
+            caps=caps,
+        )
         return [RolloutOutput(i // n, o.response_ids, o.logprobs, o.finish_reason) for i, o in enumerate(outs)]
 
     @torch.no_grad()

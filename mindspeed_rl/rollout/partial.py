@@ -4,7 +4,8 @@ Every response is generated in chunks of ``ceil(max_tokens / partial_rollout_max
 *round* gives every unfinished response of the pool one more chunk, all in one generation call. Rounds
 repeat until enough prompt groups (all n responses of a prompt) have finished for the batch; before a
 round, a global batch of new prompts joins the pool when fewer groups than the batch needs are still
-growing (the long tail then grows beside fresh prompts instead of holding the engines alone). The batch takes the oldest finished groups;
+growing (the long tail then grows beside fresh prompts instead of holding the engines alone). The batch takes
+the oldest finished groups;
 everything else stays in the pool, parked with its tokens, the per-token log-probs it was sampled with
 and the policy version of each token, and continues with the next iteration's weights.
 
@@ -17,6 +18,7 @@ parked) has finished, so a response finishes within ``partial_rollout_max_split`
 The pool is plain data (``state_dict``): a checkpoint holds it, and a resume continues every parked
 response exactly where it stopped.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,16 +33,16 @@ from ..protocol.rollout import RolloutOutput
 class Trajectory:
     """One response in the making, with everything needed to continue it or to train on it."""
 
-    uid: int                        # the response's number in the run; its prompt group is uid // n
+    uid: int  # the response's number in the run; its prompt group is uid // n
     prompt: List[int]
     label: str
-    budget: int                     # response tokens it may have in total
+    budget: int  # response tokens it may have in total
     response_ids: List[int] = field(default_factory=list)
     logprobs: List[float] = field(default_factory=list)
     versions: List[int] = field(default_factory=list)  # policy version that sampled each token
     finished: bool = False
     finish_reason: str = "length"
-    age: int = 0                    # iterations it has been parked (carried over unfinished or unused)
+    age: int = 0  # iterations it has been parked (carried over unfinished or unused)
 
     def remaining(self) -> int:
         return self.budget - len(self.response_ids)
@@ -92,8 +94,9 @@ class PartialRollout:
         self.next_uid = 0
 
     # ----- pool --------------------------------------------------------------------------------------
-    def add_prompts(self, prompts: Sequence[Sequence[int]], labels: Sequence[str],
-                    budgets: Optional[Sequence[int]] = None) -> None:
+    def add_prompts(
+        self, prompts: Sequence[Sequence[int]], labels: Sequence[str], budgets: Optional[Sequence[int]] = None
+    ) -> None:
         """n new responses per prompt (a prompt's own budget caps max_tokens)."""
         for i, prompt in enumerate(prompts):
             budget = min(self.max_tokens, int(budgets[i])) if budgets is not None else self.max_tokens
@@ -121,8 +124,9 @@ class PartialRollout:
     # ----- one round ----------------------------------------------------------------------------------
     def chunk_request(self, seed: int) -> Tuple[List[Trajectory], ChunkRequest]:
         active = [t for t in self.pool if not t.finished]
-        return active, ChunkRequest([t.prompt + t.response_ids for t in active],
-                                    [min(self.chunk, t.remaining()) for t in active], seed)
+        return active, ChunkRequest(
+            [t.prompt + t.response_ids for t in active], [min(self.chunk, t.remaining()) for t in active], seed
+        )
 
     def run_round(self, generate: Generate, seed: int, version: int) -> int:
         """One chunk for every unfinished response; returns the tokens generated."""
@@ -138,8 +142,9 @@ class PartialRollout:
         return sum(len(out.response_ids) for out in outputs)
 
     # ----- one iteration ------------------------------------------------------------------------------
-    def next_batch(self, want_groups: int, draw: DrawPrompts, generate: Generate, version: int,
-                   round_seed: Callable[[int], int]) -> PartialBatch:
+    def next_batch(
+        self, want_groups: int, draw: DrawPrompts, generate: Generate, version: int, round_seed: Callable[[int], int]
+    ) -> PartialBatch:
         """Rounds until ``want_groups`` groups have finished (drawing prompts while fewer than that are growing),
         then the oldest finished groups; the rest stays parked. ``round_seed(r)`` seeds round r."""
         rounds = tokens = drawn = 0
@@ -162,26 +167,36 @@ class PartialRollout:
         self.pool = [t for t in self.pool if t.uid not in chosen]
         for traj in self.pool:
             traj.age += 1
-        outputs = [RolloutOutput(i // self.n, t.response_ids, t.logprobs, t.finish_reason, versions=t.versions)
-                   for i, t in enumerate(batch)]
+        outputs = [
+            RolloutOutput(i // self.n, t.response_ids, t.logprobs, t.finish_reason, versions=t.versions)
+            for i, t in enumerate(batch)
+        ]
         carried = [t for t in batch if t.age > 0]
-        metrics = {"partial_rollout/rounds": float(rounds), "partial_rollout/generated_tokens": float(tokens),
-                   "partial_rollout/drawn_prompts": float(drawn),
-                   "partial_rollout/parked": float(sum(not t.finished for t in self.pool)),
-                   "partial_rollout/finished_waiting": float(sum(t.finished for t in self.pool)),
-                   "partial_rollout/carried_share": len(carried) / max(1, len(batch)),
-                   "partial_rollout/max_age": float(max((t.age for t in batch), default=0))}
-        return PartialBatch([batch[i].prompt for i in range(0, len(batch), self.n)],
-                            [batch[i].label for i in range(0, len(batch), self.n)], outputs, metrics)
+        metrics = {
+            "partial_rollout/rounds": float(rounds),
+            "partial_rollout/generated_tokens": float(tokens),
+            "partial_rollout/drawn_prompts": float(drawn),
+            "partial_rollout/parked": float(sum(not t.finished for t in self.pool)),
+            "partial_rollout/finished_waiting": float(sum(t.finished for t in self.pool)),
+            "partial_rollout/carried_share": len(carried) / max(1, len(batch)),
+            "partial_rollout/max_age": float(max((t.age for t in batch), default=0)),
+        }
+        return PartialBatch(
+            [batch[i].prompt for i in range(0, len(batch), self.n)],
+            [batch[i].label for i in range(0, len(batch), self.n)],
+            outputs,
+            metrics,
+        )
 
     # ----- checkpoint ---------------------------------------------------------------------------------
     def state_dict(self) -> Dict:
-        return {"next_uid": self.next_uid, "n": self.n,
-                "pool": [dataclasses.asdict(t) for t in self.pool]}
+        return {"next_uid": self.next_uid, "n": self.n, "pool": [dataclasses.asdict(t) for t in self.pool]}
 
     def load_state_dict(self, state: Dict) -> None:
         if int(state["n"]) != self.n:
-            raise ValueError(f"the checkpoint's partial-rollout pool has groups of {state['n']} responses, "
-                             f"this run samples {self.n} per prompt (rl_config.n_samples_per_prompt)")
+            raise ValueError(
+                f"the checkpoint's partial-rollout pool has groups of {state['n']} responses, "
+                f"this run samples {self.n} per prompt (rl_config.n_samples_per_prompt)"
+            )
         self.next_uid = int(state["next_uid"])
         self.pool = [Trajectory(**t) for t in state["pool"]]

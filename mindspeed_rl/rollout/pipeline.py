@@ -11,6 +11,7 @@ generations submitted before it, so no batch is ever sampled with weights newer 
 For a checkpoint the pipeline waits for every submitted batch and keeps the results (``state_dict``): a
 resumed run trains on exactly the samples the uninterrupted run would have.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,7 +29,7 @@ class Submitted:
     it, and the handle while in flight or the result once collected."""
 
     iteration: int
-    prompts: Any                       # trainer.prompts.PromptBatch
+    prompts: Any  # trainer.prompts.PromptBatch
     request: RolloutRequest
     version: int
     handle: Any = None
@@ -50,15 +51,18 @@ class RolloutPipeline:
         upcoming = self.queue[-1].iteration + 1 if self.queue else iteration
         while upcoming <= iteration + self.lag:
             prompts, request = make_request(upcoming)
-            self.queue.append(Submitted(upcoming, prompts, request, self.service.version,
-                                        handle=self.service.submit(request)))
+            self.queue.append(
+                Submitted(upcoming, prompts, request, self.service.version, handle=self.service.submit(request))
+            )
             upcoming += 1
 
     def take(self, iteration: int) -> Tuple[Submitted, float]:
         """Iteration ``iteration``'s batch, waiting for it if needed; returns it and the seconds waited."""
         if not self.queue or self.queue[0].iteration != iteration:
-            raise RuntimeError(f"asynchronous rollout: no batch submitted for iteration {iteration} "
-                               f"(queued: {[s.iteration for s in self.queue]})")
+            raise RuntimeError(
+                f"asynchronous rollout: no batch submitted for iteration {iteration} "
+                f"(queued: {[s.iteration for s in self.queue]})"
+            )
         entry = self.queue.popleft()
         start = time.perf_counter()
         self._collect(entry)
@@ -74,10 +78,17 @@ class RolloutPipeline:
         """Every submitted batch with its samples (waits for those in flight)."""
         for entry in self.queue:
             self._collect(entry)
-        return [{"iteration": e.iteration, "version": e.version, "prompts": dataclasses.asdict(e.prompts),
-                 "request": dataclasses.asdict(e.request),
-                 "outputs": [dataclasses.asdict(o) for o in e.result.outputs], "timing": dict(e.result.timing)}
-                for e in self.queue]
+        return [
+            {
+                "iteration": e.iteration,
+                "version": e.version,
+                "prompts": dataclasses.asdict(e.prompts),
+                "request": dataclasses.asdict(e.request),
+                "outputs": [dataclasses.asdict(o) for o in e.result.outputs],
+                "timing": dict(e.result.timing),
+            }
+            for e in self.queue
+        ]
 
     def load_state_dict(self, state: List[Dict], prompt_batch: Callable[..., Any]) -> None:
         """Restore the batches a checkpoint holds (``prompt_batch(**fields)`` rebuilds their prompts)."""
@@ -89,6 +100,12 @@ class RolloutPipeline:
             if request.get("sampling") is not None:
                 request["sampling"] = SamplingConfig(**request["sampling"])
             outputs = [RolloutOutput(**o) for o in item["outputs"]]
-            self.queue.append(Submitted(int(item["iteration"]), prompt_batch(**item["prompts"]),
-                                        RolloutRequest(**request), int(item["version"]),
-                                        result=GeneratedBatch(outputs, dict(item["timing"]), [])))
+            self.queue.append(
+                Submitted(
+                    int(item["iteration"]),
+                    prompt_batch(**item["prompts"]),
+                    RolloutRequest(**request),
+                    int(item["version"]),
+                    result=GeneratedBatch(outputs, dict(item["timing"]), []),
+                )
+            )

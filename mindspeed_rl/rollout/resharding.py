@@ -9,6 +9,7 @@ equal to, a multiple of, or a divisor of the training TP all work the same way. 
 parallelism each expert is also all-gathered over the EP group (rank r's local expert j is
 global expert r * E/EP + j).
 """
+
 from __future__ import annotations
 
 from typing import Dict, Iterator, List, Tuple
@@ -76,12 +77,19 @@ def iter_full_weights(engine) -> Iterator[Dict[str, torch.Tensor]]:
                 else:
                     full[global_name] = merged
         if pp > 1:
-            src = ps.get_pipeline_model_parallel_global_ranks()[stage] if hasattr(
-                ps, "get_pipeline_model_parallel_global_ranks") else dist.get_global_rank(pp_group, stage)
+            src = (
+                ps.get_pipeline_model_parallel_global_ranks()[stage]
+                if hasattr(ps, "get_pipeline_model_parallel_global_ranks")
+                else dist.get_global_rank(pp_group, stage)
+            )
             meta = [[(n, tuple(t.shape), t.dtype) for n, t in full.items()] if pp_rank == stage else None]
             dist.broadcast_object_list(meta, src=src, group=pp_group)
             for name, shape, dtype in meta[0]:
-                t = full[name].to(comm).contiguous() if pp_rank == stage else torch.empty(shape, dtype=dtype, device=comm)
+                t = (
+                    full[name].to(comm).contiguous()
+                    if pp_rank == stage
+                    else torch.empty(shape, dtype=dtype, device=comm)
+                )
                 dist.broadcast(t, src=src, group=pp_group)
                 full[name] = t
         yield full

@@ -1,4 +1,5 @@
 """Token sampling from next-token logits: temperature, top-k, top-p, min-p; greedy at temperature 0."""
+
 from __future__ import annotations
 
 from typing import Optional, Tuple
@@ -24,9 +25,15 @@ def filter_logits(logits: torch.Tensor, top_k: int = -1, top_p: float = 1.0, min
     return out
 
 
-def sample_next(logits: torch.Tensor, temperature: float, top_k: int = -1, top_p: float = 1.0,
-                min_p: float = 0.0, generator: Optional[torch.Generator] = None,
-                banned: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+def sample_next(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int = -1,
+    top_p: float = 1.0,
+    min_p: float = 0.0,
+    generator: Optional[torch.Generator] = None,
+    banned: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """(next tokens, their log-probs under softmax(logits / temperature)); greedy when temperature is 0.
 
     The log-prob is the one the actor recomputes for PPO (temperature applied, no top-k/p renormalisation).

@@ -9,6 +9,7 @@ Every output records the policy version that generated it (``handle.version``). 
 integrated mode) and ``DisaggregatedRollout`` (rollout workers on devices of their own, weights pushed
 from the actor). Partial rollout (``rollout/partial.py``) drives either in chunks.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

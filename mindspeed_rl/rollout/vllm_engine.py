@@ -5,6 +5,7 @@ the actor's weights in place, streamed piece by piece from the resharding iterat
 layer-wise ``reload_weights`` where the worker has it, else through the model's ``load_weights``
 (vllm-ascend 0.18; ``mindspeed_rl.compat.vllm``). The prefix cache is reset after every update.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,7 +34,8 @@ def vllm_unusable_reason(model: ModelConfig, gen: GenerateConfig, kind: str) -> 
 
     family = get_family(model.model_type_hf)
     return family.vllm_unusable_reason(model) or accelerator_class(kind).vllm_unusable_reason(
-        family.vllm_head_dim(model))
+        family.vllm_head_dim(model)
+    )
 
 
 def write_hf_config(folder: str, model: ModelConfig, eos_token_id: int, pad_token_id: int) -> str:
@@ -54,8 +56,15 @@ def _world_size() -> int:
 class VllmEngine(RolloutEngine):
     name = "vllm"
 
-    def __init__(self, model: ModelConfig, gen: GenerateConfig, kind: str, eos_token_id: int,
-                 pad_token_id: int = 0, seed: int = 1):
+    def __init__(
+        self,
+        model: ModelConfig,
+        gen: GenerateConfig,
+        kind: str,
+        eos_token_id: int,
+        pad_token_id: int = 0,
+        seed: int = 1,
+    ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
         from vllm import LLM
 
@@ -67,11 +76,21 @@ class VllmEngine(RolloutEngine):
         self.eos_token_id = eos_token_id
         self._dir = tempfile.mkdtemp(prefix="mindspeed_rl_vllm_")
         write_hf_config(self._dir, model, eos_token_id, pad_token_id)
-        kwargs = dict(model=self._dir, skip_tokenizer_init=True, load_format="dummy", seed=seed,
-                      enforce_eager=gen.enforce_eager, dtype=gen.dtype, max_model_len=gen.max_model_len,
-                      max_num_seqs=gen.max_num_seqs, max_num_batched_tokens=gen.max_num_batched_tokens,
-                      tensor_parallel_size=gen.infer_tensor_parallel_size, trust_remote_code=gen.trust_remote_code,
-                      logprobs_mode="processed_logprobs", enable_prefix_caching=True)
+        kwargs = dict(
+            model=self._dir,
+            skip_tokenizer_init=True,
+            load_format="dummy",
+            seed=seed,
+            enforce_eager=gen.enforce_eager,
+            dtype=gen.dtype,
+            max_model_len=gen.max_model_len,
+            max_num_seqs=gen.max_num_seqs,
+            max_num_batched_tokens=gen.max_num_batched_tokens,
+            tensor_parallel_size=gen.infer_tensor_parallel_size,
+            trust_remote_code=gen.trust_remote_code,
+            logprobs_mode="processed_logprobs",
+            enable_prefix_caching=True,
+        )
         kwargs.update(acc.vllm_engine_kwargs(gen))  # the memory budget: device share or CPU bytes
         if _world_size() > 1:
             # one engine per block of infer-TP contiguous ranks of the actor's world, every rank in-process;
@@ -86,19 +105,37 @@ class VllmEngine(RolloutEngine):
         self.tensor_parallel_size = gen.infer_tensor_parallel_size
         self._asleep = False
 
-    def generate(self, prompts: Sequence[Sequence[int]], sampling: SamplingConfig, n: int = 1,
-                 seed: Optional[int] = None, max_new_tokens: Optional[Sequence[int]] = None) -> List[RolloutOutput]:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        n: int = 1,
+        seed: Optional[int] = None,
+        max_new_tokens: Optional[Sequence[int]] = None,
+    ) -> List[RolloutOutput]:
         """One request per (prompt, sample), each with its own seed: vLLM gives the n children of a
         seeded request the same seed, which would make the n samples identical."""
         from vllm import SamplingParams
 
         base = sampling.seed if seed is None else seed
-        params = [SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
-                                 top_k=sampling.top_k if sampling.top_k > 0 else -1, min_p=sampling.min_p,
-                                 max_tokens=min(sampling.max_tokens, int(max_new_tokens[i // n]))
-                                 if max_new_tokens else sampling.max_tokens, logprobs=0, detokenize=False, seed=base + i,
-                                 ignore_eos=sampling.ignore_eos, min_tokens=sampling.min_tokens)
-                  for i in range(len(prompts) * n)]
+        params = [
+            SamplingParams(
+                n=1,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k if sampling.top_k > 0 else -1,
+                min_p=sampling.min_p,
+                max_tokens=min(sampling.max_tokens, int(max_new_tokens[i // n]))
+                if max_new_tokens
+                else sampling.max_tokens,
+                logprobs=0,
+                detokenize=False,
+                seed=base + i,
+                ignore_eos=sampling.ignore_eos,
+                min_tokens=sampling.min_tokens,
+            )
+            for i in range(len(prompts) * n)
+        ]
         requests = [{"prompt_token_ids": list(p)} for p in prompts for _ in range(n)]
         results = self.llm.generate(requests, params, use_tqdm=False)
         outputs: List[RolloutOutput] = []

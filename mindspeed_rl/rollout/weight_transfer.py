@@ -9,6 +9,7 @@ piece at a time. For each piece the sender broadcasts its names, shapes and dtyp
 ``None`` in place of that list ends the stream. Every receiver gets full tensors and its engine shards them for its own
 infer-TP rank, as in the colocated layout.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -26,8 +27,7 @@ Meta = List[Tuple[str, Tuple[int, ...], torch.dtype]]
 class WeightChannel:
     """The sender (rank 0) and the receivers of one weight stream."""
 
-    def __init__(self, host: str, port: int, rank: int, size: int, device: torch.device,
-                 timeout_s: float = 1800.0):
+    def __init__(self, host: str, port: int, rank: int, size: int, device: torch.device, timeout_s: float = 1800.0):
         timeout = datetime.timedelta(seconds=timeout_s)
         self.store = dist.TCPStore(host, port, size, is_master=rank == 0, timeout=timeout)
         self.rank, self.size, self.device = rank, size, device
@@ -67,8 +67,10 @@ class WeightChannel:
             meta = self._broadcast_meta()
             if meta is None:
                 return
-            yield {name: self._broadcast(torch.empty(shape, dtype=dtype, device=self.device))
-                   for name, shape, dtype in meta}
+            yield {
+                name: self._broadcast(torch.empty(shape, dtype=dtype, device=self.device))
+                for name, shape, dtype in meta
+            }
 
     def close(self) -> None:
         self.group = None

@@ -1,5 +1,6 @@
 """The built-in tools: an exact calculator and a Python executor (ReTool-style code interpreter). Both run in
 the sandbox's child process."""
+
 from __future__ import annotations
 
 import ast
@@ -10,8 +11,15 @@ import traceback
 from fractions import Fraction
 from typing import Union
 
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 MAX_EXPONENT = 256
 MAX_DIGITS = 4000

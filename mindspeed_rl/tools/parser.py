@@ -10,6 +10,7 @@ A turn may hold several calls. A call whose body is not a JSON object with a str
 (or JSON-encoded object) ``arguments``, or a ``<tool_call>`` never closed, is malformed: the loop answers it
 with an error message and counts it.
 """
+
 from __future__ import annotations
 
 import json

@@ -20,6 +20,7 @@ or describe it in a tool config file (``rl_config.tool_config_path``)::
         description: Look a word up.
         parameters: {type: object, properties: {word: {type: string}}, required: [word]}
 """
+
 from __future__ import annotations
 
 import importlib
@@ -34,14 +35,16 @@ class ToolConfigError(ValueError):
 @dataclass(frozen=True)
 class ToolSpec:
     name: str
-    function: str                     # "module:function", imported in the sandbox
+    function: str  # "module:function", imported in the sandbox
     description: str
     parameters: Dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
 
     def schema(self) -> Dict[str, Any]:
         """The OpenAI / hermes function schema the chat template lists."""
-        return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
     def missing_arguments(self, arguments: Dict[str, Any]) -> list:
         return [k for k in self.parameters.get("required", []) if k not in arguments]
@@ -51,8 +54,11 @@ def tool(description: str, parameters: Optional[Dict[str, Any]] = None, name: Op
     """Mark a function as a tool: its spec is read from the function when the config names its path."""
 
     def mark(fn: Callable) -> Callable:
-        fn.tool_spec = dict(name=name or fn.__name__, description=description,
-                            parameters=parameters or {"type": "object", "properties": {}})
+        fn.tool_spec = dict(
+            name=name or fn.__name__,
+            description=description,
+            parameters=parameters or {"type": "object", "properties": {}},
+        )
         return fn
 
     return mark
@@ -60,16 +66,26 @@ def tool(description: str, parameters: Optional[Dict[str, Any]] = None, name: Op
 
 BUILTIN_TOOLS: Dict[str, ToolSpec] = {
     "calculator": ToolSpec(
-        "calculator", "mindspeed_rl.tools.builtin:calculator",
+        "calculator",
+        "mindspeed_rl.tools.builtin:calculator",
         "Evaluate an arithmetic expression exactly: integers and decimals, + - * / // % ** and parentheses.",
-        {"type": "object", "properties": {"expression": {"type": "string", "description": "e.g. 37 * 91"}},
-         "required": ["expression"]}),
+        {
+            "type": "object",
+            "properties": {"expression": {"type": "string", "description": "e.g. 37 * 91"}},
+            "required": ["expression"],
+        },
+    ),
     "python": ToolSpec(
-        "python", "mindspeed_rl.tools.builtin:python",
+        "python",
+        "mindspeed_rl.tools.builtin:python",
         "Run a Python program and return what it prints (standard library only, no network, no files "
         "outside a scratch folder).",
-        {"type": "object", "properties": {"code": {"type": "string", "description": "the program"}},
-         "required": ["code"]}),
+        {
+            "type": "object",
+            "properties": {"code": {"type": "string", "description": "the program"}},
+            "required": ["code"],
+        },
+    ),
 }
 
 
@@ -100,21 +116,31 @@ def _spec(entry: Union[str, Dict[str, Any]], where: str) -> ToolSpec:
         if entry in BUILTIN_TOOLS:
             return BUILTIN_TOOLS[entry]
         if ":" not in entry and "." not in entry:
-            raise ToolConfigError(f"{where}: unknown tool {entry!r}; built in: {', '.join(sorted(BUILTIN_TOOLS))}, "
-                                  "or a registered function as 'module:function'")
+            raise ToolConfigError(
+                f"{where}: unknown tool {entry!r}; built in: {', '.join(sorted(BUILTIN_TOOLS))}, "
+                "or a registered function as 'module:function'"
+            )
         marked = getattr(import_function(entry), "tool_spec", None)
         if marked is None:
-            raise ToolConfigError(f"{where}: {entry!r} is not marked with @tool (or describe it in a tool config "
-                                  "file with name, function, description, parameters)")
+            raise ToolConfigError(
+                f"{where}: {entry!r} is not marked with @tool (or describe it in a tool config "
+                "file with name, function, description, parameters)"
+            )
         return ToolSpec(function=normalise_path(entry), **marked)
     if isinstance(entry, dict):
         unknown = set(entry) - {"name", "function", "description", "parameters"}
         if unknown or not entry.get("name") or not entry.get("function"):
-            raise ToolConfigError(f"{where}: a tool entry needs name and function (description, parameters "
-                                  f"optional); got keys {sorted(entry)}")
+            raise ToolConfigError(
+                f"{where}: a tool entry needs name and function (description, parameters "
+                f"optional); got keys {sorted(entry)}"
+            )
         import_function(entry["function"])
-        return ToolSpec(entry["name"], normalise_path(entry["function"]), entry.get("description", ""),
-                        entry.get("parameters") or {"type": "object", "properties": {}})
+        return ToolSpec(
+            entry["name"],
+            normalise_path(entry["function"]),
+            entry.get("description", ""),
+            entry.get("parameters") or {"type": "object", "properties": {}},
+        )
     raise ToolConfigError(f"{where}: a tool is a name, 'module:function' or a mapping, not {type(entry).__name__}")
 
 
@@ -132,13 +158,16 @@ def load_tool_file(path: str) -> list:
     return data["tools"]
 
 
-def resolve_tools(entries: Iterable[Union[str, Dict[str, Any]]] = (), tool_config_path: str = "",
-                  where: str = "rl_config.tools") -> Dict[str, ToolSpec]:
+def resolve_tools(
+    entries: Iterable[Union[str, Dict[str, Any]]] = (), tool_config_path: str = "", where: str = "rl_config.tools"
+) -> Dict[str, ToolSpec]:
     """name -> spec for the config's tools (names, paths, mappings) and the tool config file's."""
     specs: Dict[str, ToolSpec] = {}
     sources = [(entry, f"{where}[{i}]") for i, entry in enumerate(entries or [])]
     if tool_config_path:
-        sources += [(entry, f"{tool_config_path} tools[{i}]") for i, entry in enumerate(load_tool_file(tool_config_path))]
+        sources += [
+            (entry, f"{tool_config_path} tools[{i}]") for i, entry in enumerate(load_tool_file(tool_config_path))
+        ]
     for entry, label in sources:
         spec = _spec(entry, label)
         if spec.name in specs and specs[spec.name] != spec:

@@ -20,6 +20,7 @@ model reads; the run goes on.
 The child side is this module's ``main`` (``python -m mindspeed_rl.tools.sandbox``): it reads one request
 (JSON on stdin), applies the limits, runs the function and writes one JSON answer to the original stdout.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,17 +40,17 @@ STATUSES = ("ok", "error", "timeout", "oversized", "crash")
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    timeout_s: float = 10.0         # wall clock per call
-    cpu_seconds: int = 10           # RLIMIT_CPU
-    memory_mb: int = 1024           # RLIMIT_AS
-    max_result_bytes: int = 65536   # longer results are refused
-    max_file_mb: int = 64           # RLIMIT_FSIZE: any file the tool writes, its printed output included
+    timeout_s: float = 10.0  # wall clock per call
+    cpu_seconds: int = 10  # RLIMIT_CPU
+    memory_mb: int = 1024  # RLIMIT_AS
+    max_result_bytes: int = 65536  # longer results are refused
+    max_file_mb: int = 64  # RLIMIT_FSIZE: any file the tool writes, its printed output included
 
 
 @dataclass
 class ToolResult:
-    content: str       # what the model reads
-    status: str        # one of STATUSES
+    content: str  # what the model reads
+    status: str  # one of STATUSES
     seconds: float = 0.0
 
     @property
@@ -65,26 +66,40 @@ class Sandbox:
         if scratch_root:
             os.makedirs(scratch_root, exist_ok=True)
         # the child finds mindspeed_rl and the tools' modules where the driver does
-        self.env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
-                    "PYTHONDONTWRITEBYTECODE": "1", "OMP_NUM_THREADS": "1",
-                    "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
+        self.env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "LANG": "C.UTF-8",
+            "PYTHONHASHSEED": "0",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)),
+        }
 
     def run(self, function: str, arguments: Dict[str, Any]) -> ToolResult:
         scratch = tempfile.mkdtemp(prefix="tool-", dir=self.scratch_root)
-        request = json.dumps({"function": function, "arguments": arguments, "scratch": scratch,
-                              "limits": asdict(self.limits)})
+        request = json.dumps(
+            {"function": function, "arguments": arguments, "scratch": scratch, "limits": asdict(self.limits)}
+        )
         start = time.perf_counter()
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "mindspeed_rl.tools.sandbox"],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                    cwd=scratch, env={**self.env, "HOME": scratch, "TMPDIR": scratch},
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "mindspeed_rl.tools.sandbox"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                cwd=scratch,
+                env={**self.env, "HOME": scratch, "TMPDIR": scratch},
+                start_new_session=True,
+            )
             try:
                 out, _ = proc.communicate(request.encode(), timeout=self.limits.timeout_s)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
-                return ToolResult(f"Error: the tool did not finish within {self.limits.timeout_s:g} s", "timeout",
-                                  time.perf_counter() - start)
+                return ToolResult(
+                    f"Error: the tool did not finish within {self.limits.timeout_s:g} s",
+                    "timeout",
+                    time.perf_counter() - start,
+                )
             seconds = time.perf_counter() - start
             return _answer(out, proc.returncode, self.limits, seconds)
         finally:
@@ -111,8 +126,9 @@ def _answer(out: bytes, returncode: int, limits: SandboxLimits, seconds: float) 
         return ToolResult(f"Error: the tool used more than {limits.cpu_seconds} s of CPU time", "timeout", seconds)
     try:
         answer = json.loads(out.decode("utf-8"))
-        return ToolResult(str(answer["content"]), answer["status"] if answer["status"] in STATUSES else "crash",
-                          seconds)
+        return ToolResult(
+            str(answer["content"]), answer["status"] if answer["status"] in STATUSES else "crash", seconds
+        )
     except (ValueError, KeyError, TypeError):
         how = f"signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
         return ToolResult(f"Error: the tool process died ({how})", "crash", seconds)
@@ -120,12 +136,43 @@ def _answer(out: bytes, returncode: int, limits: SandboxLimits, seconds: float) 
 
 # ----- the child process ------------------------------------------------------------------------------------
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-_REFUSED_EVENTS = ("subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
-                   "os.forkpty", "pty.spawn", "ctypes.dlopen", "ctypes.cdata", "ctypes.call_function",
-                   "socket.connect", "socket.bind", "socket.sendto", "socket.getaddrinfo", "os.kill",
-                   "os.killpg", "signal.pthread_kill", "os.chdir", "sys.addaudithook",)
-_PATH_EVENTS = ("os.remove", "os.rmdir", "os.mkdir", "os.rename", "os.symlink", "os.link", "os.truncate",
-                "os.chmod", "os.chown", "os.utime", "shutil.rmtree", "shutil.copyfile", "shutil.move")
+_REFUSED_EVENTS = (
+    "subprocess.Popen",
+    "os.system",
+    "os.exec",
+    "os.posix_spawn",
+    "os.spawn",
+    "os.fork",
+    "os.forkpty",
+    "pty.spawn",
+    "ctypes.dlopen",
+    "ctypes.cdata",
+    "ctypes.call_function",
+    "socket.connect",
+    "socket.bind",
+    "socket.sendto",
+    "socket.getaddrinfo",
+    "os.kill",
+    "os.killpg",
+    "signal.pthread_kill",
+    "os.chdir",
+    "sys.addaudithook",
+)
+_PATH_EVENTS = (
+    "os.remove",
+    "os.rmdir",
+    "os.mkdir",
+    "os.rename",
+    "os.symlink",
+    "os.link",
+    "os.truncate",
+    "os.chmod",
+    "os.chown",
+    "os.utime",
+    "shutil.rmtree",
+    "shutil.copyfile",
+    "shutil.move",
+)
 
 
 def _inside(path: Any, scratch: str) -> bool:
@@ -142,14 +189,16 @@ def _install_guard(scratch: str) -> None:
     def guard(event: str, args: tuple) -> None:
         if event == "open":
             path, mode, flags = (tuple(args) + (None, None, None))[:3]
-            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
-                     (isinstance(flags, int) and flags & _WRITE_FLAGS)
+            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & _WRITE_FLAGS
+            )
             if writes and not _inside(path, scratch):
                 raise PermissionError(f"sandbox: writing outside the scratch folder is not allowed: {path}")
         elif event.startswith(_REFUSED_EVENTS):
             raise PermissionError(f"sandbox: {event} is not allowed")
-        elif event in _PATH_EVENTS and not all(_inside(a, scratch) for a in args[:2]
-                                               if isinstance(a, (str, bytes, os.PathLike))):
+        elif event in _PATH_EVENTS and not all(
+            _inside(a, scratch) for a in args[:2] if isinstance(a, (str, bytes, os.PathLike))
+        ):
             raise PermissionError(f"sandbox: {event} outside the scratch folder is not allowed")
 
     sys.addaudithook(guard)
@@ -172,10 +221,12 @@ def _set_limits(limits: Dict[str, Any]) -> None:
     import resource
 
     cpu = int(limits["cpu_seconds"])
-    for which, value in ((resource.RLIMIT_CPU, (cpu, cpu + 1)),
-                         (resource.RLIMIT_AS, (limits["memory_mb"] << 20,) * 2),
-                         (resource.RLIMIT_FSIZE, (limits["max_file_mb"] << 20,) * 2),
-                         (resource.RLIMIT_CORE, (0, 0))):
+    for which, value in (
+        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
+        (resource.RLIMIT_AS, (limits["memory_mb"] << 20,) * 2),
+        (resource.RLIMIT_FSIZE, (limits["max_file_mb"] << 20,) * 2),
+        (resource.RLIMIT_CORE, (0, 0)),
+    ):
         resource.setrlimit(which, value)
 
 
@@ -209,8 +260,10 @@ def main() -> int:
         return reply(f"Error: {type(exc).__name__}: {exc}"[:2000], "error")
     size = len(content.encode("utf-8"))
     if size > limits["max_result_bytes"]:
-        return reply(f"Error: the tool's result has {size} bytes, more than the limit of "
-                     f"{limits['max_result_bytes']}", "oversized")
+        return reply(
+            f"Error: the tool's result has {size} bytes, more than the limit of {limits['max_result_bytes']}",
+            "oversized",
+        )
     return reply(content, "ok")
 
 

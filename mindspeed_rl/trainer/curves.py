@@ -1,7 +1,8 @@
 """Reward, response-length and timing curves as PNG, drawn from metrics.jsonl.
 
-    python -m mindspeed_rl.trainer.curves <run_dir or metrics.jsonl>
+python -m mindspeed_rl.trainer.curves <run_dir or metrics.jsonl>
 """
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,18 @@ from typing import Dict, List
 PANELS = [
     ("reward", ["critic/score/mean", "critic/score/max", "critic/score/min"]),
     ("response_length", ["response_length/mean", "response_length/max", "response_length/min"]),
-    ("timing", ["timing/all", "timing/rollout", "timing/update", "timing/update_critic", "timing/old_log_p",
-                "timing/reference_model", "timing/critic_model"]),
+    (
+        "timing",
+        [
+            "timing/all",
+            "timing/rollout",
+            "timing/update",
+            "timing/update_critic",
+            "timing/old_log_p",
+            "timing/reference_model",
+            "timing/critic_model",
+        ],
+    ),
 ]
 
 

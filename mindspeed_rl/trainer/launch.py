@@ -1,4 +1,5 @@
 """From a validated config to a running PPO job: Ray, placement, workers, data, the trainer."""
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,13 @@ def init_ray(env: Dict[str, str], quiet: bool = False) -> None:
     if ray.is_initialized():
         return
     address = os.environ.get("RAY_ADDRESS")
-    kwargs = dict(runtime_env={"env_vars": env}, include_dashboard=False, log_to_driver=True,
-                  logging_level="WARNING", configure_logging=not quiet)
+    kwargs = dict(
+        runtime_env={"env_vars": env},
+        include_dashboard=False,
+        log_to_driver=True,
+        logging_level="WARNING",
+        configure_logging=not quiet,
+    )
     import signal
     import threading
 
@@ -151,8 +157,9 @@ def resumed_config(cfg: PPOConfig) -> "PPOConfig | None":
 
     def resumed(role):
         m = role.megatron
-        return dataclasses.replace(role, megatron=dataclasses.replace(m, finetune=False, load=m.save,
-                                                                       no_load_optim=False, no_load_rng=False))
+        return dataclasses.replace(
+            role, megatron=dataclasses.replace(m, finetune=False, load=m.save, no_load_optim=False, no_load_rng=False)
+        )
 
     return dataclasses.replace(cfg, **{role.name: resumed(role) for role in roles})
 
@@ -183,8 +190,12 @@ def resume_overrides(cfg: PPOConfig) -> str:
     for role in cfg.training_roles:
         if role.megatron.save:
             section = f"{role.name}_config"
-            parts += [f"{section}.finetune=false", shlex.quote(f"{section}.load={role.megatron.save}"),
-                      f"{section}.no_load_optim=false", f"{section}.no_load_rng=false"]
+            parts += [
+                f"{section}.finetune=false",
+                shlex.quote(f"{section}.load={role.megatron.save}"),
+                f"{section}.no_load_optim=false",
+                f"{section}.no_load_rng=false",
+            ]
     return " ".join(parts)
 
 
@@ -239,8 +250,11 @@ def describe_worker_error(exc, groups, cfg: PPOConfig, run_dir: str) -> WorkerRa
     except OSError:
         path = "not written: " + path
     user = isinstance(cause, (CheckpointError, ConfigError, UserError))
-    return WorkerRaised(f"{worker_name(exc, groups)} raised {type(cause).__name__}: {message}. "
-                        f"{last_checkpoint_text(cfg)} (traceback: {path})", user)
+    return WorkerRaised(
+        f"{worker_name(exc, groups)} raised {type(cause).__name__}: {message}. "
+        f"{last_checkpoint_text(cfg)} (traceback: {path})",
+        user,
+    )
 
 
 def train(cfg: PPOConfig) -> List[Dict[str, float]]:
@@ -249,11 +263,11 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     from ..accelerator import get_accelerator
     from ..datasets.prompt_dataset import DatasetMissing, PromptDataset, PromptSampler
     from ..rewards.runner import RuleRewardRunner
+    from ..rollout.service import ColocatedRollout, DisaggregatedRollout
     from ..workers.actor_worker import IntegratedActorWorker
     from ..workers.critic_worker import CriticWorker
-    from ..workers.reward_worker import RewardWorker
-    from ..rollout.service import ColocatedRollout, DisaggregatedRollout
     from ..workers.launcher import connect_weight_channel, create_placement_group, spawn_group
+    from ..workers.reward_worker import RewardWorker
     from ..workers.rollout_worker import RolloutWorker
     from .loggers import MetricsLogger
     from .ppo_trainer import PPOTrainer
@@ -263,8 +277,12 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
 
     def open_prompts(key: str):
         try:
-            return PromptDataset(getattr(cfg.actor.megatron, key), cfg.actor.megatron.dataset_additional_keys,
-                                 rl.max_prompt_length, key=key)
+            return PromptDataset(
+                getattr(cfg.actor.megatron, key),
+                cfg.actor.megatron.dataset_additional_keys,
+                rl.max_prompt_length,
+                key=key,
+            )
         except DatasetMissing as exc:
             raise UserError(str(exc)) from None
 
@@ -272,11 +290,16 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     test_dataset = open_prompts("test_data_path") if cfg.actor.megatron.test_data_path else None
     run_dir = os.path.abspath(os.path.join(rl.log_dir, time.strftime("%Y%m%d-%H%M%S")))
     log_dir = os.path.join(run_dir, "logs") if rl.library_logs == "file" else None
-    print(f"run directory: {run_dir} (metrics.jsonl, curves, report.html"
-          + (", logs/ of vLLM, Ray and megatron)" if log_dir else ")"), flush=True)
-    print(f"prompts: {len(dataset)} from {cfg.actor.megatron.data_path} ({dataset.dropped} over max_prompt_length)"
-          + (f"; test prompts: {len(test_dataset)} from {cfg.actor.megatron.test_data_path}" if test_dataset else ""),
-          flush=True)
+    print(
+        f"run directory: {run_dir} (metrics.jsonl, curves, report.html"
+        + (", logs/ of vLLM, Ray and megatron)" if log_dir else ")"),
+        flush=True,
+    )
+    print(
+        f"prompts: {len(dataset)} from {cfg.actor.megatron.data_path} ({dataset.dropped} over max_prompt_length)"
+        + (f"; test prompts: {len(test_dataset)} from {cfg.actor.megatron.test_data_path}" if test_dataset else ""),
+        flush=True,
+    )
 
     from ..config_cls import batch_plan
     from ..config_cls.ppo_config import to_plain
@@ -309,22 +332,56 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
         steps = mt.train_iters * (samples // rl.mini_batch_size) * rl.epochs
         # the roles share each bundle's device slot (on CPU: the bundle's CPUs)
         fraction = acc.bundle_spec(cpus_per_bundle)[acc.ray_resource] / len(cfg.roles)
-        actor = spawn_group("actor", IntegratedActorWorker, acc, pg, devices, fraction,
-                            lambda rank, addr, port: dict(rank=rank, world_size=devices, master_addr=addr,
-                                                          master_port=port, role=cfg.actor, rl=rl, gen=gen,
-                                                          total_steps=steps, eos_token_id=tokenizer.eos_token_id,
-                                                          pad_token_id=tokenizer.pad_token_id or 0,
-                                                          threads=threads, with_engine=not rollout_devices),
-                            env, workers, log_dir)
+        actor = spawn_group(
+            "actor",
+            IntegratedActorWorker,
+            acc,
+            pg,
+            devices,
+            fraction,
+            lambda rank, addr, port: dict(
+                rank=rank,
+                world_size=devices,
+                master_addr=addr,
+                master_port=port,
+                role=cfg.actor,
+                rl=rl,
+                gen=gen,
+                total_steps=steps,
+                eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id or 0,
+                threads=threads,
+                with_engine=not rollout_devices,
+            ),
+            env,
+            workers,
+            log_dir,
+        )
         if rollout_devices:
-            rollout = spawn_group("rollout", RolloutWorker, acc, pg, rollout_devices,
-                                  acc.bundle_spec(cpus_per_bundle)[acc.ray_resource],
-                                  lambda rank, addr, port: dict(rank=rank, world_size=rollout_devices, master_addr=addr,
-                                                                master_port=port, model=cfg.actor.model, gen=gen,
-                                                                eos_token_id=tokenizer.eos_token_id,
-                                                                pad_token_id=tokenizer.pad_token_id or 0,
-                                                                threads=threads, bf16=cfg.actor.megatron.bf16),
-                                  env, workers, log_dir, first_bundle=devices)
+            rollout = spawn_group(
+                "rollout",
+                RolloutWorker,
+                acc,
+                pg,
+                rollout_devices,
+                acc.bundle_spec(cpus_per_bundle)[acc.ray_resource],
+                lambda rank, addr, port: dict(
+                    rank=rank,
+                    world_size=rollout_devices,
+                    master_addr=addr,
+                    master_port=port,
+                    model=cfg.actor.model,
+                    gen=gen,
+                    eos_token_id=tokenizer.eos_token_id,
+                    pad_token_id=tokenizer.pad_token_id or 0,
+                    threads=threads,
+                    bf16=cfg.actor.megatron.bf16,
+                ),
+                env,
+                workers,
+                log_dir,
+                first_bundle=devices,
+            )
             connect_weight_channel(pg, actor, rollout)
             service = DisaggregatedRollout(actor, rollout)
             print(f"rollout workers (disaggregated): {rollout.describe_engines()}", flush=True)
@@ -333,45 +390,109 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
             print(f"rollout engines: {actor.describe_engines()}", flush=True)
         critic = None
         if cfg.uses_critic:
-            critic = spawn_group("critic", CriticWorker, acc, pg, cfg.critic.num_devices, fraction,
-                                 lambda rank, addr, port: dict(rank=rank, world_size=cfg.critic.num_devices,
-                                                               master_addr=addr, master_port=port, role=cfg.critic,
-                                                               rl=rl, total_steps=steps, threads=threads,
-                                                               offload_when_idle=acc.offload_when_idle), env, workers,
-                                 log_dir)
+            critic = spawn_group(
+                "critic",
+                CriticWorker,
+                acc,
+                pg,
+                cfg.critic.num_devices,
+                fraction,
+                lambda rank, addr, port: dict(
+                    rank=rank,
+                    world_size=cfg.critic.num_devices,
+                    master_addr=addr,
+                    master_port=port,
+                    role=cfg.critic,
+                    rl=rl,
+                    total_steps=steps,
+                    threads=threads,
+                    offload_when_idle=acc.offload_when_idle,
+                ),
+                env,
+                workers,
+                log_dir,
+            )
         reward = None
         if cfg.reward is not None:
-            reward = spawn_group("reward", RewardWorker, acc, pg, cfg.reward.num_devices, fraction,
-                                 lambda rank, addr, port: dict(rank=rank, world_size=cfg.reward.num_devices,
-                                                               master_addr=addr, master_port=port, role=cfg.reward,
-                                                               rl=rl, threads=threads), env, workers, log_dir)
+            reward = spawn_group(
+                "reward",
+                RewardWorker,
+                acc,
+                pg,
+                cfg.reward.num_devices,
+                fraction,
+                lambda rank, addr, port: dict(
+                    rank=rank,
+                    world_size=cfg.reward.num_devices,
+                    master_addr=addr,
+                    master_port=port,
+                    role=cfg.reward,
+                    rl=rl,
+                    threads=threads,
+                ),
+                env,
+                workers,
+                log_dir,
+            )
             reward.call("init_weights", cfg.reward.megatron.load)
         am, cm = cfg.actor.megatron, cfg.critic.megatron
         actor_load, critic_load = existing_checkpoint(am), existing_checkpoint(cm)
-        resumed = actor.call("init_weights", actor_load, am.finetune, not am.no_load_optim, not am.no_load_rng,
-                             rl.integrated_mode_config.ref_model_load_path, resume_at)[0]
+        resumed = actor.call(
+            "init_weights",
+            actor_load,
+            am.finetune,
+            not am.no_load_optim,
+            not am.no_load_rng,
+            rl.integrated_mode_config.ref_model_load_path,
+            resume_at,
+        )[0]
         if critic is not None:
-            critic.call("init_weights", critic_load, cm.finetune, not cm.no_load_optim, not cm.no_load_rng,
-                        resume_at)
+            critic.call("init_weights", critic_load, cm.finetune, not cm.no_load_optim, not cm.no_load_rng, resume_at)
         start = resumed.iteration if not am.finetune and actor_load else 0
         state = resumed.trainer_state
-        sampler = PromptSampler(len(dataset), mt.global_batch_size, mt.seed, shuffle=not mt.no_shuffle,
-                                consumed_samples=int(state.get("consumed_samples", 0)))
+        sampler = PromptSampler(
+            len(dataset),
+            mt.global_batch_size,
+            mt.seed,
+            shuffle=not mt.no_shuffle,
+            consumed_samples=int(state.get("consumed_samples", 0)),
+        )
         if rl.rule_reward:
-            runner = RuleRewardRunner(rl.verifier_function, rl.verifier_weight, rl.verifier_timeout,
-                                      workers=max(1, int(rl.num_cpus_for_local_task)))
-        logger = MetricsLogger(run_dir, mt.train_iters, rl,
-                               {"rl_config": resolved["rl"], "actor": resolved["actor"]["megatron"]})
-        trainer = PPOTrainer(cfg, actor, critic, runner, dataset, sampler, tokenizer, logger, start, reward,
-                             test_dataset, rollout_service=service)
+            runner = RuleRewardRunner(
+                rl.verifier_function,
+                rl.verifier_weight,
+                rl.verifier_timeout,
+                workers=max(1, int(rl.num_cpus_for_local_task)),
+            )
+        logger = MetricsLogger(
+            run_dir, mt.train_iters, rl, {"rl_config": resolved["rl"], "actor": resolved["actor"]["megatron"]}
+        )
+        trainer = PPOTrainer(
+            cfg,
+            actor,
+            critic,
+            runner,
+            dataset,
+            sampler,
+            tokenizer,
+            logger,
+            start,
+            reward,
+            test_dataset,
+            rollout_service=service,
+        )
         trainer.load_trainer_state(state)
         ref_origin = rl.integrated_mode_config.ref_model_load_path or state.get("ref_from")
         trainer.ref_from = ref_origin or (am.load if am.finetune else None)
-        print(f"workers ready in {time.perf_counter() - started:.1f}s (Ray, placement, models, rollout engines, "
-              "checkpoints)", flush=True)
+        print(
+            f"workers ready in {time.perf_counter() - started:.1f}s (Ray, placement, models, rollout engines, "
+            "checkpoints)",
+            flush=True,
+        )
         if start:
-            print(f"resumed at iteration {start} from {am.load} (consumed samples {sampler.consumed_samples})",
-                  flush=True)
+            print(
+                f"resumed at iteration {start} from {am.load} (consumed samples {sampler.consumed_samples})", flush=True
+            )
         history = trainer.fit()
     except ray.exceptions.RayActorError as exc:
         raise WorkerDied(describe_dead_worker(exc, workers, cfg)) from None

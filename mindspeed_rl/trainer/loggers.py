@@ -1,5 +1,6 @@
 """Per-iteration output: one compact console line (every metric by name too with
 ``rl_config.console_metrics``), one JSON line in metrics.jsonl, tensorboard and wandb."""
+
 from __future__ import annotations
 
 import json
@@ -28,16 +29,19 @@ class MetricsLogger:
 
             os.makedirs(rl.wandb_save_dir, exist_ok=True)
             mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
-            self.wandb = wandb.init(project=rl.wandb_project, name=rl.wandb_exp_name, dir=rl.wandb_save_dir,
-                                    mode=mode, config=config or {})
+            self.wandb = wandb.init(
+                project=rl.wandb_project, name=rl.wandb_exp_name, dir=rl.wandb_save_dir, mode=mode, config=config or {}
+            )
 
     def log(self, metrics: Dict[str, float]) -> None:
         """One iteration: the console line (and every metric with console_metrics), then ``record``."""
         print(self.console_line(metrics), flush=True)
         ordered = self.record(metrics)
         if self.full_console:
-            print("  " + ", ".join(f"{k}: {v:.6g}" if isinstance(v, float) else f"{k}: {v}"
-                                   for k, v in ordered.items()), flush=True)
+            print(
+                "  " + ", ".join(f"{k}: {v:.6g}" if isinstance(v, float) else f"{k}: {v}" for k, v in ordered.items()),
+                flush=True,
+            )
 
     def record(self, metrics: Dict[str, float]) -> Dict[str, float]:
         """metrics.jsonl, tensorboard and wandb only (e.g. the validation before training, iteration 0)."""
@@ -59,8 +63,10 @@ class MetricsLogger:
         """One line of timeline.jsonl: the iteration's wall-clock window and its spans (lane, phase, start,
         end), drawn by the run report."""
         with open(os.path.join(self.run_dir, "timeline.jsonl"), "a", encoding="utf-8") as fh:
-            fh.write(json.dumps({"iteration": iteration, "start": start, "end": end,
-                                 "spans": [list(s) for s in spans]}) + "\n")
+            fh.write(
+                json.dumps({"iteration": iteration, "start": start, "end": end, "spans": [list(s) for s in spans]})
+                + "\n"
+            )
 
     def console_line(self, metrics: Dict[str, float]) -> str:
         """iter 3/20 | score 0.133 | kl 0.136 | len 15.9 | step 2.66s | e2e_tps 1413 | ETA 45s"""

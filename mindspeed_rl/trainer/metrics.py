@@ -1,4 +1,5 @@
 """Metric names as MindSpeed-RL documents them, and the throughput formulas."""
+
 from __future__ import annotations
 
 from typing import Dict
@@ -8,27 +9,47 @@ import torch
 from ..algorithms import masked_mean
 from ..protocol import Experience
 
-KEY_FIGURES = ("iteration", "critic/score/mean", "response_length/mean", "actor/pg_loss", "critic/vf_loss",
-               "actor/kl_loss", "grad_norm", "timing/all", "e2e_tps")
+KEY_FIGURES = (
+    "iteration",
+    "critic/score/mean",
+    "response_length/mean",
+    "actor/pg_loss",
+    "critic/vf_loss",
+    "actor/kl_loss",
+    "grad_norm",
+    "timing/all",
+    "e2e_tps",
+)
 
 # the compact console line: (label, metric key, format); a key absent this iteration is left out
-CONSOLE_FIGURES = (("score", "critic/score/mean", "{:.3f}"), ("val", "val/score/mean", "{:.3f}"),
-                   ("kl", "actor/kl_loss", "{:.3g}"), ("len", "response_length/mean", "{:.1f}"),
-                   ("step", "timing/all", "{:.2f}s"), ("e2e_tps", "e2e_tps", "{:.0f}"))
+CONSOLE_FIGURES = (
+    ("score", "critic/score/mean", "{:.3f}"),
+    ("val", "val/score/mean", "{:.3f}"),
+    ("kl", "actor/kl_loss", "{:.3g}"),
+    ("len", "response_length/mean", "{:.1f}"),
+    ("step", "timing/all", "{:.2f}s"),
+    ("e2e_tps", "e2e_tps", "{:.0f}"),
+)
 
 
 def _stats(prefix: str, values: torch.Tensor) -> Dict[str, float]:
     values = values.float()
-    return {f"{prefix}/mean": float(values.mean()), f"{prefix}/max": float(values.max()),
-            f"{prefix}/min": float(values.min())}
+    return {
+        f"{prefix}/mean": float(values.mean()),
+        f"{prefix}/max": float(values.max()),
+        f"{prefix}/min": float(values.min()),
+    }
 
 
 def _masked_stats(prefix: str, values: torch.Tensor, mask: torch.Tensor) -> Dict[str, float]:
     sel = values[mask.bool()]
     if sel.numel() == 0:
         return {f"{prefix}/mean": 0.0, f"{prefix}/max": 0.0, f"{prefix}/min": 0.0}
-    return {f"{prefix}/mean": float(masked_mean(values, mask)), f"{prefix}/max": float(sel.max()),
-            f"{prefix}/min": float(sel.min())}
+    return {
+        f"{prefix}/mean": float(masked_mean(values, mask)),
+        f"{prefix}/max": float(sel.max()),
+        f"{prefix}/min": float(sel.min()),
+    }
 
 
 def data_metrics(exp: Experience, version: int = 0) -> Dict[str, float]:

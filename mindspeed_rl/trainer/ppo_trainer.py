@@ -1,5 +1,6 @@
 """The single controller. ``fit()`` is the iteration list of docs/ppo.md ("One iteration"); the algorithm
 registry (``cfg.algorithm``) decides which models take part and how advantages and losses are computed."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,18 +43,31 @@ def collapsed(metrics: Dict[str, float]) -> bool:
 
 
 class PPOTrainer:
-    def __init__(self, cfg: PPOConfig, actor_group, critic_group, reward_runner, dataset, sampler, tokenizer,
-                 logger, start_iteration: int = 0, reward_group=None, test_dataset=None, rollout_service=None):
+    def __init__(
+        self,
+        cfg: PPOConfig,
+        actor_group,
+        critic_group,
+        reward_runner,
+        dataset,
+        sampler,
+        tokenizer,
+        logger,
+        start_iteration: int = 0,
+        reward_group=None,
+        test_dataset=None,
+        rollout_service=None,
+    ):
         self.cfg, self.rl, self.gen = cfg, cfg.rl, cfg.generate
         self.actor, self.critic, self.reward_model = actor_group, critic_group, reward_group
         self.reward_runner, self.dataset, self.sampler = reward_runner, dataset, sampler
-        self.test_prompts = (PromptBatch.of(test_dataset, range(len(test_dataset)))
-                             if test_dataset is not None else None)
+        self.test_prompts = PromptBatch.of(test_dataset, range(len(test_dataset))) if test_dataset is not None else None
         self.tokenizer, self.logger = tokenizer, logger
         self.iteration = start_iteration
         self.algorithm = cfg.algorithm
-        self.kl_ctrl = make_kl_controller(self.rl.kl_ctrl_type, self.rl.init_kl_coef, self.rl.kl_target,
-                                          self.rl.kl_horizon)
+        self.kl_ctrl = make_kl_controller(
+            self.rl.kl_ctrl_type, self.rl.init_kl_coef, self.rl.kl_target, self.rl.kl_horizon
+        )
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.timing: Dict[str, float] = {}
         self.use_critic, self.use_ref = self.algorithm.use_critic, self.algorithm.use_reference
@@ -61,18 +75,32 @@ class PPOTrainer:
         # actor's weights
         self.rollout_service = rollout_service or ColocatedRollout(actor_group)
         self.rollout_service.update_weights(start_iteration)
-        self.partial = (PartialRollout(self.rl.n_samples_per_prompt, self.gen.sampling_config.max_tokens,
-                                       self.rl.partial_rollout_max_split, self.rl.require_max_age_all_finished)
-                        if self.rl.partial_rollout_max_split > 1 else None)
-        self.pipeline = (RolloutPipeline(self.rollout_service, self.rl.max_head_offpolicyness)
-                         if self.rl.max_head_offpolicyness > 0 else None)
+        self.partial = (
+            PartialRollout(
+                self.rl.n_samples_per_prompt,
+                self.gen.sampling_config.max_tokens,
+                self.rl.partial_rollout_max_split,
+                self.rl.require_max_age_all_finished,
+            )
+            if self.rl.partial_rollout_max_split > 1
+            else None
+        )
+        self.pipeline = (
+            RolloutPipeline(self.rollout_service, self.rl.max_head_offpolicyness)
+            if self.rl.max_head_offpolicyness > 0
+            else None
+        )
         # samples of older policy versions: old log-probs recomputed, stale tokens importance-weighted
         self.off_policy = self.partial is not None or self.pipeline is not None
         samples = cfg.samples_per_iteration
         # one on-policy step: the old log-probs equal the current ones (taken, detached, in the loss)
-        self.skip_old_log_prob = (self.rl.epochs == 1 and samples == self.rl.mini_batch_size
-                                  and not self.algorithm.kl_in_reward and not self.algorithm.rollout_is
-                                  and not self.off_policy)
+        self.skip_old_log_prob = (
+            self.rl.epochs == 1
+            and samples == self.rl.mini_batch_size
+            and not self.algorithm.kl_in_reward
+            and not self.algorithm.rollout_is
+            and not self.off_policy
+        )
         self.history: List[Dict[str, float]] = []
         self.collapse_streak = 0  # iterations in a row with a collapsed policy (rl_config.max_collapsed_iterations)
         self.spans: List[Tuple[str, str, float, float]] = []  # (lane, phase, start, end) of this iteration
@@ -90,15 +118,26 @@ class PPOTrainer:
         from ..tools.sandbox import Sandbox, SandboxLimits
 
         rl = self.rl
-        settings = AgentSettings(rl.max_turns, rl.max_tool_calls, rl.max_parallel_calls, rl.max_tool_response_length,
-                                 rl.tool_response_truncate_side, rl.tool_parser_format, rl.tool_workers)
+        settings = AgentSettings(
+            rl.max_turns,
+            rl.max_tool_calls,
+            rl.max_parallel_calls,
+            rl.max_tool_response_length,
+            rl.tool_response_truncate_side,
+            rl.tool_parser_format,
+            rl.tool_workers,
+        )
         tools = resolve_tools(rl.tools, rl.tool_config_path)
         template = load_templates().get(rl.prompt_type, {})
-        sandbox = Sandbox(SandboxLimits(rl.tool_timeout, rl.tool_cpu_seconds, rl.tool_memory_mb,
-                                        rl.tool_max_result_bytes)) if tools else None
+        sandbox = (
+            Sandbox(SandboxLimits(rl.tool_timeout, rl.tool_cpu_seconds, rl.tool_memory_mb, rl.tool_max_result_bytes))
+            if tools
+            else None
+        )
         tool_format = ToolFormat.of_template(template, rl.prompt_type) if "tool_response" in template else None
-        return AgentContext(lambda request: self.run_generation(request).outputs, self.tokenizer, tools, sandbox,
-                            settings, tool_format)
+        return AgentContext(
+            lambda request: self.run_generation(request).outputs, self.tokenizer, tools, sandbox, settings, tool_format
+        )
 
     def roll(self, request: RolloutRequest, prompts: PromptBatch) -> AgentBatch:
         """The rollout function on one request (sampling settings filled in for it)."""
@@ -126,9 +165,15 @@ class PPOTrainer:
             return (generation,)
         if phase == "timing/weight_sync":
             return ("actor",) if generation == "actor" else ("actor", generation)
-        return {"timing/all": (), "timing/rule_reward": ("reward",), "timing/reward_model": ("reward",),
-                "timing/reference_model": ("reference",), "timing/critic_model": ("critic",),
-                "timing/update_critic": ("critic",), "timing/adv": ("driver",)}.get(phase, ("actor",))
+        return {
+            "timing/all": (),
+            "timing/rule_reward": ("reward",),
+            "timing/reward_model": ("reward",),
+            "timing/reference_model": ("reference",),
+            "timing/critic_model": ("critic",),
+            "timing/update_critic": ("critic",),
+            "timing/adv": ("driver",),
+        }.get(phase, ("actor",))
 
     # ----- the iteration -----------------------------------------------------------------------------------
     def fit(self) -> List[Dict[str, float]]:
@@ -194,15 +239,20 @@ class PPOTrainer:
         val, prompts = self.rl.val_kwargs, self.test_prompts
         sampling = dataclasses.replace(self.gen.sampling_config, temperature=val.temperature, top_p=val.top_p)
         rolled = self.roll(RolloutRequest(prompts.input_ids, val.n, self.gen.sampling_config.seed, sampling), prompts)
-        exp = build_experience(prompts.input_ids, rolled.outputs, val.n, self.pad_id, prompts.labels,
-                               self.rollout_service.version)
+        exp = build_experience(
+            prompts.input_ids, rolled.outputs, val.n, self.pad_id, prompts.labels, self.rollout_service.version
+        )
         per_verifier, _ = self.verify(exp)
         scores = self.reward_runner.weighted(per_verifier)
         first = per_verifier[self.rl.verifier_function[0]].view(-1, val.n)
         metrics = {f"val/{name}/mean@{val.n}": float(values.mean()) for name, values in per_verifier.items()}
-        metrics.update({"val/score/mean": float(scores.mean()),
-                        f"val/pass@{val.n}": float((first > 0).any(1).float().mean()),
-                        "val/response_length/mean": float(exp.response_mask.sum(1).float().mean())})
+        metrics.update(
+            {
+                "val/score/mean": float(scores.mean()),
+                f"val/pass@{val.n}": float((first > 0).any(1).float().mean()),
+                "val/response_length/mean": float(exp.response_mask.sum(1).float().mean()),
+            }
+        )
         if "tool_calls/rate" in rolled.metrics:
             metrics["val/tool_calls/rate"] = rolled.metrics["tool_calls/rate"]
         return metrics
@@ -211,21 +261,28 @@ class PPOTrainer:
         for role in ("actor", "critic"):
             streak = int(metrics.get(f"{role}/nonfinite_streak", 0))
             if streak >= self.rl.max_nonfinite_steps:
-                raise NonFiniteStop(f"the {role}'s last {streak} optimizer steps had a NaN/Inf loss or gradient and "
-                                    f"were skipped (rl_config.max_nonfinite_steps {self.rl.max_nonfinite_steps}); "
-                                    f"iteration {self.iteration} is not saved")
+                raise NonFiniteStop(
+                    f"the {role}'s last {streak} optimizer steps had a NaN/Inf loss or gradient and "
+                    f"were skipped (rl_config.max_nonfinite_steps {self.rl.max_nonfinite_steps}); "
+                    f"iteration {self.iteration} is not saved"
+                )
         limit = self.rl.max_collapsed_iterations
         streak = self.collapse_streak = self.collapse_streak + 1 if limit and collapsed(metrics) else 0
         if streak >= limit > 0:
-            raise NonFiniteStop(f"the policy collapsed: actor entropy below {COLLAPSED_ENTROPY} and gradient norm 0 "
-                                f"in the last {streak} iterations (rl_config.max_collapsed_iterations {limit}; 0 "
-                                "turns this off); lower the learning rate. Those iterations are not saved")
+            raise NonFiniteStop(
+                f"the policy collapsed: actor entropy below {COLLAPSED_ENTROPY} and gradient norm 0 "
+                f"in the last {streak} iterations (rl_config.max_collapsed_iterations {limit}; 0 "
+                "turns this off); lower the learning rate. Those iterations are not saved"
+            )
         every = self.cfg.megatron_training.save_interval
         last = self.iteration == self.cfg.megatron_training.train_iters
         if self.iteration % every == 0 or last:
             if streak:
-                print(f"iteration {self.iteration} not saved: the policy looks collapsed (actor entropy "
-                      f"{metrics['actor/entropy']:.2g}, gradient norm 0)", flush=True)
+                print(
+                    f"iteration {self.iteration} not saved: the policy looks collapsed (actor entropy "
+                    f"{metrics['actor/entropy']:.2g}, gradient norm 0)",
+                    flush=True,
+                )
             else:
                 self.save()
 
@@ -233,8 +290,12 @@ class PPOTrainer:
         """What a resume needs besides the models: position in the data, the KL coefficient, where the
         reference came from, the responses partial rollout has parked. Sampling and mini-batch order are
         seeded from the iteration number."""
-        state = {"iteration": self.iteration, "consumed_samples": self.sampler.consumed_samples,
-                 "kl_ctrl": self.kl_ctrl.state_dict(), "ref_from": self.ref_from}
+        state = {
+            "iteration": self.iteration,
+            "consumed_samples": self.sampler.consumed_samples,
+            "kl_ctrl": self.kl_ctrl.state_dict(),
+            "ref_from": self.ref_from,
+        }
         if self.partial is not None:
             state["partial_rollout"] = self.partial.state_dict()
         if self.pipeline is not None:
@@ -258,12 +319,16 @@ class PPOTrainer:
         extra = {"trainer_state": self.trainer_state()}
         hf = [self.actor.call("save", am.save, self.iteration, extra, not am.no_save_optim, not am.no_save_rng)[0]]
         if self.critic is not None and cm.save:
-            hf.append(self.critic.call("save", cm.save, self.iteration, extra, not cm.no_save_optim,
-                                       not cm.no_save_rng)[0])
-        print(f"saved iteration {self.iteration}: actor -> {am.save}"
-              + (f", critic -> {cm.save}" if self.critic is not None and cm.save else "")
-              + ("; HF: " + ", ".join(p for p in hf if p) if any(hf) else "")
-              + f" ({time.perf_counter() - start:.1f}s)", flush=True)
+            hf.append(
+                self.critic.call("save", cm.save, self.iteration, extra, not cm.no_save_optim, not cm.no_save_rng)[0]
+            )
+        print(
+            f"saved iteration {self.iteration}: actor -> {am.save}"
+            + (f", critic -> {cm.save}" if self.critic is not None and cm.save else "")
+            + ("; HF: " + ", ".join(p for p in hf if p) if any(hf) else "")
+            + f" ({time.perf_counter() - start:.1f}s)",
+            flush=True,
+        )
 
     # ----- steps ---------------------------------------------------------------------------------------------
     def next_prompts(self) -> PromptBatch:
@@ -306,12 +371,19 @@ class PPOTrainer:
         exp = Experience.cat(parts, self.pad_id).select(np.arange(want * n))  # informative groups first
         exp.set("group", torch.arange(want * n) // n)
         if filled:
-            print(f"iteration {self.iteration + 1}: dynamic sampling found {groups} of {want} informative groups in "
-                  f"{batches} batches (filter_groups_max_batches); {filled} filtered groups fill the batch",
-                  flush=True)
+            print(
+                f"iteration {self.iteration + 1}: dynamic sampling found {groups} of {want} informative groups in "
+                f"{batches} batches (filter_groups_max_batches); {filled} filtered groups fill the batch",
+                flush=True,
+            )
         metrics = {k: float(np.mean([m[k] for m in batch_metrics if k in m])) for k in batch_metrics[0]}
-        metrics.update({"dynamic_sampling/batches": float(batches), "dynamic_sampling/kept_groups": float(groups),
-                        "dynamic_sampling/filled_groups": float(filled)})
+        metrics.update(
+            {
+                "dynamic_sampling/batches": float(batches),
+                "dynamic_sampling/kept_groups": float(groups),
+                "dynamic_sampling/filled_groups": float(filled),
+            }
+        )
         return exp, metrics
 
     def partial_rollout(self) -> Tuple[Experience, Dict[str, float]]:
@@ -324,11 +396,13 @@ class PPOTrainer:
             return prompts.input_ids, prompts.labels, prompts.max_new_tokens
 
         def generate(chunk: ChunkRequest):
-            return self.run_generation(RolloutRequest(chunk.prompts, 1, chunk.seed,
-                                                      max_new_tokens=chunk.max_new_tokens)).outputs
+            return self.run_generation(
+                RolloutRequest(chunk.prompts, 1, chunk.seed, max_new_tokens=chunk.max_new_tokens)
+            ).outputs
 
-        batch = self.partial.next_batch(self.cfg.prompts_per_iteration, draw, generate, service.version,
-                                        self.sample_seed)
+        batch = self.partial.next_batch(
+            self.cfg.prompts_per_iteration, draw, generate, service.version, self.sample_seed
+        )
         exp = build_experience(batch.prompts, batch.outputs, n, self.pad_id, batch.labels, service.version)
         metrics, _ = self.score(exp)
         metrics.update(batch.metrics)
@@ -341,8 +415,9 @@ class PPOTrainer:
 
         def make_request(iteration: int):
             prompts = self.next_prompts()
-            return prompts, RolloutRequest(prompts.input_ids, n, self.sample_seed(0, iteration),
-                                           max_new_tokens=prompts.max_new_tokens)
+            return prompts, RolloutRequest(
+                prompts.input_ids, n, self.sample_seed(0, iteration), max_new_tokens=prompts.max_new_tokens
+            )
 
         self.pipeline.fill(self.iteration, make_request)
         entry, waited = self.pipeline.take(self.iteration)
@@ -353,8 +428,9 @@ class PPOTrainer:
         self.spans.append(("actor", "timing/rollout_wait", now - waited, now))
         if entry.result.window is not None:
             self.spans.append(("rollout workers", "timing/rollout", *entry.result.window))
-        exp = build_experience(entry.prompts.input_ids, entry.result.outputs, n, self.pad_id, entry.prompts.labels,
-                               entry.version)
+        exp = build_experience(
+            entry.prompts.input_ids, entry.result.outputs, n, self.pad_id, entry.prompts.labels, entry.version
+        )
         metrics, _ = self.score(exp)
         # the share of this batch's generation that ran while the trainer did something else
         metrics["async/overlap_share"] = max(0.0, 1.0 - waited / generating) if generating > 0 else 0.0
@@ -380,11 +456,14 @@ class PPOTrainer:
         """Prompts split over the rollout engines; the sample seeds depend on the iteration (and the
         generation batch of dynamic sampling) only."""
         n = self.rl.n_samples_per_prompt
-        rolled = self.roll(RolloutRequest(prompts.input_ids, n, self.sample_seed(batch),
-                                          max_new_tokens=prompts.max_new_tokens), prompts)
+        rolled = self.roll(
+            RolloutRequest(prompts.input_ids, n, self.sample_seed(batch), max_new_tokens=prompts.max_new_tokens),
+            prompts,
+        )
         self.add_rollout_metrics(rolled.metrics, batch)
-        return build_experience(prompts.input_ids, rolled.outputs, n, self.pad_id, prompts.labels,
-                                self.rollout_service.version)
+        return build_experience(
+            prompts.input_ids, rolled.outputs, n, self.pad_id, prompts.labels, self.rollout_service.version
+        )
 
     def add_rollout_metrics(self, metrics: Dict[str, float], batch: int) -> None:
         """Generation batch ``batch``'s rollout-function metrics into the iteration's (dynamic sampling makes
@@ -427,8 +506,9 @@ class PPOTrainer:
             scores = scores + rm.float()
         if self.rl.overlong_buffer_enable:
             limit = self.rl.rollout_max_tokens or self.gen.sampling_config.max_tokens
-            penalty = overlong_penalty(exp.response_mask.sum(1), limit, self.rl.overlong_buffer,
-                                       self.rl.overlong_buffer_penalty_factor)
+            penalty = overlong_penalty(
+                exp.response_mask.sum(1), limit, self.rl.overlong_buffer, self.rl.overlong_buffer_penalty_factor
+            )
             metrics["overlong/penalty_mean"] = float(penalty.mean())
             metrics["overlong/penalised_share"] = float((penalty < 0).float().mean())
             scores = scores + penalty
@@ -456,9 +536,15 @@ class PPOTrainer:
         beta = self.kl_ctrl.value if self.algorithm.kl_in_reward else 0.0
         exp.set("token_rewards", token_level_rewards(exp.scores, mask.float(), kl, beta))
         adv, ret = self.algorithm.estimator.compute(
-            token_rewards=exp.token_rewards, sequence_rewards=sequence_rewards(exp.token_rewards, mask, exp.scores),
-            values=exp.values, mask=mask, group=exp.group, gamma=self.rl.gamma, lam=self.rl.lam,
-            whiten=self.rl.whiten_advantages)
+            token_rewards=exp.token_rewards,
+            sequence_rewards=sequence_rewards(exp.token_rewards, mask, exp.scores),
+            values=exp.values,
+            mask=mask,
+            group=exp.group,
+            gamma=self.rl.gamma,
+            lam=self.rl.lam,
+            whiten=self.rl.whiten_advantages,
+        )
         exp.set("advantages", adv)
         exp.set("returns", ret)
         if kl is not None:
@@ -473,33 +559,54 @@ class PPOTrainer:
         threshold = self.rl.rollout_correction.rollout_is_threshold
         metrics = mismatch_metrics(exp.old_log_probs, exp.rollout_log_probs, exp.loss_mask)
         if self.algorithm.rollout_is:
-            weights, is_metrics = truncated_is_weights(exp.old_log_probs, exp.rollout_log_probs, exp.loss_mask,
-                                                       self.algorithm.rollout_is, threshold)
+            weights, is_metrics = truncated_is_weights(
+                exp.old_log_probs, exp.rollout_log_probs, exp.loss_mask, self.algorithm.rollout_is, threshold
+            )
             exp.set("rollout_is_weights", weights)
             metrics.update(is_metrics)
         elif self.off_policy:
             stale = exp.loss_mask.bool() & (exp.policy_version < self.rollout_service.version)
             if stale.any():
-                weights, is_metrics = truncated_is_weights(exp.old_log_probs, exp.rollout_log_probs, stale,
-                                                           "token", threshold)
+                weights, is_metrics = truncated_is_weights(
+                    exp.old_log_probs, exp.rollout_log_probs, stale, "token", threshold
+                )
                 exp.set("rollout_is_weights", torch.where(stale, weights, exp.loss_mask.float()))
                 metrics.update(is_metrics)
         return metrics
 
     def update_plan(self, exp: Experience) -> List[np.ndarray]:
         """Rows of every optimizer step (epochs x mini-batches), seeded by the iteration."""
-        return mini_batch_plan(exp.num_rows, self.rl.mini_batch_size, self.rl.epochs, self.rl.shuffle_mini_batch,
-                               self.cfg.megatron_training.seed + 7919 * self.iteration)
+        return mini_batch_plan(
+            exp.num_rows,
+            self.rl.mini_batch_size,
+            self.rl.epochs,
+            self.rl.shuffle_mini_batch,
+            self.cfg.megatron_training.seed + 7919 * self.iteration,
+        )
 
     def update_critic(self, exp: Experience) -> Dict[str, float]:
-        return self.critic.update("update", exp, self.update_plan(exp), ("values", "returns"),
-                                  horizon=self.gen.sampling_config.max_tokens, balance=self.rl.use_dp_batch_balance)
+        return self.critic.update(
+            "update",
+            exp,
+            self.update_plan(exp),
+            ("values", "returns"),
+            horizon=self.gen.sampling_config.max_tokens,
+            balance=self.rl.use_dp_batch_balance,
+        )
 
     def update_actor(self, exp: Experience) -> Dict[str, float]:
-        fields = ["advantages"] + [k for k in ("old_log_probs", "ref_log_probs", "rollout_is_weights")
-                                   if getattr(exp, k) is not None]
-        return self.actor.update("update", exp, self.update_plan(exp), fields, self.kl_ctrl.value,
-                                 horizon=self.gen.sampling_config.max_tokens, balance=self.rl.use_dp_batch_balance)
+        fields = ["advantages"] + [
+            k for k in ("old_log_probs", "ref_log_probs", "rollout_is_weights") if getattr(exp, k) is not None
+        ]
+        return self.actor.update(
+            "update",
+            exp,
+            self.update_plan(exp),
+            fields,
+            self.kl_ctrl.value,
+            horizon=self.gen.sampling_config.max_tokens,
+            balance=self.rl.use_dp_batch_balance,
+        )
 
     def collect_metrics(self, exp: Experience, reward_metrics, update_metrics, version: int) -> Dict[str, float]:
         metrics: Dict[str, float] = {"iteration": self.iteration}

@@ -3,6 +3,7 @@
 A problem raises UserError naming the key and the path (exit 2): an unwritable save folder is found
 before any training, a broken checkpoint before any worker starts.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,12 +29,14 @@ def check_writable(key: str, folder: str) -> None:
 
 
 def checkpoint_files(iter_dir: str) -> List[str]:
-    return sorted(os.path.join(root, name) for root, _, names in os.walk(iter_dir) for name in names
-                  if name.endswith(".pt"))
+    return sorted(
+        os.path.join(root, name) for root, _, names in os.walk(iter_dir) for name in names if name.endswith(".pt")
+    )
 
 
-def check_checkpoint(key: str, folder: str, layout: Optional[Tuple[int, int]] = None,
-                     iteration: Optional[int] = None) -> str:
+def check_checkpoint(
+    key: str, folder: str, layout: Optional[Tuple[int, int]] = None, iteration: Optional[int] = None
+) -> str:
     """The tracker is valid, the iteration it names (or ``iteration``) exists with the expected TP x PP
     layout, and every file in it is complete (a torch checkpoint is a zip: a truncated one has no central
     directory). Returns the iteration's folder."""
@@ -52,9 +55,21 @@ def check_checkpoint(key: str, folder: str, layout: Optional[Tuple[int, int]] = 
 
 
 # what makes weights fit a model: a checkpoint of another shape would fail in the workers after start-up
-SHAPE_KEYS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "num_query_groups",
-              "group_query_attention", "kv_channels", "padded_vocab_size", "num_experts", "moe_ffn_hidden_size",
-              "untie_embeddings_and_output_weights", "add_qkv_bias", "swiglu")
+SHAPE_KEYS = (
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "group_query_attention",
+    "kv_channels",
+    "padded_vocab_size",
+    "num_experts",
+    "moe_ffn_hidden_size",
+    "untie_embeddings_and_output_weights",
+    "add_qkv_bias",
+    "swiglu",
+)
 
 
 def check_stored_model(key: str, iter_dir: str, role: RoleConfig) -> None:
@@ -65,11 +80,15 @@ def check_stored_model(key: str, iter_dir: str, role: RoleConfig) -> None:
     except ml.CheckpointError as exc:
         raise UserError(f"{key}: {exc}") from None
     run = dataclasses.asdict(role.model)
-    differ = [f"{k} {stored[k]} (run: {run[k]})" for k in SHAPE_KEYS
-              if k in stored and k in run and stored[k] is not None and run[k] is not None and stored[k] != run[k]]
+    differ = [
+        f"{k} {stored[k]} (run: {run[k]})"
+        for k in SHAPE_KEYS
+        if k in stored and k in run and stored[k] is not None and run[k] is not None and stored[k] != run[k]
+    ]
     if differ:
-        raise UserError(f"{key}: {os.path.dirname(iter_dir)} holds another model than {role.name}_config.model: "
-                        f"{', '.join(differ)}")
+        raise UserError(
+            f"{key}: {os.path.dirname(iter_dir)} holds another model than {role.name}_config.model: {', '.join(differ)}"
+        )
 
 
 def check_optimizer_files(key: str, iter_dir: str, role: RoleConfig) -> None:
@@ -81,9 +100,11 @@ def check_optimizer_files(key: str, iter_dir: str, role: RoleConfig) -> None:
         for name in wanted:
             path = os.path.join(iter_dir, rank_dir, name)
             if not os.path.isfile(path):
-                raise UserError(f"{key}: {path} is missing, so the optimizer state cannot be resumed (saved with "
-                                f"another data-parallel size or without the distributed optimizer?); set "
-                                f"{role.name}_config.no_load_optim=true to start the optimizer afresh")
+                raise UserError(
+                    f"{key}: {path} is missing, so the optimizer state cannot be resumed (saved with "
+                    f"another data-parallel size or without the distributed optimizer?); set "
+                    f"{role.name}_config.no_load_optim=true to start the optimizer afresh"
+                )
 
 
 def check_role(role: RoleConfig, iteration: Optional[int] = None, trains: bool = True) -> None:
@@ -94,8 +115,9 @@ def check_role(role: RoleConfig, iteration: Optional[int] = None, trains: bool =
         check_writable(f"{section}.save", m.save)
     if m.load and (m.finetune or ml.read_tracker_or_none(m.load) is not None):
         resuming = trains and not m.finetune
-        iter_dir = check_checkpoint(f"{section}.load", m.load, (role.tp, role.pp, m.expert_model_parallel_size),
-                                    iteration if resuming else None)
+        iter_dir = check_checkpoint(
+            f"{section}.load", m.load, (role.tp, role.pp, m.expert_model_parallel_size), iteration if resuming else None
+        )
         check_stored_model(f"{section}.load", iter_dir, role)
         if resuming and not m.no_load_optim and m.use_distributed_optimizer:
             check_optimizer_files(f"{section}.load", iter_dir, role)
@@ -104,8 +126,11 @@ def check_role(role: RoleConfig, iteration: Optional[int] = None, trains: bool =
 def resume_iteration(cfg: PPOConfig) -> Optional[int]:
     """The iteration a resume (finetune false) loads in every training role: the last one all of them
     completed (a stop between two roles' saves leaves one ahead; it is said, not paired silently)."""
-    folders = {role.name: role.megatron.load for role in cfg.training_roles
-               if role.megatron.load and not role.megatron.finetune}
+    folders = {
+        role.name: role.megatron.load
+        for role in cfg.training_roles
+        if role.megatron.load and not role.megatron.finetune
+    }
     try:
         iteration, note = ml.common_iteration(folders)
     except ml.CheckpointError as exc:
@@ -161,10 +186,13 @@ def check_recorded_reference(cfg: PPOConfig, iteration: Optional[int], layout: T
         return
     key = f"the reference recorded in {am.load} (trainer_state.ref_from)"
     if not os.path.isdir(origin):
-        raise UserError(f"{key}: {origin} no longer exists; set rl_config.integrated_mode_config."
-                        "ref_model_load_path to the reference weights")
+        raise UserError(
+            f"{key}: {origin} no longer exists; set rl_config.integrated_mode_config."
+            "ref_model_load_path to the reference weights"
+        )
     try:
         check_checkpoint(key, origin, layout)
     except UserError as exc:
-        raise UserError(f"{exc}\nthen set rl_config.integrated_mode_config.ref_model_load_path to the resharded "
-                        "folder") from None
+        raise UserError(
+            f"{exc}\nthen set rl_config.integrated_mode_config.ref_model_load_path to the resharded folder"
+        ) from None

@@ -1,4 +1,5 @@
 """One iteration's prompts, and response ids -> text for the verifiers."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,9 @@ class PromptBatch:
         items = [dataset[i] for i in indices]
         budgets = [int(it["max_new_tokens"]) for it in items] if items and "max_new_tokens" in items[0] else None
         tools = [json.loads(it["tools"]) for it in items] if items and "tools" in items[0] else None
-        return PromptBatch([list(it["input_ids"]) for it in items], [it.get("labels", "") for it in items],
-                           budgets, tools)
+        return PromptBatch(
+            [list(it["input_ids"]) for it in items], [it.get("labels", "") for it in items], budgets, tools
+        )
 
 
 def decode_responses(tokenizer, response_ids: torch.Tensor, response_mask: torch.Tensor) -> Tuple[List[str], int]:

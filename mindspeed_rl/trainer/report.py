@@ -8,6 +8,7 @@ response length, the per-phase timing stacked, e2e/update/vllm tokens per second
 last iterations (``timeline.jsonl``: which worker does what when; asynchronous generation on the rollout
 workers shows beside the actor's training). A training run writes it at its end.
 """
+
 from __future__ import annotations
 
 import base64
@@ -30,44 +31,90 @@ LINE_PANELS: Sequence[Tuple[str, str, Sequence[Tuple[str, str]]]] = (
     ("Score", "score", (("critic/score/mean", "train score (mean)"), ("val/score/mean", "validation score"))),
     ("KL to the reference", "KL", (("actor/kl_loss", "actor/kl_loss"), ("actor/ppo_kl", "actor/ppo_kl"))),
     ("Entropy", "nats per token", (("actor/entropy", "actor/entropy"),)),
-    ("Response length", "tokens", (("response_length/mean", "mean"), ("response_length/max", "max"),
-                                    ("response_length/min", "min"), ("val/response_length/mean", "validation mean"))),
-    ("Throughput", "tokens/s per device", (("e2e_tps", "e2e_tps"), ("update_tps", "update_tps"),
-                                           ("vllm_tps", "vllm_tps"))),
+    (
+        "Response length",
+        "tokens",
+        (
+            ("response_length/mean", "mean"),
+            ("response_length/max", "max"),
+            ("response_length/min", "min"),
+            ("val/response_length/mean", "validation mean"),
+        ),
+    ),
+    (
+        "Throughput",
+        "tokens/s per device",
+        (("e2e_tps", "e2e_tps"), ("update_tps", "update_tps"), ("vllm_tps", "vllm_tps")),
+    ),
 )
 # the phases inside timing/all, stacked in the order the iteration runs them
-TIMING_PHASES = ("timing/rollout", "timing/rule_reward", "timing/reward_model", "timing/reference_model",
-                 "timing/old_log_p", "timing/critic_model", "timing/adv", "timing/update_critic", "timing/update",
-                 "timing/validation")
+TIMING_PHASES = (
+    "timing/rollout",
+    "timing/rule_reward",
+    "timing/reward_model",
+    "timing/reference_model",
+    "timing/old_log_p",
+    "timing/critic_model",
+    "timing/adv",
+    "timing/update_critic",
+    "timing/update",
+    "timing/validation",
+)
 # (label, dotted key in run.json's config); missing keys are left out
 SUMMARY_KEYS = (
-    ("model", "megatron_training.model"), ("stage", "megatron_training.stage"),
+    ("model", "megatron_training.model"),
+    ("stage", "megatron_training.stage"),
     ("train iterations", "megatron_training.train_iters"),
     ("prompts per iteration", "megatron_training.global_batch_size"),
-    ("samples per prompt", "rl.n_samples_per_prompt"), ("mini-batch", "rl.mini_batch_size"), ("epochs", "rl.epochs"),
-    ("advantages / policy loss / aggregation", ("algorithm.estimator.name", "algorithm.policy_loss.name", "algorithm.loss_agg_mode")),
-    ("actor lr", "actor.megatron.lr"), ("critic lr", "critic.megatron.lr"), ("KL", ("rl.kl_penalty", "rl.init_kl_coef")),
+    ("samples per prompt", "rl.n_samples_per_prompt"),
+    ("mini-batch", "rl.mini_batch_size"),
+    ("epochs", "rl.epochs"),
+    (
+        "advantages / policy loss / aggregation",
+        ("algorithm.estimator.name", "algorithm.policy_loss.name", "algorithm.loss_agg_mode"),
+    ),
+    ("actor lr", "actor.megatron.lr"),
+    ("critic lr", "critic.megatron.lr"),
+    ("KL", ("rl.kl_penalty", "rl.init_kl_coef")),
     ("clip ratio", "rl.clip_ratio"),
-    ("actor devices / TP / PP", ("actor.num_devices", "actor.megatron.tensor_model_parallel_size",
-                                 "actor.megatron.pipeline_model_parallel_size")),
-    ("bf16", "megatron_training.bf16"), ("rollout backend / infer TP", ("generate.backend",
-                                                                         "generate.infer_tensor_parallel_size")),
+    (
+        "actor devices / TP / PP",
+        (
+            "actor.num_devices",
+            "actor.megatron.tensor_model_parallel_size",
+            "actor.megatron.pipeline_model_parallel_size",
+        ),
+    ),
+    ("bf16", "megatron_training.bf16"),
+    ("rollout backend / infer TP", ("generate.backend", "generate.infer_tensor_parallel_size")),
     ("temperature / top_p", ("generate.sampling_config.temperature", "generate.sampling_config.top_p")),
     ("max new tokens", "generate.sampling_config.max_tokens"),
-    ("training data", "megatron_training.data_path"), ("test data", "megatron_training.test_data_path"),
+    ("training data", "megatron_training.data_path"),
+    ("test data", "megatron_training.test_data_path"),
     ("validation every (iterations)", "rl.test_freq"),
 )
 
 
-def write_run_info(run_dir: str, config: Dict[str, Any], resolved: Dict[str, Any], batch_plan: str,
-                   command: Sequence[str]) -> str:
+def write_run_info(
+    run_dir: str, config: Dict[str, Any], resolved: Dict[str, Any], batch_plan: str, command: Sequence[str]
+) -> str:
     """run.json, written when a run starts: the config as given (YAML and overrides), every setting resolved
     (defaults included), the batch plan and the command."""
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, RUN_INFO)
     with open(path, "w", encoding="utf-8") as fh:
-        json.dump({"started": time.strftime("%Y-%m-%d %H:%M:%S"), "command": list(command),
-                   "batch_plan": batch_plan, "config": config, "resolved": resolved}, fh, indent=1, default=str)
+        json.dump(
+            {
+                "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                "command": list(command),
+                "batch_plan": batch_plan,
+                "config": config,
+                "resolved": resolved,
+            },
+            fh,
+            indent=1,
+            default=str,
+        )
     return path
 
 
@@ -98,9 +145,16 @@ def final_numbers(rows: List[Dict[str, float]]) -> List[Tuple[str, str]]:
         return []
     last = trained[-1]
     out = [("iterations", str(int(last["iteration"])))]
-    for key, fmt in (("critic/score/mean", "{:.4f}"), ("response_length/mean", "{:.1f}"),
-                     ("actor/kl_loss", "{:.4g}"), ("actor/entropy", "{:.4g}"), ("e2e_tps", "{:.0f}"),
-                     ("update_tps", "{:.0f}"), ("vllm_tps", "{:.0f}"), ("timing/all", "{:.2f} s")):
+    for key, fmt in (
+        ("critic/score/mean", "{:.4f}"),
+        ("response_length/mean", "{:.1f}"),
+        ("actor/kl_loss", "{:.4g}"),
+        ("actor/entropy", "{:.4g}"),
+        ("e2e_tps", "{:.0f}"),
+        ("update_tps", "{:.0f}"),
+        ("vllm_tps", "{:.0f}"),
+        ("timing/all", "{:.2f} s"),
+    ):
         if key in last:
             out.append((f"{key} (last)", fmt.format(last[key])))
     first_score = trained[0].get("critic/score/mean")
@@ -109,9 +163,13 @@ def final_numbers(rows: List[Dict[str, float]]) -> List[Tuple[str, str]]:
     validated = [r for r in rows if "val/score/mean" in r]
     if validated:
         best = max(validated, key=lambda r: r["val/score/mean"])
-        out.append(("val/score/mean (first -> last)",
-                    f"{validated[0]['val/score/mean']:.4f} (iteration {int(validated[0]['iteration'])}) -> "
-                    f"{validated[-1]['val/score/mean']:.4f} (iteration {int(validated[-1]['iteration'])})"))
+        out.append(
+            (
+                "val/score/mean (first -> last)",
+                f"{validated[0]['val/score/mean']:.4f} (iteration {int(validated[0]['iteration'])}) -> "
+                f"{validated[-1]['val/score/mean']:.4f} (iteration {int(validated[-1]['iteration'])})",
+            )
+        )
         out.append(("val/score/mean (best)", f"{best['val/score/mean']:.4f} (iteration {int(best['iteration'])})"))
     out.append(("training time (sum of timing/all)", f"{sum(r['timing/all'] for r in trained):.1f} s"))
     return out
@@ -138,8 +196,14 @@ def figures(rows: List[Dict[str, float]]) -> List[Tuple[str, str]]:
         fig, ax = plt.subplots(figsize=(6.4, 3.4), dpi=90)
         for key, label in present:
             points = [(r["iteration"], r[key]) for r in rows if key in r and _finite(r[key])]
-            ax.plot([p[0] for p in points], [p[1] for p in points], label=label, linewidth=1.5,
-                    marker="o" if key.startswith("val/") else None, markersize=3)
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                label=label,
+                linewidth=1.5,
+                marker="o" if key.startswith("val/") else None,
+                markersize=3,
+            )
         _finish(ax, title, ylabel)
         fig.tight_layout()
         out.append((title, _png(fig)))
@@ -149,11 +213,19 @@ def figures(rows: List[Dict[str, float]]) -> List[Tuple[str, str]]:
     if phases:
         fig, ax = plt.subplots(figsize=(7.6, 3.4), dpi=90)
         x = [r["iteration"] for r in trained]
-        ax.stackplot(x, [[r.get(k, 0.0) for r in trained] for k in phases],
-                     labels=[k.split("/", 1)[1] for k in phases], alpha=0.85)
+        ax.stackplot(
+            x,
+            [[r.get(k, 0.0) for r in trained] for k in phases],
+            labels=[k.split("/", 1)[1] for k in phases],
+            alpha=0.85,
+        )
         ax.plot(x, [r["timing/all"] for r in trained], color="black", linewidth=1, label="timing/all")
-        _finish(ax, "Time per iteration by phase (stacked; validation runs outside timing/all)", "seconds",
-                legend_outside=True)
+        _finish(
+            ax,
+            "Time per iteration by phase (stacked; validation runs outside timing/all)",
+            "seconds",
+            legend_outside=True,
+        )
         fig.tight_layout()
         out.append(("Timing", _png(fig)))
         plt.close(fig)
@@ -164,11 +236,16 @@ def figures(rows: List[Dict[str, float]]) -> List[Tuple[str, str]]:
 TIMELINE_LANES = ("actor", "reference", "critic", "reward", "driver", "rollout workers")
 TIMELINE_PHASES = {  # phase -> (label, colour)
     "timing/rollout": ("generate", "tab:blue"),
-    "timing/rollout_wait": ("wait for rollout", "lightgrey"), "timing/rule_reward": ("rule reward", "tab:olive"),
-    "timing/reward_model": ("reward model", "tab:olive"), "timing/reference_model": ("reference", "tab:purple"),
-    "timing/old_log_p": ("old log-probs", "tab:cyan"), "timing/critic_model": ("values", "tab:brown"),
-    "timing/adv": ("advantages", "tab:gray"), "timing/update_critic": ("critic update", "tab:pink"),
-    "timing/update": ("actor update", "tab:red"), "timing/weight_sync": ("weight sync", "tab:orange"),
+    "timing/rollout_wait": ("wait for rollout", "lightgrey"),
+    "timing/rule_reward": ("rule reward", "tab:olive"),
+    "timing/reward_model": ("reward model", "tab:olive"),
+    "timing/reference_model": ("reference", "tab:purple"),
+    "timing/old_log_p": ("old log-probs", "tab:cyan"),
+    "timing/critic_model": ("values", "tab:brown"),
+    "timing/adv": ("advantages", "tab:gray"),
+    "timing/update_critic": ("critic update", "tab:pink"),
+    "timing/update": ("actor update", "tab:red"),
+    "timing/weight_sync": ("weight sync", "tab:orange"),
     "timing/validation": ("validation", "tab:green"),
 }
 
@@ -204,8 +281,12 @@ def timeline_figure(timeline: List[Dict], last: int = 4) -> Optional[Tuple[str, 
     ax.set_yticks(range(len(lanes)), list(reversed(lanes)))
     ax.set_xlabel("seconds")
     ax.set_title(f"Timeline of the last {len(shown)} iteration(s): which worker does what when")
-    ax.legend(handles=[Patch(color=c, label=l) for l, c in used.items()], fontsize=7, loc="upper left",
-              bbox_to_anchor=(1.01, 1.0))
+    ax.legend(
+        handles=[Patch(color=c, label=lane) for lane, c in used.items()],
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+    )
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
     out = ("Timeline", _png(fig))
@@ -261,11 +342,13 @@ def render(run_dir: str) -> str:
         with open(info_path, encoding="utf-8") as fh:
             info = json.load(fh)
     config, resolved = info.get("config") or {}, info.get("resolved") or {}
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>mindspeed_rl run report: "
-             f"{html.escape(os.path.basename(os.path.abspath(run_dir)))}</title><style>{STYLE}</style></head><body>",
-             f"<h1>Run report</h1><p>{html.escape(os.path.abspath(run_dir))}"
-             + (f" &middot; started {html.escape(info['started'])}" if info.get("started") else "")
-             + f" &middot; {len([r for r in rows if 'timing/all' in r])} iteration(s) logged</p>"]
+    parts = [
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>mindspeed_rl run report: "
+        f"{html.escape(os.path.basename(os.path.abspath(run_dir)))}</title><style>{STYLE}</style></head><body>",
+        f"<h1>Run report</h1><p>{html.escape(os.path.abspath(run_dir))}"
+        + (f" &middot; started {html.escape(info['started'])}" if info.get("started") else "")
+        + f" &middot; {len([r for r in rows if 'timing/all' in r])} iteration(s) logged</p>",
+    ]
     if info.get("command"):
         parts.append(f"<pre>{html.escape(' '.join(info['command']))}</pre>")
     parts.append("<h2>Final numbers</h2>" + (_table(final_numbers(rows)) or "<p>no iteration finished</p>"))
@@ -278,12 +361,20 @@ def render(run_dir: str) -> str:
     if timeline is not None:
         plots.append(timeline)
     if plots:
-        parts.append("<h2>Curves</h2><div class='grid'>" + "".join(
-            f"<figure><img alt='{html.escape(title)}' src='data:image/png;base64,{data}'></figure>"
-            for title, data in plots) + "</div>")
+        parts.append(
+            "<h2>Curves</h2><div class='grid'>"
+            + "".join(
+                f"<figure><img alt='{html.escape(title)}' src='data:image/png;base64,{data}'></figure>"
+                for title, data in plots
+            )
+            + "</div>"
+        )
     if config:
-        parts.append("<details><summary>Config as given (YAML and overrides)</summary><pre>"
-                     + html.escape(json.dumps(config, indent=1, default=str)) + "</pre></details>")
+        parts.append(
+            "<details><summary>Config as given (YAML and overrides)</summary><pre>"
+            + html.escape(json.dumps(config, indent=1, default=str))
+            + "</pre></details>"
+        )
     parts.append("</body></html>")
     path = os.path.join(run_dir, REPORT)
     tmp = path + ".tmp"

@@ -1,4 +1,5 @@
 """Shared command-line behaviour: a user error prints one clear line and exits 2."""
+
 from __future__ import annotations
 
 import functools

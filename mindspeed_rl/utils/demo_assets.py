@@ -4,6 +4,7 @@ The task ("lucky number") rewards a response whose final number is 7, whatever t
 around it: a randomly initialised policy earns it now and then by chance, so PPO has a signal
 to climb from scratch, which is what the demo and the learning test show.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,13 @@ from typing import List, Optional
 
 NAMES = ["Ada", "Bo", "Cy", "Dee", "Eli", "Fay", "Gus", "Hal", "Ivy", "Jo", "Kai", "Lu", "Mo", "Ned", "Oz", "Pia"]
 THINGS = ["apples", "pears", "coins", "books", "cats", "cups", "pens", "stars", "boats", "keys"]
-QUESTIONS = ["What is the lucky number?", "Which number is lucky?", "Tell me the lucky number.",
-             "Say the lucky number.", "Give the lucky number."]
+QUESTIONS = [
+    "What is the lucky number?",
+    "Which number is lucky?",
+    "Tell me the lucky number.",
+    "Say the lucky number.",
+    "Give the lucky number.",
+]
 
 
 def make_rows(count: int, seed: int) -> List[dict]:
@@ -52,8 +58,9 @@ def prepare(root: str, vocab_size: int, train_rows: int = 2000, seed: int = 1, t
         os.makedirs(os.path.dirname(raw), exist_ok=True)
         with open(raw, "w", encoding="utf-8") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in rows)
-        tok = build_tokenizer(tok_dir, corpus(rows, seed), vocab_size=vocab_size, full_alphabet=False,
-                              pad_to_vocab=True)
+        tok = build_tokenizer(
+            tok_dir, corpus(rows, seed), vocab_size=vocab_size, full_alphabet=False, pad_to_vocab=True
+        )
         if len(tok) != vocab_size:
             raise RuntimeError(f"demo tokenizer has {len(tok)} tokens, expected {vocab_size}")
         _preprocess(raw, tok_dir, prefix)
@@ -67,8 +74,9 @@ def prepare(root: str, vocab_size: int, train_rows: int = 2000, seed: int = 1, t
     return paths
 
 
-def prepare_long_tail(root: str, vocab_size: int, short: int, long: int, long_every: int = 8,
-                      train_rows: int = 2000, seed: int = 1) -> str:
+def prepare_long_tail(
+    root: str, vocab_size: int, short: int, long: int, long_every: int = 8, train_rows: int = 2000, seed: int = 1
+) -> str:
     """The demo's prompts with a long-tail response budget (dataset key max_new_tokens): every
     ``long_every``-th prompt may answer in ``long`` tokens, the others in ``short``. Returns the data prefix
     (<root>/data/arith_longtail_<short>_<long>_<long_every>); train with
@@ -78,8 +86,10 @@ def prepare_long_tail(root: str, vocab_size: int, short: int, long: int, long_ev
     prefix = os.path.join(root, "data", name)
     if not os.path.isfile(prefix + "_summary.json"):
         raw = os.path.join(root, "raw", name + ".jsonl")
-        rows = [dict(r, max_new_tokens=long if i % long_every == 0 else short)
-                for i, r in enumerate(make_rows(train_rows, seed))]
+        rows = [
+            dict(r, max_new_tokens=long if i % long_every == 0 else short)
+            for i, r in enumerate(make_rows(train_rows, seed))
+        ]
         with open(raw, "w", encoding="utf-8") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in rows)
         _preprocess(raw, paths["tokenizer"], prefix, extra_keys=["max_new_tokens"])
@@ -90,6 +100,14 @@ def _preprocess(raw: str, tok_dir: str, prefix: str, extra_keys: Optional[List[s
     from ..config_cls.dataset_config import DatasetConfig
     from ..datasets.preprocess import preprocess
 
-    preprocess(DatasetConfig(input=raw, tokenizer_name_or_path=tok_dir, output_prefix=prefix, prompt_type="empty",
-                             seq_length=64, dataset_additional_keys=["labels"] + list(extra_keys or [])),
-               progress=False)
+    preprocess(
+        DatasetConfig(
+            input=raw,
+            tokenizer_name_or_path=tok_dir,
+            output_prefix=prefix,
+            prompt_type="empty",
+            seq_length=64,
+            dataset_additional_keys=["labels"] + list(extra_keys or []),
+        ),
+        progress=False,
+    )

@@ -1,4 +1,5 @@
 """torch.distributed and megatron parallel-state set-up for one process group."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def init_distributed(rank: int = 0, world_size: int = 1, master_addr: Optional[str] = None,
-                     master_port: Optional[int] = None, local_rank: Optional[int] = None) -> None:
+def init_distributed(
+    rank: int = 0,
+    world_size: int = 1,
+    master_addr: Optional[str] = None,
+    master_port: Optional[int] = None,
+    local_rank: Optional[int] = None,
+) -> None:
     """Initialise torch.distributed with the device's backend (hccl / nccl / gloo)."""
     if dist.is_initialized():
         return
@@ -43,8 +49,9 @@ def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 1234, ep: int = 1)
     from megatron.core import tensor_parallel
 
     if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                     expert_model_parallel_size=ep)
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep
+        )
     # Every rank seeds identically first: with CPU initialisation megatron DDP does not
     # broadcast initial parameters, so replicas must build identical weights.
     torch.manual_seed(seed)

@@ -1,4 +1,5 @@
 """Loading a HF tokenizer folder the one way every command does: never its own code, errors naming the key."""
+
 from __future__ import annotations
 
 from .cli import UserError
@@ -13,6 +14,8 @@ def load_tokenizer(path: str, key: str):
         return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
     except (OSError, ValueError) as exc:
         if "custom code" in str(exc):
-            raise UserError(f"{key} {path}: the tokenizer needs its own Python code (auto_map / trust_remote_code), "
-                            "which is never run here: use a tokenizer folder without it") from None
+            raise UserError(
+                f"{key} {path}: the tokenizer needs its own Python code (auto_map / trust_remote_code), "
+                "which is never run here: use a tokenizer folder without it"
+            ) from None
         raise UserError(f"{key} {path}: cannot load a tokenizer ({exc})") from None

@@ -6,6 +6,7 @@ records in ``<run_dir>/logs/driver.log``. The console keeps our own messages and
 matter to the user: errors, and warnings that change results or speed (``MATTERS``). Nothing is dropped:
 the file has every line, and the end of a run prints how many warnings and errors each file holds.
 """
+
 from __future__ import annotations
 
 import logging
@@ -15,10 +16,27 @@ import sys
 from typing import Callable, Dict, List, Optional, TextIO
 
 # Library warnings worth a console line: memory pressure, requests cut short, numerics, lost work.
-MATTERS = re.compile("|".join([
-    r"out of memory", r"\bOOM\b", r"preempt", r"insufficient", r"not enough (memory|KV)", r"exceed",
-    r"truncat", r"\bnan\b", r"\binf\b", r"not finite", r"overflow", r"died", r"killed", r"timed? ?out",
-]), re.IGNORECASE)
+MATTERS = re.compile(
+    "|".join(
+        [
+            r"out of memory",
+            r"\bOOM\b",
+            r"preempt",
+            r"insufficient",
+            r"not enough (memory|KV)",
+            r"exceed",
+            r"truncat",
+            r"\bnan\b",
+            r"\binf\b",
+            r"not finite",
+            r"overflow",
+            r"died",
+            r"killed",
+            r"timed? ?out",
+        ]
+    ),
+    re.IGNORECASE,
+)
 
 FILE_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 ENV_LOG_FILE = "MINDSPEED_RL_LOG_FILE"  # set per worker by the launcher

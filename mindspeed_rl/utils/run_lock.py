@@ -6,6 +6,7 @@ exclusively, holding its pid, host and start time) and removes it when it ends. 
 (same host, pid not running) is stale: it is taken over with a note. A lock held from another host cannot be
 checked from here and is refused with the way out (delete the file once that run is gone).
 """
+
 from __future__ import annotations
 
 import errno
@@ -87,13 +88,19 @@ class RunLock:
                 if holder is None:
                     continue  # released meanwhile
                 if holder and holder.get("host") != me["host"]:
-                    raise FolderLocked(f"{key}: {folder} is used by a run on another host ({holder_text(holder)}); "
-                                       f"if that run is gone, delete {path}") from None
+                    raise FolderLocked(
+                        f"{key}: {folder} is used by a run on another host ({holder_text(holder)}); "
+                        f"if that run is gone, delete {path}"
+                    ) from None
                 if holder and _alive(int(holder.get("pid", -1))) and holder.get("pid") != me["pid"]:
-                    raise FolderLocked(f"{key}: {folder} is used by a live run ({holder_text(holder)}); give this "
-                                       "run its own folder or stop that one") from None
-                self.notes.append(f"{key}: took over the stale lock of a run that is gone "
-                                  f"({holder_text(holder) if holder else 'unreadable lock'})")
+                    raise FolderLocked(
+                        f"{key}: {folder} is used by a live run ({holder_text(holder)}); give this "
+                        "run its own folder or stop that one"
+                    ) from None
+                self.notes.append(
+                    f"{key}: took over the stale lock of a run that is gone "
+                    f"({holder_text(holder) if holder else 'unreadable lock'})"
+                )
                 os.remove(path)
                 continue
             with os.fdopen(fd, "w", encoding="utf-8") as fh:

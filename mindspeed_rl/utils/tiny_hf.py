@@ -1,4 +1,5 @@
 """Tiny HF models and tokenizers built offline (no model hub): for tests, the demo and benches."""
+
 from __future__ import annotations
 
 import os
@@ -7,9 +8,17 @@ from typing import Iterable, Optional, Sequence
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def build_tokenizer(out_dir: str, texts: Iterable[str], vocab_size: int = 1024, full_alphabet: bool = True,
-                    special_tokens: Sequence[str] = SPECIAL, eos_token: str = "<|endoftext|>",
-                    pad_token: str = "<|endoftext|>", individual_digits: bool = False, pad_to_vocab: bool = False):
+def build_tokenizer(
+    out_dir: str,
+    texts: Iterable[str],
+    vocab_size: int = 1024,
+    full_alphabet: bool = True,
+    special_tokens: Sequence[str] = SPECIAL,
+    eos_token: str = "<|endoftext|>",
+    pad_token: str = "<|endoftext|>",
+    individual_digits: bool = False,
+    pad_to_vocab: bool = False,
+):
     """Train a byte-level BPE on ``texts`` and save it as a HF fast tokenizer in ``out_dir``.
 
     ``full_alphabet=False`` keeps only the bytes seen in ``texts`` (a smaller vocab for tiny demos);
@@ -21,12 +30,18 @@ def build_tokenizer(out_dir: str, texts: Iterable[str], vocab_size: int = 1024, 
 
     tok = Tokenizer(models.BPE())
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-                         if individual_digits else byte_level)
+    tok.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if individual_digits
+        else byte_level
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(special_tokens),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet() if full_alphabet else [],
-                                  show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet() if full_alphabet else [],
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos_token, pad_token=pad_token)
     if pad_to_vocab and len(fast) < vocab_size:
@@ -44,16 +59,27 @@ def hf_config_for(model, vocab_size: Optional[int] = None, orm: bool = False):
 
     family = get_family(model.model_type_hf)
     values = family.hf_config(model, eos_token_id=0, pad_token_id=0)
-    values.update(vocab_size=vocab_size or model.padded_vocab_size, num_labels=1,
-                  architectures=[family.architecture.replace("ForCausalLM", "ForSequenceClassification")
-                                 if orm else family.architecture])
+    values.update(
+        vocab_size=vocab_size or model.padded_vocab_size,
+        num_labels=1,
+        architectures=[
+            family.architecture.replace("ForCausalLM", "ForSequenceClassification") if orm else family.architecture
+        ],
+    )
     for key in ("model_type", "torch_dtype"):
         values.pop(key)
     return AutoConfig.for_model(family.hf_model_types[0], **values)
 
 
-def build_hf_model(out_dir: str, model, seed: int = 0, orm: bool = False, max_shard_size: str = "5GB",
-                   tokenizer_dir: Optional[str] = None, safe_serialization: bool = True):
+def build_hf_model(
+    out_dir: str,
+    model,
+    seed: int = 0,
+    orm: bool = False,
+    max_shard_size: str = "5GB",
+    tokenizer_dir: Optional[str] = None,
+    safe_serialization: bool = True,
+):
     """A randomly initialised causal LM (or ORM) of ``model``'s family and shape, saved to ``out_dir``."""
     import shutil
 

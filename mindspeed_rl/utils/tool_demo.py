@@ -13,6 +13,7 @@ Everything is written under ``root``: the tokenizer (digits are single tokens, t
 ``<|im_end|>`` the end of a turn), the prompts preprocessed with the calculator in their system line
 (train and held-out test), the cold-start model as HF and as a Megatron checkpoint for ``load``.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,15 @@ import random
 from typing import Dict, List, Tuple
 
 PROMPT_TYPE = "chatml_tools_compact"
-SPECIAL = ["<|im_end|>", "<|endoftext|>", "<|im_start|>", "<tool_call>", "</tool_call>", "<tool_response>",
-           "</tool_response>"]  # <|im_end|> is id 0: the models' EOS
+SPECIAL = [
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<tool_response>",
+    "</tool_response>",
+]  # <|im_end|> is id 0: the models' EOS
 
 
 def make_rows(count: int, seed: int) -> List[dict]:
@@ -47,14 +55,18 @@ def tokenizer_corpus(rows: List[dict], tool_format) -> List[str]:
     return texts + ["system\ntools: calculator", "user\n", "assistant\n"] * 50
 
 
-def sft_example(tokenizer, prompt_ids: List[int], row: dict, use_tool: bool, rng: random.Random,
-                tool_format) -> Tuple[List[int], List[int]]:
+def sft_example(
+    tokenizer, prompt_ids: List[int], row: dict, use_tool: bool, rng: random.Random, tool_format
+) -> Tuple[List[int], List[int]]:
     """(ids, loss mask) of one cold-start example, tokenised turn by turn as the agent loop builds it."""
     eos = tokenizer.eos_token
     answer = row["answer"][5:]
     if use_tool:
-        parts = [(tool_call_text(row["question"][:-2]) + eos, 1), (tool_format.render([answer]), 0),
-                 (f"#### {answer}{eos}", 1)]
+        parts = [
+            (tool_call_text(row["question"][:-2]) + eos, 1),
+            (tool_format.render([answer]), 0),
+            (f"#### {answer}{eos}", 1),
+        ]
     else:
         parts = [(f"#### {rng.randint(1000, 9999)}{eos}", 1)]
     ids, mask = list(prompt_ids), [0] * len(prompt_ids)
@@ -65,8 +77,9 @@ def sft_example(tokenizer, prompt_ids: List[int], row: dict, use_tool: bool, rng
     return ids, mask
 
 
-def cold_start(hf_dir: str, tokenizer, examples: List[Tuple[List[int], List[int]]], steps: int, batch: int,
-               lr: float, seed: int) -> None:
+def cold_start(
+    hf_dir: str, tokenizer, examples: List[Tuple[List[int], List[int]]], steps: int, batch: int, lr: float, seed: int
+) -> None:
     """Supervised training of the HF model in ``hf_dir`` on the examples' masked tokens; saved in place."""
     import torch
     from tqdm import tqdm
@@ -85,9 +98,9 @@ def cold_start(hf_dir: str, tokenizer, examples: List[Tuple[List[int], List[int]
         labels = torch.full((batch, width), -100)
         attention = torch.zeros((batch, width), dtype=torch.long)
         for b, (seq, mask) in enumerate(chosen):
-            ids[b, :len(seq)] = torch.tensor(seq)
-            attention[b, :len(seq)] = 1
-            labels[b, :len(seq)] = torch.where(torch.tensor(mask).bool(), torch.tensor(seq), -100)
+            ids[b, : len(seq)] = torch.tensor(seq)
+            attention[b, : len(seq)] = 1
+            labels[b, : len(seq)] = torch.where(torch.tensor(mask).bool(), torch.tensor(seq), -100)
         loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
         optimizer.zero_grad()
         loss.backward()
@@ -96,9 +109,17 @@ def cold_start(hf_dir: str, tokenizer, examples: List[Tuple[List[int], List[int]
     model.save_pretrained(hf_dir)
 
 
-def prepare_tool_task(root: str, config_name: str = "grpo_tiny_cpu_tools", train_rows: int = 2000, test_rows: int = 64,
-                      tool_share: float = 0.1, sft_steps: int = 1200, sft_batch: int = 16, sft_lr: float = 3e-3,
-                      seed: int = 1) -> Dict[str, str]:
+def prepare_tool_task(
+    root: str,
+    config_name: str = "grpo_tiny_cpu_tools",
+    train_rows: int = 2000,
+    test_rows: int = 64,
+    tool_share: float = 0.1,
+    sft_steps: int = 1200,
+    sft_batch: int = 16,
+    sft_lr: float = 3e-3,
+    seed: int = 1,
+) -> Dict[str, str]:
     """Write the task's assets under ``root`` (idempotent) and return their paths: tokenizer, data_prefix,
     test_prefix, hf (the cold-start model) and mcore (the same for ``load``)."""
     from ..checkpoint.convert import hf_to_mg
@@ -110,9 +131,13 @@ def prepare_tool_task(root: str, config_name: str = "grpo_tiny_cpu_tools", train
     from ..tools.registry import BUILTIN_TOOLS
     from .tiny_hf import build_hf_model, build_tokenizer
 
-    paths = {"tokenizer": os.path.join(root, "tiny_tools_hf"), "data_prefix": os.path.join(root, "data", "multiply_train"),
-             "test_prefix": os.path.join(root, "data", "multiply_test"),
-             "hf": os.path.join(root, "tiny_tools_sft_hf"), "mcore": os.path.join(root, "ckpt", "tiny_tools_sft_mcore")}
+    paths = {
+        "tokenizer": os.path.join(root, "tiny_tools_hf"),
+        "data_prefix": os.path.join(root, "data", "multiply_train"),
+        "test_prefix": os.path.join(root, "data", "multiply_test"),
+        "hf": os.path.join(root, "tiny_tools_sft_hf"),
+        "mcore": os.path.join(root, "ckpt", "tiny_tools_sft_mcore"),
+    }
     done = os.path.join(paths["mcore"], "latest_checkpointed_iteration.txt")
     if os.path.isfile(done):
         return paths
@@ -122,27 +147,49 @@ def prepare_tool_task(root: str, config_name: str = "grpo_tiny_cpu_tools", train
     seen = {r["question"] for r in rows}
     test = [r for r in make_rows(4 * test_rows, seed + 1000) if r["question"] not in seen][:test_rows]
     # every digit its own token, the tool tags and chat markers special, <|im_end|> (id 0) the end of a turn
-    tokenizer = build_tokenizer(paths["tokenizer"], tokenizer_corpus(rows, tool_format), model.padded_vocab_size,
-                                full_alphabet=False, special_tokens=SPECIAL, eos_token="<|im_end|>",
-                                pad_token="<|endoftext|>", individual_digits=True, pad_to_vocab=True)
+    tokenizer = build_tokenizer(
+        paths["tokenizer"],
+        tokenizer_corpus(rows, tool_format),
+        model.padded_vocab_size,
+        full_alphabet=False,
+        special_tokens=SPECIAL,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        individual_digits=True,
+        pad_to_vocab=True,
+    )
     for name, part in (("multiply_train", rows), ("multiply_test", test)):
         raw = os.path.join(root, "raw", name + ".jsonl")
         os.makedirs(os.path.dirname(raw), exist_ok=True)
         with open(raw, "w", encoding="utf-8") as fh:
             fh.writelines(json.dumps(r) + "\n" for r in part)
-        preprocess(DatasetConfig(input=raw, tokenizer_name_or_path=paths["tokenizer"],
-                                 output_prefix=os.path.join(root, "data", name), prompt_type=PROMPT_TYPE,
-                                 tools=["calculator"], seq_length=64, handler_name="R1AlpacaStyleInstructionHandler",
-                                 dataset_additional_keys=["labels"]), progress=False)
+        preprocess(
+            DatasetConfig(
+                input=raw,
+                tokenizer_name_or_path=paths["tokenizer"],
+                output_prefix=os.path.join(root, "data", name),
+                prompt_type=PROMPT_TYPE,
+                tools=["calculator"],
+                seq_length=64,
+                handler_name="R1AlpacaStyleInstructionHandler",
+                dataset_additional_keys=["labels"],
+            ),
+            progress=False,
+        )
     rng = random.Random(seed)
-    prompts = [tokenizer.encode(apply_template(PROMPT_TYPE, row["question"], tools=[BUILTIN_TOOLS["calculator"]]),
-                                add_special_tokens=False) for row in rows]
+    prompts = [
+        tokenizer.encode(
+            apply_template(PROMPT_TYPE, row["question"], tools=[BUILTIN_TOOLS["calculator"]]), add_special_tokens=False
+        )
+        for row in rows
+    ]
     build_hf_model(paths["hf"], model, seed=seed, tokenizer_dir=paths["tokenizer"])
     # learning to copy the expression and the result needs many tool examples; the last steps mostly guess,
     # so the model starts RL rarely calling the tool
     for steps, share in ((sft_steps - sft_steps // 6, 0.5), (sft_steps // 6, tool_share)):
-        examples = [sft_example(tokenizer, p, row, rng.random() < share, rng, tool_format)
-                    for p, row in zip(prompts, rows)]
+        examples = [
+            sft_example(tokenizer, p, row, rng.random() < share, rng, tool_format) for p, row in zip(prompts, rows)
+        ]
         cold_start(paths["hf"], tokenizer, examples, steps, batch=sft_batch, lr=sft_lr, seed=seed)
     hf_to_mg(paths["hf"], paths["mcore"])
     return paths

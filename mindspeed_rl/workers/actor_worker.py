@@ -7,6 +7,7 @@ the training state onloaded. The reference lives on host between its forward pas
 In the disaggregated layout the actor has no engine: rank 0 streams the same full weights to the rollout
 workers over a weight channel (``push_weights``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,18 +22,47 @@ from ..algorithms.registry import resolve_algorithm
 from ..config_cls.generate_config import GenerateConfig, SamplingConfig
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
-from ..protocol import (Experience, ForwardAnswer, LoadedState, MiniBatch, RankLayout, RolloutResult,
-                        request_digest, response_part)
+from ..protocol import (
+    Experience,
+    ForwardAnswer,
+    LoadedState,
+    MiniBatch,
+    RankLayout,
+    RolloutResult,
+    request_digest,
+    response_part,
+)
 from .base_worker import MegatronWorker, token_budget, train_on_mini_batches
 
 
 class IntegratedActorWorker(MegatronWorker):
-    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, role: RoleConfig,
-                 rl: RLConfig, gen: GenerateConfig, total_steps: int, eos_token_id: Optional[int],
-                 pad_token_id: int, threads: int, with_engine: bool = True):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        role: RoleConfig,
+        rl: RLConfig,
+        gen: GenerateConfig,
+        total_steps: int,
+        eos_token_id: Optional[int],
+        pad_token_id: int,
+        threads: int,
+        with_engine: bool = True,
+    ):
         m = role.megatron
-        super().__init__(rank, world_size, master_addr, master_port, m.tensor_model_parallel_size,
-                         m.pipeline_model_parallel_size, m.seed, threads, ep=m.expert_model_parallel_size)
+        super().__init__(
+            rank,
+            world_size,
+            master_addr,
+            master_port,
+            m.tensor_model_parallel_size,
+            m.pipeline_model_parallel_size,
+            m.seed,
+            threads,
+            ep=m.expert_model_parallel_size,
+        )
         from ..accelerator import get_accelerator
         from ..models.engine import MegatronEngine
         from ..models.offload import Offloader
@@ -40,16 +70,25 @@ class IntegratedActorWorker(MegatronWorker):
 
         self.role, self.rl, self.gen = role, rl, gen
         self.algorithm = resolve_algorithm(rl)
-        self.actor = MegatronEngine(role, head="lm", trainable=True, total_steps=total_steps,
-                                    remove_padding=rl.use_remove_padding)
+        self.actor = MegatronEngine(
+            role, head="lm", trainable=True, total_steps=total_steps, remove_padding=rl.use_remove_padding
+        )
         # the frozen reference exists only when the algorithm uses a KL term
-        self.ref = (MegatronEngine(role, head="lm", trainable=False, remove_padding=rl.use_remove_padding)
-                    if self.algorithm.use_reference else None)
+        self.ref = (
+            MegatronEngine(role, head="lm", trainable=False, remove_padding=rl.use_remove_padding)
+            if self.algorithm.use_reference
+            else None
+        )
         self.actor_offload = Offloader(self.actor)
         self.ref_offload = Offloader(self.ref) if self.ref is not None else None
         self.kind = get_accelerator().kind
-        self.rollout = (make_rollout_engine(role.model, gen, self.kind, eos_token_id, pad_token_id,
-                                            seed=gen.sampling_config.seed, bf16=m.bf16) if with_engine else None)
+        self.rollout = (
+            make_rollout_engine(
+                role.model, gen, self.kind, eos_token_id, pad_token_id, seed=gen.sampling_config.seed, bf16=m.bf16
+            )
+            if with_engine
+            else None
+        )
         # engines are blocks of contiguous ranks of this world (vLLM's external-launcher split)
         self.engine_size = self.rollout.tensor_parallel_size if with_engine else 0
         self.engine_index, self.engine_rank = divmod(rank, self.engine_size) if with_engine else (-1, -1)
@@ -57,12 +96,20 @@ class IntegratedActorWorker(MegatronWorker):
         self.channel = None  # the weight channel to the rollout workers (disaggregated layout, rank 0)
 
     def layout(self) -> RankLayout:
-        return dataclasses.replace(super().layout(), engine=self.engine_index, engine_rank=self.engine_rank,
-                                   engine_size=self.engine_size)
+        return dataclasses.replace(
+            super().layout(), engine=self.engine_index, engine_rank=self.engine_rank, engine_size=self.engine_size
+        )
 
     # ----- weights --------------------------------------------------------------------------------
-    def init_weights(self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool,
-                     ref_load: Optional[str], iteration: Optional[int] = None) -> LoadedState:
+    def init_weights(
+        self,
+        load: Optional[str],
+        finetune: bool,
+        load_optim: bool,
+        load_rng: bool,
+        ref_load: Optional[str],
+        iteration: Optional[int] = None,
+    ) -> LoadedState:
         """Actor from ``load`` (or its seeded init); the reference from the original weights.
 
         The reference is, in order: ``ref_load`` (integrated_mode_config.ref_model_load_path); on a resume
@@ -115,9 +162,15 @@ class IntegratedActorWorker(MegatronWorker):
         return {}
 
     # ----- rollout ---------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int,
-                 sampling: Optional[SamplingConfig] = None,
-                 max_new_tokens: Optional[Sequence[int]] = None, version: Optional[int] = None) -> RolloutResult:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        seed: int,
+        sampling: Optional[SamplingConfig] = None,
+        max_new_tokens: Optional[Sequence[int]] = None,
+        version: Optional[int] = None,
+    ) -> RolloutResult:
         """Sample n responses per prompt (sample i seeded ``seed + i``) with the weights of policy ``version``:
         the actor's weights are resharded into the engine unless it already holds that version (None: always),
         then the devices are handed back. Every rank of an engine must receive the same prompts; only the
@@ -125,16 +178,20 @@ class IntegratedActorWorker(MegatronWorker):
         from ..rollout.resharding import iter_full_weights
 
         if self.rollout is None:
-            raise RuntimeError("this actor has no rollout engine (disaggregated layout): generate on the "
-                               "rollout workers")
+            raise RuntimeError(
+                "this actor has no rollout engine (disaggregated layout): generate on the rollout workers"
+            )
         sampling = sampling or self.gen.sampling_config
         t0 = time.perf_counter()
         self.rollout.onload()
         if version is None or version != self.engine_version:
             self.rollout.update_weights(iter_full_weights(self.actor))
             self.engine_version = version
-        self.actor_offload.offload(params=self.gen.offload_train_param, grads=self.gen.offload_train_grad,
-                                   optimizer=self.gen.offload_train_optimizer)
+        self.actor_offload.offload(
+            params=self.gen.offload_train_param,
+            grads=self.gen.offload_train_grad,
+            optimizer=self.gen.offload_train_optimizer,
+        )
         t_to_infer = time.perf_counter() - t0
         t0, started = time.perf_counter(), time.time()
         outputs = self.rollout.generate(prompts, sampling, n, seed, max_new_tokens) if prompts else []
@@ -143,12 +200,18 @@ class IntegratedActorWorker(MegatronWorker):
         self.rollout.offload()
         self.actor_offload.onload()
         t_to_train = time.perf_counter() - t0
-        return RolloutResult(rank=self.rank, engine=self.engine_index,
-                             request_digest=request_digest(prompts, n, seed, sampling, max_new_tokens, version),
-                             outputs=outputs if self.engine_rank == 0 else None,
-                             timing={"timing/resharding_to_infer": t_to_infer,
-                                     "timing/resharding_to_train": t_to_train, "timing/generate": t_generate},
-                             started=started)
+        return RolloutResult(
+            rank=self.rank,
+            engine=self.engine_index,
+            request_digest=request_digest(prompts, n, seed, sampling, max_new_tokens, version),
+            outputs=outputs if self.engine_rank == 0 else None,
+            timing={
+                "timing/resharding_to_infer": t_to_infer,
+                "timing/resharding_to_train": t_to_train,
+                "timing/generate": t_generate,
+            },
+            started=started,
+        )
 
     # ----- forward passes -----------------------------------------------------------------------------
     def compute_log_prob(self, rows: Experience, which: str = "actor") -> ForwardAnswer:
@@ -167,8 +230,7 @@ class IntegratedActorWorker(MegatronWorker):
             t0 = time.perf_counter()
             self.ref_offload.offload(grads=False, optimizer=False)
             timing["timing/ref_offload"] = time.perf_counter() - t0
-        part = (response_part(out["log_probs"], rows.prompt_width, rows.response_width)
-                if self.is_output_rank else None)
+        part = response_part(out["log_probs"], rows.prompt_width, rows.response_width) if self.is_output_rank else None
         return ForwardAnswer(part, timing)
 
     # ----- update ----------------------------------------------------------------------------------------
@@ -190,8 +252,9 @@ class IntegratedActorWorker(MegatronWorker):
                 mask = micro["loss_mask"]
                 log_prob = response_part(outputs["log_probs"], width, length)
                 old = micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach()
-                pg, m = plan.policy_loss.compute(log_prob, old, micro["advantages"], mask, clip, mode, scale,
-                                                 micro.get("rollout_is_weights"))
+                pg, m = plan.policy_loss.compute(
+                    log_prob, old, micro["advantages"], mask, clip, mode, scale, micro.get("rollout_is_weights")
+                )
                 entropy = response_part(outputs["entropy"], width, length)
                 loss = pg - rl.entropy_coeff * entropy_loss(entropy, mask, mode, scale) if rl.entropy_coeff else pg
                 kl_mean = torch.zeros((), device=pg.device)
@@ -199,15 +262,26 @@ class IntegratedActorWorker(MegatronWorker):
                     kl = kl_penalty(log_prob, micro["ref_log_probs"], rl.kl_penalty)
                     loss = loss + kl_coef * aggregate(kl, mask, mode, scale)
                     kl_mean = aggregate(kl.detach(), mask, "token-mean", per_token)
-                return loss, {"actor/pg_loss": float(pg), "actor/entropy": float(aggregate(entropy.detach(), mask,
-                                                                                             "token-mean", per_token)),
-                              "actor/kl_loss": float(kl_mean), "actor/pg_clipfrac": float(m["pg_clipfrac"]),
-                              "actor/pg_clipfrac_lower": float(m["pg_clipfrac_lower"]),
-                              "actor/ppo_kl": float(m["ppo_kl"])}
+                return loss, {
+                    "actor/pg_loss": float(pg),
+                    "actor/entropy": float(aggregate(entropy.detach(), mask, "token-mean", per_token)),
+                    "actor/kl_loss": float(kl_mean),
+                    "actor/pg_clipfrac": float(m["pg_clipfrac"]),
+                    "actor/pg_clipfrac_lower": float(m["pg_clipfrac_lower"]),
+                    "actor/ppo_kl": float(m["ppo_kl"]),
+                }
+
             return loss_fn
 
-        return train_on_mini_batches(self.actor, mini_batches, make_loss, self.role.megatron.micro_batch_size,
-                                     "actor", self.gen.sampling_config.temperature or 1.0, token_budget(rl, "update"))
+        return train_on_mini_batches(
+            self.actor,
+            mini_batches,
+            make_loss,
+            self.role.megatron.micro_batch_size,
+            "actor",
+            self.gen.sampling_config.temperature or 1.0,
+            token_budget(rl, "update"),
+        )
 
     def shutdown(self) -> None:
         if self.rollout is not None:

@@ -1,4 +1,5 @@
 """What every Megatron worker does first: its torch.distributed world, threads, seeds."""
+
 from __future__ import annotations
 
 import os
@@ -12,21 +13,37 @@ from ..protocol import Experience, MiniBatch, RankLayout
 class MegatronWorker:
     """One rank of a role's own torch.distributed world (own master port)."""
 
-    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, tp: int, pp: int,
-                 seed: int, threads: int, ep: int = 1):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        tp: int,
+        pp: int,
+        seed: int,
+        threads: int,
+        ep: int = 1,
+    ):
         from ..utils.library_logs import route_process_output
 
         route_process_output()  # first: before vLLM or megatron print anything (rl_config.library_logs)
-        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-                           "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-                           "OMP_NUM_THREADS": str(threads)})
+        os.environ.update(
+            {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(master_port),
+                "OMP_NUM_THREADS": str(threads),
+            }
+        )
         torch.set_num_threads(max(1, threads))
         from ..accelerator import get_accelerator
         from ..utils import dist
 
         self.rank, self.world_size = rank, world_size
-        dist.init_distributed(rank, world_size, master_addr, master_port,
-                              local_rank=get_accelerator().local_rank())
+        dist.init_distributed(rank, world_size, master_addr, master_port, local_rank=get_accelerator().local_rank())
         dist.init_model_parallel(tp, pp, seed=seed, ep=ep)
         from megatron.core import parallel_state as ps
 
@@ -37,8 +54,14 @@ class MegatronWorker:
         self.is_output_rank = self.tp_rank == 0 and ps.is_pipeline_last_stage(ignore_virtual=True)
 
     def layout(self) -> RankLayout:
-        return RankLayout(rank=self.rank, dp_rank=self.dp_rank, dp_size=self.dp_size, tp_rank=self.tp_rank,
-                          pp_rank=self.pp_rank, output=bool(self.is_output_rank))
+        return RankLayout(
+            rank=self.rank,
+            dp_rank=self.dp_rank,
+            dp_size=self.dp_size,
+            tp_rank=self.tp_rank,
+            pp_rank=self.pp_rank,
+            output=bool(self.is_output_rank),
+        )
 
     def shutdown(self) -> None:
         from ..utils import dist
@@ -52,8 +75,15 @@ def token_budget(rl, work: str) -> Optional[int]:
     return getattr(rl, f"{work}_max_packing_token_size") if rl.use_dynamic_bsz else None
 
 
-def train_on_mini_batches(engine, mini_batches: List[MiniBatch], make_loss: Callable, micro_batch_size: int,
-                          prefix: str, temperature: float = 1.0, token_budget: Optional[int] = None) -> Dict[str, float]:
+def train_on_mini_batches(
+    engine,
+    mini_batches: List[MiniBatch],
+    make_loss: Callable,
+    micro_batch_size: int,
+    prefix: str,
+    temperature: float = 1.0,
+    token_budget: Optional[int] = None,
+) -> Dict[str, float]:
     """One optimizer step per mini-batch (skipped when its loss or gradient is not finite);
     ``make_loss(rows, scale)`` builds each step's loss.
 
@@ -64,14 +94,18 @@ def train_on_mini_batches(engine, mini_batches: List[MiniBatch], make_loss: Call
     steps, skipped = [], 0
     for mb in mini_batches:
         rows: Experience = mb.rows
-        step = engine.train_step(rows.tensors(rows.present()), make_loss(rows, mb.scale), micro_batch_size,
-                                 temperature, token_budget)
+        step = engine.train_step(
+            rows.tensors(rows.present()), make_loss(rows, mb.scale), micro_batch_size, temperature, token_budget
+        )
         grad_key = "grad_norm" if prefix == "actor" else f"{prefix}/grad_norm"
         steps.append({**step.metrics, grad_key: step.grad_norm, f"{prefix}/lr": step.lr})
         skipped += int(step.skipped)
     # a skipped step (non-finite loss or gradient) is counted; the streak runs across iterations
-    return {**average_metrics(steps), f"{prefix}/skipped_steps": float(skipped),
-            f"{prefix}/nonfinite_streak": float(engine.nonfinite_streak)}
+    return {
+        **average_metrics(steps),
+        f"{prefix}/skipped_steps": float(skipped),
+        f"{prefix}/nonfinite_streak": float(engine.nonfinite_streak),
+    }
 
 
 def average_metrics(steps: Iterable[Dict[str, float]]) -> Dict[str, float]:

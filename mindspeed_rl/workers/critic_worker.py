@@ -1,4 +1,5 @@
 """The critic: a value model (LM trunk + hidden->1 head) trained on the returns."""
+
 from __future__ import annotations
 
 import time
@@ -13,29 +14,58 @@ from .base_worker import MegatronWorker, token_budget, train_on_mini_batches
 
 
 class CriticWorker(MegatronWorker):
-    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, role: RoleConfig,
-                 rl: RLConfig, total_steps: int, threads: int, offload_when_idle: bool = False):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        role: RoleConfig,
+        rl: RLConfig,
+        total_steps: int,
+        threads: int,
+        offload_when_idle: bool = False,
+    ):
         m = role.megatron
-        super().__init__(rank, world_size, master_addr, master_port, m.tensor_model_parallel_size,
-                         m.pipeline_model_parallel_size, m.seed + 7, threads, ep=m.expert_model_parallel_size)
+        super().__init__(
+            rank,
+            world_size,
+            master_addr,
+            master_port,
+            m.tensor_model_parallel_size,
+            m.pipeline_model_parallel_size,
+            m.seed + 7,
+            threads,
+            ep=m.expert_model_parallel_size,
+        )
         from ..models.engine import MegatronEngine
         from ..models.offload import Offloader
 
         self.role, self.rl = role, rl
         self.loss_agg_mode = resolve_algorithm(rl).loss_agg_mode
-        self.critic = MegatronEngine(role, head="value", trainable=True, total_steps=total_steps,
-                                     value_head_init_std=m.init_method_std, remove_padding=rl.use_remove_padding)
+        self.critic = MegatronEngine(
+            role,
+            head="value",
+            trainable=True,
+            total_steps=total_steps,
+            value_head_init_std=m.init_method_std,
+            remove_padding=rl.use_remove_padding,
+        )
         self.offloader = Offloader(self.critic)
         self.offload_when_idle = offload_when_idle
 
-    def init_weights(self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool,
-                     iteration: Optional[int] = None) -> LoadedState:
+    def init_weights(
+        self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool, iteration: Optional[int] = None
+    ) -> LoadedState:
         from ..checkpoint.engine_io import load_engine, load_weights_only
 
         payload: Dict = {}
         if load:
-            payload = (load_weights_only(self.critic, load) if finetune
-                       else load_engine(self.critic, load, load_optim, load_rng, iteration))
+            payload = (
+                load_weights_only(self.critic, load)
+                if finetune
+                else load_engine(self.critic, load, load_optim, load_rng, iteration)
+            )
         self._idle()
         return LoadedState(int(payload.get("iteration") or 0), dict(payload.get("trainer_state") or {}))
 
@@ -61,8 +91,9 @@ class CriticWorker(MegatronWorker):
         """Values [B, R] of the response positions."""
         t0 = time.perf_counter()
         self._busy()
-        out = self.critic.forward(rows.tensors(), self.rl.actor_forward_micro_batch_size,
-                                  token_budget=token_budget(self.rl, "actor"))
+        out = self.critic.forward(
+            rows.tensors(), self.rl.actor_forward_micro_batch_size, token_budget=token_budget(self.rl, "actor")
+        )
         self._idle()
         values = response_part(out["values"], rows.prompt_width, rows.response_width) if self.is_output_rank else None
         return ForwardAnswer(values, {"timing/critic_forward": time.perf_counter() - t0})
@@ -73,13 +104,21 @@ class CriticWorker(MegatronWorker):
         def make_loss(rows: Experience, scale: LossScale):
             def loss_fn(outputs, micro):
                 values = response_part(outputs["values"], rows.prompt_width, rows.response_width)
-                loss, m = value_loss(values, micro["values"], micro["returns"], micro["loss_mask"],
-                                     self.rl.cliprange_value, mode, scale)
+                loss, m = value_loss(
+                    values, micro["values"], micro["returns"], micro["loss_mask"], self.rl.cliprange_value, mode, scale
+                )
                 return loss, {"critic/vf_loss": float(loss), "critic/vf_clipfrac": float(m["vf_clipfrac"])}
+
             return loss_fn
 
         self._busy()
-        metrics = train_on_mini_batches(self.critic, mini_batches, make_loss, self.role.megatron.micro_batch_size,
-                                        "critic", token_budget=token_budget(self.rl, "update"))
+        metrics = train_on_mini_batches(
+            self.critic,
+            mini_batches,
+            make_loss,
+            self.role.megatron.micro_batch_size,
+            "critic",
+            token_budget=token_budget(self.rl, "update"),
+        )
         self._idle()
         return metrics

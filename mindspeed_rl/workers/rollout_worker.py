@@ -5,6 +5,7 @@ of ``infer_tensor_parallel_size`` contiguous ranks, as in the integrated actor. 
 weight channel from the actor's sending rank (``rollout/weight_transfer.py``) as full megatron-named tensors,
 which each engine shards for itself.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,14 +24,32 @@ class StaleWeights(RuntimeError):
 
 
 class RolloutWorker:
-    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, model: ModelConfig,
-                 gen: GenerateConfig, eos_token_id: Optional[int], pad_token_id: int, threads: int, bf16: bool):
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        model: ModelConfig,
+        gen: GenerateConfig,
+        eos_token_id: Optional[int],
+        pad_token_id: int,
+        threads: int,
+        bf16: bool,
+    ):
         from ..utils.library_logs import route_process_output
 
         route_process_output()
-        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-                           "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-                           "OMP_NUM_THREADS": str(threads)})
+        os.environ.update(
+            {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": str(rank),
+                "MASTER_ADDR": master_addr,
+                "MASTER_PORT": str(master_port),
+                "OMP_NUM_THREADS": str(threads),
+            }
+        )
         torch.set_num_threads(max(1, threads))
         from ..accelerator import get_accelerator
         from ..rollout.factory import make_rollout_engine
@@ -42,17 +61,26 @@ class RolloutWorker:
         # megatron's parallel state for the fallback engine (a full single-rank copy, used where vLLM cannot run
         # the model); vLLM builds its own groups over this world
         dist.init_model_parallel(1, 1, seed=gen.sampling_config.seed)
-        self.engine = make_rollout_engine(model, gen, self.acc.kind, eos_token_id, pad_token_id,
-                                          seed=gen.sampling_config.seed, bf16=bf16)
+        self.engine = make_rollout_engine(
+            model, gen, self.acc.kind, eos_token_id, pad_token_id, seed=gen.sampling_config.seed, bf16=bf16
+        )
         self.engine_size = self.engine.tensor_parallel_size
         self.engine_index, self.engine_rank = divmod(rank, self.engine_size)
         self.version: Optional[int] = None
         self.channel = None
 
     def layout(self) -> RankLayout:
-        return RankLayout(rank=self.rank, dp_rank=self.engine_index, dp_size=self.world_size // self.engine_size,
-                          tp_rank=self.engine_rank, pp_rank=0, output=self.engine_rank == 0,
-                          engine=self.engine_index, engine_rank=self.engine_rank, engine_size=self.engine_size)
+        return RankLayout(
+            rank=self.rank,
+            dp_rank=self.engine_index,
+            dp_size=self.world_size // self.engine_size,
+            tp_rank=self.engine_rank,
+            pp_rank=0,
+            output=self.engine_rank == 0,
+            engine=self.engine_index,
+            engine_rank=self.engine_rank,
+            engine_size=self.engine_size,
+        )
 
     # ----- weights ---------------------------------------------------------------------------------------
     def open_weight_channel(self, host: str, port: int, size: int) -> None:
@@ -71,9 +99,15 @@ class RolloutWorker:
         return {**stats, "timing/weight_sync": time.perf_counter() - t0}
 
     # ----- rollout ---------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int,
-                 sampling: Optional[SamplingConfig] = None, max_new_tokens: Optional[Sequence[int]] = None,
-                 version: Optional[int] = None) -> RolloutResult:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        seed: int,
+        sampling: Optional[SamplingConfig] = None,
+        max_new_tokens: Optional[Sequence[int]] = None,
+        version: Optional[int] = None,
+    ) -> RolloutResult:
         """n responses per prompt (sample i seeded ``seed + i``) with the weights of ``version``, which this
         worker must already hold; only the engine's first rank returns the outputs."""
         if version is not None and version != self.version:
@@ -81,10 +115,14 @@ class RolloutWorker:
         sampling = sampling or self.gen.sampling_config
         t0, started = time.perf_counter(), time.time()
         outputs = self.engine.generate(prompts, sampling, n, seed, max_new_tokens) if prompts else []
-        return RolloutResult(rank=self.rank, engine=self.engine_index,
-                             request_digest=request_digest(prompts, n, seed, sampling, max_new_tokens, version),
-                             outputs=outputs if self.engine_rank == 0 else None,
-                             timing={"timing/generate": time.perf_counter() - t0}, started=started)
+        return RolloutResult(
+            rank=self.rank,
+            engine=self.engine_index,
+            request_digest=request_digest(prompts, n, seed, sampling, max_new_tokens, version),
+            outputs=outputs if self.engine_rank == 0 else None,
+            timing={"timing/generate": time.perf_counter() - t0},
+            started=started,
+        )
 
     def shutdown(self) -> None:
         from ..utils import dist

@@ -8,6 +8,7 @@ Three axes, one method each:
   receives the same rows; the group's output rank (TP 0, last PP stage) returns the result.
 - ``update``: each mini-batch split by train DP, with the whole mini-batch's token count attached.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +20,19 @@ import torch
 
 from ..algorithms.losses import LossScale
 from ..models.packing import balanced_split, restore_order
-from ..protocol import (MODEL_INPUTS, Experience, ForwardAnswer, GeneratedBatch, MiniBatch, RankLayout,
-                        RolloutOutput, RolloutRequest, RolloutResult, slowest, split_rows)
+from ..protocol import (
+    MODEL_INPUTS,
+    Experience,
+    ForwardAnswer,
+    GeneratedBatch,
+    MiniBatch,
+    RankLayout,
+    RolloutOutput,
+    RolloutRequest,
+    RolloutResult,
+    slowest,
+    split_rows,
+)
 
 
 class DispatchError(RuntimeError):
@@ -77,17 +89,29 @@ class WorkerGroup:
     def engines(self) -> List[List[int]]:
         """The ranks of each rollout engine, engine by engine (rank order inside each)."""
         groups: Dict[int, List[int]] = {}
-        for lay in sorted(self.layouts, key=lambda l: (l.engine, l.engine_rank)):
+        for lay in sorted(self.layouts, key=lambda layout: (layout.engine, layout.engine_rank)):
             if lay.engine >= 0:
                 groups.setdefault(lay.engine, []).append(lay.rank)
         return [groups[e] for e in sorted(groups)]
 
     # ----- generation: by engine ------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], n: int, seed: int, sampling=None,
-                 max_new_tokens: Optional[Sequence[int]] = None, version: Optional[int] = None) -> GeneratedBatch:
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n: int,
+        seed: int,
+        sampling=None,
+        max_new_tokens: Optional[Sequence[int]] = None,
+        version: Optional[int] = None,
+    ) -> GeneratedBatch:
         """n samples of every prompt, waiting for them (see ``submit_generate``)."""
-        request = RolloutRequest([list(p) for p in prompts], n, seed, sampling,
-                                 None if max_new_tokens is None else [int(t) for t in max_new_tokens])
+        request = RolloutRequest(
+            [list(p) for p in prompts],
+            n,
+            seed,
+            sampling,
+            None if max_new_tokens is None else [int(t) for t in max_new_tokens],
+        )
         return self.collect_generate(self.submit_generate(request, version))
 
     def submit_generate(self, request: RolloutRequest, version: Optional[int] = None) -> PendingGeneration:
@@ -129,8 +153,9 @@ class WorkerGroup:
         return GeneratedBatch(outputs, slowest(r.timing for r in results), results)
 
     # ----- forwards and updates: by train DP ------------------------------------------------------------
-    def forward(self, method: str, experience: Experience, fields: Sequence[str] = MODEL_INPUTS,
-                *extra, balance: bool = False) -> ForwardAnswer:
+    def forward(
+        self, method: str, experience: Experience, fields: Sequence[str] = MODEL_INPUTS, *extra, balance: bool = False
+    ) -> ForwardAnswer:
         """``method(rows, *extra)`` with each DP group's share of the rows; the output ranks' answers joined
         in the experience's row order (timings: the slowest group's). With ``balance`` the shares have
         near-equal token sums (use_dp_batch_balance), else they are contiguous."""
@@ -140,12 +165,21 @@ class WorkerGroup:
             shares = split_rows(experience.num_rows, self.dp_size)
         results = self._call_per_dp(method, [experience.select(rows, fields) for rows in shares], extra)
         answers: List[ForwardAnswer] = [results[rank] for rank in self.output_ranks()]
-        joined = restore_order(torch.cat([answer.per_row for answer in answers]),
-                               torch.as_tensor(np.concatenate(shares)))
+        joined = restore_order(
+            torch.cat([answer.per_row for answer in answers]), torch.as_tensor(np.concatenate(shares))
+        )
         return ForwardAnswer(joined, slowest(answer.timing for answer in answers))
 
-    def update(self, method: str, experience: Experience, plan: Sequence[np.ndarray], fields: Sequence[str],
-               *extra, horizon: Optional[float] = None, balance: bool = False) -> Any:
+    def update(
+        self,
+        method: str,
+        experience: Experience,
+        plan: Sequence[np.ndarray],
+        fields: Sequence[str],
+        *extra,
+        horizon: Optional[float] = None,
+        balance: bool = False,
+    ) -> Any:
         """One optimizer step per mini-batch of ``plan`` (row indices): each DP rank gets its share and the
         whole mini-batch's counts (valid tokens, responses, and ``horizon``, the fixed length of
         seq-mean-token-sum-norm; default the response width); ``balance`` gives the DP ranks near-equal token
@@ -155,9 +189,11 @@ class WorkerGroup:
         for rows in plan:
             scale = LossScale.of(experience.loss_mask[rows], horizon)
             rows = np.asarray(rows)
-            parts = ([rows[share] for share in balanced_split(experience.attention_mask[rows].sum(1).tolist(),
-                                                              self.dp_size)]
-                     if balance else np.array_split(rows, self.dp_size))
+            parts = (
+                [rows[share] for share in balanced_split(experience.attention_mask[rows].sum(1).tolist(), self.dp_size)]
+                if balance
+                else np.array_split(rows, self.dp_size)
+            )
             for dp, part in enumerate(parts):
                 per_dp[dp].append(MiniBatch(experience.select(part, fields), scale))
         return self._call_per_dp(method, per_dp, extra)[self.output_ranks()[0]]
