@@ -5,7 +5,9 @@ from .generate_config import GenerateConfig, SamplingConfig
 from .loader import compose, load_ppo_config
 from .megatron_config import MegatronConfig
 from .model_config import ModelConfig
-from .ppo_config import PPOConfig, RoleConfig, batch_plan, build_ppo_config, missing_paths
+from .plan import batch_plan
+from .ppo_config import PPOConfig, RoleConfig, build_ppo_config
+from .probes import missing_paths
 from .rl_config import RLConfig
 
 __all__ = [

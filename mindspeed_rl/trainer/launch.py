@@ -332,108 +332,35 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
         steps = mt.train_iters * (samples // rl.mini_batch_size) * rl.epochs
         # the roles share each bundle's device slot (on CPU: the bundle's CPUs)
         fraction = acc.bundle_spec(cpus_per_bundle)[acc.ray_resource] / len(cfg.roles)
-        actor = spawn_group(
-            "actor",
-            IntegratedActorWorker,
-            acc,
-            pg,
-            devices,
-            fraction,
-            lambda rank, addr, port: dict(
-                rank=rank,
-                world_size=devices,
-                master_addr=addr,
-                master_port=port,
-                role=cfg.actor,
-                rl=rl,
-                gen=gen,
-                total_steps=steps,
-                eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id or 0,
-                threads=threads,
-                with_engine=not rollout_devices,
-            ),
-            env,
-            workers,
-            log_dir,
-        )
+
+        def spawn(name, cls, num_ranks, share, first_bundle=0, **kwargs):
+            """One group of ranks; each rank gets its place in the group's torch.distributed world."""
+            return spawn_group(
+                name, cls, acc, pg, num_ranks, share,
+                lambda rank, addr, port: dict(rank=rank, world_size=num_ranks, master_addr=addr, master_port=port,
+                                              threads=threads, **kwargs),
+                env, workers, log_dir, first_bundle=first_bundle,
+            )  # fmt: skip
+
+        ids = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id or 0)
+        actor = spawn("actor", IntegratedActorWorker, devices, fraction, role=cfg.actor, rl=rl, gen=gen,
+                      total_steps=steps, with_engine=not rollout_devices, **ids)  # fmt: skip
         if rollout_devices:
-            rollout = spawn_group(
-                "rollout",
-                RolloutWorker,
-                acc,
-                pg,
-                rollout_devices,
-                acc.bundle_spec(cpus_per_bundle)[acc.ray_resource],
-                lambda rank, addr, port: dict(
-                    rank=rank,
-                    world_size=rollout_devices,
-                    master_addr=addr,
-                    master_port=port,
-                    model=cfg.actor.model,
-                    gen=gen,
-                    eos_token_id=tokenizer.eos_token_id,
-                    pad_token_id=tokenizer.pad_token_id or 0,
-                    threads=threads,
-                    bf16=cfg.actor.megatron.bf16,
-                ),
-                env,
-                workers,
-                log_dir,
-                first_bundle=devices,
-            )
+            whole_bundle = acc.bundle_spec(cpus_per_bundle)[acc.ray_resource]
+            rollout = spawn("rollout", RolloutWorker, rollout_devices, whole_bundle, first_bundle=devices,
+                            model=cfg.actor.model, gen=gen, bf16=cfg.actor.megatron.bf16, **ids)  # fmt: skip
             connect_weight_channel(pg, actor, rollout)
             service = DisaggregatedRollout(actor, rollout)
             print(f"rollout workers (disaggregated): {rollout.describe_engines()}", flush=True)
         else:
             service = ColocatedRollout(actor)
             print(f"rollout engines: {actor.describe_engines()}", flush=True)
-        critic = None
+        critic = reward = None
         if cfg.uses_critic:
-            critic = spawn_group(
-                "critic",
-                CriticWorker,
-                acc,
-                pg,
-                cfg.critic.num_devices,
-                fraction,
-                lambda rank, addr, port: dict(
-                    rank=rank,
-                    world_size=cfg.critic.num_devices,
-                    master_addr=addr,
-                    master_port=port,
-                    role=cfg.critic,
-                    rl=rl,
-                    total_steps=steps,
-                    threads=threads,
-                    offload_when_idle=acc.offload_when_idle,
-                ),
-                env,
-                workers,
-                log_dir,
-            )
-        reward = None
+            critic = spawn("critic", CriticWorker, cfg.critic.num_devices, fraction, role=cfg.critic, rl=rl,
+                           total_steps=steps, offload_when_idle=acc.offload_when_idle)  # fmt: skip
         if cfg.reward is not None:
-            reward = spawn_group(
-                "reward",
-                RewardWorker,
-                acc,
-                pg,
-                cfg.reward.num_devices,
-                fraction,
-                lambda rank, addr, port: dict(
-                    rank=rank,
-                    world_size=cfg.reward.num_devices,
-                    master_addr=addr,
-                    master_port=port,
-                    role=cfg.reward,
-                    rl=rl,
-                    threads=threads,
-                ),
-                env,
-                workers,
-                log_dir,
-            )
+            reward = spawn("reward", RewardWorker, cfg.reward.num_devices, fraction, role=cfg.reward, rl=rl)
             reward.call("init_weights", cfg.reward.megatron.load)
         am, cm = cfg.actor.megatron, cfg.critic.megatron
         actor_load, critic_load = existing_checkpoint(am), existing_checkpoint(cm)
@@ -449,14 +376,7 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
         if critic is not None:
             critic.call("init_weights", critic_load, cm.finetune, not cm.no_load_optim, not cm.no_load_rng, resume_at)
         start = resumed.iteration if not am.finetune and actor_load else 0
-        state = resumed.trainer_state
-        sampler = PromptSampler(
-            len(dataset),
-            mt.global_batch_size,
-            mt.seed,
-            shuffle=not mt.no_shuffle,
-            consumed_samples=int(state.get("consumed_samples", 0)),
-        )
+        sampler = PromptSampler(len(dataset), mt.global_batch_size, mt.seed, shuffle=not mt.no_shuffle)
         if rl.rule_reward:
             runner = RuleRewardRunner(
                 rl.verifier_function,
@@ -481,9 +401,7 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
             test_dataset,
             rollout_service=service,
         )
-        trainer.load_trainer_state(state)
-        ref_origin = rl.integrated_mode_config.ref_model_load_path or state.get("ref_from")
-        trainer.ref_from = ref_origin or (am.load if am.finetune else None)
+        trainer.load_trainer_state(resumed.trainer_state)
         print(
             f"workers ready in {time.perf_counter() - started:.1f}s (Ray, placement, models, rollout engines, "
             "checkpoints)",

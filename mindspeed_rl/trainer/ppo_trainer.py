@@ -15,7 +15,8 @@ from ..algorithms.advantages import sequence_rewards, token_level_rewards
 from ..algorithms.kl import controller_kl, kl_penalty, make_kl_controller
 from ..algorithms.rollout_correction import mismatch_metrics, truncated_is_weights
 from ..algorithms.shaping import informative_groups, overlong_penalty
-from ..config_cls.ppo_config import PPOConfig, agent_rollout_function, filter_metric_name
+from ..config_cls.feature_rules import agent_rollout_function, filter_metric_name
+from ..config_cls.ppo_config import PPOConfig
 from ..protocol import MODEL_INPUTS, Experience, RolloutRequest, build_experience, mini_batch_plan
 from ..rollout.agent_loop import AgentBatch, AgentContext, AgentSettings, ToolFormat, rollout_function, single_turn
 from ..rollout.partial import ChunkRequest, PartialRollout
@@ -303,7 +304,15 @@ class PPOTrainer:
         return state
 
     def load_trainer_state(self, state: Dict) -> None:
-        """The parts of ``trainer_state`` the trainer owns (the launcher restores the sampler and the reference)."""
+        """Everything ``trainer_state`` saved (an empty state: a fresh start). The reference's origin is, in
+        order: rl_config's ref_model_load_path, the one recorded by the first run, the finetune load."""
+        self.sampler.consumed_samples = int(state.get("consumed_samples", 0))
+        am = self.cfg.actor.megatron
+        self.ref_from = (
+            self.cfg.rl.integrated_mode_config.ref_model_load_path
+            or state.get("ref_from")
+            or (am.load if am.finetune else None)
+        )
         if "kl_ctrl" in state:
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         if self.partial is not None and state.get("partial_rollout"):

@@ -1,0 +1,174 @@
+"""Rules of single features (packing, the agent rollout, DAPO's dynamic sampling and partial rollout) and
+the names they resolve (filter_metric_name, agent_rollout_function)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING
+
+from .base import ConfigError
+
+if TYPE_CHECKING:
+    from .ppo_config import PPOConfig
+    from .rl_config import RLConfig
+
+
+def check_packing_keys(cfg: PPOConfig) -> None:
+    """Remove padding and token-budget micro-batches: single-stage models only (pipeline stages exchange
+    fixed shapes); every budget holds the longest sequence (derive fills in the defaults)."""
+    rl = cfg.rl
+    if not rl.use_dynamic_bsz:
+        for key in ("ref_max_packing_token_size", "actor_max_packing_token_size", "update_max_packing_token_size"):
+            if getattr(rl, key) is not None:
+                raise ConfigError(f"rl_config.{key}", "is set but use_dynamic_bsz is false")
+    if not (rl.use_remove_padding or rl.use_dynamic_bsz):
+        return
+    for role in cfg.roles:
+        if role.pp > 1:
+            key = "use_remove_padding" if rl.use_remove_padding else "use_dynamic_bsz"
+            raise ConfigError(
+                f"rl_config.{key}",
+                f"needs pipeline_model_parallel_size 1; the {role.name} has PP "
+                f"{role.pp} (stages exchange fixed-shape activations)",
+            )
+    if not rl.use_dynamic_bsz:
+        return
+    longest = rl.max_prompt_length + cfg.generate.sampling_config.max_tokens
+    for key in ("ref_max_packing_token_size", "actor_max_packing_token_size", "update_max_packing_token_size"):
+        value = getattr(rl, key)
+        if value < longest:
+            raise ConfigError(
+                f"rl_config.{key}",
+                f"{value} tokens cannot hold the longest sequence: "
+                f"max_prompt_length {rl.max_prompt_length} + max_tokens "
+                f"{cfg.generate.sampling_config.max_tokens} = {longest}",
+            )
+
+
+def filter_metric_name(rl: RLConfig) -> str:
+    """The per-row value dynamic sampling compares inside a group: "score" or a verifier's name."""
+    metric = rl.filter_groups_metric
+    if metric is None:
+        return rl.verifier_function[0] if rl.rule_reward and rl.verifier_function else "score"
+    match = re.fullmatch(r"(?:\w+/)?(\w+)_rewards/mean", metric)  # MindSpeed-RL: grpo/<verifier>_rewards/mean
+    return match.group(1) if match else metric
+
+
+def agent_rollout_function(rl) -> str:
+    """The rollout function in effect (MindSpeed-RL's multi_turn_enable selects tool_agent)."""
+    return "tool_agent" if rl.multi_turn_enable and rl.rollout_function == "single_turn" else rl.rollout_function
+
+
+def check_agent_keys(cfg: PPOConfig) -> None:
+    """The rollout function resolves; the tool agent has tools, a template with a tool role, and runs
+    synchronously."""
+    from ..rollout.agent_loop import rollout_function
+    from ..tools.registry import ToolConfigError, resolve_tools
+
+    rl = cfg.rl
+    name = agent_rollout_function(rl)
+    try:
+        rollout_function(name)
+    except (ValueError, ToolConfigError) as exc:
+        raise ConfigError("rl_config.rollout_function", str(exc)) from None
+    if name == "single_turn":
+        return
+    if rl.multi_turn_enable and rl.rollout_function not in ("single_turn", "tool_agent"):
+        raise ConfigError(
+            "rl_config.multi_turn_enable", f"selects tool_agent, but rollout_function is {rl.rollout_function!r}"
+        )
+    for key, on in (
+        ("partial_rollout_max_split", rl.partial_rollout_max_split > 1),
+        ("max_head_offpolicyness", rl.max_head_offpolicyness > 0),
+    ):
+        if on:
+            raise ConfigError(
+                f"rl_config.{key}",
+                f"cannot be combined with the {name} rollout function yet (multi-turn rollouts run synchronously)",
+            )
+    if name != "tool_agent":
+        return
+    try:
+        tools = resolve_tools(rl.tools, rl.tool_config_path)
+    except ToolConfigError as exc:
+        raise ConfigError("rl_config.tools", str(exc)) from None
+    if not tools:
+        raise ConfigError("rl_config.tools", "the tool_agent rollout needs tools (or a tool_config_path)")
+    from ..datasets.templates import load_templates
+    from ..rollout.agent_loop import ToolFormat
+
+    templates = load_templates()
+    if rl.prompt_type not in templates:
+        raise ConfigError("rl_config.prompt_type", f"{rl.prompt_type!r} is not in configs/model/templates.json")
+    try:
+        ToolFormat.of_template(templates[rl.prompt_type], rl.prompt_type)
+    except ValueError as exc:
+        raise ConfigError("rl_config.prompt_type", str(exc)) from None
+
+
+def check_dapo_keys(cfg: PPOConfig) -> None:
+    """Dynamic sampling, partial rollout and overlong shaping: keys that only mean something together."""
+    rl, max_tokens = cfg.rl, cfg.generate.sampling_config.max_tokens
+    if rl.max_head_offpolicyness > 0:
+        if rl.rollout_resource is None:
+            raise ConfigError(
+                "rl_config.max_head_offpolicyness",
+                "asynchronous rollout needs rollout workers of their own: set rl_config.rollout_resource",
+            )
+        if rl.partial_rollout_max_split > 1 or rl.filter_groups_enable:
+            raise ConfigError(
+                "rl_config.max_head_offpolicyness",
+                "asynchronous rollout cannot be combined with partial rollout or dynamic sampling yet",
+            )
+    if rl.partial_rollout_max_split > 1:
+        if rl.filter_groups_enable:
+            raise ConfigError(
+                "rl_config.partial_rollout_max_split",
+                "partial rollout and dynamic sampling (filter_groups_enable) cannot be combined yet",
+            )
+        if rl.partial_rollout_max_split > max_tokens:
+            raise ConfigError(
+                "rl_config.partial_rollout_max_split",
+                f"{rl.partial_rollout_max_split} chunks of a {max_tokens}-token response would be "
+                "empty: at most generate_config.sampling_config.max_tokens",
+            )
+        chunk = -(-max_tokens // rl.partial_rollout_max_split)
+        if cfg.generate.sampling_config.min_tokens > chunk:
+            raise ConfigError(
+                "generate_config.sampling_config.min_tokens",
+                f"{cfg.generate.sampling_config.min_tokens} is above the partial-rollout chunk of "
+                f"{chunk} tokens (max_tokens / partial_rollout_max_split)",
+            )
+    if not rl.filter_groups_enable:
+        for key in ("filter_groups_metric", "filter_groups_train_batch_size"):
+            if getattr(rl, key) is not None:
+                raise ConfigError(f"rl_config.{key}", "is set but filter_groups_enable is false")
+    else:
+        if rl.n_samples_per_prompt < 2:
+            raise ConfigError(
+                "rl_config.n_samples_per_prompt",
+                "filter_groups_enable compares the responses of one prompt: it needs at least 2 samples per prompt",
+            )
+        if rl.filter_groups_max_batches == 0:
+            raise ConfigError("rl_config.filter_groups_max_batches", "0 would generate nothing; -1 means no limit")
+        metric = filter_metric_name(rl)
+        known = ["score"] + (list(rl.verifier_function) if rl.rule_reward else [])
+        if metric not in known:
+            raise ConfigError(
+                "rl_config.filter_groups_metric",
+                f"{rl.filter_groups_metric!r} is neither score nor a verifier of verifier_function "
+                f"({', '.join(known)})",
+            )
+    if rl.overlong_buffer_enable:
+        length = rl.rollout_max_tokens or max_tokens
+        if rl.overlong_buffer < 1 or rl.overlong_buffer >= length:
+            raise ConfigError(
+                "rl_config.overlong_buffer",
+                f"{rl.overlong_buffer} must be between 1 and rollout_max_tokens - 1 = {length - 1}",
+            )
+        if rl.rollout_max_tokens is not None and rl.rollout_max_tokens > max_tokens:
+            raise ConfigError(
+                "rl_config.rollout_max_tokens",
+                f"{rl.rollout_max_tokens} exceeds generate_config.sampling_config.max_tokens "
+                f"{max_tokens}: no response can be that long",
+            )

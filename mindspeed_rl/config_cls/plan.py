@@ -1,0 +1,121 @@
+"""The batch plan: a human-readable account of how one iteration's samples and devices are split."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .feature_rules import agent_rollout_function, filter_metric_name
+from .layout import describe_blocks, dp_groups, engine_blocks, layout_diagram
+from .probes import devices_per_node
+
+if TYPE_CHECKING:
+    from .ppo_config import PPOConfig
+
+
+def batch_plan(cfg: PPOConfig) -> str:
+    """A human-readable account of how one iteration's samples are split."""
+    gbs, n = cfg.prompts_per_iteration, cfg.rl.n_samples_per_prompt
+    samples, mini = cfg.samples_per_iteration, cfg.rl.mini_batch_size
+    roles = cfg.roles
+    per_node = devices_per_node()
+    devices = cfg.actor.num_devices
+    nodes = -(-devices // per_node)
+    node_text = f"{nodes} node{'s' if nodes > 1 else ''} x {min(per_node, devices)}"
+    gen = cfg.generate
+    itp = gen.infer_tensor_parallel_size
+    rollout_devices = cfg.rl.rollout_resource.num_npus if cfg.rl.rollout_resource is not None else 0
+    infer_dp = (rollout_devices or devices) // itp
+    split = cfg.rl.partial_rollout_max_split
+    lines = [
+        "Batch plan",
+        f"  algorithm : {cfg.algorithm.describe()}",
+        f"  iteration : {gbs} prompts x {n} samples = {samples} responses"
+        + (
+            f" (dynamic sampling: batches of {cfg.megatron_training.global_batch_size} prompts until {gbs} groups "
+            f"differ in {filter_metric_name(cfg.rl)}, "
+            + (
+                f"at most {cfg.rl.filter_groups_max_batches} batch(es))"
+                if cfg.rl.filter_groups_max_batches > 0
+                else "no batch limit)"
+            )
+            if cfg.rl.filter_groups_enable
+            else ""
+        ),
+        f"  update    : {samples} / mini_batch_size {mini} = {samples // mini} mini-batches per epoch"
+        f" x {cfg.rl.epochs} epoch(s) = {samples // mini * cfg.rl.epochs} optimizer steps per role",
+        f"  devices   : {devices} ({node_text}, NPUS_PER_NODE={per_node}), integrated="
+        f"{cfg.rl.use_integrated_worker}, throughput world_size={cfg.world_size}",
+        f"  rollout   : infer TP {itp} x PP {gen.infer_pipeline_parallel_size}, "
+        f"{infer_dp} engine(s), {gbs / infer_dp:g} prompts = {samples / infer_dp:g} responses each, up to "
+        f"{gen.sampling_config.max_tokens} new tokens",
+        f"  engines   : {describe_blocks(engine_blocks(rollout_devices or devices, itp), 'engine')}"
+        + (
+            f" (rollout workers on {rollout_devices} devices of their own after the actor's {devices}: disaggregated, "
+            "the actor's rank 0 pushes full weights to every rollout rank after each update)"
+            if rollout_devices
+            else " (actor ranks; every rank of an engine gets the same prompts)"
+        ),
+    ]
+    agent = agent_rollout_function(cfg.rl)
+    if agent != "single_turn":
+        rl = cfg.rl
+        tools = ", ".join(rl.tools) + (f" + {rl.tool_config_path}" if rl.tool_config_path else "")
+        lines.append(
+            f"  agent     : rollout function {agent}, tools [{tools}], up to {rl.max_turns} turns and "
+            f"{rl.max_tool_calls} calls per trajectory within max_tokens; tool results loss_mask 0; "
+            f"sandbox {rl.tool_timeout:g} s wall, {rl.tool_cpu_seconds} s CPU, {rl.tool_memory_mb} MB"
+        )
+    if cfg.rl.max_head_offpolicyness > 0:
+        lines.append(
+            f"  async     : the rollout workers generate up to {cfg.rl.max_head_offpolicyness} batch(es) "
+            "ahead of training (each sampled at most that many versions before it trains)"
+        )
+    if split > 1:
+        lines.append(
+            f"  partial   : chunks of {-(-gen.sampling_config.max_tokens // split)} tokens "
+            f"(max_tokens / partial_rollout_max_split {split}); unfinished responses are parked and continued "
+            f"with the next weights, finished within {split} iterations"
+            + ("" if cfg.rl.require_max_age_all_finished else " when rounds run (require_max_age_all_finished false)")
+        )
+    for role in roles:
+        m = role.megatron
+        per_rank = mini // role.dp if role.name != "reward" else samples // role.dp
+        micro = per_rank // m.micro_batch_size
+        params = readable_count(role.model.parameter_count()) + " params"
+        if role.model.num_experts:
+            params += (
+                f", {readable_count(role.model.active_parameter_count())} active; {role.model.num_experts} "
+                f"experts over EP {m.expert_model_parallel_size}"
+            )
+        lines.append(
+            f"  {role.name:<10}: {role.num_devices} devices = TP {role.tp} x PP {role.pp} x DP {role.dp}; "
+            f"model {m.model} ({params}); "
+            + (
+                f"{per_rank} samples per DP rank per mini-batch = {micro} micro-batch(es) of {m.micro_batch_size}; "
+                f"lr {m.lr:g}"
+                if role.name != "reward"
+                else f"{per_rank} samples per DP rank to score"
+            )
+        )
+    for role in roles:
+        lines.append(
+            f"  {role.name + ' DP':<10}: "
+            + describe_blocks(dp_groups(role.tp, role.dp, role.pp), "DP")
+            + f" (ranks of each {role.name} data-parallel group: TP x PP)"
+        )
+    lines.append(
+        f"  forward   : actor_forward_micro_batch_size {cfg.rl.actor_forward_micro_batch_size}, "
+        f"ref_forward_micro_batch_size {cfg.rl.ref_forward_micro_batch_size}"
+    )
+    co_located = [(r.name, r.tp, r.dp, r.pp) for r in roles if r.num_devices == devices]
+    lines.append("  layout (one placement group; roles share the bundles):")
+    lines += ["    " + line for line in layout_diagram(devices, itp, co_located).splitlines()]
+    return "\n".join(lines)
+
+
+def readable_count(count: float) -> str:
+    """3.4M, 32.8B: three significant digits and a unit."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if count >= scale:
+            return f"{count / scale:.3g}{unit}"
+    return f"{count:g}"

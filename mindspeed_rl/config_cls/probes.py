@@ -1,0 +1,60 @@
+"""Path and environment probes: the files and folders a run needs, and the devices of one node."""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import TYPE_CHECKING, List, Mapping
+
+from .base import ConfigError
+from .rules import _role_key
+
+if TYPE_CHECKING:
+    from .ppo_config import PPOConfig, RoleConfig
+
+
+def missing_paths(cfg: PPOConfig) -> List[ConfigError]:
+    """Files and folders the run needs that do not exist (errors naming their keys)."""
+    problems: List[ConfigError] = []
+    seen = set()
+    for role in cfg.roles:
+        m = role.megatron
+        checks = [("tokenizer_name_or_path", m.tokenizer_name_or_path, "folder"), ("load", m.load, "folder")]
+        if role.name == "actor":
+            checks.append(("data_path", m.data_path, "dataset prefix"))
+            if m.test_data_path:
+                checks.append(("test_data_path", m.test_data_path, "dataset prefix"))
+        for key, value, what in checks:
+            if key == "load" and value and not m.finetune and not os.path.exists(value):
+                continue  # resume from a folder that does not exist yet: fresh start, said in the log
+            full = _role_key(role, key) if key in _explicit(cfg, role) else f"megatron_training.{key}"
+            if (full, value) in seen:
+                continue
+            seen.add((full, value))
+            if value is None:
+                if key in ("tokenizer_name_or_path", "data_path"):
+                    problems.append(ConfigError(full, "required to run (not only for dry_run)"))
+                continue
+            exists = os.path.exists(value) or (what == "dataset prefix" and glob.glob(value + "*"))
+            if not exists:
+                problems.append(ConfigError(full, f"{what} {value!r} does not exist"))
+    ref = cfg.rl.integrated_mode_config.ref_model_load_path
+    if ref and not os.path.exists(ref):
+        problems.append(
+            ConfigError("rl_config.integrated_mode_config.ref_model_load_path", f"folder {ref!r} does not exist")
+        )
+    return problems
+
+
+def _explicit(cfg: PPOConfig, role: RoleConfig) -> set:
+    section = cfg.raw.get(f"{role.name}_config") or {}
+    return set(section) if isinstance(section, Mapping) else set()
+
+
+def devices_per_node() -> int:
+    """Devices of one node as the launcher says (NPUS_PER_NODE), 16 by default (an Atlas A3 node)."""
+    value = os.environ.get("NPUS_PER_NODE", "16")
+    try:
+        return max(1, int(value))
+    except ValueError:
+        raise ConfigError("NPUS_PER_NODE", f"environment variable must be an integer, got {value!r}") from None

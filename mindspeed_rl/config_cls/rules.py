@@ -1,0 +1,260 @@
+"""Cross-key rules of the PPO config: each reads the composed config and raises a ConfigError naming
+the key to change; none writes (derived values come from ppo_config.derive)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from .base import ConfigError, closest_key
+from .feature_rules import check_agent_keys, check_dapo_keys, check_packing_keys
+
+if TYPE_CHECKING:
+    from .ppo_config import PPOConfig, RoleConfig
+
+
+def _role_key(role: RoleConfig, name: str) -> str:
+    return f"{role.name}_config.{name}" if role.name != "reward" else f"reward_config.{name}"
+
+
+def check_cross_fields(cfg: PPOConfig) -> None:
+    """Rules that involve more than one key. Each error names the key to change."""
+    rl, gen = cfg.rl, cfg.generate
+    check_dapo_keys(cfg)
+    check_agent_keys(cfg)
+    samples = cfg.samples_per_iteration
+    if samples % rl.mini_batch_size:
+        raise ConfigError(
+            "rl_config.mini_batch_size",
+            f"{rl.mini_batch_size} does not divide the prompts per iteration x n_samples_per_prompt = "
+            f"{cfg.prompts_per_iteration} x {rl.n_samples_per_prompt} = {samples}",
+        )
+    sampling = cfg.generate.sampling_config
+    check_packing_keys(cfg)
+    if sampling.min_tokens > sampling.max_tokens:
+        raise ConfigError(
+            "generate_config.sampling_config.min_tokens",
+            f"{sampling.min_tokens} is above max_tokens {sampling.max_tokens}",
+        )
+    for role in cfg.roles:
+        m, model = role.megatron, role.model
+        if role.num_devices % (role.tp * role.pp):
+            raise ConfigError(
+                _role_key(role, "tensor_model_parallel_size"),
+                f"TP {role.tp} x PP {role.pp} = {role.tp * role.pp} does not divide the "
+                f"{role.name}'s {role.num_devices} devices (rl_config.{role.name}_resource.num_npus)",
+            )
+        if model.num_attention_heads % role.tp:
+            raise ConfigError(
+                _role_key(role, "tensor_model_parallel_size"),
+                f"TP {role.tp} does not divide num_attention_heads {model.num_attention_heads} of model {m.model}",
+            )
+        if model.kv_heads % role.tp:
+            raise ConfigError(
+                _role_key(role, "tensor_model_parallel_size"),
+                f"TP {role.tp} does not divide num_query_groups {model.kv_heads} of model {m.model}",
+            )
+        ep = m.expert_model_parallel_size
+        if ep > 1 and not model.num_experts:
+            raise ConfigError(
+                _role_key(role, "expert_model_parallel_size"),
+                f"{ep} needs a mixture-of-experts model; {m.model} is dense",
+            )
+        if model.num_experts and model.num_experts % ep:
+            raise ConfigError(
+                _role_key(role, "expert_model_parallel_size"),
+                f"EP {ep} does not divide num_experts {model.num_experts} of model {m.model}",
+            )
+        if role.dp % ep:
+            raise ConfigError(
+                _role_key(role, "expert_model_parallel_size"),
+                f"EP {ep} does not divide the {role.name}'s data-parallel size {role.dp} "
+                f"(devices {role.num_devices} / (TP {role.tp} x PP {role.pp}))",
+            )
+        layers = m.layers_per_stage(model.num_layers)
+        if m.num_layer_list:
+            if len(layers) != role.pp or sum(layers) != model.num_layers or min(layers) < 1:
+                raise ConfigError(
+                    _role_key(role, "num_layer_list"),
+                    f"{m.num_layer_list!r} must list {role.pp} positive layer counts summing to "
+                    f"num_layers {model.num_layers}",
+                )
+        elif model.num_layers % role.pp:
+            raise ConfigError(
+                _role_key(role, "pipeline_model_parallel_size"),
+                f"PP {role.pp} does not divide num_layers {model.num_layers}; set num_layer_list",
+            )
+        if role.name != "reward":
+            per_rank = rl.mini_batch_size / role.dp
+            if rl.mini_batch_size % (m.micro_batch_size * role.dp):
+                raise ConfigError(
+                    _role_key(role, "micro_batch_size"),
+                    f"mini_batch_size {rl.mini_batch_size} over DP {role.dp} gives {per_rank:g} "
+                    f"samples per rank, not a multiple of micro_batch_size {m.micro_batch_size}",
+                )
+        if m.bf16 and m.fp16:
+            raise ConfigError(_role_key(role, "fp16"), "bf16 and fp16 are both true; pick one")
+        if m.min_lr > m.lr:
+            raise ConfigError(_role_key(role, "min_lr"), f"{m.min_lr} is above lr {m.lr}")
+        if m.save_hf and not m.save:
+            raise ConfigError(
+                _role_key(role, "save_hf"),
+                "is true but save is not set: the HF folder is written beside each checkpoint in save",
+            )
+        if m.save_hf and m.no_shared_storage:
+            raise ConfigError(
+                _role_key(role, "save_hf"),
+                "needs a filesystem all ranks share (no_shared_storage is "
+                "true): convert afterwards with cli/convert_ckpt.py",
+            )
+    if not rl.use_integrated_worker:
+        raise ConfigError(
+            "rl_config.use_integrated_worker",
+            "false (actor, reference and critic in workers on devices "
+            "of their own) is not implemented: the roles share the "
+            "actor's devices; for rollout on devices of its own set "
+            "rl_config.rollout_resource",
+        )
+    if not rl.blocking:
+        raise ConfigError(
+            "rl_config.blocking",
+            "false is not implemented: the stages of an iteration run one after "
+            "the other; to overlap generation with training use "
+            "rl_config.max_head_offpolicyness (asynchronous rollout)",
+        )
+    if cfg.reward is not None:
+        if not cfg.reward.megatron.load:
+            raise ConfigError(
+                "reward_config.load",
+                "required: the reward model's weights (a checkpoint converted with cli/convert_ckpt.py --orm)",
+            )
+        if cfg.reward.num_devices > cfg.actor.num_devices:
+            raise ConfigError(
+                "rl_config.reward_resource.num_npus",
+                f"{cfg.reward.num_devices} exceeds actor_resource.num_npus {cfg.actor.num_devices}: "
+                "in integrated mode the reward model shares the actor's devices",
+            )
+    if cfg.uses_critic and cfg.critic.num_devices > cfg.actor.num_devices:
+        raise ConfigError(
+            "rl_config.critic_resource.num_npus",
+            f"{cfg.critic.num_devices} exceeds actor_resource.num_npus {cfg.actor.num_devices}: "
+            "in integrated mode the critic shares the actor's devices",
+        )
+    itp, tp = gen.infer_tensor_parallel_size, cfg.actor.tp
+    if rl.rollout_resource is None and itp % tp and tp % itp:
+        raise ConfigError(
+            "generate_config.infer_tensor_parallel_size",
+            f"{itp} is neither a multiple nor a divisor of the actor's TP {tp}",
+        )
+    if rl.rollout_resource is not None:
+        if rl.rollout_resource.num_npus % itp:
+            raise ConfigError(
+                "generate_config.infer_tensor_parallel_size",
+                f"{itp} does not divide the rollout workers' {rl.rollout_resource.num_npus} devices "
+                "(rl_config.rollout_resource.num_npus)",
+            )
+    elif cfg.actor.num_devices % itp:
+        raise ConfigError(
+            "generate_config.infer_tensor_parallel_size",
+            f"{itp} does not divide the actor's {cfg.actor.num_devices} devices",
+        )
+    if cfg.actor.model.num_attention_heads % itp or cfg.actor.model.kv_heads % itp:
+        raise ConfigError(
+            "generate_config.infer_tensor_parallel_size",
+            f"{itp} does not divide the heads ({cfg.actor.model.num_attention_heads}) and "
+            f"query groups ({cfg.actor.model.kv_heads}) of the actor's model",
+        )
+    seq_length = cfg.megatron_training.seq_length
+    if seq_length is not None and rl.max_prompt_length > seq_length:
+        raise ConfigError(
+            "rl_config.max_prompt_length", f"{rl.max_prompt_length} exceeds megatron_training.seq_length {seq_length}"
+        )
+    needed = rl.max_prompt_length + gen.sampling_config.max_tokens
+    if seq_length is not None and needed > seq_length:
+        raise ConfigError(
+            "megatron_training.seq_length",
+            f"{seq_length} is below rl_config.max_prompt_length + sampling_config.max_tokens = {needed}, "
+            "the longest sequence training sees",
+        )
+    if needed > gen.max_model_len:
+        raise ConfigError(
+            "generate_config.max_model_len",
+            f"{gen.max_model_len} is below rl_config.max_prompt_length + sampling_config.max_tokens = {needed}",
+        )
+    positions = cfg.actor.model.max_position_embeddings
+    if positions is not None and gen.max_model_len > positions:
+        raise ConfigError(
+            "generate_config.max_model_len",
+            f"{gen.max_model_len} exceeds the actor model's max_position_embeddings {positions}: "
+            "vLLM refuses it (lower max_model_len)",
+        )
+    if gen.max_num_batched_tokens < gen.max_model_len and gen.max_num_batched_tokens < rl.max_prompt_length:
+        raise ConfigError(
+            "generate_config.max_num_batched_tokens",
+            f"{gen.max_num_batched_tokens} cannot hold one prompt of max_prompt_length {rl.max_prompt_length}",
+        )
+    if rl.rule_reward and not rl.verifier_function:
+        raise ConfigError(
+            "rl_config.verifier_function",
+            "is empty but rule_reward is true: name at least one "
+            "verifier, or set rule_reward false and give a reward_config",
+        )
+    if len(rl.verifier_function) != len(rl.verifier_weight):
+        raise ConfigError(
+            "rl_config.verifier_weight",
+            f"{len(rl.verifier_weight)} weights for {len(rl.verifier_function)} verifier functions "
+            f"{rl.verifier_function}",
+        )
+    if rl.rule_reward:
+        from ..rewards.registry import VerifierImportError, import_verifier, is_path, known_verifiers
+
+        known = known_verifiers()
+        for i, name in enumerate(rl.verifier_function):
+            if is_path(name):
+                try:
+                    import_verifier(name)
+                except VerifierImportError as exc:
+                    raise ConfigError(f"rl_config.verifier_function[{i}]", f"{name!r}: {exc}") from None
+            elif name not in known:
+                hint = closest_key(name, known)
+                raise ConfigError(
+                    f"rl_config.verifier_function[{i}]",
+                    f"unknown verifier {name!r}"
+                    + (f"; did you mean {hint!r}?" if hint else "")
+                    + f"; registered: {', '.join(sorted(known))}",
+                )
+    elif cfg.reward is None:
+        raise ConfigError(
+            "rl_config.rule_reward",
+            "false, but no reward_config (reward model) is given: nothing would score the responses",
+        )
+    if rl.kl_ctrl_type == "adaptive" and (rl.kl_target is None or rl.kl_horizon is None):
+        raise ConfigError(
+            "rl_config.kl_target" if rl.kl_target is None else "rl_config.kl_horizon",
+            "required when kl_ctrl_type is adaptive",
+        )
+    check_validation_keys(cfg)
+    a_save, c_save = cfg.actor.megatron.save, cfg.critic.megatron.save
+    if cfg.uses_critic and a_save and c_save and os.path.abspath(a_save) == os.path.abspath(c_save):
+        raise ConfigError(
+            "critic_config.save", f"{c_save!r} is also the actor's save folder; actor and critic need separate folders"
+        )
+
+
+def validates(cfg: PPOConfig) -> bool:
+    return cfg.rl.test_freq > 0 or cfg.rl.val_before_train
+
+
+def check_validation_keys(cfg: PPOConfig) -> None:
+    rl, test = cfg.rl, cfg.actor.megatron.test_data_path
+    if validates(cfg) and not test:
+        key = "rl_config.test_freq" if rl.test_freq else "rl_config.val_before_train"
+        raise ConfigError("megatron_training.test_data_path", f"required by {key}: the preprocessed test set")
+    if test and not validates(cfg):
+        raise ConfigError(
+            "rl_config.test_freq",
+            f"is 0 and val_before_train false, so test_data_path {test!r} "
+            "would never be used: set test_freq (or val_before_train)",
+        )
+    if validates(cfg) and not rl.rule_reward:
+        raise ConfigError("rl_config.test_freq", "validation scores with the rule verifiers: rule_reward must be true")
