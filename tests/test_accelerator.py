@@ -358,3 +358,14 @@ def test_a_world_of_one_ignores_an_inherited_master_port_that_is_taken(monkeypat
             assert os.environ["MASTER_PORT"] != str(taken.getsockname()[1])
         finally:
             dist.destroy()
+
+
+def test_rendezvous_ports_are_picked_below_the_ephemeral_range():
+    """Outgoing connections (Ray opens many) draw from the ephemeral range and could take a port picked there
+    before the process group binds it (EADDRINUSE seen in CI): rendezvous ports come from below it."""
+    from mindspeed_rl.utils.dist import FIXED_PORTS, _ephemeral_low, free_port
+
+    low = _ephemeral_low()
+    ports = [free_port() for _ in range(20)] + [free_port("")]
+    if low > FIXED_PORTS.start:
+        assert all(FIXED_PORTS.start <= p < low for p in ports), ports

@@ -12,10 +12,37 @@ import torch.distributed as dist
 from ..accelerator import get_accelerator
 from ..compat import megatron_core as compat_megatron
 
+FIXED_PORTS = range(20000, 32768)  # above Ray's worker ports (10002-19999), below Linux's ephemeral range
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now, for a process group's rendezvous that binds it a moment later.
+
+    A port the OS hands out for bind(0) comes from the ephemeral range, which every outgoing connection
+    (Ray's gRPC channels open many) also draws from: one of them can take it before the group binds it
+    (EADDRINUSE). Ports below the ephemeral range are only taken by an explicit bind, so pick there.
+    """
+    import random
+
+    low = min(FIXED_PORTS.stop, _ephemeral_low())
+    candidates = random.Random().sample(range(FIXED_PORTS.start, low), k=min(64, max(0, low - FIXED_PORTS.start)))
+    for port in candidates:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:  # a crowded machine: any free port
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import socket
 from typing import Any, Callable, Dict, List, Optional
 
 from ..accelerator import Accelerator
@@ -16,10 +15,9 @@ from .worker_group import WorkerGroup
 def _node_ip_and_port():
     import ray
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        port = sock.getsockname()[1]
-    return ray.util.get_node_ip_address(), port
+    from ..utils.dist import free_port
+
+    return ray.util.get_node_ip_address(), free_port("")
 
 
 def create_placement_group(acc: Accelerator, num_bundles: int, cpus_per_bundle: float, timeout: float = 600.0):
