@@ -23,7 +23,7 @@ def batch_plan(cfg: PPOConfig) -> str:
     node_text = f"{nodes} node{'s' if nodes > 1 else ''} x {min(per_node, devices)}"
     gen = cfg.generate
     itp = gen.infer_tensor_parallel_size
-    rollout_devices = cfg.rl.rollout_resource.num_npus if cfg.rl.rollout_resource is not None else 0
+    rollout_devices = cfg.rollout_devices
     infer_dp = (rollout_devices or devices) // itp
     split = cfg.rl.partial_rollout_max_split
     lines = [

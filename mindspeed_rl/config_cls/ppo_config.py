@@ -92,10 +92,14 @@ class PPOConfig:
         return [self.actor] + ([self.critic] if self.uses_critic else [])
 
     @property
+    def rollout_devices(self) -> int:
+        """Devices of the rollout workers of their own (disaggregated layout); 0 when the actor generates."""
+        return self.rl.rollout_resource.num_npus if self.rl.rollout_resource is not None else 0
+
+    @property
     def world_size(self) -> int:
         """Devices that count for the throughput metrics (docs/ppo.md, Metrics)."""
-        rollout = self.rl.rollout_resource.num_npus if self.rl.rollout_resource is not None else 0
-        return self.actor.num_devices + rollout  # integrated: the other roles share the actor's devices
+        return self.actor.num_devices + self.rollout_devices  # integrated: the other roles share the actor's
 
 
 def model_section_data(name: str, models: Mapping[str, Any], config_dir: Optional[str], key: str) -> Mapping:

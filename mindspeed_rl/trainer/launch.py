@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
 import time
-from typing import Dict, List
+from typing import Any, Dict, List, Tuple
 
 from ..config_cls.loader import CONFIG_DIR
 from ..config_cls.ppo_config import PPOConfig
@@ -257,160 +258,161 @@ def describe_worker_error(exc, groups, cfg: PPOConfig, run_dir: str) -> WorkerRa
     )
 
 
+def open_prompts(cfg: PPOConfig):
+    """(training prompts, test prompts or None), each a memory-mapped PromptDataset."""
+    from ..datasets.prompt_dataset import DatasetMissing, PromptDataset
+
+    m = cfg.actor.megatron
+
+    def one(key: str):
+        try:
+            return PromptDataset(getattr(m, key), m.dataset_additional_keys, cfg.rl.max_prompt_length, key=key)
+        except DatasetMissing as exc:
+            raise UserError(str(exc)) from None
+
+    return one("data_path"), one("test_data_path") if m.test_data_path else None
+
+
+@dataclasses.dataclass
+class Roles:
+    """The worker groups of a run and the rollout service in front of the generating ones."""
+
+    actor: Any
+    service: Any
+    critic: Any = None
+    reward: Any = None
+
+
+def start_roles(cfg: PPOConfig, acc, pg, env: Dict[str, str], workers: List, log_dir, tokenizer) -> Roles:
+    """Every role's worker group on the placement group (appended to ``workers`` as each starts)."""
+    from ..rollout.service import ColocatedRollout, DisaggregatedRollout
+    from ..workers.actor_worker import IntegratedActorWorker
+    from ..workers.critic_worker import CriticWorker
+    from ..workers.launcher import connect_weight_channel, spawn_group
+    from ..workers.reward_worker import RewardWorker
+    from ..workers.rollout_worker import RolloutWorker
+
+    rl, gen = cfg.rl, cfg.generate
+    devices, rollout_devices = cfg.actor.num_devices, cfg.rollout_devices
+    cpus_per_bundle, threads = acc.bundle_cpus(devices + rollout_devices)
+    whole_bundle = acc.bundle_spec(cpus_per_bundle)[acc.ray_resource]
+    fraction = whole_bundle / len(cfg.roles)  # the roles share each bundle's device slot (CPU: its CPUs)
+    steps = cfg.megatron_training.train_iters * (cfg.samples_per_iteration // rl.mini_batch_size) * rl.epochs
+
+    def spawn(name, cls, num_ranks, share, first_bundle=0, **kwargs):
+        """One group of ranks; each rank gets its place in the group's torch.distributed world."""
+        return spawn_group(
+            name, cls, acc, pg, num_ranks, share,
+            lambda rank, addr, port: dict(rank=rank, world_size=num_ranks, master_addr=addr, master_port=port,
+                                          threads=threads, **kwargs),
+            env, workers, log_dir, first_bundle=first_bundle,
+        )  # fmt: skip
+
+    ids = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id or 0)
+    actor = spawn("actor", IntegratedActorWorker, devices, fraction, role=cfg.actor, rl=rl, gen=gen,
+                  total_steps=steps, with_engine=not rollout_devices, **ids)  # fmt: skip
+    if rollout_devices:  # disaggregated layout: the rollout workers' bundles follow the actor's
+        rollout = spawn("rollout", RolloutWorker, rollout_devices, whole_bundle, first_bundle=devices,
+                        model=cfg.actor.model, gen=gen, bf16=cfg.actor.megatron.bf16, **ids)  # fmt: skip
+        connect_weight_channel(pg, actor, rollout)
+        roles = Roles(actor, DisaggregatedRollout(actor, rollout))
+        print(f"rollout workers (disaggregated): {rollout.describe_engines()}", flush=True)
+    else:
+        roles = Roles(actor, ColocatedRollout(actor))
+        print(f"rollout engines: {actor.describe_engines()}", flush=True)
+    if cfg.uses_critic:
+        roles.critic = spawn("critic", CriticWorker, cfg.critic.num_devices, fraction, role=cfg.critic, rl=rl,
+                             total_steps=steps, offload_when_idle=acc.offload_when_idle)  # fmt: skip
+    if cfg.reward is not None:
+        roles.reward = spawn("reward", RewardWorker, cfg.reward.num_devices, fraction, role=cfg.reward, rl=rl)
+    return roles
+
+
+def load_models(cfg: PPOConfig, roles: Roles, resume_at) -> Tuple[int, Dict]:
+    """Weights (and on a resume optimizer, RNG) into every role; returns (first iteration, trainer state)."""
+    am, cm, rl = cfg.actor.megatron, cfg.critic.megatron, cfg.rl
+    if roles.reward is not None:
+        roles.reward.call("init_weights", cfg.reward.megatron.load)
+    actor_load, critic_load = existing_checkpoint(am), existing_checkpoint(cm)
+    resumed = roles.actor.call("init_weights", actor_load, am.finetune, not am.no_load_optim, not am.no_load_rng,
+                               rl.integrated_mode_config.ref_model_load_path, resume_at)[0]  # fmt: skip
+    if roles.critic is not None:
+        roles.critic.call("init_weights", critic_load, cm.finetune, not cm.no_load_optim, not cm.no_load_rng,
+                          resume_at)  # fmt: skip
+    return (resumed.iteration if not am.finetune and actor_load else 0), resumed.trainer_state
+
+
+def stop_all(workers: List, pg) -> None:
+    """Every worker group shut down and its processes killed now (not when the handles are collected)."""
+    import ray
+
+    for group in workers:
+        try:
+            group.call("shutdown")
+        except ray.exceptions.RayActorError:
+            pass  # already dead: reported by the caller
+        for handle in group.handles:
+            ray.kill(handle, no_restart=True)
+    if pg is not None:
+        ray.util.remove_placement_group(pg)
+
+
 def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     import ray
 
     from ..accelerator import get_accelerator
-    from ..datasets.prompt_dataset import DatasetMissing, PromptDataset, PromptSampler
-    from ..rewards.runner import RuleRewardRunner
-    from ..rollout.service import ColocatedRollout, DisaggregatedRollout
-    from ..workers.actor_worker import IntegratedActorWorker
-    from ..workers.critic_worker import CriticWorker
-    from ..workers.launcher import connect_weight_channel, create_placement_group, spawn_group
-    from ..workers.reward_worker import RewardWorker
-    from ..workers.rollout_worker import RolloutWorker
-    from .loggers import MetricsLogger
-    from .ppo_trainer import PPOTrainer
-
-    mt, rl, gen = cfg.megatron_training, cfg.rl, cfg.generate
-    tokenizer = load_tokenizer(cfg.actor.megatron.tokenizer_name_or_path, "megatron_training.tokenizer_name_or_path")
-
-    def open_prompts(key: str):
-        try:
-            return PromptDataset(
-                getattr(cfg.actor.megatron, key),
-                cfg.actor.megatron.dataset_additional_keys,
-                rl.max_prompt_length,
-                key=key,
-            )
-        except DatasetMissing as exc:
-            raise UserError(str(exc)) from None
-
-    dataset = open_prompts("data_path")
-    test_dataset = open_prompts("test_data_path") if cfg.actor.megatron.test_data_path else None
-    run_dir = os.path.abspath(os.path.join(rl.log_dir, time.strftime("%Y%m%d-%H%M%S")))
-    log_dir = os.path.join(run_dir, "logs") if rl.library_logs == "file" else None
-    print(
-        f"run directory: {run_dir} (metrics.jsonl, curves, report.html"
-        + (", logs/ of vLLM, Ray and megatron)" if log_dir else ")"),
-        flush=True,
-    )
-    print(
-        f"prompts: {len(dataset)} from {cfg.actor.megatron.data_path} ({dataset.dropped} over max_prompt_length)"
-        + (f"; test prompts: {len(test_dataset)} from {cfg.actor.megatron.test_data_path}" if test_dataset else ""),
-        flush=True,
-    )
-
     from ..config_cls import batch_plan
     from ..config_cls.ppo_config import to_plain
+    from ..datasets.prompt_dataset import PromptSampler
+    from ..rewards.runner import RuleRewardRunner
+    from ..workers.launcher import create_placement_group
+    from .loggers import MetricsLogger
+    from .ppo_trainer import PPOTrainer
+    from .preflight import preflight
     from .report import write_run_info
 
+    mt, rl = cfg.megatron_training, cfg.rl
+    tokenizer = load_tokenizer(cfg.actor.megatron.tokenizer_name_or_path, "megatron_training.tokenizer_name_or_path")
+    dataset, test_dataset = open_prompts(cfg)
+    run_dir = os.path.abspath(os.path.join(rl.log_dir, time.strftime("%Y%m%d-%H%M%S")))
+    log_dir = os.path.join(run_dir, "logs") if rl.library_logs == "file" else None
+    print(f"run directory: {run_dir} (metrics.jsonl, curves, report.html"
+          + (", logs/ of vLLM, Ray and megatron)" if log_dir else ")"), flush=True)  # fmt: skip
+    print(f"prompts: {len(dataset)} from {cfg.actor.megatron.data_path} ({dataset.dropped} over max_prompt_length)"
+          + (f"; test prompts: {len(test_dataset)} from {cfg.actor.megatron.test_data_path}" if test_dataset else ""),
+          flush=True)  # fmt: skip
     resolved = {k: v for k, v in to_plain(cfg).items() if k != "raw"}
     write_run_info(run_dir, cfg.raw, resolved, batch_plan(cfg), sys.argv)
     started = time.perf_counter()
-    undo_routing = None
-    from .preflight import preflight
-
     resume_at = preflight(cfg)
-    acc = get_accelerator()
-    env = runtime_env_vars()
+    acc, env = get_accelerator(), runtime_env_vars()
     workers: List = []  # groups started so far, for the clean-up
-    runner = logger = pg = None
+    runner = logger = pg = undo_routing = None
     try:
         if log_dir:
             from ..utils.library_logs import route_driver_logs
 
             undo_routing = route_driver_logs(log_dir)
         init_ray(env, quiet=bool(log_dir))
-        devices = cfg.actor.num_devices
-        # disaggregated layout: the rollout workers' bundles follow the actor's
-        rollout_devices = rl.rollout_resource.num_npus if rl.rollout_resource is not None else 0
-        cpus_per_bundle, threads = acc.bundle_cpus(devices + rollout_devices)
-        pg = create_placement_group(acc, devices + rollout_devices, cpus_per_bundle)
+        bundles = cfg.actor.num_devices + cfg.rollout_devices
+        pg = create_placement_group(acc, bundles, acc.bundle_cpus(bundles)[0])
         print(describe_placement(pg), flush=True)
-        samples = cfg.samples_per_iteration
-        steps = mt.train_iters * (samples // rl.mini_batch_size) * rl.epochs
-        # the roles share each bundle's device slot (on CPU: the bundle's CPUs)
-        fraction = acc.bundle_spec(cpus_per_bundle)[acc.ray_resource] / len(cfg.roles)
-
-        def spawn(name, cls, num_ranks, share, first_bundle=0, **kwargs):
-            """One group of ranks; each rank gets its place in the group's torch.distributed world."""
-            return spawn_group(
-                name, cls, acc, pg, num_ranks, share,
-                lambda rank, addr, port: dict(rank=rank, world_size=num_ranks, master_addr=addr, master_port=port,
-                                              threads=threads, **kwargs),
-                env, workers, log_dir, first_bundle=first_bundle,
-            )  # fmt: skip
-
-        ids = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id or 0)
-        actor = spawn("actor", IntegratedActorWorker, devices, fraction, role=cfg.actor, rl=rl, gen=gen,
-                      total_steps=steps, with_engine=not rollout_devices, **ids)  # fmt: skip
-        if rollout_devices:
-            whole_bundle = acc.bundle_spec(cpus_per_bundle)[acc.ray_resource]
-            rollout = spawn("rollout", RolloutWorker, rollout_devices, whole_bundle, first_bundle=devices,
-                            model=cfg.actor.model, gen=gen, bf16=cfg.actor.megatron.bf16, **ids)  # fmt: skip
-            connect_weight_channel(pg, actor, rollout)
-            service = DisaggregatedRollout(actor, rollout)
-            print(f"rollout workers (disaggregated): {rollout.describe_engines()}", flush=True)
-        else:
-            service = ColocatedRollout(actor)
-            print(f"rollout engines: {actor.describe_engines()}", flush=True)
-        critic = reward = None
-        if cfg.uses_critic:
-            critic = spawn("critic", CriticWorker, cfg.critic.num_devices, fraction, role=cfg.critic, rl=rl,
-                           total_steps=steps, offload_when_idle=acc.offload_when_idle)  # fmt: skip
-        if cfg.reward is not None:
-            reward = spawn("reward", RewardWorker, cfg.reward.num_devices, fraction, role=cfg.reward, rl=rl)
-            reward.call("init_weights", cfg.reward.megatron.load)
-        am, cm = cfg.actor.megatron, cfg.critic.megatron
-        actor_load, critic_load = existing_checkpoint(am), existing_checkpoint(cm)
-        resumed = actor.call(
-            "init_weights",
-            actor_load,
-            am.finetune,
-            not am.no_load_optim,
-            not am.no_load_rng,
-            rl.integrated_mode_config.ref_model_load_path,
-            resume_at,
-        )[0]
-        if critic is not None:
-            critic.call("init_weights", critic_load, cm.finetune, not cm.no_load_optim, not cm.no_load_rng, resume_at)
-        start = resumed.iteration if not am.finetune and actor_load else 0
+        roles = start_roles(cfg, acc, pg, env, workers, log_dir, tokenizer)
+        start, state = load_models(cfg, roles, resume_at)
         sampler = PromptSampler(len(dataset), mt.global_batch_size, mt.seed, shuffle=not mt.no_shuffle)
         if rl.rule_reward:
-            runner = RuleRewardRunner(
-                rl.verifier_function,
-                rl.verifier_weight,
-                rl.verifier_timeout,
-                workers=max(1, int(rl.num_cpus_for_local_task)),
-            )
-        logger = MetricsLogger(
-            run_dir, mt.train_iters, rl, {"rl_config": resolved["rl"], "actor": resolved["actor"]["megatron"]}
-        )
-        trainer = PPOTrainer(
-            cfg,
-            actor,
-            critic,
-            runner,
-            dataset,
-            sampler,
-            tokenizer,
-            logger,
-            start,
-            reward,
-            test_dataset,
-            rollout_service=service,
-        )
-        trainer.load_trainer_state(resumed.trainer_state)
-        print(
-            f"workers ready in {time.perf_counter() - started:.1f}s (Ray, placement, models, rollout engines, "
-            "checkpoints)",
-            flush=True,
-        )
+            runner = RuleRewardRunner(rl.verifier_function, rl.verifier_weight, rl.verifier_timeout,
+                                      workers=max(1, int(rl.num_cpus_for_local_task)))  # fmt: skip
+        logger = MetricsLogger(run_dir, mt.train_iters, rl,
+                               {"rl_config": resolved["rl"], "actor": resolved["actor"]["megatron"]})  # fmt: skip
+        trainer = PPOTrainer(cfg, roles.actor, roles.critic, runner, dataset, sampler, tokenizer, logger, start,
+                             roles.reward, test_dataset, rollout_service=roles.service)  # fmt: skip
+        trainer.load_trainer_state(state)
+        print(f"workers ready in {time.perf_counter() - started:.1f}s (Ray, placement, models, rollout engines, "
+              "checkpoints)", flush=True)  # fmt: skip
         if start:
-            print(
-                f"resumed at iteration {start} from {am.load} (consumed samples {sampler.consumed_samples})", flush=True
-            )
+            print(f"resumed at iteration {start} from {cfg.actor.megatron.load} (consumed samples "
+                  f"{sampler.consumed_samples})", flush=True)  # fmt: skip
         history = trainer.fit()
     except ray.exceptions.RayActorError as exc:
         raise WorkerDied(describe_dead_worker(exc, workers, cfg)) from None
@@ -421,15 +423,7 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
             runner.close()
         if logger is not None:
             logger.close()
-        for group in workers:
-            try:
-                group.call("shutdown")
-            except ray.exceptions.RayActorError:
-                pass  # already dead: reported above
-            for handle in group.handles:  # the processes go now, not when the handles are collected
-                ray.kill(handle, no_restart=True)
-        if pg is not None:
-            ray.util.remove_placement_group(pg)
+        stop_all(workers, pg)
         if undo_routing is not None:
             undo_routing()
     if log_dir:
