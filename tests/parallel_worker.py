@@ -559,3 +559,27 @@ def run_resharded_resume(rank, world, spec, workdir, port):
     if rank == 0:
         torch.save(results, os.path.join(workdir, "resharded_resume.pt"))
     dist.destroy()
+
+
+def run_lora(rank, world, spec, workdir, port):
+    """A LoRA engine at TP = world: full base weights and adapters sharded by the TP rules, the log-probs,
+    one training step, then the exported (adapter-merged) weights merged over TP."""
+    from megatron.core import parallel_state as ps
+
+    from mindspeed_rl.checkpoint.sharding import shard_state_dict
+    from mindspeed_rl.models.engine import MegatronEngine
+    from tests.helpers import make_batch, tiny_role
+
+    dist = start_rank(rank, world, port, tp=world)
+    full = torch.load(os.path.join(workdir, "lora_full.pt"), weights_only=True)
+    engine = MegatronEngine(tiny_role(tp=world, num_devices=world, **spec["megatron"]), total_steps=4)
+    engine.load_weights(shard_state_dict(full, world, ps.get_tensor_model_parallel_rank(), [2], 0))
+    batch = make_batch(8, 20, seed=1)
+    mask = batch["attention_mask"]
+    log_probs = engine.forward(batch, 2)["log_probs"]
+    engine.train_step(batch, global_sft_loss(float((mask[:, 1:] * mask[:, :-1]).sum())), 2)
+    local = {k: v.detach().float().clone() for k, v in engine.export_weights()}
+    exported = _gathered_by_layout(engine, local, world, 1, [2], lambda replicas: replicas[0])
+    if rank == 0:
+        torch.save({"log_probs": log_probs, "exported": exported}, os.path.join(workdir, f"lora_tp{world}.pt"))
+    dist.destroy()

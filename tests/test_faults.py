@@ -74,6 +74,12 @@ def user_error(capsys, fn, args):
         ),
         ("rl_config.blocking=false", "rl_config.blocking: false is not implemented"),
         (
+            "actor_config.lora_target_modules=[q_proj]",
+            "actor_config.lora_target_modules: ['q_proj']: choose among "
+            "linear_qkv, linear_proj, linear_fc1, linear_fc2",
+        ),
+        ("actor_config.lora_r=-1", "actor_config.lora_r"),
+        (
             "megatron_training.seq_length=60",
             "megatron_training.seq_length: 60 is below rl_config.max_prompt_length + sampling_config.max_tokens",
         ),

@@ -23,7 +23,16 @@ from ..families import FamilyError, get_family, resolve_family
 from ..families.base import EMBED, FINAL_NORM, HF_LAYER, OUTPUT_MG
 from . import megatron_layout as ml
 from .sharding import stage_starts
-from .tp_split import ep_owner, expert_number, layer_number, merge_tp, renumber_expert, shift_layer, split_tp
+from .tp_split import (
+    ep_owner,
+    expert_number,
+    fold_lora,
+    layer_number,
+    merge_tp,
+    renumber_expert,
+    shift_layer,
+    split_tp,
+)
 
 log = logging.getLogger(__name__)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -138,9 +147,18 @@ def layer_counts(num_layers: int, pp: int, num_layer_list: Optional[str]) -> Lis
 
 
 def checkpoint_config(
-    cfg: ModelConfig, tp: int, pp: int, counts: Sequence[int], dtype: str, orm: bool, ep: int = 1
+    cfg: ModelConfig,
+    tp: int,
+    pp: int,
+    counts: Sequence[int],
+    dtype: str,
+    orm: bool,
+    ep: int = 1,
+    lora: Optional[dict] = None,
 ) -> dict:
+    """The config stored in every rank file; ``lora``: {"r", "alpha"} when the weights carry adapters."""
     return {
+        **({"lora": lora} if lora else {}),
         "model": dataclasses.asdict(cfg),
         "tensor_model_parallel_size": tp,
         "pipeline_model_parallel_size": pp,
@@ -325,9 +343,17 @@ def stage_rank_shards(
     return out
 
 
-def iter_mg_stages(load_dir: str) -> Iterator[Tuple[int, Dict[str, torch.Tensor]]]:
-    """(pp_rank, full TP-merged weights of that stage with global layer numbers), stage by stage."""
+def lora_scaling(config: dict) -> Optional[float]:
+    """alpha / r of a checkpoint whose weights carry LoRA adapters (None: no adapters)."""
+    lora = config.get("lora")
+    return float(lora["alpha"]) / int(lora["r"]) if lora else None
+
+
+def iter_mg_stages(load_dir: str, fold: bool = True) -> Iterator[Tuple[int, Dict[str, torch.Tensor]]]:
+    """(pp_rank, full TP-merged weights of that stage with global layer numbers), stage by stage; LoRA
+    adapters merged into their weights unless ``fold`` is false."""
     config, iter_dir, tp, pp = read_mg_config(load_dir)
+    scaling = lora_scaling(config) if fold else None
     counts = [int(x) for x in config["num_layer_list"].split(",")]
     starts = stage_starts(counts)
     swiglu = config["model"].get("swiglu", True)
@@ -340,7 +366,7 @@ def iter_mg_stages(load_dir: str) -> Iterator[Tuple[int, Dict[str, torch.Tensor]
                 continue
             global_name = shift_layer(name, starts[pp_rank]) if layer_number(name) >= 0 else name
             merged[global_name] = merge_tp(global_name, [s[name] for s in shards], swiglu)
-        yield pp_rank, merged
+        yield pp_rank, fold_lora(merged, scaling) if scaling is not None else merged
         del shards, merged
 
 
@@ -355,6 +381,7 @@ def iter_mg_pieces(load_dir: str) -> Iterator[Dict[str, torch.Tensor]]:
     starts = stage_starts(counts)
     swiglu = config["model"].get("swiglu", True)
     experts, layout = config["model"].get("num_experts"), ml.full_layout_of(iter_dir)
+    scaling = lora_scaling(config)
 
     def merged(pp_rank: int, wanted) -> Dict[str, torch.Tensor]:
         shards = stage_rank_shards(iter_dir, pp_rank, layout, experts)
@@ -365,7 +392,7 @@ def iter_mg_pieces(load_dir: str) -> Iterator[Dict[str, torch.Tensor]]:
             global_name = shift_layer(name, starts[pp_rank]) if layer_number(name) >= 0 else name
             out[global_name] = merge_tp(global_name, [s[name] for s in shards], swiglu).clone()
         del shards
-        return out
+        return fold_lora(out, scaling) if scaling is not None else out
 
     yield merged(0, lambda n: n.startswith("embedding."))
     for pp_rank in range(pp):

@@ -133,11 +133,10 @@ def mg_to_mg(
     check_parallel(cfg, tp, ep)
     counts = layer_counts(cfg.num_layers, pp, num_layer_list)
     starts = stage_starts(counts)
-    out_config = checkpoint_config(
-        cfg, tp, pp, counts, dtype or config.get("params_dtype", "fp32"), config.get("orm", False), ep
-    )
+    dtype_name = dtype or config.get("params_dtype", "fp32")
+    out_config = checkpoint_config(cfg, tp, pp, counts, dtype_name, config.get("orm", False), ep, config.get("lora"))
     full: Dict[str, torch.Tensor] = {}
-    for _, stage in iter_mg_stages(load_dir):
+    for _, stage in iter_mg_stages(load_dir, fold=False):  # adapters stay adapters: the run goes on
         full.update({k: (v.to(DTYPES[dtype]) if dtype else v).clone() for k, v in stage.items()})
     optim_full, step = {}, None
     if keep_optim:

@@ -4,13 +4,15 @@ Rules: qkv, word embeddings, output layer and their biases chunk on dim 0 (whole
 query groups per rank, because megatron stores qkv grouped as [q of the group's heads; k; v]);
 linear_fc1 of a SwiGLU MLP is cat(gate, up), so rank r holds cat(gate chunk r, up chunk r);
 linear_proj and linear_fc2 chunk on dim 1; norms are replicated. A value head
-(``output_layer.weight`` with one row) is replicated.
+(``output_layer.weight`` with one row) is replicated. LoRA adapters (``<layer>.lora_A`` / ``lora_B``):
+on column-parallel layers A is replicated and B split like the weight's rows; on row-parallel layers A
+is split like the weight's columns and B replicated.
 """
 
 from __future__ import annotations
 
 import re
-from typing import List, Sequence
+from typing import Dict, List, Sequence
 
 import torch
 
@@ -22,6 +24,12 @@ def tp_rule(name: str, shape: Sequence[int], swiglu: bool = True) -> str:
     """How parameter ``name`` is laid out across TP ranks: replicate | dim0 | dim1 | swiglu."""
     if name.endswith("_extra_state"):
         return "replicate"
+    if name.endswith((".lora_A", ".lora_B")):  # LoRA: the split side follows the layer's weight
+        layer, adapter = name.rsplit(".", 1)
+        column = "linear_qkv" in layer or "linear_fc1" in layer
+        if column:
+            return "replicate" if adapter == "lora_A" else tp_rule(layer + ".weight", shape, swiglu)
+        return "dim1" if adapter == "lora_A" else "replicate"
     if "layernorm" in name or name.endswith("norm.weight") or name.endswith("norm.bias"):
         return "replicate"
     if name.endswith("mlp.router.weight") or name.endswith("mlp.router.bias"):
@@ -94,3 +102,16 @@ def ep_owner(expert: int, num_experts: int, ep: int):
     """(EP rank, local expert number) holding global expert ``expert``."""
     per = num_experts // ep
     return expert // per, expert % per
+
+
+def fold_lora(weights: Dict[str, torch.Tensor], scaling: float) -> Dict[str, torch.Tensor]:
+    """Full weights with every ``<layer>.lora_A`` / ``lora_B`` pair merged into ``<layer>.weight``:
+    W + scaling * B A (the adapters themselves dropped)."""
+    out = {n: t for n, t in weights.items() if not n.endswith((".lora_A", ".lora_B"))}
+    for name in weights:
+        if name.endswith(".lora_A"):
+            layer = name[: -len(".lora_A")]
+            w = out[layer + ".weight"]
+            delta = weights[layer + ".lora_B"].float() @ weights[name].float()
+            out[layer + ".weight"] = (w.float() + scaling * delta).to(w.dtype)
+    return out

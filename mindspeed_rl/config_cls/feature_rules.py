@@ -1,5 +1,5 @@
-"""Rules of single features (packing, the agent rollout, DAPO's dynamic sampling and partial rollout) and
-the names they resolve (filter_metric_name, agent_rollout_function)."""
+"""Rules of single features (packing, the agent rollout, DAPO's dynamic sampling and partial rollout, LoRA)
+and the names they resolve (filter_metric_name, agent_rollout_function)."""
 
 from __future__ import annotations
 
@@ -172,3 +172,25 @@ def check_dapo_keys(cfg: PPOConfig) -> None:
                 f"{rl.rollout_max_tokens} exceeds generate_config.sampling_config.max_tokens "
                 f"{max_tokens}: no response can be that long",
             )
+
+
+LORA_TARGETS = ("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2")
+
+
+def check_lora_keys(cfg: PPOConfig) -> None:
+    """LoRA trains adapters on the named layers of a training role (a frozen reward model ignores it); with it
+    the reference is the actor's own base weights (adapters off), so no other reference folder can be given."""
+    for role in cfg.roles:
+        m, section = role.megatron, f"{role.name}_config"
+        unknown = [t for t in m.lora_target_modules if t not in LORA_TARGETS]
+        if unknown or (m.lora_r and not m.lora_target_modules):
+            raise ConfigError(
+                f"{section}.lora_target_modules",
+                f"{unknown or 'empty'}: choose among {', '.join(LORA_TARGETS)}",
+            )
+
+    if cfg.actor.megatron.lora_r and cfg.rl.integrated_mode_config.ref_model_load_path:
+        raise ConfigError(
+            "rl_config.integrated_mode_config.ref_model_load_path",
+            "with actor_config.lora_r > 0 the reference is the actor's base weights (adapters off); remove it",
+        )

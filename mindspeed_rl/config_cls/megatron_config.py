@@ -81,6 +81,16 @@ class MegatronConfig:
     adam_beta1: float = opt(0.9, "Adam beta1.", ge=0, lt=1)
     adam_beta2: float = opt(0.999, "Adam beta2.", ge=0, lt=1)
     adam_eps: float = opt(1e-8, "Adam epsilon.", gt=0)
+    # LoRA (MindSpeed-LLM's keys)
+    lora_r: int = opt(0, "LoRA rank; 0 trains every parameter, > 0 only adapters on lora_target_modules.", ge=0)
+    lora_alpha: float = opt(
+        16.0, "LoRA scaling numerator: the adapter's update is scaled by lora_alpha / lora_r.", gt=0
+    )
+    lora_dropout: float = opt(0.0, "Dropout on the adapters' input.", ge=0, lt=1)
+    lora_target_modules: List[str] = opt(
+        doc="Layers that get adapters: linear_qkv, linear_proj (attention), linear_fc1, linear_fc2 (MLP).",
+        factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
+    )
     # checkpoints
     load: Optional[str] = opt(None, "Checkpoint folder to load (Megatron layout).")
     save: Optional[str] = opt(None, "Checkpoint folder to save into.")

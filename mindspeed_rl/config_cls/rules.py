@@ -7,7 +7,7 @@ import os
 from typing import TYPE_CHECKING
 
 from .base import ConfigError, closest_key
-from .feature_rules import check_agent_keys, check_dapo_keys, check_packing_keys
+from .feature_rules import check_agent_keys, check_dapo_keys, check_lora_keys, check_packing_keys
 
 if TYPE_CHECKING:
     from .ppo_config import PPOConfig, RoleConfig
@@ -22,6 +22,7 @@ def check_cross_fields(cfg: PPOConfig) -> None:
     rl, gen = cfg.rl, cfg.generate
     check_dapo_keys(cfg)
     check_agent_keys(cfg)
+    check_lora_keys(cfg)
     samples = cfg.samples_per_iteration
     if samples % rl.mini_batch_size:
         raise ConfigError(

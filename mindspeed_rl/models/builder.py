@@ -108,15 +108,16 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
     return TransformerConfig(**kwargs)
 
 
-def layer_spec(model: ModelConfig, kind: Optional[str] = None):
+def layer_spec(model: ModelConfig, kind: Optional[str] = None, lora: bool = False):
     """The fastest layer spec the device has: TE on CUDA (if installed), local otherwise.
 
-    On NPU MindSpeed's adaptor patches the local spec's modules with its fused kernels.
+    On NPU MindSpeed's adaptor patches the local spec's modules with its fused kernels. LoRA adapts the
+    local spec's separate linear layers (TE fuses the input norm into the linear: its input is not x).
     """
     from megatron.core.models.gpt import gpt_layer_specs
 
     family = dict(num_experts=model.num_experts, moe_grouped_gemm=False, qk_layernorm=model.qk_layernorm)
-    if accelerator_class(kind or get_accelerator().kind).fused_features()["transformer_engine"]:
+    if not lora and accelerator_class(kind or get_accelerator().kind).fused_features()["transformer_engine"]:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(**family)
     from .attention import with_packed_attention
 
@@ -155,7 +156,7 @@ def build_gpt_model(
     vocab = vocab_size or padded_vocab_size(model, None, megatron.tensor_model_parallel_size)
     gpt = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(model, acc.kind),
+        transformer_layer_spec=layer_spec(model, acc.kind, lora=bool(megatron.lora_r)),
         vocab_size=vocab,
         max_sequence_length=model.max_position_embeddings,
         pre_process=pre_process,

@@ -78,6 +78,14 @@ class MegatronEngine:
         if head == "value":
             attach_value_head(gpt, role.model.hidden_size, init_std=value_head_init_std)
         self.config = gpt.config
+        self.lora = None  # LoRAState when only adapters train (megatron.lora_r > 0)
+        if trainable and role.megatron.lora_r:
+            from .lora import apply_lora
+
+            m = role.megatron
+            self.lora = apply_lora(gpt, m.lora_r, m.lora_alpha, m.lora_dropout, m.lora_target_modules, m.seed)
+            if head == "value":  # a new head: it trains with the adapters
+                gpt.output_layer.weight.requires_grad_(True)
         self.pp_last = ps.is_pipeline_last_stage(ignore_virtual=True)
         self.dp_size = ps.get_data_parallel_world_size()
         self.optimizer = None
@@ -378,15 +386,31 @@ class MegatronEngine:
         return getattr(chunk, "module", chunk)
 
     def named_weights(self) -> Iterable[Tuple[str, torch.Tensor]]:
+        """Everything the model holds (with LoRA: the base weights and the adapters), as checkpoints store it."""
         for name, tensor in self.unwrapped().state_dict().items():
             if isinstance(tensor, torch.Tensor) and not name.endswith("_extra_state"):
                 yield name, tensor
 
+    def export_weights(self) -> Iterable[Tuple[str, torch.Tensor]]:
+        """The model's weights as a plain model of this shape has them (with LoRA: adapters merged in), what
+        the rollout engines, the reference and HF export take."""
+        if self.lora is None:
+            yield from self.named_weights()
+            return
+        from .lora import merged_named_weights
+
+        yield from merged_named_weights(self.unwrapped(), self.lora)
+
     @torch.no_grad()
     def load_weights(self, weights: Dict[str, torch.Tensor]) -> None:
-        """Copy this rank's shards into the model (and the optimizer's fp32 main copy)."""
+        """Copy this rank's shards into the model (and the optimizer's fp32 main copy). Weights without LoRA
+        adapters (a base model) leave the adapters as initialised."""
+        from .lora import ADAPTER_NAMES
+
         model = self.unwrapped()
         own = dict(model.named_parameters())
+        if not any(n.rsplit(".", 1)[-1] in ADAPTER_NAMES for n in weights):
+            own = {n: p for n, p in own.items() if n.rsplit(".", 1)[-1] not in ADAPTER_NAMES}
         missing = [n for n in own if n not in weights]
         if missing:
             raise KeyError(f"weights for {self.role.name} lack {missing[:3]}{'...' if len(missing) > 3 else ''}")

@@ -55,7 +55,7 @@ def iter_full_weights(engine) -> Iterator[Dict[str, torch.Tensor]]:
     starts = stage_starts(counts)
     swiglu = engine.role.model.swiglu
     comm = engine.acc.comm_device(engine.device)
-    local = dict(engine.named_weights())
+    local = dict(engine.export_weights())
     for kind, stage, local_layer in _pieces(engine):
         full: Dict[str, torch.Tensor] = {}
         if pp_rank == stage:

@@ -10,6 +10,7 @@ workers over a weight channel (``push_weights``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from typing import Dict, List, Optional, Sequence
@@ -73,10 +74,11 @@ class IntegratedActorWorker(MegatronWorker):
         self.actor = MegatronEngine(
             role, head="lm", trainable=True, total_steps=total_steps, remove_padding=rl.use_remove_padding
         )
-        # the frozen reference exists only when the algorithm uses a KL term
+        # the frozen reference exists only when the algorithm uses a KL term; with LoRA it is the actor's own
+        # base weights (adapters off): no second model
         self.ref = (
             MegatronEngine(role, head="lm", trainable=False, remove_padding=rl.use_remove_padding)
-            if self.algorithm.use_reference
+            if self.algorithm.use_reference and self.actor.lora is None
             else None
         )
         self.actor_offload = Offloader(self.actor)
@@ -218,15 +220,23 @@ class IntegratedActorWorker(MegatronWorker):
         """Log-probs [B, R] of the response tokens under the actor ("old") or the reference."""
         temperature = self.gen.sampling_config.temperature or 1.0
         timing = {}
-        if which == "ref":
+        adapters = contextlib.nullcontext()
+        if which == "ref" and self.ref is None:  # LoRA: the reference is the actor with its adapters off
+            from ..models.lora import adapters_disabled
+
+            engine, mbs, adapters = self.actor, self.rl.ref_forward_micro_batch_size, adapters_disabled(self.actor.lora)
+        elif which == "ref":
             t0 = time.perf_counter()
             self.ref_offload.onload()
             timing["timing/ref_onload"] = time.perf_counter() - t0
             engine, mbs = self.ref, self.rl.ref_forward_micro_batch_size
         else:
             engine, mbs = self.actor, self.rl.actor_forward_micro_batch_size
-        out = engine.forward(rows.tensors(), mbs, temperature=temperature, token_budget=token_budget(self.rl, which))
-        if which == "ref":
+        with adapters:
+            out = engine.forward(
+                rows.tensors(), mbs, temperature=temperature, token_budget=token_budget(self.rl, which)
+            )
+        if which == "ref" and self.ref is not None:
             t0 = time.perf_counter()
             self.ref_offload.offload(grads=False, optimizer=False)
             timing["timing/ref_offload"] = time.perf_counter() - t0

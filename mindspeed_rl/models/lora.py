@@ -1,0 +1,163 @@
+"""LoRA adapters on megatron-core's tensor-parallel linear layers.
+
+For a linear layer y = x W^T (+ b), the adapted layer is
+
+    y = x W^T (+ b) + (alpha / r) * dropout(x) A^T B^T        A: [r, in], B: [out, r]
+
+with W frozen, A initialised like PEFT (Kaiming-uniform, a = sqrt(5)) and B zero, so training starts
+from the base model. Under tensor parallelism the adapters follow the layer's split:
+
+- column-parallel (W split on its output rows: linear_qkv, linear_fc1): A is replicated, B is split like
+  W's rows. The input is the same on every rank; the gradient reaching A is summed over the TP ranks
+  (each rank's B shard sees only its rows), by megatron's copy-to-TP-region on A's output.
+- row-parallel (W split on its input columns: linear_proj, linear_fc2): A is split like W's columns, B is
+  replicated. Each rank's x A_local^T is a partial sum, reduced over the TP ranks before B.
+
+Experts of MoE layers keep their weights (the adapters go on attention and dense MLPs), and the model uses
+the local layer spec (Transformer Engine fuses the input norm into linear_qkv / linear_fc1).
+
+The adapters are parameters of the adapted layer itself (``<layer>.lora_A``, ``<layer>.lora_B``), so the base
+weights keep their names; ``merged_weight`` gives W + (alpha / r) B A, this rank's shard of the merged model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import zlib
+from typing import Dict, Iterator, Optional, Sequence
+
+import torch
+
+from ..config_cls.feature_rules import LORA_TARGETS
+
+ADAPTER_NAMES = ("lora_A", "lora_B")
+TARGETS = {"linear_qkv": "column", "linear_fc1": "column", "linear_proj": "row", "linear_fc2": "row"}
+assert set(TARGETS) == set(LORA_TARGETS)
+
+
+class LoRAState:
+    """Settings shared by every adapted layer of a model; ``enabled`` False gives the base model."""
+
+    def __init__(self, r: int, alpha: float, dropout: float):
+        self.r, self.alpha, self.dropout = r, alpha, dropout
+        self.scaling = alpha / r
+        self.enabled = True
+
+
+def _full_init_a(name: str, r: int, in_features: int, seed: int) -> torch.Tensor:
+    """A over the full input width, from a generator seeded by the layer's name: the same at every TP size."""
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+    bound = 1.0 / math.sqrt(in_features)  # kaiming_uniform_(a=sqrt(5)) on a [r, in] matrix
+    return (torch.rand(r, in_features, generator=gen) * 2 - 1) * bound
+
+
+def _mark(param: torch.nn.Parameter, split_dim: Optional[int]) -> None:
+    """megatron's TP attributes: split params count once per rank in the grad norm, replicated ones once."""
+    from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
+
+    set_tensor_model_parallel_attributes(param, split_dim is not None, split_dim if split_dim is not None else -1, 1)
+
+
+def adapt_layer(layer: torch.nn.Module, name: str, kind: str, state: LoRAState, seed: int) -> None:
+    """Give one column- or row-parallel layer its adapters and route its forward through them."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.mappings import (
+        copy_to_tensor_model_parallel_region,
+        gather_from_tensor_model_parallel_region,
+        reduce_from_tensor_model_parallel_region,
+    )
+
+    if "LayerNorm" in type(layer).__name__:
+        raise ValueError(f"{name}: {type(layer).__name__} fuses the input norm into the linear layer; LoRA needs "
+                         "the local layer spec")  # fmt: skip
+    tp, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+    weight = layer.weight
+    out_local, in_local = weight.shape
+    in_full = in_local * tp if kind == "row" else in_local
+    full_a = _full_init_a(name, state.r, in_full, seed)
+    a = full_a.chunk(tp, dim=1)[tp_rank] if kind == "row" else full_a
+    layer.lora_A = torch.nn.Parameter(a.to(device=weight.device, dtype=weight.dtype).contiguous())
+    layer.lora_B = torch.nn.Parameter(torch.zeros(out_local, state.r, device=weight.device, dtype=weight.dtype))
+    _mark(layer.lora_A, 1 if kind == "row" else None)
+    _mark(layer.lora_B, 0 if kind == "column" else None)
+    layer.lora_kind = kind
+    dropout = torch.nn.Dropout(state.dropout) if state.dropout else torch.nn.Identity()
+    base_forward = layer.forward
+
+    def forward(x, *args, **kwargs):
+        output, bias = base_forward(x, *args, **kwargs)
+        if not state.enabled:
+            return output, bias
+        h = torch.nn.functional.linear(dropout(x), layer.lora_A)
+        if kind == "column":
+            h = copy_to_tensor_model_parallel_region(h)
+        else:
+            h = reduce_from_tensor_model_parallel_region(h)
+        update = torch.nn.functional.linear(h, layer.lora_B) * state.scaling
+        if kind == "column" and getattr(layer, "gather_output", False):
+            update = gather_from_tensor_model_parallel_region(update)
+        return output + update.to(output.dtype), bias
+
+    layer.forward = forward
+
+
+def apply_lora(
+    model: torch.nn.Module,
+    r: int,
+    alpha: float,
+    dropout: float = 0.0,
+    targets: Sequence[str] = tuple(TARGETS),
+    seed: int = 1,
+) -> LoRAState:
+    """Adapters on every ``targets`` layer of ``model``; every other parameter is frozen. Returns the
+    shared state (``enabled`` switches the adapters off for the reference model)."""
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown:
+        raise ValueError(f"LoRA targets {unknown} are not among {sorted(TARGETS)}")
+    state = LoRAState(r, alpha, dropout)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    adapted = 0
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in targets and hasattr(module, "weight") and ".experts." not in f".{name}.":
+            adapt_layer(module, name, TARGETS[leaf], state, seed)
+            adapted += 1
+    if not adapted:
+        raise ValueError(f"no layer named {list(targets)} in the model: nothing to adapt")
+    return state
+
+
+def adapter_parameters(model: torch.nn.Module) -> Dict[str, torch.nn.Parameter]:
+    return {n: p for n, p in model.named_parameters() if n.rsplit(".", 1)[-1] in ADAPTER_NAMES}
+
+
+def merged_weight(layer: torch.nn.Module, state: LoRAState) -> torch.Tensor:
+    """This rank's shard of W + (alpha / r) B A (shapes line up shard by shard for both kinds)."""
+    delta = (layer.lora_B.float() @ layer.lora_A.float()) * state.scaling
+    return (layer.weight.float() + delta).to(layer.weight.dtype)
+
+
+def merged_named_weights(model: torch.nn.Module, state: LoRAState) -> Iterator:
+    """(name, tensor) of the model's weights with the adapters merged in, without the adapters themselves:
+    the shape and names of the base model, for resharding, HF export and the rollout."""
+    layers = {name: module for name, module in model.named_modules() if hasattr(module, "lora_A")}
+    for name, tensor in model.state_dict().items():
+        owner, _, leaf = name.rpartition(".")
+        if leaf in ADAPTER_NAMES or name.endswith("_extra_state"):
+            continue
+        if leaf == "weight" and owner in layers:
+            yield name, merged_weight(layers[owner], state)
+        else:
+            yield name, tensor
+
+
+@contextlib.contextmanager
+def adapters_disabled(state: LoRAState):
+    """The base model (the reference policy) while the block runs."""
+    previous, state.enabled = state.enabled, False
+    try:
+        yield
+    finally:
+        state.enabled = previous

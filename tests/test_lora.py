@@ -1,0 +1,137 @@
+"""LoRA adapters on megatron-core's parallel linear layers: the formula, the merged weights, the off switch."""
+
+import pytest
+import torch
+
+from mindspeed_rl.models.lora import adapter_parameters, adapters_disabled, apply_lora, merged_named_weights
+from tests.helpers import single_process_world_fixture, tiny_role
+
+single_process_world = single_process_world_fixture(seed=11)
+
+
+def _layers():
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer import TransformerConfig
+
+    config = TransformerConfig(num_layers=1, hidden_size=16, num_attention_heads=2, use_cpu_initialization=True,
+                               params_dtype=torch.float32)  # fmt: skip
+    init = torch.nn.init.normal_
+    model = torch.nn.Module()
+    model.linear_qkv = ColumnParallelLinear(16, 24, config=config, init_method=init, bias=True, gather_output=False)
+    model.linear_proj = RowParallelLinear(24, 16, config=config, init_method=init, bias=False,
+                                          input_is_parallel=True, skip_bias_add=True)  # fmt: skip
+    return model
+
+
+@pytest.mark.parametrize("kind", ["linear_qkv", "linear_proj"])
+def test_adapted_layer_is_the_lora_formula_with_its_gradients(kind):
+    """y = x W^T + b + (alpha / r) x A^T B^T, and autograd of that formula gives A's and B's gradients."""
+    torch.manual_seed(0)
+    model = _layers()
+    state = apply_lora(model, r=4, alpha=8.0, targets=[kind])
+    layer = getattr(model, kind)
+    with torch.no_grad():
+        layer.lora_B.normal_()
+    assert set(adapter_parameters(model)) == {f"{kind}.lora_A", f"{kind}.lora_B"}
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == [f"{kind}.lora_A", f"{kind}.lora_B"]
+    x = torch.randn(5, 3, layer.weight.shape[1])
+    out, bias = layer(x)
+    a, b = layer.lora_A.detach().clone().requires_grad_(), layer.lora_B.detach().clone().requires_grad_()
+    want = x @ layer.weight.T + 2.0 * (x @ a.T) @ b.T
+    if bias is None and layer.bias is not None:
+        want = want + layer.bias
+    assert torch.allclose(out, want, atol=1e-5)
+    upstream = torch.randn_like(out)
+    (out * upstream).sum().backward()
+    (want * upstream).sum().backward()
+    assert torch.allclose(layer.lora_A.grad, a.grad, atol=1e-4) and torch.allclose(layer.lora_B.grad, b.grad, atol=1e-4)
+    assert layer.weight.grad is None  # frozen
+    with adapters_disabled(state):
+        base, _ = layer(x)
+    assert torch.allclose(base + 2.0 * (x @ a.T) @ b.T, out, atol=1e-5) and state.enabled
+    merged = dict(merged_named_weights(model, state))
+    assert f"{kind}.lora_A" not in merged and f"{kind}.lora_B" not in merged
+    assert torch.allclose(merged[f"{kind}.weight"], layer.weight + 2.0 * b @ a, atol=1e-6)
+
+
+def test_unknown_targets_and_a_model_without_them_are_refused():
+    with pytest.raises(ValueError, match="not among"):
+        apply_lora(_layers(), r=2, alpha=2.0, targets=["q_proj"])
+    with pytest.raises(ValueError, match="nothing to adapt"):
+        apply_lora(torch.nn.Linear(2, 2), r=2, alpha=2.0)
+
+
+def test_a_lora_engine_trains_only_its_adapters_and_exports_merged_weights(tmp_path):
+    """Engine with lora_r: the optimizer holds the adapters only; after a step the base weights are unchanged,
+    the exported weights are base + (alpha / r) B A and give the adapted model's log-probs; the reference
+    (adapters off) gives the base model's; a checkpoint folds into plain weights for HF and resharding."""
+    from mindspeed_rl.checkpoint.convert import iter_mg_stages
+    from mindspeed_rl.checkpoint.engine_io import save_engine
+    from mindspeed_rl.checkpoint.optimizer_state import engine_slots
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.utils import dist
+    from tests.helpers import make_batch, sft_loss, tiny_role
+
+    dist.init_model_parallel(seed=11)
+    base = MegatronEngine(tiny_role(), trainable=False)
+    role = tiny_role(lora_r=4, lora_alpha=8.0, lr=1e-2)
+    engine = MegatronEngine(role, total_steps=4)
+    engine.load_weights(dict(base.named_weights()))  # a base checkpoint: the adapters keep their init
+    trained = {s.name for sub in engine_slots(engine) for s in sub}
+    assert trained and all(n.endswith((".lora_A", ".lora_B")) for n in trained)
+    assert len(trained) == 2 * 4 * 2  # 2 layers x 4 target layers x (A, B)
+    batch = make_batch(4, 12, seed=3)
+    before = dict(base.named_weights())
+    engine.train_step(batch, sft_loss, 2)
+    weights = dict(engine.named_weights())
+    assert all(torch.equal(weights[n], t) for n, t in before.items())  # the base did not move
+    exported = dict(engine.export_weights())
+    assert set(exported) == set(before)
+    merged = MegatronEngine(tiny_role(), trainable=False)
+    merged.load_weights(exported)
+    assert not torch.equal(
+        exported["decoder.layers.0.self_attention.linear_qkv.weight"],
+        before["decoder.layers.0.self_attention.linear_qkv.weight"],
+    )
+    adapted = engine.forward(batch, 2)["log_probs"]
+    assert torch.allclose(merged.forward(batch, 2)["log_probs"], adapted, atol=1e-5)
+    with adapters_disabled(engine.lora):
+        assert torch.allclose(engine.forward(batch, 2)["log_probs"], base.forward(batch, 2)["log_probs"], atol=1e-6)
+    save_engine(engine, str(tmp_path), 1)
+    folded = dict(next(iter_mg_stages(str(tmp_path)))[1])
+    assert all(torch.allclose(folded[n], exported[n], atol=1e-6) for n in exported)
+    assert not any(n.endswith(".lora_A") for n in folded)
+
+
+def test_lora_at_tp2_equals_tp1(tmp_path):
+    """Adapters on column- and row-parallel layers at TP 2: the same log-probs and, after one step, the same
+    merged weights as at TP 1 (fp32, 1e-5); the adapters' gradients are reduced where their layer needs it."""
+    import os
+
+    import torch.multiprocessing as mp
+
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.utils import dist
+    from mindspeed_rl.utils.dist import free_port
+    from tests import parallel_worker
+
+    workdir = str(tmp_path)
+    spec = {"megatron": dict(lora_r=4, lora_alpha=8.0, lr=1e-2)}
+    dist.init_model_parallel(seed=11)
+    engine = MegatronEngine(tiny_role(**spec["megatron"]), total_steps=4)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # adapters that change the model (B starts at zero)
+        for name, p in engine.unwrapped().named_parameters():
+            if name.endswith("lora_B"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    torch.save({k: v.clone() for k, v in engine.named_weights()}, os.path.join(workdir, "lora_full.pt"))
+    mp.start_processes(parallel_worker.run_lora, args=(1, spec, workdir, free_port()), nprocs=1, join=True,
+                       start_method="spawn")  # fmt: skip
+    mp.start_processes(parallel_worker.run_lora, args=(2, spec, workdir, free_port()), nprocs=2, join=True,
+                       start_method="spawn")  # fmt: skip
+    one, two = (torch.load(os.path.join(workdir, f"lora_tp{t}.pt"), weights_only=False) for t in (1, 2))
+    assert torch.allclose(one["log_probs"], two["log_probs"], atol=1e-5)
+    worst = max((one["exported"][k] - two["exported"][k]).abs().max().item() for k in one["exported"])
+    start = torch.load(os.path.join(workdir, "lora_full.pt"))
+    moved = max((one["exported"][k] - start[k].float()).abs().max().item() for k in one["exported"])
+    assert worst <= 1e-5 and moved > 1e-3, (worst, moved)
