@@ -135,3 +135,16 @@ def test_lora_at_tp2_equals_tp1(tmp_path):
     start = torch.load(os.path.join(workdir, "lora_full.pt"))
     moved = max((one["exported"][k] - start[k].float()).abs().max().item() for k in one["exported"])
     assert worst <= 1e-5 and moved > 1e-3, (worst, moved)
+
+
+def test_a_lora_critic_trains_its_value_head_with_the_adapters():
+    from mindspeed_rl.checkpoint.optimizer_state import engine_slots
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.utils import dist
+
+    dist.init_model_parallel(seed=11)
+    critic = MegatronEngine(tiny_role("critic", lora_r=2), head="value", value_head_init_std=0.1, total_steps=2)
+    trained = {s.name for sub in engine_slots(critic) for s in sub}
+    assert "output_layer.weight" in trained and all(
+        n.endswith(("lora_A", "lora_B")) for n in trained - {"output_layer.weight"}
+    )

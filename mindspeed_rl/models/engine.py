@@ -84,8 +84,9 @@ class MegatronEngine:
 
             m = role.megatron
             self.lora = apply_lora(gpt, m.lora_r, m.lora_alpha, m.lora_dropout, m.lora_target_modules, m.seed)
-            if head == "value":  # a new head: it trains with the adapters
-                gpt.output_layer.weight.requires_grad_(True)
+            if head == "value" and getattr(gpt, "post_process", False):  # a new head: it trains with the adapters
+                for p in gpt.output_layer.parameters():
+                    p.requires_grad_(True)
         self.pp_last = ps.is_pipeline_last_stage(ignore_virtual=True)
         self.dp_size = ps.get_data_parallel_world_size()
         self.optimizer = None
