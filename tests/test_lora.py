@@ -148,3 +148,20 @@ def test_a_lora_critic_trains_its_value_head_with_the_adapters():
     assert "output_layer.weight" in trained and all(
         n.endswith(("lora_A", "lora_B")) for n in trained - {"output_layer.weight"}
     )
+
+
+def test_the_plan_counts_the_adapters_the_engine_builds():
+    """The dry-run plan's LoRA count (ModelConfig.lora_parameter_count) equals the adapters of a real engine."""
+    from mindspeed_rl.config_cls.plan import trainable_memory
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.utils import dist
+
+    dist.init_model_parallel(seed=11)
+    role = tiny_role(lora_r=4, lora_target_modules=["linear_qkv", "linear_fc2"])
+    engine = MegatronEngine(role, total_steps=2)
+    built = sum(p.numel() for p in adapter_parameters(engine.unwrapped()).values())
+    total, per_rank = role.model.lora_parameter_count(4, ["linear_qkv", "linear_fc2"], tp=1)
+    assert built == total == per_rank
+    half_a, half_b = role.model.lora_parameter_count(4, ["linear_qkv", "linear_fc2"], tp=2)
+    assert half_a == total and total / 2 < half_b < total
+    assert "LoRA r=4 on linear_qkv, linear_fc2" in trainable_memory(role)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence, Tuple
 
 from .base import ConfigError, opt
 
@@ -133,6 +133,23 @@ class ModelConfig:
         embed = vocab * h
         out = vocab * h if self.untie_embeddings_and_output_weights else 0
         return embed + self.num_layers * per_layer + h + out
+
+    def lora_parameter_count(self, r: int, targets: Sequence[str], tp: int = 1) -> Tuple[int, int]:
+        """(adapter parameters of the model, of one tensor-parallel rank) for LoRA of rank ``r`` on
+        ``targets`` (MoE experts get none). Column layers split B, row layers split A over TP."""
+        h, f, d = self.hidden_size, self.ffn_hidden_size, self.head_dim
+        q, kv = self.num_attention_heads * d, self.kv_heads * d
+        shapes = {"linear_qkv": ("column", h, q + 2 * kv), "linear_proj": ("row", q, h)}
+        if not self.num_experts:
+            shapes.update(linear_fc1=("column", h, f * (2 if self.swiglu else 1)), linear_fc2=("row", f, h))
+        total = per_rank = 0
+        for target in targets:
+            if target not in shapes:
+                continue
+            kind, fan_in, fan_out = shapes[target]
+            total += r * (fan_in + fan_out)
+            per_rank += r * fan_in + r * fan_out // tp if kind == "column" else r * fan_in // tp + r * fan_out
+        return self.num_layers * total, self.num_layers * per_rank
 
     def active_parameter_count(self, vocab_size: Optional[int] = None) -> int:
         """Parameters one token passes through (all of them for a dense model; top-k experts for MoE)."""

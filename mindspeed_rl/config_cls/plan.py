@@ -98,6 +98,9 @@ def batch_plan(cfg: PPOConfig) -> str:
             )
         )
     for role in roles:
+        if role.name != "reward":
+            lines.append(f"  {role.name + ' mem':<10}: " + trainable_memory(role))
+    for role in roles:
         lines.append(
             f"  {role.name + ' DP':<10}: "
             + describe_blocks(dp_groups(role.tp, role.dp, role.pp), "DP")
@@ -111,6 +114,24 @@ def batch_plan(cfg: PPOConfig) -> str:
     lines.append("  layout (one placement group; roles share the bundles):")
     lines += ["    " + line for line in layout_diagram(devices, itp, co_located).splitlines()]
     return "\n".join(lines)
+
+
+def trainable_memory(role) -> str:
+    """What trains and the optimizer state it needs per rank: Adam's two moments (fp32) and, with bf16/fp16
+    weights, the fp32 main copy; divided over data-parallel ranks by the distributed optimizer."""
+    m, model = role.megatron, role.model
+    total = model.parameter_count()
+    if m.lora_r:
+        trainable, per_rank = model.lora_parameter_count(m.lora_r, m.lora_target_modules, role.tp)
+        what = f"LoRA r={m.lora_r} on {', '.join(m.lora_target_modules)}: {readable_count(trainable)} of "
+        what += f"{readable_count(total)} params train ({trainable / total:.2%})"
+    else:
+        trainable, per_rank = total, total // (role.tp * role.pp)
+        what = f"all {readable_count(total)} params train"
+    state_bytes = per_rank * (8 + (4 if m.bf16 or m.fp16 else 0))
+    if m.use_distributed_optimizer:
+        state_bytes //= role.dp
+    return f"{what}; optimizer state about {state_bytes / 2**30:.2f} GiB per rank"
 
 
 def readable_count(count: float) -> str:
