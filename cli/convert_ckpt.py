@@ -11,7 +11,8 @@
     python cli/convert_ckpt.py --load-model-type hf --save-model-type mg --load-dir ./Qwen3-30B-A3B \\
         --save-dir ./ckpt_moe --target-tensor-parallel-size 4 --target-expert-parallel-size 4
 
-    # Megatron -> HF: writes <save-dir>/mg2hf, config taken from the HF files in --save-dir
+    # Megatron -> HF: writes <save-dir>/mg2hf, config taken from the HF files in --save-dir (a LoRA run's
+    # checkpoint: mg2hf holds the merged model and <save-dir>/mg2hf_adapter the adapters in PEFT's format)
     python cli/convert_ckpt.py --load-model-type mg --save-model-type hf --load-dir ./ckpt \\
         --save-dir ./Qwen2.5-32B --model-type-hf qwen25
 
@@ -146,6 +147,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 args.load_dir, args.save_dir, args.params_dtype, args.orm or None, int(args.max_shard_size_gb * 1024**3)
             )
             print(f"converted {args.load_dir} -> {where}")
+            if convert.read_mg_config(args.load_dir)[0].get("lora"):  # LoRA: the adapters on their own too
+                from mindspeed_rl.checkpoint.peft_export import write_peft_adapter
+
+                adapter = write_peft_adapter(args.load_dir, os.path.join(args.save_dir, "mg2hf_adapter"), args.save_dir)
+                print(f"LoRA adapters (PEFT) -> {adapter}; {where} has them merged")
         elif args.load_model_type == "mg" and args.save_model_type == "mg":
             from mindspeed_rl.checkpoint.reshard import mg_to_mg
 

@@ -183,7 +183,119 @@ def test_a_lora_checkpoint_resumes_the_same_step(tmp_path):
     save_engine(a, str(tmp_path), 1)
     after = a.train_step(second, sft_loss, 2)
     b = MegatronEngine(role, total_steps=6)
-    assert load_engine(b, str(tmp_path))["config"]["lora"] == {"r": 4, "alpha": 16.0}
+    assert load_engine(b, str(tmp_path))["config"]["lora"] == {"r": 4, "alpha": 16.0, "dropout": 0.0}
     resumed = b.train_step(second, sft_loss, 2)
     assert resumed.loss == after.loss
     assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a.named_weights(), b.named_weights()))
+
+
+def test_peft_adapter_folder_reproduces_the_merged_model(tmp_path):
+    """The PEFT export: per HF projection, base + (alpha / r) B A with the exported tensors equals the merged
+    model's weight (fused q/k/v and gate/up split into PEFT's separate projections); loaded by peft when it
+    is installed."""
+    import json
+    import os
+
+    from safetensors.torch import load_file
+
+    from mindspeed_rl.checkpoint.convert import iter_mg_pieces
+    from mindspeed_rl.checkpoint.engine_io import save_engine
+    from mindspeed_rl.checkpoint.peft_export import write_peft_adapter
+    from mindspeed_rl.checkpoint.tp_split import fold_lora, layer_number
+    from mindspeed_rl.families import get_family
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.utils import dist
+
+    dist.init_model_parallel(seed=11)
+    role = tiny_role(lora_r=4, lora_alpha=8.0)
+    engine = MegatronEngine(role, total_steps=2)
+    with torch.no_grad():
+        for name, p in engine.unwrapped().named_parameters():
+            if name.endswith("lora_B"):
+                p.normal_(0, 0.05)
+    save_engine(engine, str(tmp_path / "ckpt"), 1)
+    folder = write_peft_adapter(str(tmp_path / "ckpt"), str(tmp_path / "adapter"), "base-model")
+    config = json.load(open(os.path.join(folder, "adapter_config.json")))
+    assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8.0
+    assert set(config["target_modules"]) == {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "gate_proj",
+        "up_proj",
+        "down_proj",
+    }
+    peft = load_file(os.path.join(folder, "adapter_model.safetensors"))
+    family, checked = get_family(role.model.model_type_hf), 0
+    for piece in iter_mg_pieces(str(tmp_path / "ckpt"), fold=False):
+        for i in {layer_number(n) for n in piece if layer_number(n) >= 0}:
+            base = family.layer_mcore_to_hf(i, {n: t for n, t in piece.items() if "lora_" not in n}, role.model)
+            merged = family.layer_mcore_to_hf(i, fold_lora(piece, 2.0), role.model)
+            for name, weight in merged.items():
+                key = f"base_model.model.{name[: -len('.weight')]}"
+                if f"{key}.lora_A.weight" in peft:
+                    delta = peft[f"{key}.lora_B.weight"] @ peft[f"{key}.lora_A.weight"]
+                    assert torch.allclose(base[name] + 2.0 * delta, weight, atol=1e-6), name
+                    checked += 1
+    assert checked == 2 * 7  # 2 layers x q, k, v, o, gate, up, down
+
+
+def test_peft_loads_the_adapter_folder_onto_the_base_model(tmp_path):
+    """With peft installed (not a dependency): base HF model + our adapter folder == our merged HF model."""
+    pytest.importorskip("peft")
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from mindspeed_rl.checkpoint.convert import write_hf_folder
+    from mindspeed_rl.checkpoint.engine_io import save_engine
+    from mindspeed_rl.checkpoint.peft_export import write_peft_adapter
+    from mindspeed_rl.families import get_family
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.utils import dist
+    from tests.helpers import make_batch
+
+    dist.init_model_parallel(seed=11)
+    role = tiny_role(lora_r=4, lora_alpha=8.0)
+    lora = MegatronEngine(role, total_steps=2)
+    with torch.no_grad():
+        for name, p in lora.unwrapped().named_parameters():
+            if name.endswith("lora_B"):
+                p.normal_(0, 0.05)
+    base = MegatronEngine(tiny_role(), total_steps=2)
+    base.load_weights({n: t for n, t in lora.named_weights() if "lora_" not in n})
+    save_engine(lora, str(tmp_path / "lora"), 1)
+    save_engine(base, str(tmp_path / "base"), 1)
+    hf_config = get_family(role.model.model_type_hf).hf_config(role.model, 0, 0)
+    for name in ("base", "lora"):
+        write_hf_folder(str(tmp_path / name), str(tmp_path / f"hf_{name}"), hf_config, None, progress=False)
+    write_peft_adapter(str(tmp_path / "lora"), str(tmp_path / "adapter"), str(tmp_path / "hf_base"))
+    ids = make_batch(2, 12, seed=3)["input_ids"].clamp(min=1)
+    with torch.no_grad():
+        merged = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf_lora")).eval()(ids).logits
+        base_model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf_base"))
+        adapted = PeftModel.from_pretrained(base_model, str(tmp_path / "adapter")).eval()(ids).logits
+    assert torch.allclose(adapted, merged, atol=1e-5)
+
+
+def test_the_converter_writes_the_merged_model_and_the_adapter_folder(tmp_path):
+    import json
+    import os
+
+    from cli import convert_ckpt
+    from mindspeed_rl.checkpoint.engine_io import save_engine
+    from mindspeed_rl.families import get_family
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.utils import dist
+
+    dist.init_model_parallel(seed=11)
+    role = tiny_role(lora_r=2)
+    save_engine(MegatronEngine(role, total_steps=2), str(tmp_path / "ckpt"), 1)
+    os.makedirs(tmp_path / "hf")
+    with open(tmp_path / "hf" / "config.json", "w") as fh:
+        json.dump(get_family(role.model.model_type_hf).hf_config(role.model, 0, 0), fh)
+    argv = ["--load-model-type", "mg", "--save-model-type", "hf", "--load-dir", str(tmp_path / "ckpt"),
+            "--save-dir", str(tmp_path / "hf")]  # fmt: skip
+    assert convert_ckpt.main(argv) == 0
+    assert os.path.isfile(tmp_path / "hf" / "mg2hf" / "config.json")
+    assert sorted(os.listdir(tmp_path / "hf" / "mg2hf_adapter")) == ["adapter_config.json", "adapter_model.safetensors"]

@@ -370,8 +370,9 @@ def iter_mg_stages(load_dir: str, fold: bool = True) -> Iterator[Tuple[int, Dict
         del shards, merged
 
 
-def iter_mg_pieces(load_dir: str) -> Iterator[Dict[str, torch.Tensor]]:
-    """The merged weights piece by piece (embedding, each layer, final norm + head), global names.
+def iter_mg_pieces(load_dir: str, fold: bool = True) -> Iterator[Dict[str, torch.Tensor]]:
+    """The merged weights piece by piece (embedding, each layer, final norm + head), global names; LoRA
+    adapters merged into their weights unless ``fold`` is false.
 
     The rank files are re-opened (memory-mapped) for every piece and released after it, so the
     pages read stay out of the process's resident memory once a piece is merged.
@@ -381,7 +382,7 @@ def iter_mg_pieces(load_dir: str) -> Iterator[Dict[str, torch.Tensor]]:
     starts = stage_starts(counts)
     swiglu = config["model"].get("swiglu", True)
     experts, layout = config["model"].get("num_experts"), ml.full_layout_of(iter_dir)
-    scaling = lora_scaling(config)
+    scaling = lora_scaling(config) if fold else None
 
     def merged(pp_rank: int, wanted) -> Dict[str, torch.Tensor]:
         shards = stage_rank_shards(iter_dir, pp_rank, layout, experts)

@@ -143,7 +143,7 @@ def save_engine(
                 "bf16" if m.bf16 else "fp16" if m.fp16 else "fp32",
                 engine.head == "value",
                 ep,
-                {"r": engine.lora.r, "alpha": engine.lora.alpha} if engine.lora is not None else None,
+                engine.lora.describe() if engine.lora is not None else None,
             ),
             **(extra or {}),
         }

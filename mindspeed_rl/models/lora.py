@@ -41,8 +41,15 @@ class LoRAState:
 
     def __init__(self, r: int, alpha: float, dropout: float):
         self.r, self.alpha, self.dropout = r, alpha, dropout
-        self.scaling = alpha / r
         self.enabled = True
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.r
+
+    def describe(self) -> dict:
+        """What a checkpoint stores about its adapters."""
+        return {"r": self.r, "alpha": self.alpha, "dropout": self.dropout}
 
 
 def _full_init_a(name: str, r: int, in_features: int, seed: int) -> torch.Tensor:
