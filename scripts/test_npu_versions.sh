@@ -21,7 +21,10 @@ TESTS=(
   tests/test_accelerator.py tests/test_device_floor.py tests/test_compat.py
   tests/test_engine.py tests/test_packing.py tests/test_parallel_equivalence.py
   tests/test_rollout.py tests/test_checkpoint.py tests/test_converted_logits.py tests/test_save_hf.py
-  tests/test_generate_cli.py tests/test_families.py
+  tests/test_generate_cli.py tests/test_families.py tests/test_lora.py tests/test_reshard.py
+  # its worker re-initialises megatron's parallel state in one process for two layouts, which 0.12's
+  # position-embedding group does not survive (runs re-initialise never; the main stage runs this test)
+  --deselect tests/test_reshard.py::test_resharded_resume_at_another_layout_takes_the_same_step
 )
 echo "[npu-versions] $("$VENV/bin/python" -c 'import megatron.core, torch, vllm, transformers; print(f"torch {torch.__version__}, megatron-core {megatron.core.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}")')"
 exec "$VENV/bin/python" -m pytest -p no:cacheprovider "${TESTS[@]}" "$@"
