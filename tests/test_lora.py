@@ -299,3 +299,63 @@ def test_the_converter_writes_the_merged_model_and_the_adapter_folder(tmp_path):
     assert convert_ckpt.main(argv) == 0
     assert os.path.isfile(tmp_path / "hf" / "mg2hf" / "config.json")
     assert sorted(os.listdir(tmp_path / "hf" / "mg2hf_adapter")) == ["adapter_config.json", "adapter_model.safetensors"]
+
+
+def test_lora_and_plain_checkpoints_are_not_mixed_silently(tmp_path):
+    """Adapters into a run without LoRA, other r/alpha, or a LoRA resume from a plain checkpoint: one clear
+    error each (a plain checkpoint is still a valid finetune start for a LoRA run)."""
+    from mindspeed_rl.checkpoint.engine_io import load_engine, load_weights_only, save_engine
+    from mindspeed_rl.checkpoint.megatron_layout import CheckpointError
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.utils import dist
+
+    dist.init_model_parallel(seed=11)
+    save_engine(MegatronEngine(tiny_role(lora_r=4), total_steps=2), str(tmp_path / "lora"), 1)
+    save_engine(MegatronEngine(tiny_role(), total_steps=2), str(tmp_path / "plain"), 1)
+    with pytest.raises(CheckpointError, match="carry LoRA adapters but actor_config.lora_r is 0"):
+        load_weights_only(MegatronEngine(tiny_role(), total_steps=2), str(tmp_path / "lora"))
+    with pytest.raises(CheckpointError, match="saved with LoRA r=4 alpha=16.0, the run has r=8"):
+        load_engine(MegatronEngine(tiny_role(lora_r=8), total_steps=2), str(tmp_path / "lora"))
+    with pytest.raises(CheckpointError, match="holds no LoRA adapters, so a LoRA run cannot resume from it"):
+        load_engine(MegatronEngine(tiny_role(lora_r=4), total_steps=2), str(tmp_path / "plain"))
+    load_weights_only(MegatronEngine(tiny_role(lora_r=4), total_steps=2), str(tmp_path / "plain"))
+
+
+def test_adapter_dropout_is_off_in_eval_forwards():
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.utils import dist
+    from tests.helpers import make_batch
+
+    dist.init_model_parallel(seed=11)
+    engine = MegatronEngine(tiny_role(lora_r=4, lora_dropout=0.5), total_steps=2)
+    with torch.no_grad():
+        for name, p in engine.unwrapped().named_parameters():
+            if name.endswith("lora_B"):
+                p.normal_(0, 0.05)
+    batch = make_batch(2, 10, seed=1)
+    assert torch.equal(engine.forward(batch, 2)["log_probs"], engine.forward(batch, 2)["log_probs"])
+
+
+def test_distributed_optimizer_shards_of_another_split_are_refused(tmp_path):
+    """A shard file whose recorded parameter ranges differ from this run's (another DP size) is refused with
+    the way out instead of torch's size error."""
+    import glob
+
+    from mindspeed_rl.checkpoint.engine_io import load_engine, save_engine
+    from mindspeed_rl.checkpoint.megatron_layout import CheckpointError
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.utils import dist
+    from tests.helpers import make_batch, sft_loss
+
+    dist.init_model_parallel(seed=11)
+    role = tiny_role(use_distributed_optimizer=True)
+    engine = MegatronEngine(role, total_steps=2)
+    engine.train_step(make_batch(2, 8), sft_loss, 2)
+    save_engine(engine, str(tmp_path), 1)
+    (path,) = glob.glob(f"{tmp_path}/iter_0000001/*/distrib_optim_dp000.pt")
+    saved = torch.load(path, weights_only=True)
+    name, shape, start, end = saved["layout"][0][0]
+    saved["layout"][0][0] = (name, shape, start, end // 2)  # as a rank of DP 2 would own it
+    torch.save(saved, path)
+    with pytest.raises(CheckpointError, match="saved for another split of the parameters"):
+        load_engine(MegatronEngine(role, total_steps=2), str(tmp_path))

@@ -188,16 +188,41 @@ def load_engine(
     payload = ml.load_rank(
         ckpt_dir, tp_rank, pp_rank, expected=(tp, pp, ep), mmap=False, ep_rank=ep_rank, iteration=iteration
     )
-    engine.load_weights(payload["model"])
+    stored_lora = (payload.get("config") or {}).get("lora")
+    own_lora = engine.lora.describe() if getattr(engine, "lora", None) is not None else None
+    if stored_lora and own_lora and (stored_lora["r"], stored_lora["alpha"]) != (own_lora["r"], own_lora["alpha"]):
+        raise ml.CheckpointError(
+            f"{ckpt_dir}: saved with LoRA r={stored_lora['r']} alpha={stored_lora['alpha']}, the run has "
+            f"r={own_lora['r']} alpha={own_lora['alpha']}: use the checkpoint's settings"
+        )
+    if own_lora and not stored_lora and load_optim:
+        raise ml.CheckpointError(
+            f"{ckpt_dir}: holds no LoRA adapters, so a LoRA run cannot resume from it; start from it with "
+            "finetune: true (the adapters begin as initialised)"
+        )
+    try:
+        engine.load_weights(payload["model"])
+    except ValueError as exc:
+        raise ml.CheckpointError(f"{ckpt_dir}: {exc}") from None
     if load_optim and engine.optimizer is not None:
         optim = payload.get("optimizer")
         if optim is None:
             raise ml.CheckpointError(f"{ckpt_dir}: has no optimizer state; set no_load_optim: true to start it fresh")
         engine.scheduler.load_state_dict(optim["scheduler"])
         if "named" in optim:  # resharded by the converter: by parameter name, any optimizer layout
-            optimizer_state.load_named(engine, optim["named"])
+            try:
+                optimizer_state.load_named(engine, optim["named"])
+            except (KeyError, ValueError) as exc:
+                raise ml.CheckpointError(f"{ckpt_dir}: {str(exc).strip(chr(39))}") from None
         elif engine.megatron.use_distributed_optimizer:
             saved = ml.load_extra(ckpt_dir, tp_rank, pp_rank, _dp_file(dp_rank), ep_rank, iteration)
+            if isinstance(saved, dict) and _plain(saved["layout"]) != _plain(optimizer_state.iter_layout(engine)):
+                raise ml.CheckpointError(
+                    f"{ckpt_dir}: the distributed optimizer's shards were saved for another split of the parameters "
+                    "(another data-parallel size or other LoRA settings); reshard the checkpoint with "
+                    "cli/convert_ckpt.py --load-model-type mg --save-model-type mg (it loads at any DP size), or "
+                    "set no_load_optim: true"
+                )
             shards = saved["optimizers"] if isinstance(saved, dict) else saved
             for sub, state in zip(optimizer_state.sub_optimizers(engine.optimizer), shards):
                 sub.optimizer.load_state_dict(state)
@@ -215,6 +240,11 @@ def load_engine(
     if load_rng and payload.get("rng_state") is not None:
         set_rng_state(payload["rng_state"])
     return payload
+
+
+def _plain(layout) -> list:
+    """A recorded optimizer layout as plain lists (tuples and lists compare equal)."""
+    return [[[name, list(shape), start, end] for name, shape, start, end in sub] for sub in layout]
 
 
 def load_weights_only(engine, ckpt_dir: str) -> Dict[str, Any]:

@@ -160,8 +160,15 @@ def load_named(engine, named: Dict[str, Dict[str, Any]]) -> None:
         inner = sub.optimizer
         for slot in sub_slots:
             entry = named[slot.name]
+            stored = next((entry[k] for k in MOMENTS + ("param",) if k in entry), None)
+            if stored is not None and tuple(stored.shape) != tuple(slot.shape):
+                raise ValueError(
+                    f"{slot.name}: optimizer state of shape {tuple(stored.shape)}, the model's is {slot.shape}"
+                )
             state = inner.state[slot.main]
             for key in MOMENTS:
+                if key not in entry:  # saved before the optimizer's first step: nothing to restore
+                    continue
                 value = entry[key].reshape(-1)[slot.start : slot.end].view(slot.main.shape)
                 if key in state:
                     state[key].copy_(value)

@@ -410,7 +410,13 @@ class MegatronEngine:
 
         model = self.unwrapped()
         own = dict(model.named_parameters())
-        if not any(n.rsplit(".", 1)[-1] in ADAPTER_NAMES for n in weights):
+        has_adapters = any(n.rsplit(".", 1)[-1] in ADAPTER_NAMES for n in weights)
+        if has_adapters and self.lora is None:
+            raise ValueError(
+                f"the weights for {self.role.name} carry LoRA adapters but {self.role.name}_config.lora_r is 0: "
+                "train with the same lora_r, or export merged weights (cli/convert_ckpt.py --save-model-type hf)"
+            )
+        if not has_adapters:
             own = {n: p for n, p in own.items() if n.rsplit(".", 1)[-1] not in ADAPTER_NAMES}
         missing = [n for n in own if n not in weights]
         if missing:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 import zlib
 from typing import Dict, Iterator, Optional, Sequence
 
@@ -89,14 +90,14 @@ def adapt_layer(layer: torch.nn.Module, name: str, kind: str, state: LoRAState, 
     _mark(layer.lora_A, 1 if kind == "row" else None)
     _mark(layer.lora_B, 0 if kind == "column" else None)
     layer.lora_kind = kind
-    dropout = torch.nn.Dropout(state.dropout) if state.dropout else torch.nn.Identity()
     base_forward = layer.forward
 
     def forward(x, *args, **kwargs):
         output, bias = base_forward(x, *args, **kwargs)
         if not state.enabled:
             return output, bias
-        h = torch.nn.functional.linear(dropout(x), layer.lora_A)
+        dropped = torch.nn.functional.dropout(x, state.dropout, training=layer.training) if state.dropout else x
+        h = torch.nn.functional.linear(dropped, layer.lora_A)
         if kind == "column":
             h = copy_to_tensor_model_parallel_region(h)
         else:
@@ -125,11 +126,15 @@ def apply_lora(
     state = LoRAState(r, alpha, dropout)
     for p in model.parameters():
         p.requires_grad_(False)
+    # a pipeline stage numbers its layers from 0: seed A by the global layer, the same at every PP split
+    layers = getattr(getattr(model, "decoder", None), "layers", None)
+    offset = getattr(layers[0], "layer_number", 1) - 1 if layers is not None and len(layers) else 0
     adapted = 0
     for name, module in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
         if leaf in targets and hasattr(module, "weight") and ".experts." not in f".{name}.":
-            adapt_layer(module, name, TARGETS[leaf], state, seed)
+            global_name = re.sub(r"layers\.(\d+)\.", lambda m: f"layers.{int(m.group(1)) + offset}.", name, count=1)
+            adapt_layer(module, global_name, TARGETS[leaf], state, seed)
             adapted += 1
     if not adapted:
         raise ValueError(f"no layer named {list(targets)} in the model: nothing to adapt")

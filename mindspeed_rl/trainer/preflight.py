@@ -174,8 +174,8 @@ def check_recorded_reference(cfg: PPOConfig, iteration: Optional[int], layout: T
     """A resume builds the reference from where the first run started (recorded in the actor's checkpoint):
     that folder must still fit the run, e.g. after the actor was resharded to another TP x PP."""
     am = cfg.actor.megatron
-    if not am.load or am.finetune or ml.read_tracker_or_none(am.load) in (None, "unreadable"):
-        return
+    if am.lora_r or not am.load or am.finetune or ml.read_tracker_or_none(am.load) in (None, "unreadable"):
+        return  # (with LoRA the reference is the actor's base weights: no folder is read)
     try:
         _, iter_dir = ml.latest_iteration_dir(am.load, iteration)
         state = ml.safe_load(checkpoint_files(iter_dir)[0], mmap=True).get("trainer_state") or {}

@@ -126,14 +126,16 @@ class IntegratedActorWorker(MegatronWorker):
         initial = {k: v.detach().clone() for k, v in self.actor.named_weights()} if self.ref is not None else None
         if load and not finetune:
             payload = load_engine(self.actor, load, load_optim, load_rng, iteration)
+        # the run's state only on a resume: a finetune start begins at iteration 0 with its own data position
+        resumed = dict(payload.get("trainer_state") or {}) if load and not finetune else {}
         if self.ref is not None:
             self.ref.load_weights(initial)
-            origin = ref_load or (payload.get("trainer_state") or {}).get("ref_from")
+            origin = ref_load or resumed.get("ref_from")
             if origin:
                 load_weights_only(self.ref, origin)
             self.ref_offload.offload(grads=False, optimizer=False)  # the reference waits on host
         self.engine_version = None
-        return LoadedState(int(payload.get("iteration") or 0), dict(payload.get("trainer_state") or {}))
+        return LoadedState(int(payload.get("iteration") or 0), resumed)
 
     def save(self, ckpt_dir: str, iteration: int, extra: Dict, save_optim: bool, save_rng: bool) -> Optional[str]:
         """The checkpoint of ``iteration``; with save_hf also its HF folder (the path, else None)."""
