@@ -9,6 +9,15 @@ from tests.helpers import single_process_world_fixture, tiny_role
 single_process_world = single_process_world_fixture(seed=11)
 
 
+def randomize_adapters(engine, seed: int = 5) -> None:
+    """B ~ N(0, 0.05^2) on every adapter, so the adapters change the model (B starts at zero)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in engine.unwrapped().named_parameters():
+            if name.endswith("lora_B"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+
+
 def _layers():
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
     from megatron.core.transformer import TransformerConfig
@@ -119,11 +128,7 @@ def test_lora_at_tp2_equals_tp1(tmp_path):
     spec = {"megatron": dict(lora_r=4, lora_alpha=8.0, lr=1e-2)}
     dist.init_model_parallel(seed=11)
     engine = MegatronEngine(tiny_role(**spec["megatron"]), total_steps=4)
-    gen = torch.Generator().manual_seed(5)
-    with torch.no_grad():  # adapters that change the model (B starts at zero)
-        for name, p in engine.unwrapped().named_parameters():
-            if name.endswith("lora_B"):
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    randomize_adapters(engine)
     torch.save({k: v.clone() for k, v in engine.named_weights()}, os.path.join(workdir, "lora_full.pt"))
     mp.start_processes(parallel_worker.run_lora, args=(1, spec, workdir, free_port()), nprocs=1, join=True,
                        start_method="spawn")  # fmt: skip
@@ -209,10 +214,7 @@ def test_peft_adapter_folder_reproduces_the_merged_model(tmp_path):
     dist.init_model_parallel(seed=11)
     role = tiny_role(lora_r=4, lora_alpha=8.0)
     engine = MegatronEngine(role, total_steps=2)
-    with torch.no_grad():
-        for name, p in engine.unwrapped().named_parameters():
-            if name.endswith("lora_B"):
-                p.normal_(0, 0.05)
+    randomize_adapters(engine)
     save_engine(engine, str(tmp_path / "ckpt"), 1)
     folder = write_peft_adapter(str(tmp_path / "ckpt"), str(tmp_path / "adapter"), "base-model")
     config = json.load(open(os.path.join(folder, "adapter_config.json")))
@@ -258,10 +260,7 @@ def test_peft_loads_the_adapter_folder_onto_the_base_model(tmp_path):
     dist.init_model_parallel(seed=11)
     role = tiny_role(lora_r=4, lora_alpha=8.0)
     lora = MegatronEngine(role, total_steps=2)
-    with torch.no_grad():
-        for name, p in lora.unwrapped().named_parameters():
-            if name.endswith("lora_B"):
-                p.normal_(0, 0.05)
+    randomize_adapters(lora)
     base = MegatronEngine(tiny_role(), total_steps=2)
     base.load_weights({n: t for n, t in lora.named_weights() if "lora_" not in n})
     save_engine(lora, str(tmp_path / "lora"), 1)
@@ -328,10 +327,7 @@ def test_adapter_dropout_is_off_in_eval_forwards():
 
     dist.init_model_parallel(seed=11)
     engine = MegatronEngine(tiny_role(lora_r=4, lora_dropout=0.5), total_steps=2)
-    with torch.no_grad():
-        for name, p in engine.unwrapped().named_parameters():
-            if name.endswith("lora_B"):
-                p.normal_(0, 0.05)
+    randomize_adapters(engine)
     batch = make_batch(2, 10, seed=1)
     assert torch.equal(engine.forward(batch, 2)["log_probs"], engine.forward(batch, 2)["log_probs"])
 

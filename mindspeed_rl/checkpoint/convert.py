@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import shutil
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from tqdm import tqdm
@@ -320,19 +320,28 @@ def read_mg_config(load_dir: str) -> Tuple[dict, str, int, int]:
     return config, iter_dir, tp, pp
 
 
+def _rank_model(path: str) -> Dict[str, torch.Tensor]:
+    return ml.safe_load(path, mmap=True)["model"]
+
+
 def stage_rank_shards(
-    iter_dir: str, pp_rank: int, layout: Tuple[int, int, int], num_experts: Optional[int]
-) -> List[Dict[str, torch.Tensor]]:
+    iter_dir: str,
+    pp_rank: int,
+    layout: Tuple[int, int, int],
+    num_experts: Optional[int],
+    read: Callable[[str], Dict[str, Any]] = _rank_model,
+) -> List[Dict[str, Any]]:
     """The model shards of one pipeline stage, one dict per TP rank; with EP > 1 the EP ranks' files are
     joined, experts renamed to their global numbers (memory-mapped: tensors are read when used).
-    ``layout``: the folder's (TP, PP, EP), from ``ml.full_layout_of``."""
+    ``layout``: the folder's (TP, PP, EP), from ``ml.full_layout_of``; ``read``: what to take from a rank
+    file (default its model weights; the converter also reads the optimizer state per parameter name)."""
     tp, pp, ep = layout
     per = (num_experts or ep) // ep
     out = []
     for t in range(tp):
-        joined: Dict[str, torch.Tensor] = {}
+        joined: Dict[str, Any] = {}
         for e in range(ep):
-            model = ml.safe_load(ml.rank_file(iter_dir, t, pp_rank, pp, e, ep), mmap=True)["model"]
+            model = read(ml.rank_file(iter_dir, t, pp_rank, pp, e, ep))
             for name, tensor in model.items():
                 expert = expert_number(name)
                 if expert >= 0:

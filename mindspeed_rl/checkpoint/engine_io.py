@@ -86,7 +86,7 @@ def _optimizer_state(engine) -> Optional[Dict[str, Any]]:
     if opt is None:
         return None
     all_slots = optimizer_state.engine_slots(engine)
-    layout = [[s.describe() for s in sub] for sub in all_slots]
+    layout = optimizer_state.describe_slots(all_slots)
     state = {"scheduler": engine.scheduler.state_dict()}
     if engine.megatron.use_distributed_optimizer:
         state["shards"] = {
@@ -216,7 +216,8 @@ def load_engine(
                 raise ml.CheckpointError(f"{ckpt_dir}: {str(exc).strip(chr(39))}") from None
         elif engine.megatron.use_distributed_optimizer:
             saved = ml.load_extra(ckpt_dir, tp_rank, pp_rank, _dp_file(dp_rank), ep_rank, iteration)
-            if isinstance(saved, dict) and _plain(saved["layout"]) != _plain(optimizer_state.iter_layout(engine)):
+            all_slots = optimizer_state.engine_slots(engine)
+            if isinstance(saved, dict) and _plain(saved["layout"]) != _plain(optimizer_state.describe_slots(all_slots)):
                 raise ml.CheckpointError(
                     f"{ckpt_dir}: the distributed optimizer's shards were saved for another split of the parameters "
                     "(another data-parallel size or other LoRA settings); reshard the checkpoint with "
@@ -227,7 +228,7 @@ def load_engine(
             for sub, state in zip(optimizer_state.sub_optimizers(engine.optimizer), shards):
                 sub.optimizer.load_state_dict(state)
             if isinstance(saved, dict):  # the fp32 main weights (older checkpoints: rebuilt from the weights)
-                for sub_slots, mains in zip(optimizer_state.engine_slots(engine), saved["mains"]):
+                for sub_slots, mains in zip(all_slots, saved["mains"]):
                     for slot, main in zip(sub_slots, mains):
                         slot.main.data.copy_(main)
         elif "optimizer" in optim:

@@ -18,7 +18,8 @@ named state into any optimizer layout (plain, mixed precision, distributed with 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -129,9 +130,7 @@ def assemble(pieces_per_rank: Sequence[NamedState]) -> Dict[str, Dict[str, torch
     for named in pieces_per_rank:
         for name, pieces in named.items():
             for piece in pieces:
-                numel = 1
-                for d in piece["shape"]:
-                    numel *= d
+                numel = math.prod(piece["shape"])
                 full = out.setdefault(name, {"shape": piece["shape"], "step": piece["step"]})
                 mask = covered.setdefault(name, torch.zeros(numel, dtype=torch.bool))
                 mask[piece["start"] : piece["end"]] = True
@@ -183,6 +182,6 @@ def load_named(engine, named: Dict[str, Dict[str, Any]]) -> None:
                 slot.main.copy_(entry["param"].reshape(-1)[slot.start : slot.end].view(slot.main.shape))
 
 
-def iter_layout(engine) -> Iterator[List[Tuple]]:
-    for sub_slots in engine_slots(engine):
-        yield [s.describe() for s in sub_slots]
+def describe_slots(all_slots: Sequence[Sequence[Slot]]) -> List[List[Tuple]]:
+    """The ``layout`` a checkpoint records: per sub-optimizer, each slot's (name, shape, start, end)."""
+    return [[slot.describe() for slot in sub] for sub in all_slots]

@@ -27,9 +27,10 @@ from .convert import (
     iter_mg_stages,
     layer_counts,
     read_mg_config,
+    stage_rank_shards,
 )
 from .sharding import stage_starts
-from .tp_split import expert_number, layer_number, merge_tp, renumber_expert, shift_layer
+from .tp_split import layer_number, merge_tp, shift_layer
 
 KINDS = ("param",) + optimizer_state.MOMENTS
 
@@ -77,24 +78,12 @@ def _optimizer_stages(
     iter_dir: str, layout: Tuple[int, int, int], counts: List[int], swiglu: bool, num_experts: Optional[int]
 ) -> Tuple[Dict[str, Dict[str, torch.Tensor]], Dict[str, float]]:
     """{kind: {global name: full tensor}} for kind in param / exp_avg / exp_avg_sq, and the step per name."""
-    tp, pp, ep = layout
-    per = (num_experts or ep) // ep
+    pp = layout[1]
     starts = stage_starts(counts)
     full: Dict[str, Dict[str, torch.Tensor]] = {k: {} for k in KINDS}
     steps: Dict[str, float] = {}
     for pp_rank in range(pp):
-        per_tp: List[Dict[str, Dict[str, Any]]] = []
-        for t in range(tp):
-            joined: Dict[str, Dict[str, Any]] = {}
-            for e in range(ep):
-                named = _rank_named_optimizer(ml.rank_file(iter_dir, t, pp_rank, pp, e, ep))
-                for name, entry in named.items():
-                    expert = expert_number(name)
-                    if expert >= 0:
-                        joined[renumber_expert(name, e * per + expert)] = entry
-                    elif e == 0:
-                        joined[name] = entry
-            per_tp.append(joined)
+        per_tp = stage_rank_shards(iter_dir, pp_rank, layout, num_experts, read=_rank_named_optimizer)
         for name in per_tp[0]:
             global_name = shift_layer(name, starts[pp_rank]) if layer_number(name) >= 0 else name
             steps[global_name] = per_tp[0][name].get("step")

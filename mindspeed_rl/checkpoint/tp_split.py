@@ -107,11 +107,11 @@ def ep_owner(expert: int, num_experts: int, ep: int):
 def fold_lora(weights: Dict[str, torch.Tensor], scaling: float) -> Dict[str, torch.Tensor]:
     """Full weights with every ``<layer>.lora_A`` / ``lora_B`` pair merged into ``<layer>.weight``:
     W + scaling * B A (the adapters themselves dropped)."""
+    from ..models.lora import merge
+
     out = {n: t for n, t in weights.items() if not n.endswith((".lora_A", ".lora_B"))}
     for name in weights:
         if name.endswith(".lora_A"):
             layer = name[: -len(".lora_A")]
-            w = out[layer + ".weight"]
-            delta = weights[layer + ".lora_B"].float() @ weights[name].float()
-            out[layer + ".weight"] = (w.float() + scaling * delta).to(w.dtype)
+            out[layer + ".weight"] = merge(out[layer + ".weight"], weights[name], weights[layer + ".lora_B"], scaling)
     return out

@@ -145,10 +145,14 @@ def adapter_parameters(model: torch.nn.Module) -> Dict[str, torch.nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if n.rsplit(".", 1)[-1] in ADAPTER_NAMES}
 
 
+def merge(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
+    """W + scaling * B A in fp32, returned in W's dtype (a rank's shards line up for both layer kinds)."""
+    return (weight.float() + scaling * (b.float() @ a.float())).to(weight.dtype)
+
+
 def merged_weight(layer: torch.nn.Module, state: LoRAState) -> torch.Tensor:
-    """This rank's shard of W + (alpha / r) B A (shapes line up shard by shard for both kinds)."""
-    delta = (layer.lora_B.float() @ layer.lora_A.float()) * state.scaling
-    return (layer.weight.float() + delta).to(layer.weight.dtype)
+    """This rank's shard of W + (alpha / r) B A."""
+    return merge(layer.weight, layer.lora_A, layer.lora_B, state.scaling)
 
 
 def merged_named_weights(model: torch.nn.Module, state: LoRAState) -> Iterator:
