@@ -13,7 +13,7 @@ from mindspeed_rl.utils.tiny_hf import build_tokenizer
 from tests.conftest import SHARED
 
 GSM8K = os.path.join(SHARED, "data", "gsm8k", "train.jsonl")
-pytestmark = pytest.mark.skipif(not os.path.isfile(GSM8K), reason="../shared/data/gsm8k not present")
+pytestmark = pytest.mark.skipif(not os.path.isfile(GSM8K), reason=f"the GSM8K slice {GSM8K} is not present")
 
 
 @pytest.fixture(scope="module")
