@@ -194,6 +194,68 @@ def test_a_lora_checkpoint_resumes_the_same_step(tmp_path):
     assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a.named_weights(), b.named_weights()))
 
 
+def test_a_lora_run_on_a_base_checkpoint_saves_only_its_adapters(tmp_path):
+    """Started from a base checkpoint, a LoRA run's checkpoints hold the adapters (and their Adam state) only;
+    a resume completes them from the base (the next step bit-identical), the converter reads the merged
+    model, and a changed or missing base is refused instead of combined."""
+    import os
+
+    from mindspeed_rl.checkpoint import megatron_layout as ml
+    from mindspeed_rl.checkpoint.convert import iter_mg_stages
+    from mindspeed_rl.checkpoint.engine_io import load_engine, load_weights_only, save_engine
+    from mindspeed_rl.checkpoint.reshard import mg_to_mg
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.utils import dist
+    from tests.helpers import make_batch, sft_loss
+
+    dist.init_model_parallel(seed=11)
+    base_dir, ckpt = str(tmp_path / "base"), str(tmp_path / "ckpt")
+    plain = MegatronEngine(tiny_role(), total_steps=2)
+    save_engine(plain, base_dir, 1)
+    role = tiny_role(lora_r=4, lr=1e-2)
+    first, second = make_batch(4, 10, seed=8), make_batch(4, 10, seed=9)
+    a = MegatronEngine(role, total_steps=6)
+    load_weights_only(a, base_dir)
+    a.train_step(first, sft_loss, 2)
+    save_engine(a, ckpt, 1)
+    merged = {k: v.clone() for k, v in a.export_weights()}
+    after = a.train_step(second, sft_loss, 2)
+
+    _, iter_dir = ml.latest_iteration_dir(ckpt)
+    stored = ml.safe_load(ml.rank_file(iter_dir, 0, 0, 1))
+    assert sorted(stored["model"]) == sorted(a.trainable_names()) and all("lora_" in n for n in stored["model"])
+    assert stored["config"]["lora"]["base"]["path"] == os.path.abspath(base_dir)
+    base_file = ml.rank_file(ml.latest_iteration_dir(base_dir)[1], 0, 0, 1)
+    assert os.path.getsize(ml.rank_file(iter_dir, 0, 0, 1)) < os.path.getsize(base_file) / 2
+
+    b = MegatronEngine(role, total_steps=6)
+    load_engine(b, ckpt)
+    assert b.train_step(second, sft_loss, 2).loss == after.loss
+    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a.named_weights(), b.named_weights()))
+    ((_, stage),) = iter_mg_stages(ckpt)
+    assert stage.keys() == merged.keys() and all(torch.allclose(stage[n], merged[n], atol=1e-6) for n in merged)
+    mg_to_mg(ckpt, str(tmp_path / "tp2"), tp=2, pp=1)  # resharded: a whole model again, adapters kept
+    first_rank = ml.safe_load(ml.rank_file(ml.latest_iteration_dir(str(tmp_path / "tp2"))[1], 0, 0, 1))
+    assert "base" not in first_rank["config"]["lora"] and len(first_rank["model"]) > len(stored["model"])
+    ((_, stage),) = iter_mg_stages(str(tmp_path / "tp2"))
+    assert all(torch.allclose(stage[n], merged[n], atol=1e-6) for n in merged)
+
+    with torch.no_grad():
+        next(iter(plain.unwrapped().parameters())).add_(1e-3)
+    save_engine(plain, base_dir, 1)  # the same folder, other weights
+    with pytest.raises(ml.CheckpointError, match="trained on another base"):
+        load_engine(MegatronEngine(role, total_steps=6), ckpt)
+    moved = tiny_role(lora_r=4, lr=1e-2, lora_base_load=str(tmp_path / "elsewhere"))
+    with pytest.raises(ml.CheckpointError, match="base checkpoint .*elsewhere is missing"):
+        load_engine(MegatronEngine(moved, total_steps=6), ckpt)
+    from mindspeed_rl.trainer.preflight import check_role
+    from mindspeed_rl.utils.cli import UserError
+
+    check_role(tiny_role(lora_r=4, load=ckpt, finetune=False))
+    with pytest.raises(UserError, match="actor_config.lora_base_load: .* holds LoRA adapters only"):
+        check_role(tiny_role(lora_r=4, load=ckpt, finetune=False, lora_base_load=str(tmp_path / "elsewhere")))
+
+
 def test_peft_adapter_folder_reproduces_the_merged_model(tmp_path):
     """The PEFT export: per HF projection, base + (alpha / r) B A with the exported tensors equals the merged
     model's weight (fused q/k/v and gate/up split into PEFT's separate projections); loaded by peft when it

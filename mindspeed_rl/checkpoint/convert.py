@@ -21,6 +21,7 @@ from ..config_cls.base import ConfigError
 from ..config_cls.model_config import ModelConfig
 from ..families import FamilyError, get_family, resolve_family
 from ..families.base import EMBED, FINAL_NORM, HF_LAYER, OUTPUT_MG
+from . import lora_base
 from . import megatron_layout as ml
 from .sharding import stage_starts
 from .tp_split import (
@@ -321,7 +322,10 @@ def read_mg_config(load_dir: str) -> Tuple[dict, str, int, int]:
 
 
 def _rank_model(path: str) -> Dict[str, torch.Tensor]:
-    return ml.safe_load(path, mmap=True)["model"]
+    """A rank file's whole model (an adapter-only LoRA file completed from its base checkpoint)."""
+    rank_dir = os.path.dirname(path)
+    where = os.path.dirname(os.path.dirname(rank_dir))
+    return lora_base.complete(ml.safe_load(path, mmap=True), os.path.basename(rank_dir), where)["model"]
 
 
 def stage_rank_shards(

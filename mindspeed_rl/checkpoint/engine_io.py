@@ -7,14 +7,15 @@ data-parallel replica); with the distributed optimizer every DP rank also writes
 
 from __future__ import annotations
 
+import os
 import random
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
+from . import lora_base, optimizer_state
 from . import megatron_layout as ml
-from . import optimizer_state
 
 
 def _ranks():
@@ -103,6 +104,18 @@ def _optimizer_state(engine) -> Optional[Dict[str, Any]]:
     return state
 
 
+def _saved_model(engine) -> Tuple[Dict[str, torch.Tensor], Optional[dict]]:
+    """(the weights a checkpoint stores, its LoRA record). A LoRA run whose base came from a checkpoint stores
+    only what trains, with a record of that base; otherwise every weight (a seeded base is stored too)."""
+    weights = {k: v.detach().cpu() for k, v in engine.named_weights()}
+    if engine.lora is None:
+        return weights, None
+    if engine.lora_base is None:
+        return weights, engine.lora.describe()
+    trainable = set(engine.trainable_names())
+    return {k: v for k, v in weights.items() if k in trainable}, dict(engine.lora.describe(), base=engine.lora_base)
+
+
 def _dp_file(dp_rank: int) -> str:
     return f"distrib_optim_dp{dp_rank:03d}.pt"
 
@@ -132,8 +145,9 @@ def save_engine(
     if writer:
         m = engine.megatron
         counts = m.layers_per_stage(engine.role.model.num_layers)
+        model, lora = _saved_model(engine)
         payload = {
-            "model": {k: v.detach().cpu() for k, v in engine.named_weights()},
+            "model": model,
             "iteration": iteration,
             "config": checkpoint_config(
                 engine.role.model,
@@ -143,7 +157,7 @@ def save_engine(
                 "bf16" if m.bf16 else "fp16" if m.fp16 else "fp32",
                 engine.head == "value",
                 ep,
-                engine.lora.describe() if engine.lora is not None else None,
+                lora,
             ),
             **(extra or {}),
         }
@@ -188,6 +202,8 @@ def load_engine(
     payload = ml.load_rank(
         ckpt_dir, tp_rank, pp_rank, expected=(tp, pp, ep), mmap=False, ep_rank=ep_rank, iteration=iteration
     )
+    base_dir = engine.megatron.lora_base_load
+    payload = lora_base.complete(payload, ml.rank_dir_name(tp_rank, pp_rank, pp, ep_rank, ep), ckpt_dir, base_dir)
     stored_lora = (payload.get("config") or {}).get("lora")
     own_lora = engine.lora.describe() if getattr(engine, "lora", None) is not None else None
     if stored_lora and own_lora and (stored_lora["r"], stored_lora["alpha"]) != (own_lora["r"], own_lora["alpha"]):
@@ -204,6 +220,15 @@ def load_engine(
         engine.load_weights(payload["model"])
     except ValueError as exc:
         raise ml.CheckpointError(f"{ckpt_dir}: {exc}") from None
+    if own_lora:  # where the frozen base lives from now on: what adapter-only saves point at
+        recorded = lora_base.base_of(payload)
+        if recorded is None:
+            trainable = set(engine.trainable_names())
+            base = lora_base.origin(ckpt_dir, iteration)
+            base["fingerprint"] = lora_base.fingerprint((n, t) for n, t in engine.named_weights() if n not in trainable)
+            engine.lora_base = base
+        else:
+            engine.lora_base = dict(recorded, path=os.path.abspath(base_dir or recorded["path"]))
     if load_optim and engine.optimizer is not None:
         optim = payload.get("optimizer")
         if optim is None:

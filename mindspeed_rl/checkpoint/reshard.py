@@ -123,7 +123,9 @@ def mg_to_mg(
     counts = layer_counts(cfg.num_layers, pp, num_layer_list)
     starts = stage_starts(counts)
     dtype_name = dtype or config.get("params_dtype", "fp32")
-    out_config = checkpoint_config(cfg, tp, pp, counts, dtype_name, config.get("orm", False), ep, config.get("lora"))
+    # the new layout stores its whole model (an adapter-only source is completed from its base)
+    lora = {k: v for k, v in config["lora"].items() if k != "base"} if config.get("lora") else None
+    out_config = checkpoint_config(cfg, tp, pp, counts, dtype_name, config.get("orm", False), ep, lora)
     full: Dict[str, torch.Tensor] = {}
     for _, stage in iter_mg_stages(load_dir, fold=False):  # adapters stay adapters: the run goes on
         full.update({k: (v.to(DTYPES[dtype]) if dtype else v).clone() for k, v in stage.items()})

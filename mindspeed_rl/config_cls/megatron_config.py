@@ -91,6 +91,11 @@ class MegatronConfig:
         doc="Layers that get adapters: linear_qkv, linear_proj (attention), linear_fc1, linear_fc2 (MLP).",
         factory=lambda: ["linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"],
     )
+    lora_base_load: Optional[str] = opt(
+        None,
+        "With LoRA: the folder of the base checkpoint that adapter-only checkpoints build on (default: the "
+        "folder recorded in the checkpoint; set it when the base has moved).",
+    )
     # checkpoints
     load: Optional[str] = opt(None, "Checkpoint folder to load (Megatron layout).")
     save: Optional[str] = opt(None, "Checkpoint folder to save into.")

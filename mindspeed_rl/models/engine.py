@@ -79,6 +79,7 @@ class MegatronEngine:
             attach_value_head(gpt, role.model.hidden_size, init_std=value_head_init_std)
         self.config = gpt.config
         self.lora = None  # LoRAState when only adapters train (megatron.lora_r > 0)
+        self.lora_base = None  # with LoRA: the checkpoint its frozen base was loaded from (checkpoint.lora_base)
         if trainable and role.megatron.lora_r:
             from .lora import apply_lora
 
@@ -391,6 +392,10 @@ class MegatronEngine:
         for name, tensor in self.unwrapped().state_dict().items():
             if isinstance(tensor, torch.Tensor) and not name.endswith("_extra_state"):
                 yield name, tensor
+
+    def trainable_names(self) -> List[str]:
+        """The parameters the optimizer updates (with LoRA: the adapters, and a critic's value head)."""
+        return [n for n, p in self.unwrapped().named_parameters() if p.requires_grad]
 
     def export_weights(self) -> Iterable[Tuple[str, torch.Tensor]]:
         """The model's weights as a plain model of this shape has them (with LoRA: adapters merged in), what

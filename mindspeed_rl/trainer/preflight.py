@@ -12,6 +12,7 @@ import tempfile
 import zipfile
 from typing import List, Optional, Tuple
 
+from ..checkpoint import lora_base
 from ..checkpoint import megatron_layout as ml
 from ..compat import vllm as compat_vllm
 from ..config_cls.ppo_config import PPOConfig, RoleConfig
@@ -32,6 +33,11 @@ def checkpoint_files(iter_dir: str) -> List[str]:
     return sorted(
         os.path.join(root, name) for root, _, names in os.walk(iter_dir) for name in names if name.endswith(".pt")
     )
+
+
+def first_rank_file(iter_dir: str) -> str:
+    """The first rank's model file (the optimizer shard files beside it hold no config)."""
+    return [p for p in checkpoint_files(iter_dir) if os.path.basename(p) == ml.FILE][0]
 
 
 def check_checkpoint(
@@ -74,7 +80,7 @@ SHAPE_KEYS = (
 
 def check_stored_model(key: str, iter_dir: str, role: RoleConfig) -> None:
     """The model config stored in the checkpoint has the run's shape (hidden size, layers, heads, vocab)."""
-    first = sorted(checkpoint_files(iter_dir))[0]
+    first = first_rank_file(iter_dir)
     try:
         stored = (ml.safe_load(first, mmap=True).get("config") or {}).get("model") or {}
     except ml.CheckpointError as exc:
@@ -88,6 +94,21 @@ def check_stored_model(key: str, iter_dir: str, role: RoleConfig) -> None:
     if differ:
         raise UserError(
             f"{key}: {os.path.dirname(iter_dir)} holds another model than {role.name}_config.model: {', '.join(differ)}"
+        )
+
+
+def check_lora_base(section: str, iter_dir: str, override: Optional[str]) -> None:
+    """An adapter-only LoRA checkpoint needs the base checkpoint it records (or lora_base_load's)."""
+    first = first_rank_file(iter_dir)
+    base = lora_base.base_of(ml.safe_load(first, mmap=True))
+    if base is None:
+        return
+    folder = override or base["path"]
+    if ml.read_tracker_or_none(folder) is None:
+        raise UserError(
+            f"{section}.lora_base_load: {os.path.dirname(iter_dir)} holds LoRA adapters only and their base "
+            f"checkpoint {folder} is missing or empty; "
+            + ("point lora_base_load at it" if override else "restore it there or name its folder in lora_base_load")
         )
 
 
@@ -119,6 +140,7 @@ def check_role(role: RoleConfig, iteration: Optional[int] = None, trains: bool =
             f"{section}.load", m.load, (role.tp, role.pp, m.expert_model_parallel_size), iteration if resuming else None
         )
         check_stored_model(f"{section}.load", iter_dir, role)
+        check_lora_base(section, iter_dir, m.lora_base_load)
         if resuming and not m.no_load_optim and m.use_distributed_optimizer:
             check_optimizer_files(f"{section}.load", iter_dir, role)
 

@@ -1,0 +1,89 @@
+"""Adapter-only LoRA checkpoints: a LoRA run saves what trains (adapters, a critic's value head) and its
+optimizer state; the frozen base stays in the checkpoint the run started from.
+
+Each rank file of such a checkpoint records in ``config["lora"]["base"]``:
+
+    {"path": the base checkpoint folder, "iteration": its iteration folder,
+     "fingerprint": {tensor name: [sum, sum of squares]}}
+
+with the fingerprint taken over this rank's frozen tensors. Reading the checkpoint (resume, finetune,
+conversion, resharding) completes each rank file with the same rank file of the base and checks the
+fingerprint, so adapters are never combined with weights other than those they were trained on.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
+
+import torch
+
+from . import megatron_layout as ml
+
+
+def fingerprint(tensors: Iterable[Tuple[str, torch.Tensor]]) -> Dict[str, list]:
+    """Per tensor [sum, sum of squares] in float64: cheap, and any edit of a weight moves it."""
+    out = {}
+    for name, tensor in tensors:
+        t = tensor.detach().to(torch.float64)
+        out[name] = [float(t.sum()), float(t.square().sum())]
+    return out
+
+
+def base_of(payload: Mapping[str, Any]) -> Optional[dict]:
+    """The base record of an adapter-only rank file (None: the file holds the whole model)."""
+    return ((payload.get("config") or {}).get("lora") or {}).get("base")
+
+
+def origin(ckpt_dir: str, iteration: Optional[int] = None) -> dict:
+    """The record of a base checkpoint folder (its absolute path and the iteration folder read)."""
+    resolved, _ = ml.latest_iteration_dir(ckpt_dir, iteration)
+    return {"path": os.path.abspath(ckpt_dir), "iteration": resolved}
+
+
+def _differs(a: list, b: list) -> bool:
+    return any(not math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-9) for x, y in zip(a, b))
+
+
+def complete(payload: Dict[str, Any], rank_dir: str, where: str, base_dir: Optional[str] = None) -> Dict[str, Any]:
+    """``payload`` (one rank file, read from folder ``where``) with its whole model: an adapter-only file's
+    frozen tensors are read from the same rank file of its base checkpoint (``base_dir`` overrides the
+    recorded folder) and checked against the recorded fingerprint. A whole-model file is returned as is."""
+    base = base_of(payload)
+    if base is None:
+        return payload
+    folder = base_dir or base["path"]
+    hint = (
+        "check lora_base_load"
+        if base_dir
+        else "restore it there (a training run can name its new folder in lora_base_load)"
+    )
+    if ml.read_tracker_or_none(folder) is None:
+        raise ml.CheckpointError(
+            f"{where}: holds LoRA adapters only; their base checkpoint {folder} is missing or empty: {hint}"
+        )
+    try:
+        _, iter_dir = ml.latest_iteration_dir(folder, base["iteration"])
+    except ml.CheckpointError as exc:
+        raise ml.CheckpointError(f"{where}: the adapters' base {folder}: {exc}") from None
+    path = os.path.join(iter_dir, rank_dir, ml.FILE)
+    if not os.path.isfile(path):
+        raise ml.CheckpointError(
+            f"{where}: the adapters' base {iter_dir} has no {rank_dir} (saved at another TP/PP/EP layout); "
+            "the base must have the adapters' layout"
+        )
+    model = payload["model"]
+    frozen = {n: t for n, t in ml.safe_load(path, mmap=True)["model"].items() if n not in model}
+    recorded = base["fingerprint"]
+    missing = sorted(set(recorded) - set(frozen))
+    if missing:
+        raise ml.CheckpointError(f"{where}: the adapters' base {iter_dir} lacks {missing[:3]}")
+    found = fingerprint((n, frozen[n]) for n in recorded)
+    changed = [n for n in recorded if _differs(found[n], recorded[n])]
+    if changed:
+        raise ml.CheckpointError(
+            f"{where}: the adapters were trained on another base than {iter_dir} ({changed[0]} differs"
+            f"{f' and {len(changed) - 1} more' if len(changed) > 1 else ''}); {hint}"
+        )
+    return dict(payload, model={**{n: frozen[n] for n in recorded}, **model})
