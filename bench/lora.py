@@ -4,7 +4,8 @@
 
 Each variant runs in its own process (peak RSS is per process): build the engine (with its reference
 model for full-parameter training, as the actor worker does; LoRA needs none), take training steps, and
-export the weights the rollout receives (merged for LoRA). Prints a markdown table.
+export the weights the rollout receives (merged for LoRA), then save a checkpoint (LoRA: started from a base
+checkpoint, so it holds the adapters and their optimizer state only). Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,6 +30,7 @@ def run_variant(args) -> dict:
     import torch
 
     from bench.engine import MODELS
+    from mindspeed_rl.checkpoint.engine_io import load_weights_only, save_engine
     from mindspeed_rl.config_cls import MegatronConfig, ModelConfig, RoleConfig
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.utils import dist
@@ -47,6 +51,10 @@ def run_variant(args) -> dict:
     def loss_fn(outputs, mb):
         return -outputs["log_probs"][:, 1:].mean() / (args.batch // args.micro_batch), {}
 
+    scratch = tempfile.mkdtemp(prefix="bench_lora_")
+    if args.variant == "lora":  # the base comes from a checkpoint, as in a run: its saves hold the adapters only
+        save_engine(actor, os.path.join(scratch, "base"), 0)
+        load_weights_only(actor, os.path.join(scratch, "base"))
     actor.train_step(batch, loss_fn, args.micro_batch)  # warm-up (and Adam's state)
     t0 = time.perf_counter()
     for _ in range(args.iters):
@@ -56,8 +64,15 @@ def run_variant(args) -> dict:
     exported = sum(t.numel() for _, t in actor.export_weights())
     export = time.perf_counter() - t0
     del reference
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # before the checkpoint's buffers
+    t0 = time.perf_counter()
+    save_engine(actor, os.path.join(scratch, "ckpt"), 1)
+    save_s = time.perf_counter() - t0
+    folder = os.path.join(scratch, "ckpt")
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
+    shutil.rmtree(scratch)
     return {"variant": args.variant, "trainable": trainable, "exported": exported, "step_s": step,
-            "export_s": export, "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # fmt: skip
+            "export_s": export, "peak_rss_gib": peak, "ckpt_mb": size / 1e6, "save_s": save_s}  # fmt: skip
 
 
 def main() -> None:
@@ -80,11 +95,12 @@ def main() -> None:
         out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
     print(f"model {args.model}, {args.dtype}, batch {args.batch} x {args.seq}, LoRA r={args.r} on every target")
-    print("| variant | trainable params | peak host memory | train step | weight export (rollout) |")
-    print("|---|---|---|---|---|")
+    print("| variant | trainable params | peak host memory | train step | weight export (rollout) | checkpoint |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['variant']} | {r['trainable'] / 1e6:.2f}M | {r['peak_rss_gib']:.2f} GiB | {r['step_s']:.2f} s "
-              f"| {r['export_s'] * 1e3:.0f} ms ({r['exported'] / 1e6:.1f}M values) |")  # fmt: skip
+              f"| {r['export_s'] * 1e3:.0f} ms ({r['exported'] / 1e6:.1f}M values) "
+              f"| {r['ckpt_mb']:.1f} MB in {r['save_s']:.2f} s |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -417,3 +417,21 @@ def test_distributed_optimizer_shards_of_another_split_are_refused(tmp_path):
     torch.save(saved, path)
     with pytest.raises(CheckpointError, match="saved for another split of the parameters"):
         load_engine(MegatronEngine(role, total_steps=2), str(tmp_path))
+
+
+def test_the_frozen_output_layer_backward_stays_one_matmul():
+    """The logits' gradient reaches the frozen output layer contiguous: no batched matmul over copies of the
+    [vocab, hidden] weight (what made bf16 LoRA slower and larger than full training on CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.utils import dist
+    from tests.helpers import make_batch, sft_loss
+
+    dist.init_model_parallel(seed=11)
+    engine = MegatronEngine(tiny_role(lora_r=4), total_steps=2)
+    vocab, hidden = engine.unwrapped().output_layer.weight.shape
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        engine.train_step(make_batch(4, 10, seed=2), sft_loss, 2)
+    batched = [e.input_shapes for e in prof.events() if e.name == "aten::bmm"]
+    assert batched and not [s for s in batched if [vocab, hidden] in [list(x[1:]) for x in s if len(x) == 3]]

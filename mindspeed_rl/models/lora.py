@@ -110,6 +110,15 @@ def adapt_layer(layer: torch.nn.Module, name: str, kind: str, state: LoRAState, 
     layer.forward = forward
 
 
+def _contiguous_output_grad(module, args, output):
+    """The logits' gradient arrives transposed (GPTModel returns [b, s, V] of an [s, b, V] output); megatron's
+    frozen-weight linear multiplies it as it comes, which torch turns into a batched matmul over a copy of the
+    weight per position (20x slower in bf16 on CPU). A contiguous gradient keeps it one matmul."""
+    logits = output[0] if isinstance(output, tuple) else output
+    if logits.requires_grad:
+        logits.register_hook(lambda grad: grad.contiguous())
+
+
 def apply_lora(
     model: torch.nn.Module,
     r: int,
@@ -138,6 +147,8 @@ def apply_lora(
             adapted += 1
     if not adapted:
         raise ValueError(f"no layer named {list(targets)} in the model: nothing to adapt")
+    if getattr(model, "output_layer", None) is not None:
+        model.output_layer.register_forward_hook(_contiguous_output_grad)
     return state
 
 
