@@ -148,10 +148,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             )
             print(f"converted {args.load_dir} -> {where}")
             if convert.read_mg_config(args.load_dir)[0].get("lora"):  # LoRA: the adapters on their own too
-                from mindspeed_rl.checkpoint.peft_export import write_peft_adapter
+                from mindspeed_rl.checkpoint.peft_export import has_expert_adapters, write_peft_adapter
 
-                adapter = write_peft_adapter(args.load_dir, os.path.join(args.save_dir, "mg2hf_adapter"), args.save_dir)
-                print(f"LoRA adapters (PEFT) -> {adapter}; {where} has them merged")
+                if has_expert_adapters(args.load_dir):
+                    print(f"LoRA on MoE experts: no PEFT folder (transformers fuses the experts); {where} has "
+                          "the adapters merged")  # fmt: skip
+                else:
+                    adapter = write_peft_adapter(
+                        args.load_dir, os.path.join(args.save_dir, "mg2hf_adapter"), args.save_dir
+                    )
+                    print(f"LoRA adapters (PEFT) -> {adapter}; {where} has them merged")
         elif args.load_model_type == "mg" and args.save_model_type == "mg":
             from mindspeed_rl.checkpoint.reshard import mg_to_mg
 

@@ -1,5 +1,6 @@
 """Small builders shared by tests."""
 
+import os
 import pathlib
 import time
 from typing import Iterator, Sequence
@@ -35,6 +36,15 @@ def tiny_model_config(**overrides) -> ModelConfig:
     cfg = ModelConfig(**values)
     cfg.validate()
     return cfg
+
+
+def tiny_family_model(family: str, **overrides) -> ModelConfig:
+    """A family's tiny model yaml (configs/model/tiny_<family>.yaml), read as the trainer reads it."""
+    from mindspeed_rl.config_cls.ppo_config import build_model_section, model_section_data
+
+    name = f"tiny_{family}"
+    data = {**model_section_data(name, {}, os.path.join(ROOT, "configs"), "model"), **overrides}
+    return build_model_section(data, f"model.{name}")
 
 
 def tiny_role(name: str = "actor", tp: int = 1, pp: int = 1, num_devices: int = 1, model=None, **megatron):

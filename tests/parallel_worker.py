@@ -562,24 +562,113 @@ def run_resharded_resume(rank, world, spec, workdir, port):
 
 
 def run_lora(rank, world, spec, workdir, port):
-    """A LoRA engine at TP = world: full base weights and adapters sharded by the TP rules, the log-probs,
-    one training step, then the exported (adapter-merged) weights merged over TP."""
+    """A LoRA engine at spec's TP x PP x EP, loaded from the converter's reshard of one LoRA checkpoint: its
+    log-probs, one SFT step (each data-parallel rank its rows), and the checkpoint of that step (adapters
+    only, completed from the loaded one by whoever reads it)."""
+    tp, pp, ep = spec["tp"], spec["pp"], spec["ep"]
+    dist = start_rank(rank, world, port, tp, pp, ep)
+    log_probs = lora_step(spec, workdir, world)
+    if rank == 0:
+        torch.save({"log_probs": log_probs}, os.path.join(workdir, spec["save"] + ".pt"))
+    dist.destroy()
+
+
+def lora_step(spec, workdir, world=1):
+    """The body of ``run_lora`` in an initialised world (also the one-rank reference, in the test's process):
+    returns the log-probs before the step."""
     from megatron.core import parallel_state as ps
 
-    from mindspeed_rl.checkpoint.sharding import shard_state_dict
+    from mindspeed_rl.checkpoint.engine_io import load_weights_only, save_engine
+    from mindspeed_rl.config_cls import ModelConfig
     from mindspeed_rl.models.engine import MegatronEngine
     from tests.helpers import make_batch, tiny_role
 
-    dist = start_rank(rank, world, port, tp=world)
-    full = torch.load(os.path.join(workdir, "lora_full.pt"), weights_only=True)
-    engine = MegatronEngine(tiny_role(tp=world, num_devices=world, **spec["megatron"]), total_steps=4)
-    engine.load_weights(shard_state_dict(full, world, ps.get_tensor_model_parallel_rank(), [2], 0))
-    batch = make_batch(8, 20, seed=1)
+    tp, pp, ep = spec["tp"], spec["pp"], spec["ep"]
+    model = ModelConfig(**spec["model"])
+    role = tiny_role(tp=tp, pp=pp, num_devices=world, model=model, expert_model_parallel_size=ep, **spec["megatron"])
+    engine = MegatronEngine(role, total_steps=4)
+    load_weights_only(engine, os.path.join(workdir, spec["load"]))
+    batch = make_batch(8, 20, vocab=model.padded_vocab_size, seed=1)
     mask = batch["attention_mask"]
     log_probs = engine.forward(batch, 2)["log_probs"]
-    engine.train_step(batch, global_sft_loss(float((mask[:, 1:] * mask[:, :-1]).sum())), 2)
-    local = {k: v.detach().float().clone() for k, v in engine.export_weights()}
-    exported = _gathered_by_layout(engine, local, world, 1, [2], lambda replicas: replicas[0])
+    dp, dp_rank = ps.get_data_parallel_world_size(), ps.get_data_parallel_rank()
+    rows = batch["input_ids"].shape[0] // dp
+    local = {k: v[dp_rank * rows : (dp_rank + 1) * rows] for k, v in batch.items()}
+    engine.train_step(local, global_sft_loss(float((mask[:, 1:] * mask[:, :-1]).sum())), 2)
+    save_engine(engine, os.path.join(workdir, spec["save"]), 1)
+    return log_probs
+
+
+def run_lora_layers(rank, world, spec, workdir, port):
+    """A column- then a row-parallel layer with LoRA at TP = world, per case: plain TP, sequence parallel
+    (the input split over the sequence, the output reduce-scattered), and expert layers (TP communication
+    left to the token dispatcher, emulated here: full tokens in, partial outputs summed). Saves per case the
+    output and the adapters' gradients (after megatron's TP sum of ``sequence_parallel`` parameters),
+    merged to full tensors, beside the plain-torch formula's."""
+    from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
+    from megatron.core.transformer import TransformerConfig
+
+    from mindspeed_rl.models.lora import LoRAState, adapt_layer
+
+    dist = start_rank(rank, world, port, tp=world)
+    gen = torch.Generator().manual_seed(3)
+    s, b, h, f, r = 8, 2, 16, 24, 4
+    full = {
+        "w1": torch.randn(f, h, generator=gen), "a1": torch.randn(r, h, generator=gen),
+        "b1": torch.randn(f, r, generator=gen), "w2": torch.randn(h, f, generator=gen),
+        "a2": torch.randn(r, f, generator=gen), "b2": torch.randn(h, r, generator=gen),
+    }  # fmt: skip
+    x, g = torch.randn(s, b, h, generator=gen), torch.randn(s, b, h, generator=gen)
+    scaling = 0.5
+    ref = {k: v.clone().requires_grad_(k[0] in "ab") for k, v in full.items()}
+    y1 = x @ ref["w1"].T + scaling * (x @ ref["a1"].T) @ ref["b1"].T
+    y2 = y1 @ ref["w2"].T + scaling * (y1 @ ref["a2"].T) @ ref["b2"].T
+    (y2 * g).sum().backward()
+    results = {"reference": {"out": y2.detach(), **{k: ref[k].grad for k in ("a1", "b1", "a2", "b2")}}}
+    for case in ("tp", "sequence_parallel", "expert"):
+        sp, expert = case == "sequence_parallel", case == "expert"
+        config = TransformerConfig(num_layers=1, hidden_size=h, num_attention_heads=2, use_cpu_initialization=True,
+                                   params_dtype=torch.float32, tensor_model_parallel_size=world,
+                                   sequence_parallel=sp)  # fmt: skip
+        init = torch.nn.init.zeros_
+        column = ColumnParallelLinear(h, f, config=config, init_method=init, bias=False, gather_output=False,
+                                      is_expert=expert)  # fmt: skip
+        row = RowParallelLinear(f, h, config=config, init_method=init, bias=False, input_is_parallel=True,
+                                skip_bias_add=True, is_expert=expert)  # fmt: skip
+        state = LoRAState(r, scaling * r, 0.0)
+        for layer, name in ((column, "column"), (row, "row")):
+            layer.weight.requires_grad_(False)
+            adapt_layer(layer, f"{case}.{name}", name, state, seed=1)
+        with torch.no_grad():
+            column.weight.copy_(full["w1"].chunk(world, 0)[rank])
+            column.lora_A.copy_(full["a1"])
+            column.lora_B.copy_(full["b1"].chunk(world, 0)[rank])
+            row.weight.copy_(full["w2"].chunk(world, 1)[rank])
+            row.lora_A.copy_(full["a2"].chunk(world, 1)[rank])
+            row.lora_B.copy_(full["b2"])
+        out = row(column(x.chunk(world, 0)[rank] if sp else x)[0])[0]
+        if expert:  # the dispatcher sums the experts' partial outputs over TP
+            out = reduce_from_tensor_model_parallel_region(out)
+        (out * (g.chunk(world, 0)[rank] if sp else g)).sum().backward()
+        for p in (column.lora_A, column.lora_B, row.lora_A, row.lora_B):
+            if getattr(p, "sequence_parallel", False):  # what megatron's finalize_model_grads does under SP
+                torch_dist.all_reduce(p.grad)
+        gathered = [None] * world
+        local = {"out": out.detach(), "a1": column.lora_A.grad, "b1": column.lora_B.grad,
+                 "a2": row.lora_A.grad, "b2": row.lora_B.grad}  # fmt: skip
+        torch_dist.all_gather_object(gathered, local)
+        merged = {
+            "out": torch.cat([p["out"] for p in gathered]) if sp else gathered[0]["out"],
+            "a1": gathered[0]["a1"],
+            "b1": torch.cat([p["b1"] for p in gathered]),
+            "a2": torch.cat([p["a2"] for p in gathered], dim=1),
+            "b2": gathered[0]["b2"],
+        }
+        merged["replicas_agree"] = all(torch.equal(p[k], gathered[0][k]) for p in gathered for k in ("a1", "b2")) and (
+            sp or all(torch.equal(p["out"], gathered[0]["out"]) for p in gathered)
+        )
+        results[case] = merged
     if rank == 0:
-        torch.save({"log_probs": log_probs, "exported": exported}, os.path.join(workdir, f"lora_tp{world}.pt"))
+        torch.save(results, os.path.join(workdir, "lora_layers.pt"))
     dist.destroy()

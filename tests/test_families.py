@@ -18,7 +18,7 @@ from mindspeed_rl.checkpoint.convert import (
     read_hf_model_config,
     read_mg_config,
 )
-from mindspeed_rl.config_cls import ConfigError, ModelConfig
+from mindspeed_rl.config_cls import ConfigError
 from mindspeed_rl.config_cls.model_config import FAMILY_NAMES
 from mindspeed_rl.datasets.templates import load_templates
 from mindspeed_rl.families import FAMILIES, FamilyError, family_names, get_family, resolve_family
@@ -26,18 +26,7 @@ from mindspeed_rl.utils.dist import free_port
 from mindspeed_rl.utils.tiny_hf import build_hf_model
 from tests import parallel_worker
 from tests.helpers import make_batch
-
-MODEL_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "model")
-TINY = {"qwen25": "tiny_qwen25", "qwen3": "tiny_qwen3", "llama3": "tiny_llama3", "qwen3_moe": "tiny_qwen3_moe"}
-
-
-def tiny(family: str, **overrides) -> ModelConfig:
-    """The family's tiny model yaml (configs/model/tiny_<family>.yaml), read as the trainer reads it."""
-    from mindspeed_rl.config_cls.ppo_config import build_model_section, model_section_data
-
-    name = TINY[family]
-    data = {**model_section_data(name, {}, os.path.dirname(MODEL_DIR), "model"), **overrides}
-    return build_model_section(data, f"model.{name}")
+from tests.helpers import tiny_family_model as tiny
 
 
 def test_registry_names_match_the_config_choices_and_templates_exist():
@@ -302,7 +291,7 @@ def test_two_ppo_iterations_per_family(tmp_path):
     results = {}
     try:
         for family in PPO_FAMILIES:
-            name = TINY[family]
+            name = f"tiny_{family}"
             root = str(tmp_path / family)
             cfg = demo_config(
                 "ppo_tiny_cpu",

@@ -104,13 +104,17 @@ def _optimizer_state(engine) -> Optional[Dict[str, Any]]:
     return state
 
 
-def _saved_model(engine) -> Tuple[Dict[str, torch.Tensor], Optional[dict]]:
+def _saved_model(engine, ckpt_dir: str, iteration: int) -> Tuple[Dict[str, torch.Tensor], Optional[dict]]:
     """(the weights a checkpoint stores, its LoRA record). A LoRA run whose base came from a checkpoint stores
     only what trains, with a record of that base; otherwise every weight (a seeded base is stored too)."""
     weights = {k: v.detach().cpu() for k, v in engine.named_weights()}
     if engine.lora is None:
         return weights, None
-    if engine.lora_base is None:
+    if (
+        engine.lora_base is None
+        or engine.lora_base["path"] == os.path.abspath(ckpt_dir)
+        and str(engine.lora_base["iteration"]) == str(iteration)
+    ):  # (saving over the base's own iteration folder: it must keep the base)
         return weights, engine.lora.describe()
     trainable = set(engine.trainable_names())
     return {k: v for k, v in weights.items() if k in trainable}, dict(engine.lora.describe(), base=engine.lora_base)
@@ -145,7 +149,7 @@ def save_engine(
     if writer:
         m = engine.megatron
         counts = m.layers_per_stage(engine.role.model.num_layers)
-        model, lora = _saved_model(engine)
+        model, lora = _saved_model(engine, ckpt_dir, iteration)
         payload = {
             "model": model,
             "iteration": iteration,
@@ -199,6 +203,7 @@ def load_engine(
     """Load the latest checkpoint (or ``iteration``) into the engine; returns the payload (iteration, extras)."""
     tp_rank, pp_rank, dp_rank, tp, pp = _ranks()
     ep_rank, ep, _ = _expert_ranks()
+    iteration = ml.latest_iteration_dir(ckpt_dir, iteration)[0]  # resolved once: the folder read is the one recorded
     payload = ml.load_rank(
         ckpt_dir, tp_rank, pp_rank, expected=(tp, pp, ep), mmap=False, ep_rank=ep_rank, iteration=iteration
     )
@@ -218,14 +223,15 @@ def load_engine(
         )
     try:
         engine.load_weights(payload["model"])
-    except ValueError as exc:
-        raise ml.CheckpointError(f"{ckpt_dir}: {exc}") from None
+    except (KeyError, ValueError) as exc:
+        raise ml.CheckpointError(f"{ckpt_dir}: {str(exc).strip(chr(39))}") from None
     if own_lora:  # where the frozen base lives from now on: what adapter-only saves point at
         recorded = lora_base.base_of(payload)
         if recorded is None:
-            trainable = set(engine.trainable_names())
+            # the frozen tensors as the file holds them (the run may hold them in another dtype)
+            frozen = {n for n, _ in engine.named_weights()} - set(engine.trainable_names())
             base = lora_base.origin(ckpt_dir, iteration)
-            base["fingerprint"] = lora_base.fingerprint((n, t) for n, t in engine.named_weights() if n not in trainable)
+            base["fingerprint"] = lora_base.fingerprint((n, t) for n, t in payload["model"].items() if n in frozen)
             engine.lora_base = base
         else:
             engine.lora_base = dict(recorded, path=os.path.abspath(base_dir or recorded["path"]))

@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 
 from ..config_cls.model_config import ModelConfig
 from ..families import get_family
+from . import megatron_layout as ml
 from .convert import ConversionError, iter_mg_pieces, read_mg_config
 from .tp_split import layer_number
 
@@ -60,12 +61,27 @@ def layer_adapters(i: int, piece: Dict[str, torch.Tensor], cfg: ModelConfig) -> 
     return out
 
 
+def has_expert_adapters(load_dir: str) -> bool:
+    """Whether the latest checkpoint's MoE experts carry adapters (read from its first rank file's names)."""
+    _, iter_dir, _, pp = read_mg_config(load_dir)
+    ep = ml.full_layout_of(iter_dir)[2]
+    names = ml.safe_load(ml.rank_file(iter_dir, 0, 0, pp, 0, ep), mmap=True)["model"]
+    return any(".local_experts." in n and n.endswith(".lora_A") for n in names)
+
+
 def write_peft_adapter(load_dir: str, out_dir: str, base_model: Optional[str] = None) -> str:
-    """The adapters of ``load_dir``'s latest checkpoint as a PEFT folder ``out_dir`` (staged, then renamed)."""
+    """The adapters of ``load_dir``'s latest checkpoint as a PEFT folder ``out_dir`` (staged, then renamed).
+    Adapters on MoE experts are refused: transformers holds the experts as fused 3-D parameters, which PEFT
+    adapts in another form than per-expert projections."""
     config, _, _, _ = read_mg_config(load_dir)
     lora = config.get("lora")
     if not lora:
         raise ConversionError(f"{load_dir}: the checkpoint has no LoRA adapters (trained without lora_r)")
+    if has_expert_adapters(load_dir):
+        raise ConversionError(
+            f"{load_dir}: its MoE experts carry LoRA adapters, which have no PEFT form for transformers' fused "
+            "experts; use the merged model (--save-model-type hf)"
+        )
     cfg = ModelConfig(**config["model"])
     tensors: Dict[str, torch.Tensor] = {}
     targets = set()

@@ -182,12 +182,6 @@ def check_lora_keys(cfg: PPOConfig) -> None:
     the reference is the actor's own base weights (adapters off), so no other reference folder can be given."""
     for role in cfg.roles:
         m, section = role.megatron, f"{role.name}_config"
-        if m.lora_r and m.sequence_parallel and role.tp > 1:
-            raise ConfigError(
-                f"{section}.sequence_parallel",
-                "LoRA adapters see the full sequence; with sequence parallelism the layers' inputs are split: "
-                "set sequence_parallel false (or lora_r 0)",
-            )
         unknown = [t for t in m.lora_target_modules if t not in LORA_TARGETS]
         if unknown or (m.lora_r and not m.lora_target_modules):
             raise ConfigError(

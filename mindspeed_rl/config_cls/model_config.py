@@ -134,22 +134,30 @@ class ModelConfig:
         out = vocab * h if self.untie_embeddings_and_output_weights else 0
         return embed + self.num_layers * per_layer + h + out
 
-    def lora_parameter_count(self, r: int, targets: Sequence[str], tp: int = 1) -> Tuple[int, int]:
-        """(adapter parameters of the model, of one tensor-parallel rank) for LoRA of rank ``r`` on
-        ``targets`` (MoE experts get none). Column layers split B, row layers split A over TP."""
+    def lora_parameter_count(
+        self, r: int, targets: Sequence[str], tp: int = 1, ep: int = 1, layers_per_rank: Optional[int] = None
+    ) -> Tuple[int, int]:
+        """(adapter parameters of the model, of one rank) for LoRA of rank ``r`` on ``targets``. Column layers
+        split B, row layers split A over TP; each MoE expert's adapters live on its EP rank; a rank holds
+        ``layers_per_rank`` layers (its pipeline stage; default all)."""
         h, f, d = self.hidden_size, self.ffn_hidden_size, self.head_dim
         q, kv = self.num_attention_heads * d, self.kv_heads * d
-        shapes = {"linear_qkv": ("column", h, q + 2 * kv), "linear_proj": ("row", q, h)}
-        if not self.num_experts:
-            shapes.update(linear_fc1=("column", h, f * (2 if self.swiglu else 1)), linear_fc2=("row", f, h))
+        mult = 2 if self.swiglu else 1
+        shapes = {"linear_qkv": ("column", h, q + 2 * kv, 1), "linear_proj": ("row", q, h, 1)}
+        if self.num_experts:  # every expert's projections; the experts split over EP
+            e, n = self.moe_ffn_hidden_size, self.num_experts
+            shapes.update(linear_fc1=("column", h, e * mult, n), linear_fc2=("row", e, h, n))
+        else:
+            shapes.update(linear_fc1=("column", h, f * mult, 1), linear_fc2=("row", f, h, 1))
         total = per_rank = 0
         for target in targets:
             if target not in shapes:
                 continue
-            kind, fan_in, fan_out = shapes[target]
-            total += r * (fan_in + fan_out)
-            per_rank += r * fan_in + r * fan_out // tp if kind == "column" else r * fan_in // tp + r * fan_out
-        return self.num_layers * total, self.num_layers * per_rank
+            kind, fan_in, fan_out, copies = shapes[target]
+            total += copies * r * (fan_in + fan_out)
+            local = r * fan_in + r * fan_out // tp if kind == "column" else r * fan_in // tp + r * fan_out
+            per_rank += (copies // ep if copies > 1 else 1) * local
+        return self.num_layers * total, (layers_per_rank or self.num_layers) * per_rank
 
     def active_parameter_count(self, vocab_size: Optional[int] = None) -> int:
         """Parameters one token passes through (all of them for a dense model; top-k experts for MoE)."""

@@ -122,7 +122,10 @@ def trainable_memory(role) -> str:
     m, model = role.megatron, role.model
     total = model.parameter_count()
     if m.lora_r:
-        trainable, per_rank = model.lora_parameter_count(m.lora_r, m.lora_target_modules, role.tp)
+        stage = max(m.layers_per_stage(model.num_layers))
+        trainable, per_rank = model.lora_parameter_count(
+            m.lora_r, m.lora_target_modules, role.tp, m.expert_model_parallel_size, stage
+        )
         what = f"LoRA r={m.lora_r} on {', '.join(m.lora_target_modules)}: {readable_count(trainable)} of "
         what += f"{readable_count(total)} params train ({trainable / total:.2%})"
     else:

@@ -397,15 +397,19 @@ class MegatronEngine:
         """The parameters the optimizer updates (with LoRA: the adapters, and a critic's value head)."""
         return [n for n, p in self.unwrapped().named_parameters() if p.requires_grad]
 
-    def export_weights(self) -> Iterable[Tuple[str, torch.Tensor]]:
-        """The model's weights as a plain model of this shape has them (with LoRA: adapters merged in), what
-        the rollout engines, the reference and HF export take."""
+    def export_weight_sources(self) -> Dict[str, Callable[[], torch.Tensor]]:
+        """name -> a function giving that weight as a plain model of this shape has it (with LoRA: the adapter
+        merged in when called): what the rollout engines, the reference and HF export take, on demand."""
         if self.lora is None:
-            yield from self.named_weights()
-            return
-        from .lora import merged_named_weights
+            return {n: partial(torch.Tensor.detach, t) for n, t in self.named_weights()}
+        from .lora import merged_weight_sources
 
-        yield from merged_named_weights(self.unwrapped(), self.lora)
+        return merged_weight_sources(self.unwrapped(), self.lora)
+
+    def export_weights(self) -> Iterable[Tuple[str, torch.Tensor]]:
+        """(name, weight) of ``export_weight_sources``, one weight at a time."""
+        for name, make in self.export_weight_sources().items():
+            yield name, make()
 
     @torch.no_grad()
     def load_weights(self, weights: Dict[str, torch.Tensor]) -> None:

@@ -12,9 +12,18 @@ from the base model. Under tensor parallelism the adapters follow the layer's sp
   (each rank's B shard sees only its rows), by megatron's copy-to-TP-region on A's output.
 - row-parallel (W split on its input columns: linear_proj, linear_fc2): A is split like W's columns, B is
   replicated. Each rank's x A_local^T is a partial sum, reduced over the TP ranks before B.
+- with sequence parallelism the layer's sequence-split side is the adapter's too: column layers gather
+  x A^T over the sequence (its backward reduce-scatters), row layers reduce-scatter x A_local^T; the
+  replicated factor (A on column, B on row layers) then sees one sequence chunk per rank, so its gradient
+  is summed over TP like a norm's.
 
-Experts of MoE layers keep their weights (the adapters go on attention and dense MLPs), and the model uses
-the local layer spec (Transformer Engine fuses the input norm into linear_qkv / linear_fc1).
+The experts of MoE layers (linear_fc1 / linear_fc2 of each expert) get adapters too. Their layers leave the
+tensor-parallel communication to the token dispatcher (column: no copy of the input; row: partial outputs,
+summed by the dispatcher), so their adapters keep the partial sums as well and instead sum the gradient of
+their replicated factor over the TP ranks (A on column layers, B on row layers). Expert adapters live with
+their expert on its expert-parallel rank and, like the expert's weights, are reduced over the
+expert-data-parallel group (``allreduce`` False). The model uses the local layer spec (Transformer Engine
+fuses the input norm into linear_qkv / linear_fc1).
 
 The adapters are parameters of the adapted layer itself (``<layer>.lora_A``, ``<layer>.lora_B``), so the base
 weights keep their names; ``merged_weight`` gives W + (alpha / r) B A, this rank's shard of the merged model.
@@ -23,10 +32,11 @@ weights keep their names; ``merged_weight`` gives W + (alpha / r) B A, this rank
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import re
 import zlib
-from typing import Dict, Iterator, Optional, Sequence
+from typing import Callable, Dict, Iterator, Optional, Sequence
 
 import torch
 
@@ -72,14 +82,19 @@ def adapt_layer(layer: torch.nn.Module, name: str, kind: str, state: LoRAState, 
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.mappings import (
         copy_to_tensor_model_parallel_region,
+        gather_from_sequence_parallel_region,
         gather_from_tensor_model_parallel_region,
         reduce_from_tensor_model_parallel_region,
+        reduce_scatter_to_sequence_parallel_region,
     )
 
     if "LayerNorm" in type(layer).__name__:
         raise ValueError(f"{name}: {type(layer).__name__} fuses the input norm into the linear layer; LoRA needs "
                          "the local layer spec")  # fmt: skip
     tp, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+    expert = bool(getattr(layer, "explicit_expert_comm", False))  # the dispatcher does this layer's TP comm
+    if expert and ps.get_expert_tensor_parallel_world_size() != tp:
+        raise ValueError(f"{name}: LoRA on experts needs the experts' tensor-parallel size equal to TP ({tp})")
     weight = layer.weight
     out_local, in_local = weight.shape
     in_full = in_local * tp if kind == "row" else in_local
@@ -90,6 +105,13 @@ def adapt_layer(layer: torch.nn.Module, name: str, kind: str, state: LoRAState, 
     _mark(layer.lora_A, 1 if kind == "row" else None)
     _mark(layer.lora_B, 0 if kind == "column" else None)
     layer.lora_kind = kind
+    for adapter in (layer.lora_A, layer.lora_B):  # expert params: reduced over the expert-data-parallel group
+        adapter.allreduce = getattr(weight, "allreduce", True)
+    # sequence parallelism: the replicated factor sees one sequence chunk per rank; megatron sums the
+    # gradients of parameters marked ``sequence_parallel`` over the TP ranks (as for the norms)
+    sequence_parallel = bool(getattr(layer, "sequence_parallel", False)) and not expert and tp > 1
+    if sequence_parallel:
+        (layer.lora_A if kind == "column" else layer.lora_B).sequence_parallel = True
     base_forward = layer.forward
 
     def forward(x, *args, **kwargs):
@@ -97,17 +119,40 @@ def adapt_layer(layer: torch.nn.Module, name: str, kind: str, state: LoRAState, 
         if not state.enabled:
             return output, bias
         dropped = torch.nn.functional.dropout(x, state.dropout, training=layer.training) if state.dropout else x
-        h = torch.nn.functional.linear(dropped, layer.lora_A)
-        if kind == "column":
-            h = copy_to_tensor_model_parallel_region(h)
-        else:
-            h = reduce_from_tensor_model_parallel_region(h)
-        update = torch.nn.functional.linear(h, layer.lora_B) * state.scaling
+        a, b = layer.lora_A, layer.lora_B
+        if expert:  # partial sums like the expert's own output; the replicated factor's gradient summed over TP
+            a = copy_to_tensor_model_parallel_region(a) if kind == "column" else a
+            b = copy_to_tensor_model_parallel_region(b) if kind == "row" else b
+        h = torch.nn.functional.linear(dropped, a)
+        if kind == "column" and not expert:  # [s(/tp), b, r] -> the whole sequence on every rank
+            h = (
+                gather_from_sequence_parallel_region(h)
+                if sequence_parallel
+                else copy_to_tensor_model_parallel_region(h)
+            )
+        elif not expert:  # partial sums over TP -> summed (with sequence parallelism: this rank's chunk)
+            h = (
+                reduce_scatter_to_sequence_parallel_region(h)
+                if sequence_parallel
+                else reduce_from_tensor_model_parallel_region(h)
+            )
+        update = torch.nn.functional.linear(h, b) * state.scaling
         if kind == "column" and getattr(layer, "gather_output", False):
             update = gather_from_tensor_model_parallel_region(update)
         return output + update.to(output.dtype), bias
 
     layer.forward = forward
+
+
+def _local_expert_offset(model: torch.nn.Module) -> int:
+    """The global number of this expert-parallel rank's first expert (0 without experts)."""
+    from megatron.core import parallel_state as ps
+
+    total = getattr(getattr(model, "config", None), "num_moe_experts", None)
+    if not total:
+        return 0
+    ep = ps.get_expert_model_parallel_world_size()
+    return ps.get_expert_model_parallel_rank() * (total // ep)
 
 
 def _contiguous_output_grad(module, args, output):
@@ -135,14 +180,17 @@ def apply_lora(
     state = LoRAState(r, alpha, dropout)
     for p in model.parameters():
         p.requires_grad_(False)
-    # a pipeline stage numbers its layers from 0: seed A by the global layer, the same at every PP split
+    # seed A by the global layer and expert number: the same at every PP split and EP size
     layers = getattr(getattr(model, "decoder", None), "layers", None)
     offset = getattr(layers[0], "layer_number", 1) - 1 if layers is not None and len(layers) else 0
+    experts = _local_expert_offset(model)
     adapted = 0
     for name, module in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
-        if leaf in targets and hasattr(module, "weight") and ".experts." not in f".{name}.":
+        if leaf in targets and hasattr(module, "weight"):
             global_name = re.sub(r"layers\.(\d+)\.", lambda m: f"layers.{int(m.group(1)) + offset}.", name, count=1)
+            global_name = re.sub(r"local_experts\.(\d+)\.", lambda m: f"local_experts.{int(m.group(1)) + experts}.",
+                                 global_name, count=1)  # fmt: skip
             adapt_layer(module, global_name, TARGETS[leaf], state, seed)
             adapted += 1
     if not adapted:
@@ -166,18 +214,31 @@ def merged_weight(layer: torch.nn.Module, state: LoRAState) -> torch.Tensor:
     return merge(layer.weight, layer.lora_A, layer.lora_B, state.scaling)
 
 
-def merged_named_weights(model: torch.nn.Module, state: LoRAState) -> Iterator:
-    """(name, tensor) of the model's weights with the adapters merged in, without the adapters themselves:
-    the shape and names of the base model, for resharding, HF export and the rollout."""
+def merged_weight_sources(model: torch.nn.Module, state: LoRAState) -> Dict[str, Callable[[], torch.Tensor]]:
+    """name -> a function giving that weight with its adapter merged in (the merge runs when it is called),
+    without the adapters themselves: the names and shapes of the base model."""
     layers = {name: module for name, module in model.named_modules() if hasattr(module, "lora_A")}
+    sources: Dict[str, Callable[[], torch.Tensor]] = {}
     for name, tensor in model.state_dict().items():
         owner, _, leaf = name.rpartition(".")
         if leaf in ADAPTER_NAMES or name.endswith("_extra_state"):
             continue
         if leaf == "weight" and owner in layers:
-            yield name, merged_weight(layers[owner], state)
+            sources[name] = functools.partial(merged_weight, layers[owner], state)
         else:
-            yield name, tensor
+            sources[name] = functools.partial(_same, tensor)
+    return sources
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def merged_named_weights(model: torch.nn.Module, state: LoRAState) -> Iterator:
+    """(name, tensor) of the model's weights with the adapters merged in, one weight at a time: for
+    resharding, HF export and the rollout."""
+    for name, make in merged_weight_sources(model, state).items():
+        yield name, make()
 
 
 @contextlib.contextmanager

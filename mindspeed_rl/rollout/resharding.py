@@ -32,12 +32,12 @@ def _pieces(engine) -> List[Tuple[str, int, int]]:
     return pieces
 
 
-def _belongs(name: str, kind: str, local_layer: int) -> bool:
-    if kind == "embedding":
-        return name.startswith("embedding.")
-    if kind == "layer":
-        return layer_number(name) == local_layer
-    return layer_number(name) < 0 and not name.startswith("embedding.")
+def _piece_of(name: str) -> Tuple[str, int]:
+    """(kind, local layer) of the piece a weight belongs to."""
+    if name.startswith("embedding."):
+        return "embedding", -1
+    layer = layer_number(name)
+    return ("layer", layer) if layer >= 0 else ("final", -1)
 
 
 def iter_full_weights(engine) -> Iterator[Dict[str, torch.Tensor]]:
@@ -55,12 +55,15 @@ def iter_full_weights(engine) -> Iterator[Dict[str, torch.Tensor]]:
     starts = stage_starts(counts)
     swiglu = engine.role.model.swiglu
     comm = engine.acc.comm_device(engine.device)
-    local = dict(engine.export_weights())
+    sources = engine.export_weight_sources()  # with LoRA each weight is merged when read, not the whole rank
+    by_piece: Dict[Tuple[str, int], List[str]] = {}
+    for name in sources:
+        by_piece.setdefault(_piece_of(name), []).append(name)
     for kind, stage, local_layer in _pieces(engine):
         full: Dict[str, torch.Tensor] = {}
         if pp_rank == stage:
-            for name in sorted(n for n in local if _belongs(n, kind, local_layer)):
-                shard = local[name].detach()
+            for name in sorted(by_piece.get((kind, local_layer), [])):
+                shard = sources[name]().detach()
                 if tp > 1:
                     parts = [torch.empty_like(shard, device=comm) for _ in range(tp)]
                     dist.all_gather(parts, shard.to(comm).contiguous(), group=tp_group)

@@ -200,7 +200,7 @@ def check_recorded_reference(cfg: PPOConfig, iteration: Optional[int], layout: T
         return  # (with LoRA the reference is the actor's base weights: no folder is read)
     try:
         _, iter_dir = ml.latest_iteration_dir(am.load, iteration)
-        state = ml.safe_load(checkpoint_files(iter_dir)[0], mmap=True).get("trainer_state") or {}
+        state = ml.safe_load(first_rank_file(iter_dir), mmap=True).get("trainer_state") or {}
     except (ml.CheckpointError, IndexError):
         return  # check_role has named the problem with this folder already
     origin = state.get("ref_from")
