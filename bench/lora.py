@@ -1,11 +1,13 @@
-"""LoRA vs full-parameter training of the ~50M engine shape: peak host memory, step time, weight export.
+"""LoRA vs full-parameter training of the ~50M engine shape: peak host memory, step time, weight stream,
+checkpoint size.
 
     .venv/bin/python bench/lora.py [--model 50M] [--r 16] [--seq 256] [--batch 8] [--iters 5] [--dtype bf16]
 
 Each variant runs in its own process (peak RSS is per process): build the engine (with its reference
-model for full-parameter training, as the actor worker does; LoRA needs none), take training steps, and
-export the weights the rollout receives (merged for LoRA), then save a checkpoint (LoRA: started from a base
-checkpoint, so it holds the adapters and their optimizer state only). Prints a markdown table.
+model for full-parameter training, as the actor worker does; LoRA needs none), take training steps,
+stream the weights the rollout receives (``iter_full_weights``, what resharding to vLLM reads; merged for
+LoRA), then save a checkpoint (LoRA: started from a base checkpoint, so it holds the adapters and their
+optimizer state only). Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def run_variant(args) -> dict:
     from mindspeed_rl.checkpoint.engine_io import load_weights_only, save_engine
     from mindspeed_rl.config_cls import MegatronConfig, ModelConfig, RoleConfig
     from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.rollout.resharding import iter_full_weights
     from mindspeed_rl.utils import dist
 
     dist.init_distributed()
@@ -60,8 +63,8 @@ def run_variant(args) -> dict:
     for _ in range(args.iters):
         actor.train_step(batch, loss_fn, args.micro_batch)
     step = (time.perf_counter() - t0) / args.iters
-    t0 = time.perf_counter()
-    exported = sum(t.numel() for _, t in actor.export_weights())
+    t0 = time.perf_counter()  # the rollout's weight stream (resharding to vLLM reads it), merged for LoRA
+    exported = sum(t.numel() for piece in iter_full_weights(actor) for t in piece.values())
     export = time.perf_counter() - t0
     del reference
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # before the checkpoint's buffers
@@ -95,7 +98,7 @@ def main() -> None:
         out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
     print(f"model {args.model}, {args.dtype}, batch {args.batch} x {args.seq}, LoRA r={args.r} on every target")
-    print("| variant | trainable params | peak host memory | train step | weight export (rollout) | checkpoint |")
+    print("| variant | trainable params | peak host memory | train step | weight stream (to rollout) | checkpoint |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['variant']} | {r['trainable'] / 1e6:.2f}M | {r['peak_rss_gib']:.2f} GiB | {r['step_s']:.2f} s "
