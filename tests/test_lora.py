@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from mindspeed_rl.models.lora import adapter_parameters, adapters_disabled, apply_lora, merged_named_weights
+from mindspeed_rl.models.lora import adapter_parameters, adapters_disabled, apply_lora, merged_weight_sources
 from tests.helpers import single_process_world_fixture, tiny_family_model, tiny_role
 
 single_process_world = single_process_world_fixture(seed=11)
@@ -58,7 +58,7 @@ def test_adapted_layer_is_the_lora_formula_with_its_gradients(kind):
     with adapters_disabled(state):
         base, _ = layer(x)
     assert torch.allclose(base + 2.0 * (x @ a.T) @ b.T, out, atol=1e-5) and state.enabled
-    merged = dict(merged_named_weights(model, state))
+    merged = {name: make() for name, make in merged_weight_sources(model, state).items()}
     assert f"{kind}.lora_A" not in merged and f"{kind}.lora_B" not in merged
     assert torch.allclose(merged[f"{kind}.weight"], layer.weight + 2.0 * b @ a, atol=1e-6)
 

@@ -46,6 +46,24 @@ def _differs(a: list, b: list) -> bool:
     return any(not math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-9) for x, y in zip(a, b))
 
 
+def _hint(base_dir: Optional[str]) -> str:
+    return (
+        "check lora_base_load"
+        if base_dir
+        else "restore it there (a training run can name its new folder in lora_base_load)"
+    )
+
+
+def missing_base(payload: Mapping[str, Any], base_dir: Optional[str] = None) -> Optional[str]:
+    """Why an adapter-only rank file cannot be completed because its base folder is gone (None: it can be
+    read, or the file holds the whole model). Cheap: for checks before anything heavy starts."""
+    base = base_of(payload)
+    folder = base_dir or (base or {}).get("path")
+    if base is None or ml.read_tracker_or_none(folder) is not None:
+        return None
+    return f"holds LoRA adapters only; their base checkpoint {folder} is missing or empty: {_hint(base_dir)}"
+
+
 def complete(payload: Dict[str, Any], rank_dir: str, where: str, base_dir: Optional[str] = None) -> Dict[str, Any]:
     """``payload`` (one rank file, read from folder ``where``) with its whole model: an adapter-only file's
     frozen tensors are read from the same rank file of its base checkpoint (``base_dir`` overrides the
@@ -53,16 +71,10 @@ def complete(payload: Dict[str, Any], rank_dir: str, where: str, base_dir: Optio
     base = base_of(payload)
     if base is None:
         return payload
-    folder = base_dir or base["path"]
-    hint = (
-        "check lora_base_load"
-        if base_dir
-        else "restore it there (a training run can name its new folder in lora_base_load)"
-    )
-    if ml.read_tracker_or_none(folder) is None:
-        raise ml.CheckpointError(
-            f"{where}: holds LoRA adapters only; their base checkpoint {folder} is missing or empty: {hint}"
-        )
+    folder, hint = base_dir or base["path"], _hint(base_dir)
+    missing = missing_base(payload, base_dir)
+    if missing:
+        raise ml.CheckpointError(f"{where}: {missing}")
     try:
         _, iter_dir = ml.latest_iteration_dir(folder, base["iteration"])
     except ml.CheckpointError as exc:

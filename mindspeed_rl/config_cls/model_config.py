@@ -143,20 +143,21 @@ class ModelConfig:
         h, f, d = self.hidden_size, self.ffn_hidden_size, self.head_dim
         q, kv = self.num_attention_heads * d, self.kv_heads * d
         mult = 2 if self.swiglu else 1
-        shapes = {"linear_qkv": ("column", h, q + 2 * kv, 1), "linear_proj": ("row", q, h, 1)}
-        if self.num_experts:  # every expert's projections; the experts split over EP
+        # (kind, fan in, fan out, experts: 0 for a dense layer, else one adapter per expert, split over EP)
+        shapes = {"linear_qkv": ("column", h, q + 2 * kv, 0), "linear_proj": ("row", q, h, 0)}
+        if self.num_experts:
             e, n = self.moe_ffn_hidden_size, self.num_experts
             shapes.update(linear_fc1=("column", h, e * mult, n), linear_fc2=("row", e, h, n))
         else:
-            shapes.update(linear_fc1=("column", h, f * mult, 1), linear_fc2=("row", f, h, 1))
+            shapes.update(linear_fc1=("column", h, f * mult, 0), linear_fc2=("row", f, h, 0))
         total = per_rank = 0
         for target in targets:
             if target not in shapes:
                 continue
-            kind, fan_in, fan_out, copies = shapes[target]
-            total += copies * r * (fan_in + fan_out)
+            kind, fan_in, fan_out, experts = shapes[target]
+            total += (experts or 1) * r * (fan_in + fan_out)
             local = r * fan_in + r * fan_out // tp if kind == "column" else r * fan_in // tp + r * fan_out
-            per_rank += (copies // ep if copies > 1 else 1) * local
+            per_rank += (experts // ep if experts else 1) * local
         return self.num_layers * total, (layers_per_rank or self.num_layers) * per_rank
 
     def active_parameter_count(self, vocab_size: Optional[int] = None) -> int:

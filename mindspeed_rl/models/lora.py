@@ -36,7 +36,7 @@ import functools
 import math
 import re
 import zlib
-from typing import Callable, Dict, Iterator, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 
@@ -112,6 +112,25 @@ def adapt_layer(layer: torch.nn.Module, name: str, kind: str, state: LoRAState, 
     sequence_parallel = bool(getattr(layer, "sequence_parallel", False)) and not expert and tp > 1
     if sequence_parallel:
         (layer.lora_A if kind == "column" else layer.lora_B).sequence_parallel = True
+    # the layer's TP communication, chosen once: on the adapter's factors (expert layers: the replicated
+    # factor's gradient summed over TP, partial sums kept like the expert's own output) or on x A^T
+    on_a = copy_to_tensor_model_parallel_region if expert and kind == "column" else _identity
+    on_b = copy_to_tensor_model_parallel_region if expert and kind == "row" else _identity
+    if expert:
+        on_h = _identity
+    elif kind == "column":  # [s(/tp), b, r] -> the whole sequence on every rank
+        on_h = gather_from_sequence_parallel_region if sequence_parallel else copy_to_tensor_model_parallel_region
+    else:  # partial sums over TP -> summed (with sequence parallelism: this rank's chunk)
+        on_h = (
+            reduce_scatter_to_sequence_parallel_region
+            if sequence_parallel
+            else reduce_from_tensor_model_parallel_region
+        )
+    gather = (
+        gather_from_tensor_model_parallel_region
+        if kind == "column" and getattr(layer, "gather_output", False)
+        else _identity
+    )
     base_forward = layer.forward
 
     def forward(x, *args, **kwargs):
@@ -119,26 +138,8 @@ def adapt_layer(layer: torch.nn.Module, name: str, kind: str, state: LoRAState, 
         if not state.enabled:
             return output, bias
         dropped = torch.nn.functional.dropout(x, state.dropout, training=layer.training) if state.dropout else x
-        a, b = layer.lora_A, layer.lora_B
-        if expert:  # partial sums like the expert's own output; the replicated factor's gradient summed over TP
-            a = copy_to_tensor_model_parallel_region(a) if kind == "column" else a
-            b = copy_to_tensor_model_parallel_region(b) if kind == "row" else b
-        h = torch.nn.functional.linear(dropped, a)
-        if kind == "column" and not expert:  # [s(/tp), b, r] -> the whole sequence on every rank
-            h = (
-                gather_from_sequence_parallel_region(h)
-                if sequence_parallel
-                else copy_to_tensor_model_parallel_region(h)
-            )
-        elif not expert:  # partial sums over TP -> summed (with sequence parallelism: this rank's chunk)
-            h = (
-                reduce_scatter_to_sequence_parallel_region(h)
-                if sequence_parallel
-                else reduce_from_tensor_model_parallel_region(h)
-            )
-        update = torch.nn.functional.linear(h, b) * state.scaling
-        if kind == "column" and getattr(layer, "gather_output", False):
-            update = gather_from_tensor_model_parallel_region(update)
+        h = on_h(torch.nn.functional.linear(dropped, on_a(layer.lora_A)))
+        update = gather(torch.nn.functional.linear(h, on_b(layer.lora_B)) * state.scaling)
         return output + update.to(output.dtype), bias
 
     layer.forward = forward
@@ -216,7 +217,8 @@ def merged_weight(layer: torch.nn.Module, state: LoRAState) -> torch.Tensor:
 
 def merged_weight_sources(model: torch.nn.Module, state: LoRAState) -> Dict[str, Callable[[], torch.Tensor]]:
     """name -> a function giving that weight with its adapter merged in (the merge runs when it is called),
-    without the adapters themselves: the names and shapes of the base model."""
+    without the adapters themselves: the names and shapes of the base model, for resharding, HF export and
+    the rollout."""
     layers = {name: module for name, module in model.named_modules() if hasattr(module, "lora_A")}
     sources: Dict[str, Callable[[], torch.Tensor]] = {}
     for name, tensor in model.state_dict().items():
@@ -226,19 +228,12 @@ def merged_weight_sources(model: torch.nn.Module, state: LoRAState) -> Dict[str,
         if leaf == "weight" and owner in layers:
             sources[name] = functools.partial(merged_weight, layers[owner], state)
         else:
-            sources[name] = functools.partial(_same, tensor)
+            sources[name] = functools.partial(torch.Tensor.detach, tensor)
     return sources
 
 
-def _same(tensor: torch.Tensor) -> torch.Tensor:
+def _identity(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
-
-
-def merged_named_weights(model: torch.nn.Module, state: LoRAState) -> Iterator:
-    """(name, tensor) of the model's weights with the adapters merged in, one weight at a time: for
-    resharding, HF export and the rollout."""
-    for name, make in merged_weight_sources(model, state).items():
-        yield name, make()
 
 
 @contextlib.contextmanager

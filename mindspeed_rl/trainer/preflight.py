@@ -99,17 +99,9 @@ def check_stored_model(key: str, iter_dir: str, role: RoleConfig) -> None:
 
 def check_lora_base(section: str, iter_dir: str, override: Optional[str]) -> None:
     """An adapter-only LoRA checkpoint needs the base checkpoint it records (or lora_base_load's)."""
-    first = first_rank_file(iter_dir)
-    base = lora_base.base_of(ml.safe_load(first, mmap=True))
-    if base is None:
-        return
-    folder = override or base["path"]
-    if ml.read_tracker_or_none(folder) is None:
-        raise UserError(
-            f"{section}.lora_base_load: {os.path.dirname(iter_dir)} holds LoRA adapters only and their base "
-            f"checkpoint {folder} is missing or empty; "
-            + ("point lora_base_load at it" if override else "restore it there or name its folder in lora_base_load")
-        )
+    missing = lora_base.missing_base(ml.safe_load(first_rank_file(iter_dir), mmap=True), override)
+    if missing:
+        raise UserError(f"{section}.lora_base_load: {os.path.dirname(iter_dir)} {missing}")
 
 
 def check_optimizer_files(key: str, iter_dir: str, role: RoleConfig) -> None:
