@@ -1,5 +1,7 @@
 """Tools: the hermes parser, the built-in calculator and Python executor, and the sandbox's limits with tools
-that raise, hang, spin, return 10 MB, eat memory, die, write outside their folder, connect or spawn."""
+that raise, hang, spin, return 10 MB, eat memory, die, write outside their folder, connect or spawn, under
+both isolations (bubblewrap where it runs, and a plain child process). What a hostile tool cannot do under
+bubblewrap is in test_tool_isolation.py."""
 
 import os
 
@@ -15,13 +17,16 @@ from mindspeed_rl.tools import (
     resolve_tools,
 )
 from mindspeed_rl.tools.builtin import calculator, python
+from mindspeed_rl.tools.isolation import bwrap_unavailable
 
 LIMITS = SandboxLimits(timeout_s=4.0, cpu_seconds=2, memory_mb=512, max_result_bytes=4096, max_file_mb=8)
 
 
-@pytest.fixture(scope="module")
-def sandbox(tmp_path_factory):
-    return Sandbox(LIMITS, scratch_root=str(tmp_path_factory.mktemp("scratch")))
+@pytest.fixture(scope="module", params=["none", "bwrap"])
+def sandbox(request, tmp_path_factory):
+    if request.param == "bwrap" and bwrap_unavailable():
+        pytest.skip(f"bubblewrap cannot run on this machine: {bwrap_unavailable()}")
+    return Sandbox(LIMITS, request.param, scratch_root=str(tmp_path_factory.mktemp("scratch")))
 
 
 def run(sandbox, name, **arguments):
@@ -122,7 +127,9 @@ def test_no_writes_outside_scratch_no_network_no_subprocesses(sandbox, tmp_path)
     assert refused.status == "error" and "outside the scratch folder" in refused.content and not outside.exists()
     inside = run(sandbox, "writes", path="notes.txt")
     assert inside.status == "ok" and not os.path.exists(inside.content)  # the scratch folder is removed after
-    assert run(sandbox, "where").content.startswith(sandbox.scratch_root)
+    assert run(sandbox, "where").content.startswith(
+        "/scratch" if sandbox.isolation == "bwrap" else sandbox.scratch_root
+    )
     assert run(sandbox, "connects").status == "error"
     spawned = run(sandbox, "spawns")
     assert spawned.status == "error" and "subprocess.Popen is not allowed" in spawned.content

@@ -38,6 +38,9 @@ class ToolSpec:
     function: str  # "module:function", imported in the sandbox
     description: str
     parameters: Dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
+    # whether the model's arguments can make the tool run code of the model's choosing; such tools need the
+    # isolation of tool_isolation (isolation.py). Only a tool known not to (the calculator) says False.
+    runs_model_code: bool = True
 
     def schema(self) -> Dict[str, Any]:
         """The OpenAI / hermes function schema the chat template lists."""
@@ -50,14 +53,22 @@ class ToolSpec:
         return [k for k in self.parameters.get("required", []) if k not in arguments]
 
 
-def tool(description: str, parameters: Optional[Dict[str, Any]] = None, name: Optional[str] = None) -> Callable:
-    """Mark a function as a tool: its spec is read from the function when the config names its path."""
+def tool(
+    description: str,
+    parameters: Optional[Dict[str, Any]] = None,
+    name: Optional[str] = None,
+    runs_model_code: bool = True,
+) -> Callable:
+    """Mark a function as a tool: its spec is read from the function when the config names its path.
+    ``runs_model_code=False`` declares that no argument can make it run code of the model's choosing, so it may
+    run where bubblewrap cannot (it is isolated like any tool where bubblewrap runs)."""
 
     def mark(fn: Callable) -> Callable:
         fn.tool_spec = dict(
             name=name or fn.__name__,
             description=description,
             parameters=parameters or {"type": "object", "properties": {}},
+            runs_model_code=runs_model_code,
         )
         return fn
 
@@ -74,12 +85,13 @@ BUILTIN_TOOLS: Dict[str, ToolSpec] = {
             "properties": {"expression": {"type": "string", "description": "e.g. 37 * 91"}},
             "required": ["expression"],
         },
+        runs_model_code=False,
     ),
     "python": ToolSpec(
         "python",
         "mindspeed_rl.tools.builtin:python",
-        "Run a Python program and return what it prints (standard library only, no network, no files "
-        "outside a scratch folder).",
+        "Run a Python program and return what it prints (no network, no files outside a scratch folder, no "
+        "other processes).",
         {
             "type": "object",
             "properties": {"code": {"type": "string", "description": "the program"}},
@@ -128,18 +140,21 @@ def _spec(entry: Union[str, Dict[str, Any]], where: str) -> ToolSpec:
             )
         return ToolSpec(function=normalise_path(entry), **marked)
     if isinstance(entry, dict):
-        unknown = set(entry) - {"name", "function", "description", "parameters"}
+        unknown = set(entry) - {"name", "function", "description", "parameters", "runs_model_code"}
         if unknown or not entry.get("name") or not entry.get("function"):
             raise ToolConfigError(
-                f"{where}: a tool entry needs name and function (description, parameters "
+                f"{where}: a tool entry needs name and function (description, parameters, runs_model_code "
                 f"optional); got keys {sorted(entry)}"
             )
+        if not isinstance(entry.get("runs_model_code", True), bool):
+            raise ToolConfigError(f"{where}: runs_model_code must be true or false")
         import_function(entry["function"])
         return ToolSpec(
             entry["name"],
             normalise_path(entry["function"]),
             entry.get("description", ""),
             entry.get("parameters") or {"type": "object", "properties": {}},
+            entry.get("runs_model_code", True),
         )
     raise ToolConfigError(f"{where}: a tool is a name, 'module:function' or a mapping, not {type(entry).__name__}")
 

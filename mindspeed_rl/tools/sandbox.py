@@ -1,30 +1,21 @@
-"""The sandbox every tool call runs in: a fresh child process per call.
+"""The sandbox every tool call runs in: a fresh process per call (``tool_process.py``), isolated by bubblewrap
+(``isolation.py``) unless the config says otherwise, under ``SandboxLimits`` (the rollout's ``tool_*`` keys):
 
-Limits of the child (``SandboxLimits``; the rollout's ``tool_*`` keys):
-- wall-clock timeout (the process group is killed), CPU seconds (RLIMIT_CPU), address space (RLIMIT_AS),
-  the size of any file it writes (RLIMIT_FSIZE), no core dumps;
-- no network: a new network namespace (only a loopback that is down) where unprivileged user namespaces are
-  allowed, and everywhere an audit hook refusing socket connect/bind;
-- no writes outside its scratch folder (a fresh temporary folder, the working directory, removed after the
-  call), no subprocesses, no ctypes: an audit hook (PEP 578) refuses them;
-- a result longer than ``max_result_bytes`` is refused (the model gets an error message); what the tool prints
-  goes to a file in the scratch folder, not into the result.
-
-It guards a training run against a model's mistakes (endless loops, memory blow-ups, stray files, huge
-outputs); it is not a security boundary against a determined attacker. Run untrusted code at scale in a
-container sandbox and call it from a tool.
+- wall-clock timeout (the call's processes are killed), CPU seconds, address space, file size, open files,
+  threads; no new processes or programs (seccomp); a RAM scratch folder of ``scratch_mb``;
+- an answer of at most ``max_result_bytes``: the parent reads no more than that (plus a short header) from
+  the child, so a tool that writes gigabytes costs the driver nothing, and takes an answer only when its
+  frame, status and UTF-8 text are valid.
 
 Every failure becomes a ``ToolResult`` with a status (error, timeout, oversized, crash) and a message the
 model reads; the run goes on.
-
-The child side is this module's ``main`` (``python -m mindspeed_rl.tools.sandbox``): it reads one request
-(JSON on stdin), applies the limits, runs the function and writes one JSON answer to the original stdout.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import selectors
 import shutil
 import signal
 import subprocess
@@ -35,7 +26,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-STATUSES = ("ok", "error", "timeout", "oversized", "crash")
+from .isolation import CODE_ROOT, SCRATCH, bwrap_command, code_mounts, require
+from .tool_process import HEADER_MAX, STATUSES
+
+CHILD = "import sys; from mindspeed_rl.tools.tool_process import main; sys.exit(main())"
+STDERR_KEPT = 4096  # bytes of the child's stderr kept for the run's logs (ToolResult.detail)
 
 
 @dataclass(frozen=True)
@@ -44,7 +39,10 @@ class SandboxLimits:
     cpu_seconds: int = 10  # RLIMIT_CPU
     memory_mb: int = 1024  # RLIMIT_AS
     max_result_bytes: int = 65536  # longer results are refused
-    max_file_mb: int = 64  # RLIMIT_FSIZE: any file the tool writes, its printed output included
+    max_file_mb: int = 64  # RLIMIT_FSIZE: any one file the tool writes
+    scratch_mb: int = 64  # the scratch folder's size (a RAM file system inside bubblewrap)
+    max_open_files: int = 64  # RLIMIT_NOFILE
+    max_threads: int = 32  # RLIMIT_NPROC inside bubblewrap (no process can be started at all)
 
 
 @dataclass
@@ -52,6 +50,7 @@ class ToolResult:
     content: str  # what the model reads
     status: str  # one of STATUSES
     seconds: float = 0.0
+    detail: str = ""  # what the child process said on stderr, for the run's logs; never shown to the model
 
     @property
     def ok(self) -> bool:
@@ -59,51 +58,85 @@ class ToolResult:
 
 
 class Sandbox:
-    """Runs tool functions (``module:function`` paths) in child processes under ``limits``."""
+    """Runs tool functions (``module:function`` paths) in isolated child processes under ``limits``.
 
-    def __init__(self, limits: SandboxLimits = SandboxLimits(), scratch_root: Optional[str] = None):
-        self.limits, self.scratch_root = limits, scratch_root
+    ``isolation``: ``bwrap`` (refused with IsolationUnavailable where bubblewrap cannot run) or ``none`` (a
+    plain child process in a temporary folder under ``scratch_root``)."""
+
+    def __init__(
+        self, limits: SandboxLimits = SandboxLimits(), isolation: str = "bwrap", scratch_root: Optional[str] = None
+    ):
+        require(isolation)
+        self.limits, self.isolation, self.scratch_root = limits, isolation, scratch_root
         if scratch_root:
             os.makedirs(scratch_root, exist_ok=True)
-        # the child finds mindspeed_rl and the tools' modules where the driver does
-        self.env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        self._mounts: Dict[str, Dict[str, str]] = {}
+
+    def _command(self, function: str, scratch: str) -> Tuple[List[str], Dict[str, str]]:
+        """(argv, environment) of the call's process."""
+        env = {
             "LANG": "C.UTF-8",
             "PYTHONHASHSEED": "0",
             "PYTHONDONTWRITEBYTECODE": "1",
             "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p)),
+            "HOME": scratch,
+            "TMPDIR": scratch,
         }
+        argv = [sys.executable, "-s", "-c", CHILD]
+        if self.isolation == "none":
+            env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
+            env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
+            return argv, env
+        if function not in self._mounts:
+            self._mounts[function] = code_mounts([function])
+        env.update(PATH="/usr/bin:/bin", PYTHONPATH=CODE_ROOT)
+        return bwrap_command(self._mounts[function], env, self.limits.scratch_mb, argv), {}
 
     def run(self, function: str, arguments: Dict[str, Any]) -> ToolResult:
-        scratch = tempfile.mkdtemp(prefix="tool-", dir=self.scratch_root)
+        isolated = self.isolation == "bwrap"
+        scratch = SCRATCH if isolated else tempfile.mkdtemp(prefix="tool-", dir=self.scratch_root)
         request = json.dumps(
-            {"function": function, "arguments": arguments, "scratch": scratch, "limits": asdict(self.limits)}
-        )
+            {
+                "function": function,
+                "arguments": arguments,
+                "scratch": scratch,
+                "limits": asdict(self.limits),
+                "isolated": isolated,
+            }
+        ).encode()
+        argv, env = self._command(function, scratch)
         start = time.perf_counter()
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "mindspeed_rl.tools.sandbox"],
+                argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL,
-                cwd=scratch,
-                env={**self.env, "HOME": scratch, "TMPDIR": scratch},
+                stderr=subprocess.PIPE,
+                cwd=None if isolated else scratch,
+                env=env,
                 start_new_session=True,
             )
-            try:
-                out, _ = proc.communicate(request.encode(), timeout=self.limits.timeout_s)
-            except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                return ToolResult(
-                    f"Error: the tool did not finish within {self.limits.timeout_s:g} s",
-                    "timeout",
-                    time.perf_counter() - start,
-                )
+            cap = HEADER_MAX + self.limits.max_result_bytes + 1
+            out, err, timed_out = _exchange(proc, request, cap, self.limits.timeout_s)
             seconds = time.perf_counter() - start
-            return _answer(out, proc.returncode, self.limits, seconds)
+            detail = err.decode("utf-8", "replace")
+            if timed_out:
+                return ToolResult(
+                    f"Error: the tool did not finish within {self.limits.timeout_s:g} s", "timeout", seconds, detail
+                )
+            if len(out) >= cap:
+                return ToolResult(
+                    f"Error: the tool's answer is longer than the limit of {self.limits.max_result_bytes} bytes",
+                    "oversized",
+                    seconds,
+                    detail,
+                )
+            result = answer(out, proc.returncode, self.limits, isolated)
+            result.seconds, result.detail = seconds, detail
+            return result
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            if not isolated:
+                shutil.rmtree(scratch, ignore_errors=True)
 
     def run_many(self, calls: Sequence[Tuple[str, Dict[str, Any]]], parallel: int = 2) -> List[ToolResult]:
         """Several calls, ``parallel`` child processes at a time, results in order."""
@@ -113,159 +146,99 @@ class Sandbox:
             return list(pool.map(lambda call: self.run(*call), calls))
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.communicate()
+def _exchange(proc: subprocess.Popen, request: bytes, cap: int, timeout: float) -> Tuple[bytes, bytes, bool]:
+    """Send ``request``, read at most ``cap`` bytes of stdout and STDERR_KEPT of stderr, until the process
+    closes both, the cap is reached, or ``timeout`` passes; the process (group) is killed unless it exited.
+    Returns (stdout, stderr, timed out)."""
+    deadline = time.monotonic() + timeout
+    out, err = bytearray(), bytearray()
+    pending = memoryview(request)
+    timed_out = False
+    os.set_blocking(proc.stdin.fileno(), False)
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdin, selectors.EVENT_WRITE)
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        sel.register(proc.stderr, selectors.EVENT_READ)
+        open_reads = 2
+        while open_reads:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            for key, _ in sel.select(left):
+                if key.fileobj is proc.stdin:
+                    try:
+                        written = os.write(proc.stdin.fileno(), pending[:65536])
+                        pending = pending[written:]
+                    except BlockingIOError:
+                        continue
+                    except OSError:  # the child is gone or closed its stdin
+                        pending = pending[:0]
+                    if not pending:
+                        sel.unregister(proc.stdin)
+                        proc.stdin.close()
+                    continue
+                into, limit = (out, cap) if key.fileobj is proc.stdout else (err, STDERR_KEPT)
+                chunk = os.read(key.fileobj.fileno(), 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    open_reads -= 1
+                    continue
+                if key.fileobj is proc.stderr:
+                    into += chunk[: max(0, limit - len(into))]
+                    continue
+                into += chunk[: limit - len(into)]
+                if len(into) >= limit:
+                    open_reads = 0
+                    break
+    if proc.poll() is None:
+        try:
+            proc.wait(timeout=0 if (timed_out or len(out) >= cap) else 1.0)
+        except subprocess.TimeoutExpired:
+            pass
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        if not stream.closed:
+            stream.close()
+    return bytes(out), bytes(err), timed_out
 
 
-def _answer(out: bytes, returncode: int, limits: SandboxLimits, seconds: float) -> ToolResult:
-    if returncode in (-signal.SIGXCPU, -signal.SIGKILL):  # RLIMIT_CPU: SIGXCPU at the soft, SIGKILL at the hard
-        return ToolResult(f"Error: the tool used more than {limits.cpu_seconds} s of CPU time", "timeout", seconds)
-    try:
-        answer = json.loads(out.decode("utf-8"))
-        return ToolResult(
-            str(answer["content"]), answer["status"] if answer["status"] in STATUSES else "crash", seconds
-        )
-    except (ValueError, KeyError, TypeError):
-        how = f"signal {-returncode}" if returncode < 0 else f"exit code {returncode}"
-        return ToolResult(f"Error: the tool process died ({how})", "crash", seconds)
-
-
-# ----- the child process ------------------------------------------------------------------------------------
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
-_REFUSED_EVENTS = (
-    "subprocess.Popen",
-    "os.system",
-    "os.exec",
-    "os.posix_spawn",
-    "os.spawn",
-    "os.fork",
-    "os.forkpty",
-    "pty.spawn",
-    "ctypes.dlopen",
-    "ctypes.cdata",
-    "ctypes.call_function",
-    "socket.connect",
-    "socket.bind",
-    "socket.sendto",
-    "socket.getaddrinfo",
-    "os.kill",
-    "os.killpg",
-    "signal.pthread_kill",
-    "os.chdir",
-    "sys.addaudithook",
-)
-_PATH_EVENTS = (
-    "os.remove",
-    "os.rmdir",
-    "os.mkdir",
-    "os.rename",
-    "os.symlink",
-    "os.link",
-    "os.truncate",
-    "os.chmod",
-    "os.chown",
-    "os.utime",
-    "shutil.rmtree",
-    "shutil.copyfile",
-    "shutil.move",
-)
-
-
-def _inside(path: Any, scratch: str) -> bool:
-    if isinstance(path, int):
-        return True  # an already open descriptor
-    try:
-        real = os.path.realpath(os.fsdecode(path))
-    except (TypeError, ValueError):
-        return False
-    return real == scratch or real.startswith(scratch + os.sep)
-
-
-def _install_guard(scratch: str) -> None:
-    def guard(event: str, args: tuple) -> None:
-        if event == "open":
-            path, mode, flags = (tuple(args) + (None, None, None))[:3]
-            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                isinstance(flags, int) and flags & _WRITE_FLAGS
+def answer(out: bytes, returncode: int, limits: SandboxLimits, isolated: bool = False) -> ToolResult:
+    """The child's framed answer (``tool_process.frame``) as a result, or a crash result saying what is wrong
+    with it: nothing the child sends is taken unchecked."""
+    # bubblewrap exits with 128 + the signal that ended the process it ran
+    died_of = -returncode if returncode < 0 else returncode - 128 if isolated and returncode > 128 else 0
+    if died_of in (signal.SIGXCPU, signal.SIGKILL):  # RLIMIT_CPU: SIGXCPU at the soft limit, SIGKILL at the hard
+        return ToolResult(f"Error: the tool used more than {limits.cpu_seconds} s of CPU time", "timeout")
+    head, newline, body = out.partition(b"\n")
+    problem = None
+    if not newline or len(head) >= HEADER_MAX:
+        problem = "no answer"
+    else:
+        try:
+            header = json.loads(head.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            header = None
+        if not isinstance(header, dict) or set(header) != {"status", "bytes"}:
+            problem = "a malformed answer"
+        elif header["status"] not in STATUSES or type(header["bytes"]) is not int or header["bytes"] != len(body):
+            problem = "a malformed answer"
+        elif len(body) > limits.max_result_bytes:
+            return ToolResult(
+                f"Error: the tool's result has {len(body)} bytes, more than the limit of {limits.max_result_bytes}",
+                "oversized",
             )
-            if writes and not _inside(path, scratch):
-                raise PermissionError(f"sandbox: writing outside the scratch folder is not allowed: {path}")
-        elif event.startswith(_REFUSED_EVENTS):
-            raise PermissionError(f"sandbox: {event} is not allowed")
-        elif event in _PATH_EVENTS and not all(
-            _inside(a, scratch) for a in args[:2] if isinstance(a, (str, bytes, os.PathLike))
-        ):
-            raise PermissionError(f"sandbox: {event} outside the scratch folder is not allowed")
-
-    sys.addaudithook(guard)
-
-
-def _isolate_network() -> str:
-    """A network namespace of its own (unprivileged user namespaces); 'audit hook' where not allowed."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.unshare(0x10000000 | 0x40000000) == 0:  # CLONE_NEWUSER | CLONE_NEWNET
-            return "namespace"
-    except (OSError, AttributeError):
-        pass
-    return "audit hook"
-
-
-def _set_limits(limits: Dict[str, Any]) -> None:
-    import resource
-
-    cpu = int(limits["cpu_seconds"])
-    for which, value in (
-        (resource.RLIMIT_CPU, (cpu, cpu + 1)),
-        (resource.RLIMIT_AS, (limits["memory_mb"] << 20,) * 2),
-        (resource.RLIMIT_FSIZE, (limits["max_file_mb"] << 20,) * 2),
-        (resource.RLIMIT_CORE, (0, 0)),
-    ):
-        resource.setrlimit(which, value)
-
-
-def main() -> int:
-    request = json.loads(sys.stdin.read())
-    answer_fd = os.dup(1)  # the answer's channel; what the tool prints goes to a scratch file
-    scratch = os.path.realpath(request["scratch"])
-    printed = os.open(os.path.join(scratch, "output.txt"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.dup2(printed, 1)
-    os.dup2(printed, 2)
-    limits = request["limits"]
-
-    def reply(content: str, status: str) -> int:
-        data = json.dumps({"content": content, "status": status}).encode()
-        with os.fdopen(answer_fd, "wb") as fh:
-            fh.write(data)
-        return 0
-
-    try:
-        from .registry import import_function
-
-        function = import_function(request["function"])  # imported before the guard: modules may open files
-        _isolate_network()
-        _set_limits(limits)
-        _install_guard(scratch)
-        result = function(**request["arguments"])
-        content = result if isinstance(result, str) else json.dumps(result, default=str)
-    except MemoryError:
-        return reply(f"Error: the tool ran out of memory (limit {limits['memory_mb']} MB)", "error")
-    except BaseException as exc:  # the tool's failure is the model's information, never the run's end
-        return reply(f"Error: {type(exc).__name__}: {exc}"[:2000], "error")
-    size = len(content.encode("utf-8"))
-    if size > limits["max_result_bytes"]:
-        return reply(
-            f"Error: the tool's result has {size} bytes, more than the limit of {limits['max_result_bytes']}",
-            "oversized",
-        )
-    return reply(content, "ok")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        else:
+            try:
+                return ToolResult(body.decode("utf-8"), header["status"])
+            except UnicodeDecodeError:
+                problem = "an answer that is not valid UTF-8 text"
+    if problem == "no answer":
+        how = f"signal {died_of}" if died_of else f"exit code {returncode}"
+        return ToolResult(f"Error: the tool process died ({how})", "crash")
+    return ToolResult(f"Error: the tool process sent {problem}", "crash")
