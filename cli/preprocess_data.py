@@ -18,6 +18,7 @@ from typing import Optional, Sequence
 from mindspeed_rl.config_cls.base import ConfigError, build_section, load_yaml
 from mindspeed_rl.config_cls.dataset_config import DatasetConfig
 from mindspeed_rl.config_cls.loader import CONFIG_DIR
+from mindspeed_rl.config_cls.yaml_guard import check_yaml_text
 from mindspeed_rl.utils.cli import UserError, report_user_errors
 
 
@@ -33,14 +34,25 @@ def load_dataset_config(name: str, overrides: Sequence[str]) -> DatasetConfig:
         for text in overrides:
             if "=" not in text:
                 raise ConfigError(text, "overrides are key=value")
+            key, value = text.split("=", 1)
+            check_yaml_text(value, key)  # OmegaConf parses the value as YAML
         data = OmegaConf.merge(OmegaConf.create(load_yaml(path) or {}), OmegaConf.from_dotlist(list(overrides)))
         plain = OmegaConf.to_container(data, resolve=True)
     except OmegaConfBaseException as exc:
         raise ConfigError(os.path.basename(path), str(exc).splitlines()[0]) from None
     cfg = build_section(DatasetConfig, plain, "")
     cfg.validate()
+    from mindspeed_rl.datasets.readers import InputError, input_files
+
+    try:
+        input_files(cfg.input)  # a missing input is refused before anything is written
+    except InputError as exc:
+        raise UserError(str(exc)) from None
     if not os.path.isdir(cfg.tokenizer_name_or_path):
-        raise ConfigError("tokenizer_name_or_path", f"folder {cfg.tokenizer_name_or_path!r} does not exist")
+        raise ConfigError(
+            "tokenizer_name_or_path",
+            f"folder {cfg.tokenizer_name_or_path!r} ({os.path.abspath(cfg.tokenizer_name_or_path)}) does not exist",
+        )
     return cfg
 
 

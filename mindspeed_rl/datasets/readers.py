@@ -22,15 +22,16 @@ class BadEncoding:
 
 
 def input_files(path: str) -> List[str]:
+    named = path if os.path.isabs(path) else f"{path} ({os.path.abspath(path)})"  # where a relative one was read
     if os.path.isdir(path):
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(EXTENSIONS))
         if not files:
-            raise InputError(f"input {path}: folder holds no {', '.join(EXTENSIONS)} files")
+            raise InputError(f"input {named}: folder holds no {', '.join(EXTENSIONS)} files")
         return files
     if not os.path.isfile(path):
-        raise InputError(f"input {path}: no such file or folder")
+        raise InputError(f"input {named}: no such file or folder")
     if not path.endswith(EXTENSIONS):
-        raise InputError(f"input {path}: expected a {', '.join(EXTENSIONS)} file")
+        raise InputError(f"input {named}: expected a {', '.join(EXTENSIONS)} file")
     return [path]
 
 
