@@ -1,6 +1,6 @@
 """Check this machine's stack, step by step; run it first on a new host (NPU, GPU or CPU).
 
-    python cli/check_env.py [--stack npu] [--model tiny_qwen25] [--steps versions,imports,megatron,vllm]
+    python cli/check_env.py [--stack npu] [--model tiny_qwen25] [--steps versions,imports,megatron,vllm,tools]
 
 Steps, each with a verdict line:
   versions  torch / torch_npu / megatron-core / vLLM (vllm-ascend) / transformers / ray against
@@ -10,6 +10,8 @@ Steps, each with a verdict line:
   megatron  one forward and backward of the model section on one device, with timings
   vllm      one vLLM engine on the same device, its weights updated in place from the megatron model (the
             rollout's path), then greedy generation whose log-probs must equal megatron's
+  tools     the tool sandbox: one python tool call inside bubblewrap that must not see /etc/passwd nor start
+            a process (a WARNING, not a failure, where bubblewrap cannot run: code tools are then refused)
 Exit 0 when every step passes; 2 naming the first failure.
 """
 
@@ -25,7 +27,7 @@ from mindspeed_rl.config_cls.loader import CONFIG_DIR
 from mindspeed_rl.config_cls.ppo_config import build_model_section, model_section_data
 from mindspeed_rl.utils.cli import UserError, report_user_errors
 
-STEPS = ("versions", "imports", "megatron", "vllm")
+STEPS = ("versions", "imports", "megatron", "vllm", "tools")
 LOGPROB_TOLERANCE = 1e-2  # fp32 on both sides: CPU measures ~1e-6; device kernels differ more
 
 
@@ -169,6 +171,45 @@ def step_vllm(gpt, model_cfg: ModelConfig) -> None:
     )
 
 
+ISOLATION_PROBE = """
+import os
+try:
+    open("/etc/passwd")
+    print("sees the host's files")
+except OSError:
+    pass
+try:
+    os.fork()
+    print("starts processes")
+except OSError:
+    pass
+print("isolated")
+"""
+
+
+def step_tools() -> None:
+    from mindspeed_rl.tools import Sandbox, SandboxLimits
+    from mindspeed_rl.tools.isolation import INSTALL_HINT, bwrap_unavailable
+    from mindspeed_rl.tools.syscall_filter import unavailable_reason
+
+    why = bwrap_unavailable()
+    if why:
+        print(f"{'tools':<10} : WARNING  {why}: tools that run model code (python) will be refused; {INSTALL_HINT}")
+        return
+    start = time.perf_counter()
+    result = Sandbox(SandboxLimits(), "bwrap").run("mindspeed_rl.tools.builtin:python", {"code": ISOLATION_PROBE})
+    seconds = time.perf_counter() - start
+    seccomp = unavailable_reason()
+    verdict(
+        "tools",
+        result.ok and result.content == "isolated\n",
+        f"bubblewrap isolates a python tool call ({seconds * 1000:.0f} ms), seccomp "
+        + (f"off: {seccomp}" if seccomp else "on")
+        if result.ok and result.content == "isolated\n"
+        else f"the probe call answered {result.status}: {result.content.strip()} {result.detail.strip()}",
+    )
+
+
 @report_user_errors
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -199,6 +240,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         gpt = step_megatron(model_cfg, args.model, args.seq_length, args.batch, args.bf16)
     if "vllm" in steps:
         step_vllm(gpt, model_cfg)
+    if "tools" in steps:
+        step_tools()
     from mindspeed_rl.utils import dist
 
     dist.destroy()

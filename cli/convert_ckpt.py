@@ -82,8 +82,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument(
         "--force",
         action="store_true",
-        help="write a Megatron checkpoint into a folder that holds training checkpoints (its tracker "
-        "then points at the converted 'release' weights)",
+        help="write a Megatron checkpoint into a folder that holds training checkpoints: the new checkpoint "
+        "replaces them entirely (every iteration and the tracker; HF copies iter_*_hf and other files stay)",
     )
     return p.parse_args(argv)
 
@@ -93,7 +93,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     from mindspeed_rl.checkpoint import convert
-    from mindspeed_rl.checkpoint.megatron_layout import CheckpointError
+    from mindspeed_rl.checkpoint.megatron_layout import CheckpointError, replacing
 
     if not os.path.isdir(args.load_dir):
         raise UserError(f"--load-dir {args.load_dir}: folder does not exist")
@@ -109,8 +109,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if tracker not in (None, "release"):
             raise UserError(
                 f"--save-dir {args.save_dir}: holds training checkpoints (latest iteration {tracker}); "
-                "converting into it would point its tracker at the converted weights. Choose another "
-                "folder, or add --force"
+                "converting into it would replace all of them. Choose another folder, or add --force"
             )
     start = time.perf_counter()
     try:
@@ -120,17 +119,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     f"--add-qkv-bias contradicts {os.path.join(args.load_dir, 'config.json')}: that "
                     "model has no q/k/v bias (attention_bias false); drop the flag"
                 )
-            cfg = convert.hf_to_mg(
-                args.load_dir,
-                args.save_dir,
-                args.target_tensor_parallel_size,
-                args.target_pipeline_parallel_size,
-                args.num_layer_list,
-                args.params_dtype or "fp32",
-                args.orm,
-                args.model_type_hf,
-                ep=args.target_expert_parallel_size,
-            )
+            with replacing(args.save_dir) as out:
+                cfg = convert.hf_to_mg(
+                    args.load_dir,
+                    out,
+                    args.target_tensor_parallel_size,
+                    args.target_pipeline_parallel_size,
+                    args.num_layer_list,
+                    args.params_dtype or "fp32",
+                    args.orm,
+                    args.model_type_hf,
+                    ep=args.target_expert_parallel_size,
+                )
             where = args.save_dir
             ep = f", EP {args.target_expert_parallel_size}" if args.target_expert_parallel_size > 1 else ""
             print(
@@ -161,16 +161,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.load_model_type == "mg" and args.save_model_type == "mg":
             from mindspeed_rl.checkpoint.reshard import mg_to_mg
 
-            iteration, kept_optim = mg_to_mg(
-                args.load_dir,
-                args.save_dir,
-                args.target_tensor_parallel_size,
-                args.target_pipeline_parallel_size,
-                args.num_layer_list,
-                args.params_dtype,
-                args.target_expert_parallel_size,
-                args.weights_only,
-            )
+            with replacing(args.save_dir) as out:
+                iteration, kept_optim = mg_to_mg(
+                    args.load_dir,
+                    out,
+                    args.target_tensor_parallel_size,
+                    args.target_pipeline_parallel_size,
+                    args.num_layer_list,
+                    args.params_dtype,
+                    args.target_expert_parallel_size,
+                    args.weights_only,
+                )
             kept = (
                 "weights"
                 if iteration == "release"

@@ -17,7 +17,7 @@ import sys
 from typing import Optional, Sequence
 
 from mindspeed_rl.config_cls import batch_plan, load_ppo_config, missing_paths
-from mindspeed_rl.utils.cli import report_user_errors
+from mindspeed_rl.utils.cli import report_user_errors, stop_on_sigterm
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -43,19 +43,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 @report_user_errors
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    import signal
-    import threading
-
-    from mindspeed_rl.utils.cli import raise_terminated
-
-    if threading.current_thread() is not threading.main_thread():
-        return run_main(argv)
     # SIGTERM during start-up (config, imports, Ray) stops as it does later: exit 143 with a message
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
-    try:
+    with stop_on_sigterm():
         return run_main(argv)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def run_main(argv: Optional[Sequence[str]]) -> int:

@@ -49,6 +49,22 @@ if missing:
 EOF
 }
 
+# bubblewrap isolates the tool calls of multi-turn rollouts (docs/agents.md); without it the tools that run
+# model-written code are refused at start. Installed with apt where this runs as root; a warning elsewhere.
+ensure_bubblewrap() {
+    command -v bwrap >/dev/null 2>&1 && return 0
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        say "installing bubblewrap (apt) to isolate tool calls"
+        if apt-get install -y -qq bubblewrap >/dev/null 2>&1 ||
+           { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; then
+            return 0
+        fi
+    fi
+    say "warning: bubblewrap (bwrap) is not installed and could not be installed here: tools that run"
+    say "  model-written code (the python tool) will be refused; install the bubblewrap package (docs/agents.md)"
+}
+ensure_bubblewrap
+
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$DIGEST" ] && check_env >/dev/null 2>&1; then
     say "environment in $VENV is up to date ($DEVICE)"
     exit 0

@@ -102,6 +102,7 @@ MALFORMED = [
     (["actor_config.model=qwen99"], "actor_config.model", "qwen99"),
     (["rl_config.critic_resource.num_npus=64"], "rl_config.critic_resource.num_npus", "shares the actor's devices"),
     (["model.qwen25_32b.num_query_groups=7"], "model.qwen25_32b.num_query_groups", "does not divide"),
+    (["actor_config.lora_r=5121"], "actor_config.lora_r", "linear_qkv in model qwen25_32b (weight [out 7168, in 5120]"),
     (["actor_config.lr_decay_style=cosin"], "actor_config.lr_decay_style", "did you mean 'cosine'"),
     (
         [

@@ -256,11 +256,9 @@ def test_each_family_matches_hf_after_conversion_and_in_place_resharding(tmp_pat
     assert abs(ep2["loss"] - ep1["loss"]) <= 1e-6 and abs(ep2["grad_norm"] - ep1["grad_norm"]) <= 1e-5
     assert ep2["weights"].keys() == ep1["weights"].keys()
     moved = 0
-    # megatron-core 0.12 (the NPU stack's) reduces expert gradients in another order: 1.5e-6 measured there
-    import megatron.core
-    from packaging.version import Version
-
-    tolerance = 1e-6 if Version(megatron.core.__version__) >= Version("0.13") else 3e-6
+    # EP 2 reduces expert gradients in another order than EP 1: up to 1.5e-6 measured (megatron-core 0.12, and
+    # 0.16 on AMX Xeons); a wrong gather or reduction moves weights by about lr
+    tolerance = 3e-6
     for name, tensor in ep1["weights"].items():
         assert (ep2["weights"][name] - tensor).abs().max().item() <= tolerance, name
         moved += "local_experts" in name

@@ -127,11 +127,35 @@ def test_bad_values_are_refused_before_anything_starts(capsys, override, words):
             ["rl_config.rollout_resource.num_npus=3", "generate_config.infer_tensor_parallel_size=2"],
             "generate_config.infer_tensor_parallel_size: 2 does not divide the rollout workers' 3 devices",
         ),
+        (
+            ["rl_config.max_head_offpolicyness=1000", "rl_config.rollout_resource.num_npus=1"],
+            "rl_config.max_head_offpolicyness: 1000 is above 8: the rollout workers would generate 1001 batches",
+        ),
+        (
+            [
+                "rl_config.max_head_offpolicyness=4",
+                "rl_config.rollout_resource.num_npus=1",
+                "megatron_training.train_iters=4",
+            ],
+            "rl_config.max_head_offpolicyness: 4 is not below megatron_training.train_iters 4: the first "
+            "iteration would submit 5 batches",
+        ),
     ],
 )
 def test_rollout_mode_keys_that_do_not_fit_together_are_refused(capsys, overrides, words):
     err = user_error(capsys, train_ppo.main, ["--config-name", "ppo_tiny_cpu", "dry_run=true", *overrides])
     assert words in err
+
+
+def test_the_async_lag_bound_accepts_up_to_8_below_train_iters():
+    from mindspeed_rl.config_cls.base import ConfigError
+    from mindspeed_rl.config_cls.feature_rules import MAX_HEAD_OFFPOLICYNESS, check_async_lag
+
+    check_async_lag(MAX_HEAD_OFFPOLICYNESS, MAX_HEAD_OFFPOLICYNESS + 1)  # the largest accepted
+    check_async_lag(1, 2)
+    for lag, iters in ((MAX_HEAD_OFFPOLICYNESS + 1, 10_000), (2, 2), (1, 1)):
+        with pytest.raises(ConfigError, match="rl_config.max_head_offpolicyness"):
+            check_async_lag(lag, iters)
 
 
 def test_prompt_longer_than_the_training_sequence_is_refused(capsys):
@@ -435,7 +459,7 @@ def test_a_collapsed_policy_is_not_saved_and_stops_the_run_after_max_collapsed_i
         PPOTrainer.after_iteration(trainer, metrics)
     assert saved == [1, 2, 4] and "iteration 6 not saved: the policy looks collapsed" in capsys.readouterr().out
     trainer.iteration += 1
-    with pytest.raises(NonFiniteStop, match="the policy collapsed: .* in the last 3 iterations"):
+    with pytest.raises(NonFiniteStop, match=r"the policy collapsed: .* in the last 3 iteration\(s\)"):
         PPOTrainer.after_iteration(trainer, flat)
     assert saved == [1, 2, 4]
     off = SimpleNamespace(
@@ -449,6 +473,98 @@ def test_a_collapsed_policy_is_not_saved_and_stops_the_run_after_max_collapsed_i
         off.iteration += 1
         PPOTrainer.after_iteration(off, flat)
     assert saved[3:] == [-1] * 4
+
+
+HEALTHY = {"actor/entropy": 0.8, "grad_norm": 0.4}
+FLAT = {"actor/entropy": 0.0, "grad_norm": 0.0}
+NOISE = {"actor/entropy": 3e-6, "grad_norm": 8.8e-15}  # the lr 0.5 run's collapsed iteration: rounding, not 0
+SKIPPED = {"actor/entropy": 0.0, "grad_norm": float("nan")}  # a step skipped for a NaN loss
+
+
+def test_the_collapse_guard_judges_with_tolerances():
+    from mindspeed_rl.trainer.ppo_trainer import collapsed
+
+    assert collapsed(FLAT) is True and collapsed(NOISE) is True
+    assert collapsed({"actor/entropy": 0.0, "grad_norm": 9e-9}) is True
+    assert collapsed({"actor/entropy": 0.0, "grad_norm": 2e-8}) is False  # a gradient above the tolerance
+    assert collapsed({"actor/entropy": 2e-4, "grad_norm": 0.0}) is False  # entropy left
+    assert collapsed(HEALTHY) is False
+    # cannot tell: a metric missing or not finite
+    assert collapsed(SKIPPED) is None
+    assert collapsed({"actor/entropy": float("nan"), "grad_norm": 0.0}) is None
+    assert collapsed({"actor/entropy": 0.0, "grad_norm": float("inf")}) is None
+    assert collapsed({"grad_norm": 0.0}) is None and collapsed({}) is None
+
+
+def collapse_trainer(tmp_path, saved, *overrides):
+    from types import SimpleNamespace
+
+    cfg = load_ppo_config(
+        "ppo_tiny_cpu",
+        [
+            "megatron_training.save_interval=1",
+            f"actor_config.save={tmp_path}/actor",
+            f"critic_config.save={tmp_path}/critic",
+            f"rl_config.log_dir={tmp_path}/logs",
+            *overrides,
+        ],
+    )
+    trainer = SimpleNamespace(rl=cfg.rl, cfg=cfg, iteration=0, collapse_streak=0)
+    trainer.save = lambda: saved.append(trainer.iteration)
+    return trainer
+
+
+def test_rounding_noise_or_a_skipped_step_does_not_break_a_collapse_streak(tmp_path, capsys):
+    """lr 0.5: the score is 0 from iteration 2 on; one iteration's gradient norm is 8.8e-15, another's NaN.
+    Neither resets the streak, none of them is saved, and the guard stops the run."""
+    from mindspeed_rl.trainer.ppo_trainer import NonFiniteStop, PPOTrainer
+
+    saved = []
+    trainer = collapse_trainer(tmp_path, saved, "rl_config.max_collapsed_iterations=4")
+    for metrics in (HEALTHY, FLAT, NOISE, SKIPPED, FLAT):
+        trainer.iteration += 1
+        PPOTrainer.after_iteration(trainer, metrics)
+    assert saved == [1] and trainer.collapse_streak == 3
+    assert "iteration 4 not saved: the policy looks collapsed" in capsys.readouterr().out
+    trainer.iteration += 1
+    with pytest.raises(NonFiniteStop, match=r"in the last 4 iteration\(s\) \(this one: entropy 3e-06, gradient norm"):
+        PPOTrainer.after_iteration(trainer, NOISE)
+    assert saved == [1]
+    # outside a streak a skipped step is the non-finite guard's to judge: saved as before
+    saved = []
+    trainer = collapse_trainer(tmp_path, saved)
+    for metrics in (HEALTHY, SKIPPED, HEALTHY):
+        trainer.iteration += 1
+        PPOTrainer.after_iteration(trainer, metrics)
+    assert saved == [1, 2, 3]
+
+
+def test_a_run_whose_last_iterations_look_collapsed_does_not_exit_0(tmp_path, monkeypatch, capsys):
+    """The last two of 4 iterations look collapsed (fewer than max_collapsed_iterations): they are not saved,
+    so the run does not end as a success (exit 3, the last checkpoint and the resume overrides printed)."""
+    from mindspeed_rl.trainer import launch
+    from mindspeed_rl.trainer.ppo_trainer import PPOTrainer
+
+    def runs(sequence):
+        saved = []
+        trainer = collapse_trainer(
+            tmp_path, saved, "rl_config.max_collapsed_iterations=3", f"megatron_training.train_iters={len(sequence)}"
+        )
+
+        def train(cfg):  # fit()'s bookkeeping after each iteration
+            for metrics in sequence:
+                trainer.iteration += 1
+                PPOTrainer.after_iteration(trainer, metrics)
+            return list(sequence)
+
+        monkeypatch.setattr(launch, "train", train)
+        return launch.run(trainer.cfg), saved
+
+    assert runs([HEALTHY, HEALTHY, FLAT, NOISE]) == (launch.EXIT_NONFINITE, [1, 2])
+    err = capsys.readouterr().err
+    assert "stopped: iteration 4, the last, is not saved: the policy looks collapsed" in err
+    assert runs([HEALTHY, FLAT, NOISE, HEALTHY]) == (0, [1, 4])
+    assert runs([HEALTHY, HEALTHY, HEALTHY, SKIPPED]) == (0, [1, 2, 3, 4])
 
 
 # ----- the converter -------------------------------------------------------------------------------------------
@@ -808,6 +924,150 @@ def test_sigterm_during_start_up_exits_143_with_a_message(assets, tmp_path):
     assert "stopped by SIGTERM" in out and "Traceback (most recent" not in out
     time.sleep(2)
     assert ray_processes() - before == set()
+
+
+def test_sigterm_maps_to_143_whatever_ray_makes_of_the_interrupt(tmp_path, monkeypatch, capsys):
+    """Ray's blocking calls (ray.get, ray.wait) turn the Terminated our handler raises into a plain
+    KeyboardInterrupt, and ray.init's own handler calls sys.exit(15): both still end as SIGTERM (143)."""
+    import ray
+
+    from mindspeed_rl.trainer import launch
+    from mindspeed_rl.utils.cli import Terminated, raise_terminated, report_user_errors, stop_on_sigterm
+
+    def like_ray_get():
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt() from None
+
+    def terminated(argv):
+        with stop_on_sigterm():
+            like_ray_get()
+
+    def ctrl_c(argv):
+        with stop_on_sigterm():
+            raise KeyboardInterrupt()
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert report_user_errors(terminated)(None) == 143 and "stopped by SIGTERM" in capsys.readouterr().err
+    assert report_user_errors(ctrl_c)(None) == 130 and "interrupted" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before
+    # the driver's own mapping: its message and 143; a Ctrl-C goes on to the CLI's 130
+    cfg = load_ppo_config(
+        "ppo_tiny_cpu",
+        [f"actor_config.save={tmp_path}/a", f"critic_config.save={tmp_path}/c", f"rl_config.log_dir={tmp_path}/l"],
+    )
+    monkeypatch.setattr(launch, "train", lambda cfg: like_ray_get())
+    assert launch.run(cfg) == 143 and "stopped by SIGTERM: workers shut down" in capsys.readouterr().err
+    monkeypatch.setattr(launch, "train", lambda cfg: ctrl_c(None))
+    with pytest.raises(KeyboardInterrupt):
+        launch.run(cfg)
+
+    # SIGTERM while ray.init runs its own handler (sys.exit(15))
+    def init(**kwargs):
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(signum))
+        signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    with stop_on_sigterm():
+        with pytest.raises(Terminated):
+            launch.init_ray({})
+        assert signal.getsignal(signal.SIGTERM) is raise_terminated
+
+
+SIGTERM_STAGES = """
+import sys, time
+from mindspeed_rl.utils.cli import report_user_errors, stop_on_sigterm
+
+def nap():
+    time.sleep(120)
+
+@report_user_errors
+def main(argv):
+    import ray
+    from mindspeed_rl.accelerator.cpu import CpuAccelerator
+    from mindspeed_rl.trainer.launch import init_ray
+    from mindspeed_rl.workers.launcher import create_placement_group
+
+    with stop_on_sigterm():
+        try:
+            print("stage: ray.init", flush=True)
+            init_ray({})
+            create_placement_group(CpuAccelerator(), 1, 1.0, "test")
+            print("stage: placement group created", flush=True)
+            ray.get(ray.remote(num_cpus=0)(nap).remote())
+        finally:
+            ray.shutdown()
+    return 0
+
+sys.exit(main(None))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["stage: ray.init", "stage: placement group created"])
+def test_sigterm_while_ray_starts_or_just_after_the_placement_group_exits_143(stage):
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_STAGES], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    wait_for(proc, stage, timeout=120)
+    time.sleep(1)  # ray.init takes seconds; the placement group's ray.get waits 120 s
+    proc.send_signal(signal.SIGTERM)
+    out = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 143, out[-3000:]
+    assert "stopped by SIGTERM" in out and "Traceback (most recent" not in out
+
+
+# ----- placement: more devices than the Ray cluster has --------------------------------------------------------
+def test_a_placement_larger_than_the_cluster_is_refused_naming_the_keys():
+    from mindspeed_rl.workers.launcher import bundles_that_fit, placement_shortfall
+
+    two_cpus = [{"CPU": 2.0, "memory": 1e9}]
+    assert placement_shortfall("rl_config.actor_resource.num_npus 64", {"CPU": 0.5}, 64, two_cpus) == (
+        "rl_config.actor_resource.num_npus 64: the run needs 64 placement-group bundle(s) of CPU 0.5 (CPU 32 in "
+        "all), but the Ray cluster has CPU 2 on 1 node(s): room for 4 such bundle(s). Ask for fewer, or give Ray "
+        "more devices (NPUS_PER_NODE, NNODES in docs/operations.md)"
+    )
+    assert placement_shortfall("k", {"CPU": 0.5}, 4, two_cpus) is None
+    npu_nodes = [{"NPU": 16.0, "CPU": 192.0}] * 2
+    assert placement_shortfall("k", {"NPU": 1.0, "CPU": 1.0}, 32, npu_nodes) is None
+    assert "CPU 33, NPU 33 in all" in placement_shortfall("k", {"NPU": 1.0, "CPU": 1.0}, 33, npu_nodes)
+    # a bundle lies on one node: two nodes of 3 CPUs hold two bundles of 2, though they have 6 CPUs
+    assert "room for 2" in placement_shortfall("k", {"CPU": 2.0}, 3, [{"CPU": 3.0}] * 2)
+    assert bundles_that_fit({"CPU": 0.1}, [{"CPU": 0.7}]) == 7  # 0.7 / 0.1 is 6.999... in floats
+    assert bundles_that_fit({"NPU": 1.0, "CPU": 1.0}, [{"CPU": 8.0}]) == 0  # no device on that node
+
+
+@pytest.mark.slow
+def test_a_2_cpu_ray_refuses_64_slots_in_seconds_and_waits_for_slots_other_jobs_hold(capsys):
+    import ray
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+    from mindspeed_rl.accelerator.cpu import CpuAccelerator
+    from mindspeed_rl.utils.cli import UserError
+    from mindspeed_rl.workers.launcher import create_placement_group
+
+    acc = CpuAccelerator()
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    try:
+        start = time.perf_counter()
+        with pytest.raises(UserError, match=r"^rl_config.actor_resource.num_npus 64: .* room for 4 such bundle"):
+            create_placement_group(acc, 64, 0.5, "rl_config.actor_resource.num_npus 64")
+        assert time.perf_counter() - start < 5
+        holder = placement_group([{"CPU": 2.0}])  # another job's
+        ray.get(holder.ready())
+        with pytest.raises(UserError, match="fit the Ray cluster but were not free within 2s"):
+            create_placement_group(acc, 1, 1.0, "k", timeout=2, report_every=0.5)
+        assert "waiting for Ray to place 1 bundle(s) of CPU 1: " in capsys.readouterr().out
+        assert [pg["state"] for pg in placement_group_table().values()].count("PENDING") == 0  # given back
+        remove_placement_group(holder)
+        assert placement_group_table(create_placement_group(acc, 2, 1.0, "k", timeout=30))["state"] == "CREATED"
+    finally:
+        ray.shutdown()
 
 
 def test_a_restart_resumes_every_role_from_its_save_or_none(tmp_path):

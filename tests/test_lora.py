@@ -241,6 +241,23 @@ def test_the_plan_counts_the_adapters_the_engine_builds():
     assert moe.model.lora_parameter_count(4, ["linear_fc1", "linear_fc2"], ep=2)[1] * 2 == built_of(engine, "experts")
 
 
+def test_a_rank_above_a_target_layers_smaller_dimension_is_refused():
+    """lora_r is bounded by min(in, out) of the un-sharded weight of every target, expert layers included."""
+    from mindspeed_rl.config_cls import ConfigError
+    from mindspeed_rl.config_cls.feature_rules import check_lora_rank
+
+    dense = tiny_family_model("qwen25")  # hidden 256: every dense target allows 256
+    check_lora_rank(tiny_role(model=dense, lora_r=256))
+    for r in (257, 4096, 100000):
+        with pytest.raises(ConfigError, match=rf"actor_config.lora_r: {r} exceeds .* linear_qkv .*at most 256"):
+            check_lora_rank(tiny_role(model=dense, lora_r=r))
+    moe = tiny_family_model("qwen3_moe")  # expert MLP 128 < hidden 256
+    check_lora_rank(tiny_role(model=moe, lora_r=128))
+    check_lora_rank(tiny_role(model=moe, lora_r=256, lora_target_modules=["linear_qkv", "linear_proj"]))
+    with pytest.raises(ConfigError, match=r"129 exceeds .* linear_fc2 of each expert .*\[out 256, in 128\]"):
+        check_lora_rank(tiny_role(name="critic", model=moe, lora_r=129))
+
+
 def built_of(engine, part: str) -> int:
     """Adapter parameters of the engine whose name holds ``part``."""
     return sum(p.numel() for n, p in adapter_parameters(engine.unwrapped()).items() if part in n)
@@ -337,6 +354,57 @@ def test_a_lora_run_on_a_base_checkpoint_saves_only_its_adapters(tmp_path):
     check_role(tiny_role(lora_r=4, load=ckpt, finetune=False))
     with pytest.raises(UserError, match="actor_config.lora_base_load: .* holds LoRA adapters only"):
         check_role(tiny_role(lora_r=4, load=ckpt, finetune=False, lora_base_load=str(tmp_path / "elsewhere")))
+
+
+def _write_base(folder: str, model: dict) -> None:
+    """A one-rank checkpoint at iteration 1 holding ``model``."""
+    from mindspeed_rl.checkpoint import megatron_layout as ml
+
+    ml.begin_save(folder, 1)
+    ml.write_rank(folder, 1, 0, 0, 1, {"model": model, "iteration": 1, "config": {}})
+    ml.commit_save(folder, 1, 1)
+
+
+def test_the_base_fingerprint_notices_swapped_rows_and_accepts_the_same_base(tmp_path):
+    """The fingerprint is a digest of each frozen tensor's bytes: two swapped rows (same sum, same sum of
+    squares) are refused naming the tensor; an unchanged base completes the adapters, in any dtype; a legacy
+    [sum, sum of squares] record is still read and comes back with digests."""
+    from mindspeed_rl.checkpoint import lora_base
+    from mindspeed_rl.checkpoint import megatron_layout as ml
+
+    gen = torch.Generator().manual_seed(0)
+    base = {
+        "decoder.layers.0.mlp.linear_fc1.weight": torch.randn(6, 4, generator=gen),
+        "embedding.word_embeddings.weight": torch.randn(8, 4, generator=gen).to(torch.bfloat16),
+        "decoder.final_layernorm.weight": torch.ones(4),
+    }
+    folder = str(tmp_path / "base")
+    _write_base(folder, base)
+    adapters = {"decoder.layers.0.mlp.linear_fc1.lora_A": torch.zeros(2, 4)}
+
+    def adapter_only(fingerprint):
+        record = dict(lora_base.origin(folder), fingerprint=fingerprint)
+        return {"model": dict(adapters), "config": {"lora": {"r": 2, "base": record}}}
+
+    digests = lora_base.fingerprint(base.items())
+    done = lora_base.complete(adapter_only(digests), "mp_rank_00", "ckpt")
+    assert sorted(done["model"]) == sorted([*base, *adapters])
+    assert all(torch.equal(done["model"][n], t) for n, t in base.items())
+    legacy = {n: [float(t.double().sum()), float(t.double().square().sum())] for n, t in base.items()}
+    assert lora_base.base_of(lora_base.complete(adapter_only(legacy), "mp_rank_00", "ckpt"))["fingerprint"] == digests
+
+    swapped = dict(base)
+    swapped["embedding.word_embeddings.weight"] = base["embedding.word_embeddings.weight"][[1, 0, *range(2, 8)]]
+    _write_base(folder, swapped)
+    with pytest.raises(
+        ml.CheckpointError, match=r"ckpt: .*another base .*\(embedding.word_embeddings.weight differs\)"
+    ):
+        lora_base.complete(adapter_only(digests), "mp_rank_00", "ckpt")
+    lora_base.complete(adapter_only(legacy), "mp_rank_00", "ckpt")  # the legacy check misses it (documented)
+    reshaped = dict(base, **{"decoder.final_layernorm.weight": torch.ones(2, 2)})
+    _write_base(folder, reshaped)
+    with pytest.raises(ml.CheckpointError, match=r"decoder.final_layernorm.weight differs"):
+        lora_base.complete(adapter_only(digests), "mp_rank_00", "ckpt")
 
 
 def test_peft_adapter_folder_reproduces_the_merged_model(tmp_path):

@@ -350,13 +350,46 @@ def test_tools_that_run_model_code_are_refused_without_isolation(monkeypatch):
 
     monkeypatch.setattr(isolation, "bwrap_unavailable", lambda: "bubblewrap (bwrap) is not installed")
     with pytest.raises(IsolationUnavailable, match="apt-get install bubblewrap.*tool_isolation: none"):
-        choose("bwrap", runs_model_code=True)
-    assert choose("bwrap", runs_model_code=False) == (
+        choose("bwrap", ["python"])
+    assert choose("bwrap", []) == (
         "none",
         "tools run as plain child processes (bubblewrap (bwrap) is not installed; none of them runs "
         "model-written code)",
     )
-    kind, warning = choose("none", runs_model_code=True)
+    kind, warning = choose("none", ["python"])
     assert kind == "none" and warning.startswith("warning: rl_config.tool_isolation is none")
     with pytest.raises(IsolationUnavailable):
         Sandbox(LIMITS, "bwrap")
+
+
+def test_preflight_refuses_model_code_without_isolation_and_warns_for_none(monkeypatch, capsys):
+    """A run's start: exit-2 error naming the key and the tools, a note for the calculator alone, a warning for
+    tool_isolation none; all before Ray (preflight)."""
+    from mindspeed_rl.config_cls.loader import load_ppo_config
+    from mindspeed_rl.tools import isolation
+    from mindspeed_rl.trainer.preflight import check_tool_isolation
+    from mindspeed_rl.utils.cli import UserError
+
+    monkeypatch.setattr(isolation, "bwrap_unavailable", lambda: "bubblewrap (bwrap) is not installed")
+    agent = ["rl_config.rollout_function=tool_agent", "rl_config.prompt_type=qwen"]
+    with pytest.raises(
+        UserError, match=r"rl_config.tool_isolation: bwrap: the tools python run model-written code .* not installed"
+    ):
+        check_tool_isolation(load_ppo_config("ppo_qwen25_32b_A3", agent + ["rl_config.tools=[calculator,python]"]))
+    check_tool_isolation(load_ppo_config("ppo_qwen25_32b_A3", agent + ["rl_config.tools=[calculator]"]))
+    assert "note: tools run as plain child processes" in capsys.readouterr().out
+    none = ["rl_config.tools=[python]", "rl_config.tool_isolation=none"]
+    check_tool_isolation(load_ppo_config("ppo_qwen25_32b_A3", agent + none))
+    assert "warning: rl_config.tool_isolation is none" in capsys.readouterr().out
+
+
+def test_check_env_reports_the_tool_sandbox(monkeypatch, capsys):
+    from cli import check_env
+    from mindspeed_rl.tools import isolation
+
+    if not bwrap_unavailable():
+        assert check_env.main(["--steps", "tools"]) == 0
+        assert "tools      : OK  bubblewrap isolates a python tool call" in capsys.readouterr().out
+    monkeypatch.setattr(isolation, "bwrap_unavailable", lambda: "bubblewrap (bwrap) is not installed")
+    assert check_env.main(["--steps", "tools"]) == 0
+    assert "tools      : WARNING  bubblewrap (bwrap) is not installed" in capsys.readouterr().out

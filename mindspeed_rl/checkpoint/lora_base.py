@@ -4,31 +4,55 @@ optimizer state; the frozen base stays in the checkpoint the run started from.
 Each rank file of such a checkpoint records in ``config["lora"]["base"]``:
 
     {"path": the base checkpoint folder, "iteration": its iteration folder,
-     "fingerprint": {tensor name: [sum, sum of squares]}}
+     "fingerprint": {tensor name: "sha256:<hex digest of its dtype, shape and bytes>"}}
 
-with the fingerprint taken over this rank's frozen tensors. Reading the checkpoint (resume, finetune,
-conversion, resharding) completes each rank file with the same rank file of the base and checks the
-fingerprint, so adapters are never combined with weights other than those they were trained on.
+with the fingerprint taken over this rank's frozen tensors as the base's rank file holds them (its dtype,
+whatever the run trains in). Reading the checkpoint (resume, finetune, conversion, resharding) completes each
+rank file with the same rank file of the base and checks the fingerprint, so adapters are never combined with
+weights other than those they were trained on. Checkpoints written before the digest recorded
+[sum, sum of squares] per tensor: they are still read with that weaker check, and the completed payload
+carries the digests, so a run resumed from one records them from its next save on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
-from typing import Any, Dict, Iterable, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 import torch
 
 from . import megatron_layout as ml
 
 
-def fingerprint(tensors: Iterable[Tuple[str, torch.Tensor]]) -> Dict[str, list]:
-    """Per tensor [sum, sum of squares] in float64: cheap, and any edit of a weight moves it."""
-    out = {}
-    for name, tensor in tensors:
-        t = tensor.detach().to(torch.float64)
-        out[name] = [float(t.sum()), float(t.square().sum())]
-    return out
+def tensor_digest(tensor: torch.Tensor) -> str:
+    """The tensor's "sha256:<hex>" over its dtype, shape and bytes: any change of a value, of its place, of the
+    shape or the dtype changes it (about 0.15 s for the 50M shape's 214 MB fp32 rank file)."""
+    t = tensor.detach().cpu().contiguous()
+    digest = hashlib.sha256(f"{t.dtype}{tuple(t.shape)}".encode())
+    digest.update(t.reshape(-1).view(torch.uint8).numpy())
+    return f"sha256:{digest.hexdigest()}"
+
+
+def fingerprint(tensors: Iterable[Tuple[str, torch.Tensor]]) -> Dict[str, str]:
+    """Per tensor name its digest (tensor_digest)."""
+    return {name: tensor_digest(tensor) for name, tensor in tensors}
+
+
+def _legacy_sums(tensor: torch.Tensor) -> list:
+    """The fingerprint of checkpoints written before the digest: [sum, sum of squares] in float64."""
+    t = tensor.detach().to(torch.float64)
+    return [float(t.sum()), float(t.square().sum())]
+
+
+def _differs(recorded: Union[str, list], tensor: torch.Tensor, digest: str) -> bool:
+    if isinstance(recorded, str):
+        return recorded != digest
+    found = _legacy_sums(tensor)
+    return len(recorded) != 2 or any(
+        not math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-9) for x, y in zip(found, recorded)
+    )
 
 
 def base_of(payload: Mapping[str, Any]) -> Optional[dict]:
@@ -40,10 +64,6 @@ def origin(ckpt_dir: str, iteration: Optional[int] = None) -> dict:
     """The record of a base checkpoint folder (its absolute path and the iteration folder read)."""
     resolved, _ = ml.latest_iteration_dir(ckpt_dir, iteration)
     return {"path": os.path.abspath(ckpt_dir), "iteration": resolved}
-
-
-def _differs(a: list, b: list) -> bool:
-    return any(not math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-9) for x, y in zip(a, b))
 
 
 def _hint(base_dir: Optional[str]) -> str:
@@ -92,10 +112,12 @@ def complete(payload: Dict[str, Any], rank_dir: str, where: str, base_dir: Optio
     if missing:
         raise ml.CheckpointError(f"{where}: the adapters' base {iter_dir} lacks {missing[:3]}")
     found = fingerprint((n, frozen[n]) for n in recorded)
-    changed = [n for n in recorded if _differs(found[n], recorded[n])]
+    changed = [n for n in recorded if _differs(recorded[n], frozen[n], found[n])]
     if changed:
         raise ml.CheckpointError(
             f"{where}: the adapters were trained on another base than {iter_dir} ({changed[0]} differs"
             f"{f' and {len(changed) - 1} more' if len(changed) > 1 else ''}); {hint}"
         )
-    return dict(payload, model={**{n: frozen[n] for n in recorded}, **model})
+    config = payload["config"]
+    lora = dict(config["lora"], base=dict(base, fingerprint=found))  # a legacy record gets the digests
+    return dict(payload, model={**{n: frozen[n] for n in recorded}, **model}, config=dict(config, lora=lora))

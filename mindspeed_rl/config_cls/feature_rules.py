@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from .base import ConfigError
 
 if TYPE_CHECKING:
-    from .ppo_config import PPOConfig
+    from .ppo_config import PPOConfig, RoleConfig
     from .rl_config import RLConfig
 
 
@@ -106,6 +106,30 @@ def check_agent_keys(cfg: PPOConfig) -> None:
         raise ConfigError("rl_config.prompt_type", str(exc)) from None
 
 
+MAX_HEAD_OFFPOLICYNESS = 8
+"""The most batches asynchronous rollout may generate ahead (docs/rollout.md): the L + 1 batches in flight are
+held by the driver, waited for and stored by every checkpoint, and the first weight push queues behind L of
+them."""
+
+
+def check_async_lag(lag: int, train_iters: int) -> None:
+    """max_head_offpolicyness L: the first iteration submits L + 1 batches, which must be batches of the run
+    (L < train_iters) and few enough to hold (L <= MAX_HEAD_OFFPOLICYNESS)."""
+    if lag > MAX_HEAD_OFFPOLICYNESS:
+        raise ConfigError(
+            "rl_config.max_head_offpolicyness",
+            f"{lag} is above {MAX_HEAD_OFFPOLICYNESS}: the rollout workers would generate {lag + 1} batches before "
+            "the first weight update reaches them, and every checkpoint waits for and stores all of them "
+            "(AReaL's examples use 2 to 4)",
+        )
+    if lag >= train_iters:
+        raise ConfigError(
+            "rl_config.max_head_offpolicyness",
+            f"{lag} is not below megatron_training.train_iters {train_iters}: the first iteration would submit "
+            f"{lag + 1} batches, more than the run's {train_iters} iterations train on: at most {train_iters - 1}",
+        )
+
+
 def check_dapo_keys(cfg: PPOConfig) -> None:
     """Dynamic sampling, partial rollout and overlong shaping: keys that only mean something together."""
     rl, max_tokens = cfg.rl, cfg.generate.sampling_config.max_tokens
@@ -120,6 +144,7 @@ def check_dapo_keys(cfg: PPOConfig) -> None:
                 "rl_config.max_head_offpolicyness",
                 "asynchronous rollout cannot be combined with partial rollout or dynamic sampling yet",
             )
+        check_async_lag(rl.max_head_offpolicyness, cfg.megatron_training.train_iters)
     if rl.partial_rollout_max_split > 1:
         if rl.filter_groups_enable:
             raise ConfigError(
@@ -189,8 +214,32 @@ def check_lora_keys(cfg: PPOConfig) -> None:
                 f"{unknown or 'empty'}: choose among {', '.join(LORA_TARGETS)}",
             )
 
+    for role in cfg.training_roles:
+        check_lora_rank(role)
     if cfg.actor.megatron.lora_r and cfg.rl.integrated_mode_config.ref_model_load_path:
         raise ConfigError(
             "rl_config.integrated_mode_config.ref_model_load_path",
             "with actor_config.lora_r > 0 the reference is the actor's base weights (adapters off); remove it",
+        )
+
+
+def check_lora_rank(role: RoleConfig) -> None:
+    """An adapter's rank above min(in, out) of the full weight it adapts adds parameters and no expressive
+    power (B A already has full rank at min(in, out)); the tightest target layer names the bound."""
+    m = role.megatron
+    if not m.lora_r:
+        return
+    shapes = role.model.lora_layer_shapes()
+    targets = [t for t in m.lora_target_modules if t in shapes]
+    if not targets:
+        return
+    name = min(targets, key=lambda t: min(shapes[t][1:3]))
+    _, fan_in, fan_out, experts = shapes[name]
+    bound = min(fan_in, fan_out)
+    if m.lora_r > bound:
+        layer = f"{name} of each expert" if experts else name
+        raise ConfigError(
+            f"{role.name}_config.lora_r",
+            f"{m.lora_r} exceeds the smaller dimension of {layer} in model {m.model} (weight [out {fan_out}, "
+            f"in {fan_in}], un-sharded): the rank must be at most {bound}",
         )

@@ -82,7 +82,12 @@ class MegatronConfig:
     adam_beta2: float = opt(0.999, "Adam beta2.", ge=0, lt=1)
     adam_eps: float = opt(1e-8, "Adam epsilon.", gt=0)
     # LoRA (MindSpeed-LLM's keys)
-    lora_r: int = opt(0, "LoRA rank; 0 trains every parameter, > 0 only adapters on lora_target_modules.", ge=0)
+    lora_r: int = opt(
+        0,
+        "LoRA rank; 0 trains every parameter, > 0 only adapters on lora_target_modules. At most min(in, out) "
+        "of every target layer's full weight (MoE experts: their own size).",
+        ge=0,
+    )
     lora_alpha: float = opt(
         16.0, "LoRA scaling numerator: the adapter's update is scaled by lora_alpha / lora_r.", gt=0
     )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 from .base import ConfigError, opt
 
@@ -134,22 +134,27 @@ class ModelConfig:
         out = vocab * h if self.untie_embeddings_and_output_weights else 0
         return embed + self.num_layers * per_layer + h + out
 
-    def lora_parameter_count(
-        self, r: int, targets: Sequence[str], tp: int = 1, ep: int = 1, layers_per_rank: Optional[int] = None
-    ) -> Tuple[int, int]:
-        """(adapter parameters of the model, of one rank) for LoRA of rank ``r`` on ``targets``. Column layers
-        split B, row layers split A over TP; each MoE expert's adapters live on its EP rank; a rank holds
-        ``layers_per_rank`` layers (its pipeline stage; default all)."""
+    def lora_layer_shapes(self) -> Dict[str, Tuple[str, int, int, int]]:
+        """Per LoRA target: (kind, fan in, fan out, experts) of its full, un-sharded weight; experts is 0 for a
+        dense layer, else the number of experts, each with its own adapters (split over EP)."""
         h, f, d = self.hidden_size, self.ffn_hidden_size, self.head_dim
         q, kv = self.num_attention_heads * d, self.kv_heads * d
         mult = 2 if self.swiglu else 1
-        # (kind, fan in, fan out, experts: 0 for a dense layer, else one adapter per expert, split over EP)
         shapes = {"linear_qkv": ("column", h, q + 2 * kv, 0), "linear_proj": ("row", q, h, 0)}
         if self.num_experts:
             e, n = self.moe_ffn_hidden_size, self.num_experts
             shapes.update(linear_fc1=("column", h, e * mult, n), linear_fc2=("row", e, h, n))
         else:
             shapes.update(linear_fc1=("column", h, f * mult, 0), linear_fc2=("row", f, h, 0))
+        return shapes
+
+    def lora_parameter_count(
+        self, r: int, targets: Sequence[str], tp: int = 1, ep: int = 1, layers_per_rank: Optional[int] = None
+    ) -> Tuple[int, int]:
+        """(adapter parameters of the model, of one rank) for LoRA of rank ``r`` on ``targets``. Column layers
+        split B, row layers split A over TP; each MoE expert's adapters live on its EP rank; a rank holds
+        ``layers_per_rank`` layers (its pipeline stage; default all)."""
+        shapes = self.lora_layer_shapes()
         total = per_rank = 0
         for target in targets:
             if target not in shapes:

@@ -63,7 +63,8 @@ def batch_plan(cfg: PPOConfig) -> str:
         lines.append(
             f"  agent     : rollout function {agent}, tools [{tools}], up to {rl.max_turns} turns and "
             f"{rl.max_tool_calls} calls per trajectory within max_tokens; tool results loss_mask 0; "
-            f"sandbox {rl.tool_timeout:g} s wall, {rl.tool_cpu_seconds} s CPU, {rl.tool_memory_mb} MB"
+            f"sandbox {rl.tool_isolation} ({rl.tool_timeout:g} s wall, {rl.tool_cpu_seconds} s CPU, "
+            f"{rl.tool_memory_mb} MB, scratch {rl.tool_scratch_mb} MB)"
         )
     if cfg.rl.max_head_offpolicyness > 0:
         lines.append(

@@ -154,9 +154,10 @@ class RLConfig:
     max_collapsed_iterations: int = opt(
         3,
         "Consecutive iterations with a collapsed policy (actor entropy below "
-        "1e-4 and gradient norm 0: nothing left to learn, e.g. after a too "
-        "large lr) after which the run stops with exit code 3; collapsed "
-        "iterations are not saved, so the last checkpoint is the one before. "
+        "1e-4 and gradient norm below 1e-8: nothing left to learn, e.g. after a "
+        "too large lr) after which the run stops with exit code 3; collapsed "
+        "iterations are not saved, so the last checkpoint is the one before, and "
+        "a run whose last iteration looks collapsed also ends with exit code 3. "
         "0 turns the guard off.",
         ge=0,
     )
@@ -269,7 +270,8 @@ class RLConfig:
         "Asynchronous rollout when > 0 (AReaL's key): the rollout workers "
         "generate the next iterations' batches while the actor trains, each "
         "sampled at most this many policy versions before it is trained on. "
-        "Needs rollout_resource (disaggregated). 0: synchronous.",
+        "Needs rollout_resource (disaggregated); at most 8 and below "
+        "megatron_training.train_iters (docs/rollout.md). 0: synchronous.",
         ge=0,
     )
     # multi-turn rollouts with tools (rollout/agent_loop.py)
@@ -308,6 +310,15 @@ class RLConfig:
     tool_memory_mb: int = opt(1024, "Address space of one tool call's process, MB (RLIMIT_AS).", ge=64)
     tool_max_result_bytes: int = opt(65536, "A longer tool result is refused with an error message.", ge=1)
     tool_workers: int = opt(2, "Tool calls run side by side.", ge=1)
+    tool_isolation: str = opt(
+        "bwrap",
+        "How tool calls are isolated from the run: bwrap (bubblewrap: own namespaces, a read-only "
+        "view of the interpreter only, a RAM scratch folder, seccomp; tools that run model code are "
+        "refused at start where it cannot run) or none (a plain child process with the driver's "
+        "rights: only for trusted tools; warned at start).",
+        choices=("bwrap", "none"),
+    )
+    tool_scratch_mb: int = opt(64, "Size of a tool call's scratch folder under bwrap, MB (a RAM file system).", ge=1)
     # validation
     test_freq: int = opt(
         0, "Validate on megatron_training.test_data_path every N iterations and at the end (0: off).", ge=0

@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import sys
 from functools import lru_cache
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 ISOLATIONS = ("bwrap", "none")
 CODE_ROOT = "/sandbox/code"
@@ -166,16 +166,16 @@ def require(isolation: str) -> None:
         raise IsolationUnavailable(f"{why}: {INSTALL_HINT}")
 
 
-def choose(requested: str, runs_model_code: bool) -> Tuple[str, Optional[str]]:
+def choose(requested: str, code_tools: Sequence[str]) -> Tuple[str, Optional[str]]:
     """(isolation to use, a note for the start of the run or None) for ``rl_config.tool_isolation``.
 
     ``bwrap`` where bubblewrap runs; where it does not, tools that run no model-written code (the calculator)
-    run in plain child processes with a note, and tools that do are refused (IsolationUnavailable) unless the
-    config asks for ``none``, which runs them unisolated with a warning."""
+    run in plain child processes with a note, and ``code_tools`` (the names of those that do) are refused
+    (IsolationUnavailable) unless the config asks for ``none``, which runs them unisolated with a warning."""
     if requested not in ISOLATIONS:
         raise ValueError(f"tool_isolation must be one of {', '.join(ISOLATIONS)}, not {requested!r}")
     if requested == "none":
-        if not runs_model_code:
+        if not code_tools:
             return "none", None
         return "none", (
             "warning: rl_config.tool_isolation is none: model-written tool code runs as a plain child process "
@@ -185,10 +185,11 @@ def choose(requested: str, runs_model_code: bool) -> Tuple[str, Optional[str]]:
     why = bwrap_unavailable()
     if not why:
         return "bwrap", None
-    if not runs_model_code:
+    if not code_tools:
         return "none", f"tools run as plain child processes ({why}; none of them runs model-written code)"
     raise IsolationUnavailable(
-        f"the tools run model-written code and need bubblewrap to isolate it, but {why}: {INSTALL_HINT}; "
+        f"the tools {', '.join(code_tools)} run model-written code and need bubblewrap to isolate it, but "
+        f"{why}: {INSTALL_HINT}; "
         "or set rl_config.tool_isolation: none to run them without isolation (unsafe: the code can reach "
         "the run's files and processes)"
     )

@@ -11,7 +11,14 @@ from typing import Any, Dict, List, Tuple
 
 from ..config_cls.loader import CONFIG_DIR
 from ..config_cls.ppo_config import PPOConfig
-from ..utils.cli import USER_ERROR_EXIT, Terminated, UserError, raise_terminated
+from ..utils.cli import (
+    TERMINATED_EXIT,
+    USER_ERROR_EXIT,
+    UserError,
+    raise_terminated,
+    stop_on_sigterm,
+    stopped_by_sigterm,
+)
 from ..utils.hf_tokenizer import load_tokenizer
 
 
@@ -46,12 +53,18 @@ def init_ray(env: Dict[str, str], quiet: bool = False) -> None:
 
     own_handler = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if own_handler else None
-    if address:
-        ray.init(address=address, **kwargs)
-    else:
-        ray.init(num_cpus=os.cpu_count(), **kwargs)
-    if own_handler:  # ray.init installs its own SIGTERM handler (an abort with a dump): keep the process's
-        signal.signal(signal.SIGTERM, previous)
+    try:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_cpus=os.cpu_count(), **kwargs)
+    except SystemExit as exc:  # ray.init's own SIGTERM handler, in place while it runs, calls sys.exit(15)
+        if exc.code != signal.SIGTERM:
+            raise
+        raise_terminated(signal.SIGTERM, None)
+    finally:
+        if own_handler:  # the handler ray.init installed (exit 15) gives way to the process's
+            signal.signal(signal.SIGTERM, previous)
 
 
 def describe_placement(pg) -> str:
@@ -73,7 +86,7 @@ def existing_checkpoint(megatron) -> "str | None":
     return megatron.load
 
 
-EXIT_NONFINITE, EXIT_WORKER_DIED, EXIT_WORKER_RAISED, EXIT_TERMINATED = 3, 4, 5, 143  # 143: utils.cli
+EXIT_NONFINITE, EXIT_WORKER_DIED, EXIT_WORKER_RAISED, EXIT_TERMINATED = 3, 4, 5, TERMINATED_EXIT
 
 
 class WorkerDied(RuntimeError):
@@ -82,15 +95,17 @@ class WorkerDied(RuntimeError):
 
 def run(cfg: PPOConfig) -> int:
     """Train; returns the process exit code (docs/operations.md, "When things go wrong")."""
-    import signal
+    with stop_on_sigterm():
+        return train_to_exit_code(cfg)
 
+
+def train_to_exit_code(cfg: PPOConfig) -> int:
     import ray
 
     from ..datasets.prompt_dataset import DatasetMissing
     from ..utils.run_lock import FolderLocked, RunLock
     from .ppo_trainer import NonFiniteStop
 
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
     lock = RunLock(locked_folders(cfg))
     try:
         try:
@@ -113,12 +128,13 @@ def run(cfg: PPOConfig) -> int:
     except DatasetMissing as exc:  # a data file damaged under the running job
         print(f"stopped: {exc}. {last_checkpoint_text(cfg)}", file=sys.stderr, flush=True)
         return USER_ERROR_EXIT
-    except Terminated:
+    except KeyboardInterrupt as exc:
+        if not stopped_by_sigterm(exc):
+            raise
         print(f"stopped by SIGTERM: workers shut down. {last_checkpoint_text(cfg)}", file=sys.stderr, flush=True)
         return EXIT_TERMINATED
     finally:
         lock.release()
-        signal.signal(signal.SIGTERM, previous)
         ray.shutdown()
 
 
@@ -342,6 +358,14 @@ def load_models(cfg: PPOConfig, roles: Roles, resume_at) -> Tuple[int, Dict]:
     return (resumed.iteration if not am.finetune and actor_load else 0), resumed.trainer_state
 
 
+def placement_keys(cfg: PPOConfig) -> str:
+    """The keys that size the placement group, with their values (the other roles share the actor's bundles)."""
+    keys = f"rl_config.actor_resource.num_npus {cfg.actor.num_devices}"
+    if cfg.rollout_devices:
+        keys += f" + rl_config.rollout_resource.num_npus {cfg.rollout_devices}"
+    return keys
+
+
 def stop_all(workers: List, pg) -> None:
     """Every worker group shut down and its processes killed now (not when the handles are collected)."""
     import ray
@@ -395,7 +419,7 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
             undo_routing = route_driver_logs(log_dir)
         init_ray(env, quiet=bool(log_dir))
         bundles = cfg.actor.num_devices + cfg.rollout_devices
-        pg = create_placement_group(acc, bundles, acc.bundle_cpus(bundles)[0])
+        pg = create_placement_group(acc, bundles, acc.bundle_cpus(bundles)[0], placement_keys(cfg))
         print(describe_placement(pg), flush=True)
         roles = start_roles(cfg, acc, pg, env, workers, log_dir, tokenizer)
         start, state = load_models(cfg, roles, resume_at)

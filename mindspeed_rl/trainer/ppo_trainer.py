@@ -4,9 +4,10 @@ registry (``cfg.algorithm``) decides which models take part and how advantages a
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from contextlib import contextmanager
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -35,12 +36,17 @@ class NonFiniteStop(RuntimeError):
 
 
 COLLAPSED_ENTROPY = 1e-4  # nats per token: the policy samples one token wherever it is
+COLLAPSED_GRAD_NORM = 1e-8  # Adam's epsilon: below it a gradient is rounding noise (docs/operations.md)
 
 
-def collapsed(metrics: Dict[str, float]) -> bool:
-    """The actor's policy has collapsed: (near) zero entropy and no gradient left."""
+def collapsed(metrics: Dict[str, float]) -> Optional[bool]:
+    """Whether the actor's policy has collapsed: (near) zero entropy and no gradient left, within
+    COLLAPSED_ENTROPY and COLLAPSED_GRAD_NORM. None when the iteration cannot tell: a metric is missing or not
+    finite (a step skipped for a NaN/Inf loss reports a NaN gradient norm)."""
     entropy, grad_norm = metrics.get("actor/entropy"), metrics.get("grad_norm")
-    return entropy is not None and grad_norm is not None and entropy < COLLAPSED_ENTROPY and grad_norm == 0.0
+    if entropy is None or grad_norm is None or not (math.isfinite(entropy) and math.isfinite(grad_norm)):
+        return None
+    return entropy < COLLAPSED_ENTROPY and abs(grad_norm) < COLLAPSED_GRAD_NORM
 
 
 class PPOTrainer:
@@ -115,6 +121,7 @@ class PPOTrainer:
         """What rollout functions use: generation through the rollout service, the tokenizer, and (when tools
         are configured) the tools, their sandbox and the template's tool role."""
         from ..datasets.templates import load_templates
+        from ..tools.isolation import choose
         from ..tools.registry import resolve_tools
         from ..tools.sandbox import Sandbox, SandboxLimits
 
@@ -130,11 +137,17 @@ class PPOTrainer:
         )
         tools = resolve_tools(rl.tools, rl.tool_config_path)
         template = load_templates().get(rl.prompt_type, {})
-        sandbox = (
-            Sandbox(SandboxLimits(rl.tool_timeout, rl.tool_cpu_seconds, rl.tool_memory_mb, rl.tool_max_result_bytes))
-            if tools
-            else None
-        )
+        sandbox = None
+        if tools:  # preflight has printed the isolation's note
+            isolation, _ = choose(rl.tool_isolation, [name for name, spec in tools.items() if spec.runs_model_code])
+            limits = SandboxLimits(
+                rl.tool_timeout,
+                rl.tool_cpu_seconds,
+                rl.tool_memory_mb,
+                rl.tool_max_result_bytes,
+                scratch_mb=rl.tool_scratch_mb,
+            )
+            sandbox = Sandbox(limits, isolation)
         tool_format = ToolFormat.of_template(template, rl.prompt_type) if "tool_response" in template else None
         return AgentContext(
             lambda request: self.run_generation(request).outputs, self.tokenizer, tools, sandbox, settings, tool_format
@@ -268,22 +281,30 @@ class PPOTrainer:
                     f"iteration {self.iteration} is not saved"
                 )
         limit = self.rl.max_collapsed_iterations
-        streak = self.collapse_streak = self.collapse_streak + 1 if limit and collapsed(metrics) else 0
+        verdict = collapsed(metrics) if limit else False
+        if verdict is not None:  # an iteration that cannot tell neither extends nor ends the streak
+            self.collapse_streak = self.collapse_streak + 1 if verdict else 0
+        streak = self.collapse_streak
+        looks = (
+            f"actor entropy below {COLLAPSED_ENTROPY} and gradient norm below {COLLAPSED_GRAD_NORM} in the last "
+            f"{streak} iteration(s) (this one: entropy {metrics.get('actor/entropy', float('nan')):.2g}, gradient "
+            f"norm {metrics.get('grad_norm', float('nan')):.2g}; rl_config.max_collapsed_iterations {limit}, 0 "
+            "turns this off)"
+        )
         if streak >= limit > 0:
             raise NonFiniteStop(
-                f"the policy collapsed: actor entropy below {COLLAPSED_ENTROPY} and gradient norm 0 "
-                f"in the last {streak} iterations (rl_config.max_collapsed_iterations {limit}; 0 "
-                "turns this off); lower the learning rate. Those iterations are not saved"
+                f"the policy collapsed: {looks}; lower the learning rate. Those iterations are not saved"
             )
         every = self.cfg.megatron_training.save_interval
         last = self.iteration == self.cfg.megatron_training.train_iters
+        if last and streak:  # the run would end on an unsaved iteration: not a success (exit 3)
+            raise NonFiniteStop(
+                f"iteration {self.iteration}, the last, is not saved: the policy looks collapsed, {looks}; "
+                "lower the learning rate"
+            )
         if self.iteration % every == 0 or last:
             if streak:
-                print(
-                    f"iteration {self.iteration} not saved: the policy looks collapsed (actor entropy "
-                    f"{metrics['actor/entropy']:.2g}, gradient norm 0)",
-                    flush=True,
-                )
+                print(f"iteration {self.iteration} not saved: the policy looks collapsed, {looks}", flush=True)
             else:
                 self.save()
 

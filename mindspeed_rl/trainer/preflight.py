@@ -104,20 +104,32 @@ def check_lora_base(section: str, iter_dir: str, override: Optional[str]) -> Non
         raise UserError(f"{section}.lora_base_load: {os.path.dirname(iter_dir)} {missing}")
 
 
+def holds_named_optimizer(key: str, rank_file: str) -> bool:
+    """The rank file holds its optimizer state by parameter name (written by the resharding converter): the
+    plain and the distributed optimizer load it at any data-parallel size, without shard files."""
+    try:
+        optim = ml.safe_load(rank_file, mmap=True).get("optimizer") or {}
+    except ml.CheckpointError as exc:
+        raise UserError(f"{key}: {exc}") from None
+    return "named" in optim
+
+
 def check_optimizer_files(key: str, iter_dir: str, role: RoleConfig) -> None:
-    """Resuming the distributed optimizer needs every data-parallel rank's shard in every rank folder."""
+    """Resuming the distributed optimizer needs every data-parallel rank's shard in every rank folder, unless
+    the folder's rank file holds the optimizer state by parameter name (a resharded checkpoint)."""
     if role.megatron.expert_model_parallel_size > 1:
         return  # the shards follow the expert-parallel grouping; the workers check those
     wanted = [f"distrib_optim_dp{r:03d}.pt" for r in range(role.dp)]
     for rank_dir in sorted(d for d in os.listdir(iter_dir) if d.startswith("mp_rank_")):
-        for name in wanted:
-            path = os.path.join(iter_dir, rank_dir, name)
-            if not os.path.isfile(path):
-                raise UserError(
-                    f"{key}: {path} is missing, so the optimizer state cannot be resumed (saved with "
-                    f"another data-parallel size or without the distributed optimizer?); set "
-                    f"{role.name}_config.no_load_optim=true to start the optimizer afresh"
-                )
+        missing = [name for name in wanted if not os.path.isfile(os.path.join(iter_dir, rank_dir, name))]
+        if missing and not holds_named_optimizer(key, os.path.join(iter_dir, rank_dir, ml.FILE)):
+            path = os.path.join(iter_dir, rank_dir, missing[0])
+            raise UserError(
+                f"{key}: {path} is missing, so the optimizer state cannot be resumed (saved with "
+                f"another data-parallel size or without the distributed optimizer?); reshard it with "
+                f"cli/convert_ckpt.py --load-model-type mg --save-model-type mg (it loads at any DP size), "
+                f"or set {role.name}_config.no_load_optim=true to start the optimizer afresh"
+            )
 
 
 def check_role(role: RoleConfig, iteration: Optional[int] = None, trains: bool = True) -> None:
@@ -162,9 +174,29 @@ def check_environment() -> None:
         raise UserError(str(exc)) from None
 
 
+def check_tool_isolation(cfg: PPOConfig) -> None:
+    """The tools can be isolated as rl_config.tool_isolation asks (bubblewrap runs here), or run without it
+    because none of them runs model-written code; prints the note of a fallback or of tool_isolation none."""
+    from ..config_cls.feature_rules import agent_rollout_function
+    from ..tools.isolation import IsolationUnavailable, choose
+    from ..tools.registry import resolve_tools
+
+    rl = cfg.rl
+    if agent_rollout_function(rl) != "tool_agent":
+        return
+    tools = resolve_tools(rl.tools, rl.tool_config_path)
+    try:
+        _, note = choose(rl.tool_isolation, sorted(name for name, spec in tools.items() if spec.runs_model_code))
+    except IsolationUnavailable as exc:
+        raise UserError(f"rl_config.tool_isolation: bwrap: {exc}") from None
+    if note:
+        print(note if note.startswith("warning") else f"note: {note}", flush=True)
+
+
 def preflight(cfg: PPOConfig) -> Optional[int]:
     """Every check above; returns the iteration a resume loads (None: the latest, or not a resume)."""
     check_environment()
+    check_tool_isolation(cfg)
     iteration = resume_iteration(cfg)
     problems, trained = [], {role.name for role in cfg.training_roles}
     for role in cfg.roles:  # every role's problem at once: a resharded actor next to an unresharded critic

@@ -1,14 +1,19 @@
-"""Shared command-line behaviour: a user error prints one clear line and exits 2."""
+"""Shared command-line behaviour: a user error prints one clear line and exits 2; SIGTERM exits 143."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import signal
 import sys
-from typing import Callable, Optional, Sequence
+import threading
+from typing import Callable, Iterator, Optional, Sequence
 
 from ..config_cls.base import ConfigError
 
 USER_ERROR_EXIT = 2
+INTERRUPTED_EXIT = 130
+TERMINATED_EXIT = 143
 
 
 class UserError(Exception):
@@ -19,15 +24,45 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM: stop like Ctrl-C (clean-up runs), exit code 143."""
 
 
-TERMINATED_EXIT = 143
+# Whether this process has received SIGTERM. The exception alone cannot tell: Ray's blocking calls (ray.get,
+# ray.wait) catch any KeyboardInterrupt a signal handler raises inside them and raise a new, plain one.
+_sigterm = {"received": False}
 
 
 def raise_terminated(signum, frame):
+    _sigterm["received"] = True
     raise Terminated()
 
 
+def stopped_by_sigterm(exc: KeyboardInterrupt) -> bool:
+    """Whether ``exc`` (Ctrl-C or SIGTERM, whatever a library made of it) ends the process for a SIGTERM."""
+    return isinstance(exc, Terminated) or _sigterm["received"]
+
+
+def interrupt_exit_code(exc: KeyboardInterrupt) -> int:
+    """143 for a SIGTERM, 130 for Ctrl-C."""
+    return TERMINATED_EXIT if stopped_by_sigterm(exc) else INTERRUPTED_EXIT
+
+
+@contextlib.contextmanager
+def stop_on_sigterm() -> Iterator[None]:
+    """SIGTERM raises ``Terminated`` in the main thread inside the block; the previous handler is restored
+    after it. The outermost block starts with no SIGTERM recorded. Outside the main thread: nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    if previous is not raise_terminated:
+        _sigterm["received"] = False
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def report_user_errors(main: Callable[..., int]) -> Callable[..., int]:
-    """Wrap a CLI ``main(argv) -> int``: ConfigError/UserError -> message on stderr, exit code 2."""
+    """Wrap a CLI ``main(argv) -> int``: ConfigError/UserError -> message on stderr, exit code 2; Ctrl-C 130;
+    SIGTERM 143 (when the CLI handles it with ``stop_on_sigterm``)."""
 
     @functools.wraps(main)
     def wrapper(argv: Optional[Sequence[str]] = None) -> int:
@@ -39,11 +74,9 @@ def report_user_errors(main: Callable[..., int]) -> Callable[..., int]:
         except UserError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return USER_ERROR_EXIT
-        except Terminated:
-            print("stopped by SIGTERM", file=sys.stderr)
-            return TERMINATED_EXIT
-        except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
-            return 130
+        except KeyboardInterrupt as exc:
+            code = interrupt_exit_code(exc)
+            print("stopped by SIGTERM" if code == TERMINATED_EXIT else "interrupted", file=sys.stderr)
+            return code
 
     return wrapper

@@ -4,10 +4,13 @@ critic groups (integrated mode), each group with its own torch.distributed world
 from __future__ import annotations
 
 import itertools
+import math
 import os
-from typing import Any, Callable, Dict, List, Optional
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from ..accelerator import Accelerator
+from ..utils.cli import UserError
 from ..utils.library_logs import ENV_LOG_FILE
 from .worker_group import WorkerGroup
 
@@ -20,17 +23,77 @@ def _node_ip_and_port():
     return ray.util.get_node_ip_address(), free_port("")
 
 
-def create_placement_group(acc: Accelerator, num_bundles: int, cpus_per_bundle: float, timeout: float = 600.0):
-    import ray
-    from ray.util.placement_group import placement_group
+def describe_resources(resources: Dict[str, float]) -> str:
+    return ", ".join(f"{name} {amount:g}" for name, amount in sorted(resources.items()))
 
-    pg = placement_group([acc.bundle_spec(cpus_per_bundle) for _ in range(num_bundles)], strategy="PACK")
-    ready, _ = ray.wait([pg.ready()], timeout=timeout)
-    if not ready:
-        raise RuntimeError(
-            f"placement group of {num_bundles} x {acc.bundle_spec(cpus_per_bundle)} could not be "
-            f"scheduled in {timeout:.0f}s; cluster resources: {ray.cluster_resources()}"
-        )
+
+def bundles_that_fit(bundle: Dict[str, float], nodes: Iterable[Dict[str, float]]) -> int:
+    """How many copies of ``bundle`` the nodes (each node's total resources) hold at once, each copy on one
+    node. The copies are alike, so this is exact: a larger count can never be placed, however long one waits."""
+    fit = 0
+    for node in nodes:
+        # Ray counts resources in 1e-4 units: round before taking the floor (0.7 / 0.1 is 6.999...)
+        fit += min(math.floor(round(node.get(name, 0.0) / amount, 4)) for name, amount in bundle.items() if amount > 0)
+    return fit
+
+
+def placement_shortfall(
+    asked_by: str, bundle: Dict[str, float], num_bundles: int, nodes: List[Dict[str, float]]
+) -> Optional[str]:
+    """The reason ``num_bundles`` x ``bundle`` can never be placed on ``nodes`` (each node's total resources,
+    as ``ray.nodes()`` gives them); None when they fit the cluster (free or not)."""
+    fit = bundles_that_fit(bundle, nodes)
+    if num_bundles <= fit:
+        return None
+    asked = {name: amount * num_bundles for name, amount in bundle.items()}
+    there = {name: sum(node.get(name, 0.0) for node in nodes) for name in bundle}
+    return (
+        f"{asked_by}: the run needs {num_bundles} placement-group bundle(s) of {describe_resources(bundle)} "
+        f"({describe_resources(asked)} in all), but the Ray cluster has {describe_resources(there)} on "
+        f"{len(nodes)} node(s): room for {fit} such bundle(s). Ask for fewer, or give Ray more devices "
+        "(NPUS_PER_NODE, NNODES in docs/operations.md)"
+    )
+
+
+def create_placement_group(
+    acc: Accelerator,
+    num_bundles: int,
+    cpus_per_bundle: float,
+    asked_by: str,
+    timeout: float = 600.0,
+    report_every: float = 30.0,
+):
+    """A PACK placement group of ``num_bundles`` device slots. A request the cluster can never hold is refused
+    at once (UserError naming ``asked_by``, the config keys that sized it); one that fits but is not free yet
+    waits up to ``timeout`` seconds, saying every ``report_every`` seconds what it waits for."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    bundle = acc.bundle_spec(cpus_per_bundle)
+    reason = placement_shortfall(asked_by, bundle, num_bundles, [n["Resources"] for n in ray.nodes() if n["Alive"]])
+    if reason:
+        raise UserError(reason)
+    pg = placement_group([dict(bundle) for _ in range(num_bundles)], strategy="PACK")
+    ready, start = pg.ready(), time.monotonic()
+    try:
+        while not ray.wait([ready], timeout=max(0.0, min(report_every, timeout - (time.monotonic() - start))))[0]:
+            waited = time.monotonic() - start
+            free = {name: ray.available_resources().get(name, 0.0) for name in bundle}
+            if waited >= timeout:
+                raise UserError(
+                    f"{asked_by}: {num_bundles} placement-group bundle(s) of {describe_resources(bundle)} fit the "
+                    f"Ray cluster but were not free within {timeout:.0f}s (free now: {describe_resources(free)}); "
+                    "other jobs hold the rest: stop them or rerun later"
+                )
+            print(
+                f"waiting for Ray to place {num_bundles} bundle(s) of {describe_resources(bundle)}: the cluster has "
+                f"room for them, but other jobs hold part of it (free now: {describe_resources(free)}; "
+                f"{waited:.0f}s of {timeout:.0f}s)",
+                flush=True,
+            )
+    except BaseException:
+        remove_placement_group(pg)
+        raise
     return pg
 
 
