@@ -114,6 +114,11 @@ def test_oversized_results_and_printed_floods_never_reach_the_model(sandbox):
     assert (flood.status, flood.content) == ("ok", "small")
 
 
+def test_a_tool_that_closes_its_output_and_hangs_is_ended_with_its_answer(sandbox):
+    result = run(sandbox, "answers_then_hangs")
+    assert (result.status, result.content) == ("ok", "early") and result.seconds < 3
+
+
 def test_memory_limit_and_a_dying_tool(sandbox):
     eaten = run(sandbox, "eats_memory")
     assert eaten.status == "error" and "out of memory (limit 512 MB)" in eaten.content

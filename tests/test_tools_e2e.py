@@ -47,7 +47,7 @@ def test_the_tool_agent_learns_to_use_the_calculator(assets):
     accuracy = [round(m[ACCURACY], 3) for m in history]
     calls = [round(m["tool_calls/rate"], 3) for m in history]
     # learning: the last three iterations use the tool and are right far more often than the first three
-    # (measured: accuracy 0.07 -> 0.73, tool-call rate 0.07 -> 0.73; a guess is right once in ~9000)
+    # (measured: accuracy 0.06 -> 0.66, tool-call rate 0.06 -> 0.66; a guess is right once in ~9000)
     first, last = (lambda xs: sum(xs[:3]) / 3), (lambda xs: sum(xs[-3:]) / 3)
     assert first(accuracy) < 0.2 and last(accuracy) > max(0.3, first(accuracy) + 0.2), (accuracy, calls)
     assert last(calls) > max(0.3, first(calls) + 0.2), (accuracy, calls)

@@ -72,3 +72,19 @@ def spawns() -> str:
 
 def structured() -> dict:
     return {"value": 3, "unit": "apples"}
+
+
+def answers_then_hangs() -> str:
+    """Writes a complete answer itself, closes its output, then never exits."""
+    import sys
+
+    from mindspeed_rl.tools.tool_process import frame
+
+    for fd in range(3, 16):
+        try:
+            os.write(fd, frame("early", "ok"))
+            os.close(fd)
+        except OSError:
+            pass
+    os.close(1), os.close(2), sys.stdout.close()
+    time.sleep(600)

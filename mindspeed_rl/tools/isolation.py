@@ -81,7 +81,10 @@ def code_mounts(functions: Iterable[str]) -> Dict[str, str]:
                 mounts = {k: v for k, v in mounts.items() if not k.startswith(package + os.sep)}
                 mounts[package] = f"{CODE_ROOT}/mindspeed_rl"
             continue
-        spec = importlib.util.find_spec(top)
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            spec = None
         if spec is None:
             continue  # the child reports the import error to the model
         if spec.submodule_search_locations:

@@ -56,14 +56,15 @@ def _decode(body: str) -> Any:
     """A call's JSON, or raises ValueError with the message the model reads."""
     if len(body) > MAX_CALL_CHARS:
         raise ValueError(f"malformed tool call: longer than {MAX_CALL_CHARS} characters")
+    too_deep = f"malformed tool call: nested deeper than {MAX_DEPTH} levels"
     try:
         value = json.loads(body)
     except json.JSONDecodeError as exc:
         raise ValueError(f"malformed tool call: not JSON ({exc.msg} at character {exc.pos})") from None
     except RecursionError:
-        value = None
-    if value is None or _depth(value) > MAX_DEPTH:
-        raise ValueError(f"malformed tool call: nested deeper than {MAX_DEPTH} levels")
+        raise ValueError(too_deep) from None
+    if _depth(value) > MAX_DEPTH:
+        raise ValueError(too_deep)
     return value
 
 

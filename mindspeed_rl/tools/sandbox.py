@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .isolation import CODE_ROOT, SCRATCH, bwrap_command, code_mounts, require
-from .tool_process import HEADER_MAX, STATUSES
+from .tool_process import HEADER_MAX, STATUSES, frame_length
 
 CHILD = "import sys; from mindspeed_rl.tools.tool_process import main; sys.exit(main())"
 STDERR_KEPT = 4096  # bytes of the child's stderr kept for the run's logs (ToolResult.detail)
@@ -107,17 +107,20 @@ class Sandbox:
         argv, env = self._command(function, scratch)
         start = time.perf_counter()
         try:
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=None if isolated else scratch,
-                env=env,
-                start_new_session=True,
-            )
+            try:
+                proc = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    cwd=None if isolated else scratch,
+                    env=env,
+                    start_new_session=True,
+                )
+            except OSError as exc:  # e.g. bwrap removed under the run: the call fails, the run goes on
+                return ToolResult("Error: the tool process could not start", "crash", 0.0, str(exc))
             cap = HEADER_MAX + self.limits.max_result_bytes + 1
-            out, err, timed_out = _exchange(proc, request, cap, self.limits.timeout_s)
+            out, err, timed_out, killed = _exchange(proc, request, cap, self.limits.timeout_s)
             seconds = time.perf_counter() - start
             detail = err.decode("utf-8", "replace")
             if timed_out:
@@ -131,7 +134,8 @@ class Sandbox:
                     seconds,
                     detail,
                 )
-            result = answer(out, proc.returncode, self.limits, isolated)
+            # a process killed here after closing its output did not die of a limit: only its answer counts
+            result = answer(out, 0 if killed else proc.returncode, self.limits, isolated)
             result.seconds, result.detail = seconds, detail
             return result
         finally:
@@ -146,10 +150,10 @@ class Sandbox:
             return list(pool.map(lambda call: self.run(*call), calls))
 
 
-def _exchange(proc: subprocess.Popen, request: bytes, cap: int, timeout: float) -> Tuple[bytes, bytes, bool]:
+def _exchange(proc: subprocess.Popen, request: bytes, cap: int, timeout: float) -> Tuple[bytes, bytes, bool, bool]:
     """Send ``request``, read at most ``cap`` bytes of stdout and STDERR_KEPT of stderr, until the process
-    closes both, the cap is reached, or ``timeout`` passes; the process (group) is killed unless it exited.
-    Returns (stdout, stderr, timed out)."""
+    closes both, a whole answer frame is in, the cap is reached, or ``timeout`` passes; the process (group)
+    is killed unless it exits within a second of that. Returns (stdout, stderr, timed out, killed here)."""
     deadline = time.monotonic() + timeout
     out, err = bytearray(), bytearray()
     pending = memoryview(request)
@@ -188,7 +192,7 @@ def _exchange(proc: subprocess.Popen, request: bytes, cap: int, timeout: float) 
                     into += chunk[: max(0, limit - len(into))]
                     continue
                 into += chunk[: limit - len(into)]
-                if len(into) >= limit:
+                if len(into) >= limit or frame_length(into):  # over the limit, or a whole answer is in
                     open_reads = 0
                     break
     if proc.poll() is None:
@@ -196,7 +200,8 @@ def _exchange(proc: subprocess.Popen, request: bytes, cap: int, timeout: float) 
             proc.wait(timeout=0 if (timed_out or len(out) >= cap) else 1.0)
         except subprocess.TimeoutExpired:
             pass
-    if proc.poll() is None:
+    killed = proc.poll() is None
+    if killed:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -205,7 +210,7 @@ def _exchange(proc: subprocess.Popen, request: bytes, cap: int, timeout: float) 
     for stream in (proc.stdin, proc.stdout, proc.stderr):
         if not stream.closed:
             stream.close()
-    return bytes(out), bytes(err), timed_out
+    return bytes(out), bytes(err), timed_out, killed
 
 
 def answer(out: bytes, returncode: int, limits: SandboxLimits, isolated: bool = False) -> ToolResult:

@@ -72,6 +72,19 @@ def frame(content: str, status: str) -> bytes:
     return json.dumps({"status": status, "bytes": len(body)}).encode() + b"\n" + body
 
 
+def frame_length(data: bytes) -> int:
+    """The length of the complete frame at the start of ``data`` (0: not complete yet, or not a frame)."""
+    head, newline, _ = data.partition(b"\n")
+    if not newline:
+        return 0
+    try:
+        size = json.loads(head.decode("ascii"))["bytes"]
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError):
+        return 0
+    end = len(head) + 1 + size if type(size) is int and size >= 0 else 0
+    return end if 0 < end <= len(data) else 0
+
+
 def _inside(path: Any, scratch: str) -> bool:
     if isinstance(path, int):
         return True  # an already open descriptor
