@@ -200,12 +200,13 @@ def step_tools() -> None:
     result = Sandbox(SandboxLimits(), "bwrap").run("mindspeed_rl.tools.builtin:python", {"code": ISOLATION_PROBE})
     seconds = time.perf_counter() - start
     seccomp = unavailable_reason()
+    isolated = result.ok and result.content == "isolated\n"
     verdict(
         "tools",
-        result.ok and result.content == "isolated\n",
+        isolated,
         f"bubblewrap isolates a python tool call ({seconds * 1000:.0f} ms), seccomp "
         + (f"off: {seccomp}" if seccomp else "on")
-        if result.ok and result.content == "isolated\n"
+        if isolated
         else f"the probe call answered {result.status}: {result.content.strip()} {result.detail.strip()}",
     )
 

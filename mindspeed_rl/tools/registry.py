@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, Optional, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 
 class ToolConfigError(ValueError):
@@ -99,6 +99,11 @@ BUILTIN_TOOLS: Dict[str, ToolSpec] = {
         },
     ),
 }
+
+
+def model_code_tools(specs: Dict[str, ToolSpec]) -> List[str]:
+    """The names of the tools that run model-written code (ToolSpec.runs_model_code), sorted."""
+    return sorted(name for name, spec in specs.items() if spec.runs_model_code)
 
 
 def normalise_path(path: str) -> str:

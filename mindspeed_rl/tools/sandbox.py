@@ -70,7 +70,7 @@ class Sandbox:
         self.limits, self.isolation, self.scratch_root = limits, isolation, scratch_root
         if scratch_root:
             os.makedirs(scratch_root, exist_ok=True)
-        self._mounts: Dict[str, Dict[str, str]] = {}
+        self._commands: Dict[str, Tuple[List[str], Dict[str, str]]] = {}  # per function, under bwrap
 
     def _command(self, function: str, scratch: str) -> Tuple[List[str], Dict[str, str]]:
         """(argv, environment) of the call's process."""
@@ -87,10 +87,10 @@ class Sandbox:
             env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
             env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
             return argv, env
-        if function not in self._mounts:
-            self._mounts[function] = code_mounts([function])
-        env.update(PATH="/usr/bin:/bin", PYTHONPATH=CODE_ROOT)
-        return bwrap_command(self._mounts[function], env, self.limits.scratch_mb, argv), {}
+        if function not in self._commands:  # the same for every call of the function: built once
+            env.update(PATH="/usr/bin:/bin", PYTHONPATH=CODE_ROOT)
+            self._commands[function] = bwrap_command(code_mounts([function]), env, self.limits.scratch_mb, argv), {}
+        return self._commands[function]
 
     def run(self, function: str, arguments: Dict[str, Any]) -> ToolResult:
         isolated = self.isolation == "bwrap"

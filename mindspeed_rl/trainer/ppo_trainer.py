@@ -122,7 +122,7 @@ class PPOTrainer:
         are configured) the tools, their sandbox and the template's tool role."""
         from ..datasets.templates import load_templates
         from ..tools.isolation import choose
-        from ..tools.registry import resolve_tools
+        from ..tools.registry import model_code_tools, resolve_tools
         from ..tools.sandbox import Sandbox, SandboxLimits
 
         rl = self.rl
@@ -139,7 +139,7 @@ class PPOTrainer:
         template = load_templates().get(rl.prompt_type, {})
         sandbox = None
         if tools:  # preflight has printed the isolation's note
-            isolation, _ = choose(rl.tool_isolation, [name for name, spec in tools.items() if spec.runs_model_code])
+            isolation, _ = choose(rl.tool_isolation, model_code_tools(tools))
             limits = SandboxLimits(
                 rl.tool_timeout,
                 rl.tool_cpu_seconds,

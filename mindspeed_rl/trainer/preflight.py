@@ -179,14 +179,14 @@ def check_tool_isolation(cfg: PPOConfig) -> None:
     because none of them runs model-written code; prints the note of a fallback or of tool_isolation none."""
     from ..config_cls.feature_rules import agent_rollout_function
     from ..tools.isolation import IsolationUnavailable, choose
-    from ..tools.registry import resolve_tools
+    from ..tools.registry import model_code_tools, resolve_tools
 
     rl = cfg.rl
     if agent_rollout_function(rl) != "tool_agent":
         return
     tools = resolve_tools(rl.tools, rl.tool_config_path)
     try:
-        _, note = choose(rl.tool_isolation, sorted(name for name, spec in tools.items() if spec.runs_model_code))
+        _, note = choose(rl.tool_isolation, model_code_tools(tools))
     except IsolationUnavailable as exc:
         raise UserError(f"rl_config.tool_isolation: bwrap: {exc}") from None
     if note:
