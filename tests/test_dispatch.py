@@ -218,7 +218,7 @@ def test_generate_splits_per_prompt_budgets_with_the_prompts():
 
 
 def test_prompt_batch_reads_budgets_when_the_dataset_has_them():
-    from mindspeed_rl.trainer.prompts import PromptBatch
+    from mindspeed_rl.datasets.prompt_dataset import PromptBatch
 
     data = [
         {"input_ids": [1, 2], "labels": "7", "max_new_tokens": "12"},

@@ -98,13 +98,8 @@ def test_bad_values_are_refused_before_anything_starts(capsys, override, words):
     "overrides,words",
     [
         (
-            [
-                "rl_config.partial_rollout_max_split=2",
-                "rl_config.filter_groups_enable=true",
-                "rl_config.n_samples_per_prompt=2",
-                "rl_config.mini_batch_size=32",
-            ],
-            "rl_config.partial_rollout_max_split: partial rollout and dynamic sampling",
+            ["rl_config.partial_rollout_max_split=2", "rl_config.rollout_function=tests.test_agent_loop:solve"],
+            "rl_config.partial_rollout_max_split: the rollout function 'tests.test_agent_loop:solve' is a whole-batch",
         ),
         (["rl_config.partial_rollout_max_split=17"], "rl_config.partial_rollout_max_split: 17 chunks of a 16-token"),
         (
@@ -114,14 +109,6 @@ def test_bad_values_are_refused_before_anything_starts(capsys, override, words):
         (
             ["rl_config.max_head_offpolicyness=1"],
             "rl_config.max_head_offpolicyness: asynchronous rollout needs rollout workers of their own",
-        ),
-        (
-            [
-                "rl_config.max_head_offpolicyness=1",
-                "rl_config.rollout_resource.num_npus=1",
-                "rl_config.partial_rollout_max_split=2",
-            ],
-            "cannot be combined with partial rollout or dynamic sampling",
         ),
         (
             ["rl_config.rollout_resource.num_npus=3", "generate_config.infer_tensor_parallel_size=2"],

@@ -60,9 +60,9 @@ def agent_rollout_function(rl) -> str:
 
 
 def check_agent_keys(cfg: PPOConfig) -> None:
-    """The rollout function resolves; the tool agent has tools, a template with a tool role, and runs
-    synchronously."""
-    from ..rollout.agent_loop import rollout_function
+    """The rollout function resolves; the tool agent has tools and a template with a tool role; a whole-batch
+    function runs without partial rollout."""
+    from ..rollout.agent_loop import is_whole_batch, rollout_function
     from ..tools.registry import ToolConfigError, resolve_tools
 
     rl = cfg.rl
@@ -77,15 +77,12 @@ def check_agent_keys(cfg: PPOConfig) -> None:
         raise ConfigError(
             "rl_config.multi_turn_enable", f"selects tool_agent, but rollout_function is {rl.rollout_function!r}"
         )
-    for key, on in (
-        ("partial_rollout_max_split", rl.partial_rollout_max_split > 1),
-        ("max_head_offpolicyness", rl.max_head_offpolicyness > 0),
-    ):
-        if on:
-            raise ConfigError(
-                f"rl_config.{key}",
-                f"cannot be combined with the {name} rollout function yet (multi-turn rollouts run synchronously)",
-            )
+    if rl.partial_rollout_max_split > 1 and is_whole_batch(rollout_function(name)):
+        raise ConfigError(
+            "rl_config.partial_rollout_max_split",
+            f"the rollout function {name!r} is a whole-batch function (fn(request, context)): it cannot stop at a "
+            "chunk's end and continue later; write it as a RolloutFunction class (docs/agents.md) for partial rollout",
+        )
     if name != "tool_agent":
         return
     try:
@@ -139,18 +136,8 @@ def check_dapo_keys(cfg: PPOConfig) -> None:
                 "rl_config.max_head_offpolicyness",
                 "asynchronous rollout needs rollout workers of their own: set rl_config.rollout_resource",
             )
-        if rl.partial_rollout_max_split > 1 or rl.filter_groups_enable:
-            raise ConfigError(
-                "rl_config.max_head_offpolicyness",
-                "asynchronous rollout cannot be combined with partial rollout or dynamic sampling yet",
-            )
         check_async_lag(rl.max_head_offpolicyness, cfg.megatron_training.train_iters)
     if rl.partial_rollout_max_split > 1:
-        if rl.filter_groups_enable:
-            raise ConfigError(
-                "rl_config.partial_rollout_max_split",
-                "partial rollout and dynamic sampling (filter_groups_enable) cannot be combined yet",
-            )
         if rl.partial_rollout_max_split > max_tokens:
             raise ConfigError(
                 "rl_config.partial_rollout_max_split",

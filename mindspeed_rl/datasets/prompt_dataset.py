@@ -1,8 +1,11 @@
-"""Prompts for training: the indexed files, a seeded epoch-wise sampler that resumes exactly."""
+"""Prompts for training: the indexed files, a seeded epoch-wise sampler that resumes exactly, and the batch of
+prompts one draw gives."""
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
@@ -155,6 +158,27 @@ class PromptSampler:
 
     def load_state_dict(self, state: Dict) -> None:
         self.consumed_samples = int(state["consumed_samples"])
+
+
+@dataclass
+class PromptBatch:
+    """Token ids of each prompt and its label (the reference answer the verifiers compare against)."""
+
+    input_ids: List[List[int]]
+    labels: List[str]
+    max_new_tokens: Optional[List[int]] = None  # per-prompt response budgets (dataset key max_new_tokens)
+    tools: Optional[List[Optional[List[str]]]] = None  # per-prompt tool names (dataset key tools); None: all
+
+    @staticmethod
+    def of(dataset, indices) -> "PromptBatch":
+        """The prompts (labels, and budgets when the dataset has a max_new_tokens key) of rows ``indices``
+        of a PromptDataset."""
+        items = [dataset[i] for i in indices]
+        budgets = [int(it["max_new_tokens"]) for it in items] if items and "max_new_tokens" in items[0] else None
+        tools = [json.loads(it["tools"]) for it in items] if items and "tools" in items[0] else None
+        return PromptBatch(
+            [list(it["input_ids"]) for it in items], [it.get("labels", "") for it in items], budgets, tools
+        )
 
 
 def collate_prompts(items: Sequence[Dict], pad_id: int) -> Dict:

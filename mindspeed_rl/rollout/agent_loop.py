@@ -1,27 +1,36 @@
-"""Rollout functions: how a batch of prompts becomes trajectories (``rl_config.rollout_function``).
+"""Rollout functions: how one trajectory advances (``rl_config.rollout_function``).
 
     single_turn        one response per sample (the default)
-    tool_agent         multi-turn: generate, parse tool calls, run them, append their results, continue
-    module:function    a user's own, called like the built-ins: ``fn(request, context) -> AgentBatch``
+    tool_agent         multi-turn: generate a turn, parse its tool calls, run them, append their results, continue
+    module:Class       a user's own: a subclass of ``RolloutFunction``, built with the ``AgentContext``
+    module:function    a user's whole-batch function ``fn(request, context) -> AgentBatch`` (synchronous
+                       schedules only: it cannot be stopped between chunks)
 
-A trajectory is kept as token ids exactly as the engine generated them (token in, token out): the next turn's
-input is the prompt plus every token so far, never a re-tokenised conversation. Tool results are appended as
-tokens with ``loss_mask`` 0 (attended to, never trained on) and rollout log-prob 0. The loop runs on the
-driver, once per trajectory whatever the engines' tensor-parallel size, so each tool call runs exactly once.
+A rollout function never calls the engine itself: the schedule (``rollout/rounds.py``) gives every ready
+trajectory one generation of at most a chunk of tokens per round and hands the result to ``absorb``. What
+``absorb`` returns is the trajectory's tool work; the pool runs it in a thread while the next round
+generates, then hands the results to ``observe``. So a trajectory whose turn ended runs its tools and is
+submitted for its next turn without waiting for the turns of the others, and the same function runs under
+every schedule (whole turns, partial chunks, batches ahead) and under every group filter.
 
-The tool agent, per turn over every unfinished trajectory:
-1. generate until the end of the assistant turn (EOS), within what is left of the response budget;
-2. parse the turn's tool calls (``tool_parser_format``); a turn without one is the answer: done;
+A trajectory is kept as token ids exactly as the engine generated them (token in, token out): the next
+turn's input is the prompt plus every token so far, never a re-tokenised conversation. Tool results are
+appended with ``loss_mask`` 0 (attended to, never trained on) and rollout log-prob 0.
+
+The tool agent, for one trajectory:
+1. generate until the end of the assistant turn (EOS), within what is left of the response budget (a turn
+   may take several chunks);
+2. parse the turn's tool calls (``tool_parser_format``); a turn without one is the answer: finished;
 3. run the calls in the sandbox (at most ``max_parallel_calls`` per turn; malformed, unknown, failing,
    hanging and oversized calls answer with an error message and are counted);
 4. append the results in the chat template's tool turn (``tool_response_*`` of configs/model/templates.json),
-   truncated to ``max_tool_response_length`` characters; the trajectory ends when the budget is spent,
-   after ``max_turns`` assistant turns, or when a turn would exceed ``max_tool_calls`` in total.
+   truncated to ``max_tool_response_length`` characters; the trajectory is cut when the budget is spent,
+   and finished after ``max_turns`` assistant turns or when a turn would exceed ``max_tool_calls`` in total.
 """
 
 from __future__ import annotations
 
-import time
+import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -29,13 +38,14 @@ from ..protocol.rollout import RolloutOutput, RolloutRequest
 from ..tools.parser import PARSERS, ToolCall
 from ..tools.registry import ToolSpec, import_function
 from ..tools.sandbox import Sandbox, ToolResult
+from .trajectory import CUT, FINISHED, Trajectory
 
-TURN_SEED_STRIDE = 10_007  # turn t of a request seeded s samples with seeds s + t * stride + i
+ERROR_KINDS = ("error", "timeout", "oversized", "crash", "malformed")
 
 
 @dataclass
 class AgentBatch:
-    """A rollout function's answer: one output per (prompt, sample), and metrics of the batch."""
+    """A whole-batch rollout function's answer: one output per (prompt, sample), and metrics of the batch."""
 
     outputs: List[RolloutOutput]
     metrics: Dict[str, float] = field(default_factory=dict)
@@ -73,13 +83,21 @@ class AgentSettings:
     tool_parser_format: str = "hermes"
     tool_workers: int = 2
 
+    @staticmethod
+    def of(rl) -> "AgentSettings":
+        return AgentSettings(
+            rl.max_turns, rl.max_tool_calls, rl.max_parallel_calls, rl.max_tool_response_length,
+            rl.tool_response_truncate_side, rl.tool_parser_format, rl.tool_workers,
+        )  # fmt: skip
+
 
 @dataclass
 class AgentContext:
-    """What a rollout function may use: ``generate`` (the rollout service, blocking), the tokenizer, the
-    tools with their sandbox, the loop's settings, and the tools each prompt may call (None: all)."""
+    """What a rollout function may use: the tokenizer, the tools with their sandbox, the loop's settings and
+    the template's tool role; whole-batch functions also get ``generate`` (the rollout service, blocking) and
+    the tools each prompt may call (None: all)."""
 
-    generate: Callable[[RolloutRequest], List[RolloutOutput]]
+    generate: Optional[Callable[[RolloutRequest], List[RolloutOutput]]]
     tokenizer: Any
     tools: Dict[str, ToolSpec] = field(default_factory=dict)
     sandbox: Optional[Sandbox] = None
@@ -88,41 +106,47 @@ class AgentContext:
     prompt_tools: Optional[List[Optional[List[str]]]] = None
 
 
-RolloutFunction = Callable[[RolloutRequest, AgentContext], AgentBatch]
+class RolloutFunction:
+    """How one trajectory advances. Subclass it and name it in ``rl_config.rollout_function``
+    (``pkg.module:Class``); it is built once per run with the ``AgentContext``."""
+
+    name = "rollout_function"
+    whole_batch = False  # True: ``run_batch`` produces whole trajectories at once (no chunks, no rounds)
+
+    def __init__(self, context: AgentContext) -> None:
+        self.context = context
+
+    def absorb(self, traj: Trajectory, out: RolloutOutput, version: int) -> Optional[Any]:
+        """Append what the engine generated for ``traj`` (one chunk or the rest of a turn, sampled by policy
+        ``version``) and set its status. Returns the tool work its ended turn asks for, or None."""
+        raise NotImplementedError
+
+    def run_tools(self, works: List[Any]) -> List[Any]:
+        """Run the tool work of several trajectories (in the pool's tool thread); one result per work."""
+        return [None] * len(works)
+
+    def observe(self, traj: Trajectory, work: Any, result: Any, version: int) -> None:
+        """Append the results of ``traj``'s tool work; the trajectory is ready for its next turn."""
+
+    def metrics(self, trajectories: Sequence[Trajectory]) -> Dict[str, float]:
+        """Metrics of the trajectories a batch trains on."""
+        return {}
+
+    def close(self) -> None:
+        """Release what the function holds (the tools' processes are per call: nothing by default)."""
 
 
-def single_turn(request: RolloutRequest, context: AgentContext) -> AgentBatch:
-    """One response per sample: prompt in, generated tokens out."""
-    return AgentBatch(context.generate(request))
+class SingleTurn(RolloutFunction):
+    """One response per sample: prompt in, generated tokens out (in chunks under partial rollout)."""
 
+    name = "single_turn"
 
-@dataclass
-class Trajectory:
-    prompt_index: int
-    prompt: List[int]
-    budget: int
-    tokens: List[int] = field(default_factory=list)
-    logprobs: List[float] = field(default_factory=list)
-    loss_mask: List[int] = field(default_factory=list)
-    finish_reason: str = "stop"
-    done: bool = False
-    turns: int = 0
-    calls: int = 0
-    observation_tokens: int = 0
-
-    def append(self, tokens: Sequence[int], logprobs: Sequence[float], trained: bool) -> None:
-        self.tokens += list(tokens)
-        self.logprobs += list(logprobs) if trained else [0.0] * len(tokens)
-        self.loss_mask += [1 if trained else 0] * len(tokens)
-
-    @property
-    def left(self) -> int:
-        return self.budget - len(self.tokens)
-
-    def output(self) -> RolloutOutput:
-        return RolloutOutput(
-            self.prompt_index, self.tokens, self.logprobs, self.finish_reason, loss_mask=self.loss_mask
-        )
+    def absorb(self, traj: Trajectory, out: RolloutOutput, version: int) -> None:
+        traj.append(out.response_ids, out.logprobs, version, trained=True)
+        if out.finish_reason == "stop" and out.response_ids:
+            traj.end(FINISHED, "stop")
+        elif traj.remaining() <= 0 or not out.response_ids:
+            traj.end(CUT, "length")
 
 
 def truncate(text: str, limit: int, side: str) -> str:
@@ -138,146 +162,152 @@ def truncate(text: str, limit: int, side: str) -> str:
     return text[:head] + marker + text[len(text) - (limit - head) :]
 
 
-def tool_agent(request: RolloutRequest, context: AgentContext) -> AgentBatch:
-    """The multi-turn tool loop (module docstring)."""
-    s, tok = context.settings, context.tokenizer
-    if context.tool_format is None or context.sandbox is None:
-        raise ValueError("the tool_agent rollout function needs tools, a sandbox and a chat template with a tool role")
-    parse = PARSERS[s.tool_parser_format]
-    budgets = request.max_new_tokens
-    if not budgets and request.sampling is None:
-        raise ValueError("tool_agent: the request names no response budget (sampling.max_tokens)")
-    trajectories = [
-        Trajectory(i, list(p), int(budgets[i]) if budgets else request.sampling.max_tokens)
-        for i, p in enumerate(request.prompts)
-        for _ in range(request.n)
-    ]
-    tool_seconds = 0.0
-    counts = {"error": 0, "timeout": 0, "oversized": 0, "crash": 0, "malformed": 0}
-    turn = 0
-    while True:
-        active = [t for t in trajectories if not t.done]
-        if not active:
-            break
-        if turn == 0:
-            outputs = context.generate(request)
-            order = _by_prompt(outputs, len(request.prompts), request.n)
-        else:
-            order = context.generate(
-                RolloutRequest(
-                    [t.prompt + t.tokens for t in active],
-                    1,
-                    request.seed + TURN_SEED_STRIDE * turn,
-                    request.sampling,
-                    [t.left for t in active],
-                )
+class ToolAgent(RolloutFunction):
+    """The multi-turn tool loop of the module docstring. Its tool work is a list per turn: ``(call, spec)``
+    for a call the sandbox runs, or the error message that answers a call that is not run."""
+
+    name = "tool_agent"
+
+    def __init__(self, context: AgentContext) -> None:
+        super().__init__(context)
+        if context.tool_format is None or context.sandbox is None:
+            raise ValueError(
+                "the tool_agent rollout function needs tools, a sandbox and a chat template with a tool role"
             )
-            order = sorted(order, key=lambda o: o.prompt_index)
-        pending: List[tuple] = []  # (trajectory, [(call, spec) or error message])
-        for traj, out in zip(active, order):
-            traj.append(out.response_ids, out.logprobs, trained=True)
-            traj.turns += 1
-            if out.finish_reason == "length" or traj.left <= 0:
-                traj.finish_reason, traj.done = "length", True
+        self.settings, self.parse = context.settings, PARSERS[context.settings.tool_parser_format]
+
+    def absorb(self, traj: Trajectory, out: RolloutOutput, version: int) -> Optional[List[Any]]:
+        s = self.settings
+        traj.append(out.response_ids, out.logprobs, version, trained=True)
+        if out.finish_reason != "stop" or not out.response_ids:
+            if traj.remaining() <= 0 or not out.response_ids:
+                traj.turns += 1
+                traj.end(CUT, "length")
+            return None  # the chunk ended inside the turn: it continues next round
+        traj.turns += 1
+        if traj.remaining() <= 0:
+            traj.end(CUT, "length")
+            return None
+        turn = self.context.tokenizer.decode(traj.tokens[traj.turn_start :], skip_special_tokens=False)
+        parsed = self.parse(turn)
+        if not parsed.wants_tools or traj.turns >= s.max_turns or traj.calls >= s.max_tool_calls:
+            traj.end(FINISHED, "stop")  # the answer, or a tool asked for with no turn or call left
+            return None
+        items: List[Any] = list(parsed.errors)
+        traj.count_error("malformed", len(parsed.errors))
+        room = min(s.max_parallel_calls, s.max_tool_calls - traj.calls)
+        for k, call in enumerate(parsed.calls):
+            if k >= room:
+                items.append(f"Error: at most {room} tool call(s) allowed here; {call.name} was not run")
+                traj.count_error("error")
                 continue
-            parsed = parse(tok.decode(out.response_ids, skip_special_tokens=False))
-            if not parsed.wants_tools:
-                traj.done = True
-                continue
-            if traj.turns >= s.max_turns or traj.calls >= s.max_tool_calls:
-                traj.done = True  # asked for a tool with no turn or call left: the trajectory ends here
-                continue
-            items: List[Any] = list(parsed.errors)
-            counts["malformed"] += len(parsed.errors)
-            room = min(s.max_parallel_calls, s.max_tool_calls - traj.calls)
-            for k, call in enumerate(parsed.calls):
-                if k >= room:
-                    items.append(f"Error: at most {room} tool call(s) allowed here; {call.name} was not run")
-                    counts["error"] += 1
-                    continue
-                item = _checked(call, context, traj.prompt_index)
-                counts["error"] += isinstance(item, str)
-                items.append(item)
-            traj.calls += sum(1 for item in items if not isinstance(item, str))
-            pending.append((traj, items))
-        # every tool call of this turn, over all trajectories, runs once in the sandbox
+            item = self._checked(call, traj.tools)
+            traj.count_error("error", int(isinstance(item, str)))
+            items.append(item)
+        traj.calls += sum(1 for item in items if not isinstance(item, str))
+        return items
+
+    def _checked(self, call: ToolCall, allowed: Optional[List[str]]):
+        """(call, spec) for a call the sandbox should run, or the error message that answers it."""
+        tools = self.context.tools
+        spec = tools.get(call.name)
+        if spec is None or (allowed is not None and call.name not in allowed):
+            names = sorted(allowed if allowed is not None else tools)
+            return f"Error: unknown tool {call.name!r}; available: {', '.join(names)}"
+        missing = spec.missing_arguments(call.arguments)
+        if missing:
+            return f"Error: {call.name} needs argument(s) {', '.join(missing)}"
+        return call, spec
+
+    def run_tools(self, works: List[List[Any]]) -> List[List[Optional[ToolResult]]]:
+        """Every call of the given turns, once each in the sandbox (``tool_workers`` at a time)."""
         calls = [
-            (item[1].function, item[0].arguments) for _, items in pending for item in items if not isinstance(item, str)
+            (item[1].function, item[0].arguments) for items in works for item in items if not isinstance(item, str)
         ]
-        t0 = time.perf_counter()
-        results = iter(context.sandbox.run_many(calls, s.tool_workers))
-        tool_seconds += time.perf_counter() - t0
-        for traj, items in pending:
-            contents = []
-            for item in items:
-                if isinstance(item, str):
-                    contents.append(item)
-                    continue
-                result: ToolResult = next(results)
-                if not result.ok:
-                    counts[result.status] += 1
-                contents.append(truncate(result.content, s.max_tool_response_length, s.tool_response_truncate_side))
-            observation = tok.encode(context.tool_format.render(contents), add_special_tokens=False)
-            if len(observation) >= traj.left:  # no room to answer after it
-                observation = observation[: traj.left]
-                traj.finish_reason, traj.done = "length", True
-            traj.append(observation, [], trained=False)
-            traj.observation_tokens += len(observation)
-        turn += 1
-    return AgentBatch([t.output() for t in trajectories], _metrics(trajectories, counts, tool_seconds))
+        results = iter(self.context.sandbox.run_many(calls, self.settings.tool_workers))
+        return [[None if isinstance(item, str) else next(results) for item in items] for items in works]
+
+    def observe(self, traj: Trajectory, work: List[Any], result: List[Optional[ToolResult]], version: int) -> None:
+        s, contents = self.settings, []
+        for item, answer in zip(work, result):
+            if answer is None:
+                contents.append(item)
+                continue
+            if not answer.ok:
+                traj.count_error(answer.status)
+            contents.append(truncate(answer.content, s.max_tool_response_length, s.tool_response_truncate_side))
+        text = self.context.tool_format.render(contents)
+        observation = self.context.tokenizer.encode(text, add_special_tokens=False)
+        cut = len(observation) >= traj.remaining()  # no room to answer after it
+        observation = observation[: traj.remaining()]
+        traj.append(observation, [], version, trained=False)
+        traj.observation_tokens += len(observation)
+        traj.turn_start = len(traj.tokens)
+        if cut:
+            traj.end(CUT, "length")
+
+    def metrics(self, trajectories: Sequence[Trajectory]) -> Dict[str, float]:
+        n = max(1, len(trajectories))
+        errors = {k: sum(t.tool_errors.get(k, 0) for t in trajectories) for k in ERROR_KINDS}
+        return {
+            "multi_turn/num_turns/mean": sum(t.turns for t in trajectories) / n,
+            "multi_turn/num_turns/max": float(max((t.turns for t in trajectories), default=0)),
+            "multi_turn/generated_tokens/mean": sum(sum(t.loss_mask) for t in trajectories) / n,
+            "multi_turn/observation_tokens/mean": sum(t.observation_tokens for t in trajectories) / n,
+            "tool_calls/mean": sum(t.calls for t in trajectories) / n,
+            "tool_calls/rate": sum(1 for t in trajectories if t.calls) / n,
+            "tool_calls/errors": float(errors["error"] + errors["crash"] + errors["oversized"] + errors["malformed"]),
+            "tool_calls/malformed": float(errors["malformed"]),
+            "tool_calls/oversized": float(errors["oversized"]),
+            "tool_calls/timeouts": float(errors["timeout"]),
+        }
 
 
-def _by_prompt(outputs: Sequence[RolloutOutput], prompts: int, n: int) -> List[RolloutOutput]:
-    """The first turn's outputs in trajectory order (prompt by prompt, samples in the engine's order)."""
-    grouped: List[List[RolloutOutput]] = [[] for _ in range(prompts)]
-    for out in outputs:
-        grouped[out.prompt_index].append(out)
-    if any(len(g) != n for g in grouped):
-        raise RuntimeError(f"tool_agent: expected {n} responses per prompt from the engines")
-    return [o for g in grouped for o in g]
+class WholeBatch(RolloutFunction):
+    """A user's function ``fn(request, context) -> AgentBatch``: it gets all of a round's new trajectories as
+    one request (n per prompt) and returns them whole."""
+
+    whole_batch = True
+
+    def __init__(self, context: AgentContext, fn: Callable) -> None:
+        super().__init__(context)
+        self.fn, self.name = fn, getattr(fn, "__name__", "rollout_function")
+        self.last_metrics: Dict[str, float] = {}
+
+    def run_batch(self, request: RolloutRequest, generate, prompt_tools) -> AgentBatch:
+        context = AgentContext(
+            generate, self.context.tokenizer, self.context.tools, self.context.sandbox, self.context.settings,
+            self.context.tool_format, prompt_tools,
+        )  # fmt: skip
+        batch = self.fn(request, context)
+        batch = batch if isinstance(batch, AgentBatch) else AgentBatch(list(batch))
+        self.last_metrics = {k: v for k, v in batch.metrics.items() if not k.startswith("timing/")}
+        return batch
+
+    def metrics(self, trajectories: Sequence[Trajectory]) -> Dict[str, float]:
+        return dict(self.last_metrics)
 
 
-def _checked(call: ToolCall, context: AgentContext, prompt_index: int):
-    """(call, spec) for a call the sandbox should run, or the error message that answers it."""
-    allowed = context.prompt_tools[prompt_index] if context.prompt_tools else None
-    spec = context.tools.get(call.name)
-    if spec is None or (allowed is not None and call.name not in allowed):
-        names = sorted(allowed if allowed is not None else context.tools)
-        return f"Error: unknown tool {call.name!r}; available: {', '.join(names)}"
-    missing = spec.missing_arguments(call.arguments)
-    if missing:
-        return f"Error: {call.name} needs argument(s) {', '.join(missing)}"
-    return call, spec
+ROLLOUT_FUNCTIONS: Dict[str, type] = {"single_turn": SingleTurn, "tool_agent": ToolAgent}
 
 
-def _metrics(trajectories: List[Trajectory], counts: Dict[str, int], tool_seconds: float) -> Dict[str, float]:
-    n = max(1, len(trajectories))
-    generated = [sum(t.loss_mask) for t in trajectories]
-    return {
-        "multi_turn/num_turns/mean": sum(t.turns for t in trajectories) / n,
-        "multi_turn/num_turns/max": float(max((t.turns for t in trajectories), default=0)),
-        "multi_turn/generated_tokens/mean": sum(generated) / n,
-        "multi_turn/observation_tokens/mean": sum(t.observation_tokens for t in trajectories) / n,
-        "tool_calls/mean": sum(t.calls for t in trajectories) / n,
-        "tool_calls/rate": sum(1 for t in trajectories if t.calls) / n,
-        "tool_calls/errors": float(counts["error"] + counts["crash"] + counts["oversized"] + counts["malformed"]),
-        "tool_calls/malformed": float(counts["malformed"]),
-        "tool_calls/oversized": float(counts["oversized"]),
-        "tool_calls/timeouts": float(counts["timeout"]),
-        "timing/tool": tool_seconds,
-    }
-
-
-ROLLOUT_FUNCTIONS: Dict[str, RolloutFunction] = {"single_turn": single_turn, "tool_agent": tool_agent}
-
-
-def rollout_function(name: str) -> RolloutFunction:
-    """A built-in by name, or a user's function by its path ``module:function``."""
+def rollout_function(name: str):
+    """A built-in class by name, or a user's class or function by its path ``module:name``."""
     if name in ROLLOUT_FUNCTIONS:
         return ROLLOUT_FUNCTIONS[name]
     if ":" not in name and "." not in name:
         raise ValueError(
             f"unknown rollout_function {name!r}; built in: {', '.join(ROLLOUT_FUNCTIONS)}, "
-            "or a function as 'module:function'"
+            "or a RolloutFunction class or a function as 'module:name'"
         )
     return import_function(name, "rollout_function")
+
+
+def is_whole_batch(found) -> bool:
+    """Whether a resolved rollout function is a user's whole-batch function (not a RolloutFunction class)."""
+    return not (inspect.isclass(found) and issubclass(found, RolloutFunction))
+
+
+def build_rollout_function(name: str, context: AgentContext) -> RolloutFunction:
+    found = rollout_function(name)
+    return WholeBatch(context, found) if is_whole_batch(found) else found(context)

@@ -7,7 +7,7 @@
 Every output records the policy version that generated it (``handle.version``). Implementations:
 ``ColocatedRollout`` (the integrated actor's own engines, which share its devices: MindSpeed-RL's
 integrated mode) and ``DisaggregatedRollout`` (rollout workers on devices of their own, weights pushed
-from the actor). Partial rollout (``rollout/partial.py``) drives either in chunks.
+from the actor). The rollout source (``rollout/source.py``) drives either, whatever its schedule.
 """
 
 from __future__ import annotations

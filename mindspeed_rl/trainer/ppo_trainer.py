@@ -15,16 +15,14 @@ import torch
 from ..algorithms.advantages import sequence_rewards, token_level_rewards
 from ..algorithms.kl import controller_kl, kl_penalty, make_kl_controller
 from ..algorithms.rollout_correction import mismatch_metrics, truncated_is_weights
-from ..algorithms.shaping import informative_groups, overlong_penalty
-from ..config_cls.feature_rules import agent_rollout_function, filter_metric_name
 from ..config_cls.ppo_config import PPOConfig
-from ..protocol import MODEL_INPUTS, Experience, RolloutRequest, build_experience, mini_batch_plan
-from ..rollout.agent_loop import AgentBatch, AgentContext, AgentSettings, ToolFormat, rollout_function, single_turn
-from ..rollout.partial import ChunkRequest, PartialRollout
-from ..rollout.pipeline import RolloutPipeline
+from ..datasets.prompt_dataset import PromptBatch
+from ..protocol import MODEL_INPUTS, Experience, build_experience, mini_batch_plan
 from ..rollout.service import ColocatedRollout, DisaggregatedRollout
+from ..rollout.source import RolloutSource
+from ..utils.clock import Clock
 from .metrics import data_metrics, throughput
-from .prompts import PromptBatch, decode_responses
+from .scoring import Scorer
 
 
 def format_validation(metrics: Dict[str, float]) -> str:
@@ -76,29 +74,17 @@ class PPOTrainer:
             self.rl.kl_ctrl_type, self.rl.init_kl_coef, self.rl.kl_target, self.rl.kl_horizon
         )
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        self.timing: Dict[str, float] = {}
+        self.clock = Clock()
         self.use_critic, self.use_ref = self.algorithm.use_critic, self.algorithm.use_reference
         # generation (the actor's own engines unless a service is given); version = updates applied to the
         # actor's weights
         self.rollout_service = rollout_service or ColocatedRollout(actor_group)
         self.rollout_service.update_weights(start_iteration)
-        self.partial = (
-            PartialRollout(
-                self.rl.n_samples_per_prompt,
-                self.gen.sampling_config.max_tokens,
-                self.rl.partial_rollout_max_split,
-                self.rl.require_max_age_all_finished,
-            )
-            if self.rl.partial_rollout_max_split > 1
-            else None
-        )
-        self.pipeline = (
-            RolloutPipeline(self.rollout_service, self.rl.max_head_offpolicyness)
-            if self.rl.max_head_offpolicyness > 0
-            else None
-        )
+        self.scorer = Scorer(cfg, reward_runner, reward_group, tokenizer)
+        # how batches are produced: rollout function x group filter x schedule (rollout/source.py)
+        self.source = RolloutSource.from_config(cfg, self.rollout_service, dataset, sampler, tokenizer, self.scorer)
         # samples of older policy versions: old log-probs recomputed, stale tokens importance-weighted
-        self.off_policy = self.partial is not None or self.pipeline is not None
+        self.off_policy = self.source.off_policy
         samples = cfg.samples_per_iteration
         # one on-policy step: the old log-probs equal the current ones (taken, detached, in the loss)
         self.skip_old_log_prob = (
@@ -110,77 +96,29 @@ class PPOTrainer:
         )
         self.history: List[Dict[str, float]] = []
         self.collapse_streak = 0  # iterations in a row with a collapsed policy (rl_config.max_collapsed_iterations)
-        self.spans: List[Tuple[str, str, float, float]] = []  # (lane, phase, start, end) of this iteration
         self.ref_from = None  # the original weights the reference was built from, for resumes
-        # how prompts become trajectories (single turn, the tool agent, a user's function)
-        self.rollout_fn = rollout_function(agent_rollout_function(self.rl))
-        self.agent = self.agent_context()
-        self.rollout_metrics: Dict[str, float] = {}
-
-    def agent_context(self) -> AgentContext:
-        """What rollout functions use: generation through the rollout service, the tokenizer, and (when tools
-        are configured) the tools, their sandbox and the template's tool role."""
-        from ..datasets.templates import load_templates
-        from ..tools.isolation import choose
-        from ..tools.registry import model_code_tools, resolve_tools
-        from ..tools.sandbox import Sandbox, SandboxLimits
-
-        rl = self.rl
-        settings = AgentSettings(
-            rl.max_turns,
-            rl.max_tool_calls,
-            rl.max_parallel_calls,
-            rl.max_tool_response_length,
-            rl.tool_response_truncate_side,
-            rl.tool_parser_format,
-            rl.tool_workers,
-        )
-        tools = resolve_tools(rl.tools, rl.tool_config_path)
-        template = load_templates().get(rl.prompt_type, {})
-        sandbox = None
-        if tools:  # preflight has printed the isolation's note
-            isolation, _ = choose(rl.tool_isolation, model_code_tools(tools))
-            limits = SandboxLimits(
-                rl.tool_timeout,
-                rl.tool_cpu_seconds,
-                rl.tool_memory_mb,
-                rl.tool_max_result_bytes,
-                scratch_mb=rl.tool_scratch_mb,
-            )
-            sandbox = Sandbox(limits, isolation)
-        tool_format = ToolFormat.of_template(template, rl.prompt_type) if "tool_response" in template else None
-        return AgentContext(
-            lambda request: self.run_generation(request).outputs, self.tokenizer, tools, sandbox, settings, tool_format
-        )
-
-    def roll(self, request: RolloutRequest, prompts: PromptBatch) -> AgentBatch:
-        """The rollout function on one request (sampling settings filled in for it)."""
-        if self.rollout_fn is not single_turn and request.sampling is None:
-            request = dataclasses.replace(request, sampling=self.gen.sampling_config)
-        self.agent.prompt_tools = prompts.tools
-        batch = self.rollout_fn(request, self.agent)
-        if not isinstance(batch, AgentBatch):
-            batch = AgentBatch(list(batch))
-        return batch
 
     @contextmanager
     def timer(self, name: str):
-        wall, start = time.time(), time.perf_counter()
-        yield
-        elapsed = time.perf_counter() - start
-        self.timing[name] = self.timing.get(name, 0.0) + elapsed
-        for lane in self.lanes(name):
-            self.spans.append((lane, name, wall, wall + elapsed))
+        with self.clock.measure(name):
+            yield
+
+    def spans(self) -> List[Tuple[str, str, float, float]]:
+        """(lane, phase, start, end) of this iteration's timed phases, for the run report's timeline."""
+        return [(lane, phase, start, end) for phase, start, end in self.clock.spans for lane in self.lanes(phase)]
 
     def lanes(self, phase: str) -> Tuple[str, ...]:
         """Which workers a timed phase occupies, for the run report's timeline."""
         generation = "rollout workers" if isinstance(self.rollout_service, DisaggregatedRollout) else "actor"
         if phase in ("timing/rollout", "timing/validation"):
             return (generation,)
+        if phase in ("timing/tool", "timing/tool_wait", "timing/rollout_wait"):
+            return ("driver",)
         if phase == "timing/weight_sync":
             return ("actor",) if generation == "actor" else ("actor", generation)
         return {
             "timing/all": (),
+            "timing/rollout_batch": (),
             "timing/rule_reward": ("reward",),
             "timing/reward_model": ("reward",),
             "timing/reference_model": ("reference",),
@@ -196,11 +134,14 @@ class PPOTrainer:
             print("validation before training: " + format_validation(val_metrics), flush=True)
             self.logger.record({"iteration": self.iteration, **val_metrics})
         while self.iteration < self.cfg.megatron_training.train_iters:
-            self.timing, self.rollout_metrics, self.spans = {}, {}, []
+            self.clock = Clock()
             started = time.time()
             version = self.rollout_service.version  # the policy that samples this iteration
             with self.timer("timing/all"):
-                exp, reward_metrics = self.rollout()
+                with self.timer("timing/rollout_batch"):
+                    batch = self.source.next_batch(self.iteration)
+                self.clock.merge(batch.clock)
+                exp, reward_metrics = batch.experience, dict(batch.metrics)
                 if self.use_ref:
                     with self.timer("timing/reference_model"):
                         exp.set("ref_log_probs", self.log_probs(exp, "ref"))
@@ -219,6 +160,7 @@ class PPOTrainer:
                         update_metrics.update(self.update_critic(exp))
                 with self.timer("timing/update"):
                     update_metrics.update(self.update_actor(exp))
+                self.clock.add("timing/rollout_wait", self.source.settle())  # batches ahead keep their weights
                 with self.timer("timing/weight_sync"):
                     self.rollout_service.update_weights(self.iteration + 1)
             self.iteration += 1
@@ -227,7 +169,7 @@ class PPOTrainer:
                     reward_metrics.update(self.validate())
             metrics = self.collect_metrics(exp, reward_metrics, update_metrics, version)
             self.logger.log(metrics)
-            self.logger.timeline(self.iteration, started, time.time(), self.spans)
+            self.logger.timeline(self.iteration, started, time.time(), self.spans())
             self.history.append(metrics)
             self.after_iteration(metrics)
         return self.history
@@ -252,11 +194,11 @@ class PPOTrainer:
             return {}
         val, prompts = self.rl.val_kwargs, self.test_prompts
         sampling = dataclasses.replace(self.gen.sampling_config, temperature=val.temperature, top_p=val.top_p)
-        rolled = self.roll(RolloutRequest(prompts.input_ids, val.n, self.gen.sampling_config.seed, sampling), prompts)
+        outputs, rollout_metrics = self.source.evaluate(prompts, val.n, self.gen.sampling_config.seed, sampling)
         exp = build_experience(
-            prompts.input_ids, rolled.outputs, val.n, self.pad_id, prompts.labels, self.rollout_service.version
+            prompts.input_ids, outputs, val.n, self.pad_id, prompts.labels, self.rollout_service.version
         )
-        per_verifier, _ = self.verify(exp)
+        per_verifier, _ = self.scorer.verify(exp)
         scores = self.reward_runner.weighted(per_verifier)
         first = per_verifier[self.rl.verifier_function[0]].view(-1, val.n)
         metrics = {f"val/{name}/mean@{val.n}": float(values.mean()) for name, values in per_verifier.items()}
@@ -267,8 +209,8 @@ class PPOTrainer:
                 "val/response_length/mean": float(exp.response_mask.sum(1).float().mean()),
             }
         )
-        if "tool_calls/rate" in rolled.metrics:
-            metrics["val/tool_calls/rate"] = rolled.metrics["tool_calls/rate"]
+        if "tool_calls/rate" in rollout_metrics:
+            metrics["val/tool_calls/rate"] = rollout_metrics["tool_calls/rate"]
         return metrics
 
     def after_iteration(self, metrics: Dict[str, float]) -> None:
@@ -310,18 +252,15 @@ class PPOTrainer:
 
     def trainer_state(self) -> Dict:
         """What a resume needs besides the models: position in the data, the KL coefficient, where the
-        reference came from, the responses partial rollout has parked. Sampling and mini-batch order are
-        seeded from the iteration number."""
+        reference came from, the rollout source's trajectories (parked, produced ahead, in the filter).
+        Sampling and mini-batch order are seeded from the iteration number."""
         state = {
             "iteration": self.iteration,
             "consumed_samples": self.sampler.consumed_samples,
             "kl_ctrl": self.kl_ctrl.state_dict(),
             "ref_from": self.ref_from,
         }
-        if self.partial is not None:
-            state["partial_rollout"] = self.partial.state_dict()
-        if self.pipeline is not None:
-            state["async_rollout"] = self.pipeline.state_dict()
+        state["rollout_source"] = self.source.state_dict()
         return state
 
     def load_trainer_state(self, state: Dict) -> None:
@@ -336,10 +275,7 @@ class PPOTrainer:
         )
         if "kl_ctrl" in state:
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        if self.partial is not None and state.get("partial_rollout"):
-            self.partial.load_state_dict(state["partial_rollout"])
-        if self.pipeline is not None and state.get("async_rollout"):
-            self.pipeline.load_state_dict(state["async_rollout"], PromptBatch)
+        self.source.load_state_dict(state)
 
     def save(self) -> None:
         am, cm = self.cfg.actor.megatron, self.cfg.critic.megatron
@@ -361,198 +297,15 @@ class PPOTrainer:
         )
 
     # ----- steps ---------------------------------------------------------------------------------------------
-    def next_prompts(self) -> PromptBatch:
-        return PromptBatch.of(self.dataset, self.sampler.next_batch())
-
-    def rollout(self) -> Tuple[Experience, Dict[str, float]]:
-        """Prompts -> responses -> scores. With dynamic sampling (DAPO's filter_groups), groups whose
-        responses all score alike are dropped and more prompts are drawn until the batch is full."""
-        if self.rl.filter_groups_enable:
-            return self.dynamic_sampling()
-        if self.partial is not None:
-            return self.partial_rollout()
-        if self.pipeline is not None:
-            return self.async_rollout()
-        exp = self.generate(self.next_prompts())
-        metrics, _ = self.score(exp)
-        return exp, metrics
-
-    def dynamic_sampling(self) -> Tuple[Experience, Dict[str, float]]:
-        """Generation batches of global_batch_size prompts until prompts_per_iteration groups differ in the
-        filter metric, or filter_groups_max_batches is reached: then the batch is completed with filtered
-        groups (they carry no group-relative advantage), counted in dynamic_sampling/filled_groups."""
-        want, n = self.cfg.prompts_per_iteration, self.rl.n_samples_per_prompt
-        limit, metric = self.rl.filter_groups_max_batches, filter_metric_name(self.rl)
-        kept: List[Experience] = []
-        dropped: List[Experience] = []
-        batch_metrics: List[Dict[str, float]] = []
-        groups = batches = 0
-        while groups < want and (limit < 0 or batches < limit):
-            exp = self.generate(self.next_prompts(), batch=batches)
-            metrics, per_verifier = self.score(exp)
-            batches += 1
-            batch_metrics.append(metrics)
-            keep = informative_groups(exp.scores if metric == "score" else per_verifier[metric], exp.group)
-            kept.append(exp.select(np.flatnonzero(keep.numpy())))
-            dropped.append(exp.select(np.flatnonzero((~keep).numpy())))
-            groups += int(keep.sum()) // n
-        filled = max(0, want - groups)
-        parts = [p for p in kept + dropped if p.num_rows]
-        exp = Experience.cat(parts, self.pad_id).select(np.arange(want * n))  # informative groups first
-        exp.set("group", torch.arange(want * n) // n)
-        if filled:
-            print(
-                f"iteration {self.iteration + 1}: dynamic sampling found {groups} of {want} informative groups in "
-                f"{batches} batches (filter_groups_max_batches); {filled} filtered groups fill the batch",
-                flush=True,
-            )
-        metrics = {k: float(np.mean([m[k] for m in batch_metrics if k in m])) for k in batch_metrics[0]}
-        metrics.update(
-            {
-                "dynamic_sampling/batches": float(batches),
-                "dynamic_sampling/kept_groups": float(groups),
-                "dynamic_sampling/filled_groups": float(filled),
-            }
-        )
-        return exp, metrics
-
-    def partial_rollout(self) -> Tuple[Experience, Dict[str, float]]:
-        """Rounds of chunks over the parked and new responses until a batch of prompt groups has finished
-        (rollout/partial.py); each round's seeds depend on the iteration and the round only."""
-        n, service = self.rl.n_samples_per_prompt, self.rollout_service
-
-        def draw():
-            prompts = self.next_prompts()
-            return prompts.input_ids, prompts.labels, prompts.max_new_tokens
-
-        def generate(chunk: ChunkRequest):
-            return self.run_generation(
-                RolloutRequest(chunk.prompts, 1, chunk.seed, max_new_tokens=chunk.max_new_tokens)
-            ).outputs
-
-        batch = self.partial.next_batch(
-            self.cfg.prompts_per_iteration, draw, generate, service.version, self.sample_seed
-        )
-        exp = build_experience(batch.prompts, batch.outputs, n, self.pad_id, batch.labels, service.version)
-        metrics, _ = self.score(exp)
-        metrics.update(batch.metrics)
-        return exp, metrics
-
-    def async_rollout(self) -> Tuple[Experience, Dict[str, float]]:
-        """This iteration's batch from the pipeline (rollout/pipeline.py), after submitting the batches of the
-        next max_head_offpolicyness iterations with the current weights: they generate while this one trains."""
-        n = self.rl.n_samples_per_prompt
-
-        def make_request(iteration: int):
-            prompts = self.next_prompts()
-            return prompts, RolloutRequest(
-                prompts.input_ids, n, self.sample_seed(0, iteration), max_new_tokens=prompts.max_new_tokens
-            )
-
-        self.pipeline.fill(self.iteration, make_request)
-        entry, waited = self.pipeline.take(self.iteration)
-        generating = entry.result.timing.get("timing/generate", 0.0)
-        self.timing["timing/rollout_wait"] = waited
-        self.timing["timing/rollout"] = generating
-        now = time.time()
-        self.spans.append(("actor", "timing/rollout_wait", now - waited, now))
-        if entry.result.window is not None:
-            self.spans.append(("rollout workers", "timing/rollout", *entry.result.window))
-        exp = build_experience(
-            entry.prompts.input_ids, entry.result.outputs, n, self.pad_id, entry.prompts.labels, entry.version
-        )
-        metrics, _ = self.score(exp)
-        # the share of this batch's generation that ran while the trainer did something else
-        metrics["async/overlap_share"] = max(0.0, 1.0 - waited / generating) if generating > 0 else 0.0
-        return exp, metrics
-
-    def sample_seed(self, batch: int = 0, iteration: int = None) -> int:
-        """Base seed of one generation call: its iteration (this one by default) and the call's number within
-        it (dynamic sampling's batch, partial rollout's round). Sample ``i`` of the call is seeded ``base + i``
-        and torch's CPU generator keeps a seed's low 32 bits, so the user's seeds are spread over those bits:
-        with seeds 1 and 2 one apart, two runs would draw the same random streams shifted by one sample."""
-        iteration = self.iteration if iteration is None else iteration
-        return (self.gen.sampling_config.seed * 1_000_000_007 + 1_000_003 * iteration + 100_003 * batch) % 2**32
-
-    def run_generation(self, request: RolloutRequest):
-        with self.timer("timing/rollout"):
-            generated = self.rollout_service.generate(request)
-        for key in ("timing/resharding_to_infer", "timing/resharding_to_train"):
-            if key in generated.timing:
-                self.timing[key] = self.timing.get(key, 0.0) + generated.timing[key]
-        return generated
-
-    def generate(self, prompts: PromptBatch, batch: int = 0) -> Experience:
-        """Prompts split over the rollout engines; the sample seeds depend on the iteration (and the
-        generation batch of dynamic sampling) only."""
-        n = self.rl.n_samples_per_prompt
-        rolled = self.roll(
-            RolloutRequest(prompts.input_ids, n, self.sample_seed(batch), max_new_tokens=prompts.max_new_tokens),
-            prompts,
-        )
-        self.add_rollout_metrics(rolled.metrics, batch)
-        return build_experience(
-            prompts.input_ids, rolled.outputs, n, self.pad_id, prompts.labels, self.rollout_service.version
-        )
-
-    def add_rollout_metrics(self, metrics: Dict[str, float], batch: int) -> None:
-        """Generation batch ``batch``'s rollout-function metrics into the iteration's (dynamic sampling makes
-        several): times and counts summed, means and rates averaged over the batches, maxima kept."""
-        for key, value in metrics.items():
-            target = self.timing if key.startswith("timing/") else self.rollout_metrics
-            if not batch or key not in target:
-                target[key] = value
-            elif key.endswith("/max"):
-                target[key] = max(target[key], value)
-            elif key.endswith(("/mean", "/rate")):
-                target[key] += (value - target[key]) / (batch + 1)
-            else:
-                target[key] += value
-
     def log_probs(self, exp: Experience, which: str) -> torch.Tensor:
         answer = self.actor.forward("compute_log_prob", exp, MODEL_INPUTS, which, balance=self.rl.use_dp_batch_balance)
         for key in ("timing/ref_onload", "timing/ref_offload"):
             if key in answer.timing:
-                self.timing[key] = self.timing.get(key, 0.0) + answer.timing[key]
+                self.clock.add(key, answer.timing[key])
         return answer.per_row.float()
 
     def values(self, exp: Experience) -> torch.Tensor:
         return self.critic.forward("compute_values", exp, balance=self.rl.use_dp_batch_balance).per_row.float()
-
-    def score(self, exp: Experience) -> Tuple[Dict[str, float], Dict[str, torch.Tensor]]:
-        """Sequence scores into ``exp.scores``: rule verifiers and/or the reward model, plus the overlong
-        punishment when on. Returns the metrics and each verifier's values."""
-        scores = torch.zeros(exp.num_rows)
-        metrics: Dict[str, float] = {}
-        per_verifier: Dict[str, torch.Tensor] = {}
-        if self.rl.rule_reward:
-            with self.timer("timing/rule_reward"):
-                per_verifier, metrics = self.verify(exp)
-            scores = scores + self.reward_runner.weighted(per_verifier)
-        if self.reward_model is not None:
-            with self.timer("timing/reward_model"):
-                rm = self.reward_model.forward("compute_scores", exp, balance=self.rl.use_dp_batch_balance).per_row
-            metrics["reward_model/score/mean"] = float(rm.mean())
-            scores = scores + rm.float()
-        if self.rl.overlong_buffer_enable:
-            limit = self.rl.rollout_max_tokens or self.gen.sampling_config.max_tokens
-            penalty = overlong_penalty(
-                exp.response_mask.sum(1), limit, self.rl.overlong_buffer, self.rl.overlong_buffer_penalty_factor
-            )
-            metrics["overlong/penalty_mean"] = float(penalty.mean())
-            metrics["overlong/penalised_share"] = float((penalty < 0).float().mean())
-            scores = scores + penalty
-        exp.set("scores", scores)
-        return metrics, per_verifier
-
-    def verify(self, exp: Experience) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
-        """Each rule verifier's value for every response (decoded without out-of-vocabulary ids, counted in
-        rollout/out_of_vocab_tokens), and the verifier metrics. What is scored is the model's own words
-        (loss_mask): tool results in a trajectory are not the model's answer."""
-        texts, outside = decode_responses(self.tokenizer, exp.response_ids, exp.loss_mask)
-        per_verifier, metrics = self.reward_runner.score_each(texts, exp.labels)
-        metrics["rollout/out_of_vocab_tokens"] = float(outside)
-        return per_verifier, metrics
 
     def compute_advantages(self, exp: Experience) -> None:
         """KL (when a reference is used), token rewards (score on the last token, - beta x KL when the KL
@@ -642,9 +395,8 @@ class PPOTrainer:
         metrics: Dict[str, float] = {"iteration": self.iteration}
         metrics.update(data_metrics(exp, version))
         metrics.update(reward_metrics)
-        metrics.update(self.rollout_metrics)
         metrics.update(update_metrics)
         metrics["actor/kl_coef"] = float(self.kl_ctrl.value)
-        metrics.update(self.timing)
+        metrics.update(self.clock.timing)
         metrics.update(throughput(metrics, exp.num_rows, self.cfg.world_size))
         return metrics

@@ -1,0 +1,156 @@
+"""Schedules: when trajectories are generated relative to training (the outer rollout layer).
+
+    Synchronous   a batch is generated with the current weights and finished before training: every
+                  trajectory drawn for it runs to its end; groups a filter does not need are discarded
+    Chunked       partial rollout: rounds of at most ``ceil(max_tokens / max_split)`` tokens per trajectory;
+                  a batch takes the first groups to finish, the rest stays parked with its tokens, per-token
+                  log-probs and versions, and continues with the next iteration's weights (and may finish
+                  there). With ``require_max_age_all_finished`` rounds continue until every trajectory
+                  parked ``max_split - 1`` iterations has finished, so each finishes within max_split
+                  iterations
+    Ahead         asynchronous rollout around either of them: the batches of iterations k .. k + L are
+                  produced in a thread of the driver while the trainer trains; batch j uses the weights of
+                  version j - L (once j >= L) and the weight update waits until the productions in flight
+                  are done, so no batch ever mixes weights it was not submitted with
+
+A production is deterministic (the rounds' composition and seeds depend on the iteration and the
+trajectories only), so what a checkpoint holds (the parked pool, the batches produced ahead) resumes into
+exactly the batches an uninterrupted run trains on.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Deque, Dict, List, Optional, Tuple
+
+from .rounds import TrajectoryPool
+
+
+class Synchronous:
+    name = "sync"
+    parks = False
+
+    def __init__(self, max_tokens: int) -> None:
+        self.chunk = max_tokens
+
+    def keeps_generating(self, pool: TrajectoryPool) -> bool:
+        """After the filter is satisfied: every trajectory drawn for the batch runs to its end."""
+        return pool.unfinished()
+
+
+class Chunked:
+    name = "partial"
+    parks = True
+
+    def __init__(self, max_tokens: int, max_split: int, require_max_age_all_finished: bool = True) -> None:
+        if max_split < 1:
+            raise ValueError(f"partial_rollout_max_split must be >= 1, got {max_split}")
+        self.max_split, self.require_oldest = max_split, require_max_age_all_finished
+        self.chunk = math.ceil(max_tokens / max_split)
+
+    def keeps_generating(self, pool: TrajectoryPool) -> bool:
+        """After the filter is satisfied: only while a trajectory at the maximum age is unfinished."""
+        return self.require_oldest and pool.oldest_unfinished(self.max_split - 1)
+
+
+@dataclass
+class _Slot:
+    iteration: int
+    done: threading.Event = field(default_factory=threading.Event)
+    produced: object = None
+    error: Optional[BaseException] = None
+
+
+class Ahead:
+    """Productions of the batches ahead, one after the other in one daemon thread of the driver."""
+
+    name = "async"
+
+    def __init__(self, lag: int) -> None:
+        if lag < 1:
+            raise ValueError("asynchronous rollout needs max_head_offpolicyness >= 1")
+        self.lag = lag
+        self.slots: Deque[_Slot] = deque()
+        self._tasks: "queue.Queue[Tuple[_Slot, Callable]]" = queue.Queue()
+        self._thread: Optional[threading.Thread] = None
+        self._failed: Optional[BaseException] = None
+
+    def _run(self) -> None:
+        while True:
+            slot, produce = self._tasks.get()
+            try:
+                if self._failed is not None:
+                    raise self._failed
+                slot.produced = produce(slot.iteration)
+            except BaseException as exc:  # handed to the trainer's thread, which raises it
+                self._failed = slot.error = exc
+            finally:
+                slot.done.set()
+
+    def fill(self, iteration: int, produce: Callable[[int], object]) -> None:
+        """Queue the productions of the iterations up to ``iteration + lag`` not queued yet. The last
+        iterations of a run also produce batches beyond its end: the final checkpoint keeps them, so a run
+        resumed with more iterations trains on exactly what an uninterrupted run would have."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="rollout-ahead", daemon=True)
+            self._thread.start()
+        upcoming = self.slots[-1].iteration + 1 if self.slots else iteration
+        while upcoming <= iteration + self.lag:
+            slot = _Slot(upcoming)
+            self.slots.append(slot)
+            self._tasks.put((slot, produce))
+            upcoming += 1
+
+    def take(self, iteration: int) -> Tuple[object, float]:
+        """Iteration ``iteration``'s batch, waiting for it; returns it and the seconds waited."""
+        if not self.slots or self.slots[0].iteration != iteration:
+            queued = [s.iteration for s in self.slots]
+            raise RuntimeError(f"asynchronous rollout: no batch for iteration {iteration} (queued: {queued})")
+        slot = self.slots.popleft()
+        waited = self._wait(slot)
+        return slot.produced, waited
+
+    def settle(self) -> float:
+        """Wait until every queued production is done (before the weights change or a checkpoint)."""
+        return sum(self._wait(slot) for slot in self.slots)
+
+    def _wait(self, slot: _Slot) -> float:
+        start = time.perf_counter()
+        slot.done.wait()
+        if slot.error is not None:
+            raise slot.error
+        return time.perf_counter() - start
+
+    def produced(self) -> List[object]:
+        self.settle()
+        return [slot.produced for slot in self.slots]
+
+    def restore(self, produced: List[object]) -> None:
+        """Batches a checkpoint holds, as produced (``.iteration`` each, in order)."""
+        self.slots.clear()
+        for item in produced:
+            slot = _Slot(item.iteration, produced=item)
+            slot.done.set()
+            self.slots.append(slot)
+
+
+def schedule_metrics(schedule, pool: TrajectoryPool, batch, rounds: int, tokens: int, drawn: int) -> Dict[str, float]:
+    """What a chunked schedule reports about a batch and the pool it leaves (partial_rollout/*)."""
+    if not schedule.parks:
+        return {}
+    trajectories = [t for g in batch for t in g]
+    carried = [t for t in trajectories if t.age > 0]
+    return {
+        "partial_rollout/rounds": float(rounds),
+        "partial_rollout/generated_tokens": float(tokens),
+        "partial_rollout/drawn_prompts": float(drawn),
+        "partial_rollout/parked": float(sum(not t.done for t in pool.trajectories)),
+        "partial_rollout/finished_waiting": float(sum(t.done for t in pool.trajectories)),
+        "partial_rollout/carried_share": len(carried) / max(1, len(trajectories)),
+        "partial_rollout/max_age": float(max((t.age for t in trajectories), default=0)),
+    }

@@ -1,0 +1,139 @@
+"""A scripted rollout service and task for the rollout layers' tests (no model, no Ray).
+
+Prompts are ``Q: a*b?``. Each assistant turn starts with a tag chosen by the seed of the round that begins it,
+and the tag fixes the whole turn, so a turn continued over chunks reads the same as one generated at once:
+
+    A   answers ``#### 0`` at once (wrong)
+    B   thinks for a while ("hmm " x 25), then calls the calculator (the long tail)
+    C   calls the calculator
+    after a tool result, any tag answers with the result: ``#### <a*b>``
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Dict, List, Tuple
+
+import torch
+
+from mindspeed_rl.protocol import GeneratedBatch, RolloutOutput
+from mindspeed_rl.rollout.agent_loop import AgentContext, AgentSettings, ToolFormat
+from mindspeed_rl.rollout.service import RolloutHandle, RolloutService
+from mindspeed_rl.tools import BUILTIN_TOOLS, ToolResult
+
+FORMAT = ToolFormat("\n<user>", "<tool_response>{content}</tool_response>", "</user>\n<assistant>")
+EOS = "<eos>"
+
+
+class CharTokenizer:
+    """One token per character: what is generated and what the loop appends can be read back exactly."""
+
+    pad_token_id = 0
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join(chr(i) for i in ids)
+
+    def __len__(self):
+        return 0x110000
+
+
+TOK = CharTokenizer()
+
+
+def call(expression: str) -> str:
+    return '<tool_call>{"name": "calculator", "arguments": %s}</tool_call>' % json.dumps({"expression": expression})
+
+
+def turn_text(context: str, tag: str) -> str:
+    if "<tool_response>" in context:
+        return tag + "#### " + context.rsplit("<tool_response>", 1)[1].split("</tool_response>")[0] + EOS
+    expression = context.split("Q: ", 1)[1].split("?", 1)[0]
+    return tag + {"A": "#### 0", "B": "hmm " * 25 + call(expression), "C": call(expression)}[tag] + EOS
+
+
+def continue_text(context: str, seed: int) -> str:
+    """The rest of the current turn: after the last ``<assistant>``, or after the prompt's ``?``."""
+    start = context.rfind("<assistant>")
+    start = start + len("<assistant>") if start >= 0 else context.index("?") + 1
+    before, partial = context[:start], context[start:]
+    tag = partial[0] if partial else random.Random(seed).choice("ABCCC")
+    return turn_text(before, tag)[len(partial) :]
+
+
+class ScriptedService(RolloutService):
+    """Answers each request row from the script, cut at its max_new_tokens; log-probs depend on the token and
+    the policy version (so stale tokens have other log-probs than fresh ones). Records (request, version)."""
+
+    def __init__(self):
+        super().__init__()
+        self.requests: List[Tuple[object, int]] = []
+
+    def submit(self, request):
+        self.requests.append((request, self.version))
+        outputs = []
+        for j, prompt in enumerate(request.prompts):
+            for k in range(request.n):
+                text = continue_text(TOK.decode(prompt), request.seed + j * request.n + k)
+                limit = request.max_new_tokens[j] if request.max_new_tokens else request.sampling.max_tokens
+                ids = TOK.encode(text)[:limit]
+                logprobs = [-0.01 * (1 + (t + self.version) % 7) for t in ids]
+                outputs.append(RolloutOutput(j, ids, logprobs, "stop" if len(ids) == len(text) else "length"))
+        return RolloutHandle(request, self.version, outputs)
+
+    def collect(self, handle):
+        return GeneratedBatch(handle.pending, {"timing/generate": 0.0}, [])
+
+
+class InProcessSandbox:
+    """Runs the calculator in-process (the real sandbox is tested in test_tools), optionally slowly."""
+
+    def __init__(self, delay: float = 0.0):
+        self.calls, self.delay, self.windows = [], delay, []
+
+    def run_many(self, calls, parallel=2):
+        import time
+
+        from mindspeed_rl.tools.builtin import calculator
+
+        start = time.perf_counter()
+        if self.delay:
+            time.sleep(self.delay)
+        self.calls += list(calls)
+        out = []
+        for _, arguments in calls:
+            try:
+                out.append(ToolResult(calculator(**arguments), "ok"))
+            except ValueError as exc:
+                out.append(ToolResult(f"Error: {exc}", "error"))
+        self.windows.append((start, time.perf_counter()))
+        return out
+
+
+def tool_context(sandbox=None, **settings) -> AgentContext:
+    return AgentContext(
+        None, TOK, {"calculator": BUILTIN_TOOLS["calculator"]}, sandbox or InProcessSandbox(),
+        AgentSettings(**settings), FORMAT,
+    )  # fmt: skip
+
+
+def score(exp, clock):
+    """1 for a response (its model-written tokens) holding ``#### <the right product>``."""
+    values = []
+    for ids, mask, label in zip(exp.response_ids, exp.loss_mask, exp.labels):
+        text = TOK.decode(ids[mask.bool()].tolist())
+        values.append(1.0 if f"#### {label}" in text else 0.0)
+    acc = torch.tensor(values)
+    exp.set("scores", acc.clone())
+    return {"acc/mean": float(acc.mean())}, {"acc": acc}
+
+
+def prompts_of(count: int, start: int = 0) -> Dict:
+    rows = []
+    for i in range(start, start + count):
+        a, b = 2 + i % 7, 3 + i % 5
+        rows.append((TOK.encode(f"Q: {a}*{b}?"), str(a * b)))
+    return rows

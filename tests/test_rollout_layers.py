@@ -1,0 +1,196 @@
+"""The rollout source's three layers (rollout function x group filter x schedule) on a scripted service:
+every combination produces whole batches with per-token versions and masked tool results; tools run while
+the next round generates without changing what is generated; each layer's state and the four-way source's
+state resume into exactly the batches of an uninterrupted run."""
+
+import itertools
+import json
+import time
+
+import pytest
+
+from mindspeed_rl.datasets.prompt_dataset import PromptBatch
+from mindspeed_rl.rollout.agent_loop import AgentContext, SingleTurn, ToolAgent
+from mindspeed_rl.rollout.group_filter import DynamicSampling, KeepAll
+from mindspeed_rl.rollout.rounds import TrajectoryPool
+from mindspeed_rl.rollout.schedules import Ahead, Chunked, Synchronous
+from mindspeed_rl.rollout.source import Produced, RolloutSource
+from mindspeed_rl.rollout.trajectory import FINISHED, Trajectory
+from mindspeed_rl.utils.clock import Clock
+from tests.rollout_fakes import TOK, InProcessSandbox, ScriptedService, prompts_of, score, tool_context
+
+N, WANT, DRAW, MAX_TOKENS = 4, 2, 4, 320
+
+
+class Draws:
+    """Prompt batches of DRAW prompts in order; its position is the sampler's state."""
+
+    def __init__(self):
+        self.consumed = 0
+
+    def __call__(self):
+        rows = prompts_of(DRAW, self.consumed)
+        self.consumed += DRAW
+        return PromptBatch([r[0] for r in rows], [r[1] for r in rows])
+
+
+def make_source(function="tool_agent", ds=False, split=1, lag=0, sandbox=None, service=None, draws=None):
+    fn = ToolAgent(tool_context(sandbox)) if function == "tool_agent" else SingleTurn(AgentContext(None, TOK))
+    flt = DynamicSampling(WANT, "acc", 4) if ds else KeepAll(WANT)
+    schedule = Chunked(MAX_TOKENS, split) if split > 1 else Synchronous(MAX_TOKENS)
+    return RolloutSource(
+        service or ScriptedService(), fn, flt, schedule, draws or Draws(), score, N, MAX_TOKENS, 7, 0,
+        Ahead(lag) if lag else None,
+    )  # fmt: skip
+
+
+def run(source, iterations, start=0):
+    """Batches of ``iterations`` iterations, the weights updated after each as the trainer does."""
+    out = []
+    for it in range(start, start + iterations):
+        batch = source.next_batch(it)
+        source.settle()
+        source.service.update_weights(it + 1)
+        out.append((batch, it))
+    return out
+
+
+def fingerprint(batch):
+    exp = batch.experience
+    return (
+        exp.input_ids.tolist(), exp.loss_mask.tolist(), exp.policy_version.tolist(),
+        exp.rollout_log_probs.tolist(), exp.scores.tolist(),
+    )  # fmt: skip
+
+
+COMBINATIONS = list(itertools.product(("single_turn", "tool_agent"), (False, True), (1, 4), (0, 1)))
+
+
+@pytest.mark.parametrize("function,ds,split,lag", COMBINATIONS)
+def test_every_combination_gives_whole_batches_with_bounded_staleness(function, ds, split, lag):
+    source = make_source(function, ds, split, lag)
+    for batch, it in run(source, 4):
+        exp = batch.experience
+        assert exp.num_rows == WANT * N and exp.group.tolist() == [g for g in range(WANT) for _ in range(N)]
+        generated = exp.loss_mask.bool()
+        versions = exp.policy_version[generated]
+        # tokens never come from weights newer than the iteration's; partial rollout may carry them longer
+        assert int(versions.max()) <= it
+        oldest = it - lag - (split - 1 if split > 1 else 0)
+        assert int(versions.min()) >= max(0, oldest), (it, versions.unique().tolist())
+        if function == "tool_agent":
+            tool_tokens = exp.response_mask.bool() & ~generated
+            assert float(exp.rollout_log_probs[tool_tokens].abs().sum()) == 0.0
+        if ds:
+            assert batch.metrics["dynamic_sampling/batches"] >= 0
+            kept = batch.metrics["dynamic_sampling/kept_groups"]
+            for g in range(int(kept)):  # informative groups first: their scores differ
+                assert exp.scores[g * N : (g + 1) * N].unique().numel() > 1
+        if lag:
+            assert 0.0 <= batch.metrics["async/overlap_share"] <= 1.0
+
+
+def test_the_tool_agent_under_partial_rollout_continues_turns_and_tools_across_iterations():
+    """A trajectory parked mid-turn continues with the next weights: its tokens carry both versions, its
+    tool result stays loss-masked with log-prob 0, and its turns read as one conversation."""
+    continued = 0
+    for batch, _ in run(make_source("tool_agent", split=4), 4):
+        exp = batch.experience
+        for row in range(exp.num_rows):
+            shown = exp.response_mask[row].bool()
+            text = TOK.decode(exp.response_ids[row][shown].tolist())
+            mask = exp.loss_mask[row][shown].tolist()
+            if len(set(exp.policy_version[row][shown].tolist())) > 1:
+                continued += 1
+            if "<tool_response>" in text:
+                start, end = text.index("<tool_response>"), text.index("</tool_response>")
+                assert set(mask[start:end]) == {0} and mask[0] == 1
+                assert set(exp.rollout_log_probs[row][shown][start:end].tolist()) == {0.0}
+                assert "#### " in text[end:]  # the next turn answers with the result
+    assert continued > 0
+
+
+def test_tools_run_while_the_next_round_generates_and_never_change_what_is_generated():
+    slow, fast = InProcessSandbox(delay=0.2), InProcessSandbox()
+    runs = []
+    for sandbox in (slow, fast):
+        service = ScriptedService()
+        submitted = []
+        original = service.submit
+
+        def submit(request, original=original, submitted=submitted):
+            submitted.append(time.perf_counter())
+            return original(request)
+
+        service.submit = submit
+        source = make_source("tool_agent", split=4, sandbox=sandbox, service=service)
+        runs.append(([fingerprint(b) for b, _ in run(source, 2)], submitted))
+    assert runs[0][0] == runs[1][0]  # a slow tool changes timing only
+    overlapped = [any(a < s < b for s in runs[0][1]) for a, b in slow.windows]
+    assert any(overlapped), "no round was submitted while a tool ran"
+
+
+@pytest.mark.parametrize("lag,stop", [(0, 3), (1, 2)])
+def test_the_four_way_source_resumes_into_the_straight_runs_batches(lag, stop):
+    """Tool agent x dynamic sampling x partial chunks (x batches ahead): stopped after ``stop`` iterations (a
+    point where trajectories are parked), saved through JSON, resumed in a fresh source: the same batches."""
+    straight = [fingerprint(b) for b, _ in run(make_source("tool_agent", True, 4, lag), 5)]
+    draws = Draws()
+    first = make_source("tool_agent", True, 4, lag, draws=draws)
+    head = [fingerprint(b) for b, _ in run(first, stop)]
+    state = json.loads(json.dumps(first.state_dict()))  # what a checkpoint stores, through a file format
+    assert state["pool"]["trajectories"], "nothing parked: the test would not test the pool"
+    assert [p["iteration"] for p in state.get("ahead", [])] == list(range(stop, stop + lag))
+    resumed_draws, resumed_service = Draws(), ScriptedService()
+    resumed_draws.consumed = draws.consumed
+    resumed_service.update_weights(stop)
+    second = make_source("tool_agent", True, 4, lag, service=resumed_service, draws=resumed_draws)
+    second.load_state_dict({"rollout_source": state})
+    tail = [fingerprint(b) for b, _ in run(second, 5 - stop, start=stop)]
+    assert head + tail == straight
+
+
+def test_each_layers_state_round_trips():
+    traj = Trajectory(5, [1, 2], "6", 10, ["calculator"], [3], [-0.5], [1], [2], FINISHED, "stop", 1, 0, 1,
+                      {"error": 1}, 0, 2, 1.0, {"acc": 1.0})  # fmt: skip
+    assert Trajectory.from_state(json.loads(json.dumps(traj.state()))) == traj
+    flt = DynamicSampling(2, "acc", 3)
+    flt.offer([traj, Trajectory.from_state({**traj.state(), "uid": 6, "score": 0.0, "verifier_scores": {"acc": 0.0}})])
+    flt.offer([traj, traj])
+    again = DynamicSampling(2, "acc", 3)
+    again.load_state_dict(json.loads(json.dumps(flt.state_dict())))
+    assert again.kept == flt.kept and again.dropped == flt.dropped and len(again.kept) == 1
+    produced = Produced(3, 1, [[traj]], {"x": 1.0}, Clock(), 0.5)
+    assert Produced.from_state(json.loads(json.dumps(produced.state()))).groups == [[traj]]
+    pool = TrajectoryPool(SingleTurn(AgentContext(None, TOK)), 2, 8)
+    pool.add(PromptBatch([[1], [2]], ["a", "b"], [4, 9]))
+    copy = TrajectoryPool(SingleTurn(AgentContext(None, TOK)), 2, 8)
+    copy.load_state_dict(json.loads(json.dumps(pool.state_dict())))
+    assert copy.trajectories == pool.trajectories and [t.budget for t in copy.trajectories] == [4, 4, 8, 8]
+    with pytest.raises(ValueError, match="groups of 2 responses"):
+        TrajectoryPool(SingleTurn(AgentContext(None, TOK)), 3, 8).load_state_dict(pool.state_dict())
+
+
+def test_a_checkpoint_of_the_old_partial_pool_and_async_queue_resumes():
+    source = make_source("single_turn", split=4, lag=1)
+    legacy = {
+        "partial_rollout": {
+            "n": N, "next_uid": 8,
+            "pool": [
+                {"uid": 4, "prompt": [1], "label": "6", "budget": 9, "response_ids": [5], "logprobs": [-1.0],
+                 "versions": [0], "finished": False, "finish_reason": "length", "age": 1},
+            ],
+        },
+        "async_rollout": [
+            {"iteration": 2, "version": 1, "prompts": {"input_ids": [[1]] * WANT, "labels": ["6"] * WANT,
+             "max_new_tokens": None, "tools": None}, "request": {},
+             "outputs": [{"prompt_index": i // N, "response_ids": [7, 8], "logprobs": [-0.1, -0.2],
+                          "finish_reason": "stop", "versions": None, "loss_mask": None} for i in range(WANT * N)],
+             "timing": {}},
+        ],
+    }  # fmt: skip
+    source.load_state_dict(legacy)
+    assert source.pool.trajectories[0].tokens == [5] and not source.pool.trajectories[0].done
+    batch = source.next_batch(2)
+    assert batch.experience.num_rows == WANT * N and batch.experience.policy_version[0, :2].tolist() == [1, 1]
+    assert batch.experience.scores.tolist() == [0.0] * (WANT * N)  # scored on the way out
