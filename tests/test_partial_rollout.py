@@ -1,115 +1,196 @@
-"""Partial rollout's pool and rounds (rollout/partial.py) against a scripted engine: chunking, parking,
-per-token versions, the max-age rule, oldest groups first, and an exact resume from the pool's state."""
+"""Partial rollout: the rollout source with the Chunked schedule (single turn, every group kept) against a
+scripted engine: chunking, parking, per-token versions, the max-age rule, oldest groups first, and an exact
+resume from the source's state."""
 
-import copy
+import json
 
 import pytest
+import torch
 
-from mindspeed_rl.protocol import RolloutOutput, build_experience
-from mindspeed_rl.rollout.partial import PartialRollout
+from mindspeed_rl.datasets.prompt_dataset import PromptBatch
+from mindspeed_rl.protocol import GeneratedBatch, RolloutOutput, build_experience
+from mindspeed_rl.rollout.agent_loop import AgentContext, SingleTurn
+from mindspeed_rl.rollout.group_filter import KeepAll
+from mindspeed_rl.rollout.schedules import Chunked
+from mindspeed_rl.rollout.service import RolloutHandle, RolloutService
+from mindspeed_rl.rollout.source import RolloutSource
+from mindspeed_rl.rollout.trajectory import FINISHED
+from mindspeed_rl.utils.clock import Clock
+from tests.rollout_fakes import TOK
 
 
-class ScriptedEngine:
-    """Response length of each prompt comes from a table keyed by its first token; a response stops
-    (finish "stop") when it reaches that length. Token t of a response is 1000 + t; log-prob -t/100."""
+class ScriptedEngine(RolloutService):
+    """Response length of each prompt comes from a table keyed by its first token (prompts are one token
+    long); a response stops (finish "stop") when it reaches that length. Token t of a response is 1000 + t,
+    its log-prob -t/100 - version/1000. Records every request."""
 
     def __init__(self, lengths):
-        self.lengths, self.calls = lengths, []
+        super().__init__()
+        self.lengths, self.requests = lengths, []
 
-    def __call__(self, request):
-        self.calls.append(request)
+    def submit(self, request):
+        self.requests.append(request)
         outs = []
         for j, (prompt, cap) in enumerate(zip(request.prompts, request.max_new_tokens)):
-            want = self.lengths[prompt[0]]
-            done = len(prompt) - 1  # prompts are one token long
+            want, done = self.lengths[prompt[0]], len(prompt) - 1
             take = min(cap, want - done)
             ids = [1000 + done + t for t in range(take)]
-            outs.append(
-                RolloutOutput(
-                    j, ids, [-(done + t) / 100 for t in range(take)], "stop" if done + take >= want else "length"
-                )
-            )
-        return outs
+            logprobs = [-(done + t) / 100 - self.version / 1000 for t in range(take)]
+            outs.append(RolloutOutput(j, ids, logprobs, "stop" if done + take >= want else "length"))
+        return RolloutHandle(request, self.version, outs)
+
+    def collect(self, handle):
+        return GeneratedBatch(handle.pending, {}, [])
 
 
-def drawer(lengths):
-    """Draw prompts in table order, two per call (a global batch of 2 prompts)."""
-    order = iter(sorted(lengths))
+class Drawer:
+    """Prompts in table order, two per draw (a global batch of 2 prompts); its position is the sampler's state."""
 
-    def draw():
-        prompts = [[next(order)] for _ in range(2)]
-        return prompts, [f"label{p[0]}" for p in prompts], None
+    def __init__(self, lengths, per_draw=2):
+        self.order, self.per_draw, self.consumed = sorted(lengths), per_draw, 0
 
-    return draw
+    def __call__(self):
+        prompts = [[p] for p in self.order[self.consumed : self.consumed + self.per_draw]]
+        self.consumed += self.per_draw
+        return PromptBatch(prompts, [f"label{p[0]}" for p in prompts])
+
+
+def zero_score(exp, clock):
+    exp.set("scores", torch.zeros(exp.num_rows))
+    return {}, {}
+
+
+def source_of(engine, draw, n, max_tokens, max_split, want=2, require=True):
+    return RolloutSource(
+        engine, SingleTurn(AgentContext(None, TOK)), KeepAll(want), Chunked(max_tokens, max_split, require), draw,
+        zero_score, n, max_tokens, 11, 0,
+    )  # fmt: skip
+
+
+def batch_at(source, version):
+    """The batch of iteration ``version`` with the weights of that version (one update per iteration)."""
+    source.service.update_weights(version)
+    return source.next_batch(version)
+
+
+def prompts_of(exp):
+    return exp.input_ids[:, exp.prompt_width - 1].tolist()
+
+
+def responses(exp):
+    """Each row's response tokens and their versions."""
+    rows = []
+    for r in range(exp.num_rows):
+        shown = exp.response_mask[r].bool()
+        rows.append((exp.response_ids[r][shown].tolist(), exp.policy_version[r][shown].tolist()))
+    return rows
 
 
 def test_long_responses_are_parked_and_continued_with_the_next_version():
     lengths = {0: 3, 1: 20, 2: 2, 3: 4, 4: 5, 5: 6}
     engine = ScriptedEngine(lengths)
-    pool = PartialRollout(n=1, max_tokens=20, max_split=4)  # chunks of 5 tokens
-    draw = drawer(lengths)
-    first = pool.next_batch(2, draw, engine, version=0, round_seed=lambda r: 100 + r)
+    source = source_of(engine, Drawer(lengths), n=1, max_tokens=20, max_split=4)  # chunks of 5 tokens
+    first = batch_at(source, 0)
     # round 0: prompts 0 (3 tokens, done) and 1 (5 of 20); the pool cannot fill 2 groups, so 2 and 3 join
-    assert [p[0] for p in first.prompts] == [0, 2]
-    assert first.metrics["partial_rollout/drawn_prompts"] == 4.0
-    parked = {t.prompt[0]: t for t in pool.pool}
-    assert set(parked) == {1, 3} and len(parked[1].response_ids) == 10 and parked[1].versions == [0] * 10
-    assert parked[3].finished and parked[3].age == 1  # finished but not needed: waits, one version old
-    second = pool.next_batch(2, draw, engine, version=1, round_seed=lambda r: 200 + r)
-    assert [p[0] for p in second.prompts] == [3, 4]  # oldest finished group first
-    third = pool.next_batch(2, draw, engine, version=2, round_seed=lambda r: 300 + r)
-    out = dict(zip([p[0] for p in third.prompts], third.outputs))
-    long = out[1]
-    assert long.response_ids == [1000 + t for t in range(20)] and long.finish_reason == "stop"
-    assert long.versions[:10] == [0] * 10 and set(long.versions[10:]) <= {1, 2}  # per-token versions
-    assert all(c.max_new_tokens and max(c.max_new_tokens) <= 5 for c in engine.calls)
+    assert prompts_of(first.experience) == [0, 2]
+    assert first.metrics["partial_rollout/drawn_prompts"] == 4.0 and first.metrics["partial_rollout/rounds"] == 2.0
+    assert first.metrics["partial_rollout/parked"] == 1.0 and first.metrics["partial_rollout/finished_waiting"] == 1.0
+    parked = {t.prompt[0]: t for t in source.pool.trajectories}
+    assert set(parked) == {1, 3} and len(parked[1].tokens) == 10 and parked[1].versions == [0] * 10
+    assert not parked[1].done and parked[1].age == 1
+    assert parked[3].done and parked[3].age == 1  # finished but not needed: waits, one version old
+    second = batch_at(source, 1)
+    assert prompts_of(second.experience) == [3, 4]  # oldest finished group first
+    assert second.metrics["partial_rollout/carried_share"] == 0.5  # prompt 3 waited one iteration
+    third = batch_at(source, 2)
+    assert prompts_of(third.experience) == [1, 5]
+    (long_ids, long_versions), (rest_ids, rest_versions) = responses(third.experience)
+    assert long_ids == [1000 + t for t in range(20)]
+    assert long_versions == [0] * 10 + [1] * 5 + [2] * 5  # per-token versions
+    assert third.experience.rollout_log_probs[0, :20].tolist() == pytest.approx(
+        [-t / 100 - v / 1000 for t, v in zip(range(20), long_versions)]
+    )
+    assert rest_ids == [1000 + t for t in range(6)] and rest_versions == [1] * 5 + [2]
+    assert third.metrics["partial_rollout/max_age"] == 2.0
+    assert all(r.n == 1 and max(r.max_new_tokens) <= 5 for r in engine.requests)
+    assert source.pool.trajectories == []
 
 
 def test_every_response_finishes_within_max_split_iterations():
     lengths = {p: (40 if p % 3 == 0 else 2) for p in range(60)}
-    pool = PartialRollout(n=2, max_tokens=40, max_split=4)
-    engine, draw = ScriptedEngine(lengths), drawer(lengths)
+    max_split = 4
+    source = source_of(ScriptedEngine(lengths), Drawer(lengths), n=2, max_tokens=40, max_split=max_split)
     long_done = 0
     for version in range(10):
-        batch = pool.next_batch(2, draw, engine, version, round_seed=lambda r: r)
-        assert len(batch.outputs) == 4 and all(o.finish_reason == "stop" for o in batch.outputs)
-        long_done += sum(len(o.response_ids) == 40 for o in batch.outputs)
-        assert all(t.age <= 3 for t in pool.pool if not t.finished)
+        exp = batch_at(source, version).experience
+        assert exp.num_rows == 4
+        for prompt, (ids, versions) in zip(prompts_of(exp), responses(exp)):
+            assert len(ids) == lengths[prompt]  # the whole scripted response: it stopped on its own
+            assert min(versions) >= version - (max_split - 1)  # at most max_split - 1 versions old
+        long_done += sum(len(ids) == 40 for ids, _ in responses(exp))
+        assert all(t.age <= max_split - 1 for t in source.pool.trajectories if not t.done)
     assert long_done >= 4
 
 
-def test_require_max_age_all_finished_keeps_generating_until_the_oldest_finish():
+@pytest.mark.parametrize("require", [True, False])
+def test_require_max_age_all_finished_keeps_generating_until_the_oldest_finish(require):
     lengths = {0: 12, 1: 1, 2: 1, 3: 1}
-    # with the rule the oldest response finishes and, being the oldest group, trains now; without it the
-    # finished group trains and the oldest stays parked
-    for require, rounds, trained in ((True, 2, [[0]]), (False, 0, [[1]])):
-        pool = PartialRollout(n=1, max_tokens=12, max_split=3, require_max_age_all_finished=require)
-        engine = ScriptedEngine(lengths)
-        pool.add_prompts([[0], [1]], ["a", "b"])
-        pool.run_round(engine, seed=0, version=0)  # 0 has 4 of 12 tokens, 1 has finished
-        pool.pool[0].age = 2  # as if parked twice: the maximum age
-        batch = pool.next_batch(1, drawer(lengths), engine, 1, round_seed=lambda r: r)
-        assert batch.metrics["partial_rollout/rounds"] == rounds and batch.prompts == trained
-        assert [(t.prompt, t.age) for t in pool.pool] == ([([1], 1)] if require else [([0], 3)])
+    engine = ScriptedEngine(lengths)
+    source = source_of(engine, Drawer(lengths), n=1, max_tokens=12, max_split=3, want=1, require=require)
+    source.pool.add(PromptBatch([[0], [1]], ["a", "b"]))
+    source.pool.run_round(engine, 0, 0, source.schedule.chunk, Clock())  # 0 has 4 of 12 tokens, 1 has finished
+    source.pool.trajectories[0].age = 2  # as if parked twice: the maximum age
+    batch = batch_at(source, 1)
+    if require:  # two more rounds: the oldest response finishes with the new version and trains first
+        assert batch.metrics["partial_rollout/rounds"] == 2 and batch.metrics["partial_rollout/drawn_prompts"] == 0
+        assert prompts_of(batch.experience) == [0] and responses(batch.experience)[0][1] == [0] * 4 + [1] * 8
+        assert [(t.prompt, t.status) for t in source.pool.trajectories] == [([1], FINISHED)]
+    else:  # the finished group trains, the oldest stays parked
+        assert batch.metrics["partial_rollout/rounds"] == 0 and prompts_of(batch.experience) == [1]
+        assert [(t.prompt, t.age, t.done, len(t.tokens)) for t in source.pool.trajectories] == [([0], 3, False, 4)]
+
+
+def test_with_require_max_age_all_finished_the_oldest_trains_within_max_split_iterations():
+    """Prompt 0 is long (3 chunks), 1-3 are short; one group per batch. The oldest response finishes and trains at
+    iteration max_split - 1, ahead of group 3 that finished earlier and waits (a finished group's wait is not
+    bounded by the rule: MindSpeed-RL's require_max_age_all_finished concerns unfinished responses)."""
+    lengths = {0: 12, 1: 1, 2: 1, 3: 1}
+    source = source_of(ScriptedEngine(lengths), Drawer(lengths, 4), n=1, max_tokens=12, max_split=3, want=1)
+    trained = []
+    for version in range(4):
+        exp = batch_at(source, version).experience
+        trained += prompts_of(exp)
+        if prompts_of(exp) == [0]:
+            assert version == 2 and responses(exp)[0][1] == [0] * 4 + [2] * 8
+    assert trained == [1, 2, 0, 3]
 
 
 def test_the_pool_state_resumes_exactly():
     lengths = {p: (17 if p % 2 else 3) for p in range(40)}
-    straight = PartialRollout(n=2, max_tokens=17, max_split=3)
-    engine, draw = ScriptedEngine(lengths), drawer(lengths)
-    results = [straight.next_batch(2, draw, engine, v, round_seed=lambda r: r).outputs for v in range(3)]
-    saved = copy.deepcopy(straight.state_dict())
-    results += [straight.next_batch(2, draw, engine, v, round_seed=lambda r: r).outputs for v in range(3, 5)]
 
-    resumed = PartialRollout(n=2, max_tokens=17, max_split=3)
-    resumed.load_state_dict(saved)
-    engine2, draw2 = ScriptedEngine(lengths), drawer(lengths)
-    for _ in range(3):  # the sampler's position comes from its own state in the trainer
-        draw2()
-    again = [resumed.next_batch(2, draw2, engine2, v, round_seed=lambda r: r).outputs for v in range(3, 5)]
+    def fingerprint(batch):
+        exp = batch.experience
+        return (exp.input_ids.tolist(), exp.policy_version.tolist(), exp.rollout_log_probs.tolist(),
+                exp.response_mask.tolist())  # fmt: skip
+
+    draw = Drawer(lengths)
+    straight = source_of(ScriptedEngine(lengths), draw, n=2, max_tokens=17, max_split=3)
+    results = [fingerprint(batch_at(straight, v)) for v in range(3)]
+    saved = json.loads(json.dumps(straight.state_dict()))  # what a checkpoint stores, through a file format
+    consumed = draw.consumed
+    results += [fingerprint(batch_at(straight, v)) for v in range(3, 5)]
+    assert saved["pool"]["trajectories"] and any(t["status"] == "interrupted" for t in saved["pool"]["trajectories"])
+
+    draw2 = Drawer(lengths)
+    draw2.consumed = consumed  # the sampler's position comes from its own state in the trainer
+    resumed = source_of(ScriptedEngine(lengths), draw2, n=2, max_tokens=17, max_split=3)
+    resumed.load_state_dict({"rollout_source": saved})
+    again = [fingerprint(batch_at(resumed, v)) for v in range(3, 5)]
     assert again == results[3:]
     with pytest.raises(ValueError, match="n_samples_per_prompt"):
-        PartialRollout(n=4, max_tokens=17, max_split=3).load_state_dict(saved)
+        source_of(ScriptedEngine(lengths), Drawer(lengths), n=4, max_tokens=17, max_split=3).load_state_dict(
+            {"rollout_source": saved}
+        )
 
 
 def test_experience_carries_each_token_version():

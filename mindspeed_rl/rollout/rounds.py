@@ -8,7 +8,8 @@ trajectory joins the round after. When no trajectory is ready the round first wa
 rounds' composition therefore depends on the trajectories only, never on how fast a tool was: seeds and
 batches are the same in every run, and a resumed run repeats them exactly.
 
-Request j of a round is seeded ``seed + j`` (the ready trajectories in uid order).
+Request j of a round is seeded ``seed + j`` (the ready trajectories in uid order; the source hands out the
+seeds of a run in order, so no two samples share one).
 """
 
 from __future__ import annotations
@@ -79,9 +80,10 @@ class TrajectoryPool:
 
     # ----- rounds --------------------------------------------------------------------------------------
     def run_round(
-        self, service, seed: int, version: int, chunk: int, clock: Clock, sampling: Optional[SamplingConfig] = None
+        self, service, seed, version: int, chunk: int, clock: Clock, sampling: Optional[SamplingConfig] = None
     ) -> int:
-        """One generation call over the ready trajectories; returns the tokens generated (0: nothing ran)."""
+        """One generation call over the ready trajectories; returns the tokens generated (0: nothing ran).
+        ``seed``: the round's base seed, or a stream (``take(rows)``) that hands out the next rows' seeds."""
         waiting = {id(t) for t, _ in self._tools[1]} if self._tools else set()
         ready = [t for t in self.trajectories if not t.done and id(t) not in waiting]
         if not ready and self._tools:
@@ -90,6 +92,8 @@ class TrajectoryPool:
         if not ready:
             return 0
         ready.sort(key=lambda t: t.uid)
+        if not isinstance(seed, int):
+            seed = seed.take(len(ready))
         if self.function.whole_batch:
             return self._whole_batch(ready, service, seed, version, clock, sampling)
         request = RolloutRequest(

@@ -42,6 +42,14 @@ class Synchronous:
         """After the filter is satisfied: every trajectory drawn for the batch runs to its end."""
         return pool.unfinished()
 
+    def holds_back(self, pool: TrajectoryPool) -> bool:
+        """Whether finished groups wait before they are offered to the filter."""
+        return False
+
+    def wants_prompts(self, pool: TrajectoryPool, group_filter) -> bool:
+        """Draw only what the batch can still use: a group drawn beyond it would be discarded."""
+        return pool.growing_groups() + len(group_filter.kept) < group_filter.want
+
 
 class Chunked:
     name = "partial"
@@ -55,7 +63,17 @@ class Chunked:
 
     def keeps_generating(self, pool: TrajectoryPool) -> bool:
         """After the filter is satisfied: only while a trajectory at the maximum age is unfinished."""
+        return self.holds_back(pool)
+
+    def holds_back(self, pool: TrajectoryPool) -> bool:
+        """With require_max_age_all_finished, no group is offered while a trajectory at the maximum age is
+        unfinished: once it finishes, its (oldest) group is offered first and trains in this batch."""
         return self.require_oldest and pool.oldest_unfinished(self.max_split - 1)
+
+    def wants_prompts(self, pool: TrajectoryPool, group_filter) -> bool:
+        """Keep a batch's worth of groups growing: the long tail grows beside fresh prompts instead of holding
+        the engines alone (what finishes beyond the batch stays parked for the next one)."""
+        return pool.growing_groups() < group_filter.want
 
 
 @dataclass

@@ -9,8 +9,8 @@ It stacks three layers, each one class to swap (docs/rollout.md):
 
 One production (one batch) runs the loop: offer every finished group to the filter (scored first);
 stop once the filter is satisfied and the schedule wants nothing more generated; else draw a global batch
-of prompts while fewer groups than the batch needs are growing and the filter may still draw; else run a
-round (rounds.py). Every combination of the layers runs this same loop.
+of prompts when the schedule wants more growing and the filter may still draw; else run a round
+(rounds.py). Every combination of the layers runs this same loop.
 
     source = RolloutSource.from_config(cfg, service, dataset, sampler, tokenizer, score)
     batch = source.next_batch(iteration)      # .experience (scored), .metrics, .clock
@@ -20,6 +20,7 @@ round (rounds.py). Every combination of the layers runs this same loop.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -39,15 +40,21 @@ from .trajectory import Trajectory, from_partial_pool, group_outputs
 # score(experience, clock) -> (metrics, each verifier's values per row); sets experience.scores
 Score = Callable[[Experience, Clock], Tuple[Dict[str, float], Dict[str, torch.Tensor]]]
 
-ROUND_SEED_STRIDE = 10_007  # round r of a validation pass seeded s samples with seeds s + r * stride + j
 
+class SeedStream:
+    """Sample seeds handed out in order: a round's request j is seeded ``base + j`` and the next round starts
+    where it ended, so no two samples of a run share a seed (in the 32 bits torch's CPU generator keeps) until
+    2**32 samples. Where a stream starts is a hash of the user's seed and the stream's name: runs with seeds one
+    apart draw unrelated streams. ``used`` is part of the source's state, so a resume continues the stream."""
 
-def round_seed(seed: int, iteration: int, round_index: int) -> int:
-    """Base seed of one round (request j of it is seeded ``base + j``): the iteration and the round's number
-    within the batch's production only. torch's CPU generator keeps a seed's low 32 bits, so the user's seeds
-    are spread over those bits: with seeds 1 and 2 one apart, two runs would draw the same random streams
-    shifted by one sample."""
-    return (seed * 1_000_000_007 + 1_000_003 * iteration + 100_003 * round_index) % 2**32
+    def __init__(self, seed: int, name: str, used: int = 0) -> None:
+        digest = hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=4).digest()
+        self.start, self.used = int.from_bytes(digest, "little"), used
+
+    def take(self, count: int) -> int:
+        base = (self.start + self.used) % 2**32
+        self.used += count
+        return base
 
 
 @dataclass
@@ -111,6 +118,7 @@ class RolloutSource:
         self.draw, self.score, self.n, self.seed, self.pad_id = draw, score, n, seed, pad_id
         self.ahead = ahead
         self.pool = TrajectoryPool(function, n, max_tokens)
+        self.seeds = SeedStream(seed, "train")
 
     @property
     def off_policy(self) -> bool:
@@ -166,18 +174,18 @@ class RolloutSource:
         draws = rounds = tokens = drawn = 0
         reward_metrics: List[Tuple[int, Dict[str, float]]] = []
         while True:
-            self._offer(clock, reward_metrics)
+            if not schedule.holds_back(pool):
+                self._offer(clock, reward_metrics)
             if flt.satisfied() and not schedule.keeps_generating(pool):
                 break
-            if not flt.satisfied() and pool.growing_groups() < flt.want and flt.may_draw(draws):
+            if not flt.satisfied() and schedule.wants_prompts(pool, flt) and flt.may_draw(draws):
                 prompts = self.draw()
                 pool.add(prompts)
                 draws, drawn = draws + 1, drawn + len(prompts.input_ids)
                 continue
             if not pool.unfinished():
                 break  # nothing grows and no draw is allowed: the filter completes the batch
-            tokens += pool.run_round(self.service, round_seed(self.seed, iteration, rounds), version,
-                                     schedule.chunk, clock)  # fmt: skip
+            tokens += pool.run_round(self.service, self.seeds, version, schedule.chunk, clock)
             rounds += 1
         pool.join_tools(version, clock)
         self._offer(clock, reward_metrics)
@@ -238,11 +246,9 @@ class RolloutSource:
         training pool untouched): outputs numbered by prompt, and the rollout function's metrics."""
         pool = TrajectoryPool(self.function, n, sampling.max_tokens)
         pool.add(prompts)
-        clock, rounds = Clock(), 0
+        clock, seeds = Clock(), SeedStream(seed, "validation")  # every validation samples with the same seeds
         while pool.unfinished():
-            pool.run_round(self.service, seed + ROUND_SEED_STRIDE * rounds, self.service.version,
-                           sampling.max_tokens, clock, sampling)  # fmt: skip
-            rounds += 1
+            pool.run_round(self.service, seeds, self.service.version, sampling.max_tokens, clock, sampling)
         pool.join_tools(self.service.version, clock)
         trajectories = sorted(pool.trajectories, key=lambda t: t.uid)
         pool.close()
@@ -253,7 +259,7 @@ class RolloutSource:
         """The parked trajectories, the filter's groups and the batches produced ahead (waits for those in
         flight)."""
         produced = self.ahead.produced() if self.ahead is not None else None  # settles first
-        state = {"pool": self.pool.state_dict(), "filter": self.filter.state_dict()}
+        state = {"pool": self.pool.state_dict(), "filter": self.filter.state_dict(), "seeds_used": self.seeds.used}
         if produced is not None:
             state["ahead"] = [p.state() for p in produced]
         return state
@@ -265,6 +271,7 @@ class RolloutSource:
         if state is not None:
             self.pool.load_state_dict(state["pool"])
             self.filter.load_state_dict(state.get("filter", {}))
+            self.seeds.used = int(state.get("seeds_used", 0))
             produced = [Produced.from_state(p) for p in state.get("ahead", [])]
         else:
             legacy = trainer_state.get("partial_rollout")

@@ -118,7 +118,6 @@ class PPOTrainer:
             return ("actor",) if generation == "actor" else ("actor", generation)
         return {
             "timing/all": (),
-            "timing/rollout_batch": (),
             "timing/rule_reward": ("reward",),
             "timing/reward_model": ("reward",),
             "timing/reference_model": ("reference",),
@@ -138,8 +137,9 @@ class PPOTrainer:
             started = time.time()
             version = self.rollout_service.version  # the policy that samples this iteration
             with self.timer("timing/all"):
-                with self.timer("timing/rollout_batch"):
-                    batch = self.source.next_batch(self.iteration)
+                waiting = time.perf_counter()
+                batch = self.source.next_batch(self.iteration)
+                self.clock.add("timing/trainer_idle", time.perf_counter() - waiting)
                 self.clock.merge(batch.clock)
                 exp, reward_metrics = batch.experience, dict(batch.metrics)
                 if self.use_ref:
@@ -160,7 +160,9 @@ class PPOTrainer:
                         update_metrics.update(self.update_critic(exp))
                 with self.timer("timing/update"):
                     update_metrics.update(self.update_actor(exp))
-                self.clock.add("timing/rollout_wait", self.source.settle())  # batches ahead keep their weights
+                settled = self.source.settle()  # the batches produced ahead keep the weights they started with
+                self.clock.add("timing/rollout_wait", settled)
+                self.clock.add("timing/trainer_idle", settled)
                 with self.timer("timing/weight_sync"):
                     self.rollout_service.update_weights(self.iteration + 1)
             self.iteration += 1
