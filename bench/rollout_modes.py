@@ -1,19 +1,24 @@
-"""Synchronous vs partial vs asynchronous rollout, side by side, on a fixed and on a long-tail workload.
+"""Rollout modes and their combinations, side by side at equal slots, on a fixed and on a long-tail workload.
 
-    .venv/bin/python bench/rollout_modes.py [--iterations 6] [--modes sync partial async]
+    .venv/bin/python bench/rollout_modes.py [--iterations 6] [--modes sync partial async ...] [--workloads ...]
 
-The GRPO twin (16 prompts x 8 samples) through `cli/train_ppo.py` (the user's command) in three modes:
-  sync     grpo_tiny_cpu: the actor's own engine, one slot
-  partial  grpo_tiny_cpu with partial_rollout_max_split (chunks of max_tokens / split), one slot
-  async    grpo_tiny_cpu_async: actor slot + rollout-worker slot, max_head_offpolicyness 1
-and two workloads:
+The GRPO twin (16 prompts x 8 samples) through `cli/train_ppo.py` (the user's command). Every mode runs on the
+same two slots, the actor on one and a rollout worker on the other (`rl_config.rollout_resource`), so the
+modes differ only in how batches are produced (rollout/source.py):
+  sync        generate the batch, then train on it
+  partial     partial_rollout_max_split (chunks of max_tokens / split; unfinished responses parked)
+  async       max_head_offpolicyness 1 (the next batch is produced while the actor trains)
+  ds          dynamic sampling (filter_groups: groups all right or all wrong are dropped, more prompts drawn;
+              8 groups of the 16 drawn, at most 3 draws)
+  and the combinations ds+partial, ds+async, partial+async, ds+partial+async
+Workloads:
   fixed     every prompt may answer in --fixed-tokens tokens
   long-tail 1 prompt in 8 may answer in --long-tokens tokens, the others in --short-tokens
             (utils.demo_assets.prepare_long_tail: the dataset key max_new_tokens)
 Prints a markdown table of medians over iterations 2..N: step (timing/all), e2e_tps, generation
-(timing/rollout), trainer idle (time the actor's ranks wait for generation: timing/rollout when generation
-runs on them, timing/rollout_wait in async), rollout idle (time the engines do not generate: step -
-generation), staleness, and the whole command's wall time.
+(timing/rollout, summed over a batch's rounds), trainer idle (timing/trainer_idle: the trainer waiting for
+its batch, and in async for the productions in flight before a weight update) and its share of the step,
+staleness, response length, and the whole command's wall time.
 """
 
 from __future__ import annotations
@@ -28,16 +33,25 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench.train_run import train  # noqa: E402
 
-MODES = {
-    "sync": ("grpo_tiny_cpu", []),
-    "partial": ("grpo_tiny_cpu", ["rl_config.partial_rollout_max_split={split}"]),
-    "async": ("grpo_tiny_cpu_async", []),
+LAYERS = {
+    "partial": ["rl_config.partial_rollout_max_split={split}"],
+    "async": ["rl_config.max_head_offpolicyness=1"],
+    "ds": [
+        "rl_config.filter_groups_enable=true",
+        "rl_config.filter_groups_metric=acc_for_ppo",
+        "rl_config.filter_groups_max_batches=3",
+        "rl_config.filter_groups_train_batch_size=8",
+        "rl_config.mini_batch_size=64",
+    ],
 }
+MODES = ["sync", "partial", "async", "ds", "ds+partial", "ds+async", "partial+async", "ds+partial+async"]
 
 
 def run(mode: str, workload: dict, iterations: int, work: str, split: int) -> dict:
-    config, extra = MODES[mode]
-    out = os.path.join(work, f"{mode}_{workload['name']}")
+    extra = ["rl_config.rollout_resource.num_npus=1"]  # equal slots: one actor slot, one rollout slot
+    for layer in mode.split("+"):
+        extra += LAYERS.get(layer, [])
+    out = os.path.join(work, f"{mode.replace('+', '_')}_{workload['name']}")
     overrides = [
         f"megatron_training.train_iters={iterations}",
         f"rl_config.log_dir={out}/logs",
@@ -52,21 +66,18 @@ def run(mode: str, workload: dict, iterations: int, work: str, split: int) -> di
         f"megatron_training.dataset_additional_keys={workload['keys']}",
     ]
     overrides += [e.format(split=split) for e in extra]
-    done = train(config, overrides, f"{mode} on {workload['name']}")
+    done = train("grpo_tiny_cpu", overrides, f"{mode} on {workload['name']}")
     rows = [r for r in done.rows if "timing/all" in r][1:] or done.rows
 
     def median(fn):
         return statistics.median(fn(r) for r in rows)
 
-    trainer_idle = (
-        (lambda r: r.get("timing/rollout_wait", 0.0)) if mode == "async" else (lambda r: r.get("timing/rollout", 0.0))
-    )
     return {
         "step": median(lambda r: r["timing/all"]),
         "e2e_tps": median(lambda r: r["e2e_tps"]),
         "generation": median(lambda r: r.get("timing/rollout", 0.0)),
-        "trainer idle": median(trainer_idle),
-        "rollout idle": median(lambda r: r["timing/all"] - r.get("timing/rollout", 0.0)),
+        "trainer idle": median(lambda r: r.get("timing/trainer_idle", 0.0)),
+        "idle share": median(lambda r: r.get("timing/trainer_idle", 0.0) / r["timing/all"]),
         "staleness": median(lambda r: r.get("rollout/staleness_mean", 0.0)),
         "length": median(lambda r: r["response_length/mean"]),
         "wall": done.wall,
@@ -76,7 +87,8 @@ def run(mode: str, workload: dict, iterations: int, work: str, split: int) -> di
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--iterations", type=int, default=6)
-    p.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    p.add_argument("--modes", nargs="+", default=MODES, choices=MODES)
+    p.add_argument("--workloads", nargs="+", default=["fixed", "long-tail"], choices=["fixed", "long-tail"])
     p.add_argument("--fixed-tokens", type=int, default=16)
     p.add_argument("--short-tokens", type=int, default=4)
     p.add_argument("--long-tokens", type=int, default=32)
@@ -105,8 +117,9 @@ def main() -> None:
                 keys="[labels,max_new_tokens]",
             ),
         ]
+        workloads = [w for w in workloads if w["name"] in args.workloads]
         results = {(w["name"], m): run(m, w, args.iterations, work, args.split) for w in workloads for m in args.modes}
-    columns = ("step", "e2e_tps", "generation", "trainer idle", "rollout idle", "staleness", "length", "wall")
+    columns = ("step", "e2e_tps", "generation", "trainer idle", "idle share", "staleness", "length", "wall")
     print("| workload | mode | " + " | ".join(columns) + " |")
     print("|---|---|" + "---|" * len(columns))
     for (workload, mode), r in results.items():

@@ -132,45 +132,6 @@ def resume_at_tp2(root, paths, resume):
     assert state["iteration"] == 5 and state["consumed_samples"] == 40
 
 
-@pytest.mark.slow
-def test_partial_rollout_resume_reproduces_the_straight_run_with_parked_responses(tmp_path):
-    """Partial rollout on a long-tail budget (1 prompt in 8 may answer in 16 tokens, the others in 4; chunks
-    of 4): the checkpoint of iteration 2 holds parked responses, and 2 + resume + 2 == 4 straight."""
-    import ray
-
-    from mindspeed_rl.trainer.launch import train
-    from mindspeed_rl.utils.demo_assets import prepare_long_tail
-
-    root = str(tmp_path)
-    vocab = load_ppo_config("ppo_tiny_cpu").actor.model.padded_vocab_size
-    paths = prepare(os.path.join(root, "assets"), vocab)
-    paths["data_prefix"] = prepare_long_tail(os.path.join(root, "assets"), vocab, short=4, long=16)
-    partial = {
-        "rl_config.partial_rollout_max_split": 4,
-        "megatron_training.dataset_additional_keys": "[labels,max_new_tokens]",
-    }
-    try:
-        straight = train(cfg_for(root, paths, "straight", 4, **partial))
-        first = train(cfg_for(root, paths, "split", 2, **partial))
-        state = ml.load_rank(f"{root}/split/actor", 0, 0)["trainer_state"]
-        resume = {
-            "actor_config.finetune": "false",
-            "critic_config.finetune": "false",
-            "actor_config.load": f"{root}/split/actor",
-            "critic_config.load": f"{root}/split/critic",
-        }
-        second = train(cfg_for(root, paths, "split", 4, **partial, **resume))
-    finally:
-        ray.shutdown()
-    parked = [t for t in state["partial_rollout"]["pool"] if not t["finished"]]
-    assert parked and all(0 < len(t["response_ids"]) < t["budget"] and set(t["versions"]) <= {0, 1} for t in parked)
-    assert any(m["partial_rollout/carried_share"] > 0 and m["rollout/staleness_max"] >= 1 for m in straight)
-    assert any("rollout_correction/is_weight_mean" in m for m in straight)  # TIS on the stale tokens
-    for a, b in zip(straight, first + second):
-        for key in COMPARED + ("partial_rollout/rounds", "partial_rollout/parked", "rollout/staleness_mean"):
-            assert a[key] == pytest.approx(b[key], abs=1e-6), (a["iteration"], key)
-
-
 def test_sigkill_in_the_middle_of_a_save_keeps_the_previous_checkpoint(tmp_path):
     """A process has written iteration 20's rank file and is waiting for the other ranks when it is killed."""
     ckpt = str(tmp_path / "ckpt")
