@@ -74,8 +74,9 @@ def test_the_four_way_tool_twin_learns_and_resumes_exactly(assets):
     calls = [round(m["tool_calls/rate"], 3) for m in straight]
     # learning: the last three iterations use the tool and are right far more often than the first three
     first3, last3 = (lambda xs: sum(xs[:3]) / 3), (lambda xs: sum(xs[-3:]) / 3)
-    assert first3(accuracy) < 0.25 and last3(accuracy) > max(0.3, first3(accuracy) + 0.2), (accuracy, calls)
-    assert last3(calls) > max(0.3, first3(calls) + 0.2), (accuracy, calls)
+    # (measured: accuracy 0.05 -> 0.50, tool-call rate 0.13 -> 0.52; a guess is right once in ~9000)
+    assert first3(accuracy) < 0.2 and last3(accuracy) > max(0.25, first3(accuracy) + 0.15), (accuracy, calls)
+    assert last3(calls) > max(0.25, first3(calls) + 0.15), (accuracy, calls)
     # the four modes were on: batches one version old, parked trajectories, filtered groups, tool turns
     assert all(m["rollout/staleness_max"] >= 1 for m in straight[1:]) and "async/overlap_share" in straight[-1]
     assert any(m["partial_rollout/carried_share"] > 0 for m in straight)

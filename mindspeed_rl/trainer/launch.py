@@ -411,7 +411,7 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     resume_at = preflight(cfg)
     acc, env = get_accelerator(), runtime_env_vars()
     workers: List = []  # groups started so far, for the clean-up
-    runner = logger = pg = undo_routing = None
+    runner = logger = pg = undo_routing = trainer = None
     try:
         if log_dir:
             from ..utils.library_logs import route_driver_logs
@@ -443,6 +443,8 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     except ray.exceptions.RayTaskError as exc:
         raise describe_worker_error(exc, workers, cfg, run_dir) from None
     finally:
+        if trainer is not None:
+            trainer.close()
         if runner is not None:
             runner.close()
         if logger is not None:

@@ -176,6 +176,10 @@ class PPOTrainer:
             self.after_iteration(metrics)
         return self.history
 
+    def close(self) -> None:
+        """Release the rollout source's threads (the tool thread; the production thread is a daemon)."""
+        self.source.close()
+
     def validation_due(self) -> bool:
         """Every test_freq iterations and at the last one, when validation is on."""
         if self.test_prompts is None:
