@@ -43,10 +43,9 @@ def assets(tmp_path_factory):
 
 
 def config(root, paths, iterations, **extra):
-    keys = {
+    keys = {  # validation only after the last iteration: it cannot touch the iterations compared
         "actor_config.load": paths["mcore"],
-        "megatron_training.test_data_path": "null",
-        "rl_config.test_freq": 0,
+        "rl_config.test_freq": iterations,
         "rl_config.val_before_train": "false",
         "actor_config.no_load_optim": "false",
         "actor_config.no_load_rng": "false",
@@ -80,12 +79,10 @@ def test_the_four_way_tool_twin_learns_and_resumes_exactly(assets):
     # the four modes were on: batches one version old, parked trajectories, filtered groups, tool turns
     assert all(m["rollout/staleness_max"] >= 1 for m in straight[1:]) and "async/overlap_share" in straight[-1]
     assert any(m["partial_rollout/carried_share"] > 0 for m in straight)
-    assert all(m["dynamic_sampling/batches"] >= 1 for m in straight) and any(
-        m["dynamic_sampling/batches"] > 1 for m in straight
-    )
+    assert any(m["dynamic_sampling/batches"] > 1 for m in straight)  # (0 when parked groups fill a batch)
     assert max(m["multi_turn/observation_tokens/mean"] for m in straight) > 0
     for m in straight:
-        assert m["tool_calls/mean"] <= 1.0 and m["tool_calls/timeouts"] == 0 and m["timing/tool"] >= 0
+        assert m["tool_calls/mean"] <= 1.0 and m["tool_calls/timeouts"] == 0
         assert 1.0 <= m["multi_turn/num_turns/mean"] <= 2.0
         assert m["response_length/mean"] >= m["multi_turn/generated_tokens/mean"]
     # the checkpoint of iteration 2 holds the batch produced ahead and the rollout's seed position

@@ -277,9 +277,9 @@ class RLConfig:
     # multi-turn rollouts with tools (rollout/agent_loop.py)
     rollout_function: str = opt(
         "single_turn",
-        "How prompts become trajectories: single_turn, tool_agent "
+        "How a trajectory advances: single_turn, tool_agent "
         "(generate, run the tool calls, append their results, continue), "
-        "or a function 'module:function'.",
+        "a RolloutFunction class 'module:Class', or a whole-batch function 'module:function' (no partial rollout).",
     )
     multi_turn_enable: bool = opt(False, "MindSpeed-RL's switch: true is rollout_function tool_agent.")
     tools: List[str] = opt(

@@ -2,19 +2,19 @@
 
     Synchronous   a batch is generated with the current weights and finished before training: every
                   trajectory drawn for it runs to its end; groups a filter does not need are discarded
-    Chunked       partial rollout: rounds of at most ``ceil(max_tokens / max_split)`` tokens per trajectory;
-                  a batch takes the first groups to finish, the rest stays parked with its tokens, per-token
-                  log-probs and versions, and continues with the next iteration's weights (and may finish
-                  there). With ``require_max_age_all_finished`` rounds continue until every trajectory
-                  parked ``max_split - 1`` iterations has finished, so each finishes within max_split
-                  iterations
+    Chunked       partial rollout: rounds of at most ``ceil(max_tokens / max_split)`` tokens per trajectory,
+                  a batch's worth of groups kept growing; a batch takes finished groups oldest first, the
+                  rest stays parked with its tokens, per-token log-probs and versions, and continues with
+                  the next iteration's weights. With ``require_max_age_all_finished`` no group is offered
+                  while a trajectory parked ``max_split - 1`` iterations is unfinished: it finishes within
+                  max_split iterations and its group trains first
     Ahead         asynchronous rollout around either of them: the batches of iterations k .. k + L are
                   produced in a thread of the driver while the trainer trains; batch j uses the weights of
                   version j - L (once j >= L) and the weight update waits until the productions in flight
                   are done, so no batch ever mixes weights it was not submitted with
 
-A production is deterministic (the rounds' composition and seeds depend on the iteration and the
-trajectories only), so what a checkpoint holds (the parked pool, the batches produced ahead) resumes into
+A production is deterministic (the rounds' composition depends on the trajectories only, their seeds on the
+run's seed stream), so what a checkpoint holds (the parked pool, the batches produced ahead) resumes into
 exactly the batches an uninterrupted run trains on.
 """
 

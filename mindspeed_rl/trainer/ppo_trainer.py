@@ -160,9 +160,10 @@ class PPOTrainer:
                         update_metrics.update(self.update_critic(exp))
                 with self.timer("timing/update"):
                     update_metrics.update(self.update_actor(exp))
-                settled = self.source.settle()  # the batches produced ahead keep the weights they started with
-                self.clock.add("timing/rollout_wait", settled)
-                self.clock.add("timing/trainer_idle", settled)
+                if self.source.ahead is not None:  # the batches produced ahead keep the weights they started with
+                    settled = self.source.settle()
+                    self.clock.add("timing/rollout_wait", settled)
+                    self.clock.add("timing/trainer_idle", settled)
                 with self.timer("timing/weight_sync"):
                     self.rollout_service.update_weights(self.iteration + 1)
             self.iteration += 1
