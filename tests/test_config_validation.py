@@ -90,13 +90,9 @@ MALFORMED = [
         "no tool role",
     ),
     (
-        [
-            "rl_config.rollout_function=tool_agent",
-            "rl_config.tools=[calculator]",
-            "rl_config.partial_rollout_max_split=2",
-        ],
+        ["rl_config.rollout_function=tests.test_agent_loop:solve", "rl_config.partial_rollout_max_split=2"],
         "rl_config.partial_rollout_max_split",
-        "tool_agent",
+        "whole-batch function",
     ),
     (["rl_config.rollout_function=my_agents"], "rl_config.rollout_function", "unknown rollout_function"),
     (["actor_config.model=qwen99"], "actor_config.model", "qwen99"),

@@ -18,6 +18,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..config_cls.base import ConfigError
 from ..config_cls.generate_config import SamplingConfig
 from ..datasets.prompt_dataset import PromptBatch
 from ..protocol.rollout import RolloutRequest
@@ -186,9 +187,10 @@ class TrajectoryPool:
 
     def load_state_dict(self, state: Dict) -> None:
         if int(state["n"]) != self.n:
-            raise ValueError(
-                f"the checkpoint's rollout pool has groups of {state['n']} responses, this run samples {self.n} "
-                "per prompt (rl_config.n_samples_per_prompt)"
+            raise ConfigError(
+                "rl_config.n_samples_per_prompt",
+                f"{self.n}, but the checkpoint's rollout pool has groups of {state['n']} responses: resume with "
+                f"{state['n']}",
             )
         self.next_uid = int(state["next_uid"])
         self.trajectories = [Trajectory.from_state(t) for t in state["trajectories"]]
