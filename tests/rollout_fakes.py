@@ -55,12 +55,13 @@ def turn_text(context: str, tag: str) -> str:
     return tag + {"A": "#### 0", "B": "hmm " * 25 + call(expression), "C": call(expression)}[tag] + EOS
 
 
-def continue_text(context: str, seed: int) -> str:
-    """The rest of the current turn: after the last ``<assistant>``, or after the prompt's ``?``."""
+def continue_text(context: str, seed: int, tag: str = None) -> str:
+    """The rest of the current turn: after the last ``<assistant>``, or after the prompt's ``?``; a new turn's tag
+    is drawn with ``seed`` unless given."""
     start = context.rfind("<assistant>")
     start = start + len("<assistant>") if start >= 0 else context.index("?") + 1
     before, partial = context[:start], context[start:]
-    tag = partial[0] if partial else random.Random(seed).choice("ABCCC")
+    tag = partial[0] if partial else tag or random.Random(seed).choice("ABCCC")
     return turn_text(before, tag)[len(partial) :]
 
 
@@ -77,12 +78,15 @@ class ScriptedService(RolloutService):
         outputs = []
         for j, prompt in enumerate(request.prompts):
             for k in range(request.n):
-                text = continue_text(TOK.decode(prompt), request.seed + j * request.n + k)
+                text = self.continue_text(TOK.decode(prompt), request.seed + j * request.n + k)
                 limit = request.max_new_tokens[j] if request.max_new_tokens else request.sampling.max_tokens
                 ids = TOK.encode(text)[:limit]
                 logprobs = [-0.01 * (1 + (t + self.version) % 7) for t in ids]
                 outputs.append(RolloutOutput(j, ids, logprobs, "stop" if len(ids) == len(text) else "length"))
         return RolloutHandle(request, self.version, outputs)
+
+    def continue_text(self, context: str, seed: int) -> str:
+        return continue_text(context, seed)
 
     def collect(self, handle):
         return GeneratedBatch(handle.pending, {"timing/generate": 0.0}, [])

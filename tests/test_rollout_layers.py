@@ -194,3 +194,61 @@ def test_a_checkpoint_of_the_old_partial_pool_and_async_queue_resumes():
     batch = source.next_batch(2)
     assert batch.experience.num_rows == WANT * N and batch.experience.policy_version[0, :2].tolist() == [1, 1]
     assert batch.experience.scores.tolist() == [0.0] * (WANT * N)  # scored on the way out
+
+
+def test_a_synchronous_batch_takes_groups_in_draw_order_not_the_quickest():
+    """Synchronous: of 4 groups drawn for a batch of 2, the first two drawn train although the last two answer at
+    once and the first two take a tool turn (dynamic sampling would otherwise select against tool use)."""
+    from tests.rollout_fakes import continue_text
+
+    class ToolsFirst(ScriptedService):
+        """Prompts with 9 answer at once (tag A), the others call the calculator (tag C)."""
+
+        def continue_text(self, context, seed):
+            return continue_text(context, seed, "A" if "Q: 9" in context else "C")
+
+    class Four:
+        def __call__(self):
+            rows = [("Q: 2*3?", "6"), ("Q: 3*4?", "12"), ("Q: 9*2?", "18"), ("Q: 9*3?", "27")]
+            return PromptBatch([TOK.encode(q) for q, _ in rows], [a for _, a in rows])
+
+    source = make_source("tool_agent", service=ToolsFirst(), draws=Four())
+    exp = source.next_batch(0).experience
+    prompts = [exp.input_ids[g * N, : exp.prompt_width][exp.prompt_mask[g * N].bool()].tolist() for g in range(WANT)]
+    assert prompts == [TOK.encode("Q: 2*3?"), TOK.encode("Q: 3*4?")]
+    assert float(exp.scores.mean()) == 1.0  # the tool turns answered right
+    assert source.pool.trajectories == []  # the two quick groups ran to their end and were discarded
+
+
+def test_reward_model_scores_rows_that_do_not_split_over_its_ranks():
+    """The source scores the groups it offers: 3 rows on a reward model of 2 data-parallel ranks are padded to 4
+    with a repeat, and the repeat's score dropped."""
+    import torch
+
+    from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.protocol import ForwardAnswer, RolloutOutput, build_experience
+    from mindspeed_rl.trainer.scoring import Scorer
+
+    class RewardModel:
+        dp_size = 2
+
+        def forward(self, method, exp, balance=False):
+            assert exp.num_rows % self.dp_size == 0
+            self.rows = exp.num_rows
+            return ForwardAnswer(exp.response_mask.sum(1).float())
+
+    outputs = [RolloutOutput(0, [5] * k, [-0.1] * k, "stop") for k in (1, 2, 3)]
+    exp = build_experience([[1, 2]], outputs, 3, 0)
+    rm = RewardModel()
+    cfg = load_ppo_config("ppo_tiny_cpu")
+    assert Scorer(cfg, None, rm, TOK).reward_model_scores(exp).tolist() == [1.0, 2.0, 3.0] and rm.rows == 4
+    assert torch.equal(exp.response_mask.sum(1), torch.tensor([1, 2, 3]))
+
+
+def test_scoring_calls_average_means_and_add_up_counts():
+    from mindspeed_rl.rollout.source import average
+
+    merged = average(
+        [(8, {"acc/mean": 0.5, "rule_reward/timeouts": 1.0}), (24, {"acc/mean": 0.1, "rule_reward/timeouts": 2.0})]
+    )
+    assert merged == {"acc/mean": pytest.approx(0.2), "rule_reward/timeouts": 3.0}

@@ -48,7 +48,17 @@ class Synchronous:
 
     def wants_prompts(self, pool: TrajectoryPool, group_filter) -> bool:
         """Draw only what the batch can still use: a group drawn beyond it would be discarded."""
-        return pool.growing_groups() + len(group_filter.kept) < group_filter.want
+        return len(pool.groups()) + len(group_filter.kept) < group_filter.want
+
+    def offerable(self, pool: TrajectoryPool) -> List[int]:
+        """Finished groups in draw order up to the first unfinished one: a group that takes longer (more turns,
+        a longer answer) is never passed over by a later draw's quicker ones."""
+        ready = []
+        for group, members in pool.groups().items():
+            if not all(t.done for t in members):
+                break
+            ready.append(group)
+        return ready
 
 
 class Chunked:
@@ -75,6 +85,10 @@ class Chunked:
         the engines alone (what finishes beyond the batch stays parked for the next one)."""
         return pool.growing_groups() < group_filter.want
 
+    def offerable(self, pool: TrajectoryPool) -> List[int]:
+        """Every finished group, oldest first: the long tail must not hold the batch."""
+        return pool.finished_groups()
+
 
 @dataclass
 class _Slot:
@@ -82,6 +96,7 @@ class _Slot:
     done: threading.Event = field(default_factory=threading.Event)
     produced: object = None
     error: Optional[BaseException] = None
+    waited: float = 0.0  # seconds the trainer waited for this production, over every wait
 
 
 class Ahead:
@@ -124,14 +139,15 @@ class Ahead:
             self._tasks.put((slot, produce))
             upcoming += 1
 
-    def take(self, iteration: int) -> Tuple[object, float]:
-        """Iteration ``iteration``'s batch, waiting for it; returns it and the seconds waited."""
+    def take(self, iteration: int) -> Tuple[object, float, float]:
+        """Iteration ``iteration``'s batch, waiting for it; returns it, the seconds waited now and the seconds
+        waited for it in all (before weight updates too)."""
         if not self.slots or self.slots[0].iteration != iteration:
             queued = [s.iteration for s in self.slots]
             raise RuntimeError(f"asynchronous rollout: no batch for iteration {iteration} (queued: {queued})")
         slot = self.slots.popleft()
         waited = self._wait(slot)
-        return slot.produced, waited
+        return slot.produced, waited, slot.waited
 
     def settle(self) -> float:
         """Wait until every queued production is done (before the weights change or a checkpoint)."""
@@ -142,7 +158,9 @@ class Ahead:
         slot.done.wait()
         if slot.error is not None:
             raise slot.error
-        return time.perf_counter() - start
+        waited = time.perf_counter() - start
+        slot.waited += waited
+        return waited
 
     def produced(self) -> List[object]:
         self.settle()

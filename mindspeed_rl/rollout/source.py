@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..config_cls.base import ConfigError
 from ..config_cls.generate_config import SamplingConfig
 from ..datasets.prompt_dataset import PromptBatch
 from ..protocol import Experience, RolloutOutput, build_experience
@@ -113,10 +114,11 @@ class RolloutSource:
         seed: int,
         pad_id: int,
         ahead: Optional[Ahead] = None,
+        sampling: Optional[SamplingConfig] = None,
     ) -> None:
         self.service, self.function, self.filter, self.schedule = service, function, group_filter, schedule
         self.draw, self.score, self.n, self.seed, self.pad_id = draw, score, n, seed, pad_id
-        self.ahead = ahead
+        self.ahead, self.sampling = ahead, sampling  # sampling: what a whole-batch function reads in its request
         self.pool = TrajectoryPool(function, n, max_tokens)
         self.seeds = SeedStream(seed, "train")
 
@@ -138,7 +140,7 @@ class RolloutSource:
             produced, waited = self.produce(iteration), None
         else:
             self.ahead.fill(iteration, self.produce)
-            produced, waited = self.ahead.take(iteration)
+            produced, waited, waited_in_all = self.ahead.take(iteration)
         exp = self.experience(produced)
         metrics = dict(produced.metrics)
         clock = produced.clock
@@ -146,8 +148,10 @@ class RolloutSource:
             clock = Clock()
             clock.merge(produced.clock)
             clock.add("timing/rollout_wait", waited)
-            # the share of this batch's production that ran while the trainer did something else
-            metrics["async/overlap_share"] = max(0.0, 1.0 - waited / produced.seconds) if produced.seconds > 0 else 0.0
+            # the share of this batch's production that ran while the trainer did something else (the trainer
+            # waits for it before an earlier weight update and when it takes it)
+            seconds = produced.seconds
+            metrics["async/overlap_share"] = max(0.0, 1.0 - waited_in_all / seconds) if seconds > 0 else 0.0
         return RolloutBatch(exp, metrics, clock)
 
     def settle(self) -> float:
@@ -158,11 +162,7 @@ class RolloutSource:
         """The batch's rows, group by group, with the scores the groups got when they were offered."""
         prompts, labels, outputs = group_outputs(produced.groups)
         exp = build_experience(prompts, outputs, self.n, self.pad_id, labels, produced.version)
-        scores = [t.score for g in produced.groups for t in g]
-        if any(s is None for s in scores):  # a batch from a checkpoint written before scores were kept
-            self.score(exp, produced.clock)
-        else:
-            exp.set("scores", torch.tensor(scores, dtype=torch.float32))
+        exp.set("scores", torch.tensor([t.score for g in produced.groups for t in g], dtype=torch.float32))
         return exp
 
     # ----- one production -------------------------------------------------------------------------------
@@ -185,7 +185,8 @@ class RolloutSource:
                 continue
             if not pool.unfinished():
                 break  # nothing grows and no draw is allowed: the filter completes the batch
-            tokens += pool.run_round(self.service, self.seeds, version, schedule.chunk, clock)
+            sampling = self.sampling if self.function.whole_batch else None  # None: the service's default
+            tokens += pool.run_round(self.service, self.seeds, version, schedule.chunk, clock, sampling)
             rounds += 1
         pool.join_tools(version, clock)
         self._offer(clock, reward_metrics)
@@ -214,7 +215,7 @@ class RolloutSource:
         the pool (a synchronous schedule discards them at the end of the batch)."""
         if self.filter.satisfied():
             return
-        finished = self.pool.finished_groups()
+        finished = self.schedule.offerable(self.pool)
         if not finished:
             return
         groups = self.pool.take(finished)
@@ -282,10 +283,15 @@ class RolloutSource:
                 )  # fmt: skip
             produced = [legacy_async_batch(b, self.n) for b in trainer_state.get("async_rollout") or []]
         if produced and self.ahead is None:
-            raise ValueError(
-                f"the checkpoint holds {len(produced)} batch(es) generated ahead, but this run's rollout is "
-                "synchronous: resume with the same rl_config.max_head_offpolicyness"
+            raise ConfigError(
+                "rl_config.max_head_offpolicyness",
+                f"0, but the checkpoint holds {len(produced)} batch(es) produced ahead: resume with the run's "
+                "max_head_offpolicyness (and its rollout_resource)",
             )
+        for batch in produced:  # batches of an older checkpoint kept no scores: score them now, on this thread
+            unscored = [g for g in batch.groups if any(t.score is None for t in g)]
+            if unscored:
+                batch.metrics.update(self.score_groups(unscored, batch.clock))
         if self.ahead is not None:
             self.ahead.restore(produced)
 
@@ -316,7 +322,7 @@ class RolloutSource:
             return PromptBatch.of(dataset, sampler.next_batch())
 
         return RolloutSource(service, function, group_filter, schedule, draw, score, rl.n_samples_per_prompt,
-                             sampling.max_tokens, sampling.seed, pad_id, ahead)  # fmt: skip
+                             sampling.max_tokens, sampling.seed, pad_id, ahead, sampling)  # fmt: skip
 
 
 def agent_context(rl, tokenizer) -> AgentContext:
@@ -339,15 +345,18 @@ def agent_context(rl, tokenizer) -> AgentContext:
     return AgentContext(None, tokenizer, tools, sandbox, AgentSettings.of(rl), tool_format)
 
 
+COUNTS = ("rule_reward/timeouts", "rule_reward/failures", "rollout/out_of_vocab_tokens")  # summed, not averaged
+
+
 def average(weighted: Sequence[Tuple[int, Dict[str, float]]]) -> Dict[str, float]:
-    """Metrics of several scoring calls, each weighted by its rows."""
+    """Metrics of several scoring calls: counts (``COUNTS``) summed, the others weighted by the calls' rows."""
     total: Dict[str, float] = {}
     rows: Dict[str, int] = {}
     for count, metrics in weighted:
         for key, value in metrics.items():
-            total[key] = total.get(key, 0.0) + value * count
+            total[key] = total.get(key, 0.0) + (value if key in COUNTS else value * count)
             rows[key] = rows.get(key, 0) + count
-    return {key: total[key] / rows[key] for key in total}
+    return {key: total[key] if key in COUNTS else total[key] / rows[key] for key in total}
 
 
 def legacy_async_batch(item: Dict, n: int) -> Produced:

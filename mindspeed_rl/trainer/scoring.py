@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
+import numpy as np
 import torch
 
 from ..algorithms.shaping import overlong_penalty
@@ -31,7 +32,7 @@ class Scorer:
             scores = scores + self.reward_runner.weighted(per_verifier)
         if self.reward_model is not None:
             with clock.measure("timing/reward_model"):
-                rm = self.reward_model.forward("compute_scores", exp, balance=rl.use_dp_batch_balance).per_row
+                rm = self.reward_model_scores(exp)
             metrics["reward_model/score/mean"] = float(rm.mean())
             scores = scores + rm.float()
         if rl.overlong_buffer_enable:
@@ -44,6 +45,15 @@ class Scorer:
             scores = scores + penalty
         exp.set("scores", scores)
         return metrics, per_verifier
+
+    def reward_model_scores(self, exp: Experience) -> torch.Tensor:
+        """The reward model's score per row. The rollout source scores the groups it offers, which need not
+        split over the reward model's data-parallel ranks: the rows are padded with repeats, the repeats'
+        scores dropped."""
+        rows, dp = exp.num_rows, max(1, int(getattr(self.reward_model, "dp_size", 1)))
+        padded = exp if rows % dp == 0 else exp.select(np.arange(rows + (-rows) % dp) % rows)
+        answer = self.reward_model.forward("compute_scores", padded, balance=self.rl.use_dp_batch_balance)
+        return answer.per_row[:rows]
 
     def verify(self, exp: Experience) -> Tuple[Dict[str, torch.Tensor], Dict[str, float]]:
         """Each rule verifier's value for every response (decoded without out-of-vocabulary ids, counted in
