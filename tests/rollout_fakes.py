@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import random
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List
 
 import torch
 
@@ -65,23 +65,30 @@ def continue_text(context: str, seed: int, tag: str = None) -> str:
     return turn_text(before, tag)[len(partial) :]
 
 
-class ScriptedService(RolloutService):
-    """Answers each request row from the script, cut at its max_new_tokens; log-probs depend on the token and
-    the policy version (so stale tokens have other log-probs than fresh ones). Records (request, version)."""
+def version_logprob(token: int, version: int) -> float:
+    """A log-prob that depends on the token and the policy version: stale tokens differ from fresh ones."""
+    return -0.01 * (1 + (token + version) % 7)
 
-    def __init__(self):
+
+class ScriptedService(RolloutService):
+    """Answers sample k of request row j with ``script(context, seed + j * n + k)`` (by default the task above:
+    ``continue_text``), cut at the row's max_new_tokens (finish "length" then), with ``logprob(token, version)``
+    per token. Records every request."""
+
+    def __init__(self, script: Callable[[str, int], str] = None, logprob: Callable[[int, int], float] = None):
         super().__init__()
-        self.requests: List[Tuple[object, int]] = []
+        self.script, self.logprob = script or self.continue_text, logprob or version_logprob
+        self.requests: List[object] = []
 
     def submit(self, request):
-        self.requests.append((request, self.version))
+        self.requests.append(request)
         outputs = []
         for j, prompt in enumerate(request.prompts):
             for k in range(request.n):
-                text = self.continue_text(TOK.decode(prompt), request.seed + j * request.n + k)
+                text = self.script(TOK.decode(prompt), request.seed + j * request.n + k)
                 limit = request.max_new_tokens[j] if request.max_new_tokens else request.sampling.max_tokens
                 ids = TOK.encode(text)[:limit]
-                logprobs = [-0.01 * (1 + (t + self.version) % 7) for t in ids]
+                logprobs = [self.logprob(t, self.version) for t in ids]
                 outputs.append(RolloutOutput(j, ids, logprobs, "stop" if len(ids) == len(text) else "length"))
         return RolloutHandle(request, self.version, outputs)
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mindspeed_rl.datasets.prompt_dataset import PromptBatch
-from mindspeed_rl.protocol import GeneratedBatch, RolloutOutput, build_experience
+from mindspeed_rl.protocol import RolloutOutput, build_experience
 from mindspeed_rl.rollout.agent_loop import (
     AgentBatch,
     AgentContext,
@@ -21,38 +21,21 @@ from mindspeed_rl.rollout.agent_loop import (
 from mindspeed_rl.rollout.group_filter import KeepAll
 from mindspeed_rl.rollout.rounds import TrajectoryPool
 from mindspeed_rl.rollout.schedules import Synchronous
-from mindspeed_rl.rollout.service import RolloutHandle, RolloutService
 from mindspeed_rl.rollout.source import RolloutSource, average
 from mindspeed_rl.rollout.trajectory import CUT, FINISHED
 from mindspeed_rl.tools import BUILTIN_TOOLS
 from mindspeed_rl.utils.clock import Clock
-from tests.rollout_fakes import TOK, InProcessSandbox, call, score, tool_context
+from tests.rollout_fakes import TOK, InProcessSandbox, ScriptedService, call, score, tool_context
 
 SEED, ROUND_STRIDE, VERSION = 100, 1000, 3  # round r's request j is seeded SEED + ROUND_STRIDE * r + j
 CALCULATOR = BUILTIN_TOOLS["calculator"].function
 
 
-class ScriptedPolicy(RolloutService):
-    """Row j of a request answers ``script(context, seed + j * n + k)``, cut at the row's max_new_tokens (then
-    finish "length"); log-probs -0.5. Records every request it gets."""
+class ScriptedPolicy(ScriptedService):
+    """The scripted service with every log-prob -0.5."""
 
     def __init__(self, script):
-        super().__init__()
-        self.script, self.requests = script, []
-
-    def submit(self, request):
-        self.requests.append(request)
-        outputs = []
-        for j, prompt in enumerate(request.prompts):
-            for k in range(request.n):
-                text = self.script(TOK.decode(prompt), request.seed + j * request.n + k)
-                budget = request.max_new_tokens[j] if request.max_new_tokens else request.sampling.max_tokens
-                ids = TOK.encode(text)[:budget]
-                outputs.append(RolloutOutput(j, ids, [-0.5] * len(ids), "stop" if len(ids) == len(text) else "length"))
-        return RolloutHandle(request, self.version, outputs)
-
-    def collect(self, handle):
-        return GeneratedBatch(handle.pending, {}, [])
+        super().__init__(script, logprob=lambda token, version: -0.5)
 
 
 def calculate_then_answer(context, seed):

@@ -19,6 +19,7 @@ from .rollout import (
     RolloutOutput,
     RolloutRequest,
     RolloutResult,
+    by_prompt,
     request_digest,
     slowest,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "RolloutRequest",
     "RolloutResult",
     "build_experience",
+    "by_prompt",
     "mini_batch_plan",
     "request_digest",
     "response_part",

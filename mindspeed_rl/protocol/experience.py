@@ -19,7 +19,7 @@ import torch
 
 from ..algorithms.losses import LossScale
 from ..datasets.padding import left_pad
-from .rollout import RolloutOutput
+from .rollout import RolloutOutput, by_prompt
 
 Rows = Union[np.ndarray, Sequence[int], slice]
 
@@ -242,12 +242,10 @@ def build_experience(
     of an output without per-token versions were sampled by policy ``version``; its ``loss_mask`` (tool
     results 0) becomes the row's, all 1 without one.
     """
-    by_prompt: Dict[int, List[RolloutOutput]] = {}
-    for out in outputs:
-        by_prompt.setdefault(out.prompt_index, []).append(out)
+    grouped = by_prompt(outputs)
     rows: List[Tuple[Sequence[int], RolloutOutput]] = []
     for i in range(len(prompts)):
-        got = by_prompt.get(i, [])
+        got = grouped.get(i, [])
         if len(got) != n:
             raise RuntimeError(f"prompt {i}: {len(got)} responses, expected {n}")
         rows += [(prompts[i], o) for o in got]

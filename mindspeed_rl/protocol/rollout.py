@@ -65,6 +65,14 @@ def request_digest(
     ).hexdigest()
 
 
+def by_prompt(outputs: Iterable[RolloutOutput]) -> Dict[int, List[RolloutOutput]]:
+    """Outputs grouped by their prompt index, each group in the order given."""
+    grouped: Dict[int, List[RolloutOutput]] = {}
+    for out in outputs:
+        grouped.setdefault(out.prompt_index, []).append(out)
+    return grouped
+
+
 def slowest(timings: Iterable[Dict[str, float]]) -> Dict[str, float]:
     """Each named phase's longest time over the ranks that report it (the ranks run in parallel)."""
     out: Dict[str, float] = {}

@@ -21,10 +21,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from ..config_cls.base import ConfigError
 from ..config_cls.generate_config import SamplingConfig
 from ..datasets.prompt_dataset import PromptBatch
-from ..protocol.rollout import RolloutRequest
+from ..protocol.rollout import RolloutRequest, by_prompt
 from ..utils.clock import Clock
 from .agent_loop import RolloutFunction
-from .trajectory import CUT, FINISHED, Trajectory
+from .trajectory import Trajectory
 
 
 class TrajectoryPool:
@@ -116,10 +116,10 @@ class TrajectoryPool:
             if work is not None and not traj.done:
                 works.append((traj, work))
         if works:
-            self._start_tools(works, clock)
+            self._start_tools(works)
         return sum(len(out.response_ids) for out in generated.outputs)
 
-    def _start_tools(self, works: List[Tuple[Trajectory, object]], clock: Clock) -> None:
+    def _start_tools(self, works: List[Tuple[Trajectory, object]]) -> None:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="rollout-tools")
 
@@ -154,21 +154,18 @@ class TrajectoryPool:
                 return service.collect(service.submit(req)).outputs
 
         batch = self.function.run_batch(request, generate, [g[0].tools for g in groups])
-        by_prompt: Dict[int, list] = {}
-        for out in batch.outputs:
-            by_prompt.setdefault(out.prompt_index, []).append(out)
+        grouped = by_prompt(batch.outputs)
         for i, group in enumerate(groups):
-            outs = by_prompt.get(i, [])
+            outs = grouped.get(i, [])
             if len(outs) != self.n:
                 raise RuntimeError(
                     f"rollout function {self.function.name}: prompt {i} has {len(outs)} of {self.n} outputs"
                 )
             for traj, out in zip(group, outs):
                 traj.append(out.response_ids, out.logprobs, version, trained=True)
-                if out.loss_mask is not None:
+                if out.loss_mask is not None:  # the function's own mask (its tool results 0)
                     traj.loss_mask = list(out.loss_mask)
-                    traj.logprobs = list(out.logprobs)
-                traj.end(FINISHED if out.finish_reason == "stop" else CUT, out.finish_reason)
+                traj.end_with(out.finish_reason)
         for key, value in batch.metrics.items():
             if key.startswith("timing/"):
                 clock.add(key, value)

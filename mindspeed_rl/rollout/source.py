@@ -30,7 +30,7 @@ import torch
 from ..config_cls.base import ConfigError
 from ..config_cls.generate_config import SamplingConfig
 from ..datasets.prompt_dataset import PromptBatch
-from ..protocol import Experience, RolloutOutput, build_experience
+from ..protocol import Experience, RolloutOutput, build_experience, by_prompt
 from ..utils.clock import Clock
 from .agent_loop import AgentContext, AgentSettings, RolloutFunction, ToolFormat, build_rollout_function
 from .group_filter import DynamicSampling, GroupFilter, KeepAll
@@ -117,7 +117,7 @@ class RolloutSource:
         sampling: Optional[SamplingConfig] = None,
     ) -> None:
         self.service, self.function, self.filter, self.schedule = service, function, group_filter, schedule
-        self.draw, self.score, self.n, self.seed, self.pad_id = draw, score, n, seed, pad_id
+        self.draw, self.score, self.n, self.pad_id = draw, score, n, pad_id
         self.ahead, self.sampling = ahead, sampling  # sampling: what a whole-batch function reads in its request
         self.pool = TrajectoryPool(function, n, max_tokens)
         self.seeds = SeedStream(seed, "train")
@@ -126,13 +126,6 @@ class RolloutSource:
     def off_policy(self) -> bool:
         """Batches may hold tokens of older policy versions (partial or asynchronous rollout)."""
         return self.schedule.parks or self.ahead is not None
-
-    @property
-    def description(self) -> str:
-        parts = [self.function.name, self.filter.name, self.schedule.name]
-        if self.ahead is not None:
-            parts.append(f"ahead {self.ahead.lag}")
-        return " / ".join(parts)
 
     # ----- the trainer's calls -------------------------------------------------------------------------
     def next_batch(self, iteration: int) -> RolloutBatch:
@@ -143,16 +136,13 @@ class RolloutSource:
             produced, waited, waited_in_all = self.ahead.take(iteration)
         exp = self.experience(produced)
         metrics = dict(produced.metrics)
-        clock = produced.clock
-        if waited is not None:
-            clock = Clock()
-            clock.merge(produced.clock)
-            clock.add("timing/rollout_wait", waited)
+        if waited is not None:  # the batch left the queue: its clock takes the wait for it
+            produced.clock.add("timing/rollout_wait", waited)
             # the share of this batch's production that ran while the trainer did something else (the trainer
             # waits for it before an earlier weight update and when it takes it)
             seconds = produced.seconds
             metrics["async/overlap_share"] = max(0.0, 1.0 - waited_in_all / seconds) if seconds > 0 else 0.0
-        return RolloutBatch(exp, metrics, clock)
+        return RolloutBatch(exp, metrics, produced.clock)
 
     def settle(self) -> float:
         """Wait for the productions in flight (asynchronous rollout); returns the seconds waited."""
@@ -363,19 +353,16 @@ def legacy_async_batch(item: Dict, n: int) -> Produced:
     """A batch of ``trainer_state.async_rollout`` (written before batches came from a source)."""
     prompts = PromptBatch(**item["prompts"])
     version = int(item["version"])
-    by_prompt: Dict[int, List[Dict]] = {}
-    for out in item["outputs"]:
-        by_prompt.setdefault(int(out["prompt_index"]), []).append(out)
+    grouped = by_prompt(RolloutOutput(**out) for out in item["outputs"])
     groups = []
     for i, prompt in enumerate(prompts.input_ids):
         group = []
-        for k, out in enumerate(by_prompt.get(i, [])):
-            ids = list(out["response_ids"])
-            traj = Trajectory(i * n + k, list(prompt), prompts.labels[i], max(1, len(ids)))
-            traj.tokens, traj.logprobs = ids, list(out["logprobs"])
-            traj.versions = list(out.get("versions") or [version] * len(ids))
-            traj.loss_mask = list(out.get("loss_mask") or [1] * len(ids))
-            traj.end("finished" if out["finish_reason"] == "stop" else "cut", out["finish_reason"])
+        for k, out in enumerate(grouped.get(i, [])):
+            ids = list(out.response_ids)
+            traj = Trajectory(i * n + k, list(prompt), prompts.labels[i], max(1, len(ids)), tokens=ids,
+                              logprobs=list(out.logprobs), loss_mask=list(out.loss_mask or [1] * len(ids)),
+                              versions=list(out.versions or [version] * len(ids)))  # fmt: skip
+            traj.end_with(out.finish_reason)
             group.append(traj)
         groups.append(group)
     clock = Clock()

@@ -67,6 +67,10 @@ class Trajectory:
     def end(self, status: str, finish_reason: str) -> None:
         self.status, self.finish_reason = status, finish_reason
 
+    def end_with(self, finish_reason: str) -> None:
+        """Ended as the engine says: finished on a stop token, cut otherwise (at the budget)."""
+        self.end(FINISHED if finish_reason == "stop" else CUT, finish_reason)
+
     def count_error(self, kind: str, count: int = 1) -> None:
         if count:
             self.tool_errors[kind] = self.tool_errors.get(kind, 0) + count
@@ -99,11 +103,11 @@ def group_outputs(groups: Sequence[Sequence[Trajectory]]):
 def from_partial_pool(item: Dict) -> Trajectory:
     """A response of a checkpoint written before trajectories had one type (``trainer_state.partial_rollout``)."""
     tokens = list(item["response_ids"])
-    status = INTERRUPTED
-    if item["finished"]:
-        status = FINISHED if item["finish_reason"] == "stop" else CUT
-    return Trajectory(
+    traj = Trajectory(
         int(item["uid"]), list(item["prompt"]), item["label"], int(item["budget"]), tokens=tokens,
         logprobs=list(item["logprobs"]), loss_mask=[1] * len(tokens), versions=list(item["versions"]),
-        status=status, finish_reason=item["finish_reason"], age=int(item["age"]),
+        finish_reason=item["finish_reason"], age=int(item["age"]),
     )  # fmt: skip
+    if item["finished"]:
+        traj.end_with(item["finish_reason"])
+    return traj

@@ -64,10 +64,10 @@ class PPOTrainer:
         rollout_service=None,
     ):
         self.cfg, self.rl, self.gen = cfg, cfg.rl, cfg.generate
-        self.actor, self.critic, self.reward_model = actor_group, critic_group, reward_group
-        self.reward_runner, self.dataset, self.sampler = reward_runner, dataset, sampler
+        self.actor, self.critic = actor_group, critic_group
+        self.reward_runner, self.sampler = reward_runner, sampler
         self.test_prompts = PromptBatch.of(test_dataset, range(len(test_dataset))) if test_dataset is not None else None
-        self.tokenizer, self.logger = tokenizer, logger
+        self.logger = logger
         self.iteration = start_iteration
         self.algorithm = cfg.algorithm
         self.kl_ctrl = make_kl_controller(

@@ -50,7 +50,7 @@ class Scorer:
         """The reward model's score per row. The rollout source scores the groups it offers, which need not
         split over the reward model's data-parallel ranks: the rows are padded with repeats, the repeats'
         scores dropped."""
-        rows, dp = exp.num_rows, max(1, int(getattr(self.reward_model, "dp_size", 1)))
+        rows, dp = exp.num_rows, self.reward_model.dp_size
         padded = exp if rows % dp == 0 else exp.select(np.arange(rows + (-rows) % dp) % rows)
         answer = self.reward_model.forward("compute_scores", padded, balance=self.rl.use_dp_batch_balance)
         return answer.per_row[:rows]
