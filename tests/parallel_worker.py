@@ -6,14 +6,15 @@ import torch
 import torch.distributed as torch_dist
 
 
-def start_rank(rank, world, port, tp=1, pp=1, ep=1):
-    """One thread per process, the gloo world, megatron's TP x PP (x EP) groups seeded alike on every rank."""
+def start_rank(rank, world, port, tp=1, pp=1, ep=1, cp=1):
+    """One thread per process, the gloo world, megatron's TP x PP (x EP, x CP) groups seeded alike on every
+    rank."""
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     from mindspeed_rl.utils import dist
 
     dist.init_distributed(rank, world, master_port=port)
-    dist.init_model_parallel(tp, pp, seed=5, ep=ep)
+    dist.init_model_parallel(tp, pp, seed=5, ep=ep, cp=cp)
     return dist
 
 
@@ -52,13 +53,14 @@ def run(rank, world, spec, workdir, port):
     from mindspeed_rl.models.engine import MegatronEngine
     from tests.helpers import make_batch, tiny_model_config, tiny_role
 
-    tp, pp = spec["tp"], spec["pp"]
-    dist = start_rank(rank, world, port, tp, pp)
+    tp, pp, cp = spec["tp"], spec["pp"], spec.get("cp", 1)
+    dist = start_rank(rank, world, port, tp, pp, cp=cp)
     model = tiny_model_config(num_layers=4)
     layer_list = spec.get("num_layer_list")
     counts = [int(x) for x in layer_list.split(",")] if layer_list else [model.num_layers // pp] * pp
     tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
     dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+    cp_rank = ps.get_context_parallel_rank()
     results = {}
     batch = make_batch(8, 20, vocab=model.padded_vocab_size, seed=1)
     rows = batch["input_ids"].shape[0] // dp
@@ -79,8 +81,11 @@ def run(rank, world, spec, workdir, port):
             num_layer_list=layer_list,
             use_distributed_optimizer=spec.get("dist_opt", False),
             lr=1e-4,
+            context_parallel_size=cp,
+            sequence_parallel=spec.get("sp", False),
+            log_prob_chunk_size=spec.get("chunk", 1024),
         )
-        engine = MegatronEngine(role, head=head, total_steps=4)
+        engine = MegatronEngine(role, head=head, total_steps=4, remove_padding=spec.get("packed", False))
         engine.load_weights(shard_state_dict(full, tp, tp_rank, counts, pp_rank))
         out = engine.forward(local, micro_batch_size=2, with_entropy=True)
         loss_fn = {
@@ -91,10 +96,11 @@ def run(rank, world, spec, workdir, port):
         step = engine.train_step(local, loss_fn, micro_batch_size=2)
         gathered = [None] * world
         torch_dist.all_gather_object(
-            gathered, (pp_rank, tp_rank, dp_rank, out, {k: v.clone() for k, v in engine.named_weights()})
+            gathered,
+            (pp_rank, tp_rank, dp_rank if cp_rank == 0 else -1, out, {k: v.clone() for k, v in engine.named_weights()}),
         )
-        if rank == 0:
-            outs = [g[3] for g in sorted(gathered, key=lambda g: g[2]) if g[0] == pp - 1 and g[1] == 0]
+        if rank == 0:  # (a CP rank other than 0 holds copies: listed with DP rank -1)
+            outs = [g[3] for g in sorted(gathered, key=lambda g: g[2]) if g[0] == pp - 1 and g[1] == 0 and g[2] >= 0]
             results[run_name] = {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
             shards = [
                 [next(g[4] for g in gathered if g[0] == p and g[1] == t and g[2] == 0) for t in range(tp)]

@@ -5,14 +5,10 @@ import math
 import pytest
 import torch
 
-from mindspeed_rl.models.engine import (
-    MegatronEngine,
-    megatron_attention_mask,
-    position_ids_from_mask,
-    split_micro_batches,
-)
+from mindspeed_rl.models.engine import MegatronEngine, split_micro_batches
 from mindspeed_rl.models.heads import last_token_values, log_probs_and_entropy
 from mindspeed_rl.models.offload import Offloader
+from mindspeed_rl.models.packing import megatron_attention_mask, position_ids_from_mask
 from mindspeed_rl.utils import dist
 from tests.helpers import make_batch, sft_loss, single_process_world_fixture, tiny_role
 
@@ -162,7 +158,9 @@ def test_value_head_engine_outputs_values():
     batch = make_batch(4, 10)
     out = critic.forward(batch, 2)
     assert out["values"].shape == (4, 10) and torch.all(out["values"][:, 0] == 0)
-    assert torch.equal(out["values"][:, 1:], out["raw_values"][:, :-1])
+    keep = (batch["attention_mask"][:, 1:] * batch["attention_mask"][:, :-1]).bool()  # a real token after one
+    assert torch.equal(out["values"][:, 1:][keep], out["raw_values"][:, :-1][keep])
+    assert torch.all(out["values"][:, 1:][~keep] == 0)  # nothing values a token that follows padding
     assert critic.unwrapped().output_layer.weight.shape == (1, 64)
 
 

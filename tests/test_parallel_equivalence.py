@@ -1,4 +1,5 @@
-"""TP=2, PP=2, DP=2 give the same log-probs, values, losses and updated weights as TP=1.
+"""TP=2, PP=2, DP=2 and CP=2 (alone, packed with DP 2, with TP 2) give the same log-probs, values, losses and
+updated weights as TP=1.
 
 Each layout runs in its own spawned processes (gloo on CPU); fp32, max abs diff <= 1e-5.
 """
@@ -17,7 +18,13 @@ LAYOUTS = [
     dict(name="tp2", tp=2, pp=1, world=2),
     dict(name="pp2", tp=1, pp=2, world=2, num_layer_list="1,3"),
     dict(name="dp2", tp=1, pp=1, world=2, dist_opt=True),
+    # context parallelism (Ulysses): padded rows; packed rows with DP 2 and the distributed optimizer; with
+    # TP 2 and sequence parallelism (2 heads, 1 query group per TP rank: the group is repeated per CP rank)
+    dict(name="cp2", tp=1, pp=1, cp=2, world=2, chunk=16),
+    dict(name="cp2_packed_dp2", tp=1, pp=1, cp=2, world=4, packed=True, dist_opt=True),
+    dict(name="cp2_tp2", tp=2, pp=1, cp=2, world=4, sp=True),
 ]
+CP_LAYOUTS = ["cp2", "cp2_packed_dp2", "cp2_tp2"]
 TOL = 1e-5
 
 
@@ -52,7 +59,7 @@ def _max_diff(a, b):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"])
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"] + CP_LAYOUTS)
 def test_outputs_and_losses_match_tp1(results, layout):
     ref, got = results["tp1"], results[layout]
     assert _max_diff(ref["lm"]["log_probs"], got["lm"]["log_probs"]) <= TOL
@@ -70,7 +77,7 @@ def test_outputs_and_losses_match_tp1(results, layout):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"])
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"] + CP_LAYOUTS)
 def test_one_optimizer_step_gives_the_same_weights(results, layout):
     ref, got = results["tp1"], results[layout]
     for head in ("lm", "value"):

@@ -92,6 +92,7 @@ class Accelerator:
             "fused_swiglu": True,
             "bias_activation_fusion": True,
             "bias_dropout_fusion": True,
+            "ring_attention": False,  # context_parallel_algo megatron_cp_algo
         }
 
     @classmethod

@@ -78,4 +78,5 @@ class CudaAccelerator(Accelerator):
             rope_fusion=te,
             gradient_accumulation_fusion=te,
             masked_softmax_fusion=True,
+            ring_attention=te,  # Transformer Engine's attention with cp_comm_type p2p
         )

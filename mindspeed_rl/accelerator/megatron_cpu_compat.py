@@ -5,7 +5,8 @@ megatron-core assumes CUDA in a few places (measured with megatron-core 0.12 and
   ``torch.cuda.synchronize()``: on a CPU-only torch the first now names the CPU, the
   second does nothing.
 - the CUDA RNG tracker (``model-parallel-rng``): replaced by one over the CPU generator.
-- ``get_default_causal_mask`` allocating on "cuda": rebuilt on the CPU.
+- ``get_default_causal_mask`` allocating on "cuda": rebuilt on the CPU; RoPE's context-parallel slice
+  (``get_pos_emb_on_this_cp_rank``, a pinned CUDA index) likewise.
 - optimizer wrappers, grad clipping, the pipeline schedules and ``broadcast_data`` build
   tensors with ``device='cuda'``, call ``.cuda()`` or test ``.type() == 'torch.cuda.FloatTensor'``:
   they run inside :class:`CudaToCpuMode`, a torch-function mode that maps CUDA to the CPU,
@@ -136,6 +137,19 @@ def _cpu_causal_mask(sq: int) -> torch.Tensor:
     return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
 
 
+def _cpu_pos_emb_on_this_cp_rank(pos_emb: torch.Tensor, seq_dim: int, cp_group=None) -> torch.Tensor:
+    """megatron's ``get_pos_emb_on_this_cp_rank`` without its pinned-memory CUDA index: chunks r and
+    2 CP - 1 - r of the positions (0.12's signature has no ``cp_group``: the global CP group)."""
+    from megatron.core import parallel_state as ps
+
+    size = cp_group.size() if cp_group is not None else ps.get_context_parallel_world_size()
+    rank = cp_group.rank() if cp_group is not None else ps.get_context_parallel_rank()
+    index = torch.tensor([rank, 2 * size - rank - 1], device=pos_emb.device)
+    chunks = pos_emb.view(*pos_emb.shape[:seq_dim], 2 * size, -1, *pos_emb.shape[seq_dim + 1 :])
+    chunks = chunks.index_select(seq_dim, index)
+    return chunks.view(*chunks.shape[:seq_dim], -1, *chunks.shape[seq_dim + 2 :])
+
+
 # Functions that build CUDA tensors outside the model's forward: run them under the mode.
 SCOPED = [
     ("megatron.core.optimizer.clip_grads", "get_grad_norm_fp32"),
@@ -192,6 +206,18 @@ def apply() -> None:
             continue
         if hasattr(mod, "get_default_causal_mask"):
             mod.get_default_causal_mask = _cpu_causal_mask
+
+    for name in (
+        "megatron.core.models.common.embeddings.rope_utils",
+        "megatron.core.models.common.embeddings.rotary_pos_embedding",
+        "megatron.core.models.common.embeddings.yarn_rotary_pos_embedding",
+    ):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(mod, "get_pos_emb_on_this_cp_rank"):
+            mod.get_pos_emb_on_this_cp_rank = _cpu_pos_emb_on_this_cp_rank
 
     for module_name, attr in SCOPED:
         _wrap(module_name, attr)

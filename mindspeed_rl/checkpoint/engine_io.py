@@ -2,7 +2,9 @@
 
 Every rank of the engine's world calls these together. Each (TP, PP) rank file is written by
 the rank with DP rank 0 (with expert parallelism: each (TP, PP, EP) file by the EP rank's first
-data-parallel replica); with the distributed optimizer every DP rank also writes its own shard.
+data-parallel replica); with the distributed optimizer every DP rank also writes its own shard. Context-
+parallel ranks hold the same weights as DP replicas do and count as DP ranks here (megatron's
+distributed optimizer shards over DP x CP), so a checkpoint does not depend on the CP size.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ def _ranks():
     return (
         ps.get_tensor_model_parallel_rank(),
         ps.get_pipeline_model_parallel_rank(),
-        ps.get_data_parallel_rank(),
+        ps.get_data_parallel_rank(with_context_parallel=True),
         ps.get_tensor_model_parallel_world_size(),
         ps.get_pipeline_model_parallel_world_size(),
     )
@@ -36,7 +38,7 @@ def _expert_ranks():
 
     ep = ps.get_expert_model_parallel_world_size()
     if ep == 1:
-        return 0, 1, ps.get_data_parallel_rank() == 0
+        return 0, 1, ps.get_data_parallel_rank(with_context_parallel=True) == 0
     return ps.get_expert_model_parallel_rank(), ep, ps.get_expert_data_parallel_rank() == 0
 
 

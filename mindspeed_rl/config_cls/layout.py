@@ -1,5 +1,5 @@
 """Which ranks do what: rollout engines (blocks of infer-TP actor ranks, as vLLM splits the world) and
-train data-parallel groups (megatron's order: TP fastest, then DP, then PP), as lists and as a diagram."""
+train data-parallel groups (megatron's order: TP fastest, then CP, then DP, then PP), as lists and as a diagram."""
 
 from __future__ import annotations
 
@@ -11,14 +11,24 @@ def engine_blocks(world: int, infer_tp: int) -> List[List[int]]:
     return [list(range(start, start + infer_tp)) for start in range(0, world, infer_tp)]
 
 
-def dp_groups(tp: int, dp: int, pp: int) -> List[List[int]]:
-    """Ranks of each data-parallel group (its TP x PP ranks)."""
-    return [sorted(t + tp * d + tp * dp * p for p in range(pp) for t in range(tp)) for d in range(dp)]
+def dp_groups(tp: int, dp: int, pp: int, cp: int = 1) -> List[List[int]]:
+    """Ranks of each data-parallel group (its TP x CP x PP ranks: one copy of the data)."""
+    return [
+        sorted(t + tp * (c + cp * (d + dp * p)) for p in range(pp) for c in range(cp) for t in range(tp))
+        for d in range(dp)
+    ]
 
 
-def train_coordinates(rank: int, tp: int, dp: int) -> Tuple[int, int, int]:
+def cp_groups(tp: int, dp: int, pp: int, cp: int) -> List[List[int]]:
+    """Ranks of each context-parallel group (they split one sequence)."""
+    return [
+        [t + tp * (c + cp * (d + dp * p)) for c in range(cp)] for p in range(pp) for d in range(dp) for t in range(tp)
+    ]
+
+
+def train_coordinates(rank: int, tp: int, dp: int, cp: int = 1) -> Tuple[int, int, int]:
     """(tp_rank, dp_rank, pp_rank) of ``rank``."""
-    return rank % tp, (rank // tp) % dp, rank // (tp * dp)
+    return rank % tp, (rank // (tp * cp)) % dp, rank // (tp * cp * dp)
 
 
 def describe_blocks(blocks: Sequence[Sequence[int]], name: str, shown: int = 4) -> str:
@@ -32,15 +42,17 @@ def describe_blocks(blocks: Sequence[Sequence[int]], name: str, shown: int = 4) 
     return text + (f", ... ({len(blocks)} in all)" if len(blocks) > shown else "")
 
 
-def layout_diagram(world: int, infer_tp: int, roles: Sequence[Tuple[str, int, int, int]], max_columns: int = 8) -> str:
-    """A text picture of ranks -> engines -> DP groups. ``roles``: (name, tp, dp, pp) of each Megatron
-    role on these ranks. Adjacent ranks with the same engine and DP/PP place share a column."""
+def layout_diagram(world: int, infer_tp: int, roles: Sequence[Tuple], max_columns: int = 8) -> str:
+    """A text picture of ranks -> engines -> DP groups. ``roles``: (name, tp, dp, pp[, cp]) of each Megatron
+    role on these ranks. Adjacent ranks with the same engine and DP/PP/CP place share a column."""
+    roles = [tuple(r) + (1,) * (5 - len(r)) for r in roles]
 
     def labels(rank: int) -> List[str]:
         row = [f"engine {rank // infer_tp}"]
-        for _, tp, dp, pp in roles:
-            _, d, p = train_coordinates(rank, tp, dp)
-            row.append(f"DP {d}" + (f" PP {p}" if pp > 1 else ""))
+        for _, tp, dp, pp, cp in roles:
+            _, d, p = train_coordinates(rank, tp, dp, cp)
+            c = (rank // tp) % cp
+            row.append(f"DP {d}" + (f" PP {p}" if pp > 1 else "") + (f" CP {c}" if cp > 1 else ""))
         return row
 
     segments: List[Tuple[int, int, List[str]]] = []
@@ -56,7 +68,7 @@ def layout_diagram(world: int, infer_tp: int, roles: Sequence[Tuple[str, int, in
         segments = segments[: max_columns - 1] + [segments[-1]]
     heads = ["ranks"] + ["rollout"] + [f"{name} train" for name, *_ in roles]
     notes = [f"{world} rank(s)", f"infer TP {infer_tp}: each engine's ranks run one vLLM instance on the same prompts"]
-    notes += [f"TP {tp} x PP {pp} ranks per DP group" for _, tp, _, pp in roles]
+    notes += [f"TP {tp} x PP {pp}" + (f" x CP {cp}" if cp > 1 else "") + " ranks per DP group" for _, tp, _, pp, cp in roles]
     cells = [[f"{a}" if a == b else f"{a}-{b}" for a, b, _ in segments]]
     cells += [[seg[2][row] for seg in segments] for row in range(1 + len(roles))]
     widths = [max(len(cells[r][c]) for r in range(len(cells))) for c in range(len(segments))]

@@ -56,6 +56,25 @@ class MegatronConfig:
     expert_model_parallel_size: int = opt(
         1, "Expert-parallel size (MoE): the experts are split over this many data-parallel ranks.", ge=1
     )
+    context_parallel_size: int = opt(
+        1,
+        "Context-parallel size: every sequence is split over this many ranks (long responses); data "
+        "parallelism is what remains of the devices after TP x PP x CP.",
+        ge=1,
+    )
+    context_parallel_algo: str = opt(
+        "ulysses_cp_algo",
+        "How attention spans the split sequence: ulysses_cp_algo (all-to-all between sequence and heads; every "
+        "device; the query groups per TP rank must split over CP or divide it) or megatron_cp_algo (ring "
+        "attention: Transformer Engine on CUDA, MindSpeed on NPU).",
+        choices=("ulysses_cp_algo", "megatron_cp_algo"),
+    )
+    log_prob_chunk_size: int = opt(
+        1024,
+        "Tokens whose logits exist at once when the LM head computes log-probs and entropy (recomputed chunk "
+        "by chunk in the backward); 0 computes the whole micro-batch at once.",
+        ge=0,
+    )
     num_layer_list: Optional[str] = opt(None, "Uneven layers per pipeline stage, e.g. '3,5'.")
     # batches and schedule
     global_batch_size: int = opt(1, "Prompts per PPO iteration.", ge=1)

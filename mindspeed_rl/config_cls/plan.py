@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .feature_rules import agent_rollout_function, filter_metric_name
-from .layout import describe_blocks, dp_groups, engine_blocks, layout_diagram
+from .layout import cp_groups, describe_blocks, dp_groups, engine_blocks, layout_diagram
 from .probes import devices_per_node
 
 if TYPE_CHECKING:
@@ -89,7 +89,9 @@ def batch_plan(cfg: PPOConfig) -> str:
                 f"experts over EP {m.expert_model_parallel_size}"
             )
         lines.append(
-            f"  {role.name:<10}: {role.num_devices} devices = TP {role.tp} x PP {role.pp} x DP {role.dp}; "
+            f"  {role.name:<10}: {role.num_devices} devices = TP {role.tp} x PP {role.pp}"
+            + (f" x CP {role.cp}" if role.cp > 1 else "")
+            + f" x DP {role.dp}; "
             f"model {m.model} ({params}); "
             + (
                 f"{per_rank} samples per DP rank per mini-batch = {micro} micro-batch(es) of {m.micro_batch_size}; "
@@ -98,20 +100,28 @@ def batch_plan(cfg: PPOConfig) -> str:
                 else f"{per_rank} samples per DP rank to score"
             )
         )
+    longest = cfg.rl.max_prompt_length + gen.sampling_config.max_tokens
     for role in roles:
         if role.name != "reward":
             lines.append(f"  {role.name + ' mem':<10}: " + trainable_memory(role))
+        lines.append(f"  {role.name + ' seq':<10}: " + sequence_memory(role, longest))
     for role in roles:
         lines.append(
             f"  {role.name + ' DP':<10}: "
-            + describe_blocks(dp_groups(role.tp, role.dp, role.pp), "DP")
-            + f" (ranks of each {role.name} data-parallel group: TP x PP)"
+            + describe_blocks(dp_groups(role.tp, role.dp, role.pp, role.cp), "DP")
+            + f" (ranks of each {role.name} data-parallel group: TP x PP" + (" x CP)" if role.cp > 1 else ")")
         )
+        if role.cp > 1:
+            lines.append(
+                f"  {role.name + ' CP':<10}: "
+                + describe_blocks(cp_groups(role.tp, role.dp, role.pp, role.cp), "CP")
+                + f" (ranks that split one sequence, {role.megatron.context_parallel_algo})"
+            )
     lines.append(
         f"  forward   : actor_forward_micro_batch_size {cfg.rl.actor_forward_micro_batch_size}, "
         f"ref_forward_micro_batch_size {cfg.rl.ref_forward_micro_batch_size}"
     )
-    co_located = [(r.name, r.tp, r.dp, r.pp) for r in roles if r.num_devices == devices]
+    co_located = [(r.name, r.tp, r.dp, r.pp, r.cp) for r in roles if r.num_devices == devices]
     lines.append("  layout (one placement group; roles share the bundles):")
     lines += ["    " + line for line in layout_diagram(devices, itp, co_located).splitlines()]
     return "\n".join(lines)
@@ -136,6 +146,33 @@ def trainable_memory(role) -> str:
     if m.use_distributed_optimizer:
         state_bytes //= role.dp
     return f"{what}; optimizer state about {state_bytes / 2**30:.2f} GiB per rank"
+
+
+def sequence_memory(role, tokens: int) -> str:
+    """What one sequence of ``tokens`` costs a rank of this role: its share of the tokens (CP splits them,
+    sequence parallelism splits them again inside the layers), the activations of a micro-batch of such
+    sequences kept for the backward without recomputation (about 34 x hidden bytes per token and layer with
+    16-bit activations and flash attention, Korthikanti et al. 2022), and the LM head's logits chunk."""
+    m, model = role.megatron, role.model
+    per_rank = -(-tokens // role.cp)
+    split = role.tp if m.sequence_parallel and role.tp > 1 else 1
+    layers = max(m.layers_per_stage(model.num_layers))
+    width = 2 if m.bf16 or m.fp16 else 4
+    activations = 34 / 2 * width * model.hidden_size * per_rank * m.micro_batch_size * layers / split
+    vocab = model.padded_vocab_size or model.vocab_size or 0
+    text = (
+        f"longest sequence {tokens} tokens -> {per_rank} per rank (CP {role.cp}); activations about "
+        f"{activations / 2**30:.2f} GiB per micro-batch of {m.micro_batch_size}"
+    )
+    if vocab and role.name == "actor":
+        chunk = m.log_prob_chunk_size or per_rank * m.micro_batch_size
+        whole = per_rank * m.micro_batch_size * vocab / role.tp * 4
+        text += (
+            f"; log-prob head {min(chunk, per_rank * m.micro_batch_size)} tokens x V/TP {vocab // role.tp} fp32 = "
+            f"{min(chunk * vocab / role.tp * 4, whole) / 2**20:.0f} MiB at once (whole micro-batch: "
+            f"{whole / 2**20:.0f} MiB)"
+        )
+    return text
 
 
 def readable_count(count: float) -> str:

@@ -48,8 +48,12 @@ class RoleConfig:
         return self.megatron.pipeline_model_parallel_size
 
     @property
+    def cp(self) -> int:
+        return self.megatron.context_parallel_size
+
+    @property
     def dp(self) -> int:
-        return self.num_devices // (self.tp * self.pp)
+        return self.num_devices // (self.tp * self.pp * self.cp)
 
 
 @dataclass

@@ -4,7 +4,7 @@ the key to change; none writes (derived values come from ppo_config.derive)."""
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from .base import ConfigError, closest_key
 from .feature_rules import check_agent_keys, check_dapo_keys, check_lora_keys, check_packing_keys
@@ -15,6 +15,32 @@ if TYPE_CHECKING:
 
 def _role_key(role: RoleConfig, name: str) -> str:
     return f"{role.name}_config.{name}" if role.name != "reward" else f"reward_config.{name}"
+
+
+def ulysses_layout(heads: int, groups: int, cp: int) -> Optional[str]:
+    """Why Ulysses cannot split ``heads`` query heads and ``groups`` key/value groups (per TP rank) over CP
+    ranks, or None when it can. Key/value groups fewer than CP are repeated (each rank needs one)."""
+    if heads % cp:
+        return f"{heads} attention heads per TP rank do not split over CP {cp}"
+    if groups % cp and cp % groups:
+        return f"{groups} query groups per TP rank neither split over CP {cp} nor divide it"
+    return None
+
+
+def check_context_parallel(role: RoleConfig) -> None:
+    """Ulysses splits the attention heads over CP: the heads and query groups of a TP rank must allow it."""
+    m, model = role.megatron, role.model
+    if role.cp == 1 or m.context_parallel_algo != "ulysses_cp_algo":
+        return
+    if model.num_attention_heads % role.tp or model.kv_heads % role.tp:
+        return  # the TP rule names it
+    reason = ulysses_layout(model.num_attention_heads // role.tp, model.kv_heads // role.tp, role.cp)
+    if reason:
+        raise ConfigError(
+            _role_key(role, "context_parallel_size"),
+            f"{role.cp} with ulysses_cp_algo: {reason} (model {m.model}: {model.num_attention_heads} heads, "
+            f"{model.kv_heads} query groups, TP {role.tp}); choose a CP size that fits or megatron_cp_algo",
+        )
 
 
 def check_cross_fields(cfg: PPOConfig) -> None:
@@ -39,10 +65,12 @@ def check_cross_fields(cfg: PPOConfig) -> None:
         )
     for role in cfg.roles:
         m, model = role.megatron, role.model
-        if role.num_devices % (role.tp * role.pp):
+        if role.num_devices % (role.tp * role.pp * role.cp):
+            key = "context_parallel_size" if role.cp > 1 else "tensor_model_parallel_size"
             raise ConfigError(
-                _role_key(role, "tensor_model_parallel_size"),
-                f"TP {role.tp} x PP {role.pp} = {role.tp * role.pp} does not divide the "
+                _role_key(role, key),
+                f"TP {role.tp} x PP {role.pp}" + (f" x CP {role.cp}" if role.cp > 1 else "")
+                + f" = {role.tp * role.pp * role.cp} does not divide the "
                 f"{role.name}'s {role.num_devices} devices (rl_config.{role.name}_resource.num_npus)",
             )
         if model.num_attention_heads % role.tp:
@@ -55,6 +83,7 @@ def check_cross_fields(cfg: PPOConfig) -> None:
                 _role_key(role, "tensor_model_parallel_size"),
                 f"TP {role.tp} does not divide num_query_groups {model.kv_heads} of model {m.model}",
             )
+        check_context_parallel(role)
         ep = m.expert_model_parallel_size
         if ep > 1 and not model.num_experts:
             raise ConfigError(

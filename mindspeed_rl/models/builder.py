@@ -103,25 +103,39 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
     )
     kwargs.update(get_family(model.model_type_hf).transformer_config_fields(model))
     kwargs["expert_model_parallel_size"] = megatron.expert_model_parallel_size
+    if megatron.context_parallel_size > 1:
+        kwargs["context_parallel_size"] = megatron.context_parallel_size
+        if megatron.context_parallel_algo == "megatron_cp_algo":
+            kwargs["cp_comm_type"] = "p2p"  # ring attention (Transformer Engine on CUDA)
     if megatron.num_layer_list:
         kwargs.update(compat_megatron.uneven_pipeline_fields(megatron.layers_per_stage(model.num_layers)))
     return TransformerConfig(**kwargs)
 
 
-def layer_spec(model: ModelConfig, kind: Optional[str] = None, lora: bool = False):
+def layer_spec(model: ModelConfig, kind: Optional[str] = None, lora: bool = False, ulysses: bool = False):
     """The fastest layer spec the device has: TE on CUDA (if installed), local otherwise.
 
     On NPU MindSpeed's adaptor patches the local spec's modules with its fused kernels. LoRA adapts the
     local spec's separate linear layers (TE fuses the input norm into the linear: its input is not x).
+    ``ulysses``: the core attention wrapped in our Ulysses all-to-alls (context_parallel_algo
+    ulysses_cp_algo); the ring (megatron_cp_algo) is the TE attention's own context parallelism.
     """
     from megatron.core.models.gpt import gpt_layer_specs
 
     family = dict(num_experts=model.num_experts, moe_grouped_gemm=False, qk_layernorm=model.qk_layernorm)
     if not lora and accelerator_class(kind or get_accelerator().kind).fused_features()["transformer_engine"]:
-        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(**family)
-    from .attention import with_packed_attention
+        spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(**family)
+    else:
+        from .attention import with_packed_attention
 
-    return with_packed_attention(gpt_layer_specs.get_gpt_layer_local_spec(normalization=model.normalization, **family))
+        spec = with_packed_attention(
+            gpt_layer_specs.get_gpt_layer_local_spec(normalization=model.normalization, **family)
+        )
+    if ulysses:
+        from .context_parallel import with_ulysses_attention
+
+        spec = with_ulysses_attention(spec)
+    return spec
 
 
 def padded_vocab_size(model: ModelConfig, tokenizer_vocab: Optional[int], tp: int) -> int:
@@ -156,7 +170,12 @@ def build_gpt_model(
     vocab = vocab_size or padded_vocab_size(model, None, megatron.tensor_model_parallel_size)
     gpt = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(model, acc.kind, lora=bool(megatron.lora_r)),
+        transformer_layer_spec=layer_spec(
+            model,
+            acc.kind,
+            lora=bool(megatron.lora_r),
+            ulysses=megatron.context_parallel_size > 1 and megatron.context_parallel_algo == "ulysses_cp_algo",
+        ),
         vocab_size=vocab,
         max_sequence_length=model.max_position_embeddings,
         pre_process=pre_process,

@@ -24,8 +24,8 @@ import torch.distributed as dist
 from ..accelerator import get_accelerator
 from ..config_cls.ppo_config import RoleConfig
 from .builder import build_gpt_model, params_dtype
-from .heads import attach_value_head, log_probs_and_entropy
-from .packing import megatron_attention_mask, pack, position_ids_from_mask, restore_order, token_budget_groups, trim
+from .heads import attach_value_head, chunked_log_probs, output_weight, return_hidden_states
+from .packing import ModelInput, pack, restore_order, token_budget_groups, trim
 
 Batch = Dict[str, torch.Tensor]
 LossFn = Callable[[Dict[str, torch.Tensor], Batch], Tuple[torch.Tensor, Dict[str, float]]]
@@ -77,6 +77,8 @@ class MegatronEngine:
         gpt = build_gpt_model(role.model, role.megatron, vocab_size=vocab_size)
         if head == "value":
             attach_value_head(gpt, role.model.hidden_size, init_std=value_head_init_std)
+        else:
+            return_hidden_states(gpt)  # log-probs come from the hidden states chunk by chunk (heads.py)
         self.config = gpt.config
         self.lora = None  # LoRAState when only adapters train (megatron.lora_r > 0)
         self.lora_base = None  # with LoRA: the checkpoint its frozen base was loaded from (checkpoint.lora_base)
@@ -90,6 +92,7 @@ class MegatronEngine:
                     p.requires_grad_(True)
         self.pp_last = ps.is_pipeline_last_stage(ignore_virtual=True)
         self.dp_size = ps.get_data_parallel_world_size()
+        self.cp, self.cp_rank = ps.get_context_parallel_world_size(), ps.get_context_parallel_rank()
         self.optimizer = None
         self.scheduler = None
         if trainable:
@@ -156,28 +159,31 @@ class MegatronEngine:
 
     # ----- forward / backward -------------------------------------------------------------
     def _head_outputs(
-        self, output: torch.Tensor, mb: Batch, temperature: float, with_entropy: bool, with_logits: bool = False
+        self, output: torch.Tensor, inp: ModelInput, temperature: float, with_entropy: bool, with_logits: bool
     ) -> Dict[str, torch.Tensor]:
+        """Per-token outputs on the [B, S] grid from the model's output in the computed layout (with CP: this
+        rank's positions, gathered over the CP group as per-token scalars)."""
         if self.head == "value":
-            values = output.squeeze(-1).float()
-            aligned = torch.zeros_like(values)
-            aligned[:, 1:] = values[:, :-1]
-            return {"values": aligned, "raw_values": values}
-        tokens = mb["input_ids"]
-        log_p, entropy = log_probs_and_entropy(output[:, :-1], tokens[:, 1:], temperature, with_entropy)
-        zero = torch.zeros_like(log_p[:, :1])
-        out = {"log_probs": torch.cat([zero, log_p], dim=1)}
+            values = inp.gather(output.squeeze(-1).float())
+            return {"values": inp.restore_next(values), "raw_values": inp.restore(values)}
+        weight = output_weight(self.unwrapped())
+        log_p, entropy = chunked_log_probs(
+            output, weight, inp.labels, temperature, with_entropy, self.megatron.log_prob_chunk_size
+        )
+        out = {"log_probs": inp.restore_next(inp.gather(log_p))}
         if entropy is not None:
-            out["entropy"] = torch.cat([zero, entropy], dim=1)
+            out["entropy"] = inp.restore_next(inp.gather(entropy))
         if with_logits:  # full vocabulary, gathered over TP: for checks and generation only
             from megatron.core.tensor_parallel.mappings import gather_from_tensor_model_parallel_region
 
-            out["logits"] = gather_from_tensor_model_parallel_region(output.float())
+            logits = torch.nn.functional.linear(output, weight).float()
+            out["logits"] = inp.restore(inp.gather(gather_from_tensor_model_parallel_region(logits)))
         return out
 
     def _loss_wrapper(
         self,
         mb: Batch,
+        inp: ModelInput,
         loss_fn: Optional[LossFn],
         scale: float,
         temperature: float,
@@ -185,25 +191,34 @@ class MegatronEngine:
         with_logits: bool,
         output: torch.Tensor,
     ):
-        outputs = self._head_outputs(output, mb, temperature, with_entropy, with_logits)
+        outputs = self._head_outputs(output, inp, temperature, with_entropy, with_logits)
         if loss_fn is None:  # forward only: hand the outputs back
             return output.sum() * 0.0, {k: v.detach() for k, v in outputs.items()}
         loss, metrics = loss_fn(outputs, mb)
         return loss * scale, {"loss": loss.detach().clone(), **metrics}
 
+    def model_input(self, mb: Batch, trimmed: bool = False) -> ModelInput:
+        """How a micro-batch is laid out for the model on this rank: packed valid tokens (remove_padding),
+        rows without all-padding columns (``trimmed``) or the padded rows; then this CP rank's positions."""
+        ids, mask = mb["input_ids"], mb["attention_mask"]
+        if self.remove_padding:  # valid tokens only, as one packed sequence (models/packing.py)
+            inp = pack(ids, mask, multiple=self._sequence_multiple(), row_multiple=2 * self.cp if self.cp > 1 else 1)
+        else:
+            inp = trim(ids, mask, multiple=self._sequence_multiple(), drop_padding_columns=trimmed)
+        return inp.split_context_parallel(self.cp, self.cp_rank) if self.cp > 1 else inp
+
     def _forward_step(self, loss_fn, scale, temperature, with_entropy, with_logits, trimmed, data_iterator, model):
         mb = next(data_iterator)
-        mask = mb["attention_mask"]
-        if self.remove_padding:  # valid tokens only, as one packed sequence (models/packing.py)
-            output = pack(mb["input_ids"], mask, multiple=self._sequence_multiple()).run(model)
-        elif trimmed:  # token-budget micro-batches: the columns some row of this micro-batch uses
-            output = trim(mb["input_ids"], mask).run(model)
-        else:
-            output = model(mb["input_ids"], position_ids_from_mask(mask), megatron_attention_mask(mask))
-        return output, partial(self._loss_wrapper, mb, loss_fn, scale, temperature, with_entropy, with_logits)
+        inp = self.model_input(mb, trimmed)
+        output = inp.run(model)
+        return output, partial(
+            self._loss_wrapper, mb, inp, loss_fn, scale, temperature, with_entropy, with_logits
+        )
 
     def _sequence_multiple(self) -> int:
-        return self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
+        """What a computed sequence length must be a multiple of: TP with sequence parallelism, 2 x CP."""
+        sp = self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
+        return sp * (2 * self.cp if self.cp > 1 else 1)
 
     def _micro_batches(
         self, batch: Batch, micro_batch_size: int, token_budget: Optional[int]
@@ -242,7 +257,7 @@ class MegatronEngine:
             data_iterator=iter(micro),
             model=self.model,
             num_microbatches=len(micro),
-            seq_length=batch["input_ids"].shape[1],
+            seq_length=-(-batch["input_ids"].shape[1] // self._sequence_multiple()) * self._sequence_multiple(),
             micro_batch_size=micro_batch_size,
             forward_only=forward_only,
         )

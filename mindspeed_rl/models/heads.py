@@ -1,7 +1,10 @@
 """Output heads: token log-probs and entropy from vocab-parallel logits; the value head.
 
 Logits stay split across tensor-parallel ranks (each holds V/TP vocabulary rows); only
-per-token scalars cross ranks, never the full vocabulary.
+per-token scalars cross ranks, never the full vocabulary. The actor's LM head does not even hold the
+logits of a whole micro-batch: the model hands back its last hidden states (``return_hidden_states``) and
+``chunked_log_probs`` projects them onto the vocabulary a chunk of tokens at a time, recomputing each chunk
+in the backward, so the head's extra memory is one chunk's [tokens, V/TP] at any length.
 """
 
 from __future__ import annotations
@@ -64,6 +67,91 @@ def log_probs_and_entropy(
         weighted = _tp_sum(weighted) if tp > 1 else weighted
         entropy = log_z - weighted / sum_exp
     return log_p, entropy
+
+
+def chunked_log_probs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+    chunk_size: int = 0,
+) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """``log_probs_and_entropy`` of logits = hidden W^T, ``chunk_size`` tokens at a time (0: all at once).
+
+    hidden: [..., h] (already gathered over sequence parallelism), weight: [V/TP, h] this rank's vocabulary
+    rows, labels: [...] global token ids. With gradients on, each chunk is recomputed in the backward
+    (activation checkpointing), so at most one chunk's logits exist at a time in either pass:
+        log p(t_i) = log_softmax(h_i W^T / temperature)[t_i]   for i in chunk c, c = 1..ceil(n / chunk_size)
+    """
+    shape = labels.shape
+    flat_hidden, flat_labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
+    n = flat_labels.numel()
+    size = chunk_size if 0 < chunk_size < n else max(n, 1)
+
+    def chunk(h, w, t):
+        log_p, entropy = log_probs_and_entropy(torch.nn.functional.linear(h, w), t, temperature, with_entropy)
+        return (log_p, entropy) if entropy is not None else (log_p,)
+
+    recompute = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad) and size < n
+    parts = []
+    for start in range(0, n, size):
+        args = (flat_hidden[start : start + size], weight, flat_labels[start : start + size])
+        if recompute:
+            from torch.utils.checkpoint import checkpoint
+
+            parts.append(checkpoint(chunk, *args, use_reentrant=False))
+        else:
+            parts.append(chunk(*args))
+    log_p = torch.cat([p[0] for p in parts]).view(shape)
+    entropy = torch.cat([p[1] for p in parts]).view(shape) if with_entropy else None
+    return log_p, entropy
+
+
+class _SumGradOverTP(torch.autograd.Function):
+    """Identity whose backward sums the gradient over TP ranks (each rank's vocabulary slice contributes to
+    d loss / d hidden). megatron's ``copy_to_tensor_model_parallel_region`` would all-reduce a contiguous
+    copy of a non-contiguous gradient and return the original (GPTModel's [s, b] -> [b, s] transpose makes
+    it non-contiguous)."""
+
+    @staticmethod
+    def forward(ctx, hidden):
+        return hidden.view_as(hidden)
+
+    @staticmethod
+    def backward(ctx, grad):
+        group, _, _ = _tp_group()
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=group)
+        return grad
+
+
+def return_hidden_states(gpt) -> None:
+    """Make a last-stage GPTModel return its final hidden states [b, s, h] instead of logits: its output
+    layer keeps its weight (checkpoints are unchanged) but only performs the layer's input communication
+    (the all-gather of sequence parallelism, or TP's identity whose backward all-reduces)."""
+    if not getattr(gpt, "post_process", False):
+        return
+    layer = gpt.output_layer
+    sequence_parallel, tp = gpt.config.sequence_parallel, gpt.config.tensor_model_parallel_size
+
+    def forward(hidden, weight=None, runtime_gather_output=None):
+        from megatron.core.tensor_parallel import mappings
+
+        if sequence_parallel:
+            hidden = mappings.gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True)
+        elif tp > 1:
+            hidden = _SumGradOverTP.apply(hidden)
+        return hidden, None
+
+    layer.forward = forward
+
+
+def output_weight(gpt) -> torch.Tensor:
+    """The [V/TP, h] weight of a last-stage GPTModel's output layer (the embedding's when they are tied)."""
+    if gpt.share_embeddings_and_output_weights:
+        return gpt.shared_embedding_or_output_weight()
+    return gpt.output_layer.weight
 
 
 class ValueHead(nn.Module):

@@ -19,6 +19,8 @@ the engine and the fallback rollout). ``token_budget_groups`` forms micro-batche
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -28,38 +30,92 @@ import torch
 
 @dataclass
 class ModelInput:
-    """What the GPT model is called with, and how to put its output back on the padded [B, S] grid."""
+    """What the GPT model is called with (the "computed layout" [b, s]), and how its per-position outputs go
+    back on the padded [B, S] grid. With context parallelism the model sees this rank's positions only
+    (``split_context_parallel``); ``gather`` puts per-position values of all CP ranks back together."""
 
-    input_ids: torch.Tensor  # [b, s]
+    input_ids: torch.Tensor  # [b, s] (with CP: [b, s / CP], this rank's positions)
     position_ids: torch.Tensor  # [b, s]
     attention_mask: Optional[torch.Tensor]  # [b, 1, s, s] bool, True where masked (megatron's); None when packed
     rows: torch.Tensor  # for each computed position with a real token: its row in [B, S] ...
     cols: torch.Tensor  # ... and its column
-    flat: torch.Tensor  # ... and its index in the computed output, flattened over (b, s)
+    flat: torch.Tensor  # ... and its index in the computed layout, flattened over (b, s)
     shape: Tuple[int, int]  # (B, S)
-    cu_seqlens: Optional[torch.Tensor] = None  # packed: [rows + 1] starts of the rows in the sequence
+    cu_seqlens: Optional[torch.Tensor] = None  # packed: [segments + 1] starts of the segments in the sequence
     max_seqlen: int = 0
+    labels: Optional[torch.Tensor] = None  # [b, s]: the next token of the same row (0 where there is none)
+    has_next: Optional[torch.Tensor] = None  # for each real token: whether the next one in its row is real
+    length: int = 0  # s of the whole computed layout (with CP: before the split)
+    cp_index: Optional[torch.Tensor] = None  # [CP, s / CP]: the positions each CP rank holds
 
     def run(self, model) -> torch.Tensor:
-        """The model's output on the padded [B, S] grid."""
+        """The model's output in the computed layout ([b, s, *]; with CP this rank's [b, s / CP, *])."""
         if self.cu_seqlens is None:
-            return self.restore(model(self.input_ids, self.position_ids, self.attention_mask))
+            return model(self.input_ids, self.position_ids, self.attention_mask)
         from .attention import packed_seq_params
 
-        return self.restore(
-            model(
-                self.input_ids,
-                self.position_ids,
-                None,
-                packed_seq_params=packed_seq_params(self.cu_seqlens, self.max_seqlen),
-            )
+        return model(
+            self.input_ids,
+            self.position_ids,
+            None,
+            packed_seq_params=packed_seq_params(self.cu_seqlens, self.max_seqlen),
         )
 
+    def gather(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-position values of this CP rank [b, s / CP, *] -> the whole computed layout [b, s, *]."""
+        if self.cp_index is None:
+            return values
+        from .context_parallel import gather_positions
+
+        return gather_positions(values, self.cp_index, self.length)
+
     def restore(self, output: torch.Tensor) -> torch.Tensor:
-        """The model's output [b, s, *] back on [B, S, *]; positions without a real token get 0."""
+        """Values of the whole computed layout [b, s, *] back on [B, S, *]; positions without a real token get 0."""
         flat = output.reshape(-1, *output.shape[2:])
         full = output.new_zeros(self.shape + tuple(output.shape[2:]))
         return full.index_put((self.rows, self.cols), flat[self.flat])
+
+    def restore_next(self, output: torch.Tensor) -> torch.Tensor:
+        """Values computed at each real token placed on the grid at the next token of its row (what predicts
+        or values token t sits at t); positions whose predecessor is not a real token of the row get 0."""
+        flat = output.reshape(-1, *output.shape[2:])
+        full = output.new_zeros(self.shape + tuple(output.shape[2:]))
+        keep = self.has_next
+        return full.index_put((self.rows[keep], self.cols[keep] + 1), flat[self.flat[keep]])
+
+    def split_context_parallel(self, cp: int, rank: int) -> "ModelInput":
+        """This CP rank's positions (megatron's load-balanced 2 x CP chunks of every segment)."""
+        from .context_parallel import rank_positions
+
+        if self.cu_seqlens is not None:
+            bounds = self.cu_seqlens.tolist()
+            segments = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+        else:
+            segments = [self.input_ids.shape[1]]
+        index = torch.stack([rank_positions(segments, cp, r) for r in range(cp)]).to(self.input_ids.device)
+        own = index[rank]
+        return dataclasses.replace(
+            self,
+            input_ids=self.input_ids[:, own],
+            position_ids=self.position_ids[:, own],
+            labels=self.labels[:, own],
+            length=self.input_ids.shape[1],
+            cp_index=index,
+        )
+
+
+def _with_labels(model_input: ModelInput, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> ModelInput:
+    """Fill in ``labels`` and ``has_next`` of a layout from the grid it was built from."""
+    mask = attention_mask.bool()
+    rows, cols = model_input.rows, model_input.cols
+    nxt = (cols + 1).clamp(max=mask.shape[1] - 1)
+    has_next = (cols + 1 < mask.shape[1]) & mask[rows, nxt]
+    labels = torch.zeros(model_input.input_ids.numel(), dtype=input_ids.dtype, device=input_ids.device)
+    labels[model_input.flat[has_next]] = input_ids[rows[has_next], cols[has_next] + 1]
+    model_input.labels = labels.view_as(model_input.input_ids)
+    model_input.has_next = has_next
+    model_input.length = model_input.input_ids.shape[1]
+    return model_input
 
 
 def megatron_attention_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -80,53 +136,74 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
-def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, multiple: int = 1, pad_id: int = 0) -> ModelInput:
-    """Valid tokens of every row, in order, as one sequence (length rounded up to ``multiple`` for sequence
-    parallelism; the filler tokens form a segment of their own and are dropped by ``restore``)."""
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def pack(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    multiple: int = 1,
+    pad_id: int = 0,
+    row_multiple: int = 1,
+) -> ModelInput:
+    """Valid tokens of every row, in order, as one sequence. Each row's segment is rounded up to
+    ``row_multiple`` tokens (context parallelism splits every segment into 2 x CP chunks) and the whole
+    length to ``multiple`` (sequence parallelism); the padding sits at the end of a segment or in a filler
+    segment of its own, where causal attention keeps it from every real token."""
     mask = attention_mask.bool()
-    rows, cols = mask.nonzero(as_tuple=True)
-    total = int(rows.numel())
-    length = max(1, -(-total // multiple) * multiple)
-    device = input_ids.device
-    ids = torch.full((1, length), pad_id, dtype=input_ids.dtype, device=device)
-    ids[0, :total] = input_ids[rows, cols]
-    positions = torch.zeros(1, length, dtype=torch.long, device=device)
-    positions[0, :total] = position_ids_from_mask(attention_mask)[rows, cols]
     lengths = mask.sum(1)
-    bounds = [0] + torch.cumsum(lengths[lengths > 0], 0).tolist()
-    if length > total:
+    kept = lengths[lengths > 0].tolist()
+    padded = [_round_up(n, row_multiple) for n in kept]
+    total = sum(padded)
+    length = _round_up(max(total, 1), math.lcm(multiple, row_multiple))
+    device = input_ids.device
+    rows, cols = mask.nonzero(as_tuple=True)
+    starts = torch.tensor([0] + padded[:-1], dtype=torch.long, device=device).cumsum(0)
+    row_start = torch.zeros(mask.shape[0], dtype=torch.long, device=device)
+    row_start[lengths > 0] = starts
+    flat = row_start[rows] + (mask.long().cumsum(1) - 1)[rows, cols]  # the row's real tokens, in order
+    ids = torch.full((1, length), pad_id, dtype=input_ids.dtype, device=device)
+    ids[0, flat] = input_ids[rows, cols]
+    positions = torch.zeros(1, length, dtype=torch.long, device=device)
+    positions[0, flat] = position_ids_from_mask(attention_mask)[rows, cols]
+    bounds = [0] + torch.tensor(padded, dtype=torch.long).cumsum(0).tolist()
+    if length > bounds[-1]:
         bounds.append(length)
     cu = torch.tensor(bounds, dtype=torch.int32, device=device)
-    return ModelInput(
-        ids,
-        positions,
-        None,
-        rows,
-        cols,
-        torch.arange(total, device=device),
-        tuple(attention_mask.shape),
-        cu,
-        int((cu[1:] - cu[:-1]).max()),
+    packed = ModelInput(
+        ids, positions, None, rows, cols, flat, tuple(attention_mask.shape), cu, int((cu[1:] - cu[:-1]).max())
     )
+    return _with_labels(packed, input_ids, attention_mask)
 
 
-def trim(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> ModelInput:
-    """The rows without the columns that are padding in all of them."""
-    valid_cols = attention_mask.bool().any(0).nonzero().flatten()
-    lo, hi = (int(valid_cols[0]), int(valid_cols[-1]) + 1) if valid_cols.numel() else (0, 1)
-    mask = attention_mask[:, lo:hi]
+def trim(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, multiple: int = 1, drop_padding_columns: bool = True
+) -> ModelInput:
+    """The rows as rows: without the columns that are padding in all of them (``drop_padding_columns``),
+    then widened with padding columns to a multiple of ``multiple`` (sequence / context parallelism)."""
+    if drop_padding_columns:
+        valid_cols = attention_mask.bool().any(0).nonzero().flatten()
+        lo, hi = (int(valid_cols[0]), int(valid_cols[-1]) + 1) if valid_cols.numel() else (0, 1)
+    else:
+        lo, hi = 0, attention_mask.shape[1]
+    ids, mask = input_ids[:, lo:hi], attention_mask[:, lo:hi]
+    extra = _round_up(hi - lo, multiple) - (hi - lo)
+    if extra:
+        ids = torch.nn.functional.pad(ids, (0, extra))
+        mask = torch.nn.functional.pad(mask, (0, extra))
     b, s = mask.shape
-    rows = torch.arange(b, device=mask.device).repeat_interleave(s)
-    cols = torch.arange(lo, hi, device=mask.device).repeat(b)
-    return ModelInput(
-        input_ids[:, lo:hi],
+    rows, local_cols = mask.bool().nonzero(as_tuple=True)
+    trimmed = ModelInput(
+        ids,
         position_ids_from_mask(mask),
         megatron_attention_mask(mask),
         rows,
-        cols,
-        torch.arange(b * s, device=mask.device),
+        local_cols + lo,
+        rows * s + local_cols,
         tuple(attention_mask.shape),
     )
+    return _with_labels(trimmed, input_ids, attention_mask)
 
 
 def token_budget_groups(lengths: Sequence[int], budget: int, packed: bool) -> List[np.ndarray]:

@@ -12,7 +12,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from ..datasets.padding import left_pad
-from ..models.engine import megatron_attention_mask, position_ids_from_mask
+from ..models.packing import megatron_attention_mask, position_ids_from_mask
 from .sampling import sample_next
 
 

@@ -63,6 +63,7 @@ class IntegratedActorWorker(MegatronWorker):
             m.seed,
             threads,
             ep=m.expert_model_parallel_size,
+            cp=m.context_parallel_size,
         )
         from ..accelerator import get_accelerator
         from ..models.engine import MegatronEngine

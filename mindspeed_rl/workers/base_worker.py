@@ -24,6 +24,7 @@ class MegatronWorker:
         seed: int,
         threads: int,
         ep: int = 1,
+        cp: int = 1,
     ):
         from ..utils.library_logs import route_process_output
 
@@ -44,14 +45,17 @@ class MegatronWorker:
 
         self.rank, self.world_size = rank, world_size
         dist.init_distributed(rank, world_size, master_addr, master_port, local_rank=get_accelerator().local_rank())
-        dist.init_model_parallel(tp, pp, seed=seed, ep=ep)
+        dist.init_model_parallel(tp, pp, seed=seed, ep=ep, cp=cp)
         from megatron.core import parallel_state as ps
 
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         self.pp_rank = ps.get_pipeline_model_parallel_rank()
         self.dp_rank = ps.get_data_parallel_rank()
         self.dp_size = ps.get_data_parallel_world_size()
-        self.is_output_rank = self.tp_rank == 0 and ps.is_pipeline_last_stage(ignore_virtual=True)
+        # one rank per data-parallel replica hands back outputs (CP ranks hold the same gathered outputs)
+        self.is_output_rank = (
+            self.tp_rank == 0 and ps.get_context_parallel_rank() == 0 and ps.is_pipeline_last_stage(ignore_virtual=True)
+        )
 
     def layout(self) -> RankLayout:
         return RankLayout(

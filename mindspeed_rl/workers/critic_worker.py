@@ -37,6 +37,7 @@ class CriticWorker(MegatronWorker):
             m.seed + 7,
             threads,
             ep=m.expert_model_parallel_size,
+            cp=m.context_parallel_size,
         )
         from ..models.engine import MegatronEngine
         from ..models.offload import Offloader

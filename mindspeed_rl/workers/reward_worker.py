@@ -31,6 +31,7 @@ class RewardWorker(MegatronWorker):
             m.seed + 13,
             threads,
             ep=m.expert_model_parallel_size,
+            cp=m.context_parallel_size,
         )
         from ..models.engine import MegatronEngine
 
