@@ -68,7 +68,9 @@ def layout_diagram(world: int, infer_tp: int, roles: Sequence[Tuple], max_column
         segments = segments[: max_columns - 1] + [segments[-1]]
     heads = ["ranks"] + ["rollout"] + [f"{name} train" for name, *_ in roles]
     notes = [f"{world} rank(s)", f"infer TP {infer_tp}: each engine's ranks run one vLLM instance on the same prompts"]
-    notes += [f"TP {tp} x PP {pp}" + (f" x CP {cp}" if cp > 1 else "") + " ranks per DP group" for _, tp, _, pp, cp in roles]
+    notes += [
+        f"TP {tp} x PP {pp}" + (f" x CP {cp}" if cp > 1 else "") + " ranks per DP group" for _, tp, _, pp, cp in roles
+    ]
     cells = [[f"{a}" if a == b else f"{a}-{b}" for a, b, _ in segments]]
     cells += [[seg[2][row] for seg in segments] for row in range(1 + len(roles))]
     widths = [max(len(cells[r][c]) for r in range(len(cells))) for c in range(len(segments))]

@@ -109,7 +109,8 @@ def batch_plan(cfg: PPOConfig) -> str:
         lines.append(
             f"  {role.name + ' DP':<10}: "
             + describe_blocks(dp_groups(role.tp, role.dp, role.pp, role.cp), "DP")
-            + f" (ranks of each {role.name} data-parallel group: TP x PP" + (" x CP)" if role.cp > 1 else ")")
+            + f" (ranks of each {role.name} data-parallel group: TP x PP"
+            + (" x CP)" if role.cp > 1 else ")")
         )
         if role.cp > 1:
             lines.append(

@@ -69,7 +69,8 @@ def check_cross_fields(cfg: PPOConfig) -> None:
             key = "context_parallel_size" if role.cp > 1 else "tensor_model_parallel_size"
             raise ConfigError(
                 _role_key(role, key),
-                f"TP {role.tp} x PP {role.pp}" + (f" x CP {role.cp}" if role.cp > 1 else "")
+                f"TP {role.tp} x PP {role.pp}"
+                + (f" x CP {role.cp}" if role.cp > 1 else "")
                 + f" = {role.tp * role.pp * role.cp} does not divide the "
                 f"{role.name}'s {role.num_devices} devices (rl_config.{role.name}_resource.num_npus)",
             )

@@ -19,7 +19,7 @@ rank computes identically on the gathered tensor back-propagates once per token.
 from __future__ import annotations
 
 import copy
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 import torch
 import torch.distributed as dist
@@ -133,7 +133,11 @@ class UlyssesAttention(MegatronModule):
         inner.num_attention_heads = config.num_attention_heads // self.cp
         inner.num_query_groups = config.num_query_groups * self.kv_repeat // self.cp
         self.inner = self.inner_class(
-            config=inner, layer_number=layer_number, attn_mask_type=attn_mask_type, attention_type=attention_type, **kwargs
+            config=inner,
+            layer_number=layer_number,
+            attn_mask_type=attn_mask_type,
+            attention_type=attention_type,
+            **kwargs,
         )
         self._positions = {}
 

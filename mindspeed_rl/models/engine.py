@@ -211,9 +211,7 @@ class MegatronEngine:
         mb = next(data_iterator)
         inp = self.model_input(mb, trimmed)
         output = inp.run(model)
-        return output, partial(
-            self._loss_wrapper, mb, inp, loss_fn, scale, temperature, with_entropy, with_logits
-        )
+        return output, partial(self._loss_wrapper, mb, inp, loss_fn, scale, temperature, with_entropy, with_logits)
 
     def _sequence_multiple(self) -> int:
         """What a computed sequence length must be a multiple of: TP with sequence parallelism, 2 x CP."""
