@@ -25,6 +25,13 @@ MALFORMED = [
         "num_attention_heads 40",
     ),
     (
+        ["actor_config.context_parallel_size=2"],  # Qwen2.5-32B at TP 8: 5 heads and 1 query group per TP rank
+        "actor_config.context_parallel_size",
+        "5 attention heads per TP rank do not split over CP 2",
+    ),
+    (["actor_config.context_parallel_size=3"], "actor_config.context_parallel_size", "CP 3 = 24 does not divide"),
+    (["actor_config.context_parallel_algo=ring"], "actor_config.context_parallel_algo", "ulysses_cp_algo"),
+    (
         ["generate_config.infer_tensor_parallel_size=3"],
         "generate_config.infer_tensor_parallel_size",
         "multiple nor a divisor",

@@ -1,6 +1,9 @@
 """End to end on ppo_tiny_cpu_x4, the CPU twin of the 32B recipe's layout (actor TP 2 x DP 2, two vLLM
 engines of infer TP 2, critic TP 2 x DP 2, one placement group of 4 bundles): each engine's ranks get the
-same prompts, rollout log-probs equal the actor's, and a resume at that layout continues where it stopped.
+same prompts, rollout log-probs equal the actor's, and a resume continues where it stopped.
+
+The first two iterations run with context parallelism (actor and critic TP 2 x CP 2, Ulysses): the actor's
+log-probs over the split sequences still equal vLLM's, and the resume loads those checkpoints at CP 1.
 """
 
 import os
@@ -36,7 +39,8 @@ def test_x4_twin_engines_logprobs_and_resume(tmp_path, monkeypatch):
 
     monkeypatch.setattr(WorkerGroup, "collect_generate", spy)
     try:
-        first = train(x4_config(root, paths, 2))
+        cp2 = {"actor_config.context_parallel_size": 2, "critic_config.context_parallel_size": 2}
+        first = train(x4_config(root, paths, 2, **cp2))
         resume = {
             "actor_config.finetune": "false",
             "critic_config.finetune": "false",

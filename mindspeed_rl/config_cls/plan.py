@@ -163,17 +163,25 @@ def sequence_memory(role, tokens: int) -> str:
     vocab = model.padded_vocab_size or model.vocab_size or 0
     text = (
         f"longest sequence {tokens} tokens -> {per_rank} per rank (CP {role.cp}); activations about "
-        f"{activations / 2**30:.2f} GiB per micro-batch of {m.micro_batch_size}"
+        f"{readable_bytes(activations)} per micro-batch of {m.micro_batch_size}"
     )
     if vocab and role.name == "actor":
         chunk = m.log_prob_chunk_size or per_rank * m.micro_batch_size
         whole = per_rank * m.micro_batch_size * vocab / role.tp * 4
         text += (
             f"; log-prob head {min(chunk, per_rank * m.micro_batch_size)} tokens x V/TP {vocab // role.tp} fp32 = "
-            f"{min(chunk * vocab / role.tp * 4, whole) / 2**20:.0f} MiB at once (whole micro-batch: "
-            f"{whole / 2**20:.0f} MiB)"
+            f"{readable_bytes(min(chunk * vocab / role.tp * 4, whole))} at once (whole micro-batch: "
+            f"{readable_bytes(whole)})"
         )
     return text
+
+
+def readable_bytes(count: float) -> str:
+    """1.5 GiB, 320 MiB, 12 KiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if count >= scale:
+            return f"{count / scale:.3g} {unit}"
+    return f"{count:.0f} B"
 
 
 def readable_count(count: float) -> str:

@@ -104,6 +104,11 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
     kwargs.update(get_family(model.model_type_hf).transformer_config_fields(model))
     kwargs["expert_model_parallel_size"] = megatron.expert_model_parallel_size
     if megatron.context_parallel_size > 1:
+        from .context_parallel import ring_attention_unavailable
+
+        reason = ring_attention_unavailable(megatron, kind)
+        if reason:
+            raise ValueError(f"context_parallel_algo: {reason}")
         kwargs["context_parallel_size"] = megatron.context_parallel_size
         if megatron.context_parallel_algo == "megatron_cp_algo":
             kwargs["cp_comm_type"] = "p2p"  # ring attention (Transformer Engine on CUDA)

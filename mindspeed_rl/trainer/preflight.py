@@ -193,9 +193,22 @@ def check_tool_isolation(cfg: PPOConfig) -> None:
         print(note if note.startswith("warning") else f"note: {note}", flush=True)
 
 
+def check_device_features(cfg: PPOConfig) -> None:
+    """What a role asks of this device kind exists here (ring attention for megatron_cp_algo)."""
+    from ..accelerator import get_accelerator
+    from ..models.context_parallel import ring_attention_unavailable
+
+    kind = get_accelerator().kind
+    for role in cfg.roles:
+        reason = ring_attention_unavailable(role.megatron, kind)
+        if reason:
+            raise UserError(f"{role.name}_config.context_parallel_algo: {reason}")
+
+
 def preflight(cfg: PPOConfig) -> Optional[int]:
     """Every check above; returns the iteration a resume loads (None: the latest, or not a resume)."""
     check_environment()
+    check_device_features(cfg)
     check_tool_isolation(cfg)
     iteration = resume_iteration(cfg)
     problems, trained = [], {role.name for role in cfg.training_roles}
