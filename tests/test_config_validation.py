@@ -32,6 +32,15 @@ MALFORMED = [
     (["actor_config.context_parallel_size=3"], "actor_config.context_parallel_size", "CP 3 = 24 does not divide"),
     (["actor_config.context_parallel_algo=ring"], "actor_config.context_parallel_algo", "ulysses_cp_algo"),
     (
+        [
+            "actor_config.lora_r=8",
+            "actor_config.context_parallel_size=2",
+            "actor_config.context_parallel_algo=megatron_cp_algo",
+        ],
+        "actor_config.context_parallel_algo",
+        "use ulysses_cp_algo with lora_r",
+    ),
+    (
         ["generate_config.infer_tensor_parallel_size=3"],
         "generate_config.infer_tensor_parallel_size",
         "multiple nor a divisor",

@@ -124,3 +124,16 @@ def test_the_batch_plan_shows_cp_groups_and_tokens_per_rank():
     assert "TP 2 x PP 1 x CP 2 x DP 1" in plan and "CP 0 = [0, 2], CP 1 = [1, 3]" in plan
     assert "longest sequence 64 tokens -> 32 per rank (CP 2)" in plan
     assert "log-prob head 64 tokens x V/TP 128 fp32 = 32 KiB at once (whole micro-batch: 128 KiB)" in plan
+
+
+def test_the_long_context_recipe_plan_and_the_optimizer_over_dp_x_cp():
+    from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.config_cls.plan import batch_plan
+
+    plan = batch_plan(load_ppo_config("grpo_qwen25_7b_long_A3"))
+    assert "16 devices = TP 1 x PP 1 x CP 4 x DP 4" in plan
+    assert "longest sequence 32768 tokens -> 8192 per rank (CP 4)" in plan
+    assert "log-prob head 1024 tokens x V/TP 152064 fp32 = 594 MiB at once (whole micro-batch: 4.64 GiB)" in plan
+    # the distributed optimizer shards over DP x CP = 16 ranks, as over TP 4 x DP 4 in the short recipe
+    assert "optimizer state about 5.32 GiB per rank" in plan
+    assert "optimizer state about 5.32 GiB per rank" in batch_plan(load_ppo_config("grpo_qwen25_7b_A3"))

@@ -38,8 +38,10 @@ involves several keys, stops the run with exit code 2 and one message naming the
 - `global_batch_size x n_samples_per_prompt` must be a multiple of `rl_config.mini_batch_size`
   (mini-batches count responses).
 - `mini_batch_size` must be a multiple of `micro_batch_size x DP` of the actor and the critic,
-  where `DP = num_npus / (TP x PP)`.
-- `TP x PP` must divide the role's `num_npus`; TP must divide the heads and the query groups.
+  where `DP = num_npus / (TP x PP x CP)`.
+- `TP x PP x CP` must divide the role's `num_npus`; TP must divide the heads and the query groups; with
+  `ulysses_cp_algo` CP must divide the heads per TP rank, and the query groups per TP rank must split over CP
+  or divide it (docs/long_context.md).
 - `infer_tensor_parallel_size` must be a multiple or a divisor of the actor's TP and divide its devices.
 - `max_prompt_length + sampling_config.max_tokens <= max_model_len` and `<= megatron_training.seq_length`;
   `max_model_len <=` the actor model's `max_position_embeddings`.

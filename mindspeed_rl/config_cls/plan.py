@@ -130,7 +130,7 @@ def batch_plan(cfg: PPOConfig) -> str:
 
 def trainable_memory(role) -> str:
     """What trains and the optimizer state it needs per rank: Adam's two moments (fp32) and, with bf16/fp16
-    weights, the fp32 main copy; divided over data-parallel ranks by the distributed optimizer."""
+    weights, the fp32 main copy; divided over the DP x CP ranks by the distributed optimizer (megatron's)."""
     m, model = role.megatron, role.model
     total = model.parameter_count()
     if m.lora_r:
@@ -145,21 +145,26 @@ def trainable_memory(role) -> str:
         what = f"all {readable_count(total)} params train"
     state_bytes = per_rank * (8 + (4 if m.bf16 or m.fp16 else 0))
     if m.use_distributed_optimizer:
-        state_bytes //= role.dp
+        state_bytes //= role.dp * role.cp
     return f"{what}; optimizer state about {state_bytes / 2**30:.2f} GiB per rank"
 
 
 def sequence_memory(role, tokens: int) -> str:
     """What one sequence of ``tokens`` costs a rank of this role: its share of the tokens (CP splits them,
     sequence parallelism splits them again inside the layers), the activations of a micro-batch of such
-    sequences kept for the backward without recomputation (about 34 x hidden bytes per token and layer with
-    16-bit activations and flash attention, Korthikanti et al. 2022), and the LM head's logits chunk."""
+    sequences kept for the backward (about 34 x hidden bytes per token and layer with 16-bit activations and
+    flash attention, Korthikanti et al. 2022; with full recomputation each layer's input and one layer's
+    activations), and the LM head's logits chunk."""
     m, model = role.megatron, role.model
     per_rank = -(-tokens // role.cp)
     split = role.tp if m.sequence_parallel and role.tp > 1 else 1
     layers = max(m.layers_per_stage(model.num_layers))
     width = 2 if m.bf16 or m.fp16 else 4
-    activations = 34 / 2 * width * model.hidden_size * per_rank * m.micro_batch_size * layers / split
+    per_layer = 34 / 2 * width * model.hidden_size * per_rank * m.micro_batch_size / split
+    if m.recompute_granularity == "full":  # each layer keeps its input; one layer's activations at a time
+        activations = width * model.hidden_size * per_rank * m.micro_batch_size / split * layers + per_layer
+    else:
+        activations = per_layer * layers
     vocab = model.padded_vocab_size or model.vocab_size or 0
     text = (
         f"longest sequence {tokens} tokens -> {per_rank} per rank (CP {role.cp}); activations about "

@@ -30,6 +30,12 @@ def ulysses_layout(heads: int, groups: int, cp: int) -> Optional[str]:
 def check_context_parallel(role: RoleConfig) -> None:
     """Ulysses splits the attention heads over CP: the heads and query groups of a TP rank must allow it."""
     m, model = role.megatron, role.model
+    if role.cp > 1 and m.context_parallel_algo == "megatron_cp_algo" and m.lora_r:
+        raise ConfigError(
+            _role_key(role, "context_parallel_algo"),
+            "megatron_cp_algo is Transformer Engine's ring attention, and LoRA trains on the local layer spec "
+            "without it: use ulysses_cp_algo with lora_r",
+        )
     if role.cp == 1 or m.context_parallel_algo != "ulysses_cp_algo":
         return
     if model.num_attention_heads % role.tp or model.kv_heads % role.tp:

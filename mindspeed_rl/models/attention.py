@@ -36,10 +36,11 @@ class PackedDotProductAttention(DotProductAttention):
         for start, end in zip(bounds[:-1], bounds[1:]):
             if end == start:
                 continue
-            # [L, h, d] -> [h, L, d]
-            q, k, v = (t[start:end].transpose(0, 1) for t in (query, key, value))
+            # [L, h, d] -> [1, h, L, d]: with a batch dimension torch picks its flash kernel (CPU too), whose
+            # memory grows with L, not L^2 (3-D inputs fall back to the math path)
+            q, k, v = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (query, key, value))
             ctx = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=self.softmax_scale)
-            out[start:end] = ctx.transpose(0, 1)
+            out[start:end] = ctx[0].transpose(0, 1)
         return out.reshape(out.shape[0], self.hidden_size_per_partition)
 
 

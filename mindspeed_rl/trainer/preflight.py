@@ -119,14 +119,15 @@ def check_optimizer_files(key: str, iter_dir: str, role: RoleConfig) -> None:
     the folder's rank file holds the optimizer state by parameter name (a resharded checkpoint)."""
     if role.megatron.expert_model_parallel_size > 1:
         return  # the shards follow the expert-parallel grouping; the workers check those
-    wanted = [f"distrib_optim_dp{r:03d}.pt" for r in range(role.dp)]
+    wanted = [f"distrib_optim_dp{r:03d}.pt" for r in range(role.dp * role.cp)]  # shards over DP x CP
     for rank_dir in sorted(d for d in os.listdir(iter_dir) if d.startswith("mp_rank_")):
         missing = [name for name in wanted if not os.path.isfile(os.path.join(iter_dir, rank_dir, name))]
         if missing and not holds_named_optimizer(key, os.path.join(iter_dir, rank_dir, ml.FILE)):
             path = os.path.join(iter_dir, rank_dir, missing[0])
             raise UserError(
                 f"{key}: {path} is missing, so the optimizer state cannot be resumed (saved with "
-                f"another data-parallel size or without the distributed optimizer?); reshard it with "
+                f"another data-parallel or context-parallel size or without the distributed optimizer?); reshard "
+                f"it with "
                 f"cli/convert_ckpt.py --load-model-type mg --save-model-type mg (it loads at any DP size), "
                 f"or set {role.name}_config.no_load_optim=true to start the optimizer afresh"
             )
