@@ -166,6 +166,7 @@ FEATURES = {
     "fused_swiglu",
     "bias_activation_fusion",
     "bias_dropout_fusion",
+    "ring_attention",
 }
 
 
@@ -276,6 +277,7 @@ def test_device_kinds_answer_without_their_device(monkeypatch):
         rope_fusion=True,
         gradient_accumulation_fusion=True,
         masked_softmax_fusion=False,
+        ring_attention=True,
     )
     cuda = accelerator.accelerator_class("cuda")
     monkeypatch.setitem(sys.modules, "transformer_engine", None)  # not installed
@@ -285,10 +287,16 @@ def test_device_kinds_answer_without_their_device(monkeypatch):
         rope_fusion=False,
         gradient_accumulation_fusion=False,
         masked_softmax_fusion=True,
+        ring_attention=False,
     )
     monkeypatch.setitem(sys.modules, "transformer_engine", types.ModuleType("transformer_engine"))
     assert cuda.fused_features() == dict(
-        always, transformer_engine=True, rope_fusion=True, gradient_accumulation_fusion=True, masked_softmax_fusion=True
+        always,
+        transformer_engine=True,
+        rope_fusion=True,
+        gradient_accumulation_fusion=True,
+        masked_softmax_fusion=True,
+        ring_attention=True,
     )
     with pytest.raises(detect.DeviceUnavailable, match="unknown device kind"):
         accelerator.accelerator_class("tpu")
