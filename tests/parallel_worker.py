@@ -87,13 +87,14 @@ def run(rank, world, spec, workdir, port):
         )
         engine = MegatronEngine(role, head=head, total_steps=4, remove_padding=spec.get("packed", False))
         engine.load_weights(shard_state_dict(full, tp, tp_rank, counts, pp_rank))
-        out = engine.forward(local, micro_batch_size=2, with_entropy=True)
+        budget = spec.get("budget")  # token-budget micro-batches (use_dynamic_bsz)
+        out = engine.forward(local, micro_batch_size=2, with_entropy=True, token_budget=budget)
         loss_fn = {
             "lm": global_sft_loss(normaliser),
             "lm_seq": seq_mean_token_mean_loss(scale),
             "value": value_loss(float(batch["attention_mask"].sum())),
         }[run_name]
-        step = engine.train_step(local, loss_fn, micro_batch_size=2)
+        step = engine.train_step(local, loss_fn, micro_batch_size=2, token_budget=budget)
         gathered = [None] * world
         torch_dist.all_gather_object(
             gathered,
@@ -572,7 +573,7 @@ def run_lora(rank, world, spec, workdir, port):
     log-probs, one SFT step (each data-parallel rank its rows), and the checkpoint of that step (adapters
     only, completed from the loaded one by whoever reads it)."""
     tp, pp, ep = spec["tp"], spec["pp"], spec["ep"]
-    dist = start_rank(rank, world, port, tp, pp, ep)
+    dist = start_rank(rank, world, port, tp, pp, ep, cp=spec.get("cp", 1))
     log_probs = lora_step(spec, workdir, world)
     if rank == 0:
         torch.save({"log_probs": log_probs}, os.path.join(workdir, spec["save"] + ".pt"))
@@ -591,7 +592,15 @@ def lora_step(spec, workdir, world=1):
 
     tp, pp, ep = spec["tp"], spec["pp"], spec["ep"]
     model = ModelConfig(**spec["model"])
-    role = tiny_role(tp=tp, pp=pp, num_devices=world, model=model, expert_model_parallel_size=ep, **spec["megatron"])
+    role = tiny_role(
+        tp=tp,
+        pp=pp,
+        num_devices=world,
+        model=model,
+        expert_model_parallel_size=ep,
+        context_parallel_size=spec.get("cp", 1),
+        **spec["megatron"],
+    )
     engine = MegatronEngine(role, total_steps=4)
     load_weights_only(engine, os.path.join(workdir, spec["load"]))
     batch = make_batch(8, 20, vocab=model.padded_vocab_size, seed=1)

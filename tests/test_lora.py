@@ -126,7 +126,7 @@ def test_a_lora_engine_trains_only_its_adapters_and_exports_merged_weights(tmp_p
 
 @pytest.mark.parametrize("family", ["dense", "qwen3_moe"])
 def test_lora_at_every_layout_equals_one_rank(tmp_path, family):
-    """Adapters (on every expert too, for MoE) at TP 2 and PP 2 (dense) and EP 2 (MoE), loaded from the
+    """Adapters (on every expert too, for MoE) at TP 2, PP 2 and CP 2 (dense) and EP 2 (MoE), loaded from the
     converter's reshard of one LoRA checkpoint: the same log-probs and, after one SFT step, the same merged
     model (read back from each layout's adapter-only checkpoint) as on one rank, fp32 within 1e-5."""
     import dataclasses
@@ -151,14 +151,16 @@ def test_lora_at_every_layout_equals_one_rank(tmp_path, family):
     start = dict(iter_mg_stages(str(tmp_path / "src")))[0]
     # (MoE at TP > 1 trains only with sequence parallelism, which megatron's torch norms refuse on CPU: the
     # expert layers' TP path is checked layer by layer in test_lora_layers_under_tensor_sequence_and_expert...)
-    layouts = [(1, 1, 1), (2, 1, 1), (1, 2, 1)] if family == "dense" else [(1, 1, 1), (1, 1, 2)]
+    layouts = (
+        [(1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 1, 2)] if family == "dense" else [(1, 1, 1, 1), (1, 1, 2, 1)]
+    )
     results = {}
-    for tp, pp, ep in layouts:
-        tag = f"tp{tp}pp{pp}ep{ep}"
+    for tp, pp, ep, cp in layouts:
+        tag = f"tp{tp}pp{pp}ep{ep}cp{cp}"
         mg_to_mg(str(tmp_path / "src"), str(tmp_path / f"load_{tag}"), tp, pp, ep=ep, weights_only=True)
-        spec = dict(tp=tp, pp=pp, ep=ep, model=dataclasses.asdict(model), megatron=megatron, load=f"load_{tag}",
-                    save=f"trained_{tag}")  # fmt: skip
-        world = tp * pp * ep
+        spec = dict(tp=tp, pp=pp, ep=ep, cp=cp, model=dataclasses.asdict(model), megatron=megatron,
+                    load=f"load_{tag}", save=f"trained_{tag}")  # fmt: skip
+        world = tp * pp * ep * cp
         if world == 1:  # the reference, in this process
             log_probs = parallel_worker.lora_step(spec, str(tmp_path))
         else:

@@ -18,13 +18,15 @@ LAYOUTS = [
     dict(name="tp2", tp=2, pp=1, world=2),
     dict(name="pp2", tp=1, pp=2, world=2, num_layer_list="1,3"),
     dict(name="dp2", tp=1, pp=1, world=2, dist_opt=True),
-    # context parallelism (Ulysses): padded rows; packed rows with DP 2 and the distributed optimizer; with
-    # TP 2 and sequence parallelism (2 heads, 1 query group per TP rank: the group is repeated per CP rank)
+    # context parallelism (Ulysses): padded rows; packed rows in token-budget micro-batches with DP 2 and the
+    # distributed optimizer; with TP 2 and sequence parallelism (2 heads, 1 query group per TP rank: the group
+    # is repeated per CP rank); with PP 2
     dict(name="cp2", tp=1, pp=1, cp=2, world=2, chunk=16),
-    dict(name="cp2_packed_dp2", tp=1, pp=1, cp=2, world=4, packed=True, dist_opt=True),
+    dict(name="cp2_packed_dp2", tp=1, pp=1, cp=2, world=4, packed=True, dist_opt=True, budget=40),
     dict(name="cp2_tp2", tp=2, pp=1, cp=2, world=4, sp=True),
+    dict(name="cp2_pp2", tp=1, pp=2, cp=2, world=4, num_layer_list="1,3"),
 ]
-CP_LAYOUTS = ["cp2", "cp2_packed_dp2", "cp2_tp2"]
+CP_LAYOUTS = ["cp2", "cp2_packed_dp2", "cp2_tp2", "cp2_pp2"]
 TOL = 1e-5
 
 
