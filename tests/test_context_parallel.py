@@ -137,3 +137,32 @@ def test_the_long_context_recipe_plan_and_the_optimizer_over_dp_x_cp():
     # the distributed optimizer shards over DP x CP = 16 ranks, as over TP 4 x DP 4 in the short recipe
     assert "optimizer state about 5.32 GiB per rank" in plan
     assert "optimizer state about 5.32 GiB per rank" in batch_plan(load_ppo_config("grpo_qwen25_7b_A3"))
+
+
+def test_ulysses_wraps_a_core_attention_without_megatron_s_head_size_attribute():
+    """Transformer Engine's core attention keeps no ``hidden_size_per_attention_head``: the wrapper must not
+    need it (CP 1 here: the all-to-alls are identities, the result is the inner attention's)."""
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from mindspeed_rl.models.attention import PackedDotProductAttention, packed_seq_params
+    from mindspeed_rl.models.builder import transformer_config
+    from mindspeed_rl.models.context_parallel import UlyssesAttention
+
+    class WithoutHeadSize(PackedDotProductAttention):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            del self.hidden_size_per_attention_head
+
+    role = tiny_role()
+    config = transformer_config(role.model, role.megatron)
+    wrapped = type("Ulysses", (UlyssesAttention,), {"inner_class": WithoutHeadSize})(
+        config=config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self"
+    )
+    plain = PackedDotProductAttention(config, 1, AttnMaskType.causal, "self")
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(12, 4, 16, generator=g)
+    k, v = torch.randn(12, 2, 16, generator=g), torch.randn(12, 2, 16, generator=g)
+    params = packed_seq_params(torch.tensor([0, 4, 12]), 8)
+    assert torch.allclose(
+        wrapped(q, k, v, None, packed_seq_params=params), plain(q, k, v, None, packed_seq_params=params)
+    )

@@ -106,7 +106,9 @@ def check_cross_fields(cfg: PPOConfig) -> None:
             raise ConfigError(
                 _role_key(role, "expert_model_parallel_size"),
                 f"EP {ep} does not divide the {role.name}'s data-parallel size {role.dp} "
-                f"(devices {role.num_devices} / (TP {role.tp} x PP {role.pp}))",
+                f"(devices {role.num_devices} / (TP {role.tp} x PP {role.pp}"
+                + (f" x CP {role.cp}" if role.cp > 1 else "")
+                + "))",
             )
         layers = m.layers_per_stage(model.num_layers)
         if m.num_layer_list:

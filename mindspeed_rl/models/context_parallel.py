@@ -159,6 +159,7 @@ class UlyssesAttention(MegatronModule):
         self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, packed_seq_params=None
     ):
         seq_dim, head_dim = 0, query.dim() - 2  # [s, b, n, d] or packed [t, n, d]
+        size_per_head = value.shape[-1]  # (TE's core attention keeps no hidden_size_per_attention_head)
         if self.kv_repeat > 1:
             key = key.repeat_interleave(self.kv_repeat, dim=head_dim)
             value = value.repeat_interleave(self.kv_repeat, dim=head_dim)
@@ -170,7 +171,7 @@ class UlyssesAttention(MegatronModule):
         out = self.inner(q, k, v, attention_mask, attn_mask_type, attention_bias, packed_seq_params)
         out = out.index_select(0, order)  # [S, (b,) n / CP * d] back in rank order
         shape = out.shape
-        out = out.reshape(*shape[:-1], -1, self.inner.hidden_size_per_attention_head)
+        out = out.reshape(*shape[:-1], -1, size_per_head)
         out = all_to_all(out, seq_dim, out.dim() - 2, self.group)
         return out.reshape(*out.shape[:-2], -1)
 
