@@ -5,7 +5,7 @@ PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.mindspeed_rl_installed
 export PYTHONWARNINGS ?= ignore::UserWarning,ignore::DeprecationWarning,ignore::FutureWarning
 
-.PHONY: setup demo test test-npu-versions lint docs clean-demo
+.PHONY: setup demo test test-npu-versions test-npu-current lint docs clean-demo
 
 $(STAMP): scripts/install.sh requirements/cpu.txt setup.py
 	bash scripts/install.sh
@@ -29,6 +29,11 @@ lint: $(STAMP)
 # in its own .venv-npu-versions.
 test-npu-versions:
 	bash scripts/test_npu_versions.sh
+
+# The same on the current Ascend images' library versions (megatron-core 0.16.0, vLLM 0.23.0, transformers
+# 5.5.4), in its own .venv-npu-current.
+test-npu-current:
+	NPU_SET=current bash scripts/test_npu_versions.sh
 
 docs: $(STAMP)
 	$(PYTHON) -m mindspeed_rl.config_cls.docs > docs/config.md

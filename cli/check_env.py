@@ -4,7 +4,8 @@
 
 Steps, each with a verdict line:
   versions  torch / torch_npu / megatron-core / vLLM (vllm-ascend) / transformers / ray against
-            requirements/<stack>.txt (default: the detected device's stack)
+            requirements/<stack>.txt (default: whichever of the detected device's sets matches: on NPU
+            npu or npu-current, on CPU cpu or a compatibility-stage set)
   imports   torch, the device's torch extension (torch_npu), MindSpeed's megatron adaptor before megatron-core
             is first imported, then vLLM
   megatron  one forward and backward of the model section on one device, with timings
@@ -41,14 +42,20 @@ def verdict(step: str, ok: bool, detail: str) -> None:
         raise UserError(f"check_env step '{step}' failed: {detail}")
 
 
-def step_versions(stack: str) -> None:
-    from mindspeed_rl.compat.stack import mismatches, pinned
+def step_versions(stack: Optional[str], kind: str) -> None:
+    """The installed versions against ``stack``'s pins, or (no ``stack``) against whichever of the device
+    kind's sets they match (NPU: the maintained-branch set or the current images' set)."""
+    from mindspeed_rl.compat.stack import DESCRIPTIONS, identify, mismatches, pinned
 
-    problems = mismatches(stack)
+    if stack is None:
+        stack, problems = identify(kind)
+    else:
+        problems = mismatches(stack)
+    what = f"requirements/{stack}.txt, {DESCRIPTIONS.get(stack, stack)}"
     verdict(
         "versions",
         not problems,
-        "; ".join(problems) if problems else f"{len(pinned(stack))} packages as requirements/{stack}.txt pins",
+        "; ".join(problems) + f" (closest set: {what})" if problems else f"{len(pinned(stack))} packages as {what}",
     )
 
 
@@ -231,9 +238,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from mindspeed_rl.accelerator import detect_device_kind
 
-    stack = args.stack or detect_device_kind()
     if "versions" in steps:
-        step_versions(stack)
+        step_versions(args.stack, detect_device_kind())
     if "imports" in steps:
         step_imports()
     gpt = None

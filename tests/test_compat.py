@@ -132,6 +132,20 @@ def test_stack_pins_are_read_and_compared(tmp_path, monkeypatch):
         stack.pinned("nope", str(tmp_path))
 
 
+def test_either_npu_set_is_recognised(monkeypatch):
+    from mindspeed_rl.compat import stack
+
+    current = stack.pinned("npu-current")
+    assert current["vllm-ascend"] == current["vllm"] == "0.23.0" and current["megatron-core"].startswith("0.16")
+    for name in ("npu", "npu-current"):  # an environment installed from either pin file is recognised as such
+        pins = stack.pinned(name)
+        monkeypatch.setattr(stack, "installed", pins.get)
+        assert stack.identify("npu") == (name, [])
+    monkeypatch.setattr(stack, "installed", dict(current, torch="2.9.0").get)
+    found, problems = stack.identify("npu")  # one version off: the closest set and the difference
+    assert found == "npu-current" and problems == ["torch 2.9.0 is installed; npu-current pins 2.10.0"]
+
+
 def test_check_env_versions_step_names_what_is_missing():
     import subprocess
     import sys
@@ -150,7 +164,9 @@ def test_check_env_versions_step_names_what_is_missing():
 def _this_stack():
     from mindspeed_rl.compat import stack
 
-    return next(name for name in ("cpu", "cpu-npu-versions") if not stack.mismatches(name))
+    found, problems = stack.identify("cpu")  # the CPU stack or one of the compatibility stages' sets
+    assert not problems, problems
+    return found
 
 
 @pytest.mark.slow

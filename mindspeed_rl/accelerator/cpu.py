@@ -109,6 +109,7 @@ class CpuAccelerator(Accelerator):
 
         torch._dynamo.config.disable = True
         compat_vllm.repack_cpu_moe_experts_on_weight_update()
+        compat_vllm.cpu_moe_activation_without_config()
         compat_vllm.no_cpu_thread_binding()
         compat_vllm.cpu_kv_cache_from_engine_argument()
         compat_vllm.keep_external_launcher_on_cpu()

