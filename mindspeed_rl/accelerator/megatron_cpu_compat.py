@@ -181,6 +181,18 @@ SCOPED = [
 ]
 
 
+def _replace_where_defined(name: str, replacement: Callable, module_names) -> None:
+    """``module.name = replacement`` in each of these modules that defines ``name`` (modules that did
+    ``from x import name`` hold their own reference); a module the release lacks is skipped."""
+    for module_name in module_names:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        if hasattr(module, name):
+            setattr(module, name, replacement)
+
+
 def apply() -> None:
     """Patch megatron-core (and torch.cuda's device queries) for a CPU-only torch."""
     global _APPLIED
@@ -199,25 +211,20 @@ def apply() -> None:
 
     tutils = importlib.import_module("megatron.core.transformer.utils")
     tutils.get_default_causal_mask = _cpu_causal_mask
-    for name in ("megatron.core.transformer.dot_product_attention", "megatron.core.fusions.fused_softmax"):
-        try:
-            mod = importlib.import_module(name)
-        except ImportError:
-            continue
-        if hasattr(mod, "get_default_causal_mask"):
-            mod.get_default_causal_mask = _cpu_causal_mask
-
-    for name in (
-        "megatron.core.models.common.embeddings.rope_utils",
-        "megatron.core.models.common.embeddings.rotary_pos_embedding",
-        "megatron.core.models.common.embeddings.yarn_rotary_pos_embedding",
-    ):
-        try:
-            mod = importlib.import_module(name)
-        except ImportError:
-            continue
-        if hasattr(mod, "get_pos_emb_on_this_cp_rank"):
-            mod.get_pos_emb_on_this_cp_rank = _cpu_pos_emb_on_this_cp_rank
+    _replace_where_defined(
+        "get_default_causal_mask",
+        _cpu_causal_mask,
+        ("megatron.core.transformer.dot_product_attention", "megatron.core.fusions.fused_softmax"),
+    )
+    _replace_where_defined(
+        "get_pos_emb_on_this_cp_rank",
+        _cpu_pos_emb_on_this_cp_rank,
+        (
+            "megatron.core.models.common.embeddings.rope_utils",
+            "megatron.core.models.common.embeddings.rotary_pos_embedding",
+            "megatron.core.models.common.embeddings.yarn_rotary_pos_embedding",
+        ),
+    )
 
     for module_name, attr in SCOPED:
         _wrap(module_name, attr)

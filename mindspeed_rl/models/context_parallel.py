@@ -19,7 +19,7 @@ rank computes identically on the gathered tensor back-propagates once per token.
 from __future__ import annotations
 
 import copy
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -141,8 +141,9 @@ class UlyssesAttention(MegatronModule):
         )
         self._positions = {}
 
-    def _order(self, packed_seq_params, length: int, device) -> torch.Tensor:
-        """Positions in the order the all-to-all delivers them (rank 0's, rank 1's, ...)."""
+    def _order(self, packed_seq_params, length: int, device) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(positions in the order the all-to-all delivers them: rank 0's, rank 1's, ...; its inverse, which
+        puts them back in natural order), computed once per micro-batch layout, not per layer."""
         if packed_seq_params is not None:
             cu = packed_seq_params.cu_seqlens_q.tolist()
             segments = tuple(b - a for a, b in zip(cu[:-1], cu[1:]))
@@ -150,9 +151,10 @@ class UlyssesAttention(MegatronModule):
             segments = (length,)
         key = (segments, str(device))
         if key not in self._positions:
-            self._positions = {  # one layout per micro-batch: keep only the latest
-                key: torch.cat([rank_positions(segments, self.cp, r) for r in range(self.cp)]).to(device)
-            }
+            order = torch.cat([rank_positions(segments, self.cp, r) for r in range(self.cp)]).to(device)
+            natural = torch.empty_like(order)
+            natural[order] = torch.arange(order.numel(), device=device)
+            self._positions = {key: (order, natural)}  # one layout per micro-batch: keep only the latest
         return self._positions[key]
 
     def forward(
@@ -164,9 +166,7 @@ class UlyssesAttention(MegatronModule):
             key = key.repeat_interleave(self.kv_repeat, dim=head_dim)
             value = value.repeat_interleave(self.kv_repeat, dim=head_dim)
         q, k, v = (all_to_all(t, head_dim, seq_dim, self.group) for t in (query, key, value))
-        order = self._order(packed_seq_params, q.shape[0], q.device)
-        natural = torch.empty_like(order)
-        natural[order] = torch.arange(order.numel(), device=order.device)
+        order, natural = self._order(packed_seq_params, q.shape[0], q.device)
         q, k, v = (t.index_select(0, natural) for t in (q, k, v))  # whole sequence in natural order
         out = self.inner(q, k, v, attention_mask, attn_mask_type, attention_bias, packed_seq_params)
         out = out.index_select(0, order)  # [S, (b,) n / CP * d] back in rank order

@@ -25,7 +25,7 @@ from ..accelerator import get_accelerator
 from ..config_cls.ppo_config import RoleConfig
 from .builder import build_gpt_model, params_dtype
 from .heads import attach_value_head, chunked_log_probs, output_weight, return_hidden_states
-from .packing import ModelInput, pack, restore_order, token_budget_groups, trim
+from .packing import ModelInput, pack, restore_order, round_up, token_budget_groups, trim
 
 Batch = Dict[str, torch.Tensor]
 LossFn = Callable[[Dict[str, torch.Tensor], Batch], Tuple[torch.Tensor, Dict[str, float]]]
@@ -255,7 +255,7 @@ class MegatronEngine:
             data_iterator=iter(micro),
             model=self.model,
             num_microbatches=len(micro),
-            seq_length=-(-batch["input_ids"].shape[1] // self._sequence_multiple()) * self._sequence_multiple(),
+            seq_length=round_up(batch["input_ids"].shape[1], self._sequence_multiple()),  # what trim widens to
             micro_batch_size=micro_batch_size,
             forward_only=forward_only,
         )

@@ -14,6 +14,7 @@ from typing import Optional, Tuple
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 def _tp_group():
@@ -98,8 +99,6 @@ def chunked_log_probs(
     for start in range(0, n, size):
         args = (flat_hidden[start : start + size], weight, flat_labels[start : start + size])
         if recompute:
-            from torch.utils.checkpoint import checkpoint
-
             parts.append(checkpoint(chunk, *args, use_reentrant=False))
         else:
             parts.append(chunk(*args))

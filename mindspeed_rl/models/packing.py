@@ -136,7 +136,8 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
 
 
-def _round_up(n: int, multiple: int) -> int:
+def round_up(n: int, multiple: int) -> int:
+    """The least multiple of ``multiple`` that is >= n."""
     return -(-n // multiple) * multiple
 
 
@@ -154,9 +155,9 @@ def pack(
     mask = attention_mask.bool()
     lengths = mask.sum(1)
     kept = lengths[lengths > 0].tolist()
-    padded = [_round_up(n, row_multiple) for n in kept]
+    padded = [round_up(n, row_multiple) for n in kept]
     total = sum(padded)
-    length = _round_up(max(total, 1), math.lcm(multiple, row_multiple))
+    length = round_up(max(total, 1), math.lcm(multiple, row_multiple))
     device = input_ids.device
     rows, cols = mask.nonzero(as_tuple=True)
     starts = torch.tensor([0] + padded[:-1], dtype=torch.long, device=device).cumsum(0)
@@ -188,7 +189,7 @@ def trim(
     else:
         lo, hi = 0, attention_mask.shape[1]
     ids, mask = input_ids[:, lo:hi], attention_mask[:, lo:hi]
-    extra = _round_up(hi - lo, multiple) - (hi - lo)
+    extra = round_up(hi - lo, multiple) - (hi - lo)
     if extra:
         ids = torch.nn.functional.pad(ids, (0, extra))
         mask = torch.nn.functional.pad(mask, (0, extra))
