@@ -26,6 +26,7 @@ TESTS=(
   tests/test_engine.py tests/test_packing.py tests/test_parallel_equivalence.py
   tests/test_rollout.py tests/test_checkpoint.py tests/test_converted_logits.py tests/test_save_hf.py
   tests/test_generate_cli.py tests/test_families.py tests/test_lora.py tests/test_reshard.py
+  tests/test_native_weight_transfer.py
 )
 if [ "$SET" = versions ]; then
   # its worker re-initialises megatron's parallel state in one process for two layouts, which 0.12's

@@ -1,6 +1,8 @@
 """Asynchronous GRPO on the disaggregated layout stopped by SIGTERM: the actor on one CPU slot, a rollout worker
 on another producing the next batch while the actor trains (max_head_offpolicyness 1). Exact resume of
-asynchronous rollout, with partial rollout, dynamic sampling and the tool agent, is tests/test_tools_e2e.py."""
+asynchronous rollout, with partial rollout, dynamic sampling and the tool agent, is tests/test_tools_e2e.py.
+The weights reach the rollout worker through vLLM's weight-transfer API here (``weight_transfer:
+vllm_native``, our gloo engine on CPU); the other disaggregated runs use our channel."""
 
 import pytest
 
@@ -36,6 +38,7 @@ def test_sigterm_during_async_training_leaves_a_checkpoint_the_hint_resumes(tmp_
         "megatron_training.save_interval=1",
         f"rl_config.log_dir={root}/logs",
         f"actor_config.save={root}/ckpt/actor",
+        "generate_config.weight_transfer=vllm_native",
     ]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     proc = subprocess.Popen(
@@ -46,11 +49,12 @@ def test_sigterm_during_async_training_leaves_a_checkpoint_the_hint_resumes(tmp_
         stderr=subprocess.STDOUT,
         text=True,
     )
-    wait_for(proc, "saved iteration 2")
+    head = "".join(wait_for(proc, "saved iteration 2"))
     proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 143, out[-3000:]
     assert "stopped by SIGTERM" in out and "Traceback (most recent" not in out
+    assert "weights over vllm_native" in head, head[-3000:]
     saved = ml.read_tracker(str(root / "ckpt" / "actor"))
     assert isinstance(saved, int) and saved >= 2
     assert not [d for d in os.listdir(root / "ckpt" / "actor") if d.endswith((".tmp", ".part"))]

@@ -48,6 +48,8 @@ MALFORMED = [
     (["generate_config.sampling_config.top_p=1.5"], "generate_config.sampling_config.top_p", "<= 1"),
     (["generate_config.sampling_config.temperature=-1"], "generate_config.sampling_config.temperature", ">= 0"),
     (["generate_config.dtype=float64"], "generate_config.dtype", "bfloat16"),
+    (["generate_config.weight_transfer=nccl"], "generate_config.weight_transfer", "vllm_native"),
+    (["generate_config.weight_transfer=vllm_native"], "generate_config.weight_transfer", "rl_config.rollout_resource"),
     (["rl_config.kl_penalty=kll"], "rl_config.kl_penalty", "did you mean 'kl'"),
     (["rl_config.adv_estimator=grpoo"], "rl_config.adv_estimator", "did you mean 'grpo'"),
     (
@@ -276,3 +278,15 @@ def test_reward_model_config_needs_load_and_resource(capsys, tmp_path):
     assert "rl_config.reward_resource.num_npus" in capsys.readouterr().err
     assert train_ppo.main(base + ["+rl_config.reward_resource.num_npus=32", f"+reward_config.load={tmp_path}"]) == 0
     assert "reward    : 32 devices" in capsys.readouterr().out
+
+
+def test_native_weight_transfer_needs_the_vllm_engine(capsys):
+    rc = train_ppo.main(
+        ["--config-name", "grpo_tiny_cpu_async", "dry_run=true"]
+        + ["generate_config.backend=fallback", "generate_config.weight_transfer=vllm_native"]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2 and "generate_config.weight_transfer" in err and "backend is fallback" in err, err
+    assert "Traceback" not in err
+    assert train_ppo.main(["--config-name", "grpo_tiny_cpu_async", "dry_run=true",
+                           "generate_config.weight_transfer=vllm_native"]) == 0  # fmt: skip

@@ -73,6 +73,11 @@ class Accelerator:
 
         return dist.ProcessGroupGloo(store, rank, size, timeout)
 
+    def vllm_weight_transfer_backend(self) -> str:
+        """The engine of vLLM's native weight-transfer API that carries weights to rollout workers on this kind
+        (``generate_config.weight_transfer: vllm_native``): the collective library's."""
+        raise NotImplementedError
+
     def place_model(self, module: torch.nn.Module) -> torch.nn.Module:
         """A freshly built megatron-core model on this process's device."""
         return module.to(self.current_device())

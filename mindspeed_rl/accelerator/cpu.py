@@ -98,6 +98,12 @@ class CpuAccelerator(Accelerator):
     def local_rank(self) -> int:
         return 0
 
+    def vllm_weight_transfer_backend(self) -> str:
+        """vLLM has no CPU engine: ours, over gloo, registered in its factory."""
+        from ..compat.vllm_weight_transfer import register_gloo_engine
+
+        return register_gloo_engine()
+
     def prepare_vllm(self) -> None:
         """No torch.compile in an in-process vLLM on CPU: its compiled helpers (the sampler's log-prob
         gather, the vocab-parallel embedding mask) cost 3-4 s per process on first use, with infer TP > 1

@@ -21,6 +21,9 @@ class CudaAccelerator(Accelerator):
         options._timeout = timeout
         return dist.ProcessGroupNCCL(store, rank, size, options)
 
+    def vllm_weight_transfer_backend(self) -> str:
+        return "nccl"
+
     def device_count(self) -> int:
         return torch.cuda.device_count()
 

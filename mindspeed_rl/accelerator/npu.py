@@ -33,6 +33,9 @@ class NpuAccelerator(Accelerator):
     def _npu(self):
         return torch.npu  # type: ignore[attr-defined]
 
+    def vllm_weight_transfer_backend(self) -> str:
+        return "hccl"  # registered by vllm-ascend's plugin (0.22 and later)
+
     def device_count(self) -> int:
         return self._npu.device_count()
 

@@ -55,4 +55,13 @@ class GenerateConfig:
     gpu_memory_utilization: float = opt(
         0.5, "Fraction of device memory for the engine (CPU: of host memory, as a KV-cache byte budget).", gt=0, le=1
     )
+    weight_transfer: str = opt(
+        "channel",
+        "How new weights reach rollout workers on devices of their own (rl_config.rollout_resource): channel "
+        "(ours: a broadcast group of the device's collective library, gloo on CPU; every vLLM release and the "
+        "fallback engine) or vllm_native (vLLM's weight-transfer engines, 0.22 and later: nccl on CUDA, hccl "
+        "with vllm-ascend, our gloo engine on CPU; off by default until checked on hardware). Where the "
+        "installed vLLM has no such API the run keeps the channel and says so.",
+        choices=("channel", "vllm_native"),
+    )
     sampling_config: SamplingConfig = opt(doc="Sampling settings.", factory=SamplingConfig)

@@ -197,6 +197,18 @@ def check_cross_fields(cfg: PPOConfig) -> None:
             "generate_config.infer_tensor_parallel_size",
             f"{itp} does not divide the actor's {cfg.actor.num_devices} devices",
         )
+    if gen.weight_transfer == "vllm_native":
+        if rl.rollout_resource is None:
+            raise ConfigError(
+                "generate_config.weight_transfer",
+                "vllm_native carries weights to rollout workers on devices of their own: set "
+                "rl_config.rollout_resource (the integrated actor loads its engine in its own process)",
+            )
+        if gen.backend == "fallback":
+            raise ConfigError(
+                "generate_config.weight_transfer",
+                "vllm_native needs the vLLM engine, but generate_config.backend is fallback",
+            )
     if cfg.actor.model.num_attention_heads % itp or cfg.actor.model.kv_heads % itp:
         raise ConfigError(
             "generate_config.infer_tensor_parallel_size",

@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import tempfile
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
 
 from ..accelerator import accelerator_class, get_accelerator
 from ..compat import vllm as compat_vllm
+from ..compat import vllm_weight_transfer as compat_transfer
 from ..config_cls.generate_config import GenerateConfig, SamplingConfig
 from ..config_cls.model_config import ModelConfig
 from .base import Pieces, RolloutEngine, RolloutOutput
 from .convert_names import hf_named
+from .weight_transfer import Meta
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +50,16 @@ def write_hf_config(folder: str, model: ModelConfig, eos_token_id: int, pad_toke
     with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as fh:
         json.dump(get_family(model.model_type_hf).hf_config(model, eos_token_id, pad_token_id), fh, indent=2)
     return folder
+
+
+def vllm_named(piece: Dict[str, torch.Tensor], model: ModelConfig, dtype: str) -> List[Tuple[str, torch.Tensor]]:
+    """A megatron-named piece as vLLM loads it: HF names, in the engine's ``dtype`` (megatron keeps some
+    tensors, the norms, in fp32 under bf16)."""
+    target = None if dtype == "auto" else getattr(torch, dtype)
+    return [
+        (name, tensor.to(target) if target is not None and tensor.is_floating_point() else tensor)
+        for name, tensor in hf_named([piece], model)
+    ]
 
 
 def _world_size() -> int:
@@ -92,6 +107,12 @@ class VllmEngine(RolloutEngine):
             enable_prefix_caching=True,
         )
         kwargs.update(acc.vllm_engine_kwargs(gen))  # the memory budget: device share or CPU bytes
+        # vLLM's weight-transfer engine, when new weights arrive through it (rollout workers of their own)
+        self.weight_transfer_backend: Optional[str] = None
+        self.weight_transfer_unavailable = compat_transfer.unavailable_reason()
+        if gen.weight_transfer == "vllm_native" and self.weight_transfer_unavailable is None:
+            self.weight_transfer_backend = get_accelerator().vllm_weight_transfer_backend()
+            kwargs["weight_transfer_config"] = {"backend": self.weight_transfer_backend}
         if _world_size() > 1:
             # one engine per block of infer-TP contiguous ranks of the actor's world, every rank in-process;
             # vLLM reads its rank from the environment
@@ -148,23 +169,38 @@ class VllmEngine(RolloutEngine):
         return outputs
 
     def update_weights(self, weights: Pieces) -> Dict[str, float]:
-        import torch
-
-        stream = hf_named(weights, self.model)
         count = {"tensors": 0, "bytes": 0}
-        # megatron keeps some tensors (norms) in fp32 under bf16: hand vLLM its own dtype
-        target = None if self.gen.dtype == "auto" else getattr(torch, self.gen.dtype)
 
         def counted():
-            for name, tensor in stream:
-                if target is not None and tensor.is_floating_point() and tensor.dtype != target:
-                    tensor = tensor.to(target)
-                count["tensors"] += 1
-                count["bytes"] += tensor.numel() * tensor.element_size()
-                yield name, tensor
+            for piece in weights:
+                for name, tensor in vllm_named(piece, self.model, self.gen.dtype):
+                    count["tensors"] += 1
+                    count["bytes"] += tensor.numel() * tensor.element_size()
+                    yield name, tensor
 
         compat_vllm.load_weights_in_place(self.llm, self.weight_load_method, counted())
         return {k: float(v) for k, v in count.items()}
+
+    # ----- vLLM's native weight transfer (generate_config.weight_transfer: vllm_native) ------------------
+    def join_weight_transfer(self, host: str, port: int, rank: int, world_size: int) -> None:
+        """Join the sender's transfer group (its rank 0) as ``rank`` through this engine's vLLM worker."""
+        if self.weight_transfer_backend is None:
+            raise RuntimeError("this engine was built without vLLM's weight transfer (generate_config.weight_transfer)")
+        compat_transfer.init_receiver(self.llm, host, port, rank, world_size)
+
+    def update_weights_natively(self, chunks: Iterable[Meta]) -> Dict[str, float]:
+        """One update through vLLM's weight-transfer engine: ``chunks`` yields each chunk's (name, shape,
+        dtype) as the sender announces it, and the worker receives and loads that chunk as it is broadcast."""
+        count = {"tensors": 0.0, "bytes": 0.0}
+        compat_transfer.start_update(self.llm)
+        for meta in chunks:
+            if not meta:
+                continue
+            compat_transfer.update(self.llm, meta)
+            count["tensors"] += len(meta)
+            count["bytes"] += sum(math.prod(shape) * dtype.itemsize for _, shape, dtype in meta)
+        compat_transfer.finish_update(self.llm)
+        return count
 
     def offload(self) -> None:
         if not self.can_sleep:

@@ -330,9 +330,9 @@ def start_roles(cfg: PPOConfig, acc, pg, env: Dict[str, str], workers: List, log
     if rollout_devices:  # disaggregated layout: the rollout workers' bundles follow the actor's
         rollout = spawn("rollout", RolloutWorker, rollout_devices, whole_bundle, first_bundle=devices,
                         model=cfg.actor.model, gen=gen, bf16=cfg.actor.megatron.bf16, **ids)  # fmt: skip
-        connect_weight_channel(pg, actor, rollout)
+        transfer = connect_weight_channel(pg, actor, rollout)
         roles = Roles(actor, DisaggregatedRollout(actor, rollout))
-        print(f"rollout workers (disaggregated): {rollout.describe_engines()}", flush=True)
+        print(f"rollout workers (disaggregated): {rollout.describe_engines()}; weights over {transfer}", flush=True)
     else:
         roles = Roles(actor, ColocatedRollout(actor))
         print(f"rollout engines: {actor.describe_engines()}", flush=True)

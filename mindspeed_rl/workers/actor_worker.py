@@ -146,13 +146,26 @@ class IntegratedActorWorker(MegatronWorker):
         return save_hf_copy(self.actor, ckpt_dir, iteration)
 
     # ----- disaggregated layout: weights to the rollout workers ------------------------------------
-    def open_weight_channel(self, host: str, port: int, size: int) -> None:
-        """Rank 0 opens the weight channel as its sender (the other ranks only take part in gathering)."""
-        if self.rank == 0:
-            from ..accelerator import get_accelerator
-            from ..rollout.weight_transfer import WeightChannel
+    def open_weight_channel(self, host: str, port: int, size: int, native_port: Optional[int] = None) -> None:
+        """Rank 0 opens the weight channel as its sender (the other ranks only take part in gathering); with
+        ``native_port``, through vLLM's weight-transfer engine, converting each piece as vLLM loads it."""
+        if self.rank != 0:
+            return
+        from ..accelerator import get_accelerator
+        from ..rollout.weight_transfer import VllmNativeChannel, WeightChannel
 
-            self.channel = WeightChannel(host, port, 0, size, get_accelerator().comm_device(self.actor.device))
+        acc = get_accelerator()
+        comm = acc.comm_device(self.actor.device)
+        if native_port is None:
+            self.channel = WeightChannel(host, port, 0, size, comm)
+            return
+        from ..rollout.vllm_engine import vllm_named
+
+        model, dtype = self.role.model, self.gen.dtype
+        backend = acc.vllm_weight_transfer_backend()
+        self.channel = VllmNativeChannel(
+            host, port, 0, size, comm, backend, native_port, prepare=lambda piece: vllm_named(piece, model, dtype)
+        )
 
     def push_weights(self) -> Dict[str, float]:
         """Gather the full weights from every TP/PP/EP shard (all ranks) and stream them to the rollout

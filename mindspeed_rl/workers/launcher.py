@@ -15,12 +15,17 @@ from ..utils.library_logs import ENV_LOG_FILE
 from .worker_group import WorkerGroup
 
 
-def _node_ip_and_port():
+def _node_ip_and_ports(count: int = 1):
     import ray
 
     from ..utils.dist import free_port
 
-    return ray.util.get_node_ip_address(), free_port("")
+    ports: List[int] = []
+    while len(ports) < count:
+        port = free_port("")
+        if port not in ports:
+            ports.append(port)
+    return ray.util.get_node_ip_address(), ports
 
 
 def describe_resources(resources: Dict[str, float]) -> str:
@@ -120,8 +125,8 @@ def spawn_group(
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     first = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=first_bundle)
-    master_addr, master_port = ray.get(
-        ray.remote(num_cpus=0)(_node_ip_and_port).options(scheduling_strategy=first).remote()
+    master_addr, (master_port,) = ray.get(
+        ray.remote(num_cpus=0)(_node_ip_and_ports).options(scheduling_strategy=first).remote()
     )
     remote_cls = ray.remote(cls)
     nodes = bundle_nodes(pg)
@@ -157,16 +162,29 @@ def bundle_nodes(pg) -> Dict[int, str]:
     return {int(k): v for k, v in placement_group_table(pg).get("bundles_to_node_id", {}).items()}
 
 
-def connect_weight_channel(pg, actor: WorkerGroup, rollout: WorkerGroup) -> None:
+def connect_weight_channel(pg, actor: WorkerGroup, rollout: WorkerGroup) -> str:
     """Open the weight channel of the disaggregated layout: the actor's rank 0 (bundle 0) sends, every
-    rollout rank receives; both sides join at once (the channel is a collective)."""
+    rollout rank receives; both sides join at once (the channel is a collective). Returns how the tensors
+    travel (``channel`` or ``vllm_native``) and prints why where vLLM's transfer was asked for but is missing."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    answers = set(ray.get(rollout.call_async("weight_transfer")))
+    if len(answers) != 1:
+        raise RuntimeError(f"rollout workers disagree on how they take weights: {sorted(answers, key=str)}")
+    ((mode, reason),) = answers
+    if reason:
+        print(f"generate_config.weight_transfer: vllm_native unavailable ({reason}); weights go over the channel")
     first = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0)
-    host, port = ray.get(ray.remote(num_cpus=0)(_node_ip_and_port).options(scheduling_strategy=first).remote())
-    size = len(rollout.handles) + 1
-    ray.get(
-        actor.call_async("open_weight_channel", host, port, size)
-        + rollout.call_async("open_weight_channel", host, port, size)
+    host, ports = ray.get(
+        ray.remote(num_cpus=0)(_node_ip_and_ports)
+        .options(scheduling_strategy=first)
+        .remote(1 + (mode == "vllm_native"))
     )
+    size = len(rollout.handles) + 1
+    native_port = ports[1] if mode == "vllm_native" else None
+    ray.get(
+        actor.call_async("open_weight_channel", host, ports[0], size, native_port)
+        + rollout.call_async("open_weight_channel", host, ports[0], size, native_port)
+    )
+    return mode

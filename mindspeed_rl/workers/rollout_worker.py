@@ -2,15 +2,16 @@
 
 The ranks form their own torch.distributed world (no megatron model, no training state); engines are blocks
 of ``infer_tensor_parallel_size`` contiguous ranks, as in the integrated actor. New weights arrive over a
-weight channel from the actor's sending rank (``rollout/weight_transfer.py``) as full megatron-named tensors,
-which each engine shards for itself.
+weight channel from the actor's sending rank (``rollout/weight_transfer.py``): full megatron-named tensors
+that each engine shards for itself, or (``weight_transfer: vllm_native``) HF-named tensors that vLLM's
+weight-transfer engine in the worker receives and loads.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -83,18 +84,34 @@ class RolloutWorker:
         )
 
     # ----- weights ---------------------------------------------------------------------------------------
-    def open_weight_channel(self, host: str, port: int, size: int) -> None:
-        """Join the weight channel as receiver ``rank + 1`` (rank 0 is the actor's sender)."""
-        from ..rollout.weight_transfer import WeightChannel
+    def weight_transfer(self) -> Tuple[str, Optional[str]]:
+        """How this worker's engine takes new weights: ``vllm_native`` (its vLLM was built with a
+        weight-transfer engine) or ``channel``, with why not native where it was asked for."""
+        backend = getattr(self.engine, "weight_transfer_backend", None)
+        if backend is not None:
+            return "vllm_native", None
+        if self.gen.weight_transfer != "vllm_native":
+            return "channel", None
+        reason = getattr(self.engine, "weight_transfer_unavailable", None)
+        return "channel", reason or f"the {self.engine.name} engine has no vLLM to receive through"
+
+    def open_weight_channel(self, host: str, port: int, size: int, native_port: Optional[int] = None) -> None:
+        """Join the weight channel as receiver ``rank + 1`` (rank 0 is the actor's sender); with
+        ``native_port``, the tensors come through the engine's vLLM weight-transfer group on that port."""
+        from ..rollout.weight_transfer import VllmNativeChannel, WeightChannel
 
         comm = self.acc.comm_device(self.acc.current_device())
-        self.channel = WeightChannel(host, port, self.rank + 1, size, comm)
+        if native_port is None:
+            self.channel = WeightChannel(host, port, self.rank + 1, size, comm)
+        else:
+            backend = self.engine.weight_transfer_backend
+            self.channel = VllmNativeChannel(host, port, self.rank + 1, size, comm, backend, native_port, self.engine)
 
     def receive_weights(self, version: int) -> Dict[str, float]:
         """Load the weights the actor streams now; the engine then holds policy ``version``."""
         t0 = time.perf_counter()
         self.engine.onload()
-        stats = self.engine.update_weights(self.channel.receive())
+        stats = self.channel.load_into(self.engine)
         self.version = version
         return {**stats, "timing/weight_sync": time.perf_counter() - t0}
 
