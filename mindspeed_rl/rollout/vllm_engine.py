@@ -109,10 +109,12 @@ class VllmEngine(RolloutEngine):
         kwargs.update(acc.vllm_engine_kwargs(gen))  # the memory budget: device share or CPU bytes
         # vLLM's weight-transfer engine, when new weights arrive through it (rollout workers of their own)
         self.weight_transfer_backend: Optional[str] = None
-        self.weight_transfer_unavailable = compat_transfer.unavailable_reason()
-        if gen.weight_transfer == "vllm_native" and self.weight_transfer_unavailable is None:
-            self.weight_transfer_backend = get_accelerator().vllm_weight_transfer_backend()
-            kwargs["weight_transfer_config"] = {"backend": self.weight_transfer_backend}
+        self.weight_transfer_unavailable: Optional[str] = None
+        if gen.weight_transfer == "vllm_native":
+            self.weight_transfer_unavailable = compat_transfer.unavailable_reason()
+            if self.weight_transfer_unavailable is None:
+                self.weight_transfer_backend = get_accelerator().vllm_weight_transfer_backend()
+                kwargs["weight_transfer_config"] = {"backend": self.weight_transfer_backend}
         if _world_size() > 1:
             # one engine per block of infer-TP contiguous ranks of the actor's world, every rank in-process;
             # vLLM reads its rank from the environment
