@@ -58,8 +58,8 @@ def main() -> None:
     from mindspeed_rl.checkpoint import megatron_layout as ml
     from mindspeed_rl.checkpoint.convert import iter_mg_stages
     from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.demo.assets import prepare
     from mindspeed_rl.trainer.launch import train
-    from mindspeed_rl.utils.demo_assets import prepare
 
     paths = prepare(os.path.join(root, "assets"), load_ppo_config("ppo_tiny_cpu").actor.model.padded_vocab_size)
     base = {"actor_config.load": f"{root}/base/actor", "critic_config.load": f"{root}/base/critic"}

@@ -113,7 +113,7 @@ def variable_dataset(work: str, rows: int, longest: int, seed: int = 3) -> str:
 
     from mindspeed_rl.config_cls.dataset_config import DatasetConfig
     from mindspeed_rl.datasets.preprocess import preprocess
-    from mindspeed_rl.utils.demo_assets import make_rows
+    from mindspeed_rl.demo.assets import make_rows
 
     rng = random.Random(seed)
     raw = os.path.join(work, "variable.jsonl")
@@ -231,7 +231,7 @@ def main() -> None:
     p.add_argument("--micro-batch", type=int, default=16, help="training micro-batch rows (budget base with --packing)")
     args = p.parse_args()
     args.new_tokens = args.new_tokens or (64 if args.workload == "fixed" else 256)
-    from mindspeed_rl.utils.demo_assets import prepare
+    from mindspeed_rl.demo.assets import prepare
 
     prepare(os.path.join(ROOT, "demo_assets"), SHAPES["tiny"]["padded_vocab_size"])  # the demo tokenizer and prompts
     threads = os.cpu_count() or 1

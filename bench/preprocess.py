@@ -27,7 +27,7 @@ def main() -> None:
     p.add_argument("--input", default=os.path.join(os.path.dirname(ROOT), "shared", "data", "gsm8k", "train.jsonl"))
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()
-    from mindspeed_rl.utils.tiny_hf import build_tokenizer
+    from mindspeed_rl.demo.tiny_hf import build_tokenizer
 
     work = tempfile.mkdtemp(prefix="bench_pre_")
     texts = []

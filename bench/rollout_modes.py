@@ -14,7 +14,7 @@ modes differ only in how batches are produced (rollout/source.py):
 Workloads:
   fixed     every prompt may answer in --fixed-tokens tokens
   long-tail 1 prompt in 8 may answer in --long-tokens tokens, the others in --short-tokens
-            (utils.demo_assets.prepare_long_tail: the dataset key max_new_tokens)
+            (demo.assets.prepare_long_tail: the dataset key max_new_tokens)
 Prints a markdown table of medians over iterations 2..N: step (timing/all), e2e_tps, generation
 (timing/rollout, summed over a batch's rounds), trainer idle (timing/trainer_idle: the trainer waiting for
 its batch, and in async for the productions in flight before a weight update) and its share of the step,
@@ -95,7 +95,7 @@ def main() -> None:
     p.add_argument("--split", type=int, default=4, help="partial_rollout_max_split of the partial mode")
     args = p.parse_args()
     from mindspeed_rl.config_cls import load_ppo_config
-    from mindspeed_rl.utils.demo_assets import prepare, prepare_long_tail
+    from mindspeed_rl.demo.assets import prepare, prepare_long_tail
 
     with tempfile.TemporaryDirectory(prefix="bench_rollout_modes_") as work:
         vocab = load_ppo_config("grpo_tiny_cpu").actor.model.padded_vocab_size

@@ -58,7 +58,7 @@ def main() -> None:
     parser.add_argument("--runs", nargs="+", choices=sorted(RUNS), default=list(RUNS))
     parser.add_argument("overrides", nargs="*", help="key=value overrides for both runs")
     args = parser.parse_args()
-    from mindspeed_rl.utils.tool_demo import prepare_tool_task
+    from mindspeed_rl.demo.tool_task import prepare_tool_task
 
     prepare_tool_task(os.path.join(ROOT, "demo_assets"))  # where grpo_tiny_cpu_tools.yaml looks
     with tempfile.TemporaryDirectory() as work:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from mindspeed_rl.config_cls import load_ppo_config
-from mindspeed_rl.utils.demo_assets import prepare
+from mindspeed_rl.demo.assets import prepare
 
 
 def main() -> int:
@@ -20,7 +20,7 @@ def main() -> int:
         f"held-out test prompts {paths['test_prefix']}"
     )
     if "--tools" in sys.argv[1:]:
-        from mindspeed_rl.utils.tool_demo import prepare_tool_task
+        from mindspeed_rl.demo.tool_task import prepare_tool_task
 
         tools = prepare_tool_task("./demo_assets")
         print(

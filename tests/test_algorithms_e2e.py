@@ -6,7 +6,7 @@ no critic; DAPO without reference, with dynamic sampling and overlong shaping. A
 import pytest
 
 from mindspeed_rl.config_cls import load_ppo_config
-from mindspeed_rl.utils.demo_assets import prepare
+from mindspeed_rl.demo.assets import prepare
 from tests.helpers import demo_config
 
 ITERATIONS = 12

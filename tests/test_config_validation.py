@@ -290,3 +290,18 @@ def test_native_weight_transfer_needs_the_vllm_engine(capsys):
     assert "Traceback" not in err
     assert train_ppo.main(["--config-name", "grpo_tiny_cpu_async", "dry_run=true",
                            "generate_config.weight_transfer=vllm_native"]) == 0  # fmt: skip
+
+
+def test_a_missing_demo_asset_says_which_command_makes_it(tmp_path, capsys):
+    missing = tmp_path / "demo_assets" / "tiny_tools_hf"
+    rc = train_ppo.main(["--config-name", "grpo_tiny_cpu_tools", f"megatron_training.tokenizer_name_or_path={missing}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "megatron_training.tokenizer_name_or_path" in err and "does not exist" in err, err
+    assert "python cli/prepare_demo.py --tools" in err and "Traceback" not in err
+
+
+def test_the_one_slot_plan_does_not_quote_a_node_size_nobody_gave(monkeypatch, capsys):
+    monkeypatch.delenv("NPUS_PER_NODE", raising=False)
+    assert train_ppo.main(["--config-name", "grpo_tiny_cpu", "dry_run=true"]) == 0
+    out = capsys.readouterr().out
+    assert "devices   : 1 (one node)" in out and "NPUS_PER_NODE" not in out, out

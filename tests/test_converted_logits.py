@@ -5,9 +5,9 @@ import torch
 import torch.multiprocessing as mp
 
 from cli import convert_ckpt
+from mindspeed_rl.demo.tiny_hf import build_hf_model
 from mindspeed_rl.models.heads import last_token_values
 from mindspeed_rl.utils.dist import free_port
-from mindspeed_rl.utils.tiny_hf import build_hf_model
 from tests import parallel_worker
 from tests.helpers import make_batch, tiny_model_config
 

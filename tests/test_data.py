@@ -9,7 +9,7 @@ from cli import preprocess_data
 from mindspeed_rl.datasets.padding import left_pad
 from mindspeed_rl.datasets.prompt_dataset import DatasetMissing, PromptDataset, PromptSampler, collate_prompts
 from mindspeed_rl.datasets.templates import apply_template
-from mindspeed_rl.utils.tiny_hf import build_tokenizer
+from mindspeed_rl.demo.tiny_hf import build_tokenizer
 from tests.conftest import SHARED
 
 GSM8K = os.path.join(SHARED, "data", "gsm8k", "train.jsonl")

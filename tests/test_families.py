@@ -21,9 +21,9 @@ from mindspeed_rl.checkpoint.convert import (
 from mindspeed_rl.config_cls import ConfigError
 from mindspeed_rl.config_cls.model_config import FAMILY_NAMES
 from mindspeed_rl.datasets.templates import load_templates
+from mindspeed_rl.demo.tiny_hf import build_hf_model
 from mindspeed_rl.families import FAMILIES, FamilyError, family_names, get_family, resolve_family
 from mindspeed_rl.utils.dist import free_port
-from mindspeed_rl.utils.tiny_hf import build_hf_model
 from tests import parallel_worker
 from tests.helpers import make_batch
 from tests.helpers import tiny_family_model as tiny
@@ -281,8 +281,8 @@ def test_two_ppo_iterations_per_family(tmp_path):
     import ray
     from transformers import AutoConfig
 
+    from mindspeed_rl.demo.assets import prepare
     from mindspeed_rl.trainer.launch import train
-    from mindspeed_rl.utils.demo_assets import prepare
     from tests.helpers import demo_config
 
     paths = prepare(str(tmp_path / "assets"), 256)

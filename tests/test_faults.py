@@ -19,8 +19,8 @@ import torch
 from cli import convert_ckpt, preprocess_data, train_ppo
 from mindspeed_rl.checkpoint import megatron_layout as ml
 from mindspeed_rl.config_cls import load_ppo_config
-from mindspeed_rl.utils.demo_assets import prepare
-from mindspeed_rl.utils.tiny_hf import build_hf_model, build_tokenizer
+from mindspeed_rl.demo.assets import prepare
+from mindspeed_rl.demo.tiny_hf import build_hf_model, build_tokenizer
 from tests.helpers import tiny_model_config, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cli import convert_ckpt, generate
-from mindspeed_rl.utils.tiny_hf import build_hf_model, build_tokenizer
+from mindspeed_rl.demo.tiny_hf import build_hf_model, build_tokenizer
 from tests.helpers import tiny_model_config
 
 TEXTS = [

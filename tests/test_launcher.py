@@ -9,7 +9,7 @@ import time
 import pytest
 
 from mindspeed_rl.config_cls import load_ppo_config
-from mindspeed_rl.utils.demo_assets import prepare
+from mindspeed_rl.demo.assets import prepare
 from tests.conftest import ROOT
 
 SCRIPT = os.path.join(ROOT, "examples", "ppo", "ppo_trainer_qwen25_32b.sh")

@@ -12,7 +12,7 @@ import pytest
 
 from mindspeed_rl.checkpoint import megatron_layout as ml
 from mindspeed_rl.config_cls import load_ppo_config
-from mindspeed_rl.utils.demo_assets import prepare
+from mindspeed_rl.demo.assets import prepare
 from mindspeed_rl.workers.worker_group import WorkerGroup
 from tests.helpers import demo_config
 

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from mindspeed_rl.config_cls import load_ppo_config
-from mindspeed_rl.utils.demo_assets import prepare
+from mindspeed_rl.demo.assets import prepare
 from tests.helpers import demo_config
 
 ITERATIONS = 20  # the demo's length: greedy validation flips to the right answers by then (1.0 at 20)

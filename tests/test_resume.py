@@ -13,7 +13,7 @@ import torch
 
 from mindspeed_rl.checkpoint import megatron_layout as ml
 from mindspeed_rl.config_cls import load_ppo_config
-from mindspeed_rl.utils.demo_assets import prepare
+from mindspeed_rl.demo.assets import prepare
 
 COMPARED = (
     "critic/score/mean",

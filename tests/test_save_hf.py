@@ -9,8 +9,8 @@ import torch
 
 from mindspeed_rl.checkpoint import megatron_layout as ml
 from mindspeed_rl.checkpoint.engine_io import save_engine, save_hf_copy
+from mindspeed_rl.demo.tiny_hf import build_tokenizer
 from mindspeed_rl.models.engine import MegatronEngine
-from mindspeed_rl.utils.tiny_hf import build_tokenizer
 from tests.helpers import make_batch, single_process_world_fixture, tiny_role
 
 single_process_world = single_process_world_fixture(seed=11)

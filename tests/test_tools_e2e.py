@@ -36,7 +36,7 @@ COMPARED = (
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from mindspeed_rl.utils.tool_demo import prepare_tool_task
+    from mindspeed_rl.demo.tool_task import prepare_tool_task
 
     root = str(tmp_path_factory.mktemp("tools"))
     return root, prepare_tool_task(root)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from .feature_rules import agent_rollout_function, filter_metric_name
@@ -20,7 +21,10 @@ def batch_plan(cfg: PPOConfig) -> str:
     per_node = devices_per_node()
     devices = cfg.actor.num_devices
     nodes = -(-devices // per_node)
-    node_text = f"{nodes} node{'s' if nodes > 1 else ''} x {min(per_node, devices)}"
+    if nodes > 1 or devices == per_node or "NPUS_PER_NODE" in os.environ:
+        node_text = f"{nodes} node{'s' if nodes > 1 else ''} x {min(per_node, devices)}, NPUS_PER_NODE={per_node}"
+    else:  # part of one node, no node size given: the default of 16 says nothing about this machine
+        node_text = "one node"
     gen = cfg.generate
     itp = gen.infer_tensor_parallel_size
     rollout_devices = cfg.rollout_devices
@@ -43,7 +47,7 @@ def batch_plan(cfg: PPOConfig) -> str:
         ),
         f"  update    : {samples} / mini_batch_size {mini} = {samples // mini} mini-batches per epoch"
         f" x {cfg.rl.epochs} epoch(s) = {samples // mini * cfg.rl.epochs} optimizer steps per role",
-        f"  devices   : {devices} ({node_text}, NPUS_PER_NODE={per_node}), integrated="
+        f"  devices   : {devices} ({node_text}), integrated="
         f"{cfg.rl.use_integrated_worker}, throughput world_size={cfg.world_size}",
         f"  rollout   : infer TP {itp} x PP {gen.infer_pipeline_parallel_size}, "
         f"{infer_dp} engine(s), {gbs / infer_dp:g} prompts = {samples / infer_dp:g} responses each, up to "

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, List, Mapping
 from .base import ConfigError
 from .rules import _role_key
 
+DEMO_ASSETS = "demo_assets"
+
 if TYPE_CHECKING:
     from .ppo_config import PPOConfig, RoleConfig
 
@@ -37,13 +39,23 @@ def missing_paths(cfg: PPOConfig) -> List[ConfigError]:
                 continue
             exists = os.path.exists(value) or (what == "dataset prefix" and glob.glob(value + "*"))
             if not exists:
-                problems.append(ConfigError(full, f"{what} {value!r} does not exist"))
+                problems.append(ConfigError(full, f"{what} {value!r} does not exist{_demo_hint(value)}"))
     ref = cfg.rl.integrated_mode_config.ref_model_load_path
     if ref and not os.path.exists(ref):
         problems.append(
             ConfigError("rl_config.integrated_mode_config.ref_model_load_path", f"folder {ref!r} does not exist")
         )
     return problems
+
+
+def _demo_hint(path: str) -> str:
+    """How to make a missing path of the embedded demos (their configs point into ./demo_assets)."""
+    if DEMO_ASSETS not in os.path.normpath(path).split(os.sep):
+        return ""
+    return (
+        f" (the embedded demos' assets: `python cli/prepare_demo.py` makes them under ./{DEMO_ASSETS}, "
+        "`python cli/prepare_demo.py --tools` also the tool-use task's)"
+    )
 
 
 def _explicit(cfg: PPOConfig, role: RoleConfig) -> set:

@@ -45,7 +45,7 @@ def prepare(root: str, vocab_size: int, train_rows: int = 2000, seed: int = 1, t
     """Write <root>/tiny_qwen25_hf (tokenizer of exactly ``vocab_size`` tokens), the preprocessed prompts
     <root>/data/arith_train* and a held-out test set <root>/data/arith_test* (questions not in the training
     set); returns the paths. Idempotent."""
-    from ..utils.tiny_hf import build_tokenizer
+    from .tiny_hf import build_tokenizer
 
     tok_dir = os.path.join(root, "tiny_qwen25_hf")
     raw = os.path.join(root, "raw", "lucky_train.jsonl")

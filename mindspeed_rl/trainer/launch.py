@@ -40,6 +40,8 @@ def init_ray(env: Dict[str, str], quiet: bool = False) -> None:
 
     if ray.is_initialized():
         return
+    if not sys.stdout.isatty():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # no ANSI colour in the worker-log prefix of a log file
     address = os.environ.get("RAY_ADDRESS")
     kwargs = dict(
         runtime_env={"env_vars": env},
