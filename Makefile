@@ -5,7 +5,7 @@ PYTHON := $(VENV)/bin/python
 STAMP  := $(VENV)/.mindspeed_rl_installed
 export PYTHONWARNINGS ?= ignore::UserWarning,ignore::DeprecationWarning,ignore::FutureWarning
 
-.PHONY: setup demo test test-npu-versions test-npu-current lint docs clean-demo
+.PHONY: setup demo test test-fast test-npu-versions test-npu-current lint docs clean-demo
 
 $(STAMP): scripts/install.sh requirements/cpu.txt setup.py
 	bash scripts/install.sh
@@ -18,6 +18,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PYTHON) -m pytest tests
+
+# The edit-test loop: everything but the multi-process and end-to-end runs (pytest.ini's `slow` marker).
+test-fast: $(STAMP)
+	$(PYTHON) -m pytest -m "not slow" tests
 
 # ruff (settings in pyproject.toml): lint rules and the formatter, both only checking.
 lint: $(STAMP)
