@@ -50,11 +50,31 @@ def check_context_parallel(role: RoleConfig) -> None:
 
 
 def check_cross_fields(cfg: PPOConfig) -> None:
-    """Rules that involve more than one key. Each error names the key to change."""
-    rl, gen = cfg.rl, cfg.generate
+    """Rules that involve more than one key, by section and feature, in the order their errors are reported.
+    Each error names the key to change."""
     check_dapo_keys(cfg)
     check_agent_keys(cfg)
     check_lora_keys(cfg)
+    check_batch_sizes(cfg)
+    check_packing_keys(cfg)
+    check_sampling_keys(cfg)
+    for role in cfg.roles:
+        check_role_parallelism(role)
+        check_role_micro_batch(role, cfg.rl.mini_batch_size)
+        check_role_training(role)
+    check_worker_modes(cfg)
+    check_role_resources(cfg)
+    check_rollout_layout(cfg)
+    check_sequence_lengths(cfg)
+    check_reward_keys(cfg)
+    check_kl_keys(cfg)
+    check_validation_keys(cfg)
+    check_save_folders(cfg)
+
+
+def check_batch_sizes(cfg: PPOConfig) -> None:
+    """The mini-batch divides one iteration's responses."""
+    rl = cfg.rl
     samples = cfg.samples_per_iteration
     if samples % rl.mini_batch_size:
         raise ConfigError(
@@ -62,90 +82,110 @@ def check_cross_fields(cfg: PPOConfig) -> None:
             f"{rl.mini_batch_size} does not divide the prompts per iteration x n_samples_per_prompt = "
             f"{cfg.prompts_per_iteration} x {rl.n_samples_per_prompt} = {samples}",
         )
+
+
+def check_sampling_keys(cfg: PPOConfig) -> None:
     sampling = cfg.generate.sampling_config
-    check_packing_keys(cfg)
     if sampling.min_tokens > sampling.max_tokens:
         raise ConfigError(
             "generate_config.sampling_config.min_tokens",
             f"{sampling.min_tokens} is above max_tokens {sampling.max_tokens}",
         )
-    for role in cfg.roles:
-        m, model = role.megatron, role.model
-        if role.num_devices % (role.tp * role.pp * role.cp):
-            key = "context_parallel_size" if role.cp > 1 else "tensor_model_parallel_size"
+
+
+def check_role_parallelism(role: RoleConfig) -> None:
+    """TP x PP x CP divides the role's devices, TP the heads, EP the experts and DP, PP the layers."""
+    m, model = role.megatron, role.model
+    if role.num_devices % (role.tp * role.pp * role.cp):
+        key = "context_parallel_size" if role.cp > 1 else "tensor_model_parallel_size"
+        raise ConfigError(
+            _role_key(role, key),
+            f"TP {role.tp} x PP {role.pp}"
+            + (f" x CP {role.cp}" if role.cp > 1 else "")
+            + f" = {role.tp * role.pp * role.cp} does not divide the "
+            f"{role.name}'s {role.num_devices} devices (rl_config.{role.name}_resource.num_npus)",
+        )
+    if model.num_attention_heads % role.tp:
+        raise ConfigError(
+            _role_key(role, "tensor_model_parallel_size"),
+            f"TP {role.tp} does not divide num_attention_heads {model.num_attention_heads} of model {m.model}",
+        )
+    if model.kv_heads % role.tp:
+        raise ConfigError(
+            _role_key(role, "tensor_model_parallel_size"),
+            f"TP {role.tp} does not divide num_query_groups {model.kv_heads} of model {m.model}",
+        )
+    check_context_parallel(role)
+    ep = m.expert_model_parallel_size
+    if ep > 1 and not model.num_experts:
+        raise ConfigError(
+            _role_key(role, "expert_model_parallel_size"),
+            f"{ep} needs a mixture-of-experts model; {m.model} is dense",
+        )
+    if model.num_experts and model.num_experts % ep:
+        raise ConfigError(
+            _role_key(role, "expert_model_parallel_size"),
+            f"EP {ep} does not divide num_experts {model.num_experts} of model {m.model}",
+        )
+    if role.dp % ep:
+        raise ConfigError(
+            _role_key(role, "expert_model_parallel_size"),
+            f"EP {ep} does not divide the {role.name}'s data-parallel size {role.dp} "
+            f"(devices {role.num_devices} / (TP {role.tp} x PP {role.pp}"
+            + (f" x CP {role.cp}" if role.cp > 1 else "")
+            + "))",
+        )
+    layers = m.layers_per_stage(model.num_layers)
+    if m.num_layer_list:
+        if len(layers) != role.pp or sum(layers) != model.num_layers or min(layers) < 1:
             raise ConfigError(
-                _role_key(role, key),
-                f"TP {role.tp} x PP {role.pp}"
-                + (f" x CP {role.cp}" if role.cp > 1 else "")
-                + f" = {role.tp * role.pp * role.cp} does not divide the "
-                f"{role.name}'s {role.num_devices} devices (rl_config.{role.name}_resource.num_npus)",
+                _role_key(role, "num_layer_list"),
+                f"{m.num_layer_list!r} must list {role.pp} positive layer counts summing to "
+                f"num_layers {model.num_layers}",
             )
-        if model.num_attention_heads % role.tp:
+    elif model.num_layers % role.pp:
+        raise ConfigError(
+            _role_key(role, "pipeline_model_parallel_size"),
+            f"PP {role.pp} does not divide num_layers {model.num_layers}; set num_layer_list",
+        )
+
+
+def check_role_micro_batch(role: RoleConfig, mini_batch_size: int) -> None:
+    """A training role's share of a mini-batch is whole micro-batches."""
+    m = role.megatron
+    if role.name != "reward":
+        per_rank = mini_batch_size / role.dp
+        if mini_batch_size % (m.micro_batch_size * role.dp):
             raise ConfigError(
-                _role_key(role, "tensor_model_parallel_size"),
-                f"TP {role.tp} does not divide num_attention_heads {model.num_attention_heads} of model {m.model}",
+                _role_key(role, "micro_batch_size"),
+                f"mini_batch_size {mini_batch_size} over DP {role.dp} gives {per_rank:g} "
+                f"samples per rank, not a multiple of micro_batch_size {m.micro_batch_size}",
             )
-        if model.kv_heads % role.tp:
-            raise ConfigError(
-                _role_key(role, "tensor_model_parallel_size"),
-                f"TP {role.tp} does not divide num_query_groups {model.kv_heads} of model {m.model}",
-            )
-        check_context_parallel(role)
-        ep = m.expert_model_parallel_size
-        if ep > 1 and not model.num_experts:
-            raise ConfigError(
-                _role_key(role, "expert_model_parallel_size"),
-                f"{ep} needs a mixture-of-experts model; {m.model} is dense",
-            )
-        if model.num_experts and model.num_experts % ep:
-            raise ConfigError(
-                _role_key(role, "expert_model_parallel_size"),
-                f"EP {ep} does not divide num_experts {model.num_experts} of model {m.model}",
-            )
-        if role.dp % ep:
-            raise ConfigError(
-                _role_key(role, "expert_model_parallel_size"),
-                f"EP {ep} does not divide the {role.name}'s data-parallel size {role.dp} "
-                f"(devices {role.num_devices} / (TP {role.tp} x PP {role.pp}"
-                + (f" x CP {role.cp}" if role.cp > 1 else "")
-                + "))",
-            )
-        layers = m.layers_per_stage(model.num_layers)
-        if m.num_layer_list:
-            if len(layers) != role.pp or sum(layers) != model.num_layers or min(layers) < 1:
-                raise ConfigError(
-                    _role_key(role, "num_layer_list"),
-                    f"{m.num_layer_list!r} must list {role.pp} positive layer counts summing to "
-                    f"num_layers {model.num_layers}",
-                )
-        elif model.num_layers % role.pp:
-            raise ConfigError(
-                _role_key(role, "pipeline_model_parallel_size"),
-                f"PP {role.pp} does not divide num_layers {model.num_layers}; set num_layer_list",
-            )
-        if role.name != "reward":
-            per_rank = rl.mini_batch_size / role.dp
-            if rl.mini_batch_size % (m.micro_batch_size * role.dp):
-                raise ConfigError(
-                    _role_key(role, "micro_batch_size"),
-                    f"mini_batch_size {rl.mini_batch_size} over DP {role.dp} gives {per_rank:g} "
-                    f"samples per rank, not a multiple of micro_batch_size {m.micro_batch_size}",
-                )
-        if m.bf16 and m.fp16:
-            raise ConfigError(_role_key(role, "fp16"), "bf16 and fp16 are both true; pick one")
-        if m.min_lr > m.lr:
-            raise ConfigError(_role_key(role, "min_lr"), f"{m.min_lr} is above lr {m.lr}")
-        if m.save_hf and not m.save:
-            raise ConfigError(
-                _role_key(role, "save_hf"),
-                "is true but save is not set: the HF folder is written beside each checkpoint in save",
-            )
-        if m.save_hf and m.no_shared_storage:
-            raise ConfigError(
-                _role_key(role, "save_hf"),
-                "needs a filesystem all ranks share (no_shared_storage is "
-                "true): convert afterwards with cli/convert_ckpt.py",
-            )
+
+
+def check_role_training(role: RoleConfig) -> None:
+    """Precision, learning-rate floor and HF copies of checkpoints."""
+    m = role.megatron
+    if m.bf16 and m.fp16:
+        raise ConfigError(_role_key(role, "fp16"), "bf16 and fp16 are both true; pick one")
+    if m.min_lr > m.lr:
+        raise ConfigError(_role_key(role, "min_lr"), f"{m.min_lr} is above lr {m.lr}")
+    if m.save_hf and not m.save:
+        raise ConfigError(
+            _role_key(role, "save_hf"),
+            "is true but save is not set: the HF folder is written beside each checkpoint in save",
+        )
+    if m.save_hf and m.no_shared_storage:
+        raise ConfigError(
+            _role_key(role, "save_hf"),
+            "needs a filesystem all ranks share (no_shared_storage is "
+            "true): convert afterwards with cli/convert_ckpt.py",
+        )
+
+
+def check_worker_modes(cfg: PPOConfig) -> None:
+    """MindSpeed-RL switches we name but do not implement."""
+    rl = cfg.rl
     if not rl.use_integrated_worker:
         raise ConfigError(
             "rl_config.use_integrated_worker",
@@ -161,6 +201,10 @@ def check_cross_fields(cfg: PPOConfig) -> None:
             "the other; to overlap generation with training use "
             "rl_config.max_head_offpolicyness (asynchronous rollout)",
         )
+
+
+def check_role_resources(cfg: PPOConfig) -> None:
+    """The reward model's weights, and the roles that share the actor's devices fit on them."""
     if cfg.reward is not None:
         if not cfg.reward.megatron.load:
             raise ConfigError(
@@ -179,6 +223,11 @@ def check_cross_fields(cfg: PPOConfig) -> None:
             f"{cfg.critic.num_devices} exceeds actor_resource.num_npus {cfg.actor.num_devices}: "
             "in integrated mode the critic shares the actor's devices",
         )
+
+
+def check_rollout_layout(cfg: PPOConfig) -> None:
+    """Infer TP against the devices and the model; how weights reach rollout workers."""
+    rl, gen = cfg.rl, cfg.generate
     itp, tp = gen.infer_tensor_parallel_size, cfg.actor.tp
     if rl.rollout_resource is None and itp % tp and tp % itp:
         raise ConfigError(
@@ -215,6 +264,11 @@ def check_cross_fields(cfg: PPOConfig) -> None:
             f"{itp} does not divide the heads ({cfg.actor.model.num_attention_heads}) and "
             f"query groups ({cfg.actor.model.kv_heads}) of the actor's model",
         )
+
+
+def check_sequence_lengths(cfg: PPOConfig) -> None:
+    """Prompt + response fits training's seq_length, the engine's max_model_len and the model's positions."""
+    rl, gen = cfg.rl, cfg.generate
     seq_length = cfg.megatron_training.seq_length
     if seq_length is not None and rl.max_prompt_length > seq_length:
         raise ConfigError(
@@ -244,6 +298,11 @@ def check_cross_fields(cfg: PPOConfig) -> None:
             "generate_config.max_num_batched_tokens",
             f"{gen.max_num_batched_tokens} cannot hold one prompt of max_prompt_length {rl.max_prompt_length}",
         )
+
+
+def check_reward_keys(cfg: PPOConfig) -> None:
+    """Something scores the responses: verifiers that resolve (with weights), or a reward model."""
+    rl = cfg.rl
     if rl.rule_reward and not rl.verifier_function:
         raise ConfigError(
             "rl_config.verifier_function",
@@ -279,12 +338,18 @@ def check_cross_fields(cfg: PPOConfig) -> None:
             "rl_config.rule_reward",
             "false, but no reward_config (reward model) is given: nothing would score the responses",
         )
+
+
+def check_kl_keys(cfg: PPOConfig) -> None:
+    rl = cfg.rl
     if rl.kl_ctrl_type == "adaptive" and (rl.kl_target is None or rl.kl_horizon is None):
         raise ConfigError(
             "rl_config.kl_target" if rl.kl_target is None else "rl_config.kl_horizon",
             "required when kl_ctrl_type is adaptive",
         )
-    check_validation_keys(cfg)
+
+
+def check_save_folders(cfg: PPOConfig) -> None:
     a_save, c_save = cfg.actor.megatron.save, cfg.critic.megatron.save
     if cfg.uses_critic and a_save and c_save and os.path.abspath(a_save) == os.path.abspath(c_save):
         raise ConfigError(
