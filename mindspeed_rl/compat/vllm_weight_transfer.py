@@ -95,11 +95,9 @@ class _GlooGroup:
         self.group = dist.ProcessGroupGloo(dist.PrefixStore("vllm-weights", self.store), rank, size, timeout)
 
     def broadcast(self, tensor: torch.Tensor, src: int, stream: Any = None) -> None:
-        import torch.distributed as dist
+        from ..utils.dist import broadcast_from
 
-        opts = dist.BroadcastOptions()
-        opts.rootRank = src
-        self.group.broadcast([tensor], opts).wait()
+        broadcast_from(self.group, tensor, src)
 
 
 def register_gloo_engine() -> str:

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ..accelerator import get_accelerator
+from ..utils.dist import broadcast_from
 
 Meta = List[Tuple[str, Tuple[int, ...], torch.dtype]]
 Named = List[Tuple[str, torch.Tensor]]
@@ -57,21 +58,14 @@ class WeightChannel:
     def _tensor_group(self, timeout: datetime.timedelta):
         return get_accelerator().transfer_group(dist.PrefixStore("weights", self.store), self.rank, self.size, timeout)
 
-    @staticmethod
-    def _broadcast(group, tensor: torch.Tensor) -> torch.Tensor:
-        opts = dist.BroadcastOptions()
-        opts.rootRank = 0
-        group.broadcast([tensor], opts).wait()
-        return tensor
-
     def _broadcast_meta(self, meta: Optional[Meta] = None) -> Optional[Meta]:
         if self.rank == 0:
             payload = torch.frombuffer(bytearray(pickle.dumps(meta)), dtype=torch.uint8)
-            self._broadcast(self.control, torch.tensor([payload.numel()], dtype=torch.long))
-            self._broadcast(self.control, payload)
+            broadcast_from(self.control, torch.tensor([payload.numel()], dtype=torch.long))
+            broadcast_from(self.control, payload)
             return meta
-        length = self._broadcast(self.control, torch.zeros(1, dtype=torch.long))
-        payload = self._broadcast(self.control, torch.empty(int(length.item()), dtype=torch.uint8))
+        length = broadcast_from(self.control, torch.zeros(1, dtype=torch.long))
+        payload = broadcast_from(self.control, torch.empty(int(length.item()), dtype=torch.uint8))
         return pickle.loads(payload.numpy().tobytes())
 
     def _metas(self) -> Iterator[Meta]:
@@ -81,7 +75,7 @@ class WeightChannel:
 
     def _send_tensors(self, tensors: List[torch.Tensor]) -> None:
         for tensor in tensors:
-            self._broadcast(self.group, tensor)
+            broadcast_from(self.group, tensor)
 
     def send(self, pieces: Iterable[Dict[str, torch.Tensor]]) -> Dict[str, float]:
         """Stream ``pieces`` to every receiver (rank 0 only); returns tensor and byte counts."""
@@ -100,7 +94,7 @@ class WeightChannel:
         """The pieces the sender streams, one at a time (receivers)."""
         for meta in self._metas():
             yield {
-                name: self._broadcast(self.group, torch.empty(shape, dtype=dtype, device=self.device))
+                name: broadcast_from(self.group, torch.empty(shape, dtype=dtype, device=self.device))
                 for name, shape, dtype in meta
             }
 
