@@ -19,6 +19,7 @@ from mindspeed_rl.config_cls.base import ConfigError, build_section, load_yaml
 from mindspeed_rl.config_cls.dataset_config import DatasetConfig
 from mindspeed_rl.config_cls.loader import CONFIG_DIR
 from mindspeed_rl.config_cls.yaml_guard import check_yaml_text
+from mindspeed_rl.trainer.config_names import check_dataset_names
 from mindspeed_rl.utils.cli import UserError, report_user_errors
 
 
@@ -42,6 +43,7 @@ def load_dataset_config(name: str, overrides: Sequence[str]) -> DatasetConfig:
         raise ConfigError(os.path.basename(path), str(exc).splitlines()[0]) from None
     cfg = build_section(DatasetConfig, plain, "")
     cfg.validate()
+    tools = check_dataset_names(cfg)
     from mindspeed_rl.datasets.readers import InputError, input_files
 
     try:
@@ -53,7 +55,7 @@ def load_dataset_config(name: str, overrides: Sequence[str]) -> DatasetConfig:
             "tokenizer_name_or_path",
             f"folder {cfg.tokenizer_name_or_path!r} ({os.path.abspath(cfg.tokenizer_name_or_path)}) does not exist",
         )
-    return cfg
+    return cfg, tools
 
 
 @report_user_errors
@@ -64,12 +66,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_intermixed_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    cfg = load_dataset_config(args.config, args.overrides)
+    cfg, tools = load_dataset_config(args.config, args.overrides)
     from mindspeed_rl.datasets.preprocess import preprocess
     from mindspeed_rl.datasets.readers import InputError
 
     try:
-        summary = preprocess(cfg, progress=not args.quiet)
+        summary = preprocess(cfg, progress=not args.quiet, tools=tools)
     except InputError as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:

@@ -16,7 +16,8 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from mindspeed_rl.config_cls import batch_plan, load_ppo_config, missing_paths
+from mindspeed_rl.config_cls import batch_plan, missing_paths
+from mindspeed_rl.trainer.config_names import load_run_config
 from mindspeed_rl.utils.cli import report_user_errors, stop_on_sigterm
 
 
@@ -50,7 +51,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def run_main(argv: Optional[Sequence[str]]) -> int:
     args = parse_args(argv)
-    cfg = load_ppo_config(args.config_name, args.overrides, args.config_dir)
+    cfg = load_run_config(args.config_name, args.overrides, args.config_dir)
     print(batch_plan(cfg), flush=True)
     problems = missing_paths(cfg)
     if cfg.dry_run:

@@ -248,6 +248,7 @@ def test_preprocessing_lists_the_tools_in_the_system_turn(tmp_path):
     from mindspeed_rl.config_cls.dataset_config import DatasetConfig
     from mindspeed_rl.datasets.handlers import AlpacaStyleInstructionHandler
     from mindspeed_rl.datasets.templates import apply_template, tools_block
+    from mindspeed_rl.trainer.config_names import check_dataset_names
 
     cfg = DatasetConfig(
         input="x",
@@ -258,7 +259,7 @@ def test_preprocessing_lists_the_tools_in_the_system_turn(tmp_path):
         dataset_additional_keys=["labels", "tools"],
     )
     cfg.validate()
-    handler = AlpacaStyleInstructionHandler(cfg, TOK)
+    handler = AlpacaStyleInstructionHandler(cfg, TOK, check_dataset_names(cfg))
     sample, why = handler.process({"question": "6*7?", "answer": "42"})
     text = TOK.decode(sample["input_ids"])
     assert why is None and '"name": "calculator"' in text and '"name": "python"' in text

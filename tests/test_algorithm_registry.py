@@ -10,9 +10,6 @@ import pytest
 import torch
 
 from mindspeed_rl.algorithms import (
-    ADVANTAGE_ESTIMATORS,
-    POLICY_LOSSES,
-    AlgorithmChoiceError,
     Clip,
     LossScale,
     aggregate,
@@ -26,7 +23,6 @@ from mindspeed_rl.algorithms import (
     overlong_penalty,
     reinforce_plus_plus_advantages,
     reinforce_plus_plus_baseline_advantages,
-    resolve_algorithm,
     rloo_advantages,
     sequence_rewards,
     token_level_rewards,
@@ -36,7 +32,14 @@ from mindspeed_rl.algorithms import (
 )
 from mindspeed_rl.algorithms import advantages as advantages_module
 from mindspeed_rl.algorithms import losses as losses_module
-from mindspeed_rl.algorithms.registry import LOSS_AGG_MODES, kl_names
+from mindspeed_rl.config_cls.algorithm_choice import (
+    ADVANTAGE_ESTIMATORS,
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    AlgorithmChoiceError,
+    kl_names,
+    resolve_algorithm,
+)
 
 T = torch.tensor
 MASK = T([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]])
@@ -95,7 +98,8 @@ def test_kl_in_the_reward_reaches_group_estimators():
     kl = T([[0.0, 0.0], [1.0, 1.0]])
     rewards = token_level_rewards(T([1.0, 1.0]), mask, kl, kl_coef=0.5)
     assert torch.allclose(sequence_rewards(rewards, mask), T([1.0, 0.0]))
-    adv, _ = ADVANTAGE_ESTIMATORS["group_norm"].compute(
+    adv, _ = advantages_module.estimate(
+        ADVANTAGE_ESTIMATORS["group_norm"],
         token_rewards=rewards,
         sequence_rewards=sequence_rewards(rewards, mask),
         values=None,
@@ -126,7 +130,8 @@ def test_every_estimator_runs_on_a_batch_and_stays_zero_on_padding():
     mask = T([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]])
     rewards = token_level_rewards(T([1.0, 0.0, 0.5, 1.0]), mask.float())
     for name, spec in ADVANTAGE_ESTIMATORS.items():
-        adv, ret = spec.compute(
+        adv, ret = advantages_module.estimate(
+            spec,
             token_rewards=rewards,
             sequence_rewards=sequence_rewards(rewards, mask),
             values=torch.randn(4, 4),

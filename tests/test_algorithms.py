@@ -181,8 +181,8 @@ def test_the_adaptive_controller_is_fed_the_mean_of_per_response_means():
 
 def test_an_empty_response_keeps_its_score_in_the_group_statistics():
     """DAPO's acc_for_dapo gives -1 to an empty answer; with no token to carry it the score used to become 0."""
-    from mindspeed_rl.algorithms.advantages import sequence_rewards
-    from mindspeed_rl.algorithms.registry import ADVANTAGE_ESTIMATORS
+    from mindspeed_rl.algorithms.advantages import estimate, sequence_rewards
+    from mindspeed_rl.config_cls.algorithm_choice import ADVANTAGE_ESTIMATORS
 
     scores = torch.tensor([1.0, -1.0, -1.0])
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])  # the third response is empty
@@ -190,7 +190,8 @@ def test_an_empty_response_keeps_its_score_in_the_group_statistics():
     assert sequence_rewards(rewards, mask).tolist() == [1.0, -1.0, 0.0]  # without the scores: dropped
     seq = sequence_rewards(rewards, mask, scores)
     assert seq.tolist() == [1.0, -1.0, -1.0]
-    adv, _ = ADVANTAGE_ESTIMATORS["group_norm"].compute(
+    adv, _ = estimate(
+        ADVANTAGE_ESTIMATORS["group_norm"],
         token_rewards=rewards,
         sequence_rewards=seq,
         values=None,

@@ -1,8 +1,9 @@
 """RL math in plain torch: advantage estimators, KL, losses, aggregation, shaping. No Ray, no Megatron.
 
 Tensors are [batch, response_length] over response tokens; ``mask`` is 1 on real response tokens.
-``registry`` (torch-free) names the estimators and losses and resolves a run's algorithm; the
-other modules are loaded on first use so that config validation does not import torch.
+The names a config can choose (estimators, losses, KL forms) and a run's algorithm plan are registered
+at the foundations (``config_cls/algorithm_choice.py``); ``advantages.estimate`` and ``losses.policy_loss``
+call the chosen function. The modules are loaded on first use.
 """
 
 import importlib
@@ -10,6 +11,7 @@ import importlib
 _EXPORTS = {
     "advantages": (
         "compute_gae",
+        "estimate",
         "gae_advantages",
         "group_norm_advantages",
         "grpo_advantages",
@@ -31,22 +33,12 @@ _EXPORTS = {
         "aggregate_token_mean",
         "entropy_loss",
         "gspo_policy_loss",
+        "policy_loss",
         "value_loss",
         "vanilla_policy_loss",
     ),
     "rollout_correction": ("mismatch_metrics", "truncated_is_weights"),
     "shaping": ("informative_groups", "overlong_penalty"),
-    "registry": (
-        "ADVANTAGE_ESTIMATORS",
-        "POLICY_LOSSES",
-        "LOSS_AGG_MODES",
-        "AlgorithmChoiceError",
-        "AlgorithmPlan",
-        "get_advantage",
-        "get_policy_loss",
-        "kl_names",
-        "resolve_algorithm",
-    ),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

@@ -3,15 +3,19 @@
 Shapes: [B, R] over response tokens, ``mask`` 1 on real response tokens; ``group`` [B] holds the
 index of each response's prompt (the n responses of one prompt share it). Every estimator returns
 ``(advantages, returns)``, both [B, R] and 0 on padding; ``returns`` is the critic's target for GAE
-and equals the advantages (or the reward-to-go) elsewhere. The registry (``registry.py``) maps config
-names to these functions; a parameter's name says which input it reads.
+and equals the advantages (or the reward-to-go) elsewhere. The registry (``config_cls/algorithm_choice.py``)
+maps config names to these functions and :func:`estimate` calls the one a run chose; a parameter's name says
+which input it reads.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+import inspect
+from typing import Any, Optional, Sequence, Tuple
 
 import torch
+
+from ..config_cls.algorithm_choice import AdvantageEstimator
 
 Pair = Tuple[torch.Tensor, torch.Tensor]
 
@@ -194,3 +198,9 @@ def reinforce_plus_plus_baseline_advantages(
     centred, _ = _broadcast(sequence_rewards.float() - mean, mask)
     adv = masked_whiten(centred, mask)
     return adv, adv
+
+
+def estimate(estimator: AdvantageEstimator, **inputs: Any) -> Pair:
+    """(advantages, returns) of a registered estimator: its function called with the named inputs it asks for."""
+    fn = globals()[estimator.function]
+    return fn(**{name: inputs[name] for name in inspect.signature(fn).parameters})

@@ -6,8 +6,8 @@ import math
 
 import torch
 
+from ..config_cls.algorithm_choice import KL_ALIASES, kl_names
 from .advantages import masked_mean
-from .registry import KL_ALIASES, kl_names
 
 
 def kl_penalty(log_prob: torch.Tensor, ref_log_prob: torch.Tensor, kind: str = "kl") -> torch.Tensor:

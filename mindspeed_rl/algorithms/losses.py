@@ -10,9 +10,11 @@ gradient.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
+
+from ..config_cls.algorithm_choice import PolicyLoss
 
 Metrics = Dict[str, torch.Tensor]
 
@@ -198,3 +200,8 @@ def entropy_loss(
 ) -> torch.Tensor:
     """The mean entropy H_t under ``mode``; the actor loss subtracts entropy_coeff x this."""
     return aggregate(entropy, mask, mode, scale)
+
+
+def policy_loss(spec: PolicyLoss, *args: Any, **kwargs: Any) -> Tuple[torch.Tensor, Metrics]:
+    """The registered policy loss a run chose (``spec.function``), called with the surrogate's arguments."""
+    return globals()[spec.function](*args, **kwargs)

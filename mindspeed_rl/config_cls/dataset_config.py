@@ -44,8 +44,7 @@ class DatasetConfig:
     )
 
     def validate(self) -> None:
-        from ..datasets.templates import template_names
-
+        """The keys' own rules (the template and tool names resolve in trainer/config_names.py)."""
         for key, value in self.map_keys.items():
             if key not in MAP_KEYS:
                 raise ConfigError(f"map_keys.{key}", f"unknown; allowed: {', '.join(MAP_KEYS)}")
@@ -55,27 +54,3 @@ class DatasetConfig:
             raise ConfigError("map_keys.prompt", "required: the row field holding the prompt")
         if "labels" in self.dataset_additional_keys and not self.map_keys.get("response"):
             raise ConfigError("map_keys.response", "required when dataset_additional_keys has labels")
-        if self.prompt_type not in template_names():
-            raise ConfigError(
-                "prompt_type",
-                f"{self.prompt_type!r} is not in configs/model/templates.json ({', '.join(template_names())})",
-            )
-        if self.tools or self.tool_config_path:
-            self.tool_specs()
-            from ..datasets.templates import load_templates
-
-            if "tools_format" not in load_templates()[self.prompt_type]:
-                raise ConfigError(
-                    "prompt_type",
-                    f"{self.prompt_type!r} cannot list tools (no tools_format in "
-                    "configs/model/templates.json); with tools use e.g. qwen",
-                )
-
-    def tool_specs(self) -> dict:
-        """name -> ToolSpec of the tools the prompts list."""
-        from ..tools.registry import ToolConfigError, resolve_tools
-
-        try:
-            return resolve_tools(self.tools, self.tool_config_path, where="tools")
-        except ToolConfigError as exc:
-            raise ConfigError("tools", str(exc)) from None

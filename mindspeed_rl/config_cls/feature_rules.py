@@ -60,47 +60,13 @@ def agent_rollout_function(rl) -> str:
 
 
 def check_agent_keys(cfg: PPOConfig) -> None:
-    """The rollout function resolves; the tool agent has tools and a template with a tool role; a whole-batch
-    function runs without partial rollout."""
-    from ..rollout.agent_loop import is_whole_batch, rollout_function
-    from ..tools.registry import ToolConfigError, resolve_tools
-
+    """multi_turn_enable selects the tool agent, so it cannot be combined with another rollout function (the
+    names themselves resolve in trainer/config_names.py)."""
     rl = cfg.rl
-    name = agent_rollout_function(rl)
-    try:
-        rollout_function(name)
-    except (ValueError, ToolConfigError) as exc:
-        raise ConfigError("rl_config.rollout_function", str(exc)) from None
-    if name == "single_turn":
-        return
     if rl.multi_turn_enable and rl.rollout_function not in ("single_turn", "tool_agent"):
         raise ConfigError(
             "rl_config.multi_turn_enable", f"selects tool_agent, but rollout_function is {rl.rollout_function!r}"
         )
-    if rl.partial_rollout_max_split > 1 and is_whole_batch(rollout_function(name)):
-        raise ConfigError(
-            "rl_config.partial_rollout_max_split",
-            f"the rollout function {name!r} is a whole-batch function (fn(request, context)): it cannot stop at a "
-            "chunk's end and continue later; write it as a RolloutFunction class (docs/agents.md) for partial rollout",
-        )
-    if name != "tool_agent":
-        return
-    try:
-        tools = resolve_tools(rl.tools, rl.tool_config_path)
-    except ToolConfigError as exc:
-        raise ConfigError("rl_config.tools", str(exc)) from None
-    if not tools:
-        raise ConfigError("rl_config.tools", "the tool_agent rollout needs tools (or a tool_config_path)")
-    from ..datasets.templates import load_templates
-    from ..rollout.agent_loop import ToolFormat
-
-    templates = load_templates()
-    if rl.prompt_type not in templates:
-        raise ConfigError("rl_config.prompt_type", f"{rl.prompt_type!r} is not in configs/model/templates.json")
-    try:
-        ToolFormat.of_template(templates[rl.prompt_type], rl.prompt_type)
-    except ValueError as exc:
-        raise ConfigError("rl_config.prompt_type", str(exc)) from None
 
 
 MAX_HEAD_OFFPOLICYNESS = 8

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from ..algorithms.registry import ADVANTAGE_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES, kl_names
+from .algorithm_choice import ADVANTAGE_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES, kl_names
 from .base import opt
 
 

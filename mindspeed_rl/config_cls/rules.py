@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Optional
 
-from .base import ConfigError, closest_key
+from .base import ConfigError
 from .feature_rules import check_agent_keys, check_dapo_keys, check_lora_keys, check_packing_keys
 
 if TYPE_CHECKING:
@@ -301,7 +301,8 @@ def check_sequence_lengths(cfg: PPOConfig) -> None:
 
 
 def check_reward_keys(cfg: PPOConfig) -> None:
-    """Something scores the responses: verifiers that resolve (with weights), or a reward model."""
+    """Something scores the responses: verifiers (with weights; their names resolve in
+    trainer/config_names.py), or a reward model."""
     rl = cfg.rl
     if rl.rule_reward and not rl.verifier_function:
         raise ConfigError(
@@ -315,25 +316,7 @@ def check_reward_keys(cfg: PPOConfig) -> None:
             f"{len(rl.verifier_weight)} weights for {len(rl.verifier_function)} verifier functions "
             f"{rl.verifier_function}",
         )
-    if rl.rule_reward:
-        from ..rewards.registry import VerifierImportError, import_verifier, is_path, known_verifiers
-
-        known = known_verifiers()
-        for i, name in enumerate(rl.verifier_function):
-            if is_path(name):
-                try:
-                    import_verifier(name)
-                except VerifierImportError as exc:
-                    raise ConfigError(f"rl_config.verifier_function[{i}]", f"{name!r}: {exc}") from None
-            elif name not in known:
-                hint = closest_key(name, known)
-                raise ConfigError(
-                    f"rl_config.verifier_function[{i}]",
-                    f"unknown verifier {name!r}"
-                    + (f"; did you mean {hint!r}?" if hint else "")
-                    + f"; registered: {', '.join(sorted(known))}",
-                )
-    elif cfg.reward is None:
+    if not rl.rule_reward and cfg.reward is None:
         raise ConfigError(
             "rl_config.rule_reward",
             "false, but no reward_config (reward model) is given: nothing would score the responses",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from ..config_cls.dataset_config import DatasetConfig
 from .templates import apply_template
@@ -24,10 +24,11 @@ def longest_token(tokenizer) -> Optional[int]:
 class AlpacaStyleInstructionHandler:
     """Prompt from map_keys.prompt (+ query, system) in the chat template; labels = the response."""
 
-    def __init__(self, cfg: DatasetConfig, tokenizer):
+    def __init__(self, cfg: DatasetConfig, tokenizer, tools: Optional[Mapping[str, Any]] = None):
+        """``tools``: name -> ToolSpec of the config's tools, resolved by the caller (the entry point)."""
         self.cfg, self.tokenizer = cfg, tokenizer
         self.keys = {k: v for k, v in cfg.map_keys.items() if v}
-        self.tools = cfg.tool_specs() if cfg.tools or cfg.tool_config_path else {}
+        self.tools = dict(tools or {})
         self.longest_token = longest_token(tokenizer)
 
     def _field(self, row: dict, role: str, required: bool) -> Tuple[Optional[str], Optional[str]]:

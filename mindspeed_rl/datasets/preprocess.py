@@ -16,7 +16,7 @@ import multiprocessing as mp
 import os
 import time
 from collections import Counter
-from typing import Dict, Iterable, List, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -37,12 +37,12 @@ def field_prefix(output_prefix: str, field: str) -> str:
     return f"{output_prefix}_packed_{field}_document"
 
 
-def _init_worker(cfg: DatasetConfig, tokenizer=None) -> None:
+def _init_worker(cfg: DatasetConfig, tools: Mapping[str, Any], tokenizer=None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(1)
     if tokenizer is None:
         tokenizer = load_tokenizer(cfg.tokenizer_name_or_path, "tokenizer_name_or_path")
-    _WORKER["handler"] = HANDLERS[cfg.handler_name](cfg, tokenizer)
+    _WORKER["handler"] = HANDLERS[cfg.handler_name](cfg, tokenizer, tools)
 
 
 def _process_chunk(chunk: List[Tuple[str, object]]):
@@ -114,8 +114,10 @@ def _chunks(rows, size: int):
         yield chunk
 
 
-def preprocess(cfg: DatasetConfig, progress: bool = True) -> Dict:
-    """Run the preprocessing; returns the summary dict (also written next to the output)."""
+def preprocess(cfg: DatasetConfig, progress: bool = True, tools: Optional[Mapping[str, Any]] = None) -> Dict:
+    """Run the preprocessing; returns the summary dict (also written next to the output). ``tools``: name ->
+    ToolSpec of the tools the prompts list (``trainer.config_names.check_dataset_names`` resolves them)."""
+    tools = dict(tools or {})
     out_dir = os.path.dirname(os.path.abspath(cfg.output_prefix))
     os.makedirs(out_dir, exist_ok=True)
     rows = iter_rows(cfg.input)
@@ -132,10 +134,10 @@ def preprocess(cfg: DatasetConfig, progress: bool = True) -> Dict:
         if cfg.workers > 1:
             # fork (Linux) starts workers in milliseconds; spawn elsewhere
             method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-            pool = mp.get_context(method).Pool(cfg.workers, initializer=_init_worker, initargs=(cfg,))
+            pool = mp.get_context(method).Pool(cfg.workers, initializer=_init_worker, initargs=(cfg, tools))
             results = pool.imap(_process_chunk, _chunks(rows, CHUNK))
         else:
-            _init_worker(cfg, tokenizer)
+            _init_worker(cfg, tools, tokenizer)
             results = map(_process_chunk, _chunks(rows, CHUNK))
         next_log = cfg.log_interval
         for chunk in results:

@@ -175,6 +175,7 @@ def prepare_tool_task(
                 dataset_additional_keys=["labels"],
             ),
             progress=False,
+            tools={"calculator": BUILTIN_TOOLS["calculator"]},
         )
     rng = random.Random(seed)
     prompts = [

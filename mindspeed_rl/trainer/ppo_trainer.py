@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from ..algorithms.advantages import sequence_rewards, token_level_rewards
+from ..algorithms.advantages import estimate, sequence_rewards, token_level_rewards
 from ..algorithms.kl import controller_kl, kl_penalty, make_kl_controller
 from ..algorithms.rollout_correction import mismatch_metrics, truncated_is_weights
 from ..config_cls.ppo_config import PPOConfig
@@ -325,7 +325,8 @@ class PPOTrainer:
             exp.set("kl", kl)
         beta = self.kl_ctrl.value if self.algorithm.kl_in_reward else 0.0
         exp.set("token_rewards", token_level_rewards(exp.scores, mask.float(), kl, beta))
-        adv, ret = self.algorithm.estimator.compute(
+        adv, ret = estimate(
+            self.algorithm.estimator,
             token_rewards=exp.token_rewards,
             sequence_rewards=sequence_rewards(exp.token_rewards, mask, exp.scores),
             values=exp.values,

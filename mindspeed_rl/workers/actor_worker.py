@@ -18,8 +18,8 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from ..algorithms.kl import kl_penalty
-from ..algorithms.losses import Clip, LossScale, aggregate, entropy_loss
-from ..algorithms.registry import resolve_algorithm
+from ..algorithms.losses import Clip, LossScale, aggregate, entropy_loss, policy_loss
+from ..config_cls.algorithm_choice import resolve_algorithm
 from ..config_cls.generate_config import GenerateConfig, SamplingConfig
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
@@ -278,8 +278,16 @@ class IntegratedActorWorker(MegatronWorker):
                 mask = micro["loss_mask"]
                 log_prob = response_part(outputs["log_probs"], width, length)
                 old = micro["old_log_probs"] if "old_log_probs" in micro else log_prob.detach()
-                pg, m = plan.policy_loss.compute(
-                    log_prob, old, micro["advantages"], mask, clip, mode, scale, micro.get("rollout_is_weights")
+                pg, m = policy_loss(
+                    plan.policy_loss,
+                    log_prob,
+                    old,
+                    micro["advantages"],
+                    mask,
+                    clip,
+                    mode,
+                    scale,
+                    micro.get("rollout_is_weights"),
                 )
                 entropy = response_part(outputs["entropy"], width, length)
                 loss = pg - rl.entropy_coeff * entropy_loss(entropy, mask, mode, scale) if rl.entropy_coeff else pg

@@ -6,7 +6,7 @@ import time
 from typing import Dict, List, Optional
 
 from ..algorithms.losses import LossScale, value_loss
-from ..algorithms.registry import resolve_algorithm
+from ..config_cls.algorithm_choice import resolve_algorithm
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..protocol import Experience, ForwardAnswer, LoadedState, MiniBatch, response_part

@@ -1,17 +1,18 @@
 """The algorithm registry: the advantage estimators and policy losses a config can name, what each
 needs, and the decisions of one run (critic or not, reference or not, where the KL goes), made once
 from ``rl_config`` by :func:`resolve_algorithm` and read by config validation, worker start-up and the
-trainer.
+trainer. The names live here, at the foundations, so that the config is checked without importing the
+math; each entry names its function in ``algorithms/`` (``advantages.estimate`` and
+``losses.policy_loss`` call it).
 
-Adding an estimator: write the function in ``advantages.py`` (its parameter names say which inputs it
-reads: token_rewards, sequence_rewards, values, mask, group, gamma, lam, whiten), add one
+Adding an estimator: write the function in ``algorithms/advantages.py`` (its parameter names say which
+inputs it reads: token_rewards, sequence_rewards, values, mask, group, gamma, lam, whiten), add one
 ``register_advantage`` line here, and a hand-computed test. Nothing here imports torch: a bad config
 is refused before any heavy import.
 """
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Tuple
 
@@ -34,13 +35,6 @@ class AdvantageEstimator:
     summary: str
     aliases: Tuple[str, ...] = ()
 
-    def compute(self, **inputs: Any):
-        """(advantages, returns) from the named inputs the function asks for."""
-        from . import advantages
-
-        fn = getattr(advantages, self.function)
-        return fn(**{name: inputs[name] for name in inspect.signature(fn).parameters})
-
 
 @dataclass(frozen=True)
 class PolicyLoss:
@@ -48,11 +42,6 @@ class PolicyLoss:
     function: str  # its function in algorithms/losses.py
     default_agg_mode: str  # the aggregation the method was published with
     summary: str
-
-    def compute(self, *args: Any, **kwargs: Any):
-        from . import losses
-
-        return getattr(losses, self.function)(*args, **kwargs)
 
 
 ADVANTAGE_ESTIMATORS: Dict[str, AdvantageEstimator] = {}
