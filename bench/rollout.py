@@ -20,6 +20,7 @@ import torch
 from bench.engine import MODELS
 from mindspeed_rl.config_cls import GenerateConfig, MegatronConfig, ModelConfig, RoleConfig, SamplingConfig
 from mindspeed_rl.models.engine import MegatronEngine
+from mindspeed_rl.protocol import RolloutRequest
 from mindspeed_rl.rollout.factory import make_rollout_engine
 from mindspeed_rl.rollout.resharding import iter_full_weights
 from mindspeed_rl.utils import dist
@@ -67,9 +68,11 @@ def main() -> None:
             sync = time.perf_counter() - t0
             prompts = torch.randint(1, model.padded_vocab_size, (count, 32), generator=g).tolist()
             sampling = SamplingConfig(temperature=1.0, max_tokens=args.new_tokens, seed=1)
-            engine.generate(prompts[:2], SamplingConfig(temperature=1.0, max_tokens=4, seed=1))  # warm-up
+            engine.generate(
+                RolloutRequest.of(prompts[:2], SamplingConfig(temperature=1.0, max_tokens=4, seed=1))
+            )  # warm-up
             t0 = time.perf_counter()
-            outs = engine.generate(prompts, sampling, n=args.n)
+            outs = engine.generate(RolloutRequest.of(prompts, sampling, n=args.n))
             elapsed = time.perf_counter() - t0
             tokens = sum(len(o.response_ids) for o in outs)
             print(

@@ -142,6 +142,7 @@ def step_vllm(gpt, model_cfg: ModelConfig) -> None:
 
     from mindspeed_rl.accelerator import get_accelerator
     from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+    from mindspeed_rl.protocol import RolloutRequest
     from mindspeed_rl.rollout.factory import make_rollout_engine
 
     acc = get_accelerator()
@@ -163,7 +164,7 @@ def step_vllm(gpt, model_cfg: ModelConfig) -> None:
     engine.update_weights([weights])
     t_sync = time.perf_counter() - t0
     prompt = [5, 17, 42, 9]
-    out = engine.generate([prompt], SamplingConfig(temperature=0, max_tokens=16))[0]
+    out = engine.generate(RolloutRequest.of([prompt], SamplingConfig(temperature=0, max_tokens=16)))[0]
     engine.shutdown()
     if not out.response_ids:
         verdict("vllm", False, "greedy generation returned no token")

@@ -117,8 +117,8 @@ def run(rank, world, spec, workdir, port):
 
 def run_converted(rank, world, spec, workdir, port):
     """Load a converted Megatron checkpoint at TP x PP and save its logits (LM) or values (ORM)."""
-    from mindspeed_rl.checkpoint.convert import read_mg_config
     from mindspeed_rl.checkpoint.engine_io import load_weights_only
+    from mindspeed_rl.checkpoint.megatron_reader import read_mg_config
     from mindspeed_rl.config_cls import ModelConfig
     from mindspeed_rl.models.engine import MegatronEngine
     from tests.helpers import tiny_role
@@ -148,10 +148,11 @@ def run_converted(rank, world, spec, workdir, port):
 def run_family(rank, world, spec, workdir, port):
     """One model family at TP x PP x EP from its converted checkpoint: logits, greedy rollout through an
     in-place updated vLLM engine, and (with ``spec["train"]``) one SFT step's loss, grad norm and weights."""
-    from mindspeed_rl.checkpoint.convert import read_mg_config
     from mindspeed_rl.checkpoint.engine_io import load_weights_only
+    from mindspeed_rl.checkpoint.megatron_reader import read_mg_config
     from mindspeed_rl.config_cls import GenerateConfig, ModelConfig, SamplingConfig
     from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.protocol import RolloutRequest
     from mindspeed_rl.rollout.factory import make_rollout_engine
     from mindspeed_rl.rollout.resharding import iter_full_weights
     from tests.helpers import tiny_role
@@ -188,7 +189,10 @@ def run_family(rank, world, spec, workdir, port):
     rollout = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
     rollout.update_weights(iter_full_weights(engine))
     prompts = torch.load(os.path.join(workdir, "prompts.pt"))
-    out["greedy"] = [o.response_ids for o in rollout.generate(prompts, SamplingConfig(temperature=0, max_tokens=12))]
+    out["greedy"] = [
+        o.response_ids
+        for o in rollout.generate(RolloutRequest.of(prompts, SamplingConfig(temperature=0, max_tokens=12)))
+    ]
     rollout.shutdown()
     if spec.get("train"):
         from megatron.core import parallel_state as ps
@@ -229,6 +233,7 @@ def run_rollout(rank, world, spec, workdir, port):
     from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
     from mindspeed_rl.datasets.padding import left_pad
     from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.protocol import RolloutRequest
     from mindspeed_rl.rollout.factory import make_rollout_engine
     from mindspeed_rl.rollout.resharding import iter_full_weights
     from tests.helpers import tiny_model_config, tiny_role
@@ -259,7 +264,7 @@ def run_rollout(rank, world, spec, workdir, port):
     stats = engine.update_weights(iter_full_weights(actor))
     prompts = [[5 + rank, 6, 7, 8], [9, 10 + rank, 11]]
     outs = engine.generate(
-        prompts, SamplingConfig(temperature=spec.get("temperature", 1.0), max_tokens=10, seed=3), n=2
+        RolloutRequest.of(prompts, SamplingConfig(temperature=spec.get("temperature", 1.0), max_tokens=10, seed=3), n=2)
     )
     mine = [(prompts[o.prompt_index], o.response_ids, o.logprobs) for o in outs]
     everyone = [None] * world
@@ -308,6 +313,7 @@ def run_updated_engine(rank, world, spec, workdir, port):
     from mindspeed_rl.compat.vllm import WEIGHT_LOAD_ENV
     from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
     from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.protocol import RolloutRequest
     from mindspeed_rl.rollout.factory import make_rollout_engine
     from mindspeed_rl.rollout.resharding import iter_full_weights
     from tests.helpers import tiny_model_config, tiny_role
@@ -330,11 +336,17 @@ def run_updated_engine(rank, world, spec, workdir, port):
     engine.update_weights([{k: v * 0.5 for k, v in piece.items()} for piece in iter_full_weights(actor)])
     engine.update_weights(iter_full_weights(actor))
     prompts = torch.load(os.path.join(workdir, "prompts.pt"))
-    greedy = [o.response_ids for o in engine.generate(prompts, SamplingConfig(temperature=0, max_tokens=10))]
+    greedy = [
+        o.response_ids
+        for o in engine.generate(RolloutRequest.of(prompts, SamplingConfig(temperature=0, max_tokens=10)))
+    ]
     sampling = SamplingConfig(temperature=1.0, max_tokens=10, seed=11)
-    runs = [[o.response_ids for o in engine.generate(prompts, sampling, n=3)] for _ in range(2)]
+    runs = [[o.response_ids for o in engine.generate(RolloutRequest.of(prompts, sampling, n=3))] for _ in range(2)]
     other_seed = [
-        o.response_ids for o in engine.generate(prompts, SamplingConfig(temperature=1.0, max_tokens=10, seed=12), n=3)
+        o.response_ids
+        for o in engine.generate(
+            RolloutRequest.of(prompts, SamplingConfig(temperature=1.0, max_tokens=10, seed=12), n=3)
+        )
     ]
     torch.save(
         {"greedy": greedy, "runs": runs, "other_seed": other_seed, "method": engine.weight_load_method},
@@ -347,7 +359,7 @@ def run_updated_engine(rank, world, spec, workdir, port):
 def run_reward_worker(rank, world, spec, workdir, port):
     """The ORM worker (outside Ray) scores sequences from a converted --orm checkpoint."""
     os.environ["OMP_NUM_THREADS"] = "1"
-    from mindspeed_rl.checkpoint.convert import read_mg_config
+    from mindspeed_rl.checkpoint.megatron_reader import read_mg_config
     from mindspeed_rl.config_cls import ModelConfig, RLConfig
     from mindspeed_rl.workers.reward_worker import RewardWorker
     from tests.helpers import tiny_role
@@ -389,6 +401,7 @@ def run_reshard_relations(rank, world, spec, workdir, port):
     from mindspeed_rl.checkpoint.sharding import shard_state_dict
     from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
     from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.protocol import RolloutRequest
     from mindspeed_rl.rollout.factory import make_rollout_engine
     from mindspeed_rl.rollout.resharding import iter_full_weights
     from mindspeed_rl.rollout.vllm_engine import stop_llm
@@ -420,7 +433,10 @@ def run_reshard_relations(rank, world, spec, workdir, port):
         )
         engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
         engine.update_weights(iter_full_weights(actor))
-        updated = [o.response_ids for o in engine.generate(prompts, SamplingConfig(temperature=0, max_tokens=10))]
+        updated = [
+            o.response_ids
+            for o in engine.generate(RolloutRequest.of(prompts, SamplingConfig(temperature=0, max_tokens=10)))
+        ]
         engine.shutdown()
         if itp not in fresh:  # one fresh engine per infer TP serves every case with that TP
             get_accelerator().prepare_vllm()

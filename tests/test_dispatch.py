@@ -11,6 +11,7 @@ from mindspeed_rl.protocol import (
     MiniBatch,
     RankLayout,
     RolloutOutput,
+    RolloutRequest,
     RolloutResult,
     build_experience,
 )
@@ -75,7 +76,9 @@ class FakeActorRank:
     def __init__(self, layout, tamper=False):
         self.lay, self.tamper, self.received = layout, tamper, []
 
-    def generate(self, prompts, n, seed, sampling=None, max_new_tokens=None, version=None):
+    def generate(self, request, version=None):
+        assert isinstance(request, RolloutRequest)  # the request crosses Ray as it is, not as a tuple
+        prompts, n, seed, max_new_tokens = request.prompts, request.n, request.seed, request.max_new_tokens
         self.received.append(
             (prompts, n, seed)
             + ((max_new_tokens,) if max_new_tokens else ())
@@ -128,7 +131,7 @@ def test_generate_gives_every_rank_of_an_engine_the_same_prompts(world, tp, engi
     prompts = [[p, p + 1] for p in range(6)]
     engines = group.engines()
     assert engines == [list(range(e, e + engine_size)) for e in range(0, world, engine_size)]
-    got = group.generate(prompts, 2, 100)
+    got = group.generate(RolloutRequest(prompts, 2, 100))
     for members in engines:  # identical requests inside an engine
         assert all(ranks[r].received == ranks[members[0]].received for r in members)
     seen = [p for members in engines for p in ranks[members[0]].received[0][0]]
@@ -141,7 +144,7 @@ def test_generate_gives_every_rank_of_an_engine_the_same_prompts(world, tp, engi
 def test_generate_refuses_ranks_of_one_engine_that_disagree():
     group, _ = group_of(4, 2, 2, tamper_rank=3)
     with pytest.raises(DispatchError, match=r"engine 1: ranks \[2, 3\] received different requests"):
-        group.generate([[1], [2], [3], [4]], 1, 0)
+        group.generate(RolloutRequest([[1], [2], [3], [4]], 1, 0))
 
 
 def test_forward_splits_rows_by_train_dp_and_gathers_from_output_ranks():
@@ -212,7 +215,7 @@ def test_dp_batch_balance_near_equal_tokens_and_rows_back_in_order():
 def test_generate_splits_per_prompt_budgets_with_the_prompts():
     group, ranks = group_of(4, 1, 2)  # 2 engines of 2 ranks
     prompts = [[p + 1] for p in range(4)]
-    group.generate(prompts, 2, 100, max_new_tokens=[5, 6, 7, 8])
+    group.generate(RolloutRequest(prompts, 2, 100, max_new_tokens=[5, 6, 7, 8]))
     assert ranks[0].received[-1] == ([[1], [2]], 2, 100, [5, 6]) == ranks[1].received[-1]
     assert ranks[2].received[-1] == ([[3], [4]], 2, 104, [7, 8])
 
@@ -230,7 +233,6 @@ def test_prompt_batch_reads_budgets_when_the_dataset_has_them():
 
 
 def test_colocated_rollout_service_submits_with_the_policy_version():
-    from mindspeed_rl.protocol import RolloutRequest
     from mindspeed_rl.rollout.service import ColocatedRollout
 
     group, ranks = group_of(4, 2, 2)

@@ -54,9 +54,10 @@ class Actor:
     def __init__(self):
         self.calls, self.requests = [], []
 
-    def generate(self, prompts, n, seed, sampling=None, max_new_tokens=None):
+    def generate(self, request, version=None):
+        prompts, n, seed, max_new_tokens = request.prompts, request.n, request.seed, request.max_new_tokens
         self.calls.append(seed)
-        self.sampling = sampling
+        self.sampling = request.sampling
         outputs = []
         for i, prompt in enumerate(prompts):
             kind = prompt[0] % 3
@@ -72,7 +73,7 @@ class Actor:
     # the worker group's side of the colocated rollout service: generation answers at once
     def submit_generate(self, request, version=None):
         self.requests.append(request)
-        return self.generate(request.prompts, request.n, request.seed, request.sampling, request.max_new_tokens)
+        return self.generate(request, version)
 
     def collect_generate(self, pending):
         return pending

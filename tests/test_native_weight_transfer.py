@@ -10,6 +10,7 @@ import torch.multiprocessing as mp
 
 from mindspeed_rl.compat import vllm_weight_transfer as native
 from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+from mindspeed_rl.protocol import RolloutRequest
 from mindspeed_rl.utils.dist import free_port
 from tests import parallel_worker
 from tests.helpers import tiny_model_config
@@ -103,7 +104,10 @@ def run_transfer(rank, size, ports, workdir):
     )
     # first other weights, then the real ones: the second update must replace the first everywhere
     stats = [channel.load_into(engine), channel.load_into(engine)]
-    greedy = [o.response_ids for o in engine.generate(PROMPTS, SamplingConfig(temperature=0, max_tokens=10))]
+    greedy = [
+        o.response_ids
+        for o in engine.generate(RolloutRequest.of(PROMPTS, SamplingConfig(temperature=0, max_tokens=10)))
+    ]
     torch.save(
         {"stats": stats, "greedy": greedy, "backend": engine.weight_transfer_backend}, os.path.join(workdir, "got.pt")
     )

@@ -7,6 +7,7 @@ import torch
 import torch.multiprocessing as mp
 
 from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+from mindspeed_rl.protocol import RolloutRequest
 from mindspeed_rl.rollout.sampling import filter_logits, sample_next
 from mindspeed_rl.utils.dist import free_port
 from tests import parallel_worker
@@ -108,15 +109,17 @@ def test_fallback_engine_greedy_matches_argmax_and_update_is_complete():
         assert engine.name == "fallback"
         stats = engine.update_weights(iter_full_weights(actor))
         assert stats["tensors"] == len(list(actor.named_weights()))
-        outs = engine.generate(PROMPTS, SamplingConfig(temperature=0, max_tokens=5))
+        outs = engine.generate(RolloutRequest.of(PROMPTS, SamplingConfig(temperature=0, max_tokens=5)))
         assert [o.prompt_index for o in outs] == [0, 1, 2]
         # teacher-forced check: each greedy token is the argmax of the actor's next-token distribution
         for prompt, out in zip(PROMPTS, outs):
             seq = torch.tensor([prompt + out.response_ids])
             logp = actor.forward({"input_ids": seq, "attention_mask": torch.ones_like(seq)}, 1)["log_probs"]
             assert torch.allclose(logp[0, len(prompt) :], torch.tensor(out.logprobs), atol=1e-5)
-        sampled = engine.generate(PROMPTS, SamplingConfig(temperature=1.0, max_tokens=5, seed=3), n=2)
-        again = engine.generate(PROMPTS, SamplingConfig(temperature=1.0, max_tokens=5, seed=3), n=2)
+        sampled = engine.generate(
+            RolloutRequest.of(PROMPTS, SamplingConfig(temperature=1.0, max_tokens=5, seed=3), n=2)
+        )
+        again = engine.generate(RolloutRequest.of(PROMPTS, SamplingConfig(temperature=1.0, max_tokens=5, seed=3), n=2))
         assert [o.response_ids for o in sampled] == [o.response_ids for o in again]
         assert [o.prompt_index for o in sampled] == [0, 0, 1, 1, 2, 2]
     finally:
@@ -150,12 +153,13 @@ def test_vllm_samples_of_one_prompt_differ():
         import os, sys
         sys.path.insert(0, ".")
         from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+        from mindspeed_rl.protocol import RolloutRequest
         from mindspeed_rl.rollout.vllm_engine import VllmEngine
         from tests.helpers import tiny_model_config
         m = tiny_model_config(num_layers=1, hidden_size=128, ffn_hidden_size=128, padded_vocab_size=512)
         e = VllmEngine(m, GenerateConfig(dtype="float32", max_model_len=64, max_num_seqs=8,
                                          max_num_batched_tokens=512, gpu_memory_utilization=0.002), "cpu", 0)
-        outs = e.generate([[1, 2, 3]], SamplingConfig(temperature=1.0, max_tokens=8, seed=5), n=4)
+        outs = e.generate(RolloutRequest.of([[1, 2, 3]], SamplingConfig(temperature=1.0, max_tokens=8, seed=5), n=4))
         print("DISTINCT", len({tuple(o.response_ids) for o in outs}))
         e.shutdown()
     """)
@@ -215,20 +219,23 @@ def test_vllm_ignore_eos_and_min_tokens_pass_through():
         import sys
         sys.path.insert(0, ".")
         from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+        from mindspeed_rl.protocol import RolloutRequest
         from mindspeed_rl.rollout.vllm_engine import VllmEngine
         from tests.helpers import tiny_model_config
         m = tiny_model_config(num_layers=1, hidden_size=128, ffn_hidden_size=128, padded_vocab_size=512)
         gen = GenerateConfig(dtype="float32", max_model_len=64, max_num_seqs=8, max_num_batched_tokens=512,
                              gpu_memory_utilization=0.002)
         probe = VllmEngine(m, gen, "cpu", 0)
-        first = probe.generate([[1, 2, 3]], SamplingConfig(temperature=0, max_tokens=1))[0].response_ids[0]
+        greedy_one = SamplingConfig(temperature=0, max_tokens=1)
+        first = probe.generate(RolloutRequest.of([[1, 2, 3]], greedy_one))[0].response_ids[0]
         probe.shutdown()
         e = VllmEngine(m, gen, "cpu", first)   # EOS = the greedy first token: greedy stops at once
-        greedy = lambda **kw: e.generate([[1, 2, 3]], SamplingConfig(temperature=0, max_tokens=8, **kw))[0]
+        def greedy(**kw):
+            return e.generate(RolloutRequest.of([[1, 2, 3]], SamplingConfig(temperature=0, max_tokens=8, **kw)))[0]
         print("LENGTHS", len(greedy().response_ids), len(greedy(ignore_eos=True).response_ids),
               first in greedy(min_tokens=5).response_ids[:5], len(greedy(min_tokens=5).response_ids) >= 5)
-        capped = e.generate([[1, 2, 3], [4, 5]], SamplingConfig(temperature=0, max_tokens=8, ignore_eos=True), n=2,
-                            max_new_tokens=[3, 20])
+        no_eos = SamplingConfig(temperature=0, max_tokens=8, ignore_eos=True)
+        capped = e.generate(RolloutRequest.of([[1, 2, 3], [4, 5]], no_eos, n=2, max_new_tokens=[3, 20]))
         print("BUDGETS", *[len(o.response_ids) for o in capped])
         e.shutdown()
     """)
@@ -264,7 +271,7 @@ def test_one_vocabulary_rule_the_whole_padded_vocabulary_everywhere():
             actor.unwrapped().output_layer.weight[200:] *= 40
         engine = FallbackEngine(model, eos_token_id=None)
         engine.update_weights(iter_full_weights(actor))
-        outs = engine.generate(PROMPTS, SamplingConfig(temperature=1.0, max_tokens=6, seed=4))
+        outs = engine.generate(RolloutRequest.of(PROMPTS, SamplingConfig(temperature=1.0, max_tokens=6, seed=4)))
         sampled = [t for o in outs for t in o.response_ids]
         assert max(sampled) >= 200, sampled
         for prompt, out in zip(PROMPTS, outs):  # rollout log-probs == the actor's, over the same vocabulary
@@ -298,13 +305,14 @@ def test_vllm_on_cpu_samples_many_distinct_long_prompts_with_seeds():
         import sys
         sys.path.insert(0, ".")
         from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+        from mindspeed_rl.protocol import RolloutRequest
         from mindspeed_rl.rollout.vllm_engine import VllmEngine
         from tests.helpers import tiny_model_config
         m = tiny_model_config(num_layers=1, hidden_size=128, ffn_hidden_size=128, padded_vocab_size=512)
         e = VllmEngine(m, GenerateConfig(dtype="float32", max_model_len=64, max_num_seqs=64,
                                          max_num_batched_tokens=128, gpu_memory_utilization=0.002), "cpu", 0)
         prompts = [[(7 * i + j) % 500 + 1 for j in range(40)] for i in range(24)]   # 960 distinct prompt tokens
-        outs = e.generate(prompts, SamplingConfig(temperature=1.0, max_tokens=4, seed=5), n=1)
+        outs = e.generate(RolloutRequest.of(prompts, SamplingConfig(temperature=1.0, max_tokens=4, seed=5), n=1))
         print("DONE", len(outs), sum(len(o.response_ids) for o in outs))
         e.shutdown()
     """)

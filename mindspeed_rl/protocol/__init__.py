@@ -20,7 +20,6 @@ from .rollout import (
     RolloutRequest,
     RolloutResult,
     by_prompt,
-    request_digest,
     slowest,
 )
 
@@ -40,7 +39,6 @@ __all__ = [
     "build_experience",
     "by_prompt",
     "mini_batch_plan",
-    "request_digest",
     "response_part",
     "slowest",
     "split_rows",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -25,13 +26,57 @@ class RolloutOutput:
 
 @dataclass(frozen=True)
 class RolloutRequest:
-    """n responses for each prompt; response j (prompt j // n) is seeded ``seed + j``."""
+    """n responses for each prompt; response j (prompt j // n) is seeded ``seed + j``.
+
+    The one shape of a request from the rollout layers to the engine: the worker group sends each engine its
+    :meth:`part` as it is, the worker fills in the default sampling (:meth:`with_sampling`) and its engine
+    generates it."""
 
     prompts: List[List[int]]
     n: int
     seed: int
     sampling: Optional[SamplingConfig] = None  # None: generate_config.sampling_config
     max_new_tokens: Optional[List[int]] = None  # per-prompt response budgets (below sampling.max_tokens)
+
+    @classmethod
+    def of(
+        cls,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingConfig,
+        n: int = 1,
+        seed: Optional[int] = None,
+        max_new_tokens: Optional[Sequence[int]] = None,
+    ) -> "RolloutRequest":
+        """A request with its own sampling, seeded ``sampling.seed`` unless ``seed`` is given."""
+        return cls(
+            [list(p) for p in prompts],
+            n,
+            sampling.seed if seed is None else seed,
+            sampling,
+            None if max_new_tokens is None else [int(t) for t in max_new_tokens],
+        )
+
+    def part(self, rows: Sequence[int]) -> "RolloutRequest":
+        """The prompts ``rows`` (contiguous, ascending) with their budgets; seeds continue where they stand in
+        the whole request, so a sample's seed does not depend on how the prompts were split."""
+        rows = [int(i) for i in rows]
+        return RolloutRequest(
+            [list(self.prompts[i]) for i in rows],
+            self.n,
+            self.seed + self.n * (rows[0] if rows else 0),
+            self.sampling,
+            None if self.max_new_tokens is None else [int(self.max_new_tokens[i]) for i in rows],
+        )
+
+    def with_sampling(self, default: SamplingConfig) -> "RolloutRequest":
+        """This request with ``default`` where it names no sampling of its own."""
+        return self if self.sampling is not None else dataclasses.replace(self, sampling=default)
+
+    def digest(self, version: Optional[int] = None) -> str:
+        """Fingerprint of the request one rank received for policy ``version`` (``RolloutResult.request_digest``):
+        every rank of an engine must receive the same."""
+        fields = (list(map(list, self.prompts)), self.n, self.seed, self.sampling, self.max_new_tokens, version)
+        return hashlib.sha1(repr(fields).encode()).hexdigest()
 
 
 @dataclass
@@ -49,20 +94,6 @@ class RolloutResult:
     outputs: Optional[List[RolloutOutput]]
     timing: Dict[str, float] = field(default_factory=dict)
     started: Optional[float] = None  # wall clock (time.time()) when generation began on this rank
-
-
-def request_digest(
-    prompts: Sequence[Sequence[int]],
-    n: int,
-    seed: int,
-    sampling: Optional[SamplingConfig],
-    max_new_tokens: Optional[Sequence[int]],
-    version: Optional[int],
-) -> str:
-    """Fingerprint of the requests one rank received (``RolloutResult.request_digest``)."""
-    return hashlib.sha1(
-        repr((list(map(list, prompts)), n, seed, sampling, max_new_tokens, version)).encode()
-    ).hexdigest()
 
 
 def by_prompt(outputs: Iterable[RolloutOutput]) -> Dict[int, List[RolloutOutput]]:

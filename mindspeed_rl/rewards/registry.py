@@ -8,9 +8,9 @@ driver's config check and each reward worker), so a user's verifier needs no edi
 
 from __future__ import annotations
 
-import importlib
 from typing import Callable, Dict, List
 
+from ..utils.plugins import PluginImportError, import_callable
 from . import verifiers
 
 Verifier = Callable[[str, str], float]
@@ -53,22 +53,12 @@ def is_path(name: str) -> bool:
 
 
 def import_verifier(path: str) -> Verifier:
-    """``package.module:function`` -> the function; VerifierImportError says what failed."""
-    module, _, attr = path.partition(":")
+    """``package.module:function`` -> the function (the shared plug-in loader); VerifierImportError says what
+    failed."""
     try:
-        fn = getattr(importlib.import_module(module), attr)
-    except ImportError as exc:
-        raise VerifierImportError(
-            f"cannot import {module!r} ({type(exc).__name__}: {exc}); the module must be "
-            "importable from the run's working folder or PYTHONPATH"
-        ) from None
-    except AttributeError:
-        raise VerifierImportError(f"module {module!r} has no {attr!r}") from None
-    except Exception as exc:  # noqa: BLE001 - the user's module raised while importing
-        raise VerifierImportError(f"importing {module!r} raised {type(exc).__name__}: {exc}") from None
-    if not callable(fn):
-        raise VerifierImportError(f"{attr!r} is not a function but a {type(fn).__name__}")
-    return fn
+        return import_callable(path, dotted=False)
+    except PluginImportError as exc:
+        raise VerifierImportError(str(exc)) from None
 
 
 def get_verifier(name: str) -> Verifier:

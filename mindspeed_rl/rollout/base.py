@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Dict, Iterable, List
 
 import torch
 
-from ..config_cls.generate_config import SamplingConfig
-from ..protocol.rollout import RolloutOutput
+from ..protocol.rollout import RolloutOutput, RolloutRequest
 
 Pieces = Iterable[Dict[str, torch.Tensor]]  # full megatron-named tensors, one model piece per item
 
@@ -20,16 +19,11 @@ class RolloutEngine(ABC):
     tensor_parallel_size = 1  # ranks that form one engine (contiguous ranks of the actor's world)
 
     @abstractmethod
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingConfig,
-        n: int = 1,
-        seed: int = None,
-        max_new_tokens: Optional[Sequence[int]] = None,
-    ) -> List[RolloutOutput]:
-        """n responses per prompt, grouped by prompt (prompt 0's n responses first); ``max_new_tokens``
-        caps each prompt's responses below ``sampling.max_tokens`` (per-prompt budgets)."""
+    def generate(self, request: RolloutRequest) -> List[RolloutOutput]:
+        """The request's n responses per prompt, grouped by prompt (prompt 0's n responses first), sample i
+        seeded ``request.seed + i``; ``max_new_tokens`` caps each prompt's responses below
+        ``sampling.max_tokens`` (per-prompt budgets). The request names its sampling (the worker fills in
+        generate_config's)."""
 
     @abstractmethod
     def update_weights(self, weights: Pieces) -> Dict[str, float]:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import torch
 
-from ..config_cls.generate_config import SamplingConfig
 from ..config_cls.megatron_config import MegatronConfig
 from ..config_cls.model_config import ModelConfig
-from .base import Pieces, RolloutEngine, RolloutOutput
+from .base import Pieces, RolloutEngine, RolloutOutput, RolloutRequest
 from .fallback import generate
 
 
@@ -29,16 +28,10 @@ class FallbackEngine(RolloutEngine):
         for p in self.gpt.parameters():
             p.requires_grad_(False)
 
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingConfig,
-        n: int = 1,
-        seed: Optional[int] = None,
-        max_new_tokens: Optional[Sequence[int]] = None,
-    ) -> List[RolloutOutput]:
-        repeated = [list(p) for p in prompts for _ in range(n)]
-        caps = [int(c) for c in max_new_tokens for _ in range(n)] if max_new_tokens else None
+    def generate(self, request: RolloutRequest) -> List[RolloutOutput]:
+        sampling, n = request.sampling, request.n
+        repeated = [list(p) for p in request.prompts for _ in range(n)]
+        caps = [int(c) for c in request.max_new_tokens for _ in range(n)] if request.max_new_tokens else None
         outs = generate(
             self.gpt,
             repeated,
@@ -49,7 +42,7 @@ class FallbackEngine(RolloutEngine):
             sampling.top_k,
             sampling.top_p,
             sampling.min_p,
-            seed=sampling.seed if seed is None else seed,
+            seed=request.seed,
             ignore_eos=sampling.ignore_eos,
             min_tokens=sampling.min_tokens,
             caps=caps,

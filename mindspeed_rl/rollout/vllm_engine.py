@@ -13,16 +13,16 @@ import logging
 import math
 import os
 import tempfile
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from ..accelerator import accelerator_class, get_accelerator
 from ..compat import vllm as compat_vllm
 from ..compat import vllm_weight_transfer as compat_transfer
-from ..config_cls.generate_config import GenerateConfig, SamplingConfig
+from ..config_cls.generate_config import GenerateConfig
 from ..config_cls.model_config import ModelConfig
-from .base import Pieces, RolloutEngine, RolloutOutput
+from .base import Pieces, RolloutEngine, RolloutOutput, RolloutRequest
 from .convert_names import hf_named
 from .weight_transfer import Meta
 
@@ -128,19 +128,12 @@ class VllmEngine(RolloutEngine):
         self.tensor_parallel_size = gen.infer_tensor_parallel_size
         self._asleep = False
 
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingConfig,
-        n: int = 1,
-        seed: Optional[int] = None,
-        max_new_tokens: Optional[Sequence[int]] = None,
-    ) -> List[RolloutOutput]:
-        """One request per (prompt, sample), each with its own seed: vLLM gives the n children of a
+    def generate(self, request: RolloutRequest) -> List[RolloutOutput]:
+        """One vLLM request per (prompt, sample), each with its own seed: vLLM gives the n children of a
         seeded request the same seed, which would make the n samples identical."""
         from vllm import SamplingParams
 
-        base = sampling.seed if seed is None else seed
+        prompts, sampling, n, max_new_tokens = request.prompts, request.sampling, request.n, request.max_new_tokens
         params = [
             SamplingParams(
                 n=1,
@@ -153,7 +146,7 @@ class VllmEngine(RolloutEngine):
                 else sampling.max_tokens,
                 logprobs=0,
                 detokenize=False,
-                seed=base + i,
+                seed=request.seed + i,
                 ignore_eos=sampling.ignore_eos,
                 min_tokens=sampling.min_tokens,
             )

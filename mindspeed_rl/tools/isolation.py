@@ -9,7 +9,7 @@ in a session of its own, killed with the driver. Its file system is built from n
 
     /usr, /lib*, /bin, /sbin, /etc/ld.so.cache    read-only (the system's libraries)
     the interpreter's prefix and virtualenv       read-only (Python and its installed packages)
-    /sandbox/code/<package>                       read-only: mindspeed_rl/tools and the tools' own packages
+    /sandbox/code/<package>                       read-only: mindspeed_rl/tools, utils/plugins.py, the tools' packages
     /scratch (the working folder, HOME, TMPDIR)   writable, a RAM file system of ``scratch_mb``
     /proc (its own PIDs), /dev (null, zero, urandom, ...)
     everything else, / included                   read-only and empty
@@ -65,7 +65,7 @@ def _inside_interpreter(path: str) -> bool:
 
 def code_mounts(functions: Iterable[str]) -> Dict[str, str]:
     """{source on the host: target in the sandbox} for the code a tool call imports: the tools package of
-    mindspeed_rl (the child's own code) and the top-level package (or module file) of every tool function not
+    mindspeed_rl (the child's own code), the plug-in loader (``utils/plugins.py``) and the top-level package (or module file) of every tool function not
     installed in the interpreter's prefix."""
     import mindspeed_rl
 
@@ -73,6 +73,9 @@ def code_mounts(functions: Iterable[str]) -> Dict[str, str]:
     mounts = {
         os.path.join(package, "__init__.py"): f"{CODE_ROOT}/mindspeed_rl/__init__.py",
         os.path.join(package, "tools"): f"{CODE_ROOT}/mindspeed_rl/tools",
+        # the plug-in loader the child imports the tool function with
+        os.path.join(package, "utils", "__init__.py"): f"{CODE_ROOT}/mindspeed_rl/utils/__init__.py",
+        os.path.join(package, "utils", "plugins.py"): f"{CODE_ROOT}/mindspeed_rl/utils/plugins.py",
     }
     for function in functions:
         top = function.partition(":")[0].split(".")[0]

@@ -23,9 +23,10 @@ or describe it in a tool config file (``rl_config.tool_config_path``)::
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+
+from ..utils.plugins import PluginImportError, import_callable, split_path
 
 
 class ToolConfigError(ValueError):
@@ -108,24 +109,22 @@ def model_code_tools(specs: Dict[str, ToolSpec]) -> List[str]:
 
 def normalise_path(path: str) -> str:
     """``module.function`` or ``module:function`` -> ``module:function``."""
-    module, sep, attr = path.partition(":")
-    if not sep:
-        module, _, attr = path.rpartition(".")
-    if not module or not attr:
-        raise ToolConfigError(f"tool function {path!r}: expected 'module:function'")
+    try:
+        module, attr = split_path(path)
+    except PluginImportError:
+        raise ToolConfigError(f"tool function {path!r}: expected 'module:function'") from None
     return f"{module}:{attr}"
 
 
 def import_function(path: str, what: str = "tool function") -> Callable:
-    """``module:function`` (or ``module.function``) -> the function."""
-    module, _, attr = normalise_path(path).partition(":")
+    """``module:function`` (or ``module.function``) -> the function (the shared plug-in loader)."""
+    normalise_path(path)
     try:
-        fn = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
+        return import_callable(path)
+    except PluginImportError as exc:
+        if exc.imported:
+            raise ToolConfigError(f"{what} {path!r} is not callable ({exc})") from None
         raise ToolConfigError(f"{what} {path!r} cannot be imported: {exc}") from None
-    if not callable(fn):
-        raise ToolConfigError(f"{what} {path!r} is not callable")
-    return fn
 
 
 def _spec(entry: Union[str, Dict[str, Any]], where: str) -> ToolSpec:

@@ -13,14 +13,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import torch
 
 from ..algorithms.kl import kl_penalty
 from ..algorithms.losses import Clip, LossScale, aggregate, entropy_loss, policy_loss
 from ..config_cls.algorithm_choice import resolve_algorithm
-from ..config_cls.generate_config import GenerateConfig, SamplingConfig
+from ..config_cls.generate_config import GenerateConfig
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..protocol import (
@@ -29,8 +29,8 @@ from ..protocol import (
     LoadedState,
     MiniBatch,
     RankLayout,
+    RolloutRequest,
     RolloutResult,
-    request_digest,
     response_part,
 )
 from .base_worker import MegatronWorker, token_budget, train_on_mini_batches
@@ -53,18 +53,7 @@ class IntegratedActorWorker(MegatronWorker):
         with_engine: bool = True,
     ):
         m = role.megatron
-        super().__init__(
-            rank,
-            world_size,
-            master_addr,
-            master_port,
-            m.tensor_model_parallel_size,
-            m.pipeline_model_parallel_size,
-            m.seed,
-            threads,
-            ep=m.expert_model_parallel_size,
-            cp=m.context_parallel_size,
-        )
+        super().__init__(rank, world_size, master_addr, master_port, m, threads)
         from ..accelerator import get_accelerator
         from ..models.engine import MegatronEngine
         from ..models.offload import Offloader
@@ -180,16 +169,9 @@ class IntegratedActorWorker(MegatronWorker):
         return {}
 
     # ----- rollout ---------------------------------------------------------------------------------
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        n: int,
-        seed: int,
-        sampling: Optional[SamplingConfig] = None,
-        max_new_tokens: Optional[Sequence[int]] = None,
-        version: Optional[int] = None,
-    ) -> RolloutResult:
-        """Sample n responses per prompt (sample i seeded ``seed + i``) with the weights of policy ``version``:
+    def generate(self, request: RolloutRequest, version: Optional[int] = None) -> RolloutResult:
+        """Sample the request's n responses per prompt (sample i seeded ``seed + i``) with the weights of policy
+        ``version``:
         the actor's weights are resharded into the engine unless it already holds that version (None: always),
         then the devices are handed back. Every rank of an engine must receive the same prompts; only the
         engine's first rank returns the outputs."""
@@ -199,7 +181,7 @@ class IntegratedActorWorker(MegatronWorker):
             raise RuntimeError(
                 "this actor has no rollout engine (disaggregated layout): generate on the rollout workers"
             )
-        sampling = sampling or self.gen.sampling_config
+        request = request.with_sampling(self.gen.sampling_config)
         t0 = time.perf_counter()
         self.rollout.onload()
         if version is None or version != self.engine_version:
@@ -212,7 +194,7 @@ class IntegratedActorWorker(MegatronWorker):
         )
         t_to_infer = time.perf_counter() - t0
         t0, started = time.perf_counter(), time.time()
-        outputs = self.rollout.generate(prompts, sampling, n, seed, max_new_tokens) if prompts else []
+        outputs = self.rollout.generate(request) if request.prompts else []
         t_generate = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.rollout.offload()
@@ -221,7 +203,7 @@ class IntegratedActorWorker(MegatronWorker):
         return RolloutResult(
             rank=self.rank,
             engine=self.engine_index,
-            request_digest=request_digest(prompts, n, seed, sampling, max_new_tokens, version),
+            request_digest=request.digest(version),
             outputs=outputs if self.engine_rank == 0 else None,
             timing={
                 "timing/resharding_to_infer": t_to_infer,

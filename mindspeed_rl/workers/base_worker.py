@@ -7,11 +7,39 @@ from typing import Callable, Dict, Iterable, List, Optional
 
 import torch
 
+from ..config_cls.megatron_config import MegatronConfig
 from ..protocol import Experience, MiniBatch, RankLayout
 
 
+def start_worker_process(rank: int, world_size: int, master_addr: str, master_port: int, threads: int):
+    """What every worker process does first: its output routed (rl_config.library_logs) before vLLM or megatron
+    print anything, its rank's environment and thread count, then its torch.distributed world (the group's own
+    master port). Returns the process's accelerator."""
+    from ..utils.library_logs import route_process_output
+
+    route_process_output()
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(rank),
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port),
+            "OMP_NUM_THREADS": str(threads),
+        }
+    )
+    torch.set_num_threads(max(1, threads))
+    from ..accelerator import get_accelerator
+    from ..utils import dist
+
+    accelerator = get_accelerator()
+    dist.init_distributed(rank, world_size, master_addr, master_port, local_rank=accelerator.local_rank())
+    return accelerator
+
+
 class MegatronWorker:
-    """One rank of a role's own torch.distributed world (own master port)."""
+    """One rank of a role's own torch.distributed world (own master port), with the role's model parallel
+    groups; ``seed_offset`` keeps the roles' random streams apart."""
 
     def __init__(
         self,
@@ -19,33 +47,22 @@ class MegatronWorker:
         world_size: int,
         master_addr: str,
         master_port: int,
-        tp: int,
-        pp: int,
-        seed: int,
+        megatron: MegatronConfig,
         threads: int,
-        ep: int = 1,
-        cp: int = 1,
+        seed_offset: int = 0,
     ):
-        from ..utils.library_logs import route_process_output
-
-        route_process_output()  # first: before vLLM or megatron print anything (rl_config.library_logs)
-        os.environ.update(
-            {
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world_size),
-                "LOCAL_RANK": str(rank),
-                "MASTER_ADDR": master_addr,
-                "MASTER_PORT": str(master_port),
-                "OMP_NUM_THREADS": str(threads),
-            }
-        )
-        torch.set_num_threads(max(1, threads))
-        from ..accelerator import get_accelerator
         from ..utils import dist
 
+        self.acc = start_worker_process(rank, world_size, master_addr, master_port, threads)
         self.rank, self.world_size = rank, world_size
-        dist.init_distributed(rank, world_size, master_addr, master_port, local_rank=get_accelerator().local_rank())
-        dist.init_model_parallel(tp, pp, seed=seed, ep=ep, cp=cp)
+        m = megatron
+        dist.init_model_parallel(
+            m.tensor_model_parallel_size,
+            m.pipeline_model_parallel_size,
+            seed=m.seed + seed_offset,
+            ep=m.expert_model_parallel_size,
+            cp=m.context_parallel_size,
+        )
         from megatron.core import parallel_state as ps
 
         self.tp_rank = ps.get_tensor_model_parallel_rank()

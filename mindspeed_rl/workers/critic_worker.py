@@ -27,18 +27,7 @@ class CriticWorker(MegatronWorker):
         offload_when_idle: bool = False,
     ):
         m = role.megatron
-        super().__init__(
-            rank,
-            world_size,
-            master_addr,
-            master_port,
-            m.tensor_model_parallel_size,
-            m.pipeline_model_parallel_size,
-            m.seed + 7,
-            threads,
-            ep=m.expert_model_parallel_size,
-            cp=m.context_parallel_size,
-        )
+        super().__init__(rank, world_size, master_addr, master_port, m, threads, seed_offset=7)
         from ..models.engine import MegatronEngine
         from ..models.offload import Offloader
 

@@ -21,18 +21,7 @@ class RewardWorker(MegatronWorker):
         threads: int,
     ):
         m = role.megatron
-        super().__init__(
-            rank,
-            world_size,
-            master_addr,
-            master_port,
-            m.tensor_model_parallel_size,
-            m.pipeline_model_parallel_size,
-            m.seed + 13,
-            threads,
-            ep=m.expert_model_parallel_size,
-            cp=m.context_parallel_size,
-        )
+        super().__init__(rank, world_size, master_addr, master_port, m, threads, seed_offset=13)
         from ..models.engine import MegatronEngine
 
         self.role, self.rl = role, rl

@@ -9,15 +9,13 @@ weight-transfer engine in the worker receives and loads.
 
 from __future__ import annotations
 
-import os
 import time
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Tuple
 
-import torch
-
-from ..config_cls.generate_config import GenerateConfig, SamplingConfig
+from ..config_cls.generate_config import GenerateConfig
 from ..config_cls.model_config import ModelConfig
-from ..protocol import RankLayout, RolloutResult, request_digest
+from ..protocol import RankLayout, RolloutRequest, RolloutResult
+from .base_worker import start_worker_process
 
 
 class StaleWeights(RuntimeError):
@@ -38,27 +36,11 @@ class RolloutWorker:
         threads: int,
         bf16: bool,
     ):
-        from ..utils.library_logs import route_process_output
-
-        route_process_output()
-        os.environ.update(
-            {
-                "RANK": str(rank),
-                "WORLD_SIZE": str(world_size),
-                "LOCAL_RANK": str(rank),
-                "MASTER_ADDR": master_addr,
-                "MASTER_PORT": str(master_port),
-                "OMP_NUM_THREADS": str(threads),
-            }
-        )
-        torch.set_num_threads(max(1, threads))
-        from ..accelerator import get_accelerator
         from ..rollout.factory import make_rollout_engine
         from ..utils import dist
 
+        self.acc = start_worker_process(rank, world_size, master_addr, master_port, threads)
         self.rank, self.world_size, self.gen = rank, world_size, gen
-        self.acc = get_accelerator()
-        dist.init_distributed(rank, world_size, master_addr, master_port, local_rank=self.acc.local_rank())
         # megatron's parallel state for the fallback engine (a full single-rank copy, used where vLLM cannot run
         # the model); vLLM builds its own groups over this world
         dist.init_model_parallel(1, 1, seed=gen.sampling_config.seed)
@@ -116,26 +98,18 @@ class RolloutWorker:
         return {**stats, "timing/weight_sync": time.perf_counter() - t0}
 
     # ----- rollout ---------------------------------------------------------------------------------------
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        n: int,
-        seed: int,
-        sampling: Optional[SamplingConfig] = None,
-        max_new_tokens: Optional[Sequence[int]] = None,
-        version: Optional[int] = None,
-    ) -> RolloutResult:
-        """n responses per prompt (sample i seeded ``seed + i``) with the weights of ``version``, which this
-        worker must already hold; only the engine's first rank returns the outputs."""
+    def generate(self, request: RolloutRequest, version: Optional[int] = None) -> RolloutResult:
+        """The request's n responses per prompt (sample i seeded ``seed + i``) with the weights of ``version``,
+        which this worker must already hold; only the engine's first rank returns the outputs."""
         if version is not None and version != self.version:
             raise StaleWeights(f"rollout rank {self.rank} holds policy version {self.version}, asked for {version}")
-        sampling = sampling or self.gen.sampling_config
+        request = request.with_sampling(self.gen.sampling_config)
         t0, started = time.perf_counter(), time.time()
-        outputs = self.engine.generate(prompts, sampling, n, seed, max_new_tokens) if prompts else []
+        outputs = self.engine.generate(request) if request.prompts else []
         return RolloutResult(
             rank=self.rank,
             engine=self.engine_index,
-            request_digest=request_digest(prompts, n, seed, sampling, max_new_tokens, version),
+            request_digest=request.digest(version),
             outputs=outputs if self.engine_rank == 0 else None,
             timing={"timing/generate": time.perf_counter() - t0},
             started=started,

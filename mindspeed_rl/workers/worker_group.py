@@ -95,44 +95,27 @@ class WorkerGroup:
         return [groups[e] for e in sorted(groups)]
 
     # ----- generation: by engine ------------------------------------------------------------------------
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        n: int,
-        seed: int,
-        sampling=None,
-        max_new_tokens: Optional[Sequence[int]] = None,
-        version: Optional[int] = None,
-    ) -> GeneratedBatch:
-        """n samples of every prompt, waiting for them (see ``submit_generate``)."""
-        request = RolloutRequest(
-            [list(p) for p in prompts],
-            n,
-            seed,
-            sampling,
-            None if max_new_tokens is None else [int(t) for t in max_new_tokens],
-        )
+    def generate(self, request: RolloutRequest, version: Optional[int] = None) -> GeneratedBatch:
+        """Generate ``request``, waiting for it (see ``submit_generate``)."""
         return self.collect_generate(self.submit_generate(request, version))
 
     def submit_generate(self, request: RolloutRequest, version: Optional[int] = None) -> PendingGeneration:
-        """Start generating ``request`` on every engine. Engine e gets a contiguous range of prompts; the sample
-        with global index j = prompt x n + k is seeded ``seed + j`` whatever the number of engines; each prompt's
-        budget goes with it. ``version``: the policy version the engines must hold (resharded from the actor when
-        they hold another; None: always)."""
+        """Start generating ``request`` on every engine. Engine e gets its part (a contiguous range of prompts,
+        ``RolloutRequest.part``): the sample with global index j = prompt x n + k is seeded ``seed + j`` whatever
+        the number of engines; each prompt's budget goes with it. ``version``: the policy version the engines must
+        hold (resharded from the actor when they hold another; None: always)."""
         import ray
 
         engines = self.engines()
         if not engines:
             raise DispatchError(f"worker group {self.name} has no rollout engines")
-        prompts, n, budgets = request.prompts, request.n, request.max_new_tokens
-        ranges = engine_prompt_split(len(prompts), len(engines))
+        ranges = engine_prompt_split(len(request.prompts), len(engines))
         firsts = [int(rows[0]) if len(rows) else 0 for rows in ranges]  # each engine's first global prompt
         args: List[Optional[tuple]] = [None] * len(self.handles)
         for engine, ranks in enumerate(engines):
-            share = ray.put([list(prompts[i]) for i in ranges[engine]])  # one object-store copy per engine
-            share_budgets = None if budgets is None else [int(budgets[i]) for i in ranges[engine]]
+            part = ray.put(request.part(ranges[engine]))  # one object-store copy per engine
             for rank in ranks:
-                args[rank] = (share, n, request.seed + n * firsts[engine], request.sampling, share_budgets, version)
+                args[rank] = (part, version)
         return PendingGeneration(self.call_async("generate", per_rank=args), engines, firsts)
 
     def collect_generate(self, pending: PendingGeneration) -> GeneratedBatch:
