@@ -23,11 +23,13 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PYTHON) -m pytest -m "not slow" tests
 
-# ruff (settings in pyproject.toml): lint rules and the formatter, both only checking.
+# ruff (lint rules and the formatter, both only checking) and mypy on the typed layers; settings in
+# pyproject.toml. .pre-commit-config.yaml runs the same before each commit.
 lint: $(STAMP)
-	@$(VENV)/bin/ruff --version >/dev/null 2>&1 || $(PYTHON) -m pip install -q --disable-pip-version-check -r requirements/lint.txt
+	@$(VENV)/bin/ruff --version >/dev/null 2>&1 && $(VENV)/bin/mypy --version >/dev/null 2>&1 || $(PYTHON) -m pip install -q --disable-pip-version-check -r requirements/lint.txt
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 # The compatibility stage: the same code on the NPU stack's megatron-core and vLLM releases (on CPU),
 # in its own .venv-npu-versions.

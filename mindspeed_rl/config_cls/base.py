@@ -84,7 +84,7 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
             except ConfigError:
                 continue
         raise ConfigError(key, f"got {value!r}, expected {_type_name(tp)}")
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return build_section(tp, value, key)
     if origin in (list, tuple):
         (arg,) = typing.get_args(tp)[:1] or (Any,)
@@ -165,8 +165,8 @@ def build_section(cls: type, data: Any, path: str, *, require: bool = True) -> A
             value = _convert(data[f.name], hints[f.name], key)
         elif f.default is not dataclasses.MISSING:
             value = f.default
-        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-            value = f.default_factory()  # type: ignore[misc]
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
         elif require:
             raise ConfigError(key, "required key is missing")
         else:
@@ -174,7 +174,7 @@ def build_section(cls: type, data: Any, path: str, *, require: bool = True) -> A
         _check_rules(value, f.metadata, key)
         values[f.name] = value
     obj = cls(**values)
-    obj._path = path  # type: ignore[attr-defined]
+    obj._path = path
     return obj
 
 

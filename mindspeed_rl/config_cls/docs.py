@@ -95,8 +95,8 @@ SECTIONS = [
 def _default(f: dataclasses.Field) -> str:
     if f.default is not dataclasses.MISSING:
         return repr(f.default) if f.default is not None else "null"
-    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        value = f.default_factory()  # type: ignore[misc]
+    if f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
         return "(section)" if dataclasses.is_dataclass(value) else repr(value)
     return "**required**"
 
@@ -116,7 +116,7 @@ def render() -> str:
     out = [INTRO]
     for title, cls in SECTIONS:
         hints = typing.get_type_hints(cls)
-        out.append(f"\n## {title}\n\n{cls.__doc__.strip()}\n")
+        out.append(f"\n## {title}\n\n{(cls.__doc__ or '').strip()}\n")
         out.append("| key | type | default | allowed | meaning |\n|---|---|---|---|---|")
         for f in dataclasses.fields(cls):
             out.append(

@@ -90,7 +90,15 @@ class ModelConfig:
 
     @property
     def kv_heads(self) -> int:
-        return self.num_query_groups if self.group_query_attention else self.num_attention_heads
+        """K/V heads: num_query_groups with grouped-query attention (validate requires it), else one per head."""
+        if self.group_query_attention and self.num_query_groups:
+            return self.num_query_groups
+        return self.num_attention_heads
+
+    @property
+    def expert_ffn_hidden_size(self) -> int:
+        """One expert's inner MLP dimension (megatron's default for an unset moe_ffn_hidden_size: ffn_hidden_size)."""
+        return self.moe_ffn_hidden_size or self.ffn_hidden_size
 
     def validate(self) -> None:
         path = getattr(self, "_path", "model")
@@ -126,7 +134,7 @@ class ModelConfig:
         attn = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.add_qkv_bias else 0)
         mlp = h * f * (2 if self.swiglu else 1) + f * h
         if self.num_experts:
-            e = self.moe_ffn_hidden_size
+            e = self.expert_ffn_hidden_size
             mlp = self.num_experts * (h * e * (2 if self.swiglu else 1) + e * h) + h * self.num_experts
         norms = 2 * h + (2 * d if self.qk_layernorm else 0)
         per_layer = attn + mlp + norms
@@ -142,7 +150,7 @@ class ModelConfig:
         mult = 2 if self.swiglu else 1
         shapes = {"linear_qkv": ("column", h, q + 2 * kv, 0), "linear_proj": ("row", q, h, 0)}
         if self.num_experts:
-            e, n = self.moe_ffn_hidden_size, self.num_experts
+            e, n = self.expert_ffn_hidden_size, self.num_experts
             shapes.update(linear_fc1=("column", h, e * mult, n), linear_fc2=("row", e, h, n))
         else:
             shapes.update(linear_fc1=("column", h, f * mult, 0), linear_fc2=("row", f, h, 0))
@@ -170,6 +178,6 @@ class ModelConfig:
         total = self.parameter_count(vocab_size)
         if not self.num_experts:
             return total
-        e, mult = self.moe_ffn_hidden_size, 2 if self.swiglu else 1
+        e, mult = self.expert_ffn_hidden_size, 2 if self.swiglu else 1
         idle = (self.num_experts - self.moe_router_topk) * (self.hidden_size * e * mult + e * self.hidden_size)
         return total - self.num_layers * idle

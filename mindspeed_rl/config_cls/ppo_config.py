@@ -64,9 +64,9 @@ class PPOConfig:
     reward: Optional[RoleConfig]
     rl: RLConfig
     generate: GenerateConfig
+    algorithm: AlgorithmPlan  # resolved from rl_config (resolve_algorithm) when the config is built
     dry_run: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
-    algorithm: Optional[AlgorithmPlan] = None  # resolved from rl_config by derive
 
     @property
     def prompts_per_iteration(self) -> int:
@@ -180,6 +180,10 @@ def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) 
     dry_run = data.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise ConfigError("dry_run", f"got {dry_run!r}, expected true or false")
+    try:
+        algorithm = resolve_algorithm(rl)
+    except AlgorithmChoiceError as exc:
+        raise ConfigError(exc.key, exc.message) from None
     cfg = PPOConfig(
         megatron_training=megatron_training,
         actor=actor,
@@ -187,6 +191,7 @@ def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) 
         reward=reward,
         rl=rl,
         generate=generate,
+        algorithm=algorithm,
         dry_run=dry_run,
         raw=dict(data),
     )
@@ -196,14 +201,10 @@ def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) 
 
 
 def derive(cfg: PPOConfig) -> None:
-    """Every value computed from others, before the rules (which only read): the algorithm resolved from
-    rl_config and, with use_dynamic_bsz, the unset packing budgets (forward or update micro-batch x the
+    """Every value computed from others, before the rules (which only read; the algorithm is resolved when
+    the config is built): with use_dynamic_bsz, the unset packing budgets (forward or update micro-batch x the
     longest sequence)."""
     rl = cfg.rl
-    try:
-        cfg.algorithm = resolve_algorithm(rl)
-    except AlgorithmChoiceError as exc:
-        raise ConfigError(exc.key, exc.message) from None
     if rl.use_dynamic_bsz:
         longest = rl.max_prompt_length + cfg.generate.sampling_config.max_tokens
         update_mbs = max(role.megatron.micro_batch_size for role in cfg.roles if role.name != "reward")

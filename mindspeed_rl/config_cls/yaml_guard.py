@@ -85,7 +85,7 @@ def check_yaml_text(text: str, where: str, mapping: bool = False) -> None:
                     sizes[event.anchor] = 1
                 add(1)
             elif isinstance(event, yaml.AliasEvent):
-                size = sizes.get(event.anchor, 1)
+                size = sizes.get(event.anchor or "", 1)
                 alias_nodes += size
                 if alias_nodes > MAX_ALIAS_NODES:
                     raise ConfigError(
@@ -132,7 +132,7 @@ def check_interpolations(data: Any, where: str) -> None:
     size: a few lines resolve to gigabytes), or that form a cycle. Iterative: no recursion, whatever the
     chain's length."""
     nodes: Dict[Tuple[str, ...], Any] = {}
-    pending = [((), data)]
+    pending: List[Tuple[Tuple[str, ...], Any]] = [((), data)]
     while pending:
         path, value = pending.pop()
         nodes[path] = value

@@ -215,7 +215,7 @@ class Experience:
         elif any((p.prompt_width, p.response_width) != (first.prompt_width, first.response_width) for p in parts):
             raise ValueError("cannot concatenate experience pieces of different widths without a pad_id")
         values = {name: torch.cat([getattr(p, name) for p in parts]) for name in first.present()}
-        labels = sum((p.labels for p in parts), []) if all(p.labels is not None for p in parts) else None
+        labels = [x for p in parts for x in (p.labels or [])] if all(p.labels is not None for p in parts) else None
         return Experience(prompt_width=first.prompt_width, labels=labels, **values)
 
 

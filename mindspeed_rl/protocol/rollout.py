@@ -68,6 +68,12 @@ class RolloutRequest:
             None if self.max_new_tokens is None else [int(self.max_new_tokens[i]) for i in rows],
         )
 
+    def sampling_config(self) -> SamplingConfig:
+        """The sampling an engine generates with: the request's own (the worker has filled in the default)."""
+        if self.sampling is None:
+            raise ValueError("the rollout request names no sampling: the worker fills in generate_config's")
+        return self.sampling
+
     def with_sampling(self, default: SamplingConfig) -> "RolloutRequest":
         """This request with ``default`` where it names no sampling of its own."""
         return self if self.sampling is not None else dataclasses.replace(self, sampling=default)

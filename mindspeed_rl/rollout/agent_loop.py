@@ -125,6 +125,10 @@ class RolloutFunction:
         """Run the tool work of several trajectories (in the pool's tool thread); one result per work."""
         return [None] * len(works)
 
+    def run_batch(self, request: RolloutRequest, generate: Callable, prompt_tools: List) -> "AgentBatch":
+        """A whole-batch function (``whole_batch``): the request's trajectories produced at once."""
+        raise NotImplementedError(f"{self.name} advances trajectories one chunk at a time (whole_batch is False)")
+
     def observe(self, traj: Trajectory, work: Any, result: Any, version: int) -> None:
         """Append the results of ``traj``'s tool work; the trajectory is ready for its next turn."""
 
@@ -175,6 +179,7 @@ class ToolAgent(RolloutFunction):
                 "the tool_agent rollout function needs tools, a sandbox and a chat template with a tool role"
             )
         self.settings, self.parse = context.settings, PARSERS[context.settings.tool_parser_format]
+        self.sandbox, self.tool_format = context.sandbox, context.tool_format
 
     def absorb(self, traj: Trajectory, out: RolloutOutput, version: int) -> Optional[List[Any]]:
         s = self.settings
@@ -224,7 +229,7 @@ class ToolAgent(RolloutFunction):
         calls = [
             (item[1].function, item[0].arguments) for items in works for item in items if not isinstance(item, str)
         ]
-        results = iter(self.context.sandbox.run_many(calls, self.settings.tool_workers))
+        results = iter(self.sandbox.run_many(calls, self.settings.tool_workers))
         return [[None if isinstance(item, str) else next(results) for item in items] for items in works]
 
     def observe(self, traj: Trajectory, work: List[Any], result: List[Optional[ToolResult]], version: int) -> None:
@@ -236,7 +241,7 @@ class ToolAgent(RolloutFunction):
             if not answer.ok:
                 traj.count_error(answer.status)
             contents.append(truncate(answer.content, s.max_tool_response_length, s.tool_response_truncate_side))
-        text = self.context.tool_format.render(contents)
+        text = self.tool_format.render(contents)
         observation = self.context.tokenizer.encode(text, add_special_tokens=False)
         cut = len(observation) >= traj.remaining()  # no room to answer after it
         observation = observation[: traj.remaining()]

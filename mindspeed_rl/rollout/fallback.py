@@ -53,8 +53,8 @@ def generate(
         limits = [min(max_new_tokens, int(c)) for c in caps[start : start + batch_size]] if caps else None
         ids, mask = left_pad(chunk, pad_token_id)
         done = torch.zeros(len(chunk), dtype=torch.bool)
-        responses = [[] for _ in chunk]
-        logps = [[] for _ in chunk]
+        responses: List[List[int]] = [[] for _ in chunk]
+        logps: List[List[float]] = [[] for _ in chunk]
         reasons = ["length"] * len(chunk)
         for step in range(max_new_tokens):
             logits = model(ids, position_ids_from_mask(mask), megatron_attention_mask(mask))[:, -1]

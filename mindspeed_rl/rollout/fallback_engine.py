@@ -29,7 +29,7 @@ class FallbackEngine(RolloutEngine):
             p.requires_grad_(False)
 
     def generate(self, request: RolloutRequest) -> List[RolloutOutput]:
-        sampling, n = request.sampling, request.n
+        sampling, n = request.sampling_config(), request.n
         repeated = [list(p) for p in request.prompts for _ in range(n)]
         caps = [int(c) for c in request.max_new_tokens for _ in range(n)] if request.max_new_tokens else None
         outs = generate(

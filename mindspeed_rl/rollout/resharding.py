@@ -12,7 +12,7 @@ global expert r * E/EP + j).
 
 from __future__ import annotations
 
-from typing import Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -85,7 +85,7 @@ def iter_full_weights(engine) -> Iterator[Dict[str, torch.Tensor]]:
                 if hasattr(ps, "get_pipeline_model_parallel_global_ranks")
                 else dist.get_global_rank(pp_group, stage)
             )
-            meta = [[(n, tuple(t.shape), t.dtype) for n, t in full.items()] if pp_rank == stage else None]
+            meta: List[Any] = [[(n, tuple(t.shape), t.dtype) for n, t in full.items()] if pp_rank == stage else None]
             dist.broadcast_object_list(meta, src=src, group=pp_group)
             for name, shape, dtype in meta[0]:
                 t = (

@@ -26,7 +26,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from .rounds import TrajectoryPool
 
@@ -94,7 +94,7 @@ class Chunked:
 class _Slot:
     iteration: int
     done: threading.Event = field(default_factory=threading.Event)
-    produced: object = None
+    produced: Any = None
     error: Optional[BaseException] = None
     waited: float = 0.0  # seconds the trainer waited for this production, over every wait
 
@@ -125,7 +125,7 @@ class Ahead:
             finally:
                 slot.done.set()
 
-    def fill(self, iteration: int, produce: Callable[[int], object]) -> None:
+    def fill(self, iteration: int, produce: Callable[[int], Any]) -> None:
         """Queue the productions of the iterations up to ``iteration + lag`` not queued yet. The last
         iterations of a run also produce batches beyond its end: the final checkpoint keeps them, so a run
         resumed with more iterations trains on exactly what an uninterrupted run would have."""
@@ -139,7 +139,7 @@ class Ahead:
             self._tasks.put((slot, produce))
             upcoming += 1
 
-    def take(self, iteration: int) -> Tuple[object, float, float]:
+    def take(self, iteration: int) -> Tuple[Any, float, float]:
         """Iteration ``iteration``'s batch, waiting for it; returns it, the seconds waited now and the seconds
         waited for it in all (before weight updates too)."""
         if not self.slots or self.slots[0].iteration != iteration:
@@ -162,11 +162,11 @@ class Ahead:
         slot.waited += waited
         return waited
 
-    def produced(self) -> List[object]:
+    def produced(self) -> List[Any]:
         self.settle()
         return [slot.produced for slot in self.slots]
 
-    def restore(self, produced: List[object]) -> None:
+    def restore(self, produced: List[Any]) -> None:
         """Batches a checkpoint holds, as produced (``.iteration`` each, in order)."""
         self.slots.clear()
         for item in produced:

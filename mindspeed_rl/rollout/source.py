@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -224,8 +224,10 @@ class RolloutSource:
         exp = build_experience(prompts, outputs, self.n, self.pad_id, labels)
         metrics, per_verifier = self.score(exp, clock)
         rows = [t for g in groups for t in g]
+        scores = exp.scores
+        assert scores is not None, "score() sets the experience's scores"
         for r, traj in enumerate(rows):
-            traj.score = float(exp.scores[r])
+            traj.score = float(scores[r])
             traj.verifier_scores = {name: float(values[r]) for name, values in per_verifier.items()}
         return metrics
 
@@ -297,6 +299,8 @@ class RolloutSource:
         rl, sampling = cfg.rl, cfg.generate.sampling_config
         function = build_rollout_function(agent_rollout_function(rl), agent_context(rl, tokenizer))
         want = cfg.prompts_per_iteration
+        group_filter: GroupFilter
+        schedule: Union[Synchronous, Chunked]
         if rl.filter_groups_enable:
             group_filter = DynamicSampling(want, filter_metric_name(rl), rl.filter_groups_max_batches)
         else:

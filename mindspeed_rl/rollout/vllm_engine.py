@@ -133,7 +133,8 @@ class VllmEngine(RolloutEngine):
         seeded request the same seed, which would make the n samples identical."""
         from vllm import SamplingParams
 
-        prompts, sampling, n, max_new_tokens = request.prompts, request.sampling, request.n, request.max_new_tokens
+        prompts, n, max_new_tokens = request.prompts, request.n, request.max_new_tokens
+        sampling = request.sampling_config()
         params = [
             SamplingParams(
                 n=1,

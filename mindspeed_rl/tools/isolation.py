@@ -65,8 +65,8 @@ def _inside_interpreter(path: str) -> bool:
 
 def code_mounts(functions: Iterable[str]) -> Dict[str, str]:
     """{source on the host: target in the sandbox} for the code a tool call imports: the tools package of
-    mindspeed_rl (the child's own code), the plug-in loader (``utils/plugins.py``) and the top-level package (or module file) of every tool function not
-    installed in the interpreter's prefix."""
+    mindspeed_rl (the child's own code), the plug-in loader (``utils/plugins.py``) and the top-level package
+    (or module file) of every tool function not installed in the interpreter's prefix."""
     import mindspeed_rl
 
     package = os.path.dirname(os.path.abspath(mindspeed_rl.__file__))
