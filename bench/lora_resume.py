@@ -56,7 +56,7 @@ def main() -> None:
     import ray
 
     from mindspeed_rl.checkpoint import megatron_layout as ml
-    from mindspeed_rl.checkpoint.convert import iter_mg_stages
+    from mindspeed_rl.checkpoint.megatron_reader import iter_mg_stages
     from mindspeed_rl.config_cls import load_ppo_config
     from mindspeed_rl.demo.assets import prepare
     from mindspeed_rl.trainer.launch import train

@@ -92,8 +92,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    from mindspeed_rl.checkpoint import convert
-    from mindspeed_rl.checkpoint.megatron_layout import CheckpointError, replacing
+    from mindspeed_rl.checkpoint import convert, hf_io, megatron_reader
+    from mindspeed_rl.checkpoint.errors import ConversionError
+    from mindspeed_rl.checkpoint.megatron_layout import CheckpointError
+    from mindspeed_rl.checkpoint.replace import replacing
 
     if not os.path.isdir(args.load_dir):
         raise UserError(f"--load-dir {args.load_dir}: folder does not exist")
@@ -114,7 +116,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     start = time.perf_counter()
     try:
         if args.load_model_type == "hf" and args.save_model_type == "mg":
-            if args.add_qkv_bias and not convert.read_hf_model_config(args.load_dir, args.model_type_hf).add_qkv_bias:
+            if args.add_qkv_bias and not hf_io.read_hf_model_config(args.load_dir, args.model_type_hf).add_qkv_bias:
                 raise UserError(
                     f"--add-qkv-bias contradicts {os.path.join(args.load_dir, 'config.json')}: that "
                     "model has no q/k/v bias (attention_bias false); drop the flag"
@@ -147,7 +149,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 args.load_dir, args.save_dir, args.params_dtype, args.orm or None, int(args.max_shard_size_gb * 1024**3)
             )
             print(f"converted {args.load_dir} -> {where}")
-            if convert.read_mg_config(args.load_dir)[0].get("lora"):  # LoRA: the adapters on their own too
+            if megatron_reader.read_mg_config(args.load_dir)[0].get("lora"):  # LoRA: the adapters on their own too
                 from mindspeed_rl.checkpoint.peft_export import has_expert_adapters, write_peft_adapter
 
                 if has_expert_adapters(args.load_dir):
@@ -184,7 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             )
         else:
             raise UserError("hf -> hf is not a conversion; use --save-model-type mg")
-    except (convert.ConversionError, CheckpointError) as exc:
+    except (ConversionError, CheckpointError) as exc:
         raise UserError(str(exc)) from None
     print(f"done in {time.perf_counter() - start:.1f}s")
     return 0

@@ -58,22 +58,23 @@ def load_model(load_dir: str):
     """(GPTModel on one rank, ModelConfig) from a Megatron checkpoint or a HF folder."""
     import tempfile
 
-    from mindspeed_rl.checkpoint import convert
+    from mindspeed_rl.checkpoint.convert import hf_to_mg
     from mindspeed_rl.checkpoint.megatron_layout import TRACKER
+    from mindspeed_rl.checkpoint.megatron_reader import iter_mg_stages, read_mg_config
     from mindspeed_rl.config_cls import MegatronConfig, ModelConfig
     from mindspeed_rl.models.builder import build_gpt_model
 
     if os.path.isfile(os.path.join(load_dir, TRACKER)):
-        config = convert.read_mg_config(load_dir)[0]
+        config = read_mg_config(load_dir)[0]
         weights = {}
-        for _, stage in convert.iter_mg_stages(load_dir):
+        for _, stage in iter_mg_stages(load_dir):
             weights.update({k: v.clone() for k, v in stage.items()})
     elif os.path.isfile(os.path.join(load_dir, "config.json")):
         with tempfile.TemporaryDirectory() as tmp:
-            convert.hf_to_mg(load_dir, tmp)
-            config = convert.read_mg_config(tmp)[0]
+            hf_to_mg(load_dir, tmp)
+            config = read_mg_config(tmp)[0]
             weights = {}
-            for _, stage in convert.iter_mg_stages(tmp):
+            for _, stage in iter_mg_stages(tmp):
                 weights.update({k: v.clone() for k, v in stage.items()})
     else:
         raise UserError(
@@ -113,7 +114,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     tokenizer = load_tokenizer(tok_dir, "--tokenizer-name-or-path")
     dist.init_distributed()
     dist.init_model_parallel(seed=args.seed)
-    from mindspeed_rl.checkpoint.convert import ConversionError
+    from mindspeed_rl.checkpoint.errors import ConversionError
     from mindspeed_rl.checkpoint.megatron_layout import CheckpointError
 
     try:

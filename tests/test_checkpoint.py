@@ -8,7 +8,7 @@ import torch
 
 from cli import convert_ckpt
 from mindspeed_rl.checkpoint import megatron_layout as ml
-from mindspeed_rl.checkpoint.convert import HFReader
+from mindspeed_rl.checkpoint.hf_io import HFReader
 from mindspeed_rl.demo.tiny_hf import build_hf_model
 from tests.helpers import tiny_model_config
 

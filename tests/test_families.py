@@ -10,14 +10,10 @@ import torch
 import torch.multiprocessing as mp
 
 from cli import convert_ckpt
-from mindspeed_rl.checkpoint.convert import (
-    ConversionError,
-    HFReader,
-    hf_to_mg,
-    mg_to_hf,
-    read_hf_model_config,
-    read_mg_config,
-)
+from mindspeed_rl.checkpoint.convert import hf_to_mg, mg_to_hf
+from mindspeed_rl.checkpoint.errors import ConversionError
+from mindspeed_rl.checkpoint.hf_io import HFReader, read_hf_model_config
+from mindspeed_rl.checkpoint.megatron_reader import read_mg_config
 from mindspeed_rl.config_cls import ConfigError
 from mindspeed_rl.config_cls.model_config import FAMILY_NAMES
 from mindspeed_rl.datasets.templates import load_templates

@@ -413,7 +413,9 @@ def test_a_streak_of_skipped_steps_stops_the_run_with_exit_3(monkeypatch, capsys
     from types import SimpleNamespace
 
     from mindspeed_rl.trainer import launch
-    from mindspeed_rl.trainer.ppo_trainer import NonFiniteStop, PPOTrainer
+    from mindspeed_rl.trainer.failures import EXIT_NONFINITE
+    from mindspeed_rl.trainer.guards import NonFiniteStop
+    from mindspeed_rl.trainer.ppo_trainer import PPOTrainer
 
     cfg = load_ppo_config("ppo_tiny_cpu", ["rl_config.max_nonfinite_steps=2"])
     trainer = SimpleNamespace(rl=cfg.rl, iteration=5, cfg=cfg)
@@ -424,7 +426,7 @@ def test_a_streak_of_skipped_steps_stops_the_run_with_exit_3(monkeypatch, capsys
         raise NonFiniteStop("the actor's last 3 optimizer steps had a NaN/Inf loss or gradient")
 
     monkeypatch.setattr(launch, "train", stopped)
-    assert launch.run(cfg) == launch.EXIT_NONFINITE
+    assert launch.run(cfg) == EXIT_NONFINITE
     assert "stopped: the actor's last 3" in capsys.readouterr().err
 
 
@@ -432,7 +434,8 @@ def test_a_collapsed_policy_is_not_saved_and_stops_the_run_after_max_collapsed_i
     """lr=0.5: entropy and gradient norm exactly 0 from iteration 3 on; the guard saves none of those."""
     from types import SimpleNamespace
 
-    from mindspeed_rl.trainer.ppo_trainer import NonFiniteStop, PPOTrainer
+    from mindspeed_rl.trainer.guards import NonFiniteStop
+    from mindspeed_rl.trainer.ppo_trainer import PPOTrainer
 
     cfg = load_ppo_config("ppo_tiny_cpu", ["rl_config.max_collapsed_iterations=3", "megatron_training.save_interval=1"])
     saved = []
@@ -469,7 +472,7 @@ SKIPPED = {"actor/entropy": 0.0, "grad_norm": float("nan")}  # a step skipped fo
 
 
 def test_the_collapse_guard_judges_with_tolerances():
-    from mindspeed_rl.trainer.ppo_trainer import collapsed
+    from mindspeed_rl.trainer.guards import collapsed
 
     assert collapsed(FLAT) is True and collapsed(NOISE) is True
     assert collapsed({"actor/entropy": 0.0, "grad_norm": 9e-9}) is True
@@ -504,7 +507,8 @@ def collapse_trainer(tmp_path, saved, *overrides):
 def test_rounding_noise_or_a_skipped_step_does_not_break_a_collapse_streak(tmp_path, capsys):
     """lr 0.5: the score is 0 from iteration 2 on; one iteration's gradient norm is 8.8e-15, another's NaN.
     Neither resets the streak, none of them is saved, and the guard stops the run."""
-    from mindspeed_rl.trainer.ppo_trainer import NonFiniteStop, PPOTrainer
+    from mindspeed_rl.trainer.guards import NonFiniteStop
+    from mindspeed_rl.trainer.ppo_trainer import PPOTrainer
 
     saved = []
     trainer = collapse_trainer(tmp_path, saved, "rl_config.max_collapsed_iterations=4")
@@ -530,6 +534,7 @@ def test_a_run_whose_last_iterations_look_collapsed_does_not_exit_0(tmp_path, mo
     """The last two of 4 iterations look collapsed (fewer than max_collapsed_iterations): they are not saved,
     so the run does not end as a success (exit 3, the last checkpoint and the resume overrides printed)."""
     from mindspeed_rl.trainer import launch
+    from mindspeed_rl.trainer.failures import EXIT_NONFINITE
     from mindspeed_rl.trainer.ppo_trainer import PPOTrainer
 
     def runs(sequence):
@@ -547,7 +552,7 @@ def test_a_run_whose_last_iterations_look_collapsed_does_not_exit_0(tmp_path, mo
         monkeypatch.setattr(launch, "train", train)
         return launch.run(trainer.cfg), saved
 
-    assert runs([HEALTHY, HEALTHY, FLAT, NOISE]) == (launch.EXIT_NONFINITE, [1, 2])
+    assert runs([HEALTHY, HEALTHY, FLAT, NOISE]) == (EXIT_NONFINITE, [1, 2])
     err = capsys.readouterr().err
     assert "stopped: iteration 4, the last, is not saved: the policy looks collapsed" in err
     assert runs([HEALTHY, FLAT, NOISE, HEALTHY]) == (0, [1, 4])
@@ -726,23 +731,24 @@ def test_sigterm_stops_cleanly_and_a_dead_worker_restarts_the_run_which_ends_as_
 
 def test_a_dead_worker_without_restarts_left_stops_with_exit_4_and_one_paragraph(monkeypatch, capsys):
     from mindspeed_rl.trainer import launch
+    from mindspeed_rl.trainer.failures import EXIT_WORKER_DIED, WorkerDied
 
     cfg = load_ppo_config("ppo_tiny_cpu", ["rl_config.max_restarts=0"])
     calls = []
 
     def dies(cfg):
         calls.append(cfg)
-        raise launch.WorkerDied("the critic worker of rank 0 died (killed). No checkpoint was saved yet")
+        raise WorkerDied("the critic worker of rank 0 died (killed). No checkpoint was saved yet")
 
     monkeypatch.setattr(launch, "train", dies)
-    assert launch.run(cfg) == launch.EXIT_WORKER_DIED and len(calls) == 1
+    assert launch.run(cfg) == EXIT_WORKER_DIED and len(calls) == 1
     err = capsys.readouterr().err
     assert err.strip() == "stopped: the critic worker of rank 0 died (killed). No checkpoint was saved yet"
     # with restarts left but nothing saved yet, the run begins again, then stops when they are used up
     import ray
 
     monkeypatch.setattr(ray, "shutdown", lambda: None)
-    assert launch.run(load_ppo_config("ppo_tiny_cpu", ["rl_config.max_restarts=2"])) == launch.EXIT_WORKER_DIED
+    assert launch.run(load_ppo_config("ppo_tiny_cpu", ["rl_config.max_restarts=2"])) == EXIT_WORKER_DIED
     assert len(calls) == 4 and capsys.readouterr().out.count("restart ") == 2
 
 
@@ -780,7 +786,7 @@ def test_a_save_stopped_between_the_roles_resumes_both_from_the_last_common_iter
 
 
 def test_the_resume_hint_names_every_role_its_optimizer_and_rng_and_quotes_paths(tmp_path):
-    from mindspeed_rl.trainer.launch import last_checkpoint_text
+    from mindspeed_rl.trainer.failures import last_checkpoint_text
 
     save = tmp_path / "my runs" / "actor"
     fake_checkpoint(str(save), tracker="3", iteration_dir="iter_0000003")
@@ -870,7 +876,7 @@ def test_a_full_disk_during_a_save_says_so_removes_its_staging_files_and_keeps_t
 def test_a_worker_exception_arrives_as_its_type_and_message(tmp_path):
     import ray.exceptions
 
-    from mindspeed_rl.trainer.launch import describe_dead_worker, describe_worker_error, exception_line
+    from mindspeed_rl.trainer.failures import describe_dead_worker, describe_worker_error, exception_line
 
     cfg = load_ppo_config("ppo_tiny_cpu", [f"actor_config.save={tmp_path}/actor"])
     error = ml.CheckpointError(f"no space left on {tmp_path}/actor while saving iter_0000002")
@@ -1058,7 +1064,7 @@ def test_a_2_cpu_ray_refuses_64_slots_in_seconds_and_waits_for_slots_other_jobs_
 
 
 def test_a_restart_resumes_every_role_from_its_save_or_none(tmp_path):
-    from mindspeed_rl.trainer.launch import resumed_config
+    from mindspeed_rl.trainer.failures import resumed_config
 
     cfg = load_ppo_config(
         "ppo_tiny_cpu",

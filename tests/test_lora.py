@@ -74,8 +74,8 @@ def test_a_lora_engine_trains_only_its_adapters_and_exports_merged_weights(tmp_p
     """Engine with lora_r: the optimizer holds the adapters only; after a step the base weights are unchanged,
     the exported weights are base + (alpha / r) B A and give the adapted model's log-probs; the reference
     (adapters off) gives the base model's; a checkpoint folds into plain weights for HF and resharding."""
-    from mindspeed_rl.checkpoint.convert import iter_mg_stages
     from mindspeed_rl.checkpoint.engine_io import save_engine
+    from mindspeed_rl.checkpoint.megatron_reader import iter_mg_stages
     from mindspeed_rl.checkpoint.optimizer_state import engine_slots
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.utils import dist
@@ -134,8 +134,8 @@ def test_lora_at_every_layout_equals_one_rank(tmp_path, family):
 
     import torch.multiprocessing as mp
 
-    from mindspeed_rl.checkpoint.convert import iter_mg_stages
     from mindspeed_rl.checkpoint.engine_io import save_engine
+    from mindspeed_rl.checkpoint.megatron_reader import iter_mg_stages
     from mindspeed_rl.checkpoint.reshard import mg_to_mg
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.utils import dist
@@ -294,8 +294,8 @@ def test_a_lora_run_on_a_base_checkpoint_saves_only_its_adapters(tmp_path):
     import os
 
     from mindspeed_rl.checkpoint import megatron_layout as ml
-    from mindspeed_rl.checkpoint.convert import iter_mg_stages
     from mindspeed_rl.checkpoint.engine_io import load_engine, load_weights_only, save_engine
+    from mindspeed_rl.checkpoint.megatron_reader import iter_mg_stages
     from mindspeed_rl.checkpoint.reshard import mg_to_mg
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.utils import dist
@@ -418,8 +418,8 @@ def test_peft_adapter_folder_reproduces_the_merged_model(tmp_path):
 
     from safetensors.torch import load_file
 
-    from mindspeed_rl.checkpoint.convert import iter_mg_pieces
     from mindspeed_rl.checkpoint.engine_io import save_engine
+    from mindspeed_rl.checkpoint.megatron_reader import iter_mg_pieces
     from mindspeed_rl.checkpoint.peft_export import write_peft_adapter
     from mindspeed_rl.checkpoint.tp_split import fold_lora, layer_number
     from mindspeed_rl.families import get_family
@@ -500,8 +500,8 @@ def test_the_converter_writes_the_merged_model_and_the_adapter_folder(tmp_path, 
     import os
 
     from cli import convert_ckpt
-    from mindspeed_rl.checkpoint.convert import ConversionError
     from mindspeed_rl.checkpoint.engine_io import save_engine
+    from mindspeed_rl.checkpoint.errors import ConversionError
     from mindspeed_rl.checkpoint.peft_export import write_peft_adapter
     from mindspeed_rl.families import get_family
     from mindspeed_rl.models.engine import MegatronEngine

@@ -137,6 +137,7 @@ def test_force_replaces_the_old_layout_entirely(tmp_path, capsys):
     HF copies and other files stay); a failed conversion leaves the old checkpoint as it was; an interrupted
     replacement is named instead of overwritten."""
     from cli import convert_ckpt
+    from mindspeed_rl.checkpoint.replace import REPLACED
 
     folder = str(tmp_path / "run")
     _distributed_optimizer_run(folder)
@@ -153,6 +154,6 @@ def test_force_replaces_the_old_layout_entirely(tmp_path, capsys):
     assert sorted(os.listdir(os.path.join(folder, "iter_0000002"))) == ["mp_rank_00", "mp_rank_01"]
     assert ml.read_tracker(folder) == 2 and ml.full_layout_of(os.path.join(folder, "iter_0000002"))[:2] == (2, 1)
 
-    os.makedirs(os.path.join(folder, ml.REPLACED))
+    os.makedirs(os.path.join(folder, REPLACED))
     assert convert_ckpt.main([*reshard, "--force"]) == 2
-    assert f"{folder}/{ml.REPLACED}" in capsys.readouterr().err
+    assert f"{folder}/{REPLACED}" in capsys.readouterr().err

@@ -1,132 +1,40 @@
 """hf <-> mcore conversion, one pipeline stage and one layer at a time.
 
-Peak host memory stays near one stage's weights plus one layer: HF shards are read lazily
-(safetensors ``safe_open``, or ``torch.load(mmap=True)`` for .bin), megatron rank files are
-memory-mapped, and HF output is written in safetensors shards as they fill.
+Peak host memory stays near one stage's weights plus one layer: HF tensors are read lazily and HF output is
+written in safetensors shards as they fill (``hf_io``), megatron rank files are memory-mapped and merged
+piece by piece (``megatron_reader``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import shutil
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from tqdm import tqdm
 
-from ..config_cls.base import ConfigError
 from ..config_cls.model_config import ModelConfig
-from ..families import FamilyError, get_family, resolve_family
+from ..families import get_family
 from ..families.base import EMBED, FINAL_NORM, HF_LAYER, OUTPUT_MG
-from . import lora_base
 from . import megatron_layout as ml
-from .sharding import stage_starts
-from .tp_split import (
-    ep_owner,
-    expert_number,
-    fold_lora,
-    layer_number,
-    merge_tp,
-    renumber_expert,
-    shift_layer,
-    split_tp,
+from .errors import ConversionError
+from .hf_io import (
+    HFReader,
+    SafetensorsShardWriter,
+    read_hf_config,
+    read_hf_model_config,
+    special_token_ids,
+    write_config_and_tokenizer,
 )
+from .megatron_reader import iter_mg_pieces, read_mg_config
+from .sharding import stage_starts
+from .tp_split import ep_owner, expert_number, layer_number, renumber_expert, shift_layer, split_tp
 
 log = logging.getLogger(__name__)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "generation_config.json",
-    "added_tokens.json",
-    "chat_template.jinja",
-)
-
-
-class ConversionError(RuntimeError):
-    """Bad converter input (missing files, unknown tensors, inconsistent flags)."""
-
-
-class HFReader:
-    """Lazy access to the tensors of a HF model folder (sharded or not, safetensors or .bin)."""
-
-    def __init__(self, folder: str):
-        self.folder = folder
-        self._handles: Dict[str, object] = {}
-        self.weight_map = self._weight_map()
-
-    def _weight_map(self) -> Dict[str, str]:
-        for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-            path = os.path.join(self.folder, index)
-            if os.path.isfile(path):
-                with open(path, encoding="utf-8") as fh:
-                    return json.load(fh)["weight_map"]
-        for single in ("model.safetensors", "pytorch_model.bin"):
-            path = os.path.join(self.folder, single)
-            if os.path.isfile(path):
-                return {name: single for name in self._open(single).keys()}
-        raise ConversionError(f"{self.folder}: no model.safetensors(.index.json) or pytorch_model.bin(.index.json)")
-
-    def _open(self, filename: str):
-        if filename.endswith(".safetensors"):  # opened per read: no mapping (and RSS) kept alive
-            path = os.path.join(self.folder, filename)
-            if not os.path.isfile(path):
-                raise ConversionError(f"{path}: named by the index but missing")
-            from safetensors import SafetensorError, safe_open
-
-            try:
-                return safe_open(path, framework="pt")
-            except (SafetensorError, OSError) as exc:
-                raise ConversionError(f"{path}: not a readable safetensors file ({exc})") from None
-        if filename not in self._handles:
-            path = os.path.join(self.folder, filename)
-            if not os.path.isfile(path):
-                raise ConversionError(f"{path}: named by the index but missing")
-            try:
-                self._handles[filename] = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-            except Exception as exc:  # noqa: BLE001 - pickle, zip and mmap failures all mean a broken file
-                raise ConversionError(f"{path}: not a readable checkpoint file ({str(exc).splitlines()[0]})") from None
-        return self._handles[filename]
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.weight_map
-
-    def get(self, name: str) -> torch.Tensor:
-        if name not in self.weight_map:
-            raise ConversionError(f"{self.folder}: tensor {name!r} not found")
-        filename = self.weight_map[name]
-        if filename.endswith(".safetensors"):
-            from safetensors import SafetensorError
-
-            try:
-                with self._open(filename) as handle:
-                    return handle.get_tensor(name)
-            except SafetensorError as exc:
-                raise ConversionError(
-                    f"{os.path.join(self.folder, filename)}: cannot read {name!r} (truncated or corrupt: {exc})"
-                ) from None
-        return self._open(filename)[name]
-
-
-def read_hf_config(folder: str) -> dict:
-    path = os.path.join(folder, "config.json")
-    if not os.path.isfile(path):
-        raise ConversionError(f"{folder}: no config.json")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            config = json.load(fh)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConversionError(f"{path}: not valid JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise ConversionError(f"{path}: expected a JSON object of model settings")
-    return config
 
 
 def layer_counts(num_layers: int, pp: int, num_layer_list: Optional[str]) -> List[int]:
@@ -228,21 +136,6 @@ class StageShards:
                 )
 
 
-def read_hf_model_config(load_dir: str, model_type_hf: Optional[str] = None) -> ModelConfig:
-    """The model section of a HF folder: its family from config.json (``model_type_hf``, when given, must
-    agree), then the family's reading of the config."""
-    path = os.path.join(load_dir, "config.json")
-    hf = read_hf_config(load_dir)
-    try:
-        return resolve_family(hf, model_type_hf, path).model_config_from_hf(hf)
-    except KeyError as exc:
-        raise ConversionError(f"{path}: lacks {exc.args[0]!r}") from None
-    except ConfigError as exc:
-        raise ConversionError(f"{path}: {exc}") from None
-    except (FamilyError, TypeError, ValueError) as exc:
-        raise ConversionError(str(exc) if str(exc).startswith(("--", path)) else f"{path}: {exc}") from None
-
-
 def hf_to_mg(
     load_dir: str,
     save_dir: str,
@@ -310,154 +203,6 @@ def _value_head(reader: HFReader, cfg: ModelConfig, orm: bool, seed: int) -> tor
     return torch.randn(1, cfg.hidden_size, generator=gen) / (cfg.hidden_size + 1)
 
 
-# ---------------------------------------------------------------------------------------------
-def read_mg_config(load_dir: str) -> Tuple[dict, str, int, int]:
-    iteration, iter_dir = ml.latest_iteration_dir(load_dir)
-    tp, pp, ep = ml.full_layout_of(iter_dir)
-    first = ml.safe_load(ml.rank_file(iter_dir, 0, 0, pp, 0, ep), mmap=True)
-    config = first.get("config")
-    if not config or "model" not in config:
-        raise ConversionError(f"{load_dir}: the checkpoint stores no model config")
-    return config, iter_dir, tp, pp
-
-
-def _rank_model(path: str) -> Dict[str, torch.Tensor]:
-    """A rank file's whole model (an adapter-only LoRA file completed from its base checkpoint)."""
-    rank_dir = os.path.dirname(path)
-    where = os.path.dirname(os.path.dirname(rank_dir))
-    return lora_base.complete(ml.safe_load(path, mmap=True), os.path.basename(rank_dir), where)["model"]
-
-
-def stage_rank_shards(
-    iter_dir: str,
-    pp_rank: int,
-    layout: Tuple[int, int, int],
-    num_experts: Optional[int],
-    read: Callable[[str], Dict[str, Any]] = _rank_model,
-) -> List[Dict[str, Any]]:
-    """The model shards of one pipeline stage, one dict per TP rank; with EP > 1 the EP ranks' files are
-    joined, experts renamed to their global numbers (memory-mapped: tensors are read when used).
-    ``layout``: the folder's (TP, PP, EP), from ``ml.full_layout_of``; ``read``: what to take from a rank
-    file (default its model weights; the converter also reads the optimizer state per parameter name)."""
-    tp, pp, ep = layout
-    per = (num_experts or ep) // ep
-    out = []
-    for t in range(tp):
-        joined: Dict[str, Any] = {}
-        for e in range(ep):
-            model = read(ml.rank_file(iter_dir, t, pp_rank, pp, e, ep))
-            for name, tensor in model.items():
-                expert = expert_number(name)
-                if expert >= 0:
-                    joined[renumber_expert(name, e * per + expert)] = tensor
-                elif e == 0:
-                    joined[name] = tensor
-        out.append(joined)
-    return out
-
-
-def lora_scaling(config: dict) -> Optional[float]:
-    """alpha / r of a checkpoint whose weights carry LoRA adapters (None: no adapters)."""
-    lora = config.get("lora")
-    return float(lora["alpha"]) / int(lora["r"]) if lora else None
-
-
-def iter_mg_stages(load_dir: str, fold: bool = True) -> Iterator[Tuple[int, Dict[str, torch.Tensor]]]:
-    """(pp_rank, full TP-merged weights of that stage with global layer numbers), stage by stage; LoRA
-    adapters merged into their weights unless ``fold`` is false."""
-    config, iter_dir, tp, pp = read_mg_config(load_dir)
-    scaling = lora_scaling(config) if fold else None
-    counts = [int(x) for x in config["num_layer_list"].split(",")]
-    starts = stage_starts(counts)
-    swiglu = config["model"].get("swiglu", True)
-    experts, layout = config["model"].get("num_experts"), ml.full_layout_of(iter_dir)
-    for pp_rank in range(pp):
-        shards = stage_rank_shards(iter_dir, pp_rank, layout, experts)
-        merged = {}
-        for name in shards[0]:
-            if name.endswith("_extra_state"):
-                continue
-            global_name = shift_layer(name, starts[pp_rank]) if layer_number(name) >= 0 else name
-            merged[global_name] = merge_tp(global_name, [s[name] for s in shards], swiglu)
-        yield pp_rank, fold_lora(merged, scaling) if scaling is not None else merged
-        del shards, merged
-
-
-def iter_mg_pieces(load_dir: str, fold: bool = True) -> Iterator[Dict[str, torch.Tensor]]:
-    """The merged weights piece by piece (embedding, each layer, final norm + head), global names; LoRA
-    adapters merged into their weights unless ``fold`` is false.
-
-    The rank files are re-opened (memory-mapped) for every piece and released after it, so the
-    pages read stay out of the process's resident memory once a piece is merged.
-    """
-    config, iter_dir, tp, pp = read_mg_config(load_dir)
-    counts = [int(x) for x in config["num_layer_list"].split(",")]
-    starts = stage_starts(counts)
-    swiglu = config["model"].get("swiglu", True)
-    experts, layout = config["model"].get("num_experts"), ml.full_layout_of(iter_dir)
-    scaling = lora_scaling(config) if fold else None
-
-    def merged(pp_rank: int, wanted) -> Dict[str, torch.Tensor]:
-        shards = stage_rank_shards(iter_dir, pp_rank, layout, experts)
-        out = {}
-        for name in shards[0]:
-            if name.endswith("_extra_state") or not wanted(name):
-                continue
-            global_name = shift_layer(name, starts[pp_rank]) if layer_number(name) >= 0 else name
-            out[global_name] = merge_tp(global_name, [s[name] for s in shards], swiglu).clone()
-        del shards
-        return fold_lora(out, scaling) if scaling is not None else out
-
-    yield merged(0, lambda n: n.startswith("embedding."))
-    for pp_rank in range(pp):
-        for local in range(counts[pp_rank]):
-            yield merged(pp_rank, lambda n, i=local: layer_number(n) == i)
-    yield merged(pp - 1, lambda n: layer_number(n) < 0 and not n.startswith("embedding."))
-
-
-class SafetensorsShardWriter:
-    """Writes HF tensors into numbered safetensors shards of at most ``max_bytes`` each + an index."""
-
-    def __init__(self, folder: str, max_bytes: int):
-        self.folder, self.max_bytes = folder, max_bytes
-        self.pending: Dict[str, torch.Tensor] = {}
-        self.pending_bytes = 0
-        self.files: List[Tuple[str, List[str]]] = []
-        self.total = 0
-
-    def add(self, name: str, tensor: torch.Tensor) -> None:
-        size = tensor.numel() * tensor.element_size()
-        if self.pending and self.pending_bytes + size > self.max_bytes:
-            self.flush()
-        self.pending[name] = tensor.contiguous()
-        self.pending_bytes += size
-        self.total += size
-
-    def flush(self) -> None:
-        if not self.pending:
-            return
-        from safetensors.torch import save_file
-
-        tmp = f"shard-{len(self.files):05d}.tmp"
-        save_file(self.pending, os.path.join(self.folder, tmp), metadata={"format": "pt"})
-        self.files.append((tmp, list(self.pending)))
-        self.pending, self.pending_bytes = {}, 0
-
-    def close(self) -> None:
-        self.flush()
-        n = len(self.files)
-        if n == 1:
-            os.replace(os.path.join(self.folder, self.files[0][0]), os.path.join(self.folder, "model.safetensors"))
-            return
-        weight_map = {}
-        for i, (tmp, names) in enumerate(self.files):
-            final = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
-            os.replace(os.path.join(self.folder, tmp), os.path.join(self.folder, final))
-            weight_map.update({name: final for name in names})
-        with open(os.path.join(self.folder, "model.safetensors.index.json"), "w", encoding="utf-8") as fh:
-            json.dump({"metadata": {"total_size": self.total}, "weight_map": weight_map}, fh, indent=2)
-
-
 def mg_to_hf(
     load_dir: str,
     save_dir: str,
@@ -522,12 +267,7 @@ def write_hf_folder(
         hf_config.update(architectures=[arch], num_labels=1)
     if torch_dtype is not None:
         hf_config["torch_dtype"] = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype]
-    with open(os.path.join(staging, "config.json"), "w", encoding="utf-8") as fh:
-        json.dump(hf_config, fh, indent=2)
-    for name in TOKENIZER_FILES if tokenizer_dir else ():
-        src = os.path.join(tokenizer_dir, name)
-        if os.path.isfile(src):
-            shutil.copy2(src, os.path.join(staging, name))
+    write_config_and_tokenizer(staging, hf_config, tokenizer_dir)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(staging, out_dir)
     return out_dir
@@ -558,14 +298,3 @@ def export_saved_iteration(ckpt_dir: str, iteration: int, tokenizer_dir: Optiona
         config.get("orm", False),
         progress=False,
     )
-
-
-def special_token_ids(tokenizer_dir: Optional[str]) -> Tuple[int, int]:
-    """(eos, pad) ids of the tokenizer in ``tokenizer_dir``; 0 where it has none."""
-    if not tokenizer_dir or not os.path.isdir(tokenizer_dir):
-        return 0, 0
-    from ..utils.hf_tokenizer import load_tokenizer
-
-    tok = load_tokenizer(tokenizer_dir, "megatron_training.tokenizer_name_or_path")
-    eos = tok.eos_token_id if tok.eos_token_id is not None else 0
-    return eos, tok.pad_token_id if tok.pad_token_id is not None else eos

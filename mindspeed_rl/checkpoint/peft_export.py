@@ -19,7 +19,8 @@ from safetensors.torch import save_file
 from ..config_cls.model_config import ModelConfig
 from ..families import get_family
 from . import megatron_layout as ml
-from .convert import ConversionError, iter_mg_pieces, read_mg_config
+from .errors import ConversionError
+from .megatron_reader import iter_mg_pieces, read_mg_config
 from .tp_split import layer_number
 
 HF_TARGETS = {

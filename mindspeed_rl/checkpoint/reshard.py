@@ -18,17 +18,9 @@ import torch
 from ..config_cls.model_config import ModelConfig
 from . import megatron_layout as ml
 from . import optimizer_state
-from .convert import (
-    DTYPES,
-    ConversionError,
-    StageShards,
-    check_parallel,
-    checkpoint_config,
-    iter_mg_stages,
-    layer_counts,
-    read_mg_config,
-    stage_rank_shards,
-)
+from .convert import DTYPES, StageShards, check_parallel, checkpoint_config, layer_counts
+from .errors import ConversionError
+from .megatron_reader import iter_mg_stages, read_mg_config, stage_rank_shards
 from .sharding import stage_starts
 from .tp_split import layer_number, merge_tp, shift_layer
 

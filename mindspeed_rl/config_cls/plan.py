@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, List
 
 from .feature_rules import agent_rollout_function, filter_metric_name
 from .layout import cp_groups, describe_blocks, dp_groups, engine_blocks, layout_diagram
@@ -15,22 +15,37 @@ if TYPE_CHECKING:
 
 def batch_plan(cfg: PPOConfig) -> str:
     """A human-readable account of how one iteration's samples are split."""
-    gbs, n = cfg.prompts_per_iteration, cfg.rl.n_samples_per_prompt
-    samples, mini = cfg.samples_per_iteration, cfg.rl.mini_batch_size
-    roles = cfg.roles
+    lines = iteration_lines(cfg) + rollout_feature_lines(cfg)
+    lines += [role_split_line(role, cfg) for role in cfg.roles]
+    lines += role_memory_lines(cfg)
+    lines += parallel_group_lines(cfg.roles)
+    lines.append(
+        f"  forward   : actor_forward_micro_batch_size {cfg.rl.actor_forward_micro_batch_size}, "
+        f"ref_forward_micro_batch_size {cfg.rl.ref_forward_micro_batch_size}"
+    )
+    lines += placement_lines(cfg)
+    return "\n".join(lines)
+
+
+def node_text(devices: int) -> str:
+    """The nodes the actor's ``devices`` take: "2 nodes x 16, NPUS_PER_NODE=16", or "one node"."""
     per_node = devices_per_node()
-    devices = cfg.actor.num_devices
     nodes = -(-devices // per_node)
     if nodes > 1 or devices == per_node or "NPUS_PER_NODE" in os.environ:
-        node_text = f"{nodes} node{'s' if nodes > 1 else ''} x {min(per_node, devices)}, NPUS_PER_NODE={per_node}"
-    else:  # part of one node, no node size given: the default of 16 says nothing about this machine
-        node_text = "one node"
+        return f"{nodes} node{'s' if nodes > 1 else ''} x {min(per_node, devices)}, NPUS_PER_NODE={per_node}"
+    return "one node"  # part of one node, no node size given: the default of 16 says nothing about this machine
+
+
+def iteration_lines(cfg: PPOConfig) -> List[str]:
+    """The heading and the iteration as a whole: algorithm, samples, optimizer steps, devices, rollout engines."""
+    gbs, n = cfg.prompts_per_iteration, cfg.rl.n_samples_per_prompt
+    samples, mini = cfg.samples_per_iteration, cfg.rl.mini_batch_size
+    devices = cfg.actor.num_devices
     gen = cfg.generate
     itp = gen.infer_tensor_parallel_size
     rollout_devices = cfg.rollout_devices
     infer_dp = (rollout_devices or devices) // itp
-    split = cfg.rl.partial_rollout_max_split
-    lines = [
+    return [
         "Batch plan",
         f"  algorithm : {cfg.algorithm.describe()}",
         f"  iteration : {gbs} prompts x {n} samples = {samples} responses"
@@ -47,7 +62,7 @@ def batch_plan(cfg: PPOConfig) -> str:
         ),
         f"  update    : {samples} / mini_batch_size {mini} = {samples // mini} mini-batches per epoch"
         f" x {cfg.rl.epochs} epoch(s) = {samples // mini * cfg.rl.epochs} optimizer steps per role",
-        f"  devices   : {devices} ({node_text}), integrated="
+        f"  devices   : {devices} ({node_text(devices)}), integrated="
         f"{cfg.rl.use_integrated_worker}, throughput world_size={cfg.world_size}",
         f"  rollout   : infer TP {itp} x PP {gen.infer_pipeline_parallel_size}, "
         f"{infer_dp} engine(s), {gbs / infer_dp:g} prompts = {samples / infer_dp:g} responses each, up to "
@@ -60,9 +75,15 @@ def batch_plan(cfg: PPOConfig) -> str:
             else " (actor ranks; every rank of an engine gets the same prompts)"
         ),
     ]
-    agent = agent_rollout_function(cfg.rl)
+
+
+def rollout_feature_lines(cfg: PPOConfig) -> List[str]:
+    """A line for each rollout feature that is on: an agent rollout function, asynchronous generation,
+    partial rollout."""
+    rl, gen = cfg.rl, cfg.generate
+    lines = []
+    agent = agent_rollout_function(rl)
     if agent != "single_turn":
-        rl = cfg.rl
         tools = ", ".join(rl.tools) + (f" + {rl.tool_config_path}" if rl.tool_config_path else "")
         lines.append(
             f"  agent     : rollout function {agent}, tools [{tools}], up to {rl.max_turns} turns and "
@@ -70,45 +91,62 @@ def batch_plan(cfg: PPOConfig) -> str:
             f"sandbox {rl.tool_isolation} ({rl.tool_timeout:g} s wall, {rl.tool_cpu_seconds} s CPU, "
             f"{rl.tool_memory_mb} MB, scratch {rl.tool_scratch_mb} MB)"
         )
-    if cfg.rl.max_head_offpolicyness > 0:
+    if rl.max_head_offpolicyness > 0:
         lines.append(
-            f"  async     : the rollout workers generate up to {cfg.rl.max_head_offpolicyness} batch(es) "
+            f"  async     : the rollout workers generate up to {rl.max_head_offpolicyness} batch(es) "
             "ahead of training (each sampled at most that many versions before it trains)"
         )
+    split = rl.partial_rollout_max_split
     if split > 1:
         lines.append(
             f"  partial   : chunks of {-(-gen.sampling_config.max_tokens // split)} tokens "
             f"(max_tokens / partial_rollout_max_split {split}); unfinished responses are parked and continued "
             f"with the next weights, finished within {split} iterations"
-            + ("" if cfg.rl.require_max_age_all_finished else " when rounds run (require_max_age_all_finished false)")
+            + ("" if rl.require_max_age_all_finished else " when rounds run (require_max_age_all_finished false)")
         )
-    for role in roles:
-        m = role.megatron
-        per_rank = mini // role.dp if role.name != "reward" else samples // role.dp
-        micro = per_rank // m.micro_batch_size
-        params = readable_count(role.model.parameter_count()) + " params"
-        if role.model.num_experts:
-            params += (
-                f", {readable_count(role.model.active_parameter_count())} active; {role.model.num_experts} "
-                f"experts over EP {m.expert_model_parallel_size}"
-            )
-        lines.append(
-            f"  {role.name:<10}: {role.num_devices} devices = TP {role.tp} x PP {role.pp}"
-            + (f" x CP {role.cp}" if role.cp > 1 else "")
-            + f" x DP {role.dp}; "
-            f"model {m.model} ({params}); "
-            + (
-                f"{per_rank} samples per DP rank per mini-batch = {micro} micro-batch(es) of {m.micro_batch_size}; "
-                f"lr {m.lr:g}"
-                if role.name != "reward"
-                else f"{per_rank} samples per DP rank to score"
-            )
+    return lines
+
+
+def role_split_line(role, cfg: PPOConfig) -> str:
+    """A role's devices (TP x PP x CP x DP), model and share of the samples per DP rank."""
+    samples, mini = cfg.samples_per_iteration, cfg.rl.mini_batch_size
+    m = role.megatron
+    per_rank = mini // role.dp if role.name != "reward" else samples // role.dp
+    micro = per_rank // m.micro_batch_size
+    params = readable_count(role.model.parameter_count()) + " params"
+    if role.model.num_experts:
+        params += (
+            f", {readable_count(role.model.active_parameter_count())} active; {role.model.num_experts} "
+            f"experts over EP {m.expert_model_parallel_size}"
         )
-    longest = cfg.rl.max_prompt_length + gen.sampling_config.max_tokens
-    for role in roles:
+    return (
+        f"  {role.name:<10}: {role.num_devices} devices = TP {role.tp} x PP {role.pp}"
+        + (f" x CP {role.cp}" if role.cp > 1 else "")
+        + f" x DP {role.dp}; "
+        f"model {m.model} ({params}); "
+        + (
+            f"{per_rank} samples per DP rank per mini-batch = {micro} micro-batch(es) of {m.micro_batch_size}; "
+            f"lr {m.lr:g}"
+            if role.name != "reward"
+            else f"{per_rank} samples per DP rank to score"
+        )
+    )
+
+
+def role_memory_lines(cfg: PPOConfig) -> List[str]:
+    """Each role's optimizer state (trainable roles) and what its longest sequence costs a rank."""
+    longest = cfg.rl.max_prompt_length + cfg.generate.sampling_config.max_tokens
+    lines = []
+    for role in cfg.roles:
         if role.name != "reward":
             lines.append(f"  {role.name + ' mem':<10}: " + trainable_memory(role))
         lines.append(f"  {role.name + ' seq':<10}: " + sequence_memory(role, longest))
+    return lines
+
+
+def parallel_group_lines(roles) -> List[str]:
+    """The ranks of each role's data-parallel groups and, with CP, of its context-parallel groups."""
+    lines = []
     for role in roles:
         lines.append(
             f"  {role.name + ' DP':<10}: "
@@ -122,14 +160,16 @@ def batch_plan(cfg: PPOConfig) -> str:
                 + describe_blocks(cp_groups(role.tp, role.dp, role.pp, role.cp), "CP")
                 + f" (ranks that split one sequence, {role.megatron.context_parallel_algo})"
             )
-    lines.append(
-        f"  forward   : actor_forward_micro_batch_size {cfg.rl.actor_forward_micro_batch_size}, "
-        f"ref_forward_micro_batch_size {cfg.rl.ref_forward_micro_batch_size}"
-    )
-    co_located = [(r.name, r.tp, r.dp, r.pp, r.cp) for r in roles if r.num_devices == devices]
-    lines.append("  layout (one placement group; roles share the bundles):")
-    lines += ["    " + line for line in layout_diagram(devices, itp, co_located).splitlines()]
-    return "\n".join(lines)
+    return lines
+
+
+def placement_lines(cfg: PPOConfig) -> List[str]:
+    """The layout diagram of the placement group: the roles on the actor's devices and the rollout engines."""
+    devices = cfg.actor.num_devices
+    co_located = [(r.name, r.tp, r.dp, r.pp, r.cp) for r in cfg.roles if r.num_devices == devices]
+    diagram = layout_diagram(devices, cfg.generate.infer_tensor_parallel_size, co_located)
+    heading = "  layout (one placement group; roles share the bundles):"
+    return [heading] + ["    " + line for line in diagram.splitlines()]
 
 
 def trainable_memory(role) -> str:

@@ -124,12 +124,9 @@ def prepare_tool_task(
     test_prefix, hf (the cold-start model) and mcore (the same for ``load``)."""
     from ..checkpoint.convert import hf_to_mg
     from ..config_cls import load_ppo_config
-    from ..config_cls.dataset_config import DatasetConfig
-    from ..datasets.preprocess import preprocess
-    from ..datasets.templates import apply_template, load_templates
+    from ..datasets.templates import load_templates
     from ..rollout.agent_loop import ToolFormat
-    from ..tools.registry import BUILTIN_TOOLS
-    from .tiny_hf import build_hf_model, build_tokenizer
+    from .tiny_hf import build_tokenizer
 
     paths = {
         "tokenizer": os.path.join(root, "tiny_tools_hf"),
@@ -158,7 +155,32 @@ def prepare_tool_task(
         individual_digits=True,
         pad_to_vocab=True,
     )
-    for name, part in (("multiply_train", rows), ("multiply_test", test)):
+    write_prompt_sets(root, paths["tokenizer"], {"multiply_train": rows, "multiply_test": test})
+    build_cold_start_model(
+        paths["hf"],
+        paths["tokenizer"],
+        model,
+        tokenizer,
+        rows,
+        tool_format,
+        tool_share=tool_share,
+        steps=sft_steps,
+        batch=sft_batch,
+        lr=sft_lr,
+        seed=seed,
+    )
+    hf_to_mg(paths["hf"], paths["mcore"])
+    return paths
+
+
+def write_prompt_sets(root: str, tokenizer_dir: str, parts: Dict[str, List[dict]]) -> None:
+    """Each set of rows as ``<root>/raw/<name>.jsonl``, preprocessed into ``<root>/data/<name>`` with the
+    calculator in the system line."""
+    from ..config_cls.dataset_config import DatasetConfig
+    from ..datasets.preprocess import preprocess
+    from ..tools.registry import BUILTIN_TOOLS
+
+    for name, part in parts.items():
         raw = os.path.join(root, "raw", name + ".jsonl")
         os.makedirs(os.path.dirname(raw), exist_ok=True)
         with open(raw, "w", encoding="utf-8") as fh:
@@ -166,7 +188,7 @@ def prepare_tool_task(
         preprocess(
             DatasetConfig(
                 input=raw,
-                tokenizer_name_or_path=paths["tokenizer"],
+                tokenizer_name_or_path=tokenizer_dir,
                 output_prefix=os.path.join(root, "data", name),
                 prompt_type=PROMPT_TYPE,
                 tools=["calculator"],
@@ -177,6 +199,28 @@ def prepare_tool_task(
             progress=False,
             tools={"calculator": BUILTIN_TOOLS["calculator"]},
         )
+
+
+def build_cold_start_model(
+    hf_dir: str,
+    tokenizer_dir: str,
+    model,
+    tokenizer,
+    rows: List[dict],
+    tool_format,
+    tool_share: float,
+    steps: int,
+    batch: int,
+    lr: float,
+    seed: int,
+) -> None:
+    """A new HF model of ``model``'s shape in ``hf_dir``, cold-started by SFT on the training rows: most steps
+    on examples that call the calculator half of the time, the last sixth on examples that call it with
+    probability ``tool_share``."""
+    from ..datasets.templates import apply_template
+    from ..tools.registry import BUILTIN_TOOLS
+    from .tiny_hf import build_hf_model
+
     rng = random.Random(seed)
     prompts = [
         tokenizer.encode(
@@ -184,13 +228,11 @@ def prepare_tool_task(
         )
         for row in rows
     ]
-    build_hf_model(paths["hf"], model, seed=seed, tokenizer_dir=paths["tokenizer"])
+    build_hf_model(hf_dir, model, seed=seed, tokenizer_dir=tokenizer_dir)
     # learning to copy the expression and the result needs many tool examples; the last steps mostly guess,
     # so the model starts RL rarely calling the tool
-    for steps, share in ((sft_steps - sft_steps // 6, 0.5), (sft_steps // 6, tool_share)):
+    for phase_steps, share in ((steps - steps // 6, 0.5), (steps // 6, tool_share)):
         examples = [
             sft_example(tokenizer, p, row, rng.random() < share, rng, tool_format) for p, row in zip(prompts, rows)
         ]
-        cold_start(paths["hf"], tokenizer, examples, steps, batch=sft_batch, lr=sft_lr, seed=seed)
-    hf_to_mg(paths["hf"], paths["mcore"])
-    return paths
+        cold_start(hf_dir, tokenizer, examples, phase_steps, batch=batch, lr=lr, seed=seed)

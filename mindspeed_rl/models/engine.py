@@ -1,4 +1,5 @@
-"""Megatron-core engine of one role: model (TP/PP/DP), optimizer, lr schedule, micro-batching.
+"""Megatron-core engine of one role: model (TP/PP/DP), optimizer and lr schedule (built in ``optimizer.py``),
+micro-batching; the last pipeline stage's metrics and outputs reach the other ranks through ``cross_rank.py``.
 
 The engine knows nothing about PPO. A loss function is passed in; it receives the head's
 outputs for one micro-batch (``log_probs``/``entropy`` for an LM head, ``values`` for a value
@@ -23,8 +24,10 @@ import torch.distributed as dist
 
 from ..accelerator import get_accelerator
 from ..config_cls.ppo_config import RoleConfig
-from .builder import build_gpt_model, params_dtype
+from .builder import build_gpt_model
+from .cross_rank import broadcast_from_last_stage, reduce_metrics
 from .heads import attach_value_head, chunked_log_probs, output_weight, return_hidden_states
+from .optimizer import build_optimizer, wrap_ddp
 from .packing import ModelInput, pack, restore_order, round_up, token_budget_groups, trim
 
 Batch = Dict[str, torch.Tensor]
@@ -96,66 +99,13 @@ class MegatronEngine:
         self.optimizer = None
         self.scheduler = None
         if trainable:
-            self.model = [self._wrap_ddp(gpt)]
-            self._build_optimizer(total_steps)
+            self.model = [wrap_ddp(gpt, role.megatron.use_distributed_optimizer)]
+            self.optimizer, self.scheduler = build_optimizer(self.model, self.config, role.megatron, total_steps)
         else:
             gpt.eval()
             for p in gpt.parameters():
                 p.requires_grad_(False)
             self.model = [gpt]
-
-    # ----- set-up -----------------------------------------------------------------------
-    def _wrap_ddp(self, gpt):
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-
-        ddp_config = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True,
-            overlap_grad_reduce=False,
-            overlap_param_gather=False,
-            use_distributed_optimizer=self.megatron.use_distributed_optimizer,
-            bucket_size=None,
-        )
-        return DistributedDataParallel(config=gpt.config, ddp_config=ddp_config, module=gpt)
-
-    def _build_optimizer(self, total_steps: int) -> None:
-        from megatron.core.distributed import finalize_model_grads
-        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
-
-        m = self.megatron
-        opt_config = OptimizerConfig(
-            optimizer="adam",
-            lr=m.lr,
-            min_lr=m.min_lr,
-            weight_decay=m.weight_decay,
-            adam_beta1=m.adam_beta1,
-            adam_beta2=m.adam_beta2,
-            adam_eps=m.adam_eps,
-            clip_grad=m.clip_grad,
-            bf16=m.bf16,
-            fp16=m.fp16,
-            params_dtype=params_dtype(m),
-            use_distributed_optimizer=m.use_distributed_optimizer,
-            loss_scale=None if m.fp16 else 1.0,
-        )
-        self.optimizer = get_megatron_optimizer(opt_config, self.model, use_gloo_process_groups=True)
-        decay_steps = max(1, m.lr_decay_iters or total_steps)
-        warmup = int(m.lr_warmup_fraction * decay_steps)
-        self.scheduler = OptimizerParamScheduler(
-            self.optimizer,
-            init_lr=0.0 if warmup else m.lr,
-            max_lr=m.lr,
-            min_lr=m.min_lr,
-            lr_warmup_steps=warmup,
-            lr_decay_steps=decay_steps,
-            lr_decay_style=m.lr_decay_style,
-            start_wd=m.weight_decay,
-            end_wd=m.weight_decay,
-            wd_incr_steps=decay_steps,
-            wd_incr_style="constant",
-        )
-        self.config.finalize_model_grads_func = finalize_model_grads
-        self.config.grad_scale_func = self.optimizer.scale_loss
 
     # ----- forward / backward -------------------------------------------------------------
     def _head_outputs(
@@ -284,7 +234,7 @@ class MegatronEngine:
             outputs = {k: torch.cat([s[k] for s in stores]) for k in stores[0]}
             if order is not None:
                 outputs = {k: restore_order(v, order) for k, v in outputs.items()}
-        return self._broadcast_from_last_stage(outputs, batch)
+        return broadcast_from_last_stage(outputs, self._comm_device())
 
     def train_step(
         self,
@@ -308,7 +258,7 @@ class MegatronEngine:
                 chunk.zero_grad_buffer()
             self.optimizer.zero_grad()
             self.nonfinite_streak += 1
-            metrics = self._reduce_metrics(stores)
+            metrics = reduce_metrics(stores, self.pp_last, self.dp_size, self._comm_device())
             return StepResult(
                 loss=metrics.pop("loss", float("nan")),
                 grad_norm=float("nan"),
@@ -321,7 +271,7 @@ class MegatronEngine:
         update_successful, grad_norm, _ = self.optimizer.step()
         if update_successful:
             self.scheduler.step(increment=1)
-        metrics = self._reduce_metrics(stores)
+        metrics = reduce_metrics(stores, self.pp_last, self.dp_size, self._comm_device())
         return StepResult(
             loss=metrics.pop("loss", 0.0),
             grad_norm=float(grad_norm or 0.0),
@@ -348,51 +298,8 @@ class MegatronEngine:
     def current_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer else 0.0
 
-    # ----- cross-rank plumbing ------------------------------------------------------------------
-    def _reduce_metrics(self, stores: List[Dict]) -> Dict[str, float]:
-        """Each metric summed over micro-batches and DP ranks (they are shares of the mini-batch)."""
-        from megatron.core import parallel_state as ps
-
-        keys = [sorted(stores[0]) if stores else []]
-        if ps.get_pipeline_model_parallel_world_size() > 1:
-            dist.broadcast_object_list(
-                keys, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
-            )
-        keys = keys[0]
-        values = torch.tensor(
-            [float(sum(float(s[k]) for s in stores)) if self.pp_last else 0.0 for k in keys],
-            dtype=torch.float64,
-            device=self._comm_device(),
-        )
-        if ps.get_pipeline_model_parallel_world_size() > 1:
-            dist.broadcast(
-                values, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group()
-            )
-        if self.dp_size > 1:
-            dist.all_reduce(values, group=ps.get_data_parallel_group())
-        return {k: float(v) for k, v in zip(keys, values.tolist())}
-
     def _comm_device(self) -> torch.device:
         return self.acc.comm_device(self.device)
-
-    def _broadcast_from_last_stage(self, outputs: Optional[Dict[str, torch.Tensor]], batch: Batch):
-        from megatron.core import parallel_state as ps
-
-        if ps.get_pipeline_model_parallel_world_size() == 1:
-            return {k: v.cpu() for k, v in outputs.items()}
-        src = ps.get_pipeline_model_parallel_last_rank()
-        group = ps.get_pipeline_model_parallel_group()
-        names = [sorted(outputs) if outputs is not None else None]
-        dist.broadcast_object_list(names, src=src, group=group)
-        shapes = [{k: tuple(v.shape) for k, v in outputs.items()} if outputs is not None else None]
-        dist.broadcast_object_list(shapes, src=src, group=group)
-        result = {}
-        for name in names[0]:
-            t = outputs[name].float().contiguous() if outputs is not None else torch.empty(shapes[0][name])
-            t = t.to(self._comm_device())
-            dist.broadcast(t, src=src, group=group)
-            result[name] = t.cpu()
-        return result
 
     # ----- weights ---------------------------------------------------------------------------------
     def unwrapped(self):

@@ -4,10 +4,9 @@ registry (``cfg.algorithm``) decides which models take part and how advantages a
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from contextlib import contextmanager
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
@@ -21,30 +20,13 @@ from ..protocol import MODEL_INPUTS, Experience, build_experience, mini_batch_pl
 from ..rollout.service import ColocatedRollout, DisaggregatedRollout
 from ..rollout.source import RolloutSource
 from ..utils.clock import Clock
+from .guards import next_collapse_streak, save_due, stop_on_nonfinite_steps
 from .metrics import data_metrics, throughput
 from .scoring import Scorer
 
 
 def format_validation(metrics: Dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.3f}" for k, v in metrics.items())
-
-
-class NonFiniteStop(RuntimeError):
-    """Too many consecutive optimizer steps had a non-finite loss or gradient, or the policy collapsed."""
-
-
-COLLAPSED_ENTROPY = 1e-4  # nats per token: the policy samples one token wherever it is
-COLLAPSED_GRAD_NORM = 1e-8  # Adam's epsilon: below it a gradient is rounding noise (docs/operations.md)
-
-
-def collapsed(metrics: Dict[str, float]) -> Optional[bool]:
-    """Whether the actor's policy has collapsed: (near) zero entropy and no gradient left, within
-    COLLAPSED_ENTROPY and COLLAPSED_GRAD_NORM. None when the iteration cannot tell: a metric is missing or not
-    finite (a step skipped for a NaN/Inf loss reports a NaN gradient norm)."""
-    entropy, grad_norm = metrics.get("actor/entropy"), metrics.get("grad_norm")
-    if entropy is None or grad_norm is None or not (math.isfinite(entropy) and math.isfinite(grad_norm)):
-        return None
-    return entropy < COLLAPSED_ENTROPY and abs(grad_norm) < COLLAPSED_GRAD_NORM
 
 
 class PPOTrainer:
@@ -221,41 +203,13 @@ class PPOTrainer:
         return metrics
 
     def after_iteration(self, metrics: Dict[str, float]) -> None:
-        for role in ("actor", "critic"):
-            streak = int(metrics.get(f"{role}/nonfinite_streak", 0))
-            if streak >= self.rl.max_nonfinite_steps:
-                raise NonFiniteStop(
-                    f"the {role}'s last {streak} optimizer steps had a NaN/Inf loss or gradient and "
-                    f"were skipped (rl_config.max_nonfinite_steps {self.rl.max_nonfinite_steps}); "
-                    f"iteration {self.iteration} is not saved"
-                )
+        """The guards (trainer/guards.py: a non-finite or collapse streak stops the run), then the save every
+        save_interval iterations and at the last one, unless the policy looks collapsed."""
         limit = self.rl.max_collapsed_iterations
-        verdict = collapsed(metrics) if limit else False
-        if verdict is not None:  # an iteration that cannot tell neither extends nor ends the streak
-            self.collapse_streak = self.collapse_streak + 1 if verdict else 0
-        streak = self.collapse_streak
-        looks = (
-            f"actor entropy below {COLLAPSED_ENTROPY} and gradient norm below {COLLAPSED_GRAD_NORM} in the last "
-            f"{streak} iteration(s) (this one: entropy {metrics.get('actor/entropy', float('nan')):.2g}, gradient "
-            f"norm {metrics.get('grad_norm', float('nan')):.2g}; rl_config.max_collapsed_iterations {limit}, 0 "
-            "turns this off)"
-        )
-        if streak >= limit > 0:
-            raise NonFiniteStop(
-                f"the policy collapsed: {looks}; lower the learning rate. Those iterations are not saved"
-            )
-        every = self.cfg.megatron_training.save_interval
-        last = self.iteration == self.cfg.megatron_training.train_iters
-        if last and streak:  # the run would end on an unsaved iteration: not a success (exit 3)
-            raise NonFiniteStop(
-                f"iteration {self.iteration}, the last, is not saved: the policy looks collapsed, {looks}; "
-                "lower the learning rate"
-            )
-        if self.iteration % every == 0 or last:
-            if streak:
-                print(f"iteration {self.iteration} not saved: the policy looks collapsed, {looks}", flush=True)
-            else:
-                self.save()
+        stop_on_nonfinite_steps(metrics, self.rl.max_nonfinite_steps, self.iteration)
+        self.collapse_streak = next_collapse_streak(metrics, self.collapse_streak, limit)
+        if save_due(metrics, self.collapse_streak, self.iteration, limit, self.cfg.megatron_training):
+            self.save()
 
     def trainer_state(self) -> Dict:
         """What a resume needs besides the models: position in the data, the KL coefficient, where the

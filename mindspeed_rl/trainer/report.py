@@ -1,4 +1,5 @@
-"""The run report: one self-contained HTML file (images embedded) from a run directory.
+"""The run report: one self-contained HTML file (images embedded) from a run directory; the page itself is
+built in ``report_html.py``.
 
     python -m mindspeed_rl.trainer.report <run_dir>        # writes <run_dir>/report.html
 
@@ -12,7 +13,6 @@ workers shows beside the actor's training). A training run writes it at its end.
 from __future__ import annotations
 
 import base64
-import html
 import io
 import json
 import math
@@ -22,6 +22,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .curves import read_metrics
+from .report_html import page
 
 RUN_INFO = "run.json"
 REPORT = "report.html"
@@ -319,17 +320,6 @@ def _finish(ax, title: str, ylabel: str, legend_outside: bool = False) -> None:
         ax.legend(fontsize=7)
 
 
-def _table(rows: List[Tuple[str, str]]) -> str:
-    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
-    return f"<table>{body}</table>"
-
-
-STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:.5em 0}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}
-th{background:#f4f4f4;font-weight:600}pre{background:#f7f7f7;padding:.8em;overflow-x:auto;font-size:12px}
-.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(480px,1fr));gap:1em}img{max-width:100%}"""
-
-
 def render(run_dir: str) -> str:
     """Write ``<run_dir>/report.html``; returns its path. Raises FileNotFoundError without metrics.jsonl."""
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
@@ -341,45 +331,18 @@ def render(run_dir: str) -> str:
     if os.path.isfile(info_path):
         with open(info_path, encoding="utf-8") as fh:
             info = json.load(fh)
-    config, resolved = info.get("config") or {}, info.get("resolved") or {}
-    parts = [
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>mindspeed_rl run report: "
-        f"{html.escape(os.path.basename(os.path.abspath(run_dir)))}</title><style>{STYLE}</style></head><body>",
-        f"<h1>Run report</h1><p>{html.escape(os.path.abspath(run_dir))}"
-        + (f" &middot; started {html.escape(info['started'])}" if info.get("started") else "")
-        + f" &middot; {len([r for r in rows if 'timing/all' in r])} iteration(s) logged</p>",
-    ]
-    if info.get("command"):
-        parts.append(f"<pre>{html.escape(' '.join(info['command']))}</pre>")
-    parts.append("<h2>Final numbers</h2>" + (_table(final_numbers(rows)) or "<p>no iteration finished</p>"))
-    if resolved:
-        parts.append("<h2>Config summary</h2>" + _table(config_summary(resolved)))
-    if info.get("batch_plan"):
-        parts.append(f"<h2>Batch plan</h2><pre>{html.escape(info['batch_plan'])}</pre>")
+    resolved = info.get("resolved") or {}
     plots = figures(rows)
     timeline = timeline_figure(read_timeline(os.path.join(run_dir, "timeline.jsonl")))
     if timeline is not None:
         plots.append(timeline)
-    if plots:
-        parts.append(
-            "<h2>Curves</h2><div class='grid'>"
-            + "".join(
-                f"<figure><img alt='{html.escape(title)}' src='data:image/png;base64,{data}'></figure>"
-                for title, data in plots
-            )
-            + "</div>"
-        )
-    if config:
-        parts.append(
-            "<details><summary>Config as given (YAML and overrides)</summary><pre>"
-            + html.escape(json.dumps(config, indent=1, default=str))
-            + "</pre></details>"
-        )
-    parts.append("</body></html>")
+    iterations = len([r for r in rows if "timing/all" in r])
+    summary = config_summary(resolved) if resolved else None
+    text = page(run_dir, info, iterations, final_numbers(rows), summary, plots)
     path = os.path.join(run_dir, REPORT)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write("\n".join(parts))
+        fh.write(text)
     os.replace(tmp, path)
     return path
 

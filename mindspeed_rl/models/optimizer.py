@@ -1,0 +1,68 @@
+"""What a trainable engine trains with: megatron-core's DDP wrapper around the model, its Adam optimizer
+(distributed or not, fp16 loss scaling) and the lr / weight-decay schedule (``OptimizerParamScheduler``),
+all from the role's megatron section."""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+from ..config_cls.megatron_config import MegatronConfig
+from .builder import params_dtype
+
+
+def wrap_ddp(gpt, use_distributed_optimizer: bool):
+    """``gpt`` in megatron's DistributedDataParallel (fp32 gradient reduction, no overlap)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        overlap_param_gather=False,
+        use_distributed_optimizer=use_distributed_optimizer,
+        bucket_size=None,
+    )
+    return DistributedDataParallel(config=gpt.config, ddp_config=ddp_config, module=gpt)
+
+
+def build_optimizer(model: List, config, m: MegatronConfig, total_steps: int) -> Tuple:
+    """(optimizer, scheduler) of the DDP-wrapped ``model`` chunks; the schedule decays over ``lr_decay_iters``
+    or ``total_steps``. ``config`` (the model's TransformerConfig) gets megatron's gradient finalisation and
+    the optimizer's loss scaling."""
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    opt_config = OptimizerConfig(
+        optimizer="adam",
+        lr=m.lr,
+        min_lr=m.min_lr,
+        weight_decay=m.weight_decay,
+        adam_beta1=m.adam_beta1,
+        adam_beta2=m.adam_beta2,
+        adam_eps=m.adam_eps,
+        clip_grad=m.clip_grad,
+        bf16=m.bf16,
+        fp16=m.fp16,
+        params_dtype=params_dtype(m),
+        use_distributed_optimizer=m.use_distributed_optimizer,
+        loss_scale=None if m.fp16 else 1.0,
+    )
+    optimizer = get_megatron_optimizer(opt_config, model, use_gloo_process_groups=True)
+    decay_steps = max(1, m.lr_decay_iters or total_steps)
+    warmup = int(m.lr_warmup_fraction * decay_steps)
+    scheduler = OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0 if warmup else m.lr,
+        max_lr=m.lr,
+        min_lr=m.min_lr,
+        lr_warmup_steps=warmup,
+        lr_decay_steps=decay_steps,
+        lr_decay_style=m.lr_decay_style,
+        start_wd=m.weight_decay,
+        end_wd=m.weight_decay,
+        wd_incr_steps=decay_steps,
+        wd_incr_style="constant",
+    )
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = optimizer.scale_loss
+    return optimizer, scheduler
