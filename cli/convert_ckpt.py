@@ -88,15 +88,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-@report_user_errors
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    from mindspeed_rl.checkpoint import convert, hf_io, megatron_reader
-    from mindspeed_rl.checkpoint.errors import ConversionError
-    from mindspeed_rl.checkpoint.megatron_layout import CheckpointError
-    from mindspeed_rl.checkpoint.replace import replacing
-
+def check_arguments(args: argparse.Namespace) -> None:
+    """Refuse (UserError, exit 2) what cannot be converted before anything is read or written."""
     if not os.path.isdir(args.load_dir):
         raise UserError(f"--load-dir {args.load_dir}: folder does not exist")
     if args.tokenizer_model and not os.path.exists(args.tokenizer_model):
@@ -113,79 +106,104 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 f"--save-dir {args.save_dir}: holds training checkpoints (latest iteration {tracker}); "
                 "converting into it would replace all of them. Choose another folder, or add --force"
             )
+
+
+def hf_to_mg_command(args: argparse.Namespace) -> None:
+    from mindspeed_rl.checkpoint import convert, hf_io
+    from mindspeed_rl.checkpoint.replace import replacing
+
+    if args.add_qkv_bias and not hf_io.read_hf_model_config(args.load_dir, args.model_type_hf).add_qkv_bias:
+        raise UserError(
+            f"--add-qkv-bias contradicts {os.path.join(args.load_dir, 'config.json')}: that "
+            "model has no q/k/v bias (attention_bias false); drop the flag"
+        )
+    with replacing(args.save_dir) as out:
+        cfg = convert.hf_to_mg(
+            args.load_dir,
+            out,
+            args.target_tensor_parallel_size,
+            args.target_pipeline_parallel_size,
+            args.num_layer_list,
+            args.params_dtype or "fp32",
+            args.orm,
+            args.model_type_hf,
+            ep=args.target_expert_parallel_size,
+        )
+    where = args.save_dir
+    ep = f", EP {args.target_expert_parallel_size}" if args.target_expert_parallel_size > 1 else ""
+    print(
+        f"converted {args.load_dir} ({cfg.model_type_hf}, {cfg.num_layers} layers) -> {where} "
+        f"(TP {args.target_tensor_parallel_size}, PP {args.target_pipeline_parallel_size}{ep}, release)"
+    )
+
+
+def mg_to_hf_command(args: argparse.Namespace) -> None:
+    from mindspeed_rl.checkpoint import convert, megatron_reader
+
+    if not os.path.isfile(os.path.join(args.save_dir, "config.json")):
+        raise UserError(
+            f"--save-dir {args.save_dir}: needs the original HF config.json (and tokenizer "
+            "files) to take the config from; the result goes to <save-dir>/mg2hf"
+        )
+    where = convert.mg_to_hf(
+        args.load_dir, args.save_dir, args.params_dtype, args.orm or None, int(args.max_shard_size_gb * 1024**3)
+    )
+    print(f"converted {args.load_dir} -> {where}")
+    if megatron_reader.read_mg_config(args.load_dir)[0].get("lora"):  # LoRA: the adapters on their own too
+        from mindspeed_rl.checkpoint.peft_export import has_expert_adapters, write_peft_adapter
+
+        if has_expert_adapters(args.load_dir):
+            print(f"LoRA on MoE experts: no PEFT folder (transformers fuses the experts); {where} has "
+                  "the adapters merged")  # fmt: skip
+        else:
+            adapter = write_peft_adapter(args.load_dir, os.path.join(args.save_dir, "mg2hf_adapter"), args.save_dir)
+            print(f"LoRA adapters (PEFT) -> {adapter}; {where} has them merged")
+
+
+def mg_to_mg_command(args: argparse.Namespace) -> None:
+    from mindspeed_rl.checkpoint.replace import replacing
+    from mindspeed_rl.checkpoint.reshard import mg_to_mg
+
+    with replacing(args.save_dir) as out:
+        iteration, kept_optim = mg_to_mg(
+            args.load_dir,
+            out,
+            args.target_tensor_parallel_size,
+            args.target_pipeline_parallel_size,
+            args.num_layer_list,
+            args.params_dtype,
+            args.target_expert_parallel_size,
+            args.weights_only,
+        )
+    kept = (
+        "weights"
+        if iteration == "release"
+        else f"iteration {iteration}: weights, trainer state"
+        + (", optimizer" if kept_optim else " (no optimizer state: resume with no_load_optim=true)")
+    )
+    print(
+        f"resharded {args.load_dir} -> {args.save_dir} (TP {args.target_tensor_parallel_size}, "
+        f"PP {args.target_pipeline_parallel_size}, EP {args.target_expert_parallel_size}; {kept})"
+    )
+
+
+COMMANDS = {("hf", "mg"): hf_to_mg_command, ("mg", "hf"): mg_to_hf_command, ("mg", "mg"): mg_to_mg_command}
+
+
+@report_user_errors
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    from mindspeed_rl.checkpoint.errors import ConversionError
+    from mindspeed_rl.checkpoint.megatron_layout import CheckpointError
+
+    check_arguments(args)
+    command = COMMANDS.get((args.load_model_type, args.save_model_type))
+    if command is None:
+        raise UserError("hf -> hf is not a conversion; use --save-model-type mg")
     start = time.perf_counter()
     try:
-        if args.load_model_type == "hf" and args.save_model_type == "mg":
-            if args.add_qkv_bias and not hf_io.read_hf_model_config(args.load_dir, args.model_type_hf).add_qkv_bias:
-                raise UserError(
-                    f"--add-qkv-bias contradicts {os.path.join(args.load_dir, 'config.json')}: that "
-                    "model has no q/k/v bias (attention_bias false); drop the flag"
-                )
-            with replacing(args.save_dir) as out:
-                cfg = convert.hf_to_mg(
-                    args.load_dir,
-                    out,
-                    args.target_tensor_parallel_size,
-                    args.target_pipeline_parallel_size,
-                    args.num_layer_list,
-                    args.params_dtype or "fp32",
-                    args.orm,
-                    args.model_type_hf,
-                    ep=args.target_expert_parallel_size,
-                )
-            where = args.save_dir
-            ep = f", EP {args.target_expert_parallel_size}" if args.target_expert_parallel_size > 1 else ""
-            print(
-                f"converted {args.load_dir} ({cfg.model_type_hf}, {cfg.num_layers} layers) -> {where} "
-                f"(TP {args.target_tensor_parallel_size}, PP {args.target_pipeline_parallel_size}{ep}, release)"
-            )
-        elif args.load_model_type == "mg" and args.save_model_type == "hf":
-            if not os.path.isfile(os.path.join(args.save_dir, "config.json")):
-                raise UserError(
-                    f"--save-dir {args.save_dir}: needs the original HF config.json (and tokenizer "
-                    "files) to take the config from; the result goes to <save-dir>/mg2hf"
-                )
-            where = convert.mg_to_hf(
-                args.load_dir, args.save_dir, args.params_dtype, args.orm or None, int(args.max_shard_size_gb * 1024**3)
-            )
-            print(f"converted {args.load_dir} -> {where}")
-            if megatron_reader.read_mg_config(args.load_dir)[0].get("lora"):  # LoRA: the adapters on their own too
-                from mindspeed_rl.checkpoint.peft_export import has_expert_adapters, write_peft_adapter
-
-                if has_expert_adapters(args.load_dir):
-                    print(f"LoRA on MoE experts: no PEFT folder (transformers fuses the experts); {where} has "
-                          "the adapters merged")  # fmt: skip
-                else:
-                    adapter = write_peft_adapter(
-                        args.load_dir, os.path.join(args.save_dir, "mg2hf_adapter"), args.save_dir
-                    )
-                    print(f"LoRA adapters (PEFT) -> {adapter}; {where} has them merged")
-        elif args.load_model_type == "mg" and args.save_model_type == "mg":
-            from mindspeed_rl.checkpoint.reshard import mg_to_mg
-
-            with replacing(args.save_dir) as out:
-                iteration, kept_optim = mg_to_mg(
-                    args.load_dir,
-                    out,
-                    args.target_tensor_parallel_size,
-                    args.target_pipeline_parallel_size,
-                    args.num_layer_list,
-                    args.params_dtype,
-                    args.target_expert_parallel_size,
-                    args.weights_only,
-                )
-            kept = (
-                "weights"
-                if iteration == "release"
-                else f"iteration {iteration}: weights, trainer state"
-                + (", optimizer" if kept_optim else " (no optimizer state: resume with no_load_optim=true)")
-            )
-            print(
-                f"resharded {args.load_dir} -> {args.save_dir} (TP {args.target_tensor_parallel_size}, "
-                f"PP {args.target_pipeline_parallel_size}, EP {args.target_expert_parallel_size}; {kept})"
-            )
-        else:
-            raise UserError("hf -> hf is not a conversion; use --save-model-type mg")
+        command(args)
     except (ConversionError, CheckpointError) as exc:
         raise UserError(str(exc)) from None
     print(f"done in {time.perf_counter() - start:.1f}s")
