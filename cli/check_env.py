@@ -25,8 +25,8 @@ from typing import Optional, Sequence
 
 from mindspeed_rl.config_cls import ConfigError, MegatronConfig, ModelConfig
 from mindspeed_rl.config_cls.loader import CONFIG_DIR
-from mindspeed_rl.config_cls.ppo_config import build_model_section, model_section_data
-from mindspeed_rl.trainer.config_names import check_model_family
+from mindspeed_rl.config_cls.ppo_config import model_section_data
+from mindspeed_rl.trainer.config_names import build_checked_model
 from mindspeed_rl.utils.cli import UserError, report_user_errors
 
 STEPS = ("versions", "imports", "megatron", "vllm", "tools")
@@ -34,9 +34,7 @@ LOGPROB_TOLERANCE = 1e-2  # fp32 on both sides: CPU measures ~1e-6; device kerne
 
 
 def load_model_section(name: str) -> ModelConfig:
-    model = build_model_section(model_section_data(name, {}, CONFIG_DIR, "--model"), f"model.{name}")
-    check_model_family(model, f"model.{name}")
-    return model
+    return build_checked_model(model_section_data(name, {}, CONFIG_DIR, "--model"), f"model.{name}")
 
 
 def verdict(step: str, ok: bool, detail: str) -> None:

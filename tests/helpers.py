@@ -40,14 +40,12 @@ def tiny_model_config(**overrides) -> ModelConfig:
 
 def tiny_family_model(family: str, **overrides) -> ModelConfig:
     """A family's tiny model yaml (configs/model/tiny_<family>.yaml), read as the trainer reads it."""
-    from mindspeed_rl.config_cls.ppo_config import build_model_section, model_section_data
-    from mindspeed_rl.trainer.config_names import check_model_family
+    from mindspeed_rl.config_cls.ppo_config import model_section_data
+    from mindspeed_rl.trainer.config_names import build_checked_model
 
     name = f"tiny_{family}"
     data = {**model_section_data(name, {}, os.path.join(ROOT, "configs"), "model"), **overrides}
-    model = build_model_section(data, f"model.{name}")
-    check_model_family(model, f"model.{name}")
-    return model
+    return build_checked_model(data, f"model.{name}")
 
 
 def tiny_role(name: str = "actor", tp: int = 1, pp: int = 1, num_devices: int = 1, model=None, **megatron):

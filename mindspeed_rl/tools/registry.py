@@ -118,9 +118,8 @@ def normalise_path(path: str) -> str:
 
 def import_function(path: str, what: str = "tool function") -> Callable:
     """``module:function`` (or ``module.function``) -> the function (the shared plug-in loader)."""
-    normalise_path(path)
     try:
-        return import_callable(path)
+        return import_callable(normalise_path(path))
     except PluginImportError as exc:
         if exc.imported:
             raise ToolConfigError(f"{what} {path!r} is not callable ({exc})") from None

@@ -9,14 +9,14 @@ anything heavy starts. Every error is a ConfigError naming the key (exit 2). The
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, Mapping, Optional, Sequence
 
 from ..config_cls.base import ConfigError, closest_key
 from ..config_cls.dataset_config import DatasetConfig
 from ..config_cls.feature_rules import agent_rollout_function
 from ..config_cls.loader import load_ppo_config
 from ..config_cls.model_config import ModelConfig
-from ..config_cls.ppo_config import PPOConfig
+from ..config_cls.ppo_config import PPOConfig, build_model_section
 
 if TYPE_CHECKING:
     from ..tools.registry import ToolSpec
@@ -35,6 +35,13 @@ def check_run_names(cfg: PPOConfig) -> None:
         check_model_family(role.model, f"model.{role.megatron.model}")
     check_agent_names(cfg)
     check_verifier_names(cfg)
+
+
+def build_checked_model(data: Mapping, key: str) -> ModelConfig:
+    """A model section read alone (``build_model_section``) and checked against its family."""
+    model = build_model_section(data, key)
+    check_model_family(model, key)
+    return model
 
 
 def check_model_family(model: ModelConfig, key: str) -> None:

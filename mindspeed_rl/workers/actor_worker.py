@@ -54,7 +54,6 @@ class IntegratedActorWorker(MegatronWorker):
     ):
         m = role.megatron
         super().__init__(rank, world_size, master_addr, master_port, m, threads)
-        from ..accelerator import get_accelerator
         from ..models.engine import MegatronEngine
         from ..models.offload import Offloader
         from ..rollout.factory import make_rollout_engine
@@ -73,7 +72,7 @@ class IntegratedActorWorker(MegatronWorker):
         )
         self.actor_offload = Offloader(self.actor)
         self.ref_offload = Offloader(self.ref) if self.ref is not None else None
-        self.kind = get_accelerator().kind
+        self.kind = self.acc.kind
         self.rollout = (
             make_rollout_engine(
                 role.model, gen, self.kind, eos_token_id, pad_token_id, seed=gen.sampling_config.seed, bf16=m.bf16
@@ -140,18 +139,16 @@ class IntegratedActorWorker(MegatronWorker):
         ``native_port``, through vLLM's weight-transfer engine, converting each piece as vLLM loads it."""
         if self.rank != 0:
             return
-        from ..accelerator import get_accelerator
         from ..rollout.weight_transfer import VllmNativeChannel, WeightChannel
 
-        acc = get_accelerator()
-        comm = acc.comm_device(self.actor.device)
+        comm = self.acc.comm_device(self.actor.device)
         if native_port is None:
             self.channel = WeightChannel(host, port, 0, size, comm)
             return
         from ..rollout.vllm_engine import vllm_named
 
         model, dtype = self.role.model, self.gen.dtype
-        backend = acc.vllm_weight_transfer_backend()
+        backend = self.acc.vllm_weight_transfer_backend()
         self.channel = VllmNativeChannel(
             host, port, 0, size, comm, backend, native_port, prepare=lambda piece: vllm_named(piece, model, dtype)
         )
