@@ -11,3 +11,37 @@ PYTHON = sys.executable
 @pytest.fixture
 def root() -> str:
     return ROOT
+
+
+@pytest.fixture(scope="session")
+def demo_assets(tmp_path_factory) -> dict:
+    """The demo's tokenizer and prompt sets (``mindspeed_rl.demo.assets.prepare`` for ppo_tiny_cpu's
+    vocabulary, which every tiny CPU config shares), made once for the session (~5 s each time); runs write
+    their logs and checkpoints elsewhere."""
+    from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.demo.assets import prepare
+
+    vocab = load_ppo_config("ppo_tiny_cpu").actor.model.padded_vocab_size
+    return prepare(str(tmp_path_factory.mktemp("demo_assets")), vocab)
+
+
+def _stop_ray() -> None:
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def shared_ray():
+    """The in-process training runs (``trainer.launch.train``) share one Ray: the first run starts it, the
+    runs after it join it (as several runs of one test always did), and it stops at the end of the session.
+    A Ray start and stop costs ~5 s; an idle Ray no measurable CPU. Modules that start Ray clusters of
+    their own or count Ray's processes stop it first: ``without_shared_ray``."""
+    yield
+    _stop_ray()
+
+
+@pytest.fixture(scope="module")
+def without_shared_ray():
+    """Ray of the in-process runs stopped before this module (its runs start their own clusters)."""
+    _stop_ray()

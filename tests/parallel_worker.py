@@ -5,6 +5,25 @@ import os
 import torch
 import torch.distributed as torch_dist
 
+_SHARED_WORLD = False  # True while ``run_each`` runs several specs in one world
+
+
+class _SharedWorld:
+    """``mindspeed_rl.utils.dist`` for one of several specs in one world: ``destroy`` ends only megatron's
+    groups (the next spec builds its own), the process group stays for the next spec."""
+
+    def __init__(self, module):
+        self._module = module
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+    def destroy(self):
+        from megatron.core import parallel_state as ps
+
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+
 
 def start_rank(rank, world, port, tp=1, pp=1, ep=1, cp=1):
     """One thread per process, the gloo world, megatron's TP x PP (x EP, x CP) groups seeded alike on every
@@ -13,9 +32,43 @@ def start_rank(rank, world, port, tp=1, pp=1, ep=1, cp=1):
     torch.set_num_threads(1)
     from mindspeed_rl.utils import dist
 
-    dist.init_distributed(rank, world, master_port=port)
+    dist.init_distributed(rank, world, master_port=port)  # (an earlier spec of ``run_each``: already there)
     dist.init_model_parallel(tp, pp, seed=5, ep=ep, cp=cp)
-    return dist
+    return _SharedWorld(dist) if _SHARED_WORLD else dist
+
+
+def run_each(rank, world, jobs, workdir, port):
+    """``jobs``: (worker function name, spec) pairs, run in turn in one spawned world of ``world`` processes
+    (one start-up and one set of imports for them all, the seconds a spawn costs); each spec gets megatron
+    groups of its own, seeded as in a spawn of its own."""
+    global _SHARED_WORLD
+    _SHARED_WORLD = True
+    try:
+        for name, spec in jobs:
+            globals()[name](rank, world, spec, workdir, port)
+    finally:
+        _SHARED_WORLD = False
+    from mindspeed_rl.utils import dist
+
+    dist.destroy()
+
+
+def spawn_each(world, jobs, workdir):
+    """``run_each`` of ``jobs`` in ``world`` spawned processes (joined)."""
+    import torch.multiprocessing as mp
+
+    from mindspeed_rl.utils.dist import free_port
+
+    mp.start_processes(
+        run_each, args=(world, list(jobs), str(workdir), free_port()), nprocs=world, start_method="spawn"
+    )
+
+
+def spawn_layouts(name, specs, workdir):
+    """``name`` for each spec (each with its ``world``): one spawn per world size, the specs of that size run
+    one after another in it."""
+    for world in sorted({spec["world"] for spec in specs}):
+        spawn_each(world, [(name, spec) for spec in specs if spec["world"] == world], workdir)
 
 
 def global_sft_loss(normaliser):
@@ -350,7 +403,7 @@ def run_updated_engine(rank, world, spec, workdir, port):
     ]
     torch.save(
         {"greedy": greedy, "runs": runs, "other_seed": other_seed, "method": engine.weight_load_method},
-        os.path.join(workdir, "updated.pt"),
+        os.path.join(workdir, spec.get("out", "updated.pt")),
     )
     engine.shutdown()
     dist.destroy()

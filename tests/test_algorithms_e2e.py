@@ -5,8 +5,6 @@ no critic; DAPO without reference, with dynamic sampling and overlong shaping. A
 
 import pytest
 
-from mindspeed_rl.config_cls import load_ppo_config
-from mindspeed_rl.demo.assets import prepare
 from tests.helpers import demo_config
 
 ITERATIONS = 12
@@ -14,25 +12,18 @@ ACCURACY = "acc_for_ppo_rewards/mean"  # the verifier's mean over every generate
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("algorithms"))
-    cfg = load_ppo_config("ppo_tiny_cpu")
-    return root, prepare(root, cfg.actor.model.padded_vocab_size)
+def assets(tmp_path_factory, demo_assets):
+    return str(tmp_path_factory.mktemp("algorithms")), demo_assets
 
 
 @pytest.mark.slow
 def test_grpo_and_dapo_twins_learn_and_the_control_run_does_not(assets):
-    import ray
-
     from mindspeed_rl.trainer.launch import train
 
     root, paths = assets
-    try:
-        grpo = train(demo_config("grpo_tiny_cpu", root, paths, ITERATIONS))
-        dapo = train(demo_config("dapo_tiny_cpu", root, paths, ITERATIONS))
-        control = train(demo_config("grpo_tiny_cpu", root, paths, 5, **{"actor_config.lr": 1e-12}))
-    finally:
-        ray.shutdown()
+    grpo = train(demo_config("grpo_tiny_cpu", root, paths, ITERATIONS))
+    dapo = train(demo_config("dapo_tiny_cpu", root, paths, ITERATIONS))
+    control = train(demo_config("grpo_tiny_cpu", root, paths, 5, **{"actor_config.lr": 1e-12}))
     control_best = max(m[ACCURACY] for m in control)
     assert control_best < 0.2, [m[ACCURACY] for m in control]
     for name, history in (("grpo", grpo), ("dapo", dapo)):
@@ -56,16 +47,11 @@ def test_grpo_and_dapo_twins_learn_and_the_control_run_does_not(assets):
 def test_a_lora_grpo_twin_learns_the_demo_task(assets):
     """grpo_tiny_cpu with LoRA (r 8 on every projection, lr 5e-3): only the adapters train, the reference is
     the base model (the adapters off), and the policy learns the task from the same random start."""
-    import ray
-
     from mindspeed_rl.trainer.launch import train
 
     root, paths = assets
     lora = {"actor_config.lora_r": 8, "actor_config.lora_alpha": 16, "actor_config.lr": 5e-3}
-    try:
-        history = train(demo_config("grpo_tiny_cpu", f"{root}/lora", paths, ITERATIONS, **lora))
-    finally:
-        ray.shutdown()
+    history = train(demo_config("grpo_tiny_cpu", f"{root}/lora", paths, ITERATIONS, **lora))
     curve = [m[ACCURACY] for m in history]
     assert sum(curve[:2]) / 2 < 0.15 and sum(curve[-3:]) / 3 > 0.45, curve
     assert all(m["actor/kl_loss"] > 0 for m in history[1:])  # the adapters moved the policy off its base

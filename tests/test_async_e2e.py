@@ -10,7 +10,8 @@ from mindspeed_rl.checkpoint import megatron_layout as ml
 
 
 @pytest.mark.slow
-def test_sigterm_during_async_training_leaves_a_checkpoint_the_hint_resumes(tmp_path):
+@pytest.mark.usefixtures("without_shared_ray")  # its runs start Ray clusters of their own
+def test_sigterm_during_async_training_leaves_a_checkpoint_the_hint_resumes(tmp_path, demo_assets):
     """SIGTERM while the rollout worker generates the next batch: exit 143, the last checkpoint whole (with
     its batch in flight), and the printed resume overrides continue the run to its end."""
     import os
@@ -18,10 +19,9 @@ def test_sigterm_during_async_training_leaves_a_checkpoint_the_hint_resumes(tmp_
     import subprocess
     import sys
 
-    from mindspeed_rl.demo.assets import prepare
     from tests.helpers import ROOT, wait_for
 
-    paths = prepare(str(tmp_path / "assets"), 256)
+    paths = demo_assets
     root = tmp_path / "run"
     args = [
         sys.executable,

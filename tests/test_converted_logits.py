@@ -39,13 +39,7 @@ def test_converted_megatron_matches_hf_at_tp2_and_pp2(tmp_path):
                 str(spec["pp"]),
             ] + (["--orm"] if kind == "value" else [])
             assert convert_ckpt.main(args) == 0
-        mp.start_processes(
-            parallel_worker.run_converted,
-            args=(spec["world"], spec, str(tmp_path), free_port()),
-            nprocs=spec["world"],
-            join=True,
-            start_method="spawn",
-        )
+    parallel_worker.spawn_layouts("run_converted", LAYOUTS, tmp_path)  # both layouts in one spawn
     with torch.no_grad():
         hf_logits = lm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         hf_scores = rm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.squeeze(-1)

@@ -7,7 +7,6 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from cli import convert_ckpt
 from mindspeed_rl.checkpoint.convert import hf_to_mg, mg_to_hf
@@ -19,7 +18,6 @@ from mindspeed_rl.config_cls.model_config import FAMILY_NAMES
 from mindspeed_rl.datasets.templates import load_templates
 from mindspeed_rl.demo.tiny_hf import build_hf_model
 from mindspeed_rl.families import FAMILIES, FamilyError, family_names, get_family, resolve_family
-from mindspeed_rl.utils.dist import free_port
 from tests import parallel_worker
 from tests.helpers import make_batch
 from tests.helpers import tiny_family_model as tiny
@@ -226,13 +224,7 @@ def test_each_family_matches_hf_after_conversion_and_in_place_resharding(tmp_pat
             )
             == 0
         )
-        mp.start_processes(
-            parallel_worker.run_family,
-            args=(spec["world"], spec, str(tmp_path), free_port()),
-            nprocs=spec["world"],
-            join=True,
-            start_method="spawn",
-        )
+    parallel_worker.spawn_layouts("run_family", LAYOUTS, tmp_path)  # one spawn per world size
     real = batch["attention_mask"].bool()
     for spec in LAYOUTS:
         hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / f"hf_{spec['family']}"), dtype=torch.float32).eval()
@@ -271,37 +263,32 @@ PPO_FAMILIES = ["qwen3_moe"]
 
 
 @pytest.mark.slow
-def test_two_ppo_iterations_per_family(tmp_path):
+def test_two_ppo_iterations_per_family(tmp_path, demo_assets):
     """The demo's PPO (actor + critic + rule reward, vLLM rollout) for 2 iterations on a family's tiny model,
     saving the actor in HF form at the end: it loads with transformers as that family."""
-    import ray
     from transformers import AutoConfig
 
-    from mindspeed_rl.demo.assets import prepare
     from mindspeed_rl.trainer.launch import train
     from tests.helpers import demo_config
 
-    paths = prepare(str(tmp_path / "assets"), 256)
+    paths = demo_assets
     results = {}
-    try:
-        for family in PPO_FAMILIES:
-            name = f"tiny_{family}"
-            root = str(tmp_path / family)
-            cfg = demo_config(
-                "ppo_tiny_cpu",
-                root,
-                paths,
-                2,
-                **{
-                    "megatron_training.model": name,
-                    "actor_config.model": name,
-                    "critic_config.model": name,
-                    "rl_config.test_freq": 0,
-                },
-            )  # validation once, before training
-            results[family] = train(cfg)
-    finally:
-        ray.shutdown()
+    for family in PPO_FAMILIES:
+        name = f"tiny_{family}"
+        root = str(tmp_path / family)
+        cfg = demo_config(
+            "ppo_tiny_cpu",
+            root,
+            paths,
+            2,
+            **{
+                "megatron_training.model": name,
+                "actor_config.model": name,
+                "critic_config.model": name,
+                "rl_config.test_freq": 0,
+            },
+        )  # validation once, before training
+        results[family] = train(cfg)
     for family, metrics in results.items():
         trained = [m for m in metrics if m["iteration"] >= 1]
         assert [m["iteration"] for m in trained] == [1, 2], family

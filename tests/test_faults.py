@@ -19,17 +19,16 @@ import torch
 from cli import convert_ckpt, preprocess_data, train_ppo
 from mindspeed_rl.checkpoint import megatron_layout as ml
 from mindspeed_rl.config_cls import load_ppo_config
-from mindspeed_rl.demo.assets import prepare
 from mindspeed_rl.demo.tiny_hf import build_hf_model, build_tokenizer
 from tests.helpers import tiny_model_config, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.usefixtures("without_shared_ray")  # no Ray of earlier runs: its processes are counted
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    root = tmp_path_factory.mktemp("faults")
-    return root, prepare(str(root / "assets"), load_ppo_config("ppo_tiny_cpu").actor.model.padded_vocab_size)
+def assets(tmp_path_factory, demo_assets):
+    return tmp_path_factory.mktemp("faults"), demo_assets
 
 
 def train_args(root, paths, *extra):
@@ -669,6 +668,15 @@ def ray_processes():
     return {line.split()[0] for line in out[1:] if any(n in line for n in names)}
 
 
+def orphaned_after(before, seconds=2.0):
+    """The Ray processes not in ``before`` still alive after ``seconds`` (looked at every 0.2 s, returning as
+    soon as there are none)."""
+    deadline = time.monotonic() + seconds
+    while (left := ray_processes() - before) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
 def start_training(root, paths, *extra):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     cmd = [
@@ -693,8 +701,7 @@ def test_sigterm_stops_cleanly_and_a_dead_worker_restarts_the_run_which_ends_as_
     saved = ml.read_tracker(str(tmp_path / "term" / "ckpt" / "actor"))
     assert isinstance(saved, int) and saved >= 2
     ml.load_rank(str(tmp_path / "term" / "ckpt" / "actor"), 0, 0)  # intact and loadable
-    time.sleep(2)
-    assert ray_processes() - before == set()  # nothing orphaned
+    assert orphaned_after(before) == set()  # nothing orphaned
 
     # a dead worker with rl_config.max_restarts=1: the restart line is the one paragraph exit 4 would print
     # (who died, the last checkpoint, the resume overrides); the run resumes from the last checkpoint both
@@ -725,8 +732,7 @@ def test_sigterm_stops_cleanly_and_a_dead_worker_restarts_the_run_which_ends_as_
     a, b = metrics_of(term_out, 2), metrics_of(out, 2)
     for key in ("critic/score/mean", "actor/pg_loss", "critic/vf_loss", "grad_norm", "response_length/mean"):
         assert a[key] == pytest.approx(b[key], abs=1e-6), key
-    time.sleep(2)
-    assert ray_processes() - before == set()
+    assert orphaned_after(before) == set()
 
 
 def test_a_dead_worker_without_restarts_left_stops_with_exit_4_and_one_paragraph(monkeypatch, capsys):
@@ -915,8 +921,7 @@ def test_sigterm_during_start_up_exits_143_with_a_message(assets, tmp_path):
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode == 143, out[-3000:]
     assert "stopped by SIGTERM" in out and "Traceback (most recent" not in out
-    time.sleep(2)
-    assert ray_processes() - before == set()
+    assert orphaned_after(before) == set()
 
 
 def test_sigterm_maps_to_143_whatever_ray_makes_of_the_interrupt(tmp_path, monkeypatch, capsys):

@@ -8,8 +8,6 @@ import time
 
 import pytest
 
-from mindspeed_rl.config_cls import load_ppo_config
-from mindspeed_rl.demo.assets import prepare
 from tests.conftest import ROOT
 
 SCRIPT = os.path.join(ROOT, "examples", "ppo", "ppo_trainer_qwen25_32b.sh")
@@ -20,11 +18,12 @@ def ray_bin():
 
 
 @pytest.mark.slow
-def test_two_node_launch_spans_nodes_and_leaves_other_ray_alone(tmp_path):
+@pytest.mark.usefixtures("without_shared_ray")  # its clusters alone on the machine, as on a user's
+def test_two_node_launch_spans_nodes_and_leaves_other_ray_alone(tmp_path, demo_assets):
     import tempfile
 
     short = tempfile.mkdtemp(prefix="r", dir="/tmp")  # Ray's socket paths must stay under 108 bytes
-    paths = prepare(str(tmp_path / "assets"), load_ppo_config("ppo_tiny_cpu").actor.model.padded_vocab_size)
+    paths = demo_assets
     env = {
         **os.environ,
         "PYTHON": sys.executable,
@@ -111,7 +110,7 @@ def test_two_node_launch_spans_nodes_and_leaves_other_ray_alone(tmp_path):
         subprocess.run(["pkill", "-9", "-f", env["RAY_TMP"]])
 
 
-def test_a_config_typo_through_the_launcher_is_refused_before_ray_starts(tmp_path):
+def test_a_config_typo_through_the_launcher_is_refused_before_ray_starts(tmp_path, demo_assets):
     """The head validates the config (cli/train_ppo.py --check) before `ray start`: a typo costs seconds,
     and a run from another folder is told where relative paths are read from."""
     env = {
@@ -141,7 +140,7 @@ def test_a_config_typo_through_the_launcher_is_refused_before_ray_starts(tmp_pat
         in proc.stdout
     )
     # a valid config passes the check and goes on to `ray start`, whose failure is one line with its reason
-    paths = prepare(str(tmp_path / "assets"), load_ppo_config("ppo_tiny_cpu").actor.model.padded_vocab_size)
+    paths = demo_assets
     overrides = [
         f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
         f"megatron_training.data_path={paths['data_prefix']}",

@@ -6,13 +6,10 @@ The first two iterations run with context parallelism (actor and critic TP 2 x C
 log-probs over the split sequences still equal vLLM's, and the resume loads those checkpoints at CP 1.
 """
 
-import os
-
 import pytest
 
 from mindspeed_rl.checkpoint import megatron_layout as ml
 from mindspeed_rl.config_cls import load_ppo_config
-from mindspeed_rl.demo.assets import prepare
 from mindspeed_rl.workers.worker_group import WorkerGroup
 from tests.helpers import demo_config
 
@@ -22,13 +19,12 @@ def x4_config(root, paths, iters, **extra):
 
 
 @pytest.mark.slow
-def test_x4_twin_engines_logprobs_and_resume(tmp_path, monkeypatch):
-    import ray
-
+def test_x4_twin_engines_logprobs_and_resume(tmp_path, monkeypatch, demo_assets):
     from mindspeed_rl.trainer.launch import train
 
-    root = str(tmp_path)
-    paths = prepare(os.path.join(root, "assets"), load_ppo_config("ppo_tiny_cpu_x4").actor.model.padded_vocab_size)
+    root, paths = str(tmp_path), demo_assets
+    vocab = load_ppo_config("ppo_tiny_cpu_x4").actor.model.padded_vocab_size
+    assert vocab == load_ppo_config("ppo_tiny_cpu").actor.model.padded_vocab_size  # the demo assets' tokenizer
     generated = []
     original = WorkerGroup.collect_generate
 
@@ -38,18 +34,15 @@ def test_x4_twin_engines_logprobs_and_resume(tmp_path, monkeypatch):
         return result
 
     monkeypatch.setattr(WorkerGroup, "collect_generate", spy)
-    try:
-        cp2 = {"actor_config.context_parallel_size": 2, "critic_config.context_parallel_size": 2}
-        first = train(x4_config(root, paths, 2, **cp2))
-        resume = {
-            "actor_config.finetune": "false",
-            "critic_config.finetune": "false",
-            "actor_config.load": f"{root}/ckpt/actor",
-            "critic_config.load": f"{root}/ckpt/critic",
-        }
-        second = train(x4_config(root, paths, 3, **resume))
-    finally:
-        ray.shutdown()
+    cp2 = {"actor_config.context_parallel_size": 2, "critic_config.context_parallel_size": 2}
+    first = train(x4_config(root, paths, 2, **cp2))
+    resume = {
+        "actor_config.finetune": "false",
+        "critic_config.finetune": "false",
+        "actor_config.load": f"{root}/ckpt/actor",
+        "critic_config.load": f"{root}/ckpt/critic",
+    }
+    second = train(x4_config(root, paths, 3, **resume))
 
     assert len(generated) == 3
     for engines, result in generated:

@@ -132,14 +132,11 @@ def test_lora_at_every_layout_equals_one_rank(tmp_path, family):
     import dataclasses
     import os
 
-    import torch.multiprocessing as mp
-
     from mindspeed_rl.checkpoint.engine_io import save_engine
     from mindspeed_rl.checkpoint.megatron_reader import iter_mg_stages
     from mindspeed_rl.checkpoint.reshard import mg_to_mg
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.utils import dist
-    from mindspeed_rl.utils.dist import free_port
     from tests import parallel_worker
 
     model = tiny_family_model(family) if family != "dense" else tiny_role().model
@@ -154,21 +151,22 @@ def test_lora_at_every_layout_equals_one_rank(tmp_path, family):
     layouts = (
         [(1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 1, 1), (1, 1, 1, 2)] if family == "dense" else [(1, 1, 1, 1), (1, 1, 2, 1)]
     )
-    results = {}
+    specs = {}
     for tp, pp, ep, cp in layouts:
         tag = f"tp{tp}pp{pp}ep{ep}cp{cp}"
         mg_to_mg(str(tmp_path / "src"), str(tmp_path / f"load_{tag}"), tp, pp, ep=ep, weights_only=True)
-        spec = dict(tp=tp, pp=pp, ep=ep, cp=cp, model=dataclasses.asdict(model), megatron=megatron,
-                    load=f"load_{tag}", save=f"trained_{tag}")  # fmt: skip
-        world = tp * pp * ep * cp
-        if world == 1:  # the reference, in this process
-            log_probs = parallel_worker.lora_step(spec, str(tmp_path))
-        else:
-            mp.start_processes(parallel_worker.run_lora, args=(world, spec, str(tmp_path), free_port()),
-                               nprocs=world, join=True, start_method="spawn")  # fmt: skip
-            log_probs = torch.load(os.path.join(tmp_path, f"trained_{tag}.pt"))["log_probs"]
+        specs[tag] = dict(tp=tp, pp=pp, ep=ep, cp=cp, model=dataclasses.asdict(model), megatron=megatron,
+                          load=f"load_{tag}", save=f"trained_{tag}", world=tp * pp * ep * cp)  # fmt: skip
+    reference = next(tag for tag, spec in specs.items() if spec["world"] == 1)  # in this process
+    logps = {reference: parallel_worker.lora_step(specs[reference], str(tmp_path))}
+    # the other layouts: one spawn per world size, its layouts one after another
+    parallel_worker.spawn_layouts("run_lora", [spec for spec in specs.values() if spec["world"] > 1], tmp_path)
+    results = {}
+    for tag in specs:
+        if tag not in logps:
+            logps[tag] = torch.load(os.path.join(tmp_path, f"trained_{tag}.pt"))["log_probs"]
         merged = {k: v for _, stage in iter_mg_stages(str(tmp_path / f"trained_{tag}")) for k, v in stage.items()}
-        results[tag] = log_probs, merged
+        results[tag] = logps[tag], merged
     (ref_logp, ref), *others = results.values()
     for tag, (log_probs, merged) in list(results.items())[1:]:
         assert torch.allclose(ref_logp, log_probs, atol=1e-5), tag

@@ -1,16 +1,15 @@
 """TP=2, PP=2, DP=2 and CP=2 (alone, packed with DP 2, with TP 2) give the same log-probs, values, losses and
 updated weights as TP=1.
 
-Each layout runs in its own spawned processes (gloo on CPU); fp32, max abs diff <= 1e-5.
+The layouts of one world size run one after another in one spawn of processes (gloo on CPU), each with megatron
+groups of its own; fp32, max abs diff <= 1e-5.
 """
 
 import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
-from mindspeed_rl.utils.dist import free_port
 from tests import parallel_worker
 
 LAYOUTS = [
@@ -30,17 +29,6 @@ CP_LAYOUTS = ["cp2", "cp2_packed_dp2", "cp2_tp2", "cp2_pp2"]
 TOL = 1e-5
 
 
-def _spawn(spec, workdir):
-    mp.start_processes(
-        parallel_worker.run,
-        args=(spec["world"], spec, workdir, free_port()),
-        nprocs=spec["world"],
-        join=True,
-        start_method="spawn",
-    )
-    return torch.load(os.path.join(workdir, f"result_{spec['name']}.pt"), weights_only=False)
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("parallel"))
@@ -53,7 +41,8 @@ def results(tmp_path_factory):
     critic = dict(full)
     critic["output_layer.weight"] = torch.randn(1, h) * 0.1
     torch.save(critic, os.path.join(workdir, "full_value.pt"))
-    return {spec["name"]: _spawn(spec, workdir) for spec in LAYOUTS}
+    parallel_worker.spawn_layouts("run", LAYOUTS, workdir)  # one spawn per world size
+    return {s["name"]: torch.load(os.path.join(workdir, f"result_{s['name']}.pt"), weights_only=False) for s in LAYOUTS}
 
 
 def _max_diff(a, b):

@@ -9,18 +9,14 @@ import os
 
 import pytest
 
-from mindspeed_rl.config_cls import load_ppo_config
-from mindspeed_rl.demo.assets import prepare
 from tests.helpers import demo_config
 
 ITERATIONS = 20  # the demo's length: greedy validation flips to the right answers by then (1.0 at 20)
 
 
 @pytest.fixture(scope="module")
-def assets(tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("demo"))
-    cfg = load_ppo_config("ppo_tiny_cpu")
-    return root, prepare(root, cfg.actor.model.padded_vocab_size)
+def assets(tmp_path_factory, demo_assets):
+    return str(tmp_path_factory.mktemp("demo")), demo_assets
 
 
 def config(root, paths, **extra):
@@ -29,17 +25,12 @@ def config(root, paths, **extra):
 
 @pytest.mark.slow
 def test_ppo_learns_and_the_control_run_does_not(assets):
-    import ray
-
     from mindspeed_rl.trainer.launch import train
 
     root, paths = assets
-    try:
-        learned = train(config(root, paths))
-        # 6 iterations are enough to show that nothing moves (validated at 5 and 6)
-        control = train(demo_config("ppo_tiny_cpu", root, paths, 6, **{"actor_config.lr": 1e-12}))
-    finally:
-        ray.shutdown()
+    learned = train(config(root, paths))
+    # 6 iterations are enough to show that nothing moves (validated at 5 and 6)
+    control = train(demo_config("ppo_tiny_cpu", root, paths, 6, **{"actor_config.lr": 1e-12}))
     scores = [m["critic/score/mean"] for m in learned]
     control_scores = [m["critic/score/mean"] for m in control]
     start, end = sum(scores[:2]) / 2, sum(scores[-3:]) / 3

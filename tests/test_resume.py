@@ -13,7 +13,6 @@ import torch
 
 from mindspeed_rl.checkpoint import megatron_layout as ml
 from mindspeed_rl.config_cls import load_ppo_config
-from mindspeed_rl.demo.assets import prepare
 
 COMPARED = (
     "critic/score/mean",
@@ -56,30 +55,24 @@ def weights(folder):
 
 
 @pytest.mark.slow
-def test_resume_reproduces_the_straight_run(tmp_path):
-    import ray
-
+def test_resume_reproduces_the_straight_run(tmp_path, demo_assets):
     from mindspeed_rl.trainer.launch import train
 
-    root = str(tmp_path)
-    paths = prepare(os.path.join(root, "assets"), load_ppo_config("ppo_tiny_cpu").actor.model.padded_vocab_size)
-    try:
-        straight = train(cfg_for(root, paths, "straight", 4))
-        first = train(cfg_for(root, paths, "split", 3, **{"megatron_training.save_interval": 1}))[:2]
-        # the driver dies after the actor committed iteration 3 and before the critic did: the critic's
-        # iteration 3 is still its staging folder and its tracker says 2
-        os.replace(f"{root}/split/critic/iter_0000003", f"{root}/split/critic/iter_0000003.tmp")
-        with open(f"{root}/split/critic/{ml.TRACKER}", "w") as fh:
-            fh.write("2\n")
-        resume = {
-            "actor_config.finetune": "false",
-            "critic_config.finetune": "false",
-            "actor_config.load": f"{root}/split/actor",
-            "critic_config.load": f"{root}/split/critic",
-        }
-        second = train(cfg_for(root, paths, "split", 4, **resume))
-    finally:
-        ray.shutdown()
+    root, paths = str(tmp_path), demo_assets
+    straight = train(cfg_for(root, paths, "straight", 4))
+    first = train(cfg_for(root, paths, "split", 3, **{"megatron_training.save_interval": 1}))[:2]
+    # the driver dies after the actor committed iteration 3 and before the critic did: the critic's
+    # iteration 3 is still its staging folder and its tracker says 2
+    os.replace(f"{root}/split/critic/iter_0000003", f"{root}/split/critic/iter_0000003.tmp")
+    with open(f"{root}/split/critic/{ml.TRACKER}", "w") as fh:
+        fh.write("2\n")
+    resume = {
+        "actor_config.finetune": "false",
+        "critic_config.finetune": "false",
+        "actor_config.load": f"{root}/split/actor",
+        "critic_config.load": f"{root}/split/critic",
+    }
+    second = train(cfg_for(root, paths, "split", 4, **resume))
     assert [m["iteration"] for m in second] == [3, 4]  # both roles from iteration 2, not actor 3 + critic 2
     for a, b in zip(straight, first + second):
         for key in COMPARED:
@@ -99,8 +92,6 @@ def resume_at_tp2(root, paths, resume):
     command per role (paths quoted); those commands keep iteration, trainer state and optimizer, and the
     resumed run goes on at iteration 5 with the data position of the checkpoint."""
     import shlex
-
-    import ray
 
     from cli import convert_ckpt
     from mindspeed_rl.trainer.launch import train
@@ -123,10 +114,7 @@ def resume_at_tp2(root, paths, resume):
     resharded = {key: f"{value}_tp2pp1" for key, value in resume.items() if key.endswith(".load")}
     for folder in resharded.values():
         assert ml.read_tracker(folder) == 4 and ml.full_layout_of(f"{folder}/iter_0000004") == (2, 1, 1)
-    try:
-        after = train(cfg_for(root, paths, "tp2", 5, **{**resume, **resharded}, **tp2))
-    finally:
-        ray.shutdown()
+    after = train(cfg_for(root, paths, "tp2", 5, **{**resume, **resharded}, **tp2))
     assert [m["iteration"] for m in after] == [5]
     state = ml.load_rank(f"{root}/tp2/actor", 0, 0, expected=(2, 1))["trainer_state"]
     assert state["iteration"] == 5 and state["consumed_samples"] == 40

@@ -1,6 +1,7 @@
 """Rollout: vLLM updated in place from megatron shards, log-prob agreement, the fallback engine."""
 
 import os
+import textwrap
 
 import pytest
 import torch
@@ -38,18 +39,30 @@ def write_hf_folder(folder, model, full):
     save_file({k: v.contiguous() for k, v in hf_named([full], model)}, str(folder / "model.safetensors"))
 
 
+WEIGHT_LOADS = ["auto", "load_weights"]
+
+
+@pytest.fixture(scope="module")
+def updated_and_fresh(tmp_path_factory):
+    """Both weight-update paths and the fresh engine they are compared with, one after another in one spawned
+    process (one start-up and one set of imports): {weight_load: updated outputs, "fresh": greedy ids}."""
+    workdir = tmp_path_factory.mktemp("updated")
+    model, full = random_full_weights()
+    torch.save(full, workdir / "actor_full.pt")
+    torch.save(PROMPTS, workdir / "prompts.pt")
+    write_hf_folder(workdir / "hf", model, full)
+    updated = [("run_updated_engine", {"weight_load": w, "out": f"updated_{w}.pt"}) for w in WEIGHT_LOADS]
+    parallel_worker.spawn_each(1, updated + [("run_fresh_engine", {})], workdir)
+    results = {w: torch.load(workdir / f"updated_{w}.pt") for w in WEIGHT_LOADS}
+    return {**results, "fresh": torch.load(workdir / "fresh.pt")}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("weight_load", ["auto", "load_weights"])
-def test_vllm_updated_in_place_equals_a_fresh_engine_and_seeds_repeat(tmp_path, weight_load):
+@pytest.mark.parametrize("weight_load", WEIGHT_LOADS)
+def test_vllm_updated_in_place_equals_a_fresh_engine_and_seeds_repeat(updated_and_fresh, weight_load):
     """Both weight-update paths: vLLM's layer-wise reload_weights (what 'auto' picks on the CPU stacks) and
     the load_weights path of workers without it (vllm-ascend 0.18), forced here on the CPU worker."""
-    model, full = random_full_weights()
-    torch.save(full, tmp_path / "actor_full.pt")
-    torch.save(PROMPTS, tmp_path / "prompts.pt")
-    write_hf_folder(tmp_path / "hf", model, full)
-    spawn(parallel_worker.run_updated_engine, 1, {"weight_load": weight_load}, tmp_path)
-    spawn(parallel_worker.run_fresh_engine, 1, {}, tmp_path)
-    updated, fresh = torch.load(tmp_path / "updated.pt"), torch.load(tmp_path / "fresh.pt")
+    updated, fresh = updated_and_fresh[weight_load], updated_and_fresh["fresh"]
     assert updated["method"] == ("reload_weights" if weight_load == "auto" else "load_weights")
     assert updated["greedy"] == fresh
     assert updated["runs"][0] == updated["runs"][1]  # same seed, same samples
@@ -57,14 +70,24 @@ def test_vllm_updated_in_place_equals_a_fresh_engine_and_seeds_repeat(tmp_path, 
     assert len(updated["runs"][0]) == 3 * len(PROMPTS)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("layout", [dict(name="tp2", tp=2, pp=1), dict(name="pp2", tp=1, pp=2)])
-def test_rollout_logprobs_equal_the_megatron_actor(tmp_path, layout):
+ROLLOUT_LAYOUTS = [dict(name="tp2", tp=2, pp=1), dict(name="pp2", tp=1, pp=2)]
+
+
+@pytest.fixture(scope="module")
+def rollouts(tmp_path_factory):
+    """Both layouts one after another in one spawned world of 2 (one start-up and one set of imports)."""
+    workdir = tmp_path_factory.mktemp("rollout")
     _, full = random_full_weights(1)
-    torch.save(full, tmp_path / "actor_full.pt")
-    spec = dict(layout, backend="vllm", temperature=0.8)
-    spawn(parallel_worker.run_rollout, 2, spec, tmp_path)
-    result = torch.load(tmp_path / f"rollout_{layout['name']}.pt", weights_only=False)
+    torch.save(full, workdir / "actor_full.pt")
+    specs = [dict(layout, backend="vllm", temperature=0.8) for layout in ROLLOUT_LAYOUTS]
+    parallel_worker.spawn_each(2, [("run_rollout", spec) for spec in specs], workdir)
+    return {s["name"]: torch.load(workdir / f"rollout_{s['name']}.pt", weights_only=False) for s in specs}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ROLLOUT_LAYOUTS)
+def test_rollout_logprobs_equal_the_megatron_actor(rollouts, layout):
+    result = rollouts[layout["name"]]
     width = result["ids"].shape[1]
     worst = 0.0
     for i, (prompt, response, logps) in enumerate(result["rows"]):
@@ -143,34 +166,76 @@ def test_sampling_filters():
     assert tokens.item() == 0 and torch.allclose(logp, logits.log_softmax(-1)[:, 0])
 
 
-def test_vllm_samples_of_one_prompt_differ():
-    """Regression: vLLM gives the n children of a seeded request one seed (identical samples)."""
+SMALL_VLLM_RUNS = textwrap.dedent("""
+    import sys, traceback
+    sys.path.insert(0, ".")
+    from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+    from mindspeed_rl.protocol import RolloutRequest
+    from mindspeed_rl.rollout.vllm_engine import VllmEngine
+    from tests.helpers import tiny_model_config
+    m = tiny_model_config(num_layers=1, hidden_size=128, ffn_hidden_size=128, padded_vocab_size=512)
+    gen = GenerateConfig(dtype="float32", max_model_len=64, max_num_seqs=8, max_num_batched_tokens=512,
+                         gpu_memory_utilization=0.002)
+
+    def distinct_samples():  # test_vllm_samples_of_one_prompt_differ
+        e = VllmEngine(m, gen, "cpu", 0)
+        outs = e.generate(RolloutRequest.of([[1, 2, 3]], SamplingConfig(temperature=1.0, max_tokens=8, seed=5), n=4))
+        print("DISTINCT", len({tuple(o.response_ids) for o in outs}), flush=True)
+        e.shutdown()
+
+    def eos_and_budgets():  # test_vllm_ignore_eos_and_min_tokens_pass_through
+        probe = VllmEngine(m, gen, "cpu", 0)
+        greedy_one = SamplingConfig(temperature=0, max_tokens=1)
+        first = probe.generate(RolloutRequest.of([[1, 2, 3]], greedy_one))[0].response_ids[0]
+        probe.shutdown()
+        e = VllmEngine(m, gen, "cpu", first)   # EOS = the greedy first token: greedy stops at once
+        def greedy(**kw):
+            return e.generate(RolloutRequest.of([[1, 2, 3]], SamplingConfig(temperature=0, max_tokens=8, **kw)))[0]
+        print("LENGTHS", len(greedy().response_ids), len(greedy(ignore_eos=True).response_ids),
+              first in greedy(min_tokens=5).response_ids[:5], len(greedy(min_tokens=5).response_ids) >= 5, flush=True)
+        no_eos = SamplingConfig(temperature=0, max_tokens=8, ignore_eos=True)
+        capped = e.generate(RolloutRequest.of([[1, 2, 3], [4, 5]], no_eos, n=2, max_new_tokens=[3, 20]))
+        print("BUDGETS", *[len(o.response_ids) for o in capped], flush=True)
+        e.shutdown()
+
+    def long_prompts():  # test_vllm_on_cpu_samples_many_distinct_long_prompts_with_seeds
+        e = VllmEngine(m, GenerateConfig(dtype="float32", max_model_len=64, max_num_seqs=64,
+                                         max_num_batched_tokens=128, gpu_memory_utilization=0.002), "cpu", 0)
+        prompts = [[(7 * i + j) % 500 + 1 for j in range(40)] for i in range(24)]   # 960 distinct prompt tokens
+        outs = e.generate(RolloutRequest.of(prompts, SamplingConfig(temperature=1.0, max_tokens=4, seed=5), n=1))
+        print("DONE", len(outs), sum(len(o.response_ids) for o in outs), flush=True)
+        e.shutdown()
+
+    for run in (distinct_samples, eos_and_budgets, long_prompts):  # a failure leaves the next runs to report
+        try:
+            run()
+        except Exception:
+            print(f"{run.__name__} failed:", file=sys.stderr)
+            traceback.print_exc()
+""")
+
+
+@pytest.fixture(scope="module")
+def small_vllm_runs():
+    """The small vLLM engines of the three regression tests below, one after another in one subprocess (one
+    start-up and one vLLM import): (stdout, stderr)."""
     import subprocess
     import sys
-    import textwrap
 
-    code = textwrap.dedent("""
-        import os, sys
-        sys.path.insert(0, ".")
-        from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
-        from mindspeed_rl.protocol import RolloutRequest
-        from mindspeed_rl.rollout.vllm_engine import VllmEngine
-        from tests.helpers import tiny_model_config
-        m = tiny_model_config(num_layers=1, hidden_size=128, ffn_hidden_size=128, padded_vocab_size=512)
-        e = VllmEngine(m, GenerateConfig(dtype="float32", max_model_len=64, max_num_seqs=8,
-                                         max_num_batched_tokens=512, gpu_memory_utilization=0.002), "cpu", 0)
-        outs = e.generate(RolloutRequest.of([[1, 2, 3]], SamplingConfig(temperature=1.0, max_tokens=8, seed=5), n=4))
-        print("DISTINCT", len({tuple(o.response_ids) for o in outs}))
-        e.shutdown()
-    """)
     proc = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", SMALL_VLLM_RUNS],
         capture_output=True,
         text=True,
         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
     )
-    line = [x for x in proc.stdout.splitlines() if x.startswith("DISTINCT")]
-    assert line, proc.stderr[-2000:]
+    return proc.stdout, proc.stderr
+
+
+def test_vllm_samples_of_one_prompt_differ(small_vllm_runs):
+    """Regression: vLLM gives the n children of a seeded request one seed (identical samples)."""
+    out, err = small_vllm_runs
+    line = [x for x in out.splitlines() if x.startswith("DISTINCT")]
+    assert line, err[-2000:]
     assert int(line[0].split()[1]) == 4
 
 
@@ -209,46 +274,13 @@ def test_fallback_ignore_eos_and_min_tokens(temperature):
     assert [len(o.response_ids) for o in budgets] == [2, 6]
 
 
-def test_vllm_ignore_eos_and_min_tokens_pass_through():
+def test_vllm_ignore_eos_and_min_tokens_pass_through(small_vllm_runs):
     """vLLM learns EOS from config.json (no tokenizer): ignore_eos and min_tokens must reach it."""
-    import subprocess
-    import sys
-    import textwrap
-
-    code = textwrap.dedent("""
-        import sys
-        sys.path.insert(0, ".")
-        from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
-        from mindspeed_rl.protocol import RolloutRequest
-        from mindspeed_rl.rollout.vllm_engine import VllmEngine
-        from tests.helpers import tiny_model_config
-        m = tiny_model_config(num_layers=1, hidden_size=128, ffn_hidden_size=128, padded_vocab_size=512)
-        gen = GenerateConfig(dtype="float32", max_model_len=64, max_num_seqs=8, max_num_batched_tokens=512,
-                             gpu_memory_utilization=0.002)
-        probe = VllmEngine(m, gen, "cpu", 0)
-        greedy_one = SamplingConfig(temperature=0, max_tokens=1)
-        first = probe.generate(RolloutRequest.of([[1, 2, 3]], greedy_one))[0].response_ids[0]
-        probe.shutdown()
-        e = VllmEngine(m, gen, "cpu", first)   # EOS = the greedy first token: greedy stops at once
-        def greedy(**kw):
-            return e.generate(RolloutRequest.of([[1, 2, 3]], SamplingConfig(temperature=0, max_tokens=8, **kw)))[0]
-        print("LENGTHS", len(greedy().response_ids), len(greedy(ignore_eos=True).response_ids),
-              first in greedy(min_tokens=5).response_ids[:5], len(greedy(min_tokens=5).response_ids) >= 5)
-        no_eos = SamplingConfig(temperature=0, max_tokens=8, ignore_eos=True)
-        capped = e.generate(RolloutRequest.of([[1, 2, 3], [4, 5]], no_eos, n=2, max_new_tokens=[3, 20]))
-        print("BUDGETS", *[len(o.response_ids) for o in capped])
-        e.shutdown()
-    """)
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    )
-    line = [x for x in proc.stdout.splitlines() if x.startswith("LENGTHS")]
-    assert line, proc.stderr[-2000:]
+    out, err = small_vllm_runs
+    line = [x for x in out.splitlines() if x.startswith("LENGTHS")]
+    assert line, err[-2000:]
     assert line[0].split()[1:] == ["1", "8", "False", "True"]
-    budgets = [x for x in proc.stdout.splitlines() if x.startswith("BUDGETS")]
+    budgets = [x for x in out.splitlines() if x.startswith("BUDGETS")]
     assert budgets[0].split()[1:] == ["3", "3", "8", "8"]  # per-prompt budgets, capped by max_tokens
 
 
@@ -294,33 +326,9 @@ def test_one_vocabulary_rule_the_whole_padded_vocabulary_everywhere():
         dist.destroy()
 
 
-def test_vllm_on_cpu_samples_many_distinct_long_prompts_with_seeds():
+def test_vllm_on_cpu_samples_many_distinct_long_prompts_with_seeds(small_vllm_runs):
     """Regression: prompts that do not all fit one engine step (partial rollout's continuations) made vLLM split
     a prefill and rewind that request's seeded generator, which CPU generators cannot do."""
-    import subprocess
-    import sys
-    import textwrap
-
-    code = textwrap.dedent("""
-        import sys
-        sys.path.insert(0, ".")
-        from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
-        from mindspeed_rl.protocol import RolloutRequest
-        from mindspeed_rl.rollout.vllm_engine import VllmEngine
-        from tests.helpers import tiny_model_config
-        m = tiny_model_config(num_layers=1, hidden_size=128, ffn_hidden_size=128, padded_vocab_size=512)
-        e = VllmEngine(m, GenerateConfig(dtype="float32", max_model_len=64, max_num_seqs=64,
-                                         max_num_batched_tokens=128, gpu_memory_utilization=0.002), "cpu", 0)
-        prompts = [[(7 * i + j) % 500 + 1 for j in range(40)] for i in range(24)]   # 960 distinct prompt tokens
-        outs = e.generate(RolloutRequest.of(prompts, SamplingConfig(temperature=1.0, max_tokens=4, seed=5), n=1))
-        print("DONE", len(outs), sum(len(o.response_ids) for o in outs))
-        e.shutdown()
-    """)
-    proc = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-    )
-    line = [x for x in proc.stdout.splitlines() if x.startswith("DONE")]
-    assert line and line[0].split()[1] == "24", proc.stderr[-2000:]
+    out, err = small_vllm_runs
+    line = [x for x in out.splitlines() if x.startswith("DONE")]
+    assert line and line[0].split()[1] == "24", err[-2000:]

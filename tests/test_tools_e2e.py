@@ -55,20 +55,15 @@ def config(root, paths, iterations, **extra):
 
 @pytest.mark.slow
 def test_the_four_way_tool_twin_learns_and_resumes_exactly(assets):
-    import ray
-
     from mindspeed_rl.trainer.launch import train
 
     root, paths = assets
     straight_cfg = config(f"{root}/straight", paths, ITERATIONS)
-    try:
-        straight = train(straight_cfg)
-        first = train(config(f"{root}/split", paths, 2))
-        state = ml.load_rank(f"{root}/split/ckpt/actor", 0, 0)["trainer_state"]
-        resume = {"actor_config.finetune": "false", "actor_config.load": f"{root}/split/ckpt/actor"}
-        second = train(config(f"{root}/split", paths, 4, **resume))
-    finally:
-        ray.shutdown()
+    straight = train(straight_cfg)
+    first = train(config(f"{root}/split", paths, 2))
+    state = ml.load_rank(f"{root}/split/ckpt/actor", 0, 0)["trainer_state"]
+    resume = {"actor_config.finetune": "false", "actor_config.load": f"{root}/split/ckpt/actor"}
+    second = train(config(f"{root}/split", paths, 4, **resume))
     accuracy = [round(m[ACCURACY], 3) for m in straight]
     calls = [round(m["tool_calls/rate"], 3) for m in straight]
     # learning: the last three iterations use the tool and are right far more often than the first three

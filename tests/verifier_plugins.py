@@ -21,8 +21,9 @@ def sleepy(response, label):
 
 @register_verifier("test_lazy")
 def lazy(response, label):
-    """Slow on its first call in a process (math-verify importing sympy on a busy host)."""
+    """Slow on its first call in a process (math-verify importing sympy on a busy host): twice the test's
+    per-sample timeout."""
     if not FIRST_CALL["done"]:
-        time.sleep(3)
+        time.sleep(2)
         FIRST_CALL["done"] = True
     return 1.0
