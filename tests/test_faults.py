@@ -1041,7 +1041,7 @@ def test_a_placement_larger_than_the_cluster_is_refused_naming_the_keys():
 
 
 @pytest.mark.slow
-def test_a_2_cpu_ray_refuses_64_slots_in_seconds_and_waits_for_slots_other_jobs_hold(capsys):
+def test_a_2_cpu_ray_refuses_64_slots_in_seconds_and_waits_for_slots_other_jobs_hold(capsys, monkeypatch):
     import ray
     from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
@@ -1063,9 +1063,31 @@ def test_a_2_cpu_ray_refuses_64_slots_in_seconds_and_waits_for_slots_other_jobs_
         assert "waiting for Ray to place 1 bundle(s) of CPU 1: " in capsys.readouterr().out
         assert [pg["state"] for pg in placement_group_table().values()].count("PENDING") == 0  # given back
         remove_placement_group(holder)
-        assert placement_group_table(create_placement_group(acc, 2, 1.0, "k", timeout=30))["state"] == "CREATED"
+        pg = create_placement_group(acc, 2, 1.0, "k", timeout=30)
+        assert placement_group_table(pg)["state"] == "CREATED"
+        # a bundle on the driver's own node: its master address is looked up here, without a task
+        from mindspeed_rl.workers import launcher
+
+        looked_up = []
+        real = launcher._node_ip_and_ports
+        monkeypatch.setattr(launcher, "_node_ip_and_ports", lambda *a: looked_up.append(a) or real(*a))
+        addr, ports = launcher.bundle_ip_and_ports(pg, 1, 2, avoid=[1])
+        assert looked_up == [(2, [1])] and addr == ray.util.get_node_ip_address() and len(set(ports)) == 2
     finally:
         ray.shutdown()
+
+
+def test_a_port_handed_to_a_group_still_starting_is_not_handed_out_again(monkeypatch):
+    """Groups start side by side: one group's master port is not bound yet when the next group asks."""
+    import ray
+
+    from mindspeed_rl.utils import dist
+    from mindspeed_rl.workers.launcher import _node_ip_and_ports
+
+    offered = iter([20001, 20001, 20002, 20003])
+    monkeypatch.setattr(dist, "free_port", lambda host="127.0.0.1": next(offered))
+    monkeypatch.setattr(ray.util, "get_node_ip_address", lambda: "10.0.0.1")
+    assert _node_ip_and_ports(2, avoid={20002}) == ("10.0.0.1", [20001, 20003])
 
 
 def test_a_restart_resumes_every_role_from_its_save_or_none(tmp_path):

@@ -23,6 +23,9 @@ class Accelerator:
     """megatron-core's use_cpu_initialization: initialise parameters on the CPU."""
     vllm_supports_sleep: bool = True
     """vLLM's sleep mode frees the engine's memory between rollouts."""
+    roles_start_together: bool = False
+    """Build the roles' worker groups side by side. Not where vLLM sizes its KV cache from the device memory it
+    finds free while it starts: another role loading its weights meanwhile would change that."""
 
     def device_count(self) -> int:
         raise NotImplementedError

@@ -25,6 +25,7 @@ class CpuAccelerator(Accelerator):
     offload_when_idle = False
     cpu_initialization = True
     vllm_supports_sleep = False
+    roles_start_together = True  # vLLM's CPU KV cache has a fixed size (kv_cache_memory_bytes)
 
     def device_count(self) -> int:
         return os.cpu_count() or 1

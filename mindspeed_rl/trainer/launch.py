@@ -114,11 +114,12 @@ class Roles:
 
 
 def start_roles(cfg: PPOConfig, acc, pg, env: Dict[str, str], workers: List, log_dir, tokenizer) -> Roles:
-    """Every role's worker group on the placement group (appended to ``workers`` as each starts)."""
+    """Every role's worker group on the placement group (appended to ``workers`` as each starts); side by side
+    where the accelerator allows it (``roles_start_together``), else one after another."""
     from ..rollout.service import ColocatedRollout, DisaggregatedRollout
     from ..workers.actor_worker import IntegratedActorWorker
     from ..workers.critic_worker import CriticWorker
-    from ..workers.launcher import connect_weight_channel, spawn_group
+    from ..workers.launcher import connect_weight_channel, spawn_group, wait_until_built
     from ..workers.reward_worker import RewardWorker
     from ..workers.rollout_worker import RolloutWorker
 
@@ -128,6 +129,7 @@ def start_roles(cfg: PPOConfig, acc, pg, env: Dict[str, str], workers: List, log
     whole_bundle = acc.bundle_spec(cpus_per_bundle)[acc.ray_resource]
     fraction = whole_bundle / len(cfg.roles)  # the roles share each bundle's device slot (CPU: its CPUs)
     steps = cfg.megatron_training.train_iters * (cfg.samples_per_iteration // rl.mini_batch_size) * rl.epochs
+    ports: set = set()  # master ports of the groups still starting
 
     def spawn(name, cls, num_ranks, share, first_bundle=0, **kwargs):
         """One group of ranks; each rank gets its place in the group's torch.distributed world."""
@@ -135,26 +137,32 @@ def start_roles(cfg: PPOConfig, acc, pg, env: Dict[str, str], workers: List, log
             name, cls, acc, pg, num_ranks, share,
             lambda rank, addr, port: dict(rank=rank, world_size=num_ranks, master_addr=addr, master_port=port,
                                           threads=threads, **kwargs),
-            env, workers, log_dir, first_bundle=first_bundle,
+            env, workers, log_dir, first_bundle=first_bundle, wait=not acc.roles_start_together, taken_ports=ports,
         )  # fmt: skip
 
     ids = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id or 0)
-    actor = spawn("actor", IntegratedActorWorker, devices, fraction, role=cfg.actor, rl=rl, gen=gen,
-                  total_steps=steps, with_engine=not rollout_devices, **ids)  # fmt: skip
+    roles = Roles(
+        spawn("actor", IntegratedActorWorker, devices, fraction, role=cfg.actor, rl=rl, gen=gen, total_steps=steps,
+              with_engine=not rollout_devices, **ids),
+        service=None,
+    )  # fmt: skip
+    rollout = None
     if rollout_devices:  # disaggregated layout: the rollout workers' bundles follow the actor's
         rollout = spawn("rollout", RolloutWorker, rollout_devices, whole_bundle, first_bundle=devices,
                         model=cfg.actor.model, gen=gen, bf16=cfg.actor.megatron.bf16, **ids)  # fmt: skip
-        transfer = connect_weight_channel(pg, actor, rollout)
-        roles = Roles(actor, DisaggregatedRollout(actor, rollout))
-        print(f"rollout workers (disaggregated): {rollout.describe_engines()}; weights over {transfer}", flush=True)
-    else:
-        roles = Roles(actor, ColocatedRollout(actor))
-        print(f"rollout engines: {actor.describe_engines()}", flush=True)
     if cfg.uses_critic:
         roles.critic = spawn("critic", CriticWorker, cfg.critic.num_devices, fraction, role=cfg.critic, rl=rl,
                              total_steps=steps, offload_when_idle=acc.offload_when_idle)  # fmt: skip
     if cfg.reward is not None:
         roles.reward = spawn("reward", RewardWorker, cfg.reward.num_devices, fraction, role=cfg.reward, rl=rl)
+    wait_until_built(workers)
+    if rollout is not None:
+        transfer = connect_weight_channel(pg, roles.actor, rollout)
+        roles.service = DisaggregatedRollout(roles.actor, rollout)
+        print(f"rollout workers (disaggregated): {rollout.describe_engines()}; weights over {transfer}", flush=True)
+    else:
+        roles.service = ColocatedRollout(roles.actor)
+        print(f"rollout engines: {roles.actor.describe_engines()}", flush=True)
     return roles
 
 

@@ -7,7 +7,7 @@ import itertools
 import math
 import os
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set
 
 from ..accelerator import Accelerator
 from ..utils.cli import UserError
@@ -15,7 +15,9 @@ from ..utils.library_logs import ENV_LOG_FILE
 from .worker_group import WorkerGroup
 
 
-def _node_ip_and_ports(count: int = 1):
+def _node_ip_and_ports(count: int = 1, avoid: Iterable[int] = ()):
+    """This node's IP and ``count`` ports free on it, none of them in ``avoid`` (ports handed out already but
+    not bound yet)."""
     import ray
 
     from ..utils.dist import free_port
@@ -23,9 +25,23 @@ def _node_ip_and_ports(count: int = 1):
     ports: List[int] = []
     while len(ports) < count:
         port = free_port("")
-        if port not in ports:
+        if port not in ports and port not in avoid:
             ports.append(port)
     return ray.util.get_node_ip_address(), ports
+
+
+def bundle_ip_and_ports(pg, bundle: int, count: int = 1, avoid: Iterable[int] = ()):
+    """``_node_ip_and_ports`` on the node that holds ``bundle``: looked up here when that node is the driver's
+    own, else by a task placed in the bundle (a worker process to start: ~2 s)."""
+    import ray
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    if bundle_nodes(pg).get(bundle) == ray.get_runtime_context().get_node_id():
+        return _node_ip_and_ports(count, avoid)
+    strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)
+    return ray.get(
+        ray.remote(num_cpus=0)(_node_ip_and_ports).options(scheduling_strategy=strategy).remote(count, list(avoid))
+    )
 
 
 def describe_resources(resources: Dict[str, float]) -> str:
@@ -117,17 +133,20 @@ def spawn_group(
     started: Optional[List[WorkerGroup]] = None,
     log_dir: Optional[str] = None,
     first_bundle: int = 0,
+    wait: bool = True,
+    taken_ports: Optional[Set[int]] = None,
 ) -> WorkerGroup:
     """Start ``num_ranks`` actors of ``cls`` in bundles first_bundle.. first_bundle+num_ranks-1, each taking
     ``fraction`` of a device (appended to ``started`` as soon as they exist). With ``log_dir`` each rank writes
-    its library output to ``log_dir/<name>_<rank>.log`` (utils/library_logs.py)."""
+    its library output to ``log_dir/<name>_<rank>.log`` (utils/library_logs.py). ``wait``: return once every
+    rank is built (else ``wait_until_built`` later, the group starting meanwhile); ``taken_ports``: master
+    ports of groups still starting, not to be handed out again (the group's own is added)."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    first = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=first_bundle)
-    master_addr, (master_port,) = ray.get(
-        ray.remote(num_cpus=0)(_node_ip_and_ports).options(scheduling_strategy=first).remote()
-    )
+    master_addr, (master_port,) = bundle_ip_and_ports(pg, first_bundle, avoid=taken_ports or ())
+    if taken_ports is not None:
+        taken_ports.add(master_port)
     remote_cls = ray.remote(cls)
     nodes = bundle_nodes(pg)
     handles = []
@@ -151,8 +170,16 @@ def spawn_group(
     group = WorkerGroup(name, handles)
     if started is not None:
         started.append(group)  # the caller shuts it down even if start-up fails below
-    group.load_layouts()
+    if wait:
+        group.load_layouts()
     return group
+
+
+def wait_until_built(groups: Iterable[WorkerGroup]) -> None:
+    """Every rank of ``groups`` constructed (their layouts read); the groups were started side by side."""
+    for group in groups:
+        if not group.layouts:
+            group.load_layouts()
 
 
 def bundle_nodes(pg) -> Dict[int, str]:
@@ -167,7 +194,6 @@ def connect_weight_channel(pg, actor: WorkerGroup, rollout: WorkerGroup) -> str:
     rollout rank receives; both sides join at once (the channel is a collective). Returns how the tensors
     travel (``channel`` or ``vllm_native``) and prints why where vLLM's transfer was asked for but is missing."""
     import ray
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     answers = set(ray.get(rollout.call_async("weight_transfer")))
     if len(answers) != 1:
@@ -175,12 +201,7 @@ def connect_weight_channel(pg, actor: WorkerGroup, rollout: WorkerGroup) -> str:
     ((mode, reason),) = answers
     if reason:
         print(f"generate_config.weight_transfer: vllm_native unavailable ({reason}); weights go over the channel")
-    first = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=0)
-    host, ports = ray.get(
-        ray.remote(num_cpus=0)(_node_ip_and_ports)
-        .options(scheduling_strategy=first)
-        .remote(1 + (mode == "vllm_native"))
-    )
+    host, ports = bundle_ip_and_ports(pg, 0, 1 + (mode == "vllm_native"))
     size = len(rollout.handles) + 1
     native_port = ports[1] if mode == "vllm_native" else None
     ray.get(
