@@ -5,6 +5,8 @@ import os
 import torch
 import torch.distributed as torch_dist
 
+from mindspeed_rl.compat.megatron_core import destroy_model_parallel
+
 _SHARED_WORLD = False  # True while ``run_each`` runs several specs in one world
 
 
@@ -22,7 +24,7 @@ class _SharedWorld:
         from megatron.core import parallel_state as ps
 
         if ps.model_parallel_is_initialized():
-            ps.destroy_model_parallel()
+            destroy_model_parallel()
 
 
 def start_rank(rank, world, port, tp=1, pp=1, ep=1, cp=1):
@@ -53,15 +55,20 @@ def run_each(rank, world, jobs, workdir, port):
     dist.destroy()
 
 
+# The compatibility stages (scripts/test_npu_versions.sh) give every job a world of its own: the older releases
+# keep state across a re-initialisation in one process (vLLM 0.18's engines, megatron-core 0.12's groups).
+FRESH_WORLDS = os.environ.get("MINDSPEED_RL_TEST_FRESH_WORLDS") == "1"
+
+
 def spawn_each(world, jobs, workdir):
-    """``run_each`` of ``jobs`` in ``world`` spawned processes (joined)."""
+    """``run_each`` of ``jobs`` in ``world`` spawned processes (joined); a spawn per job with FRESH_WORLDS."""
     import torch.multiprocessing as mp
 
     from mindspeed_rl.utils.dist import free_port
 
-    mp.start_processes(
-        run_each, args=(world, list(jobs), str(workdir), free_port()), nprocs=world, start_method="spawn"
-    )
+    jobs = list(jobs)
+    for group in [[job] for job in jobs] if FRESH_WORLDS else [jobs]:
+        mp.start_processes(run_each, args=(world, group, str(workdir), free_port()), nprocs=world, start_method="spawn")
 
 
 def spawn_layouts(name, specs, workdir):
@@ -467,7 +474,7 @@ def run_reshard_relations(rank, world, spec, workdir, port):
     results, fresh = {}, {}
     for case in RESHARD_CASES:
         tp, pp, itp = case["tp"], case["pp"], case["itp"]
-        ps.destroy_model_parallel()
+        destroy_model_parallel()
         dist.init_model_parallel(tp, pp, seed=5)
         actor = MegatronEngine(tiny_role(tp=tp, pp=pp, num_devices=world, model=model), trainable=False)
         actor.load_weights(
@@ -589,7 +596,7 @@ def run_resharded_resume(rank, world, spec, workdir, port):
             layout = case[side]
             tp, pp = layout["tp"], layout["pp"]
             counts = [model.num_layers // pp] * pp
-            ps.destroy_model_parallel()
+            destroy_model_parallel()
             dist.init_model_parallel(tp, pp, seed=5)
             dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
             role = tiny_role(

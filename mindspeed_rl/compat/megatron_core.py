@@ -47,6 +47,18 @@ def _router_without_transformer_engine() -> None:
         moe_utils.__dict__.setdefault("te_general_gemm", None)
 
 
+def destroy_model_parallel() -> None:
+    """megatron's parallel state destroyed as if the process were new, ready for another layout.
+
+    megatron-core 0.12's ``destroy_model_parallel`` leaves the old layout's ``*_GLOBAL_RANKS`` behind (0.16 clears
+    them): a rank of the old embedding group that is not in the new one then asks for a group it does not have
+    ("position embedding group is not initialized"). Every such list starts as None in a new process."""
+    ps = importlib.import_module("megatron.core.parallel_state")
+    ps.destroy_model_parallel()
+    for name in [n for n in vars(ps) if n.startswith("_") and n.endswith("_GLOBAL_RANKS")]:
+        setattr(ps, name, None)
+
+
 def reset_rng_tracker() -> None:
     """Re-create megatron's model-parallel RNG tracker (after its class was replaced).
 

@@ -101,6 +101,6 @@ def destroy() -> None:
     from megatron.core import parallel_state as ps
 
     if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
+        compat_megatron.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
