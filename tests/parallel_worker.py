@@ -1,58 +1,36 @@
 """Worker of the multi-process parallel-equivalence tests (run through torch.multiprocessing)."""
 
 import os
+import sys
 
 import torch
 import torch.distributed as torch_dist
 
 from mindspeed_rl.compat.megatron_core import destroy_model_parallel
 
-_SHARED_WORLD = False  # True while ``run_each`` runs several specs in one world
-
-
-class _SharedWorld:
-    """``mindspeed_rl.utils.dist`` for one of several specs in one world: ``destroy`` ends only megatron's
-    groups (the next spec builds its own), the process group stays for the next spec."""
-
-    def __init__(self, module):
-        self._module = module
-
-    def __getattr__(self, name):
-        return getattr(self._module, name)
-
-    def destroy(self):
-        from megatron.core import parallel_state as ps
-
-        if ps.model_parallel_is_initialized():
-            destroy_model_parallel()
-
 
 def start_rank(rank, world, port, tp=1, pp=1, ep=1, cp=1):
     """One thread per process, the gloo world, megatron's TP x PP (x EP, x CP) groups seeded alike on every
-    rank."""
+    rank. Returns ``mindspeed_rl.utils.dist``."""
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     from mindspeed_rl.utils import dist
 
-    dist.init_distributed(rank, world, master_port=port)  # (an earlier spec of ``run_each``: already there)
+    dist.init_distributed(rank, world, master_port=port)  # (an earlier job of ``run_each``: already there)
     dist.init_model_parallel(tp, pp, seed=5, ep=ep, cp=cp)
-    return _SharedWorld(dist) if _SHARED_WORLD else dist
+    return dist
 
 
 def run_each(rank, world, jobs, workdir, port):
     """``jobs``: (worker function name, spec) pairs, run in turn in one spawned world of ``world`` processes
-    (one start-up and one set of imports for them all, the seconds a spawn costs); each spec gets megatron
-    groups of its own, seeded as in a spawn of its own."""
-    global _SHARED_WORLD
-    _SHARED_WORLD = True
-    try:
-        for name, spec in jobs:
-            globals()[name](rank, world, spec, workdir, port)
-    finally:
-        _SHARED_WORLD = False
-    from mindspeed_rl.utils import dist
+    (one start-up and one set of imports for them all, the seconds a spawn costs). Each job's megatron groups
+    end after it (the next builds and seeds its own, as in a spawn of its own); the world ends with the last."""
 
-    dist.destroy()
+    for name, spec in jobs:
+        globals()[name](rank, world, spec, workdir, port)
+        ps = sys.modules.get("megatron.core.parallel_state")  # (a job without megatron never imported it)
+        if ps is not None and ps.model_parallel_is_initialized():
+            destroy_model_parallel()
 
 
 # The compatibility stages (scripts/test_npu_versions.sh) give every job a world of its own: the older releases
@@ -69,6 +47,11 @@ def spawn_each(world, jobs, workdir):
     jobs = list(jobs)
     for group in [[job] for job in jobs] if FRESH_WORLDS else [jobs]:
         mp.start_processes(run_each, args=(world, group, str(workdir), free_port()), nprocs=world, start_method="spawn")
+
+
+def spawn(name, world, spec, workdir):
+    """The worker function ``name`` on ``spec`` in ``world`` spawned processes (joined)."""
+    spawn_each(world, [(name, spec)], workdir)
 
 
 def spawn_layouts(name, specs, workdir):
@@ -114,7 +97,7 @@ def run(rank, world, spec, workdir, port):
     from tests.helpers import make_batch, tiny_model_config, tiny_role
 
     tp, pp, cp = spec["tp"], spec["pp"], spec.get("cp", 1)
-    dist = start_rank(rank, world, port, tp, pp, cp=cp)
+    start_rank(rank, world, port, tp, pp, cp=cp)
     model = tiny_model_config(num_layers=4)
     layer_list = spec.get("num_layer_list")
     counts = [int(x) for x in layer_list.split(",")] if layer_list else [model.num_layers // pp] * pp
@@ -172,7 +155,6 @@ def run(rank, world, spec, workdir, port):
             results[run_name + "_grad_norm"] = step.grad_norm
     if rank == 0:
         torch.save(results, os.path.join(workdir, f"result_{spec['name']}.pt"))
-    dist.destroy()
 
 
 def run_converted(rank, world, spec, workdir, port):
@@ -184,7 +166,7 @@ def run_converted(rank, world, spec, workdir, port):
     from tests.helpers import tiny_role
 
     tp, pp = spec["tp"], spec["pp"]
-    dist = start_rank(rank, world, port, tp, pp)
+    start_rank(rank, world, port, tp, pp)
     batch = torch.load(os.path.join(workdir, "batch.pt"))
     out = {}
     for kind in ("lm", "value"):
@@ -202,7 +184,6 @@ def run_converted(rank, world, spec, workdir, port):
         out[kind] = engine.forward(batch, micro_batch_size=2, with_logits=kind == "lm")
     if rank == 0:
         torch.save(out, os.path.join(workdir, f"converted_{spec['name']}.pt"))
-    dist.destroy()
 
 
 def run_family(rank, world, spec, workdir, port):
@@ -218,7 +199,7 @@ def run_family(rank, world, spec, workdir, port):
     from tests.helpers import tiny_role
 
     tp, pp, ep = spec["tp"], spec["pp"], spec.get("ep", 1)
-    dist = start_rank(rank, world, port, tp, pp, ep)
+    start_rank(rank, world, port, tp, pp, ep)
     mg_dir = os.path.join(workdir, f"mg_{spec['name']}")
     config = read_mg_config(mg_dir)[0]
     model = ModelConfig(**config["model"])
@@ -282,7 +263,6 @@ def run_family(rank, world, spec, workdir, port):
         out.update(reload_equal=all(flags), ckpt_files=sorted(os.listdir(os.path.join(ckpt, "iter_0000001"))))
     if rank == 0:
         torch.save(out, os.path.join(workdir, f"family_{spec['name']}.pt"))
-    dist.destroy()
 
 
 def run_rollout(rank, world, spec, workdir, port):
@@ -299,7 +279,7 @@ def run_rollout(rank, world, spec, workdir, port):
     from tests.helpers import tiny_model_config, tiny_role
 
     tp, pp = spec["tp"], spec["pp"]
-    dist = start_rank(rank, world, port, tp, pp)
+    start_rank(rank, world, port, tp, pp)
     model = tiny_model_config(num_layers=4, hidden_size=128, ffn_hidden_size=256, padded_vocab_size=512)
     actor = MegatronEngine(tiny_role(tp=tp, pp=pp, num_devices=world, model=model), trainable=False)
     full = torch.load(os.path.join(workdir, "actor_full.pt"), weights_only=True)
@@ -340,7 +320,6 @@ def run_rollout(rank, world, spec, workdir, port):
             os.path.join(workdir, f"rollout_{spec['name']}.pt"),
         )
     engine.shutdown()
-    dist.destroy()
 
 
 def run_fresh_engine(rank, world, spec, workdir, port):
@@ -378,7 +357,7 @@ def run_updated_engine(rank, world, spec, workdir, port):
     from mindspeed_rl.rollout.resharding import iter_full_weights
     from tests.helpers import tiny_model_config, tiny_role
 
-    dist = start_rank(rank, world, port)
+    start_rank(rank, world, port)
     model = tiny_model_config(num_layers=4, hidden_size=128, ffn_hidden_size=256, padded_vocab_size=512)
     actor = MegatronEngine(tiny_role(model=model), trainable=False)
     actor.load_weights(torch.load(os.path.join(workdir, "actor_full.pt"), weights_only=True))
@@ -413,7 +392,6 @@ def run_updated_engine(rank, world, spec, workdir, port):
         os.path.join(workdir, spec.get("out", "updated.pt")),
     )
     engine.shutdown()
-    dist.destroy()
 
 
 def run_reward_worker(rank, world, spec, workdir, port):
@@ -520,7 +498,6 @@ def run_reshard_relations(rank, world, spec, workdir, port):
             fresh[itp] = [list(o.outputs[0].token_ids) for o in outs]
         results[case["name"]] = (updated, fresh[itp])
     torch.save(results, os.path.join(workdir, f"reshard_rank{rank}.pt"))
-    dist.destroy()
 
 
 def _gathered_by_layout(engine, local, tp, pp, counts, join):
@@ -641,7 +618,6 @@ def run_resharded_resume(rank, world, spec, workdir, port):
         results[case["name"]] = outcome
     if rank == 0:
         torch.save(results, os.path.join(workdir, "resharded_resume.pt"))
-    dist.destroy()
 
 
 def run_lora(rank, world, spec, workdir, port):
@@ -649,11 +625,10 @@ def run_lora(rank, world, spec, workdir, port):
     log-probs, one SFT step (each data-parallel rank its rows), and the checkpoint of that step (adapters
     only, completed from the loaded one by whoever reads it)."""
     tp, pp, ep = spec["tp"], spec["pp"], spec["ep"]
-    dist = start_rank(rank, world, port, tp, pp, ep, cp=spec.get("cp", 1))
+    start_rank(rank, world, port, tp, pp, ep, cp=spec.get("cp", 1))
     log_probs = lora_step(spec, workdir, world)
     if rank == 0:
         torch.save({"log_probs": log_probs}, os.path.join(workdir, spec["save"] + ".pt"))
-    dist.destroy()
 
 
 def lora_step(spec, workdir, world=1):
@@ -702,7 +677,7 @@ def run_lora_layers(rank, world, spec, workdir, port):
 
     from mindspeed_rl.models.lora import LoRAState, adapt_layer
 
-    dist = start_rank(rank, world, port, tp=world)
+    start_rank(rank, world, port, tp=world)
     gen = torch.Generator().manual_seed(3)
     s, b, h, f, r = 8, 2, 16, 24, 4
     full = {
@@ -762,4 +737,3 @@ def run_lora_layers(rank, world, spec, workdir, port):
         results[case] = merged
     if rank == 0:
         torch.save(results, os.path.join(workdir, "lora_layers.pt"))
-    dist.destroy()

@@ -2,12 +2,10 @@
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from cli import convert_ckpt
 from mindspeed_rl.demo.tiny_hf import build_hf_model
 from mindspeed_rl.models.heads import last_token_values
-from mindspeed_rl.utils.dist import free_port
 from tests import parallel_worker
 from tests.helpers import make_batch, tiny_model_config
 
@@ -75,13 +73,7 @@ def test_reward_worker_scores_equal_hf_sequence_classification(tmp_path):
     )
     batch = make_batch(4, 12, vocab=model.padded_vocab_size, seed=2, left_pad=False)
     torch.save(batch, tmp_path / "batch.pt")
-    mp.start_processes(
-        parallel_worker.run_reward_worker,
-        args=(1, {}, str(tmp_path), free_port()),
-        nprocs=1,
-        join=True,
-        start_method="spawn",
-    )
+    parallel_worker.spawn("run_reward_worker", 1, {}, tmp_path)
     with torch.no_grad():
         want = rm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.squeeze(-1)
     assert (torch.load(tmp_path / "rm_scores.pt") - want).abs().max().item() <= 1e-5

@@ -183,13 +183,9 @@ def test_lora_layers_under_tensor_sequence_and_expert_parallelism(tmp_path):
     plain-torch formula's on one rank (fp32, 1e-5), and replicated factors agree across the ranks."""
     import os
 
-    import torch.multiprocessing as mp
-
-    from mindspeed_rl.utils.dist import free_port
     from tests import parallel_worker
 
-    mp.start_processes(parallel_worker.run_lora_layers, args=(2, {}, str(tmp_path), free_port()), nprocs=2,
-                       join=True, start_method="spawn")  # fmt: skip
+    parallel_worker.spawn("run_lora_layers", 2, {}, tmp_path)
     results = torch.load(os.path.join(tmp_path, "lora_layers.pt"))
     ref = results.pop("reference")
     assert set(results) == {"tp", "sequence_parallel", "expert"}

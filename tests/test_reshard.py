@@ -5,11 +5,9 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from mindspeed_rl.checkpoint import megatron_layout as ml
 from mindspeed_rl.utils import dist
-from mindspeed_rl.utils.dist import free_port
 from tests import parallel_worker
 from tests.helpers import make_batch, sft_loss, single_process_world_fixture, tiny_role
 
@@ -78,13 +76,7 @@ def test_resharded_resume_at_another_layout_takes_the_same_step(tmp_path):
             target=dict(tp=1, pp=1, dist_opt=True),
         ),
     ]
-    mp.start_processes(
-        parallel_worker.run_resharded_resume,
-        args=(2, {"cases": cases}, workdir, free_port()),
-        nprocs=2,
-        join=True,
-        start_method="spawn",
-    )
+    parallel_worker.spawn("run_resharded_resume", 2, {"cases": cases}, workdir)
     results = torch.load(os.path.join(workdir, "resharded_resume.pt"), weights_only=False)
     dst = os.path.join(workdir, "tp2_to_dp2", "dst")
     check_role(tiny_role(num_devices=2, model=tiny_model_config(num_layers=4), use_distributed_optimizer=True,

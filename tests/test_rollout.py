@@ -5,12 +5,10 @@ import textwrap
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
 from mindspeed_rl.protocol import RolloutRequest
 from mindspeed_rl.rollout.sampling import filter_logits, sample_next
-from mindspeed_rl.utils.dist import free_port
 from tests import parallel_worker
 from tests.helpers import tiny_model_config
 
@@ -23,10 +21,6 @@ def random_full_weights(seed=0):
 
     model = tiny_model_config(**MODEL)
     return model, build(model, seed)
-
-
-def spawn(fn, world, spec, workdir):
-    mp.start_processes(fn, args=(world, spec, str(workdir), free_port()), nprocs=world, join=True, start_method="spawn")
 
 
 def write_hf_folder(folder, model, full):
@@ -107,7 +101,7 @@ def test_resharding_relations_give_each_engine_the_weights_of_a_fresh_engine(tmp
     torch.save(full, tmp_path / "actor_full.pt")
     torch.save(PROMPTS, tmp_path / "prompts.pt")
     write_hf_folder(tmp_path / "hf", model, full)
-    spawn(parallel_worker.run_reshard_relations, 4, {}, tmp_path)
+    parallel_worker.spawn("run_reshard_relations", 4, {}, tmp_path)
     for rank in range(4):
         results = torch.load(tmp_path / f"reshard_rank{rank}.pt")
         assert set(results) == {c["name"] for c in parallel_worker.RESHARD_CASES}
