@@ -974,6 +974,25 @@ def test_sigterm_maps_to_143_whatever_ray_makes_of_the_interrupt(tmp_path, monke
         assert signal.getsignal(signal.SIGTERM) is raise_terminated
 
 
+def test_a_sigterm_dropped_in_a_del_is_raised_again_at_the_next_check(capsys):
+    """Python runs the handler inside whatever the main thread does, a ``__del__`` of garbage collection
+    included, and drops the exception raised there: the run's next check raises it, and no "Exception
+    ignored" traceback reaches the console. Outside a stop_on_sigterm block a check does nothing."""
+    from mindspeed_rl.utils.cli import Terminated, raise_if_terminated, stop_on_sigterm
+
+    class Collected:
+        def __del__(self):
+            signal.raise_signal(signal.SIGTERM)
+
+    with stop_on_sigterm():
+        raise_if_terminated()  # nothing received yet
+        Collected()  # the handler runs in its __del__
+        with pytest.raises(Terminated):
+            raise_if_terminated()
+    assert "Exception ignored" not in capsys.readouterr().err
+    raise_if_terminated()  # the block is over: the SIGTERM was its own
+
+
 SIGTERM_STAGES = """
 import sys, time
 from mindspeed_rl.utils.cli import report_user_errors, stop_on_sigterm

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Tuple
 
 from ..config_cls.loader import CONFIG_DIR
 from ..config_cls.ppo_config import PPOConfig
-from ..utils.cli import UserError, raise_terminated, stop_on_sigterm
+from ..utils.cli import UserError, raise_if_terminated, raise_terminated, stop_on_sigterm
 from ..utils.hf_tokenizer import load_tokenizer
 from .failures import WorkerDied, describe_dead_worker, describe_worker_error, train_to_exit_code
 
@@ -231,6 +231,7 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     write_run_info(run_dir, cfg.raw, resolved, batch_plan(cfg), sys.argv)
     started = time.perf_counter()
     resume_at = preflight(cfg)
+    raise_if_terminated()  # (a SIGTERM whose exception a __del__ dropped: here, between phases, and each iteration)
     acc, env = get_accelerator(), runtime_env_vars()
     workers: List = []  # groups started so far, for the clean-up
     runner = logger = pg = undo_routing = trainer = None
@@ -243,8 +244,10 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
         bundles = cfg.actor.num_devices + cfg.rollout_devices
         pg = create_placement_group(acc, bundles, acc.bundle_cpus(bundles)[0], placement_keys(cfg))
         print(describe_placement(pg), flush=True)
+        raise_if_terminated()
         roles = start_roles(cfg, acc, pg, env, workers, log_dir, tokenizer)
         start, state = load_models(cfg, roles, resume_at)
+        raise_if_terminated()
         sampler = PromptSampler(len(dataset), mt.global_batch_size, mt.seed, shuffle=not mt.no_shuffle)
         if rl.rule_reward:
             runner = RuleRewardRunner(rl.verifier_function, rl.verifier_weight, rl.verifier_timeout,

@@ -19,6 +19,7 @@ from ..datasets.prompt_dataset import PromptBatch
 from ..protocol import MODEL_INPUTS, Experience, build_experience, mini_batch_plan
 from ..rollout.service import ColocatedRollout, DisaggregatedRollout
 from ..rollout.source import RolloutSource
+from ..utils.cli import raise_if_terminated
 from ..utils.clock import Clock
 from .guards import next_collapse_streak, save_due, stop_on_nonfinite_steps
 from .metrics import data_metrics, throughput
@@ -115,6 +116,7 @@ class PPOTrainer:
             print("validation before training: " + format_validation(val_metrics), flush=True)
             self.logger.record({"iteration": self.iteration, **val_metrics})
         while self.iteration < self.cfg.megatron_training.train_iters:
+            raise_if_terminated()
             self.clock = Clock()
             started = time.time()
             version = self.rollout_service.version  # the policy that samples this iteration

@@ -47,17 +47,36 @@ def interrupt_exit_code(exc: KeyboardInterrupt) -> int:
 @contextlib.contextmanager
 def stop_on_sigterm() -> Iterator[None]:
     """SIGTERM raises ``Terminated`` in the main thread inside the block; the previous handler is restored
-    after it. The outermost block starts with no SIGTERM recorded. Outside the main thread: nothing."""
+    after it. The outermost block starts with no SIGTERM recorded. Outside the main thread: nothing.
+
+    Python runs a signal handler wherever the main thread is, a ``__del__`` that garbage collection called
+    included, and drops what is raised there: such a ``Terminated`` is dropped without its "Exception ignored"
+    traceback, and ``raise_if_terminated`` raises it again at the caller's next safe point."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = signal.signal(signal.SIGTERM, raise_terminated)
     if previous is not raise_terminated:
         _sigterm["received"] = False
+    previous_hook = sys.unraisablehook
+
+    def unraisable(info):
+        if not isinstance(info.exc_value, Terminated):
+            previous_hook(info)
+
+    sys.unraisablehook = unraisable
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        sys.unraisablehook = previous_hook
+
+
+def raise_if_terminated() -> None:
+    """Raise ``Terminated`` when a SIGTERM arrived inside a ``stop_on_sigterm`` block but its exception was
+    dropped (raised in a ``__del__``): called between a run's start-up phases and iterations."""
+    if _sigterm["received"] and signal.getsignal(signal.SIGTERM) is raise_terminated:
+        raise Terminated()
 
 
 def report_user_errors(main: Callable[..., int]) -> Callable[..., int]:
