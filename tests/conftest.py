@@ -25,6 +25,19 @@ def demo_assets(tmp_path_factory) -> dict:
     return prepare(str(tmp_path_factory.mktemp("demo_assets")), vocab)
 
 
+@pytest.fixture(scope="session")
+def control_run(tmp_path_factory, demo_assets) -> list:
+    """The control of the learning tests, run once: the demo's initial policy never updated (actor lr 1e-12),
+    6 iterations of ppo_tiny_cpu validated at 5 and 6; its metrics per iteration. The tiny CPU twins share the
+    model, the seed that initialises it and the prompts, and without an update the policy is the initial one
+    whatever the algorithm: one control serves the PPO, GRPO and DAPO learning tests."""
+    from mindspeed_rl.trainer.launch import train
+    from tests.helpers import demo_config
+
+    root = str(tmp_path_factory.mktemp("control"))
+    return train(demo_config("ppo_tiny_cpu", root, demo_assets, 6, **{"actor_config.lr": 1e-12}))
+
+
 def _stop_ray() -> None:
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():

@@ -1,8 +1,9 @@
-"""Exact resume with finetune=false: 4 iterations straight == 2, stop, resume, 2 more (rewards, losses,
-final weights), also when the run stopped between the actor's and the critic's save of a third iteration;
+"""Exact resume with finetune=false: iterations 3 and 4 resumed from the checkpoints of iteration 2 == the straight
+run's (rewards, losses, final weights), when the run stopped between the actor's and the critic's save of iteration 3;
 a save killed half-way never becomes the latest checkpoint."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -59,13 +60,17 @@ def test_resume_reproduces_the_straight_run(tmp_path, demo_assets):
     from mindspeed_rl.trainer.launch import train
 
     root, paths = str(tmp_path), demo_assets
-    straight = train(cfg_for(root, paths, "straight", 4))
-    first = train(cfg_for(root, paths, "split", 3, **{"megatron_training.save_interval": 1}))[:2]
-    # the driver dies after the actor committed iteration 3 and before the critic did: the critic's
-    # iteration 3 is still its staging folder and its tracker says 2
+    straight = train(cfg_for(root, paths, "straight", 4, **{"megatron_training.save_interval": 1}))
+    # what a driver leaves when it dies after the actor committed iteration 3 and before the critic did: the
+    # straight run's checkpoints up to iteration 3, the critic's iteration 3 still its staging folder and its
+    # tracker at 2
+    for role, last in (("actor", 3), ("critic", 2)):
+        shutil.copytree(
+            f"{root}/straight/{role}", f"{root}/split/{role}", ignore=shutil.ignore_patterns("iter_0000004*")
+        )
+        with open(f"{root}/split/{role}/{ml.TRACKER}", "w") as fh:
+            fh.write(f"{last}\n")
     os.replace(f"{root}/split/critic/iter_0000003", f"{root}/split/critic/iter_0000003.tmp")
-    with open(f"{root}/split/critic/{ml.TRACKER}", "w") as fh:
-        fh.write("2\n")
     resume = {
         "actor_config.finetune": "false",
         "critic_config.finetune": "false",
@@ -74,7 +79,7 @@ def test_resume_reproduces_the_straight_run(tmp_path, demo_assets):
     }
     second = train(cfg_for(root, paths, "split", 4, **resume))
     assert [m["iteration"] for m in second] == [3, 4]  # both roles from iteration 2, not actor 3 + critic 2
-    for a, b in zip(straight, first + second):
+    for a, b in zip(straight[2:], second):
         for key in COMPARED:
             assert a[key] == pytest.approx(b[key], abs=1e-6), (a["iteration"], key)
     for role in ("actor", "critic"):
