@@ -138,6 +138,16 @@ def demo_config(name: str, root: str, paths: dict, iterations: int, **extra):
     return load_ppo_config(name, overrides)
 
 
+def after_iteration(last: int):
+    """A ``shutil.copytree`` filter: a checkpoint folder's iterations after ``last`` left out (the checkpoints a
+    run stopped at ``last`` would have left)."""
+
+    def ignored(folder, names):
+        return [n for n in names if n.startswith("iter_") and int(n[5:12]) > last]
+
+    return ignored
+
+
 def single_process_world_fixture(seed: int = 11):
     """A module-scoped, autouse fixture: a one-rank torch.distributed world with megatron's model-parallel
     state (TP = PP = 1), destroyed after the module."""
