@@ -50,17 +50,32 @@ case "$DEVICE_RESOURCE" in
 esac
 
 SID_FILE="$RAY_TMP.launcher_sid.$$"  # this launcher's own (several may share RAY_TMP on one host)
+STOP_CLEANLY=1  # 0: stop_own_ray sends SIGKILL at once
 stop_own_ray() {
   # Ray is started in a session of its own (setsid); every Ray process of this node (gcs, raylet, agents,
-  # workers) carries that session id, recorded in $SID_FILE: stop exactly that session (SIGTERM, then
-  # SIGKILL after 10 s, as `ray stop` does), nothing matched by name or command line
+  # workers) carries that session id, recorded in $SID_FILE: stop exactly that session, nothing matched by
+  # name or command line. In the order `ray stop` uses, SIGTERM to the raylet, then the others, the GCS last
+  # (stopped all at once they wait on each other for 10 s and more), each given a few seconds (the GCS, which
+  # keeps nothing once the others are gone, 2 s); SIGKILL for what is left
   [ -f "$SID_FILE" ] || return 0
   local sid
   sid=$(cat "$SID_FILE")
   rm -f "$SID_FILE"
   [[ "$sid" =~ ^[0-9]+$ ]] || return 0
-  pkill -s "$sid" 2>/dev/null || return 0
-  for _ in $(seq 20); do pgrep -s "$sid" > /dev/null || return 0; sleep 0.5; done
+  local step name pids deadline
+  for step in raylet:4 others:4 gcs_server:2; do
+    [ "$STOP_CLEANLY" = 1 ] || break
+    name=${step%:*}
+    deadline=$((SECONDS + ${step#*:}))
+    pids=$(ps -o pid=,stat=,comm= -s "$sid" 2>/dev/null | awk -v name="$name" '$2 !~ /^Z/ &&
+      (name == "others" ? $3 != "raylet" && $3 != "gcs_server" : $3 == name) {print $1}') || true
+    [ -n "$pids" ] || continue
+    kill $pids 2>/dev/null || true
+    # until those processes are gone (a zombie is gone: its parent, not us, would have to reap it)
+    while ps -o stat= -p "${pids//$'\n'/,}" 2>/dev/null | grep -qv '^Z' && [ "$SECONDS" -lt "$deadline" ]; do
+      sleep 0.1
+    done
+  done
   pkill -9 -s "$sid" 2>/dev/null || true
 }
 start_own_ray() {  # start_own_ray LOG ARGS...: `ray start ARGS` as the leader of a new session
@@ -106,7 +121,7 @@ if [ "$NODE_RANK" = "0" ]; then
       echo "[launcher] error: only $have of $want devices joined within ${WAIT_SECONDS}s" >&2
       exit 2
     fi
-    sleep 5
+    sleep 2
   done
   RAY_ADDRESS="$MASTER_ADDR:$RAY_PORT" "$PY" cli/train_ppo.py --config-name "$CONFIG" "$@" 2>&1 \
       | tee "$LOG_DIR/training.log"
@@ -121,9 +136,10 @@ else
       echo "[launcher] error: could not join $MASTER_ADDR:$RAY_PORT within ${WAIT_SECONDS}s" >&2
       exit 2
     fi
-    sleep 5
+    sleep 2
   done
   # wait while the head's GCS port answers
-  while timeout 5 bash -c "echo > /dev/tcp/$MASTER_ADDR/$RAY_PORT" 2>/dev/null; do sleep 5; done
+  while timeout 5 bash -c "echo > /dev/tcp/$MASTER_ADDR/$RAY_PORT" 2>/dev/null; do sleep 1; done
   echo "[launcher] the head's cluster is gone; stopping"
+  STOP_CLEANLY=0  # nothing to stop cleanly for: without their GCS this node's processes would wait 10 s and more
 fi
