@@ -1,4 +1,5 @@
-"""RL math in plain torch: advantage estimators, KL, losses, aggregation, shaping. No Ray, no Megatron.
+"""RL math in plain torch: advantage estimators, KL, losses, aggregation, shaping, distillation. No Ray, no
+Megatron.
 
 Tensors are [batch, response_length] over response tokens; ``mask`` is 1 on real response tokens.
 The names a config can choose (estimators, losses, KL forms) and a run's algorithm plan are registered
@@ -25,6 +26,7 @@ _EXPORTS = {
         "sequence_rewards",
         "token_level_rewards",
     ),
+    "distillation": ("distill_advantages", "mix_advantages", "reverse_kl_advantages", "teacher_student_kl"),
     "kl": ("AdaptiveKLController", "FixedKLController", "kl_penalty", "make_kl_controller"),
     "losses": (
         "Clip",

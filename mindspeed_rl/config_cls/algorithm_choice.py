@@ -1,9 +1,9 @@
-"""The algorithm registry: the advantage estimators and policy losses a config can name, what each
+"""The algorithm registry: the advantage estimators, policy losses and distillation signals a config can name, what each
 needs, and the decisions of one run (critic or not, reference or not, where the KL goes), made once
 from ``rl_config`` by :func:`resolve_algorithm` and read by config validation, worker start-up and the
 trainer. The names live here, at the foundations, so that the config is checked without importing the
-math; each entry names its function in ``algorithms/`` (``advantages.estimate`` and
-``losses.policy_loss`` call it).
+math; each entry names its function in ``algorithms/`` (``advantages.estimate``, ``losses.policy_loss`` and
+``distillation.distill_advantages`` call it).
 
 Adding an estimator: write the function in ``algorithms/advantages.py`` (its parameter names say which
 inputs it reads: token_rewards, sequence_rewards, values, mask, group, gamma, lam, whiten), add one
@@ -44,8 +44,16 @@ class PolicyLoss:
     summary: str
 
 
+@dataclass(frozen=True)
+class DistillSignal:
+    name: str
+    function: str  # its function in algorithms/distillation.py
+    summary: str
+
+
 ADVANTAGE_ESTIMATORS: Dict[str, AdvantageEstimator] = {}
 POLICY_LOSSES: Dict[str, PolicyLoss] = {}
+DISTILL_SIGNALS: Dict[str, DistillSignal] = {}
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 KL_BASE = ("kl", "abs", "mse", "low_var_kl")
 KL_ALIASES = {"k1": "kl", "k2": "mse", "k3": "low_var_kl"}  # verl's names
@@ -72,6 +80,12 @@ def register_policy_loss(name: str, function: str, *, default_agg_mode: str = "t
     if name in POLICY_LOSSES:
         raise ValueError(f"policy loss {name!r} is registered twice")
     POLICY_LOSSES[name] = PolicyLoss(name, function, default_agg_mode, summary)
+
+
+def register_distillation(name: str, function: str, *, summary: str = "") -> None:
+    if name in DISTILL_SIGNALS:
+        raise ValueError(f"distillation signal {name!r} is registered twice")
+    DISTILL_SIGNALS[name] = DistillSignal(name, function, summary)
 
 
 register_advantage(
@@ -118,6 +132,21 @@ register_policy_loss(
     default_agg_mode="seq-mean-token-mean",
     summary="GSPO: sequence-level ratio (geometric mean of token ratios), clipped",
 )
+
+
+register_distillation(
+    "reverse_kl",
+    "reverse_kl_advantages",
+    summary="on-policy distillation: per-token advantage log p_teacher - log p_student at the sampled token",
+)
+
+
+def get_distillation(name: str) -> DistillSignal:
+    if name not in DISTILL_SIGNALS:
+        raise AlgorithmChoiceError(
+            "rl_config.distill_loss", f"unknown distillation signal {name!r}; registered: {', '.join(DISTILL_SIGNALS)}"
+        )
+    return DISTILL_SIGNALS[name]
 
 
 def kl_names() -> Tuple[str, ...]:
