@@ -3,7 +3,7 @@
 import os
 import pathlib
 import time
-from typing import Iterator, Sequence
+from typing import Iterator, Optional, Sequence
 
 from mindspeed_rl.config_cls import ModelConfig
 from tests.conftest import ROOT
@@ -138,14 +138,20 @@ def demo_config(name: str, root: str, paths: dict, iterations: int, **extra):
     return load_ppo_config(name, overrides)
 
 
-def after_iteration(last: int):
-    """A ``shutil.copytree`` filter: a checkpoint folder's iterations after ``last`` left out (the checkpoints a
-    run stopped at ``last`` would have left)."""
+def checkpoints_up_to(source: str, target: str, last: int, tracker: Optional[int] = None) -> None:
+    """What a run stopped after iteration ``last`` leaves in ``target``: ``source``'s checkpoint folders up to
+    ``last`` (its iterations after it left out) and the tracker at ``last`` (or at ``tracker``: a save that the
+    stop cut short)."""
+    import shutil
 
-    def ignored(folder, names):
+    from mindspeed_rl.checkpoint import megatron_layout as ml
+
+    def later(folder, names):
         return [n for n in names if n.startswith("iter_") and int(n[5:12]) > last]
 
-    return ignored
+    shutil.copytree(source, target, ignore=later)
+    with open(os.path.join(target, ml.TRACKER), "w") as fh:
+        fh.write(f"{last if tracker is None else tracker}\n")
 
 
 def single_process_world_fixture(seed: int = 11):

@@ -3,7 +3,6 @@ run's (rewards, losses, final weights), when the run stopped between the actor's
 a save killed half-way never becomes the latest checkpoint."""
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import torch
 
 from mindspeed_rl.checkpoint import megatron_layout as ml
 from mindspeed_rl.config_cls import load_ppo_config
-from tests.helpers import after_iteration
+from tests.helpers import checkpoints_up_to
 
 COMPARED = (
     "critic/score/mean",
@@ -65,10 +64,8 @@ def test_resume_reproduces_the_straight_run(tmp_path, demo_assets):
     # what a driver leaves when it dies after the actor committed iteration 3 and before the critic did: the
     # straight run's checkpoints up to iteration 3, the critic's iteration 3 still its staging folder and its
     # tracker at 2
-    for role, last in (("actor", 3), ("critic", 2)):
-        shutil.copytree(f"{root}/straight/{role}", f"{root}/split/{role}", ignore=after_iteration(3))
-        with open(f"{root}/split/{role}/{ml.TRACKER}", "w") as fh:
-            fh.write(f"{last}\n")
+    checkpoints_up_to(f"{root}/straight/actor", f"{root}/split/actor", 3)
+    checkpoints_up_to(f"{root}/straight/critic", f"{root}/split/critic", 3, tracker=2)
     os.replace(f"{root}/split/critic/iter_0000003", f"{root}/split/critic/iter_0000003.tmp")
     resume = {
         "actor_config.finetune": "false",

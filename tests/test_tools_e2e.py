@@ -10,12 +10,11 @@ iterations. Exact resume: iterations 3 and 4 resumed from the checkpoint of iter
 import glob
 import json
 import os
-import shutil
 
 import pytest
 
 from mindspeed_rl.checkpoint import megatron_layout as ml
-from tests.helpers import after_iteration, demo_config
+from tests.helpers import checkpoints_up_to, demo_config
 
 ITERATIONS = 12
 ACCURACY = "acc_for_ppo_rewards/mean"  # over every scored group, those dynamic sampling drops included
@@ -62,9 +61,7 @@ def test_the_four_way_tool_twin_learns_and_resumes_exactly(assets):
     straight_cfg = config(f"{root}/straight", paths, ITERATIONS, **{"megatron_training.save_interval": 2})
     straight = train(straight_cfg)
     # the run stopped after iteration 2: its checkpoints up to 2 (the straight run's, saved on its way)
-    shutil.copytree(f"{root}/straight/ckpt/actor", f"{root}/split/ckpt/actor", ignore=after_iteration(2))
-    with open(f"{root}/split/ckpt/actor/{ml.TRACKER}", "w") as fh:
-        fh.write("2\n")
+    checkpoints_up_to(f"{root}/straight/ckpt/actor", f"{root}/split/ckpt/actor", 2)
     state = ml.load_rank(f"{root}/split/ckpt/actor", 0, 0)["trainer_state"]
     resume = {"actor_config.finetune": "false", "actor_config.load": f"{root}/split/ckpt/actor"}
     second = train(config(f"{root}/split", paths, 4, **resume))
