@@ -38,6 +38,21 @@ def control_run(tmp_path_factory, demo_assets) -> list:
     return train(demo_config("ppo_tiny_cpu", root, demo_assets, 6, **{"actor_config.lr": 1e-12}))
 
 
+LEARNED_ITERATIONS = 20  # the demo's length: greedy validation flips to the right answers by then (1.0 at 20)
+
+
+@pytest.fixture(scope="session")
+def learned_run(tmp_path_factory, demo_assets):
+    """The demo's run, once for the session: ppo_tiny_cpu for 20 iterations; (its root, its metrics per
+    iteration). Its checkpoint of iteration 20 (root/ckpt/actor) is the policy that solves the task: the
+    distillation test's teacher."""
+    from mindspeed_rl.trainer.launch import train
+    from tests.helpers import demo_config
+
+    root = str(tmp_path_factory.mktemp("demo"))
+    return root, train(demo_config("ppo_tiny_cpu", root, demo_assets, LEARNED_ITERATIONS))
+
+
 def _stop_ray() -> None:
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():

@@ -120,19 +120,21 @@ def random_full_weights(model, seed: int = 0, scale: float = 0.05):
 
 
 def demo_config(name: str, root: str, paths: dict, iterations: int, **extra):
-    """A demo config (ppo_tiny_cpu, ppo_tiny_cpu_x4) on the assets of ``demo.assets.prepare``, with its
-    logs and checkpoints under ``root``; ``extra``: more key=value overrides."""
+    """A demo config (ppo_tiny_cpu, ppo_tiny_cpu_x4, distill_tiny_cpu) on the assets of ``demo.assets.prepare``,
+    with its logs and checkpoints under ``root``; ``extra``: more key=value overrides."""
     from mindspeed_rl.config_cls import load_ppo_config
 
-    validates = load_ppo_config(name).actor.megatron.test_data_path is not None  # the demo's held-out set
+    given = load_ppo_config(name)
+    validates = given.actor.megatron.test_data_path is not None  # the demo's held-out set
     overrides = [
         f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
         f"megatron_training.data_path={paths['data_prefix']}",
         f"rl_config.log_dir={root}/logs",
         f"megatron_training.train_iters={iterations}",
         f"actor_config.save={root}/ckpt/actor",
-        f"critic_config.save={root}/ckpt/critic",
     ] + [f"{k}={v}" for k, v in extra.items()]
+    if "critic_config" in given.raw:
+        overrides.append(f"critic_config.save={root}/ckpt/critic")
     if validates:
         overrides.append(f"megatron_training.test_data_path={paths['test_prefix']}")
     return load_ppo_config(name, overrides)

@@ -295,6 +295,8 @@ def rl(**kw):
         kl_ctrl_type="fixed",
         use_kl_in_reward=False,
         rollout_correction=SimpleNamespace(rollout_is=None),
+        distill_coef=0.0,
+        distill_loss="reverse_kl",
     )
     values.update(kw)
     return SimpleNamespace(**values)
@@ -303,6 +305,7 @@ def rl(**kw):
 def test_plan_decides_critic_reference_and_kl_once():
     ppo = resolve_algorithm(rl(init_kl_coef=0.001))
     assert ppo.use_critic and ppo.use_reference and ppo.kl_in_loss and not ppo.kl_in_reward
+    assert ppo.distill is None and resolve_algorithm(rl(distill_coef=0.5)).distill.name == "reverse_kl"
     grpo = resolve_algorithm(rl(adv_estimator="grpo", n_samples_per_prompt=8))
     assert not grpo.use_critic and not grpo.use_reference and grpo.estimator.name == "group_norm"
     verl_style = resolve_algorithm(

@@ -8,26 +8,12 @@ import os
 
 import pytest
 
-from tests.helpers import demo_config
-
-ITERATIONS = 20  # the demo's length: greedy validation flips to the right answers by then (1.0 at 20)
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory, demo_assets):
-    return str(tmp_path_factory.mktemp("demo")), demo_assets
-
-
-def config(root, paths, **extra):
-    return demo_config("ppo_tiny_cpu", root, paths, ITERATIONS, **extra)
+from tests.conftest import LEARNED_ITERATIONS as ITERATIONS
 
 
 @pytest.mark.slow
-def test_ppo_learns_and_the_control_run_does_not(assets, control_run):
-    from mindspeed_rl.trainer.launch import train
-
-    root, paths = assets
-    learned = train(config(root, paths))
+def test_ppo_learns_and_the_control_run_does_not(learned_run, control_run):
+    root, learned = learned_run  # the demo's 20 iterations (conftest: the distillation test's teacher too)
     control = control_run  # 6 iterations are enough to show that nothing moves (validated at 5 and 6)
     scores = [m["critic/score/mean"] for m in learned]
     control_scores = [m["critic/score/mean"] for m in control]

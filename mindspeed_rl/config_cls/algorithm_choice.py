@@ -184,6 +184,7 @@ class AlgorithmPlan:
     kl_in_reward: bool  # -beta * KL_t in the token rewards (verl's use_kl_in_reward)
     kl_in_loss: bool  # + beta * KL in the actor loss (MindSpeed-RL's GRPO)
     rollout_is: Optional[str]  # None, "token" or "sequence"
+    distill: Optional[DistillSignal] = None  # on-policy distillation (a teacher role), None when distill_coef is 0
 
     @property
     def use_critic(self) -> bool:
@@ -203,6 +204,7 @@ class AlgorithmPlan:
             f"clip {clip}, {self.loss_agg_mode}; KL {kl}; critic {'yes' if self.use_critic else 'no'}, "
             f"reference {'yes' if self.use_reference else 'no'}"
             + (f"; rollout correction: {self.rollout_is}-level truncated IS" if self.rollout_is else "")
+            + (f"; distillation {self.distill.name} ({self.distill.summary})" if self.distill else "")
         )
 
 
@@ -258,4 +260,5 @@ def resolve_algorithm(rl: Any) -> AlgorithmPlan:
         kl_in_reward=bool(rl.use_kl_in_reward),
         kl_in_loss=bool(beta_used and not rl.use_kl_in_reward),
         rollout_is=correction,
+        distill=get_distillation(rl.distill_loss) if rl.distill_coef > 0 else None,
     )

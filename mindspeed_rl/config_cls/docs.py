@@ -26,8 +26,8 @@ A run config is composed by Hydra, as in MindSpeed-RL:
 - `defaults:` pulls model files from `configs/model/` (`- model: [qwen25_32b]`) and `megatron_training.model`
   (or a role's `model`) picks one; a model named there but not listed in `defaults` is read from
   `configs/model/<name>.yaml`.
-- `actor_config`, `critic_config` (and `reward_config` for a reward model) take any key of
-  `megatron_training` and override it for that role.
+- `actor_config`, `critic_config` (and `reward_config` for a reward model, `teacher_config` for an on-policy
+  distillation teacher) take any key of `megatron_training` and override it for that role.
 - Overrides `section.key=value` may set any key below, whether or not the YAML spells it out.
 - `dry_run=true` validates, prints the batch plan and exits 0.
 
@@ -81,7 +81,7 @@ log says so once.
 """
 
 SECTIONS = [
-    ("megatron_training / actor_config / critic_config / reward_config", MegatronConfig),
+    ("megatron_training / actor_config / critic_config / reward_config / teacher_config", MegatronConfig),
     ("model.<name> (configs/model/<name>.yaml)", ModelConfig),
     ("rl_config", RLConfig),
     ("rl_config.actor_resource / critic_resource / reward_resource", ResourceConfig),

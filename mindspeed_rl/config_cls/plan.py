@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def batch_plan(cfg: PPOConfig) -> str:
     """A human-readable account of how one iteration's samples are split."""
-    lines = iteration_lines(cfg) + rollout_feature_lines(cfg)
+    lines = iteration_lines(cfg) + rollout_feature_lines(cfg) + distillation_lines(cfg)
     lines += [role_split_line(role, cfg) for role in cfg.roles]
     lines += role_memory_lines(cfg)
     lines += parallel_group_lines(cfg.roles)
@@ -107,11 +107,24 @@ def rollout_feature_lines(cfg: PPOConfig) -> List[str]:
     return lines
 
 
+def distillation_lines(cfg: PPOConfig) -> List[str]:
+    """What the teacher adds to the advantages, and where it runs."""
+    rl, teacher = cfg.rl, cfg.teacher
+    if teacher is None:
+        return []
+    clip = f"clipped to +-{rl.distill_clip:g}" if rl.distill_clip else "unclipped"
+    where = "on the actor's devices" if rl.teacher_colocate else f"on {teacher.num_devices} devices of its own"
+    return [
+        f"  distill   : teacher {teacher.megatron.model} from {teacher.megatron.load} ({where}) scores every sampled "
+        f"token; A = A_reward + {rl.distill_coef:g} x {rl.distill_loss} ({clip})"
+    ]
+
+
 def role_split_line(role, cfg: PPOConfig) -> str:
     """A role's devices (TP x PP x CP x DP), model and share of the samples per DP rank."""
     samples, mini = cfg.samples_per_iteration, cfg.rl.mini_batch_size
     m = role.megatron
-    per_rank = mini // role.dp if role.name != "reward" else samples // role.dp
+    per_rank = mini // role.dp if role.trains else samples // role.dp
     micro = per_rank // m.micro_batch_size
     params = readable_count(role.model.parameter_count()) + " params"
     if role.model.num_experts:
@@ -127,8 +140,9 @@ def role_split_line(role, cfg: PPOConfig) -> str:
         + (
             f"{per_rank} samples per DP rank per mini-batch = {micro} micro-batch(es) of {m.micro_batch_size}; "
             f"lr {m.lr:g}"
-            if role.name != "reward"
+            if role.trains
             else f"{per_rank} samples per DP rank to score"
+            + ("" if role.name != "teacher" or cfg.rl.teacher_colocate else "; devices of its own")
         )
     )
 
@@ -138,7 +152,7 @@ def role_memory_lines(cfg: PPOConfig) -> List[str]:
     longest = cfg.rl.max_prompt_length + cfg.generate.sampling_config.max_tokens
     lines = []
     for role in cfg.roles:
-        if role.name != "reward":
+        if role.trains:
             lines.append(f"  {role.name + ' mem':<10}: " + trainable_memory(role))
         lines.append(f"  {role.name + ' seq':<10}: " + sequence_memory(role, longest))
     return lines
@@ -166,7 +180,7 @@ def parallel_group_lines(roles) -> List[str]:
 def placement_lines(cfg: PPOConfig) -> List[str]:
     """The layout diagram of the placement group: the roles on the actor's devices and the rollout engines."""
     devices = cfg.actor.num_devices
-    co_located = [(r.name, r.tp, r.dp, r.pp, r.cp) for r in cfg.roles if r.num_devices == devices]
+    co_located = [(r.name, r.tp, r.dp, r.pp, r.cp) for r in cfg.colocated_roles if r.num_devices == devices]
     diagram = layout_diagram(devices, cfg.generate.infer_tensor_parallel_size, co_located)
     heading = "  layout (one placement group; roles share the bundles):"
     return [heading] + ["    " + line for line in diagram.splitlines()]

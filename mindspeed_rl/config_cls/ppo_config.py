@@ -25,6 +25,7 @@ TOP_LEVEL_KEYS = (
     "rl_config",
     "generate_config",
     "reward_config",
+    "teacher_config",
     "dry_run",
     "hydra",
 )
@@ -32,12 +33,17 @@ TOP_LEVEL_KEYS = (
 
 @dataclass
 class RoleConfig:
-    """One Megatron role (actor, critic, reward): its merged training settings and its model."""
+    """One Megatron role (actor, critic, reward, teacher): its merged training settings and its model."""
 
     name: str
     megatron: MegatronConfig
     model: ModelConfig
     num_devices: int
+
+    @property
+    def trains(self) -> bool:
+        """Actor and critic train; the reward model and the distillation teacher are frozen (weights only)."""
+        return self.name in ("actor", "critic")
 
     @property
     def tp(self) -> int:
@@ -65,6 +71,7 @@ class PPOConfig:
     rl: RLConfig
     generate: GenerateConfig
     algorithm: AlgorithmPlan  # resolved from rl_config (resolve_algorithm) when the config is built
+    teacher: Optional[RoleConfig] = None  # on-policy distillation's frozen teacher
     dry_run: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -88,11 +95,22 @@ class PPOConfig:
     @property
     def roles(self) -> List[RoleConfig]:
         """The Megatron roles this run starts (the critic only when the advantage estimator needs one)."""
-        return [self.actor] + ([self.critic] if self.uses_critic else []) + ([self.reward] if self.reward else [])
+        frozen = [role for role in (self.reward, self.teacher) if role is not None]
+        return [self.actor] + ([self.critic] if self.uses_critic else []) + frozen
+
+    @property
+    def colocated_roles(self) -> List[RoleConfig]:
+        """The roles that share the actor's devices (all but a teacher on devices of its own)."""
+        return [role for role in self.roles if role is not self.teacher or self.rl.teacher_colocate]
+
+    @property
+    def teacher_devices(self) -> int:
+        """Devices of a teacher of its own (teacher_colocate false); 0 when it shares the actor's."""
+        return self.teacher.num_devices if self.teacher is not None and not self.rl.teacher_colocate else 0
 
     @property
     def training_roles(self) -> List[RoleConfig]:
-        """The roles that train, save and resume (the reward model is frozen)."""
+        """The roles that train, save and resume (the reward model and the teacher are frozen)."""
         return [self.actor] + ([self.critic] if self.uses_critic else [])
 
     @property
@@ -103,7 +121,8 @@ class PPOConfig:
     @property
     def world_size(self) -> int:
         """Devices that count for the throughput metrics (docs/ppo.md, Metrics)."""
-        return self.actor.num_devices + self.rollout_devices  # integrated: the other roles share the actor's
+        # integrated: the other roles share the actor's
+        return self.actor.num_devices + self.rollout_devices + self.teacher_devices
 
 
 def model_section_data(name: str, models: Mapping[str, Any], config_dir: Optional[str], key: str) -> Mapping:
@@ -177,6 +196,11 @@ def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) 
         if rl.reward_resource is None:
             raise ConfigError("rl_config.reward_resource", "required when reward_config is given")
         reward = _role("reward", "reward_config", data, base, models, config_dir, rl.reward_resource.num_npus)
+    teacher = None
+    if data.get("teacher_config") is not None:
+        if rl.teacher_resource is None:
+            raise ConfigError("rl_config.teacher_resource", "required when teacher_config is given")
+        teacher = _role("teacher", "teacher_config", data, base, models, config_dir, rl.teacher_resource.num_npus)
     dry_run = data.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise ConfigError("dry_run", f"got {dry_run!r}, expected true or false")
@@ -189,6 +213,7 @@ def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) 
         actor=actor,
         critic=critic,
         reward=reward,
+        teacher=teacher,
         rl=rl,
         generate=generate,
         algorithm=algorithm,
@@ -207,7 +232,7 @@ def derive(cfg: PPOConfig) -> None:
     rl = cfg.rl
     if rl.use_dynamic_bsz:
         longest = rl.max_prompt_length + cfg.generate.sampling_config.max_tokens
-        update_mbs = max(role.megatron.micro_batch_size for role in cfg.roles if role.name != "reward")
+        update_mbs = max(role.megatron.micro_batch_size for role in cfg.training_roles)
         defaults = {
             "ref_max_packing_token_size": rl.ref_forward_micro_batch_size * longest,
             "actor_max_packing_token_size": rl.actor_forward_micro_batch_size * longest,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from .algorithm_choice import ADVANTAGE_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES, kl_names
+from .algorithm_choice import ADVANTAGE_ESTIMATORS, DISTILL_SIGNALS, LOSS_AGG_MODES, POLICY_LOSSES, kl_names
 from .base import opt
 
 
@@ -76,6 +76,14 @@ class RLConfig:
     actor_resource: ResourceConfig = opt(doc="Devices of the actor group.", factory=lambda: ResourceConfig(1))
     critic_resource: ResourceConfig = opt(doc="Devices of the critic group.", factory=lambda: ResourceConfig(1))
     reward_resource: Optional[ResourceConfig] = opt(None, "Devices of the reward-model group (ORM).")
+    teacher_resource: Optional[ResourceConfig] = opt(
+        None, "Devices of the distillation teacher group (teacher_config; required with it)."
+    )
+    teacher_colocate: bool = opt(
+        True,
+        "true: the teacher shares the actor's devices (its weights wait on host between its forwards where the "
+        "device offloads); false: devices of its own, after the actor's and the rollout workers'.",
+    )
     rollout_resource: Optional[ResourceConfig] = opt(
         None,
         "Disaggregated layout: rollout workers on this many "
@@ -187,6 +195,21 @@ class RLConfig:
         False,
         "Subtract beta x KL from the token rewards, which every estimator reads "
         "(verl); false: beta x KL is a term of the actor loss (MindSpeed-RL).",
+    )
+    # on-policy distillation (docs/algorithms.md)
+    distill_coef: float = opt(
+        0.0,
+        "Weight lambda of the teacher's per-token advantage added to the reward advantages "
+        "(A = A_reward + lambda x A_distill); 0 turns distillation and the teacher off. Needs teacher_config.",
+        ge=0,
+    )
+    distill_loss: str = opt(
+        "reverse_kl",
+        "Distillation signal: reverse_kl (log p_teacher - log p_student at each sampled token).",
+        choices=tuple(DISTILL_SIGNALS),
+    )
+    distill_clip: Optional[float] = opt(
+        None, "Clip each token's distillation advantage to [-c, c] (null: no clip).", gt=0
     )
     # losses
     policy_loss: str = opt(

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 def _role_key(role: RoleConfig, name: str) -> str:
-    return f"{role.name}_config.{name}" if role.name != "reward" else f"reward_config.{name}"
+    return f"{role.name}_config.{name}"
 
 
 def ulysses_layout(heads: int, groups: int, cp: int) -> Optional[str]:
@@ -67,6 +67,7 @@ def check_cross_fields(cfg: PPOConfig) -> None:
     check_rollout_layout(cfg)
     check_sequence_lengths(cfg)
     check_reward_keys(cfg)
+    check_distillation_keys(cfg)
     check_kl_keys(cfg)
     check_validation_keys(cfg)
     check_save_folders(cfg)
@@ -153,7 +154,7 @@ def check_role_parallelism(role: RoleConfig) -> None:
 def check_role_micro_batch(role: RoleConfig, mini_batch_size: int) -> None:
     """A training role's share of a mini-batch is whole micro-batches."""
     m = role.megatron
-    if role.name != "reward":
+    if role.trains:
         per_rank = mini_batch_size / role.dp
         if mini_batch_size % (m.micro_batch_size * role.dp):
             raise ConfigError(
@@ -204,7 +205,20 @@ def check_worker_modes(cfg: PPOConfig) -> None:
 
 
 def check_role_resources(cfg: PPOConfig) -> None:
-    """The reward model's weights, and the roles that share the actor's devices fit on them."""
+    """The frozen roles' weights, and the roles that share the actor's devices fit on them."""
+    if cfg.teacher is not None:
+        if not cfg.teacher.megatron.load:
+            raise ConfigError(
+                "teacher_config.load",
+                "required: the teacher's weights (an mcore checkpoint: a trained run's save folder, or an HF model "
+                "converted with cli/convert_ckpt.py)",
+            )
+        if cfg.rl.teacher_colocate and cfg.teacher.num_devices > cfg.actor.num_devices:
+            raise ConfigError(
+                "rl_config.teacher_resource.num_npus",
+                f"{cfg.teacher.num_devices} exceeds actor_resource.num_npus {cfg.actor.num_devices}: a colocated "
+                "teacher shares the actor's devices; set rl_config.teacher_colocate false to give it its own",
+            )
     if cfg.reward is not None:
         if not cfg.reward.megatron.load:
             raise ConfigError(
@@ -316,10 +330,46 @@ def check_reward_keys(cfg: PPOConfig) -> None:
             f"{len(rl.verifier_weight)} weights for {len(rl.verifier_function)} verifier functions "
             f"{rl.verifier_function}",
         )
-    if not rl.rule_reward and cfg.reward is None:
+    if not rl.rule_reward and cfg.reward is None and not rl.distill_coef:
         raise ConfigError(
             "rl_config.rule_reward",
             "false, but no reward_config (reward model) is given: nothing would score the responses",
+        )
+
+
+def check_distillation_keys(cfg: PPOConfig) -> None:
+    """A teacher exactly when distillation is on; pure distillation (no reward) trains no critic."""
+    rl = cfg.rl
+    if rl.distill_coef and cfg.teacher is None:
+        raise ConfigError(
+            "rl_config.distill_coef",
+            f"{rl.distill_coef:g} needs a teacher: give teacher_config (and rl_config.teacher_resource)",
+        )
+    if cfg.teacher is not None and not rl.distill_coef:
+        raise ConfigError(
+            "rl_config.distill_coef",
+            "is 0 but teacher_config is given: the teacher would score nothing; set distill_coef > 0 "
+            "(1.0: the teacher's signal at full weight) or remove teacher_config",
+        )
+    if cfg.teacher is not None and cfg.samples_per_iteration % cfg.teacher.dp:
+        raise ConfigError(
+            "rl_config.teacher_resource.num_npus",
+            f"the teacher's DP {cfg.teacher.dp} does not divide the {cfg.samples_per_iteration} responses of an "
+            "iteration it scores",
+        )
+    saves, teacher_load = cfg.actor.megatron.save, cfg.teacher.megatron.load if cfg.teacher is not None else None
+    if saves and teacher_load and os.path.abspath(saves) == os.path.abspath(teacher_load):
+        raise ConfigError(
+            "actor_config.save",
+            f"{saves!r} is the teacher's load folder: the student's checkpoints would overwrite the teacher; "
+            "save the student elsewhere",
+        )
+    rewarded = (rl.rule_reward and any(rl.verifier_weight)) or cfg.reward is not None
+    if rl.distill_coef and not rewarded and cfg.uses_critic:
+        raise ConfigError(
+            "rl_config.adv_estimator",
+            f"{rl.adv_estimator} trains a critic on the rewards, and nothing rewards this run (pure distillation): "
+            "use a critic-free estimator (grpo, rloo, reinforce_plus_plus), or give a reward",
         )
 
 

@@ -54,6 +54,9 @@ FIELDS: Dict[str, FieldSpec] = {
         "index of the row's prompt in the iteration: the n responses of one prompt share it (GRPO groups)",
     ),
     "ref_log_probs": FieldSpec(("B", "R"), torch.float32, "log p(token) under the frozen reference"),
+    "teacher_log_probs": FieldSpec(
+        ("B", "R"), torch.float32, "log p(token) under the distillation teacher (temperature 1)"
+    ),
     "old_log_probs": FieldSpec(
         ("B", "R"), torch.float32, "log p(token) under the actor before this iteration's updates"
     ),
@@ -94,6 +97,7 @@ class Experience:
     rollout_log_probs: Optional[torch.Tensor] = None
     group: Optional[torch.Tensor] = None
     ref_log_probs: Optional[torch.Tensor] = None
+    teacher_log_probs: Optional[torch.Tensor] = None
     old_log_probs: Optional[torch.Tensor] = None
     values: Optional[torch.Tensor] = None
     scores: Optional[torch.Tensor] = None

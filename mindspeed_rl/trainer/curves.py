@@ -22,6 +22,7 @@ PANELS = [
             "timing/update_critic",
             "timing/old_log_p",
             "timing/reference_model",
+            "timing/teacher",
             "timing/critic_model",
         ],
     ),

@@ -149,7 +149,7 @@ def worker_name(exc, groups) -> str:
         for rank, handle in enumerate(group.handles):
             if failed is not None and handle._actor_id.hex() == str(failed):
                 return f"the {group.name} worker of rank {rank}"
-    named = re.search(r"ray::(actor|critic|reward|rollout)_(\d+)_\d+", str(exc))  # spawn_group's actor names
+    named = re.search(r"ray::(actor|critic|reward|teacher|rollout)_(\d+)_\d+", str(exc))  # spawn_group's actor names
     return f"the {named.group(1)} worker of rank {named.group(2)}" if named else "a worker"
 
 

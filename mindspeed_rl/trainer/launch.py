@@ -111,6 +111,7 @@ class Roles:
     service: Any
     critic: Any = None
     reward: Any = None
+    teacher: Any = None
 
 
 def start_roles(cfg: PPOConfig, acc, pg, env: Dict[str, str], workers: List, log_dir, tokenizer) -> Roles:
@@ -122,12 +123,13 @@ def start_roles(cfg: PPOConfig, acc, pg, env: Dict[str, str], workers: List, log
     from ..workers.launcher import connect_weight_channel, spawn_group, wait_until_built
     from ..workers.reward_worker import RewardWorker
     from ..workers.rollout_worker import RolloutWorker
+    from ..workers.teacher_worker import TeacherWorker
 
     rl, gen = cfg.rl, cfg.generate
     devices, rollout_devices = cfg.actor.num_devices, cfg.rollout_devices
-    cpus_per_bundle, threads = acc.bundle_cpus(devices + rollout_devices)
+    cpus_per_bundle, threads = acc.bundle_cpus(cfg.world_size)
     whole_bundle = acc.bundle_spec(cpus_per_bundle)[acc.ray_resource]
-    fraction = whole_bundle / len(cfg.roles)  # the roles share each bundle's device slot (CPU: its CPUs)
+    fraction = whole_bundle / len(cfg.colocated_roles)  # the roles share each bundle's device slot (CPU: its CPUs)
     steps = cfg.megatron_training.train_iters * (cfg.samples_per_iteration // rl.mini_batch_size) * rl.epochs
     ports: set = set()  # master ports of the groups still starting
 
@@ -155,6 +157,11 @@ def start_roles(cfg: PPOConfig, acc, pg, env: Dict[str, str], workers: List, log
                              total_steps=steps, offload_when_idle=acc.offload_when_idle)  # fmt: skip
     if cfg.reward is not None:
         roles.reward = spawn("reward", RewardWorker, cfg.reward.num_devices, fraction, role=cfg.reward, rl=rl)
+    if cfg.teacher is not None:  # colocated: offloaded when idle where the device offloads; else after the others
+        roles.teacher = spawn("teacher", TeacherWorker, cfg.teacher.num_devices,
+                              fraction if rl.teacher_colocate else whole_bundle,
+                              first_bundle=0 if rl.teacher_colocate else devices + rollout_devices, role=cfg.teacher,
+                              rl=rl, offload_when_idle=rl.teacher_colocate and acc.offload_when_idle)  # fmt: skip
     wait_until_built(workers)
     if rollout is not None:
         transfer = connect_weight_channel(pg, roles.actor, rollout)
@@ -171,6 +178,8 @@ def load_models(cfg: PPOConfig, roles: Roles, resume_at) -> Tuple[int, Dict]:
     am, cm, rl = cfg.actor.megatron, cfg.critic.megatron, cfg.rl
     if roles.reward is not None:
         roles.reward.call("init_weights", cfg.reward.megatron.load)
+    if roles.teacher is not None:
+        roles.teacher.call("init_weights", cfg.teacher.megatron.load)
     actor_load, critic_load = existing_checkpoint(am), existing_checkpoint(cm)
     resumed = roles.actor.call("init_weights", actor_load, am.finetune, not am.no_load_optim, not am.no_load_rng,
                                rl.integrated_mode_config.ref_model_load_path, resume_at)[0]  # fmt: skip
@@ -185,6 +194,8 @@ def placement_keys(cfg: PPOConfig) -> str:
     keys = f"rl_config.actor_resource.num_npus {cfg.actor.num_devices}"
     if cfg.rollout_devices:
         keys += f" + rl_config.rollout_resource.num_npus {cfg.rollout_devices}"
+    if cfg.teacher_devices:
+        keys += f" + rl_config.teacher_resource.num_npus {cfg.teacher_devices} (teacher_colocate false)"
     return keys
 
 
@@ -241,7 +252,7 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
 
             undo_routing = route_driver_logs(log_dir)
         init_ray(env, quiet=bool(log_dir))
-        bundles = cfg.actor.num_devices + cfg.rollout_devices
+        bundles = cfg.world_size  # the actor's devices, then the rollout workers' and a teacher's of their own
         pg = create_placement_group(acc, bundles, acc.bundle_cpus(bundles)[0], placement_keys(cfg))
         print(describe_placement(pg), flush=True)
         raise_if_terminated()
@@ -255,7 +266,8 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
         logger = MetricsLogger(run_dir, mt.train_iters, rl,
                                {"rl_config": resolved["rl"], "actor": resolved["actor"]["megatron"]})  # fmt: skip
         trainer = PPOTrainer(cfg, roles.actor, roles.critic, runner, dataset, sampler, tokenizer, logger, start,
-                             roles.reward, test_dataset, rollout_service=roles.service)  # fmt: skip
+                             roles.reward, test_dataset, rollout_service=roles.service,
+                             teacher_group=roles.teacher)  # fmt: skip
         trainer.load_trainer_state(state)
         print(f"workers ready in {time.perf_counter() - started:.1f}s (Ray, placement, models, rollout engines, "
               "checkpoints)", flush=True)  # fmt: skip

@@ -26,6 +26,7 @@ CONSOLE_FIGURES = (
     ("score", "critic/score/mean", "{:.3f}"),
     ("val", "val/score/mean", "{:.3f}"),
     ("kl", "actor/kl_loss", "{:.3g}"),
+    ("teacher_kl", "distill/teacher_kl", "{:.3g}"),
     ("len", "response_length/mean", "{:.1f}"),
     ("step", "timing/all", "{:.2f}s"),
     ("e2e_tps", "e2e_tps", "{:.0f}"),

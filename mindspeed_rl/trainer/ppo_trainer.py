@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ..algorithms.advantages import estimate, sequence_rewards, token_level_rewards
+from ..algorithms.distillation import distill_advantages, mix_advantages, teacher_student_kl
 from ..algorithms.kl import controller_kl, kl_penalty, make_kl_controller
 from ..algorithms.rollout_correction import mismatch_metrics, truncated_is_weights
 from ..config_cls.ppo_config import PPOConfig
@@ -45,9 +46,10 @@ class PPOTrainer:
         reward_group=None,
         test_dataset=None,
         rollout_service=None,
+        teacher_group=None,
     ):
         self.cfg, self.rl, self.gen = cfg, cfg.rl, cfg.generate
-        self.actor, self.critic = actor_group, critic_group
+        self.actor, self.critic, self.teacher = actor_group, critic_group, teacher_group
         self.reward_runner, self.sampler = reward_runner, sampler
         self.test_prompts = PromptBatch.of(test_dataset, range(len(test_dataset))) if test_dataset is not None else None
         self.logger = logger
@@ -104,6 +106,7 @@ class PPOTrainer:
             "timing/rule_reward": ("reward",),
             "timing/reward_model": ("reward",),
             "timing/reference_model": ("reference",),
+            "timing/teacher": ("teacher",),
             "timing/critic_model": ("critic",),
             "timing/update_critic": ("critic",),
             "timing/adv": ("driver",),
@@ -129,6 +132,9 @@ class PPOTrainer:
                 if self.use_ref:
                     with self.timer("timing/reference_model"):
                         exp.set("ref_log_probs", self.log_probs(exp, "ref"))
+                if self.teacher is not None:
+                    with self.timer("timing/teacher"):
+                        exp.set("teacher_log_probs", self.teacher_log_probs(exp))
                 if not self.skip_old_log_prob:
                     with self.timer("timing/old_log_p"):
                         exp.set("old_log_probs", self.log_probs(exp, "actor"))
@@ -137,6 +143,7 @@ class PPOTrainer:
                         exp.set("values", self.values(exp))
                 with self.timer("timing/adv"):
                     self.compute_advantages(exp)
+                    reward_metrics.update(self.add_distillation(exp))
                     reward_metrics.update(self.correct_rollout(exp))
                 update_metrics = {}
                 if self.use_critic:
@@ -267,6 +274,13 @@ class PPOTrainer:
                 self.clock.add(key, answer.timing[key])
         return answer.per_row.float()
 
+    def teacher_log_probs(self, exp: Experience) -> torch.Tensor:
+        answer = self.teacher.forward("compute_log_prob", exp, balance=self.rl.use_dp_batch_balance)
+        for key in ("timing/teacher_onload", "timing/teacher_offload"):
+            if key in answer.timing:
+                self.clock.add(key, answer.timing[key])
+        return answer.per_row.float()
+
     def values(self, exp: Experience) -> torch.Tensor:
         return self.critic.forward("compute_values", exp, balance=self.rl.use_dp_batch_balance).per_row.float()
 
@@ -296,6 +310,23 @@ class PPOTrainer:
         exp.set("returns", ret)
         if kl is not None:
             self.kl_ctrl.update(controller_kl(kl, mask), exp.num_rows)
+
+    def add_distillation(self, exp: Experience) -> Dict[str, float]:
+        """On-policy distillation (rl_config.distill_coef > 0): the teacher's per-token advantage against the
+        policy that sampled (old log-probs, else the rollout's) mixed into the reward advantages; the
+        teacher-student KL as a metric."""
+        signal = self.algorithm.distill
+        if signal is None:
+            return {}
+        mask = exp.loss_mask
+        student = exp.old_log_probs if exp.old_log_probs is not None else exp.rollout_log_probs
+        distill = distill_advantages(signal, student, exp.teacher_log_probs, mask, self.rl.distill_clip)
+        exp.set("advantages", mix_advantages(exp.advantages, distill, self.rl.distill_coef, mask))
+        valid = mask.bool()
+        return {
+            "distill/teacher_kl": teacher_student_kl(student, exp.teacher_log_probs, mask),
+            "distill/advantage_mean": float(distill[valid].mean()) if valid.any() else 0.0,
+        }
 
     def correct_rollout(self, exp: Experience) -> Dict[str, float]:
         """Rollout/trainer mismatch metrics, and the truncated importance weights: on every loss token when

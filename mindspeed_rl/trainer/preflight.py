@@ -206,11 +206,48 @@ def check_device_features(cfg: PPOConfig) -> None:
             raise UserError(f"{role.name}_config.context_parallel_algo: {reason}")
 
 
+def tokenizer_difference(student, teacher) -> Optional[str]:
+    """Why two tokenizers do not map text to the same ids (None when they do): the teacher scores the student's
+    token ids, which must mean the same text to both."""
+    for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
+        if getattr(student, name, None) != getattr(teacher, name, None):
+            return f"{name} {getattr(teacher, name, None)} (the student's: {getattr(student, name, None)})"
+    mine, theirs = student.get_vocab(), teacher.get_vocab()
+    if mine != theirs:
+        differing = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda item: item[1])
+        token, index = differing[0]
+        return (
+            f"vocabularies differ: {len(theirs)} tokens (the student's: {len(mine)}), "
+            f"{len(differing)} (token, id) pairs in one but not the other, e.g. {token!r} -> {index}"
+        )
+    return None
+
+
+def check_teacher_tokenizer(cfg: PPOConfig) -> None:
+    """The distillation teacher reads the student's token ids: its tokenizer must be the student's."""
+    if cfg.teacher is None:
+        return
+    from ..utils.hf_tokenizer import load_tokenizer
+
+    mine, theirs = cfg.actor.megatron.tokenizer_name_or_path, cfg.teacher.megatron.tokenizer_name_or_path
+    if os.path.abspath(mine) == os.path.abspath(theirs):
+        return
+    student = load_tokenizer(mine, "megatron_training.tokenizer_name_or_path")
+    teacher = load_tokenizer(theirs, "teacher_config.tokenizer_name_or_path")
+    reason = tokenizer_difference(student, teacher)
+    if reason:
+        raise UserError(
+            f"teacher_config.tokenizer_name_or_path {theirs}: not the student's tokenizer ({mine}): {reason}; "
+            "on-policy distillation scores the student's token ids, so teacher and student must share a tokenizer"
+        )
+
+
 def preflight(cfg: PPOConfig) -> Optional[int]:
     """Every check above; returns the iteration a resume loads (None: the latest, or not a resume)."""
     check_environment()
     check_device_features(cfg)
     check_tool_isolation(cfg)
+    check_teacher_tokenizer(cfg)
     iteration = resume_iteration(cfg)
     problems, trained = [], {role.name for role in cfg.training_roles}
     for role in cfg.roles:  # every role's problem at once: a resharded actor next to an unresharded critic

@@ -54,6 +54,7 @@ TIMING_PHASES = (
     "timing/rule_reward",
     "timing/reward_model",
     "timing/reference_model",
+    "timing/teacher",
     "timing/old_log_p",
     "timing/critic_model",
     "timing/adv",
@@ -234,13 +235,14 @@ def figures(rows: List[Dict[str, float]]) -> List[Tuple[str, str]]:
 
 
 # lanes top to bottom: the roles that do work in an iteration
-TIMELINE_LANES = ("actor", "reference", "critic", "reward", "driver", "rollout workers")
+TIMELINE_LANES = ("actor", "reference", "teacher", "critic", "reward", "driver", "rollout workers")
 TIMELINE_PHASES = {  # phase -> (label, colour)
     "timing/rollout": ("generate", "tab:blue"),
     "timing/rollout_wait": ("wait for rollout", "lightgrey"),
     "timing/rule_reward": ("rule reward", "tab:olive"),
     "timing/reward_model": ("reward model", "tab:olive"),
     "timing/reference_model": ("reference", "tab:purple"),
+    "timing/teacher": ("teacher", "darkviolet"),
     "timing/old_log_p": ("old log-probs", "tab:cyan"),
     "timing/critic_model": ("values", "tab:brown"),
     "timing/adv": ("advantages", "tab:gray"),
