@@ -66,7 +66,8 @@ def layout_diagram(world: int, infer_tp: int, roles: Sequence[Tuple], max_column
     if len(segments) > max_columns:
         hidden = len(segments) - max_columns + 1
         segments = segments[: max_columns - 1] + [segments[-1]]
-    heads = ["ranks"] + ["rollout"] + [f"{name} train" for name, *_ in roles]
+    work = {"actor": "train", "critic": "train"}  # the frozen roles (reward model, teacher) only run forwards
+    heads = ["ranks", "rollout"] + [f"{name} {work.get(name, 'forward')}" for name, *_ in roles]
     notes = [f"{world} rank(s)", f"infer TP {infer_tp}: each engine's ranks run one vLLM instance on the same prompts"]
     notes += [
         f"TP {tp} x PP {pp}" + (f" x CP {cp}" if cp > 1 else "") + " ranks per DP group" for _, tp, _, pp, cp in roles
