@@ -186,6 +186,25 @@ def run_converted(rank, world, spec, workdir, port):
         torch.save(out, os.path.join(workdir, f"converted_{spec['name']}.pt"))
 
 
+def route_counts(engine, prompts, outputs):
+    """[layer, tokens routed otherwise, tokens compared] of the training forward against the rollout's routes
+    (router replay's metric, nothing replayed)."""
+    from mindspeed_rl.models import router_replay
+
+    rows = [list(p) + list(o.response_ids) for p, o in zip(prompts, outputs)]
+    width = max(map(len, rows))
+    layers, k = outputs[0].routed_experts.shape[1:]
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    routes = torch.full((len(rows), width, layers, k), -1, dtype=torch.int16)
+    for i, (row, output) in enumerate(zip(rows, outputs)):
+        ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
+        routes[i, : output.routed_experts.shape[0]] = torch.from_numpy(output.routed_experts)
+    engine.replay_routes = False
+    engine.forward({"input_ids": ids, "attention_mask": mask, "routed_experts": routes}, micro_batch_size=len(rows))
+    return router_replay.take_mismatch(engine.route_replays)
+
+
 def run_family(rank, world, spec, workdir, port):
     """One model family at TP x PP x EP from its converted checkpoint: logits, greedy rollout through an
     in-place updated vLLM engine, and (with ``spec["train"]``) one SFT step's loss, grad norm and weights."""
@@ -227,14 +246,15 @@ def run_family(rank, world, spec, workdir, port):
         max_num_batched_tokens=1024,
         gpu_memory_utilization=0.005,
     )
-    rollout = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
+    moe = spec["family"] == "qwen3_moe"
+    rollout = make_rollout_engine(model, gen, "cpu", eos_token_id=0, capture_routes=moe)
     rollout.update_weights(iter_full_weights(engine))
     prompts = torch.load(os.path.join(workdir, "prompts.pt"))
-    out["greedy"] = [
-        o.response_ids
-        for o in rollout.generate(RolloutRequest.of(prompts, SamplingConfig(temperature=0, max_tokens=12)))
-    ]
+    outputs = rollout.generate(RolloutRequest.of(prompts, SamplingConfig(temperature=0, max_tokens=12)))
+    out["greedy"] = [o.response_ids for o in outputs]
     rollout.shutdown()
+    if moe:  # the engine's routes against the training forward's own router on the same tokens and weights
+        out["route_counts"] = route_counts(engine, prompts, outputs)
     if spec.get("train"):
         from megatron.core import parallel_state as ps
 

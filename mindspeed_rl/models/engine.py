@@ -98,6 +98,8 @@ class MegatronEngine:
         self.cp, self.cp_rank = ps.get_context_parallel_world_size(), ps.get_context_parallel_rank()
         self.optimizer = None
         self.scheduler = None
+        self.route_replays: Optional[Dict] = None  # router replay's per-layer stand-ins, installed on first use
+        self.replay_routes = True  # false: routes only compared with the router's own choice (the metric)
         if trainable:
             self.model = [wrap_ddp(gpt, role.megatron.use_distributed_optimizer)]
             self.optimizer, self.scheduler = build_optimizer(self.model, self.config, role.megatron, total_steps)
@@ -160,8 +162,26 @@ class MegatronEngine:
     def _forward_step(self, loss_fn, scale, temperature, with_entropy, with_logits, trimmed, data_iterator, model):
         mb = next(data_iterator)
         inp = self.model_input(mb, trimmed)
+        if "routed_experts" in mb or self.route_replays is not None:
+            self._set_routes(inp, mb.get("routed_experts"))
         output = inp.run(model)
         return output, partial(self._loss_wrapper, mb, inp, loss_fn, scale, temperature, with_entropy, with_logits)
+
+    def _set_routes(self, inp: ModelInput, routes: Optional[torch.Tensor]) -> None:
+        """Router replay: the micro-batch's rollout routes ([B, S, L, k]) as every local MoE layer's target, in
+        the order the layer sees its tokens; None: the routers choose on their own."""
+        from megatron.core import parallel_state as ps
+
+        from . import router_replay
+
+        if self.route_replays is None:
+            self.route_replays = router_replay.install(self.model)
+        local = None
+        if routes is not None:
+            sp = self.config.tensor_model_parallel_size if self.config.sequence_parallel else 1
+            tp_rank = ps.get_tensor_model_parallel_rank()
+            local = router_replay.routes_in_computed_layout(inp, routes, self.cp_rank, tp_rank, sp)
+        router_replay.set_targets(self.route_replays, local, self.replay_routes)
 
     def _sequence_multiple(self) -> int:
         """What a computed sequence length must be a multiple of: TP with sequence parallelism, 2 x CP."""

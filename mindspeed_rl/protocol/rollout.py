@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -22,6 +22,9 @@ class RolloutOutput:
     finish_reason: str  # "stop" or "length"
     versions: Optional[List[int]] = None  # policy version of each token (partial rollout); None: one version
     loss_mask: Optional[List[int]] = None  # 0 on tokens the policy did not generate (tool results); None: all 1
+    # router replay: the experts the engine routed each token of prompt + response to, int16 [positions, MoE
+    # layers, top-k] (compat/vllm_routes.py; the last token, never forwarded, and skipped positions hold -1)
+    routed_experts: Optional[Any] = None
 
 
 @dataclass(frozen=True)

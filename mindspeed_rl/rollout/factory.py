@@ -24,6 +24,7 @@ def make_rollout_engine(
     pad_token_id: int = 0,
     seed: int = 1,
     bf16: bool = False,
+    capture_routes: bool = False,
 ) -> RolloutEngine:
     from .vllm_engine import vllm_unusable_reason
 
@@ -34,7 +35,9 @@ def make_rollout_engine(
         from .vllm_engine import VllmEngine
 
         log.warning("rollout engine: vLLM (%s, infer TP %d)", kind, gen.infer_tensor_parallel_size)
-        return VllmEngine(model, gen, kind, eos_token_id if eos_token_id is not None else 0, pad_token_id, seed)
+        return VllmEngine(
+            model, gen, kind, eos_token_id if eos_token_id is not None else 0, pad_token_id, seed, capture_routes
+        )
     from .fallback_engine import FallbackEngine
 
     log.warning("rollout engine: megatron-core fallback (%s)", reason)

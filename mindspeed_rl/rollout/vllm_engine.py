@@ -19,6 +19,7 @@ import torch
 
 from ..accelerator import accelerator_class, get_accelerator
 from ..compat import vllm as compat_vllm
+from ..compat import vllm_routes
 from ..compat import vllm_weight_transfer as compat_transfer
 from ..config_cls.generate_config import GenerateConfig
 from ..config_cls.model_config import ModelConfig
@@ -79,6 +80,7 @@ class VllmEngine(RolloutEngine):
         eos_token_id: int,
         pad_token_id: int = 0,
         seed: int = 1,
+        capture_routes: bool = False,
     ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
         from vllm import LLM
@@ -104,7 +106,8 @@ class VllmEngine(RolloutEngine):
             tensor_parallel_size=gen.infer_tensor_parallel_size,
             trust_remote_code=gen.trust_remote_code,
             logprobs_mode="processed_logprobs",
-            enable_prefix_caching=True,
+            # router replay needs every prompt position forwarded (a prefix-cache hit has no route)
+            enable_prefix_caching=not capture_routes,
         )
         kwargs.update(acc.vllm_engine_kwargs(gen))  # the memory budget: device share or CPU bytes
         # vLLM's weight-transfer engine, when new weights arrive through it (rollout workers of their own)
@@ -125,6 +128,7 @@ class VllmEngine(RolloutEngine):
             os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
         self.llm = LLM(**kwargs)
         self.weight_load_method = compat_vllm.weight_load_method(self.llm)
+        self.capture_routes = capture_routes and vllm_routes.install_route_capture(self.llm) > 0
         self.tensor_parallel_size = gen.infer_tensor_parallel_size
         self._asleep = False
 
@@ -155,13 +159,14 @@ class VllmEngine(RolloutEngine):
         ]
         requests = [{"prompt_token_ids": list(p)} for p in prompts for _ in range(n)]
         results = self.llm.generate(requests, params, use_tqdm=False)
+        routes = vllm_routes.take_routes(self.llm) if self.capture_routes else {}
         outputs: List[RolloutOutput] = []
         for index, result in enumerate(results):
             completion = result.outputs[0]
             ids = list(completion.token_ids)
             logps = [entry[tok].logprob for entry, tok in zip(completion.logprobs, ids)]
             reason = "stop" if completion.finish_reason == "stop" else "length"
-            outputs.append(RolloutOutput(index // n, ids, logps, reason))
+            outputs.append(RolloutOutput(index // n, ids, logps, reason, routed_experts=routes.get(result.request_id)))
         return outputs
 
     def update_weights(self, weights: Pieces) -> Dict[str, float]:
