@@ -186,6 +186,14 @@ def run_converted(rank, world, spec, workdir, port):
         torch.save(out, os.path.join(workdir, f"converted_{spec['name']}.pt"))
 
 
+def route_replay_available() -> bool:
+    """Both libraries have router replay's parts (the main stack; not the NPU sets' older releases)."""
+    from mindspeed_rl.compat import vllm_routes
+    from mindspeed_rl.compat.megatron_core import router_replay_unavailable
+
+    return not vllm_routes.capture_unavailable() and not router_replay_unavailable()
+
+
 def route_counts(engine, prompts, outputs):
     """[layer, tokens routed otherwise, tokens compared] of the training forward against the rollout's routes
     (router replay's metric, nothing replayed)."""
@@ -246,7 +254,7 @@ def run_family(rank, world, spec, workdir, port):
         max_num_batched_tokens=1024,
         gpu_memory_utilization=0.005,
     )
-    moe = spec["family"] == "qwen3_moe"
+    moe = spec["family"] == "qwen3_moe" and route_replay_available()
     rollout = make_rollout_engine(model, gen, "cpu", eos_token_id=0, capture_routes=moe)
     rollout.update_weights(iter_full_weights(engine))
     prompts = torch.load(os.path.join(workdir, "prompts.pt"))

@@ -98,3 +98,13 @@ def uneven_pipeline_fields(counts: List[int]) -> Dict[str, object]:
     if len(counts) == 2:
         return {"num_layers_in_first_pipeline_stage": counts[0]}
     return {"num_layers_in_first_pipeline_stage": counts[0], "num_layers_in_last_pipeline_stage": counts[-1]}
+
+
+def router_replay_unavailable() -> str:
+    """Why this megatron-core cannot replay MoE routes ("" when it can): its routers hand their top-k choice to
+    ``router.router_replay`` from 0.16 on (``topk_routing_with_score_function(..., router_replay=...)``)."""
+    moe_utils = importlib.import_module("megatron.core.transformer.moe.moe_utils")
+    parameters = inspect.signature(moe_utils.topk_routing_with_score_function).parameters
+    if "router_replay" not in parameters:
+        return "this megatron-core's MoE router takes no replayed routes (router_replay arrives in 0.16)"
+    return ""

@@ -21,10 +21,21 @@ import torch
 
 NO_ROUTE = -1  # a position the engine did not forward
 ENGINE_SUFFIX = re.compile(r"-[0-9a-f]{8}$")
+LAYER_IN_NAME = re.compile(r"layers\.(\d+)\.")
+
+
+CAPTURING_RELEASE = (0, 32)  # the first release whose every MoE path (CPU's included) routes through BaseRouter
 
 
 def capture_unavailable() -> Optional[str]:
-    """Why this vLLM cannot capture routes (None when it can)."""
+    """Why this vLLM cannot capture routes (None when it can). Before 0.32 the CPU MoE kernel routes inside
+    itself, past the router's capture hook (0.23 measured: no forward reached it)."""
+    import vllm
+
+    version = vllm.__version__
+    release = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if release < CAPTURING_RELEASE:
+        return f"vLLM {version} cannot return routed experts (0.32 or later can)"
     try:
         from vllm.model_executor.layers.fused_moe.layer import MoERunner  # noqa: F401
         from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
@@ -93,10 +104,14 @@ def _install(worker: Any) -> int:
     from vllm.model_executor.layers.fused_moe.router.base_router import BaseRouter
 
     runner = worker.model_runner
-    moe = [m for m in runner.get_model().modules() if isinstance(m, MoERunner) and isinstance(m.router, BaseRouter)]
-    recorder = _Recorder(runner, sorted(m.layer_id for m in moe))
-    for module in moe:
-        module.router.set_capture_fn(lambda ids, layer=module.layer_id: recorder.capture(layer, ids))
+    moe = {}  # transformer layer index (0.32's layer_id; 0.23's from the module's name) -> its MoE runner
+    for name, module in runner.get_model().named_modules():
+        if isinstance(module, MoERunner) and isinstance(module.router, BaseRouter):
+            layer = getattr(module, "layer_id", None)
+            moe[int(layer if layer is not None else LAYER_IN_NAME.search(name).group(1))] = module
+    recorder = _Recorder(runner, sorted(moe))
+    for layer, module in moe.items():
+        module.router.set_capture_fn(lambda ids, layer=layer: recorder.capture(layer, ids))
     runner._mindspeed_rl_routes = recorder
     return len(moe)
 

@@ -128,6 +128,8 @@ class VllmEngine(RolloutEngine):
             os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
         self.llm = LLM(**kwargs)
         self.weight_load_method = compat_vllm.weight_load_method(self.llm)
+        if capture_routes and vllm_routes.capture_unavailable():
+            raise RuntimeError(f"router replay: {vllm_routes.capture_unavailable()}")
         self.capture_routes = capture_routes and vllm_routes.install_route_capture(self.llm) > 0
         self.tensor_parallel_size = gen.infer_tensor_parallel_size
         self._asleep = False
