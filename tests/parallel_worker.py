@@ -207,7 +207,7 @@ def route_counts(engine, prompts, outputs):
     routes = torch.full((len(rows), width, layers, k), -1, dtype=torch.int16)
     for i, (row, output) in enumerate(zip(rows, outputs)):
         ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
-        routes[i, : output.routed_experts.shape[0]] = torch.from_numpy(output.routed_experts)
+        routes[i, : output.routed_experts.shape[0]] = output.routed_experts
     engine.replay_routes = False
     engine.forward({"input_ids": ids, "attention_mask": mask, "routed_experts": routes}, micro_batch_size=len(rows))
     return router_replay.take_mismatch(engine.route_replays)

@@ -88,3 +88,49 @@ def test_the_training_forward_replays_the_routes_it_is_given():
     engine.replay_routes = False  # compared, not replayed: the router's own choice stands
     assert torch.equal(forward(engine, {**batch, "routed_experts": forced}), plain)
     assert torch.equal(forward(engine, batch), plain)  # a batch without routes: no stale targets
+
+
+def test_routes_ride_with_their_sample_through_padding_widening_joins_and_resume(tmp_path):
+    from mindspeed_rl.checkpoint.megatron_layout import safe_load
+    from mindspeed_rl.protocol import Experience, build_experience
+    from mindspeed_rl.protocol.rollout import RolloutOutput
+
+    prompts = [[5, 6, 7], [8]]
+
+    def output(i, prompt, response):  # routes name their position: prompt + response - 1 of them (the last: none)
+        positions = len(prompt) + len(response) - 1
+        routes = torch.arange(positions, dtype=torch.int16)[:, None, None].repeat(1, 2, 2)
+        return RolloutOutput(i, response, [0.0] * len(response), "stop", routed_experts=routes)
+
+    exp = build_experience(prompts, [output(0, prompts[0], [1, 2]), output(1, prompts[1], [3, 4, 9])], 1, 0)
+    grid = exp.routed_experts[:, :, 0, 0]
+    assert exp.prompt_width == 3 and grid.tolist() == [[0, 1, 2, 3, -1, -1], [-1, -1, 0, 1, 2, -1]]
+    wide = exp.widened(5, 4, pad_id=0)  # two more prompt columns on the left, one more response column
+    assert wide.routed_experts[:, :, 1, 1].tolist() == [[-1, -1, 0, 1, 2, 3, -1, -1, -1], [-1] * 4 + [0, 1, 2, -1, -1]]
+    both = Experience.cat([exp, exp.select([1]).widened(4, 3, pad_id=0)], pad_id=0)
+    assert both.routed_experts.shape == (3, 7, 2, 2) and both.routed_experts.dtype == torch.int16
+    assert both.routed_experts[2, :, 0, 0].tolist() == [-1, -1, -1, 0, 1, 2, -1]
+    # a parked trajectory keeps them through a checkpoint's trainer state (weights-only load)
+    from mindspeed_rl.rollout.trajectory import Trajectory
+
+    traj = Trajectory(0, prompts[0], "7", 8)
+    traj.append([1, 2], [-0.5, -0.5], 0, trained=True, routes=output(0, prompts[0], [1, 2]).routed_experts)
+    torch.save({"pool": [traj.state()]}, tmp_path / "state.pt")
+    back = Trajectory.from_state(safe_load(str(tmp_path / "state.pt"))["pool"][0])
+    assert torch.equal(back.output(0).routed_experts, traj.routes)
+
+
+def test_router_replay_is_refused_where_it_cannot_work(capsys):
+    from cli import train_ppo
+
+    base = ["--config-name", "grpo_tiny_cpu", "dry_run=true", "rl_config.router_replay=R3"]
+    moe = ["megatron_training.model=tiny_qwen3_moe", "actor_config.model=tiny_qwen3_moe"]
+    for overrides, key, text in [
+        ([], "rl_config.router_replay", "tiny_qwen25 has no experts"),
+        (moe + ["generate_config.backend=fallback"], "generate_config.backend", "does not return routed experts"),
+        (moe + ["rl_config.router_replay=R4"], "rl_config.router_replay", "compare"),
+    ]:
+        assert train_ppo.main(base + overrides) == 2
+        err = capsys.readouterr().err
+        assert key in err and text in err and "Traceback" not in err, err
+    assert train_ppo.main(base + moe) == 0

@@ -196,3 +196,27 @@ def check_lora_rank(role: RoleConfig) -> None:
             f"{m.lora_r} exceeds the smaller dimension of {layer} in model {m.model} (weight [out {fan_out}, "
             f"in {fan_in}], un-sharded): the rank must be at most {bound}",
         )
+
+
+def check_router_replay_keys(cfg: PPOConfig) -> None:
+    """Router replay needs an MoE actor whose every layer routes, routes from vLLM, and (with pipeline stages)
+    no recomputation, which would route a micro-batch again after the next one's routes are set."""
+    rl, actor = cfg.rl, cfg.actor
+    if not rl.router_replay:
+        return
+    if not actor.model.num_experts:
+        model = actor.megatron.model
+        raise ConfigError(
+            "rl_config.router_replay", f"{rl.router_replay}, but the actor's model {model} has no experts"
+        )
+    if cfg.generate.backend == "fallback":
+        raise ConfigError(
+            "generate_config.backend",
+            "fallback does not return routed experts; router replay needs the vLLM engine (backend vllm or auto)",
+        )
+    if actor.pp > 1 and actor.megatron.recompute_granularity:
+        raise ConfigError(
+            "actor_config.recompute_granularity",
+            f"{actor.megatron.recompute_granularity} with PP {actor.pp} and router replay: a recomputed layer would "
+            "route again after the next micro-batch's routes are set; turn recomputation off or use PP 1",
+        )

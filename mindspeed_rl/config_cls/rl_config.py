@@ -238,6 +238,13 @@ class RLConfig:
     )
     cliprange_value: float = opt(0.5, "Value-function clip range.", gt=0)
     entropy_coeff: float = opt(0.0, "Entropy bonus coefficient.", ge=0)
+    router_replay: Optional[str] = opt(
+        None,
+        "MoE routing between rollout and training (docs/models.md): R3 replays the experts the rollout engine "
+        "routed each token to in the actor's old-log-prob and update forwards; compare only measures how often the "
+        "actor's own routers choose otherwise (router_replay/* metrics); null: off. Needs vLLM >= 0.32.",
+        choices=("compare", "R3"),
+    )
     rollout_correction: RolloutCorrectionConfig = opt(
         doc="Rollout correction (off by default).", factory=RolloutCorrectionConfig
     )

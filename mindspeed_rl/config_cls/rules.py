@@ -7,7 +7,13 @@ import os
 from typing import TYPE_CHECKING, Optional
 
 from .base import ConfigError
-from .feature_rules import check_agent_keys, check_dapo_keys, check_lora_keys, check_packing_keys
+from .feature_rules import (
+    check_agent_keys,
+    check_dapo_keys,
+    check_lora_keys,
+    check_packing_keys,
+    check_router_replay_keys,
+)
 
 if TYPE_CHECKING:
     from .ppo_config import PPOConfig, RoleConfig
@@ -55,6 +61,7 @@ def check_cross_fields(cfg: PPOConfig) -> None:
     check_dapo_keys(cfg)
     check_agent_keys(cfg)
     check_lora_keys(cfg)
+    check_router_replay_keys(cfg)
     check_batch_sizes(cfg)
     check_packing_keys(cfg)
     check_sampling_keys(cfg)

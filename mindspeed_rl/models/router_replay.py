@@ -99,3 +99,21 @@ def take_mismatch(replays: Dict[int, LayerReplay]) -> List[List[int]]:
     for layer in replays.values():
         layer.differ = layer.tokens = 0
     return counts
+
+
+def mismatch_metrics(counts: torch.Tensor) -> Dict[str, float]:
+    """From [layers, 2] (tokens routed otherwise, tokens compared) summed over the ranks:
+
+        router_replay/mismatch_share       sum_l differ_l / sum_l compared_l
+        router_replay/layer_share_max      max_l differ_l / compared_l
+        router_replay/layer_share_mean     mean_l differ_l / compared_l
+    over the layers that compared tokens ({} when none did)."""
+    seen = counts[:, 1] > 0
+    if not bool(seen.any()):
+        return {}
+    share = counts[seen, 0] / counts[seen, 1]
+    return {
+        "router_replay/mismatch_share": float(counts[seen, 0].sum() / counts[seen, 1].sum()),
+        "router_replay/layer_share_max": float(share.max()),
+        "router_replay/layer_share_mean": float(share.mean()),
+    }

@@ -26,7 +26,7 @@ Rows = Union[np.ndarray, Sequence[int], slice]
 
 @dataclass(frozen=True)
 class FieldSpec:
-    dims: Tuple[str, ...]  # "B", "P", "R" or "P+R"
+    dims: Tuple[str, ...]  # "B", "P", "R" or "P+R", then sizes of the field's own ("L", "K": any)
     dtype: torch.dtype
     doc: str
 
@@ -73,7 +73,15 @@ FIELDS: Dict[str, FieldSpec] = {
         "rollout-correction importance weight of each response token (rollout_correction.rollout_is)",
     ),
     "returns": FieldSpec(("B", "R"), torch.float32, "value target of each response token"),
+    "routed_experts": FieldSpec(
+        ("B", "P+R", "L", "K"),
+        torch.int16,
+        "router replay: the experts the rollout engine routed each token to, per MoE layer (L) and choice (K); "
+        "-1 where it routed none (padding, the last token)",
+    ),
 }
+FREE_DIMS = ("L", "K")  # sized by the field itself
+PAD_FILL = {"input_ids": None, "response_ids": None, "routed_experts": -1}  # None: the pad id; others 0
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "response_mask", "loss_mask")
 
@@ -106,6 +114,7 @@ class Experience:
     advantages: Optional[torch.Tensor] = None
     rollout_is_weights: Optional[torch.Tensor] = None
     returns: Optional[torch.Tensor] = None
+    routed_experts: Optional[torch.Tensor] = None
     labels: Optional[List[str]] = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -125,14 +134,19 @@ class Experience:
         """Names of the tensor fields that are set."""
         return [name for name in FIELDS if getattr(self, name) is not None]
 
-    def expected_shape(self, name: str) -> Tuple[int, ...]:
+    def expected_shape(self, name: str, tensor: Optional[torch.Tensor] = None) -> Tuple[int, ...]:
+        """The shape field ``name`` must have (its own dims, FREE_DIMS, as ``tensor`` has them)."""
         sizes = {
             "B": self.num_rows,
             "P": self.prompt_width,
             "R": self.response_width,
             "P+R": self.prompt_width + self.response_width,
         }
-        return tuple(sizes[d] for d in FIELDS[name].dims)
+        dims = FIELDS[name].dims
+        return tuple(
+            tensor.shape[i] if d in FREE_DIMS and tensor is not None and tensor.dim() == len(dims) else sizes.get(d, -1)
+            for i, d in enumerate(dims)
+        )
 
     def set(self, name: str, tensor: torch.Tensor) -> None:
         """Set a field, checking its declared shape (the guard against misaligned columns)."""
@@ -142,7 +156,7 @@ class Experience:
         setattr(self, name, tensor.to(FIELDS[name].dtype))
 
     def _check_shape(self, name: str, tensor: torch.Tensor) -> None:
-        want = self.expected_shape(name)
+        want = self.expected_shape(name, tensor)
         if tuple(tensor.shape) != want:
             raise ValueError(
                 f"experience field {name}: shape {tuple(tensor.shape)}, expected {want} "
@@ -198,10 +212,13 @@ class Experience:
         values = {}
         for name in self.present():
             tensor, dims = getattr(self, name), FIELDS[name].dims
-            fill = pad_id if name in ("input_ids", "response_ids") else 0
-            pad = {"B": (0, 0), "P": (left, 0), "R": (0, right), "P+R": (left, right)}[dims[-1]]
-            if dims != ("B",) and pad != (0, 0):
-                tensor = torch.nn.functional.pad(tensor, pad, value=fill)
+            fill = PAD_FILL.get(name, 0)
+            fill = pad_id if fill is None else fill
+            token_axis = [d for d in dims if d not in ("B",) + FREE_DIMS]
+            pad = {"P": (left, 0), "R": (0, right), "P+R": (left, right)}[token_axis[0]] if token_axis else (0, 0)
+            if pad != (0, 0):  # F.pad lists the last dim first: the free dims after the token axis get (0, 0)
+                trailing = (0, 0) * (len(dims) - 1 - dims.index(token_axis[0]))
+                tensor = torch.nn.functional.pad(tensor, trailing + pad, value=fill)
             values[name] = tensor
         return Experience(prompt_width=prompt_width, labels=self.labels, **values)
 
@@ -270,6 +287,7 @@ def build_experience(
             loss_mask[b, :length] = torch.tensor(out.loss_mask, dtype=torch.long) if out.loss_mask else 1
     return Experience(
         prompt_width=int(prompt_ids.shape[1]),
+        routed_experts=routes_on_grid(rows, int(prompt_ids.shape[1]), width),
         input_ids=torch.cat([prompt_ids, response_ids], 1),
         attention_mask=torch.cat([prompt_mask, response_mask], 1),
         response_mask=response_mask,
@@ -281,6 +299,23 @@ def build_experience(
         group=torch.arange(len(rows)) // n,
         labels=None if labels is None else [labels[i // n] for i in range(len(rows))],
     ).validate()
+
+
+def routes_on_grid(rows, prompt_width: int, response_width: int) -> Optional[torch.Tensor]:
+    """The rows' routed experts (router replay) on the [B, P+R] grid, or None when no output carries any.
+    An output's routes cover its prompt and response from position 0; the prompt is left-padded to
+    ``prompt_width``, so position j sits at column prompt_width - len(prompt) + j."""
+    carried = [out.routed_experts for _, out in rows if out.routed_experts is not None]
+    if not carried:
+        return None
+    layers, k = carried[0].shape[1:]
+    grid = torch.full((len(rows), prompt_width + response_width, layers, k), -1, dtype=torch.int16)
+    for b, (prompt, out) in enumerate(rows):
+        if out.routed_experts is not None:
+            routes = torch.as_tensor(out.routed_experts, dtype=torch.int16)
+            start = prompt_width - len(prompt)
+            grid[b, start : start + routes.shape[0]] = routes[: grid.shape[1] - start]
+    return grid
 
 
 def split_rows(num_rows: int, parts: int) -> List[np.ndarray]:

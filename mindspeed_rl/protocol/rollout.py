@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -22,9 +22,9 @@ class RolloutOutput:
     finish_reason: str  # "stop" or "length"
     versions: Optional[List[int]] = None  # policy version of each token (partial rollout); None: one version
     loss_mask: Optional[List[int]] = None  # 0 on tokens the policy did not generate (tool results); None: all 1
-    # router replay: the experts the engine routed each token of prompt + response to, int16 [positions, MoE
-    # layers, top-k] (compat/vllm_routes.py; the last token, never forwarded, and skipped positions hold -1)
-    routed_experts: Optional[Any] = None
+    # router replay: the experts the engine routed each token of prompt + response to, an int16 tensor
+    # [positions, MoE layers, top-k] (compat/vllm_routes.py; the last token, never forwarded, holds none)
+    routed_experts: Optional[torch.Tensor] = None
 
 
 @dataclass(frozen=True)
@@ -144,10 +144,12 @@ class GeneratedBatch:
 @dataclass
 class ForwardAnswer:
     """One rank's answer to a forward over experience rows: a tensor with one entry per row ([B] or [B, R];
-    None on ranks that do not hold their DP group's output) and the seconds of named phases."""
+    None on ranks that do not hold their DP group's output), the seconds of named phases, and metrics of the
+    whole forward (router replay's mismatch)."""
 
     per_row: Optional[torch.Tensor]
     timing: Dict[str, float] = field(default_factory=dict)
+    metrics: Dict[str, float] = field(default_factory=dict)  # the same on every rank (reduced over the group)
 
 
 @dataclass

@@ -162,7 +162,7 @@ class TrajectoryPool:
                     f"rollout function {self.function.name}: prompt {i} has {len(outs)} of {self.n} outputs"
                 )
             for traj, out in zip(group, outs):
-                traj.append(out.response_ids, out.logprobs, version, trained=True)
+                traj.append(out.response_ids, out.logprobs, version, trained=True, routes=out.routed_experts)
                 if out.loss_mask is not None:  # the function's own mask (its tool results 0)
                     traj.loss_mask = list(out.loss_mask)
                 traj.end_with(out.finish_reason)

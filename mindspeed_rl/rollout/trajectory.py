@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from ..protocol.rollout import RolloutOutput
 
@@ -46,6 +46,9 @@ class Trajectory:
     age: int = 0  # iterations it has been parked (partial rollout)
     score: Optional[float] = None  # set once its group is scored
     verifier_scores: Dict[str, float] = field(default_factory=dict)
+    # router replay: the engine's routes over prompt + tokens, from its latest forward of this trajectory
+    # (int16 [positions, MoE layers, top-k]; each turn's forward covers the whole context again)
+    routes: Optional[Any] = None
 
     @property
     def done(self) -> bool:
@@ -57,8 +60,13 @@ class Trajectory:
     def generation_input(self) -> List[int]:
         return self.prompt + self.tokens
 
-    def append(self, tokens: Sequence[int], logprobs: Sequence[float], version: int, trained: bool) -> None:
-        """Generated tokens (trained, with their log-probs) or a tool result (loss_mask 0, log-prob 0)."""
+    def append(
+        self, tokens: Sequence[int], logprobs: Sequence[float], version: int, trained: bool, routes: Any = None
+    ) -> None:
+        """Generated tokens (trained, with their log-probs and the engine's routes of the whole context) or a
+        tool result (loss_mask 0, log-prob 0)."""
+        if routes is not None:
+            self.routes = routes
         self.tokens += list(tokens)
         self.logprobs += list(logprobs) if trained else [0.0] * len(tokens)
         self.loss_mask += [int(trained)] * len(tokens)
@@ -78,7 +86,7 @@ class Trajectory:
     def output(self, prompt_index: int) -> RolloutOutput:
         return RolloutOutput(
             prompt_index, list(self.tokens), list(self.logprobs), self.finish_reason, list(self.versions),
-            list(self.loss_mask),
+            list(self.loss_mask), self.routes,
         )  # fmt: skip
 
     def state(self) -> Dict:

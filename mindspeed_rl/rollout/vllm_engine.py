@@ -161,7 +161,11 @@ class VllmEngine(RolloutEngine):
         ]
         requests = [{"prompt_token_ids": list(p)} for p in prompts for _ in range(n)]
         results = self.llm.generate(requests, params, use_tqdm=False)
-        routes = vllm_routes.take_routes(self.llm) if self.capture_routes else {}
+        routes = (
+            {k: torch.from_numpy(v) for k, v in vllm_routes.take_routes(self.llm).items()}
+            if self.capture_routes
+            else {}
+        )
         outputs: List[RolloutOutput] = []
         for index, result in enumerate(results):
             completion = result.outputs[0]

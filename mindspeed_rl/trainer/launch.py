@@ -151,7 +151,8 @@ def start_roles(cfg: PPOConfig, acc, pg, env: Dict[str, str], workers: List, log
     rollout = None
     if rollout_devices:  # disaggregated layout: the rollout workers' bundles follow the actor's
         rollout = spawn("rollout", RolloutWorker, rollout_devices, whole_bundle, first_bundle=devices,
-                        model=cfg.actor.model, gen=gen, bf16=cfg.actor.megatron.bf16, **ids)  # fmt: skip
+                        model=cfg.actor.model, gen=gen, bf16=cfg.actor.megatron.bf16,
+                        capture_routes=rl.router_replay is not None, **ids)  # fmt: skip
     if cfg.uses_critic:
         roles.critic = spawn("critic", CriticWorker, cfg.critic.num_devices, fraction, role=cfg.critic, rl=rl,
                              total_steps=steps, offload_when_idle=acc.offload_when_idle)  # fmt: skip

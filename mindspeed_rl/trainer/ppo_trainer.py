@@ -78,10 +78,12 @@ class PPOTrainer:
             and not self.algorithm.kl_in_reward
             and not self.algorithm.rollout_is
             and not self.off_policy
+            and not self.rl.router_replay  # its mismatch is measured in the old-log-prob forward
         )
         self.history: List[Dict[str, float]] = []
         self.collapse_streak = 0  # iterations in a row with a collapsed policy (rl_config.max_collapsed_iterations)
         self.ref_from = None  # the original weights the reference was built from, for resumes
+        self.forward_metrics: Dict[str, float] = {}  # an iteration's metrics from the actor's forwards
 
     @contextmanager
     def timer(self, name: str):
@@ -123,6 +125,7 @@ class PPOTrainer:
             self.clock = Clock()
             started = time.time()
             version = self.rollout_service.version  # the policy that samples this iteration
+            self.forward_metrics = {}
             with self.timer("timing/all"):
                 waiting = time.perf_counter()
                 batch = self.source.next_batch(self.iteration)
@@ -268,10 +271,14 @@ class PPOTrainer:
 
     # ----- steps ---------------------------------------------------------------------------------------------
     def log_probs(self, exp: Experience, which: str) -> torch.Tensor:
-        answer = self.actor.forward("compute_log_prob", exp, MODEL_INPUTS, which, balance=self.rl.use_dp_batch_balance)
+        fields = (
+            MODEL_INPUTS + ("routed_experts",) if which == "actor" and exp.routed_experts is not None else MODEL_INPUTS
+        )
+        answer = self.actor.forward("compute_log_prob", exp, fields, which, balance=self.rl.use_dp_batch_balance)
         for key in ("timing/ref_onload", "timing/ref_offload"):
             if key in answer.timing:
                 self.clock.add(key, answer.timing[key])
+        self.forward_metrics.update(answer.metrics)  # router replay's mismatch
         return answer.per_row.float()
 
     def teacher_log_probs(self, exp: Experience) -> torch.Tensor:
@@ -374,7 +381,9 @@ class PPOTrainer:
 
     def update_actor(self, exp: Experience) -> Dict[str, float]:
         fields = ["advantages"] + [
-            k for k in ("old_log_probs", "ref_log_probs", "rollout_is_weights") if getattr(exp, k) is not None
+            k
+            for k in ("old_log_probs", "ref_log_probs", "rollout_is_weights", "routed_experts")
+            if getattr(exp, k) is not None
         ]
         return self.actor.update(
             "update",
@@ -390,6 +399,7 @@ class PPOTrainer:
         metrics: Dict[str, float] = {"iteration": self.iteration}
         metrics.update(data_metrics(exp, version))
         metrics.update(reward_metrics)
+        metrics.update(self.forward_metrics)
         metrics.update(update_metrics)
         metrics["actor/kl_coef"] = float(self.kl_ctrl.value)
         metrics.update(self.clock.timing)

@@ -242,12 +242,25 @@ def check_teacher_tokenizer(cfg: PPOConfig) -> None:
         )
 
 
+def check_router_replay(cfg: PPOConfig) -> None:
+    """The installed vLLM returns routed experts and megatron-core replays them (not the NPU sets' releases)."""
+    if not cfg.rl.router_replay:
+        return
+    from ..compat import vllm_routes
+    from ..compat.megatron_core import router_replay_unavailable
+
+    reason = vllm_routes.capture_unavailable() or router_replay_unavailable()
+    if reason:
+        raise UserError(f"rl_config.router_replay {cfg.rl.router_replay}: {reason}")
+
+
 def preflight(cfg: PPOConfig) -> Optional[int]:
     """Every check above; returns the iteration a resume loads (None: the latest, or not a resume)."""
     check_environment()
     check_device_features(cfg)
     check_tool_isolation(cfg)
     check_teacher_tokenizer(cfg)
+    check_router_replay(cfg)
     iteration = resume_iteration(cfg)
     problems, trained = [], {role.name for role in cfg.training_roles}
     for role in cfg.roles:  # every role's problem at once: a resharded actor next to an unresharded critic

@@ -24,6 +24,7 @@ from ..config_cls.generate_config import GenerateConfig
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..protocol import (
+    MODEL_INPUTS,
     Experience,
     ForwardAnswer,
     LoadedState,
@@ -70,13 +71,21 @@ class IntegratedActorWorker(MegatronWorker):
             if self.algorithm.use_reference and self.actor.lora is None
             else None
         )
+        self.actor.replay_routes = rl.router_replay == "R3"  # "compare": routes counted against, not replayed
         self.actor_offload = Offloader(self.actor)
         self.ref_offload = Offloader(self.ref) if self.ref is not None else None
         self.kind = self.acc.kind
         self.rollout = (
             make_rollout_engine(
-                role.model, gen, self.kind, eos_token_id, pad_token_id, seed=gen.sampling_config.seed, bf16=m.bf16
-            )
+                role.model,
+                gen,
+                self.kind,
+                eos_token_id,
+                pad_token_id,
+                seed=gen.sampling_config.seed,
+                bf16=m.bf16,
+                capture_routes=rl.router_replay is not None,
+            )  # fmt: skip
             if with_engine
             else None
         )
@@ -227,16 +236,33 @@ class IntegratedActorWorker(MegatronWorker):
             engine, mbs = self.ref, self.rl.ref_forward_micro_batch_size
         else:
             engine, mbs = self.actor, self.rl.actor_forward_micro_batch_size
+        # router replay: the actor's forwards route as the rollout did (the reference's own routes stand)
+        inputs = rows.tensors(MODEL_INPUTS + ("routed_experts",) if which == "actor" else MODEL_INPUTS)
         with adapters:
-            out = engine.forward(
-                rows.tensors(), mbs, temperature=temperature, token_budget=token_budget(self.rl, which)
-            )
+            out = engine.forward(inputs, mbs, temperature=temperature, token_budget=token_budget(self.rl, which))
         if which == "ref" and self.ref is not None:
             t0 = time.perf_counter()
             self.ref_offload.offload(grads=False, optimizer=False)
             timing["timing/ref_offload"] = time.perf_counter() - t0
         part = response_part(out["log_probs"], rows.prompt_width, rows.response_width) if self.is_output_rank else None
-        return ForwardAnswer(part, timing)
+        return ForwardAnswer(part, timing, self.route_metrics() if which == "actor" else {})
+
+    def route_metrics(self) -> Dict[str, float]:
+        """Router replay: how often the actor's own routers would have chosen other experts than the rollout's,
+        over the whole actor world (each token counted once: by every TP rank's slice with sequence parallelism,
+        else by TP rank 0); the counts start again."""
+        if self.actor.route_replays is None:
+            return {}
+        from ..models.router_replay import mismatch_metrics, take_mismatch
+
+        counts = torch.zeros(self.role.model.num_layers, 2, dtype=torch.float64)
+        taken = take_mismatch(self.actor.route_replays)
+        if self.actor.config.sequence_parallel or self.tp_rank == 0:
+            for number, differ, tokens in taken:
+                counts[number - 1] = torch.tensor([differ, tokens], dtype=torch.float64)
+        counts = counts.to(self.actor.device)
+        torch.distributed.all_reduce(counts)
+        return mismatch_metrics(counts.cpu())
 
     # ----- update ----------------------------------------------------------------------------------------
     def update(self, mini_batches: List[MiniBatch], kl_coef: float) -> Dict[str, float]:
@@ -286,7 +312,7 @@ class IntegratedActorWorker(MegatronWorker):
 
             return loss_fn
 
-        return train_on_mini_batches(
+        metrics = train_on_mini_batches(
             self.actor,
             mini_batches,
             make_loss,
@@ -295,6 +321,11 @@ class IntegratedActorWorker(MegatronWorker):
             self.gen.sampling_config.temperature or 1.0,
             token_budget(rl, "update"),
         )
+        if self.actor.route_replays is not None:  # the update replays the routes; its counts are not reported
+            from ..models.router_replay import take_mismatch
+
+            take_mismatch(self.actor.route_replays)
+        return metrics
 
     def shutdown(self) -> None:
         if self.rollout is not None:

@@ -35,6 +35,7 @@ class RolloutWorker:
         pad_token_id: int,
         threads: int,
         bf16: bool,
+        capture_routes: bool = False,
     ):
         from ..rollout.factory import make_rollout_engine
         from ..utils import dist
@@ -45,8 +46,9 @@ class RolloutWorker:
         # the model); vLLM builds its own groups over this world
         dist.init_model_parallel(1, 1, seed=gen.sampling_config.seed)
         self.engine = make_rollout_engine(
-            model, gen, self.acc.kind, eos_token_id, pad_token_id, seed=gen.sampling_config.seed, bf16=bf16
-        )
+            model, gen, self.acc.kind, eos_token_id, pad_token_id, seed=gen.sampling_config.seed, bf16=bf16,
+            capture_routes=capture_routes,
+        )  # fmt: skip
         self.engine_size = self.engine.tensor_parallel_size
         self.engine_index, self.engine_rank = divmod(rank, self.engine_size)
         self.version: Optional[int] = None

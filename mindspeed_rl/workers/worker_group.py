@@ -151,7 +151,7 @@ class WorkerGroup:
         joined = restore_order(
             torch.cat([answer.per_row for answer in answers]), torch.as_tensor(np.concatenate(shares))
         )
-        return ForwardAnswer(joined, slowest(answer.timing for answer in answers))
+        return ForwardAnswer(joined, slowest(answer.timing for answer in answers), answers[0].metrics)
 
     def update(
         self,
