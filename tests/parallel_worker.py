@@ -194,11 +194,29 @@ def route_replay_available() -> bool:
     return not vllm_routes.capture_unavailable() and not router_replay_unavailable()
 
 
-def route_counts(engine, prompts, outputs):
-    """[layer, tokens routed otherwise, tokens compared] of the training forward against the rollout's routes
-    (router replay's metric, nothing replayed)."""
-    from mindspeed_rl.models import router_replay
+def route_to_runners_up(worker):
+    """Runs in a vLLM worker: every MoE router picks the experts ranked 2..k+1 instead of 1..k (gate weights: their
+    softmax probabilities renormalised, as Qwen3-MoE's norm_topk_prob does), a rollout routed otherwise than any
+    training forward would."""
+    from vllm.model_executor.layers.fused_moe.layer import MoERunner
 
+    for module in worker.model_runner.get_model().modules():
+        if not isinstance(module, MoERunner):
+            continue
+        router, original = module.router, module.router._compute_routing
+
+        def runners_up(hidden_states, router_logits, indices_type, *, original=original, **kwargs):
+            weights, ids = original(hidden_states, router_logits, indices_type, **kwargs)
+            probs = torch.softmax(router_logits.float(), dim=-1)
+            chosen = probs.argsort(dim=-1, descending=True)[:, 1 : ids.shape[1] + 1]
+            gate = probs.gather(1, chosen)
+            return (gate / gate.sum(-1, keepdim=True)).to(weights.dtype), chosen.to(ids.dtype)
+
+        router._compute_routing = runners_up
+
+
+def grid_of(prompts, outputs):
+    """Prompt + response rows (right-padded), their attention mask and routes on that grid."""
     rows = [list(p) + list(o.response_ids) for p, o in zip(prompts, outputs)]
     width = max(map(len, rows))
     layers, k = outputs[0].routed_experts.shape[1:]
@@ -208,8 +226,36 @@ def route_counts(engine, prompts, outputs):
     for i, (row, output) in enumerate(zip(rows, outputs)):
         ids[i, : len(row)], mask[i, : len(row)] = torch.tensor(row), 1
         routes[i, : output.routed_experts.shape[0]] = output.routed_experts
+    return ids, mask, routes
+
+
+def replay_check(engine, prompts, outputs):
+    """The largest |training log-prob - rollout log-prob| of the sampled tokens with the rollout's routes replayed
+    and without, and the mismatch counts."""
+    from mindspeed_rl.models import router_replay
+
+    ids, mask, routes = grid_of(prompts, outputs)
+    diffs = {}
+    for replay in (True, False):
+        engine.replay_routes = replay
+        got = engine.forward({"input_ids": ids, "attention_mask": mask, "routed_experts": routes}, len(prompts))
+        worst = 0.0
+        for i, (p, o) in enumerate(zip(prompts, outputs)):
+            mine = got["log_probs"][i, len(p) : len(p) + len(o.response_ids)]
+            worst = max(worst, (mine - torch.tensor(o.logprobs)).abs().max().item())
+        diffs["replayed" if replay else "own"] = worst
+    diffs["counts"] = router_replay.take_mismatch(engine.route_replays)
+    return diffs
+
+
+def route_counts(engine, prompts, outputs):
+    """[layer, tokens routed otherwise, tokens compared] of the training forward against the rollout's routes
+    (router replay's metric, nothing replayed)."""
+    from mindspeed_rl.models import router_replay
+
+    ids, mask, routes = grid_of(prompts, outputs)
     engine.replay_routes = False
-    engine.forward({"input_ids": ids, "attention_mask": mask, "routed_experts": routes}, micro_batch_size=len(rows))
+    engine.forward({"input_ids": ids, "attention_mask": mask, "routed_experts": routes}, micro_batch_size=len(prompts))
     return router_replay.take_mismatch(engine.route_replays)
 
 
@@ -260,9 +306,13 @@ def run_family(rank, world, spec, workdir, port):
     prompts = torch.load(os.path.join(workdir, "prompts.pt"))
     outputs = rollout.generate(RolloutRequest.of(prompts, SamplingConfig(temperature=0, max_tokens=12)))
     out["greedy"] = [o.response_ids for o in outputs]
-    rollout.shutdown()
     if moe:  # the engine's routes against the training forward's own router on the same tokens and weights
         out["route_counts"] = route_counts(engine, prompts, outputs)
+        # the rollout forced onto other experts: replayed, training matches it; not replayed, it does not
+        rollout.llm.collective_rpc(route_to_runners_up)
+        forced = rollout.generate(RolloutRequest.of(prompts, SamplingConfig(temperature=1.0, max_tokens=12), seed=5))
+        out["forced"] = replay_check(engine, prompts, forced)
+    rollout.shutdown()
     if spec.get("train"):
         from megatron.core import parallel_state as ps
 

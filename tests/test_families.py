@@ -244,6 +244,12 @@ def test_each_family_matches_hf_after_conversion_and_in_place_resharding(tmp_pat
             # router replay: vLLM's routes are the training forward's own (fp32)
             compared = sum(len(p) + len(g) - 1 for p, g in zip(prompts, greedy))  # the last token: no route
             assert got["route_counts"] == [[1, 0, compared], [2, 0, compared]], (spec["name"], got["route_counts"])
+            # a rollout forced onto the runner-up experts: without replay training disagrees with it everywhere
+            # (the routes and so the log-probs); replayed, the log-probs agree as a dense model's do (fp32 ~1e-6)
+            forced = got["forced"]
+            print(spec["name"], "routes forced onto the runners-up:", forced)  # shown with -s
+            assert all(differ > 0.9 * tokens for _, differ, tokens in forced["counts"]), forced
+            assert forced["own"] > 0.1 and forced["replayed"] < 1e-4, forced
     ep2, ep1 = (torch.load(tmp_path / f"family_qwen3_moe_ep{e}.pt", weights_only=False) for e in (2, 1))
     assert abs(ep2["loss"] - ep1["loss"]) <= 1e-6 and abs(ep2["grad_norm"] - ep1["grad_norm"]) <= 1e-5
     assert ep2["weights"].keys() == ep1["weights"].keys()
