@@ -282,6 +282,7 @@ def test_two_ppo_iterations_per_family(tmp_path, demo_assets):
     from tests.helpers import demo_config
 
     paths = demo_assets
+    replay = parallel_worker.route_replay_available()
     results = {}
     for family in PPO_FAMILIES:
         name = f"tiny_{family}"
@@ -296,10 +297,11 @@ def test_two_ppo_iterations_per_family(tmp_path, demo_assets):
                 "actor_config.model": name,
                 "critic_config.model": name,
                 "rl_config.test_freq": 0,
-                # router replay at EP 2: the actor's two ranks hold two experts each and route as vLLM did
+                # at EP 2: the actor's two ranks hold two experts each (and route as vLLM did, where the
+                # libraries can replay routes: not the NPU sets')
                 "rl_config.actor_resource.num_npus": 2,
                 "actor_config.expert_model_parallel_size": 2,
-                "rl_config.router_replay": "R3",
+                "rl_config.router_replay": "R3" if replay else "null",
             },
         )  # validation once, before training
         results[family] = train(cfg)
@@ -311,9 +313,10 @@ def test_two_ppo_iterations_per_family(tmp_path, demo_assets):
             assert torch.isfinite(torch.tensor(last[key])), (family, key)
         # vLLM (after in-place resharding) and megatron agree on the sampled tokens' log-probs (bf16 both sides;
         # the routes replayed: max 0.008 measured at EP 1, 0.063-0.074 without replay)
-        assert last["rollout/logprob_diff_max"] < 0.03 and last["rollout/logprob_diff_mean"] < 0.01, (family, last)
-        # how often megatron's own routers chose otherwise (bf16: ~0.5% of tokens measured), per layer too
-        assert 0 <= last["router_replay/mismatch_share"] < 0.05 and "router_replay/layer_share_max" in last
+        limit = 0.03 if replay else 0.1
+        assert last["rollout/logprob_diff_max"] < limit and last["rollout/logprob_diff_mean"] < 0.01, (family, last)
+        if replay:  # how often megatron's own routers chose otherwise (bf16: ~0.5% of tokens measured)
+            assert 0 <= last["router_replay/mismatch_share"] < 0.05 and "router_replay/layer_share_max" in last
         hf_dir = tmp_path / family / "ckpt" / "actor" / "iter_0000002_hf"
         assert AutoConfig.from_pretrained(str(hf_dir)).model_type == get_family(family).hf_model_types[0]
 
