@@ -129,6 +129,7 @@ def test_router_replay_is_refused_where_it_cannot_work(capsys):
         ([], "rl_config.router_replay", "tiny_qwen25 has no experts"),
         (moe + ["generate_config.backend=fallback"], "generate_config.backend", "does not return routed experts"),
         (moe + ["rl_config.router_replay=R4"], "rl_config.router_replay", "compare"),
+        (moe + ["generate_config.enforce_eager=false"], "generate_config.enforce_eager", "CUDA graph"),
     ]:
         assert train_ppo.main(base + overrides) == 2
         err = capsys.readouterr().err

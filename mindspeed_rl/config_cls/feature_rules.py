@@ -214,6 +214,12 @@ def check_router_replay_keys(cfg: PPOConfig) -> None:
             "generate_config.backend",
             "fallback does not return routed experts; router replay needs the vLLM engine (backend vllm or auto)",
         )
+    if not cfg.generate.enforce_eager:
+        raise ConfigError(
+            "generate_config.enforce_eager",
+            "false with router replay: the routes are captured by Python at each engine forward, which a captured "
+            "CUDA graph would skip; set enforce_eager true",
+        )
     if actor.pp > 1 and actor.megatron.recompute_granularity:
         raise ConfigError(
             "actor_config.recompute_granularity",
