@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
-from typing import Callable, Dict, Iterable, List, Optional
+import time
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from ..config_cls.megatron_config import MegatronConfig
-from ..protocol import Experience, MiniBatch, RankLayout
+from ..config_cls.ppo_config import RoleConfig
+from ..config_cls.rl_config import RLConfig
+from ..protocol import Experience, LoadedState, MiniBatch, RankLayout
 
 
 def start_worker_process(rank: int, world_size: int, master_addr: str, master_port: int, threads: int):
@@ -88,6 +91,56 @@ class MegatronWorker:
         from ..utils import dist
 
         dist.destroy()
+
+
+class FrozenModelWorker(MegatronWorker):
+    """A role that only runs forwards, with weights it loads (the reward model, the distillation teacher): its
+    engine with the class's ``head``, and with ``offload_when_idle`` its weights on host between forwards."""
+
+    head = "lm"
+    seed_offset = 0
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        role: RoleConfig,
+        rl: RLConfig,
+        threads: int,
+        offload_when_idle: bool = False,
+    ):
+        super().__init__(rank, world_size, master_addr, master_port, role.megatron, threads, self.seed_offset)
+        from ..models.engine import MegatronEngine
+        from ..models.offload import Offloader
+
+        self.role, self.rl = role, rl
+        self.model = MegatronEngine(role, head=self.head, trainable=False, remove_padding=rl.use_remove_padding)
+        self.offloader = Offloader(self.model) if offload_when_idle else None
+
+    def init_weights(self, load: str) -> LoadedState:
+        from ..checkpoint.engine_io import load_weights_only
+
+        load_weights_only(self.model, load)
+        if self.offloader is not None:
+            self.offloader.offload(grads=False, optimizer=False)
+        return LoadedState()
+
+    def forward_rows(self, rows: Experience, micro_batch_size: int) -> Tuple[Dict[str, torch.Tensor], Dict]:
+        """The engine's outputs over ``rows`` (token budget: rl_config's "ref" one), the weights onloaded around
+        it where they wait on host; and the seconds of that, as timing/<role>_onload and _offload."""
+        timing = {}
+        if self.offloader is not None:
+            t0 = time.perf_counter()
+            self.offloader.onload()
+            timing[f"timing/{self.role.name}_onload"] = time.perf_counter() - t0
+        out = self.model.forward(rows.tensors(), micro_batch_size, token_budget=token_budget(self.rl, "ref"))
+        if self.offloader is not None:
+            t0 = time.perf_counter()
+            self.offloader.offload(grads=False, optimizer=False)
+            timing[f"timing/{self.role.name}_offload"] = time.perf_counter() - t0
+        return out, timing
 
 
 def token_budget(rl, work: str) -> Optional[int]:
