@@ -125,8 +125,9 @@ def install_route_capture(llm: Any) -> int:
     return int(llm.collective_rpc(_install)[0])
 
 
-def take_routes(llm: Any) -> Dict[str, np.ndarray]:
-    """The routes captured since the last call (this process's worker: every TP rank routes the same tokens
-    alike), by the request ids ``llm.generate`` gives its outputs (vLLM 0.32 suffixes the engine's own ids with
-    "-<8 hex digits>")."""
-    return {ENGINE_SUFFIX.sub("", request): table for request, table in llm.collective_rpc(_take)[0].items()}
+def take_routes(llm: Any) -> Dict[str, torch.Tensor]:
+    """The routes captured since the last call, int16 tensors (this process's worker: every TP rank routes the
+    same tokens alike), by the request ids ``llm.generate`` gives its outputs (vLLM 0.32 suffixes the engine's
+    own ids with "-<8 hex digits>")."""
+    captured = llm.collective_rpc(_take)[0]
+    return {ENGINE_SUFFIX.sub("", request): torch.from_numpy(table) for request, table in captured.items()}

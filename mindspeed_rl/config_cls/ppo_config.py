@@ -111,7 +111,7 @@ class PPOConfig:
     @property
     def training_roles(self) -> List[RoleConfig]:
         """The roles that train, save and resume (the reward model and the teacher are frozen)."""
-        return [self.actor] + ([self.critic] if self.uses_critic else [])
+        return [role for role in self.roles if role.trains]
 
     @property
     def rollout_devices(self) -> int:

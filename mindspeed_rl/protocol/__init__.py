@@ -1,6 +1,7 @@
 """Typed data that crosses Ray between the single controller and the workers."""
 
 from .experience import (
+    ACTOR_INPUTS,
     FIELDS,
     MODEL_INPUTS,
     Experience,
@@ -24,6 +25,7 @@ from .rollout import (
 )
 
 __all__ = [
+    "ACTOR_INPUTS",
     "FIELDS",
     "MODEL_INPUTS",
     "Experience",

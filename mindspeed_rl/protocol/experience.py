@@ -84,6 +84,7 @@ FREE_DIMS = ("L", "K")  # sized by the field itself
 PAD_FILL = {"input_ids": None, "response_ids": None, "routed_experts": -1}  # None: the pad id; others 0
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "response_mask", "loss_mask")
+ACTOR_INPUTS = MODEL_INPUTS + ("routed_experts",)  # the actor's forwards replay the rollout's routes (R3)
 
 
 @dataclass

@@ -85,6 +85,10 @@ class VllmEngine(RolloutEngine):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
         from vllm import LLM
 
+        unavailable = vllm_routes.capture_unavailable() if capture_routes else None
+        if unavailable:
+            raise RuntimeError(f"router replay: {unavailable}")
+
         get_accelerator().prepare_vllm()
 
         self.model, self.gen, self.kind = model, gen, kind
@@ -128,8 +132,6 @@ class VllmEngine(RolloutEngine):
             os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
         self.llm = LLM(**kwargs)
         self.weight_load_method = compat_vllm.weight_load_method(self.llm)
-        if capture_routes and vllm_routes.capture_unavailable():
-            raise RuntimeError(f"router replay: {vllm_routes.capture_unavailable()}")
         self.capture_routes = capture_routes and vllm_routes.install_route_capture(self.llm) > 0
         self.tensor_parallel_size = gen.infer_tensor_parallel_size
         self._asleep = False
@@ -161,11 +163,7 @@ class VllmEngine(RolloutEngine):
         ]
         requests = [{"prompt_token_ids": list(p)} for p in prompts for _ in range(n)]
         results = self.llm.generate(requests, params, use_tqdm=False)
-        routes = (
-            {k: torch.from_numpy(v) for k, v in vllm_routes.take_routes(self.llm).items()}
-            if self.capture_routes
-            else {}
-        )
+        routes = vllm_routes.take_routes(self.llm) if self.capture_routes else {}
         outputs: List[RolloutOutput] = []
         for index, result in enumerate(results):
             completion = result.outputs[0]

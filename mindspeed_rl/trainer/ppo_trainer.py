@@ -17,7 +17,7 @@ from ..algorithms.kl import controller_kl, kl_penalty, make_kl_controller
 from ..algorithms.rollout_correction import mismatch_metrics, truncated_is_weights
 from ..config_cls.ppo_config import PPOConfig
 from ..datasets.prompt_dataset import PromptBatch
-from ..protocol import MODEL_INPUTS, Experience, build_experience, mini_batch_plan
+from ..protocol import ACTOR_INPUTS, MODEL_INPUTS, Experience, ForwardAnswer, build_experience, mini_batch_plan
 from ..rollout.service import ColocatedRollout, DisaggregatedRollout
 from ..rollout.source import RolloutSource
 from ..utils.cli import raise_if_terminated
@@ -271,21 +271,20 @@ class PPOTrainer:
 
     # ----- steps ---------------------------------------------------------------------------------------------
     def log_probs(self, exp: Experience, which: str) -> torch.Tensor:
-        fields = (
-            MODEL_INPUTS + ("routed_experts",) if which == "actor" and exp.routed_experts is not None else MODEL_INPUTS
+        fields = ACTOR_INPUTS if which == "actor" else MODEL_INPUTS
+        return self.taken(
+            self.actor.forward("compute_log_prob", exp, fields, which, balance=self.rl.use_dp_batch_balance)
         )
-        answer = self.actor.forward("compute_log_prob", exp, fields, which, balance=self.rl.use_dp_batch_balance)
-        for key in ("timing/ref_onload", "timing/ref_offload"):
-            if key in answer.timing:
-                self.clock.add(key, answer.timing[key])
-        self.forward_metrics.update(answer.metrics)  # router replay's mismatch
-        return answer.per_row.float()
 
     def teacher_log_probs(self, exp: Experience) -> torch.Tensor:
-        answer = self.teacher.forward("compute_log_prob", exp, balance=self.rl.use_dp_batch_balance)
-        for key in ("timing/teacher_onload", "timing/teacher_offload"):
-            if key in answer.timing:
-                self.clock.add(key, answer.timing[key])
+        return self.taken(self.teacher.forward("compute_log_prob", exp, balance=self.rl.use_dp_batch_balance))
+
+    def taken(self, answer: ForwardAnswer) -> torch.Tensor:
+        """A forward's per-row values; its phases (onload/offload of a model waiting on host) join the
+        iteration's timing, its metrics (router replay's mismatch) the iteration's metrics."""
+        for key, seconds in answer.timing.items():
+            self.clock.add(key, seconds)
+        self.forward_metrics.update(answer.metrics)
         return answer.per_row.float()
 
     def values(self, exp: Experience) -> torch.Tensor:

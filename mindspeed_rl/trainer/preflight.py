@@ -262,10 +262,10 @@ def preflight(cfg: PPOConfig) -> Optional[int]:
     check_teacher_tokenizer(cfg)
     check_router_replay(cfg)
     iteration = resume_iteration(cfg)
-    problems, trained = [], {role.name for role in cfg.training_roles}
+    problems = []
     for role in cfg.roles:  # every role's problem at once: a resharded actor next to an unresharded critic
         try:
-            check_role(role, iteration, role.name in trained)
+            check_role(role, iteration, role.trains)
         except UserError as exc:
             problems.append(str(exc))
     if problems:

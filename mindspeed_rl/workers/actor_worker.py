@@ -24,6 +24,7 @@ from ..config_cls.generate_config import GenerateConfig
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..protocol import (
+    ACTOR_INPUTS,
     MODEL_INPUTS,
     Experience,
     ForwardAnswer,
@@ -237,7 +238,7 @@ class IntegratedActorWorker(MegatronWorker):
         else:
             engine, mbs = self.actor, self.rl.actor_forward_micro_batch_size
         # router replay: the actor's forwards route as the rollout did (the reference's own routes stand)
-        inputs = rows.tensors(MODEL_INPUTS + ("routed_experts",) if which == "actor" else MODEL_INPUTS)
+        inputs = rows.tensors(ACTOR_INPUTS if which == "actor" else MODEL_INPUTS)
         with adapters:
             out = engine.forward(inputs, mbs, temperature=temperature, token_budget=token_budget(self.rl, which))
         if which == "ref" and self.ref is not None:
