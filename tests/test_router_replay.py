@@ -127,7 +127,7 @@ def test_router_replay_is_refused_where_it_cannot_work(capsys):
     moe = ["megatron_training.model=tiny_qwen3_moe", "actor_config.model=tiny_qwen3_moe"]
     for overrides, key, text in [
         ([], "rl_config.router_replay", "tiny_qwen25 has no experts"),
-        (moe + ["generate_config.backend=fallback"], "generate_config.backend", "does not return routed experts"),
+        (moe + ["generate_config.backend=fallback"], "generate_config.backend", "only with generate_config.batch_inv"),
         (moe + ["rl_config.router_replay=R4"], "rl_config.router_replay", "compare"),
         (moe + ["generate_config.enforce_eager=false"], "generate_config.enforce_eager", "CUDA graph"),
     ]:

@@ -209,10 +209,11 @@ def check_router_replay_keys(cfg: PPOConfig) -> None:
         raise ConfigError(
             "rl_config.router_replay", f"{rl.router_replay}, but the actor's model {model} has no experts"
         )
-    if cfg.generate.backend == "fallback":
+    if cfg.generate.backend == "fallback" and not cfg.generate.batch_invariant:
         raise ConfigError(
             "generate_config.backend",
-            "fallback does not return routed experts; router replay needs the vLLM engine (backend vllm or auto)",
+            "fallback returns routed experts only with generate_config.batch_invariant true (it re-runs each "
+            "prefix, so only batch-invariant numerics give a token one route); or use the vLLM engine",
         )
     if not cfg.generate.enforce_eager:
         raise ConfigError(
@@ -226,3 +227,34 @@ def check_router_replay_keys(cfg: PPOConfig) -> None:
             f"{actor.megatron.recompute_granularity} with PP {actor.pp} and router replay: a recomputed layer would "
             "route again after the next micro-batch's routes are set; turn recomputation off or use PP 1",
         )
+
+
+def check_batch_invariant_keys(cfg: PPOConfig) -> None:
+    """The zero-difference mode: the megatron-core engine on both sides, packed forwards, one full copy's
+    reductions (no TP or CP split), the same weights (no LoRA adapters computed apart)."""
+    if not cfg.generate.batch_invariant:
+        return
+    actor, why = cfg.actor, "with generate_config.batch_invariant"
+    if cfg.generate.backend != "fallback":
+        raise ConfigError(
+            "generate_config.backend",
+            f"{cfg.generate.backend} {why}: only the megatron-core engine (fallback) computes as the trainer does; "
+            "vLLM's kernels are its own (rollout/logprob_diff_* and logprob_exact_share measure how close they get)",
+        )
+    if not cfg.rl.use_remove_padding:
+        raise ConfigError("rl_config.use_remove_padding", f"false {why}: the padded attention path is not batch-"
+                          "invariant; set it true (packed forwards)")  # fmt: skip
+    for key, size in (
+        ("tensor_model_parallel_size", actor.tp),
+        ("context_parallel_size", actor.megatron.context_parallel_size),
+    ):
+        if size > 1:
+            raise ConfigError(
+                f"actor_config.{key}",
+                f"{size} {why}: the rollout engine is one full copy, and a split changes the sums' order; use 1",
+            )
+    if actor.megatron.lora_r:
+        raise ConfigError(
+            "actor_config.lora_r", f"{actor.megatron.lora_r} {why}: the rollout's merged weights round otherwise "
+            "than the adapters computed apart; use 0"
+        )  # fmt: skip

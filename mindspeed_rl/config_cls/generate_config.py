@@ -39,6 +39,12 @@ class GenerateConfig:
         choices=("auto", "vllm", "fallback"),
     )
     enforce_eager: bool = opt(True, "No CUDA/NPU graphs.")
+    batch_invariant: bool = opt(
+        False,
+        "Zero-difference mode (docs/rollout.md): the megatron-core rollout engine and the actor's forwards compute "
+        "each token independently of batch and length, so rollout and recomputed log-probs are bitwise equal "
+        "(rollout/logprob_exact_share 1). Needs backend fallback, use_remove_padding, actor TP and CP 1, no LoRA.",
+    )
     trust_remote_code: bool = opt(False, "Allow model code from the checkpoint folder.")
     offload_train_optimizer: bool = opt(False, "Move optimizer state to host during rollout.")
     offload_train_grad: bool = opt(False, "Move gradients to host during rollout.")

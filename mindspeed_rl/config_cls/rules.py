@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Optional
 from .base import ConfigError
 from .feature_rules import (
     check_agent_keys,
+    check_batch_invariant_keys,
     check_dapo_keys,
     check_lora_keys,
     check_packing_keys,
@@ -62,6 +63,7 @@ def check_cross_fields(cfg: PPOConfig) -> None:
     check_agent_keys(cfg)
     check_lora_keys(cfg)
     check_router_replay_keys(cfg)
+    check_batch_invariant_keys(cfg)
     check_batch_sizes(cfg)
     check_packing_keys(cfg)
     check_sampling_keys(cfg)

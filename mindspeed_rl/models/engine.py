@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from ..accelerator import get_accelerator
 from ..config_cls.ppo_config import RoleConfig
+from .batch_invariant import batch_invariant
 from .builder import build_gpt_model
 from .cross_rank import broadcast_from_last_stage, reduce_metrics
 from .heads import attach_value_head, chunked_log_probs, output_weight, return_hidden_states
@@ -100,6 +101,9 @@ class MegatronEngine:
         self.scheduler = None
         self.route_replays: Optional[Dict] = None  # router replay's per-layer stand-ins, installed on first use
         self.replay_routes = True  # false: routes only compared with the router's own choice (the metric)
+        self.batch_invariant = (
+            False  # generate_config.batch_invariant: forwards in models/batch_invariant.py's numerics
+        )
         if trainable:
             self.model = [wrap_ddp(gpt, role.megatron.use_distributed_optimizer)]
             self.optimizer, self.scheduler = build_optimizer(self.model, self.config, role.megatron, total_steps)
@@ -218,17 +222,18 @@ class MegatronEngine:
         # megatron divides each micro-batch's loss by their number, DP averages the gradients: undone here
         scale = float(len(micro) * (1 if forward_only else self.dp_size))
         fwd_bwd = get_forward_backward_func()
-        stores = fwd_bwd(
-            forward_step_func=partial(
-                self._forward_step, loss_fn, scale, temperature, with_entropy, with_logits, token_budget is not None
-            ),
-            data_iterator=iter(micro),
-            model=self.model,
-            num_microbatches=len(micro),
-            seq_length=round_up(batch["input_ids"].shape[1], self._sequence_multiple()),  # what trim widens to
-            micro_batch_size=micro_batch_size,
-            forward_only=forward_only,
-        )
+        with batch_invariant(self.batch_invariant):
+            stores = fwd_bwd(
+                forward_step_func=partial(
+                    self._forward_step, loss_fn, scale, temperature, with_entropy, with_logits, token_budget is not None
+                ),
+                data_iterator=iter(micro),
+                model=self.model,
+                num_microbatches=len(micro),
+                seq_length=round_up(batch["input_ids"].shape[1], self._sequence_multiple()),  # what trim widens to
+                micro_batch_size=micro_batch_size,
+                forward_only=forward_only,
+            )
         return stores, order
 
     @torch.no_grad()

@@ -35,16 +35,21 @@ def _tp_sum(x: torch.Tensor) -> torch.Tensor:
 
 
 def log_probs_and_entropy(
-    logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0, with_entropy: bool = True
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = True,
+    vocab_parallel: bool = True,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """Per-token log p(token) and entropy from vocab-parallel logits.
 
-    logits: [..., V/TP] this rank's vocabulary slice, tokens: [...] global token ids.
+    logits: [..., V/TP] this rank's vocabulary slice (``vocab_parallel`` false: the whole vocabulary, no TP
+    group needed), tokens: [...] global token ids.
         z = logits / temperature,  m = max_v z (all ranks),  Z = sum_v exp(z - m)
         log p(t) = (z_t - m) - log Z
         H = log Z - sum_v softmax(z)_v (z_v - m)
     """
-    group, tp, rank = _tp_group()
+    group, tp, rank = _tp_group() if vocab_parallel else (None, 1, 0)
     z = logits.float()
     if temperature != 1.0:
         z = z / temperature

@@ -22,16 +22,26 @@ from .packing import ModelInput
 class LayerReplay:
     """One MoE layer's stand-in for megatron-core's ``RouterReplay``: ``target`` [tokens, k] in the order the
     router sees its tokens (None: route as the router does); with ``replay`` the target's experts are used, and
-    either way the tokens whose own top-k set differs from the target's are counted."""
+    either way the tokens whose own top-k set differs from the target's are counted. With ``record`` the experts
+    each forward used are kept in ``recorded`` [tokens, k] (the megatron-core rollout engine's route capture)."""
 
-    def __init__(self) -> None:
+    def __init__(self, record: bool = False) -> None:
         self.target: Optional[torch.Tensor] = None
         self.replay = False
         self.differ = 0
         self.tokens = 0
+        self.record = record
+        self.recorded: Optional[torch.Tensor] = None
 
     def get_replay_topk(self, scores, topk, num_groups=None, group_topk=None, default_compute_topk=None):
         probs, own = default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
+        probs, chosen = self.route(scores, probs, own)
+        if self.record:
+            self.recorded = chosen.detach().to(torch.int16)
+        return probs, chosen
+
+    def route(self, scores: torch.Tensor, probs: torch.Tensor, own: torch.Tensor):
+        """(gate probabilities, experts) of each token given the router's own choice ``own``."""
         if self.target is None:
             return probs, own
         target = self.target.to(scores.device)
@@ -55,12 +65,22 @@ def moe_routers(chunks) -> Dict[int, object]:
     return routers
 
 
-def install(chunks) -> Dict[int, LayerReplay]:
+def install(chunks, record: bool = False) -> Dict[int, LayerReplay]:
     """A :class:`LayerReplay` on every MoE router of ``chunks``, by global layer number."""
     replays = {}
     for number, router in moe_routers(chunks).items():
-        router.router_replay = replays[number] = LayerReplay()
+        router.router_replay = replays[number] = LayerReplay(record)
     return replays
+
+
+def recorded_routes(replays: Dict[int, LayerReplay], inp: ModelInput, layers: int) -> torch.Tensor:
+    """The routes the last forward of a single-sequence computed layout (packed, b = 1) used, on the [B, S] grid
+    [B, S, ``layers``, k]; -1 where nothing was routed (padding, layers without experts)."""
+    k = next(iter(replays.values())).recorded.shape[-1]
+    grid = torch.full((*inp.shape, layers, k), -1, dtype=torch.int16)
+    for number, layer in replays.items():
+        grid[inp.rows, inp.cols, number - 1] = layer.recorded[inp.flat].cpu()
+    return grid
 
 
 def routes_in_computed_layout(

@@ -41,4 +41,4 @@ def make_rollout_engine(
     from .fallback_engine import FallbackEngine
 
     log.warning("rollout engine: megatron-core fallback (%s)", reason)
-    return FallbackEngine(model, eos_token_id, pad_token_id, bf16)
+    return FallbackEngine(model, eos_token_id, pad_token_id, bf16, gen.batch_invariant, capture_routes)

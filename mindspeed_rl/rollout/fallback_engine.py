@@ -15,7 +15,16 @@ from .fallback import generate
 class FallbackEngine(RolloutEngine):
     name = "fallback"
 
-    def __init__(self, model: ModelConfig, eos_token_id: Optional[int], pad_token_id: int = 0, bf16: bool = False):
+    def __init__(
+        self,
+        model: ModelConfig,
+        eos_token_id: Optional[int],
+        pad_token_id: int = 0,
+        bf16: bool = False,
+        batch_invariant: bool = False,
+        capture_routes: bool = False,
+    ):
+        from ..models import router_replay
         from ..models.builder import build_gpt_model
 
         self.model_cfg = model
@@ -27,6 +36,9 @@ class FallbackEngine(RolloutEngine):
         self.gpt.eval()
         for p in self.gpt.parameters():
             p.requires_grad_(False)
+        self.batch_invariant = batch_invariant
+        # route capture: the experts each router used, read after every forward (needs batch-invariant numerics)
+        self.route_recorders = router_replay.install([self.gpt], record=True) if capture_routes else None
 
     def generate(self, request: RolloutRequest) -> List[RolloutOutput]:
         sampling, n = request.sampling_config(), request.n
@@ -46,8 +58,14 @@ class FallbackEngine(RolloutEngine):
             ignore_eos=sampling.ignore_eos,
             min_tokens=sampling.min_tokens,
             caps=caps,
+            batch_invariant=self.batch_invariant,
+            routes=self.route_recorders,
+            num_layers=self.model_cfg.num_layers,
         )
-        return [RolloutOutput(i // n, o.response_ids, o.logprobs, o.finish_reason) for i, o in enumerate(outs)]
+        return [
+            RolloutOutput(i // n, o.response_ids, o.logprobs, o.finish_reason, routed_experts=o.routes)
+            for i, o in enumerate(outs)
+        ]
 
     @torch.no_grad()
     def update_weights(self, weights: Pieces) -> Dict[str, float]:

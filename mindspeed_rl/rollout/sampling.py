@@ -36,18 +36,19 @@ def sample_next(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(next tokens, their log-probs under softmax(logits / temperature)); greedy when temperature is 0.
 
-    The log-prob is the one the actor recomputes for PPO (temperature applied, no top-k/p renormalisation).
+    The log-prob is the one the actor recomputes for PPO (temperature applied, no top-k/p renormalisation),
+    by the actor's own formula (``models.heads.log_probs_and_entropy``), operation for operation.
     ``banned`` ([B, V] bool) marks tokens that may not be drawn (EOS before min_tokens); it changes the draw,
     not the reported log-prob.
     """
+    from ..models.heads import log_probs_and_entropy
+
     logits = logits.float()
     allowed = logits if banned is None else logits.masked_fill(banned, float("-inf"))
     if temperature == 0:
         tokens = allowed.argmax(dim=-1)
-        log_probs = logits.log_softmax(-1)
     else:
-        scaled = logits / temperature
-        log_probs = scaled.log_softmax(-1)
         probs = filter_logits(allowed / temperature, top_k, top_p, min_p).softmax(-1)
         tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-    return tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    log_p, _ = log_probs_and_entropy(logits, tokens, temperature or 1.0, with_entropy=False, vocab_parallel=False)
+    return tokens, log_p

@@ -70,6 +70,7 @@ def data_metrics(exp: Experience, version: int = 0) -> Dict[str, float]:
         diff = (exp.rollout_log_probs - exp.old_log_probs).abs()
         out["rollout/logprob_diff_mean"] = float(masked_mean(diff, mask))
         out["rollout/logprob_diff_max"] = float(diff[mask.bool()].max()) if mask.any() else 0.0
+        out["rollout/logprob_exact_share"] = float(masked_mean((diff == 0).float(), mask))
     if exp.policy_version is not None and mask.any():
         lag = (version - exp.policy_version).float()
         out["rollout/staleness_mean"] = float(masked_mean(lag, mask))

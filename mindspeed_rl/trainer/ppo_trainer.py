@@ -79,6 +79,7 @@ class PPOTrainer:
             and not self.algorithm.rollout_is
             and not self.off_policy
             and not self.rl.router_replay  # its mismatch is measured in the old-log-prob forward
+            and not cfg.generate.batch_invariant  # the zero-difference check compares against that forward
         )
         self.history: List[Dict[str, float]] = []
         self.collapse_streak = 0  # iterations in a row with a collapsed policy (rl_config.max_collapsed_iterations)

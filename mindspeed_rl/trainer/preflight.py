@@ -243,13 +243,15 @@ def check_teacher_tokenizer(cfg: PPOConfig) -> None:
 
 
 def check_router_replay(cfg: PPOConfig) -> None:
-    """The installed vLLM returns routed experts and megatron-core replays them (not the NPU sets' releases)."""
+    """The installed vLLM returns routed experts (unless the megatron-core engine samples) and megatron-core
+    replays them (not the NPU sets' releases)."""
     if not cfg.rl.router_replay:
         return
     from ..compat import vllm_routes
     from ..compat.megatron_core import router_replay_unavailable
 
-    reason = vllm_routes.capture_unavailable() or router_replay_unavailable()
+    capture = vllm_routes.capture_unavailable() if cfg.generate.backend != "fallback" else None
+    reason = capture or router_replay_unavailable()
     if reason:
         raise UserError(f"rl_config.router_replay {cfg.rl.router_replay}: {reason}")
 

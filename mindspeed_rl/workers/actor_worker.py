@@ -73,6 +73,7 @@ class IntegratedActorWorker(MegatronWorker):
             else None
         )
         self.actor.replay_routes = rl.router_replay == "R3"  # "compare": routes counted against, not replayed
+        self.actor.batch_invariant = gen.batch_invariant
         self.actor_offload = Offloader(self.actor)
         self.ref_offload = Offloader(self.ref) if self.ref is not None else None
         self.kind = self.acc.kind
