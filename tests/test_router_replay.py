@@ -3,6 +3,7 @@ trimmed, a CP rank's positions, a sequence-parallel slice), and the tiny Qwen3-M
 routes: its own routes replayed give bitwise the same log-probs with no mismatch counted; forced routes are used
 (log-probs change) and every forced token is counted as a mismatch."""
 
+import pytest
 import torch
 
 from mindspeed_rl.models import router_replay
@@ -130,8 +131,22 @@ def test_router_replay_is_refused_where_it_cannot_work(capsys):
         (moe + ["generate_config.backend=fallback"], "generate_config.backend", "only with generate_config.batch_inv"),
         (moe + ["rl_config.router_replay=R4"], "rl_config.router_replay", "compare"),
         (moe + ["generate_config.enforce_eager=false"], "generate_config.enforce_eager", "CUDA graph"),
+        (
+            moe + ["rl_config.actor_resource.num_npus=2", "actor_config.tensor_model_parallel_size=2"],
+            "actor_config.sequence_parallel",
+            "only with sequence parallelism",
+        ),  # fmt: skip
     ]:
         assert train_ppo.main(base + overrides) == 2
         err = capsys.readouterr().err
         assert key in err and text in err and "Traceback" not in err, err
     assert train_ppo.main(base + moe) == 0
+    # on a device without sequence parallelism (CPU) a trained MoE model cannot use TP: refused before start
+    from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.trainer.preflight import check_device_features
+    from mindspeed_rl.utils.cli import UserError
+
+    tp2 = ["rl_config.actor_resource.num_npus=2", "actor_config.tensor_model_parallel_size=2"]
+    cfg = load_ppo_config("grpo_tiny_cpu", moe + tp2 + ["actor_config.sequence_parallel=true"])
+    with pytest.raises(UserError, match="actor_config.tensor_model_parallel_size: 2 .* which cpu lacks"):
+        check_device_features(cfg)

@@ -1,8 +1,10 @@
-"""Rules of single features (packing, the agent rollout, DAPO's dynamic sampling and partial rollout, LoRA)
-and the names they resolve (filter_metric_name, agent_rollout_function)."""
+"""Rules of single features (packing, the agent rollout, DAPO's dynamic sampling and partial rollout, LoRA,
+distillation, router replay, the zero-difference mode) and the names they resolve (filter_metric_name,
+agent_rollout_function)."""
 
 from __future__ import annotations
 
+import os
 import re
 from typing import TYPE_CHECKING
 
@@ -258,3 +260,39 @@ def check_batch_invariant_keys(cfg: PPOConfig) -> None:
             "actor_config.lora_r", f"{actor.megatron.lora_r} {why}: the rollout's merged weights round otherwise "
             "than the adapters computed apart; use 0"
         )  # fmt: skip
+
+
+def check_distillation_keys(cfg: PPOConfig) -> None:
+    """A teacher exactly when distillation is on; pure distillation (no reward) trains no critic."""
+    rl = cfg.rl
+    if rl.distill_coef and cfg.teacher is None:
+        raise ConfigError(
+            "rl_config.distill_coef",
+            f"{rl.distill_coef:g} needs a teacher: give teacher_config (and rl_config.teacher_resource)",
+        )
+    if cfg.teacher is not None and not rl.distill_coef:
+        raise ConfigError(
+            "rl_config.distill_coef",
+            "is 0 but teacher_config is given: the teacher would score nothing; set distill_coef > 0 "
+            "(1.0: the teacher's signal at full weight) or remove teacher_config",
+        )
+    if cfg.teacher is not None and cfg.samples_per_iteration % cfg.teacher.dp:
+        raise ConfigError(
+            "rl_config.teacher_resource.num_npus",
+            f"the teacher's DP {cfg.teacher.dp} does not divide the {cfg.samples_per_iteration} responses of an "
+            "iteration it scores",
+        )
+    saves, teacher_load = cfg.actor.megatron.save, cfg.teacher.megatron.load if cfg.teacher is not None else None
+    if saves and teacher_load and os.path.abspath(saves) == os.path.abspath(teacher_load):
+        raise ConfigError(
+            "actor_config.save",
+            f"{saves!r} is the teacher's load folder: the student's checkpoints would overwrite the teacher; "
+            "save the student elsewhere",
+        )
+    rewarded = (rl.rule_reward and any(rl.verifier_weight)) or cfg.reward is not None
+    if rl.distill_coef and not rewarded and cfg.uses_critic:
+        raise ConfigError(
+            "rl_config.adv_estimator",
+            f"{rl.adv_estimator} trains a critic on the rewards, and nothing rewards this run (pure distillation): "
+            "use a critic-free estimator (grpo, rloo, reinforce_plus_plus), or give a reward",
+        )

@@ -11,6 +11,7 @@ from .feature_rules import (
     check_agent_keys,
     check_batch_invariant_keys,
     check_dapo_keys,
+    check_distillation_keys,
     check_lora_keys,
     check_packing_keys,
     check_router_replay_keys,
@@ -131,6 +132,12 @@ def check_role_parallelism(role: RoleConfig) -> None:
         raise ConfigError(
             _role_key(role, "expert_model_parallel_size"),
             f"{ep} needs a mixture-of-experts model; {m.model} is dense",
+        )
+    if model.num_experts and role.tp > 1 and not m.sequence_parallel:  # megatron-core's own requirement
+        raise ConfigError(
+            _role_key(role, "sequence_parallel"),
+            f"false with TP {role.tp} on the mixture-of-experts model {m.model}: megatron-core runs MoE layers "
+            "under TP only with sequence parallelism; set it true",
         )
     if model.num_experts and model.num_experts % ep:
         raise ConfigError(
@@ -343,42 +350,6 @@ def check_reward_keys(cfg: PPOConfig) -> None:
         raise ConfigError(
             "rl_config.rule_reward",
             "false, but no reward_config (reward model) is given: nothing would score the responses",
-        )
-
-
-def check_distillation_keys(cfg: PPOConfig) -> None:
-    """A teacher exactly when distillation is on; pure distillation (no reward) trains no critic."""
-    rl = cfg.rl
-    if rl.distill_coef and cfg.teacher is None:
-        raise ConfigError(
-            "rl_config.distill_coef",
-            f"{rl.distill_coef:g} needs a teacher: give teacher_config (and rl_config.teacher_resource)",
-        )
-    if cfg.teacher is not None and not rl.distill_coef:
-        raise ConfigError(
-            "rl_config.distill_coef",
-            "is 0 but teacher_config is given: the teacher would score nothing; set distill_coef > 0 "
-            "(1.0: the teacher's signal at full weight) or remove teacher_config",
-        )
-    if cfg.teacher is not None and cfg.samples_per_iteration % cfg.teacher.dp:
-        raise ConfigError(
-            "rl_config.teacher_resource.num_npus",
-            f"the teacher's DP {cfg.teacher.dp} does not divide the {cfg.samples_per_iteration} responses of an "
-            "iteration it scores",
-        )
-    saves, teacher_load = cfg.actor.megatron.save, cfg.teacher.megatron.load if cfg.teacher is not None else None
-    if saves and teacher_load and os.path.abspath(saves) == os.path.abspath(teacher_load):
-        raise ConfigError(
-            "actor_config.save",
-            f"{saves!r} is the teacher's load folder: the student's checkpoints would overwrite the teacher; "
-            "save the student elsewhere",
-        )
-    rewarded = (rl.rule_reward and any(rl.verifier_weight)) or cfg.reward is not None
-    if rl.distill_coef and not rewarded and cfg.uses_critic:
-        raise ConfigError(
-            "rl_config.adv_estimator",
-            f"{rl.adv_estimator} trains a critic on the rewards, and nothing rewards this run (pure distillation): "
-            "use a critic-free estimator (grpo, rloo, reinforce_plus_plus), or give a reward",
         )
 
 

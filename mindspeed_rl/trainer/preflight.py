@@ -195,15 +195,23 @@ def check_tool_isolation(cfg: PPOConfig) -> None:
 
 
 def check_device_features(cfg: PPOConfig) -> None:
-    """What a role asks of this device kind exists here (ring attention for megatron_cp_algo)."""
+    """What a role asks of this device kind exists here (ring attention for megatron_cp_algo; sequence
+    parallelism for a trained MoE model under TP)."""
     from ..accelerator import get_accelerator
     from ..models.context_parallel import ring_attention_unavailable
 
-    kind = get_accelerator().kind
+    acc = get_accelerator()
+    kind = acc.kind
     for role in cfg.roles:
         reason = ring_attention_unavailable(role.megatron, kind)
         if reason:
             raise UserError(f"{role.name}_config.context_parallel_algo: {reason}")
+        if role.trains and role.model.num_experts and role.tp > 1 and not acc.fused_features()["sequence_parallel"]:
+            raise UserError(
+                f"{role.name}_config.tensor_model_parallel_size: {role.tp} on the mixture-of-experts model "
+                f"{role.megatron.model}: megatron-core trains MoE layers under TP only with sequence parallelism, "
+                f"which {kind} lacks (torch norm); split the experts with expert_model_parallel_size instead"
+            )
 
 
 def tokenizer_difference(student, teacher) -> Optional[str]:
