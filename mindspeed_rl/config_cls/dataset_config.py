@@ -7,8 +7,9 @@ from typing import Dict, List
 
 from .base import ConfigError, opt
 
-HANDLERS = ("R1AlpacaStyleInstructionHandler", "AlpacaStyleInstructionHandler")
-MAP_KEYS = ("prompt", "query", "response", "system")
+HANDLERS = ("R1AlpacaStyleInstructionHandler", "AlpacaStyleInstructionHandler", "AlpacaStylePairwiseHandler")
+MAP_KEYS = ("prompt", "query", "response", "system", "chosen", "rejected")
+PAIRWISE = "AlpacaStylePairwiseHandler"
 
 
 @dataclass
@@ -26,7 +27,8 @@ class DatasetConfig:
     log_interval: int = opt(1000, "Log progress every this many rows.", ge=1)
     prompt_type: str = opt("qwen_r1", "Chat template from configs/model/templates.json.")
     map_keys: Dict[str, str] = opt(
-        doc="Row field of prompt, query, response and system ('' = none).",
+        doc="Row field of prompt, query, response and system ('' = none); preference pairs "
+        "(AlpacaStylePairwiseHandler): chosen and rejected.",
         factory=lambda: {"prompt": "question", "query": "", "response": "answer", "system": ""},
     )
     dataset_additional_keys: List[str] = opt(
@@ -52,5 +54,11 @@ class DatasetConfig:
                 raise ConfigError(f"map_keys.{key}", f"got {value!r}, expected a field name (string)")
         if not self.map_keys.get("prompt"):
             raise ConfigError("map_keys.prompt", "required: the row field holding the prompt")
-        if "labels" in self.dataset_additional_keys and not self.map_keys.get("response"):
+        if self.handler_name == PAIRWISE:
+            for role in ("chosen", "rejected"):
+                if not self.map_keys.get(role):
+                    raise ConfigError(f"map_keys.{role}", f"required by {PAIRWISE}: the row field of the {role} answer")
+            if "labels" in self.dataset_additional_keys:
+                raise ConfigError("dataset_additional_keys", f"labels: {PAIRWISE} stores chosen and rejected ids")
+        elif "labels" in self.dataset_additional_keys and not self.map_keys.get("response"):
             raise ConfigError("map_keys.response", "required when dataset_additional_keys has labels")

@@ -24,6 +24,8 @@ def longest_token(tokenizer) -> Optional[int]:
 class AlpacaStyleInstructionHandler:
     """Prompt from map_keys.prompt (+ query, system) in the chat template; labels = the response."""
 
+    token_fields: Tuple[str, ...] = ("input_ids",)  # stored as int32 token ids; additional keys as text
+
     def __init__(self, cfg: DatasetConfig, tokenizer, tools: Optional[Mapping[str, Any]] = None):
         """``tools``: name -> ToolSpec of the config's tools, resolved by the caller (the entry point)."""
         self.cfg, self.tokenizer = cfg, tokenizer
@@ -59,7 +61,8 @@ class AlpacaStyleInstructionHandler:
             return [], f"unknown_tool:{unknown[0]}"
         return [self.tools[n] for n in names], None
 
-    def process(self, row: Any) -> Tuple[Optional[Sample], Optional[str]]:
+    def prompt_ids(self, row: Any) -> Tuple[Optional[list], Optional[str]]:
+        """The row's prompt in the chat template as token ids, at most seq_length of them (else ``too_long``)."""
         if not isinstance(row, dict):
             return None, "not_an_object"
         prompt, why = self._field(row, "prompt", True)
@@ -82,6 +85,13 @@ class AlpacaStyleInstructionHandler:
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         if len(ids) > self.cfg.seq_length:
             return None, "too_long"
+        return ids, None
+
+    def process(self, row: Any) -> Tuple[Optional[Sample], Optional[str]]:
+        ids, why = self.prompt_ids(row)
+        if why:
+            return None, why
+        tools, _ = self._tools(row)
         sample: Sample = {"input_ids": ids}
         for key in self.cfg.dataset_additional_keys:
             if key == "labels":
@@ -118,4 +128,47 @@ class R1AlpacaStyleInstructionHandler(AlpacaStyleInstructionHandler):
         return boxed if boxed is not None else response.strip()
 
 
-HANDLERS = {cls.__name__: cls for cls in (AlpacaStyleInstructionHandler, R1AlpacaStyleInstructionHandler)}
+class AlpacaStylePairwiseHandler(AlpacaStyleInstructionHandler):
+    """Preference pairs for reward-model training: the prompt as the Alpaca handler builds it, and the
+    map_keys.chosen / map_keys.rejected responses as token ids ending in EOS (``chosen_ids``, ``rejected_ids``).
+    Skipped and counted: a missing or non-text response, an empty one, identical responses (the same text but for
+    surrounding whitespace, or the same tokens), a prompt plus the longer response over seq_length."""
+
+    token_fields = ("input_ids", "chosen_ids", "rejected_ids")
+
+    def response_ids(self, row: dict, role: str) -> Tuple[Optional[list], Optional[str]]:
+        text, why = self._field(row, role, True)
+        if why:
+            return None, why
+        if not text.strip():
+            return None, f"empty_{role}"
+        eos = self.tokenizer.eos_token_id
+        return self.tokenizer.encode(text, add_special_tokens=False) + ([eos] if eos is not None else []), None
+
+    def process(self, row: Any) -> Tuple[Optional[Sample], Optional[str]]:
+        ids, why = self.prompt_ids(row)
+        if why:
+            return None, why
+        chosen, why = self.response_ids(row, "chosen")
+        if why:
+            return None, why
+        rejected, why = self.response_ids(row, "rejected")
+        if why:
+            return None, why
+        if chosen == rejected or row[self.keys["chosen"]].strip() == row[self.keys["rejected"]].strip():
+            return None, "identical_pair"
+        if len(ids) + max(len(chosen), len(rejected)) > self.cfg.seq_length:
+            return None, "too_long"
+        sample: Sample = {"input_ids": ids, "chosen_ids": chosen, "rejected_ids": rejected}
+        for key in self.cfg.dataset_additional_keys:
+            value = row.get(key)
+            if value is None:
+                return None, f"missing_key:{key}"
+            sample[key] = value if isinstance(value, str) else str(value)
+        return sample, None
+
+
+HANDLERS = {
+    cls.__name__: cls
+    for cls in (AlpacaStyleInstructionHandler, R1AlpacaStyleInstructionHandler, AlpacaStylePairwiseHandler)
+}

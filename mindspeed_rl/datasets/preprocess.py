@@ -1,8 +1,9 @@
 """Rows -> handler -> Megatron indexed datasets, with workers, progress and a skip summary.
 
 Output per field: ``<output_prefix>_packed_<field>_document.{bin,idx}`` (megatron-core's
-indexed dataset, memory-mapped): ``input_ids`` as int32 token ids, text fields (``labels`` and
-other additional keys) as UTF-8 bytes. Files are written under temporary names and renamed at
+indexed dataset, memory-mapped): the handler's token fields (``input_ids``; preference pairs also
+``chosen_ids`` and ``rejected_ids``) as int32 token ids, text fields (``labels`` and other additional
+keys) as UTF-8 bytes. Files are written under temporary names and renamed at
 the end, so an interrupted run leaves no files that look complete. A summary
 ``<output_prefix>_summary.json`` holds {"read", "kept", "skipped": {reason: count}}.
 """
@@ -66,19 +67,20 @@ def _process_chunk(chunk: List[Tuple[str, object]]):
 class IndexedWriter:
     """One megatron IndexedDatasetBuilder per field, finalised and renamed at the end."""
 
-    def __init__(self, output_prefix: str, fields: Iterable[str]):
+    def __init__(self, output_prefix: str, fields: Iterable[str], token_fields: Iterable[str] = ("input_ids",)):
         from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
         self.prefix = output_prefix
+        self.token_fields = set(token_fields)  # int32 token ids; the other fields UTF-8 text
         self.builders = {}
         for field in fields:
-            dtype = np.int32 if field == "input_ids" else np.uint8
+            dtype = np.int32 if field in self.token_fields else np.uint8
             self.builders[field] = IndexedDatasetBuilder(field_prefix(output_prefix, field) + ".bin.part", dtype=dtype)
 
     def add(self, sample: Dict) -> None:
         for field, builder in self.builders.items():
             value = sample[field]
-            if field == "input_ids":
+            if field in self.token_fields:
                 builder.add_item(torch.tensor(value, dtype=torch.int32))
             else:
                 builder.add_item(
@@ -125,7 +127,8 @@ def preprocess(cfg: DatasetConfig, progress: bool = True, tools: Optional[Mappin
     if first is not None:
         rows = itertools.chain([first], rows)
     tokenizer = load_tokenizer(cfg.tokenizer_name_or_path, "tokenizer_name_or_path")  # a bad one before workers
-    writer = IndexedWriter(cfg.output_prefix, ["input_ids", *cfg.dataset_additional_keys])
+    token_fields = HANDLERS[cfg.handler_name].token_fields
+    writer = IndexedWriter(cfg.output_prefix, [*token_fields, *cfg.dataset_additional_keys], token_fields)
     read, kept, skipped, examples = 0, 0, Counter(), []
     start = time.perf_counter()
     bar = tqdm(desc=f"preprocess {os.path.basename(cfg.output_prefix)}", unit="row", disable=not progress)

@@ -51,7 +51,8 @@ def open_indexed(prefix: str):
 
 
 class PromptDataset:
-    """Prompt token ids and text fields (labels, ...) of one preprocessed dataset.
+    """Prompt token ids and text fields (labels, ...) of one preprocessed dataset; with ``token_fields`` more
+    token-id fields (preference pairs: ``chosen_ids``, ``rejected_ids``).
 
     Prompts longer than ``max_prompt_length`` tokens are left out (their count is in ``dropped``).
     """
@@ -62,9 +63,11 @@ class PromptDataset:
         additional_keys: Sequence[str] = ("labels",),
         max_prompt_length: Optional[int] = None,
         key: str = "data_path",
+        token_fields: Sequence[str] = (),
     ):
         self.prefix = output_prefix
-        fields = {"input_ids": field_prefix(output_prefix, "input_ids")}
+        self.token_fields = ("input_ids", *token_fields)
+        fields = {name: field_prefix(output_prefix, name) for name in self.token_fields}
         fields.update({k: field_prefix(output_prefix, k) for k in additional_keys})
         for name, prefix in fields.items():
             if not os.path.isfile(prefix + ".bin") or not os.path.isfile(prefix + ".idx"):
@@ -99,9 +102,11 @@ class PromptDataset:
         row = int(self.indices[i])
         for name in self.fields:
             self._check_bin(name, row)
-        item = {"index": row, "input_ids": self.fields["input_ids"][row].astype(np.int64).tolist()}
+        item: Dict = {"index": row}
         for name, ds in self.fields.items():
-            if name != "input_ids":
+            if name in self.token_fields:
+                item[name] = ds[row].astype(np.int64).tolist()
+            else:
                 item[name] = ds[row].tobytes().decode("utf-8")
         return item
 
