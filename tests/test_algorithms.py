@@ -219,3 +219,19 @@ def test_rollout_mismatch_kl_k1_is_kl_of_rollout_to_trainer_positive_in_expectat
     assert metrics["rollout_correction/kl_k1"] > 0 and metrics["rollout_correction/kl_k1"] == pytest.approx(
         exact, rel=0.15
     )
+
+
+def test_bradley_terry_loss_and_its_gradient_by_hand():
+    from mindspeed_rl.algorithms import bradley_terry_loss, preference_metrics
+
+    chosen = torch.tensor([2.0, 0.0, -1.0, 50.0], requires_grad=True)
+    rejected = torch.tensor([1.0, 0.0, 1.0, -50.0])
+    loss = bradley_terry_loss(chosen, rejected)
+    gap = torch.tensor([1.0, 0.0, -2.0, 100.0])
+    assert torch.allclose(loss, -torch.log(torch.sigmoid(gap)), atol=1e-6)  # softplus(-gap), finite at gap 100
+    loss.sum().backward()
+    assert torch.allclose(chosen.grad, torch.sigmoid(gap) - 1, atol=1e-6)  # d/dr_c = -(1 - sigmoid(gap))
+    margin = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    assert torch.allclose(bradley_terry_loss(chosen, rejected, margin)[0], torch.log(torch.tensor(2.0)))
+    m = preference_metrics(chosen.detach(), rejected)
+    assert m["accuracy"] == 0.5 and m["margin_mean"] == pytest.approx(99.0 / 4)  # a tie counts as wrong

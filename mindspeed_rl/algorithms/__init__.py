@@ -1,5 +1,5 @@
-"""RL math in plain torch: advantage estimators, KL, losses, aggregation, shaping, distillation. No Ray, no
-Megatron.
+"""RL math in plain torch: advantage estimators, KL, losses, aggregation, shaping, distillation, preference
+(reward-model) losses. No Ray, no Megatron.
 
 Tensors are [batch, response_length] over response tokens; ``mask`` is 1 on real response tokens.
 The names a config can choose (estimators, losses, KL forms) and a run's algorithm plan are registered
@@ -39,6 +39,7 @@ _EXPORTS = {
         "value_loss",
         "vanilla_policy_loss",
     ),
+    "preference": ("bradley_terry_loss", "preference_metrics"),
     "rollout_correction": ("mismatch_metrics", "truncated_is_weights"),
     "shaping": ("informative_groups", "overlong_penalty"),
 }
