@@ -1,0 +1,112 @@
+"""The generative judge's template, score parsing and HTTP client against a misbehaving OpenAI-compatible server
+on the loopback interface: down, slow, erroring once, answering garbage or without a score. Each failure is
+scored on_failure and counted; nothing waits past its timeout."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from mindspeed_rl.rewards.judge import DEFAULT_TEMPLATE, HttpJudge, parse_score, render
+
+
+def test_scores_are_parsed_from_the_last_score_line_and_normalised():
+    assert parse_score("fine.\nScore: 7") == (0.7, None)
+    assert parse_score("Score: 2 ... on reflection, score = 10") == (1.0, None)
+    assert parse_score("**Score:** 5") == (0.5, None)
+    assert parse_score("the grade is \\boxed{4}") == (0.4, None)
+    assert parse_score("looks right to me") == (None, "no_score")
+    assert parse_score("Score: 11") == (None, "out_of_range")
+    assert parse_score("Score: 3", score_min=1, score_max=5) == (0.5, None)
+
+
+def test_the_template_fills_its_three_fields_and_leaves_other_braces():
+    text = render('{prompt}|{response}|{label}|{other} {"json": 1}', "2+{x}?", "4", "4")
+    assert text == '2+{x}?|4|4|{other} {"json": 1}'
+    assert "{prompt}" not in render(DEFAULT_TEMPLATE, "q", "r", "l")
+
+
+class Judge(BaseHTTPRequestHandler):
+    """An OpenAI-compatible /v1/chat/completions that grades by what the prompt asks of it."""
+
+    calls = {}
+    in_flight = 0
+    most_in_flight = 0
+    lock = threading.Lock()
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        text = body["messages"][0]["content"]
+        busy = "BUSY" in text  # counted in flight (the slow test's requests may still sleep here)
+        with Judge.lock:
+            Judge.calls[text] = Judge.calls.get(text, 0) + 1
+            Judge.in_flight += busy
+            Judge.most_in_flight = max(Judge.most_in_flight, Judge.in_flight)
+        try:
+            if "SLOW" in text:
+                time.sleep(3)
+            elif busy:
+                time.sleep(0.2)
+            if "FLAKY" in text and Judge.calls[text] == 1:
+                return self._send(500, b'{"error": "try again"}')
+            if "GARBAGE" in text:
+                return self._send(200, b"<html>not json</html>")
+            content = "I cannot tell." if "NOSCORE" in text else "Checked the sum.\nScore: 8"
+            reply = {"id": "1", "object": "chat.completion", "created": 0, "model": body["model"],
+                     "choices": [{"index": 0, "finish_reason": "stop",
+                                  "message": {"role": "assistant", "content": content}}]}  # fmt: skip
+            self._send(200, json.dumps(reply).encode())
+        finally:
+            with Judge.lock:
+                Judge.in_flight -= busy
+
+    def _send(self, code, payload):
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+@pytest.fixture(scope="module")
+def server():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Judge)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
+    httpd.shutdown()
+
+
+def test_every_failure_is_scored_as_configured_and_counted(server):
+    judge = HttpJudge(server, "judge", template="{response}", timeout=0.5, retries=1, on_failure=-1.0)
+    responses = ["GOOD", "SLOW", "FLAKY", "GARBAGE", "NOSCORE", "GOOD too"]
+    start = time.perf_counter()
+    verdicts, metrics = judge.grade(["q"] * 6, responses, [""] * 6)
+    took = time.perf_counter() - start
+    assert [v.score for v in verdicts] == [0.8, -1.0, 0.8, -1.0, -1.0, 0.8]
+    assert [v.failure for v in verdicts] == [None, "request_failed", None, "request_failed", "no_score", None]
+    assert Judge.calls["FLAKY"] == 2  # the 500 was retried
+    assert metrics["judge/request_failures"] == 2 and metrics["judge/parse_failures"] == 1
+    assert took < 2 * 0.5 + 3, took  # the slow request gave up at its timeout (twice), not after the server's 3 s
+
+
+def test_a_judge_that_is_down_fails_fast_and_concurrency_is_bounded(server):
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    down = HttpJudge(f"http://127.0.0.1:{port}/v1", "judge", timeout=1.0, retries=0)
+    start = time.perf_counter()
+    verdicts, metrics = down.grade(["q"] * 3, ["a", "b", "c"], ["", "", ""])
+    assert metrics["judge/request_failures"] == 3 and all(v.score == 0.0 for v in verdicts)
+    assert time.perf_counter() - start < 2
+    Judge.most_in_flight = 0
+    busy = HttpJudge(server, "judge", template="{response}", concurrency=2, timeout=5.0)
+    verdicts, _ = busy.grade(["q"] * 6, [f"BUSY {i}" for i in range(6)], [""] * 6)
+    assert [v.score for v in verdicts] == [0.8] * 6 and Judge.most_in_flight == 2
