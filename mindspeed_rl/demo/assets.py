@@ -96,18 +96,64 @@ def prepare_long_tail(
     return prefix
 
 
-def _preprocess(raw: str, tok_dir: str, prefix: str, extra_keys: Optional[List[str]] = None) -> None:
+WORDS = ["the", "lucky", "number", "is", "I", "think", "so", "and", "more", "has"]
+
+
+def make_pairs(rows: List[dict], seed: int) -> List[dict]:
+    """Preference pairs on the demo's prompts, shaped like a policy's answers early and late in training: one
+    shared random body of words and digits, then a final number; the chosen answer ends in 7 (what the rule
+    verifier rewards), the rejected one in another digit, or in no number at all."""
+    rng = random.Random(seed)
+    pairs = []
+    for row in rows:
+        body = " ".join(rng.choice(WORDS + [str(d) for d in range(10)]) for _ in range(rng.randint(0, 6)))
+        wrong = rng.choice([d for d in range(10) if d != 7] + [None])
+        ending = "." if wrong is None else f" {wrong}."
+        pairs.append({"prompt": row["question"], "chosen": f"{body} 7.".strip(), "rejected": f"{body}{ending}".strip()})
+    return pairs
+
+
+def prepare_pairs(root: str, vocab_size: int, train_pairs: int = 2000, test_pairs: int = 128, seed: int = 1) -> dict:
+    """The demo's preference pairs (``make_pairs``) preprocessed for reward-model training:
+    <root>/data/lucky_pairs_train* and a held-out <root>/data/lucky_pairs_test* on questions the training pairs
+    do not ask; returns their prefixes. Idempotent."""
+    paths = prepare(root, vocab_size, seed=seed)
+    out = {"pairs_prefix": os.path.join(root, "data", "lucky_pairs_train"),
+           "pairs_test_prefix": os.path.join(root, "data", "lucky_pairs_test")}  # fmt: skip
+    train = make_rows(train_pairs, seed + 7)
+    seen = {r["question"] for r in train}
+    test = [r for r in make_rows(8 * test_pairs, seed + 2000) if r["question"] not in seen][:test_pairs]
+    for key, rows, pair_seed in (("pairs_prefix", train, seed), ("pairs_test_prefix", test, seed + 1)):
+        prefix = out[key]
+        if os.path.isfile(prefix + "_summary.json"):
+            continue
+        raw = os.path.join(root, "raw", os.path.basename(prefix) + ".jsonl")
+        os.makedirs(os.path.dirname(raw), exist_ok=True)
+        with open(raw, "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(p) + "\n" for p in make_pairs(rows, pair_seed))
+        _preprocess(raw, paths["tokenizer"], prefix, pairwise=True)
+    return {**paths, **out}
+
+
+def _preprocess(
+    raw: str, tok_dir: str, prefix: str, extra_keys: Optional[List[str]] = None, pairwise: bool = False
+) -> None:
     from ..config_cls.dataset_config import DatasetConfig
     from ..datasets.preprocess import preprocess
 
-    preprocess(
-        DatasetConfig(
+    if pairwise:
+        keys = {"prompt": "prompt", "query": "", "system": "", "chosen": "chosen", "rejected": "rejected"}
+        cfg = DatasetConfig(input=raw, tokenizer_name_or_path=tok_dir, output_prefix=prefix, prompt_type="empty",
+                            seq_length=64, handler_name="AlpacaStylePairwiseHandler", map_keys=keys,
+                            dataset_additional_keys=[])  # fmt: skip
+    else:
+        cfg = DatasetConfig(
             input=raw,
             tokenizer_name_or_path=tok_dir,
             output_prefix=prefix,
             prompt_type="empty",
             seq_length=64,
             dataset_additional_keys=["labels"] + list(extra_keys or []),
-        ),
-        progress=False,
-    )
+        )
+    cfg.validate()
+    preprocess(cfg, progress=False)
