@@ -173,6 +173,15 @@ def single_process_world_fixture(seed: int = 11):
     return single_process_world
 
 
+def assert_refused(argv, key: str, text: str, capsys) -> None:
+    """``cli/train_ppo.py argv`` exits 2 with one message naming ``key`` and saying ``text``, no traceback."""
+    from cli import train_ppo
+
+    assert train_ppo.main(argv) == 2
+    err = capsys.readouterr().err
+    assert key in err and text in err and "Traceback" not in err, err
+
+
 def wait_for(proc, text, timeout=240):
     """Read ``proc``'s output until a line holds ``text``; the lines read so far."""
     seen = []

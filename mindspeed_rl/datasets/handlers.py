@@ -87,29 +87,35 @@ class AlpacaStyleInstructionHandler:
             return None, "too_long"
         return ids, None
 
-    def process(self, row: Any) -> Tuple[Optional[Sample], Optional[str]]:
-        ids, why = self.prompt_ids(row)
-        if why:
-            return None, why
-        tools, _ = self._tools(row)
-        sample: Sample = {"input_ids": ids}
+    def add_extra_keys(self, row: dict, sample: Sample) -> Optional[str]:
+        """dataset_additional_keys into ``sample`` (labels: the answer; tools: the names the prompt lists; other
+        keys as the row's text); the skip reason, or None."""
         for key in self.cfg.dataset_additional_keys:
             if key == "labels":
                 response, why = self._field(row, "response", True)
                 if why:
-                    return None, why
+                    return why
                 label = self.label(response)
                 if not label:
-                    return None, "empty_label"
+                    return "empty_label"
                 sample["labels"] = label
             elif key == "tools":
+                tools, _ = self._tools(row)  # already checked with the prompt
                 sample["tools"] = json.dumps([spec.name for spec in tools])
             else:
                 value = row.get(key)
                 if value is None:
-                    return None, f"missing_key:{key}"
+                    return f"missing_key:{key}"
                 sample[key] = value if isinstance(value, str) else str(value)
-        return sample, None
+        return None
+
+    def process(self, row: Any) -> Tuple[Optional[Sample], Optional[str]]:
+        ids, why = self.prompt_ids(row)
+        if why:
+            return None, why
+        sample: Sample = {"input_ids": ids}
+        why = self.add_extra_keys(row, sample)
+        return (None, why) if why else (sample, None)
 
 
 class R1AlpacaStyleInstructionHandler(AlpacaStyleInstructionHandler):
@@ -160,12 +166,8 @@ class AlpacaStylePairwiseHandler(AlpacaStyleInstructionHandler):
         if len(ids) + max(len(chosen), len(rejected)) > self.cfg.seq_length:
             return None, "too_long"
         sample: Sample = {"input_ids": ids, "chosen_ids": chosen, "rejected_ids": rejected}
-        for key in self.cfg.dataset_additional_keys:
-            value = row.get(key)
-            if value is None:
-                return None, f"missing_key:{key}"
-            sample[key] = value if isinstance(value, str) else str(value)
-        return sample, None
+        why = self.add_extra_keys(row, sample)  # (labels is refused for pairs by the dataset config)
+        return (None, why) if why else (sample, None)
 
 
 HANDLERS = {

@@ -143,17 +143,11 @@ def _preprocess(
 
     if pairwise:
         keys = {"prompt": "prompt", "query": "", "system": "", "chosen": "chosen", "rejected": "rejected"}
-        cfg = DatasetConfig(input=raw, tokenizer_name_or_path=tok_dir, output_prefix=prefix, prompt_type="empty",
-                            seq_length=64, handler_name="AlpacaStylePairwiseHandler", map_keys=keys,
-                            dataset_additional_keys=[])  # fmt: skip
+        kind = dict(handler_name="AlpacaStylePairwiseHandler", map_keys=keys, dataset_additional_keys=[])
     else:
-        cfg = DatasetConfig(
-            input=raw,
-            tokenizer_name_or_path=tok_dir,
-            output_prefix=prefix,
-            prompt_type="empty",
-            seq_length=64,
-            dataset_additional_keys=["labels"] + list(extra_keys or []),
-        )
+        kind = dict(dataset_additional_keys=["labels"] + list(extra_keys or []))
+    cfg = DatasetConfig(
+        input=raw, tokenizer_name_or_path=tok_dir, output_prefix=prefix, prompt_type="empty", seq_length=64, **kind
+    )
     cfg.validate()
     preprocess(cfg, progress=False)

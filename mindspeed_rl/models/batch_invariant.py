@@ -1,6 +1,6 @@
 """Batch-invariant numerics: a token's outputs do not depend on the other tokens in the call, nor on how far its
 sequence runs beyond it, so a sampler that re-runs a growing prefix and the trainer's whole-sequence forward
-compute bitwise the same log-probs (``rl_config.batch_invariant``, docs/rollout.md "Zero-difference check").
+compute bitwise the same log-probs (``generate_config.batch_invariant``, docs/rollout.md "Zero-difference check").
 
 A GEMM's kernel choice and reduction order depend on its shape, so the same row in a call of another size can
 round differently (about 1e-7 in fp32). Under :func:`batch_invariant` every call has a fixed shape:
@@ -32,15 +32,15 @@ BLOCK = 32
 
 def tiled_matmul(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     """x [..., K] @ weight_t [K, N] in tiles of ``ROWS`` rows, every tile one GEMM of the same shape."""
+    shape = (*x.shape[:-1], weight_t.shape[1])
     flat = x.reshape(-1, x.shape[-1])
     rows = flat.shape[0]
+    if rows == 0:
+        return x.new_zeros(shape)
     pad = (-rows) % ROWS
     if pad:
         flat = torch.cat([flat, flat.new_zeros(pad, flat.shape[1])])
-    out = torch.cat([torch.mm(tile, weight_t) for tile in flat.split(ROWS)]) if flat.shape[0] else None
-    if out is None:
-        return x.new_zeros(*x.shape[:-1], weight_t.shape[1])
-    return out[:rows].reshape(*x.shape[:-1], weight_t.shape[1])
+    return torch.cat([torch.mm(tile, weight_t) for tile in flat.split(ROWS)])[:rows].reshape(shape)
 
 
 def blocked_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:

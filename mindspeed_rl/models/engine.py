@@ -101,9 +101,8 @@ class MegatronEngine:
         self.scheduler = None
         self.route_replays: Optional[Dict] = None  # router replay's per-layer stand-ins, installed on first use
         self.replay_routes = True  # false: routes only compared with the router's own choice (the metric)
-        self.batch_invariant = (
-            False  # generate_config.batch_invariant: forwards in models/batch_invariant.py's numerics
-        )
+        # generate_config.batch_invariant: forwards in models/batch_invariant.py's numerics
+        self.batch_invariant = False
         if trainable:
             self.model = [wrap_ddp(gpt, role.megatron.use_distributed_optimizer)]
             self.optimizer, self.scheduler = build_optimizer(self.model, self.config, role.megatron, total_steps)

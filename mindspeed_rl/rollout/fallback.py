@@ -3,7 +3,7 @@
 Each step re-runs the model over the whole (left-padded) sequence, so it is O(length^2): right
 for small models, tests and machines without vLLM, not for production rollout. ``batch_invariant``: each step
 runs the valid tokens packed under ``models.batch_invariant``, so every sampled token's log-prob (and, with
-``routes``, every token's experts) is bitwise what the actor's whole-sequence forward computes.
+``recorders``, every token's experts) is bitwise what the actor's whole-sequence forward computes.
 """
 
 from __future__ import annotations
@@ -26,26 +26,28 @@ class GenerationOutput:
     response_ids: List[int]
     logprobs: List[float]
     finish_reason: str  # "stop" (EOS) or "length"
-    routes: Optional[torch.Tensor] = None  # [P + R - 1, layers, k] int16, with ``routes`` (see RolloutOutput)
+    routes: Optional[torch.Tensor] = None  # [P + R - 1, layers, k] int16, with ``recorders`` (see RolloutOutput)
 
 
 class _Step:
-    """One step's forward: next-token logits [B, V] of every row; packed (and its routes kept) when exact."""
+    """One step's forward: next-token logits [B, V] of every row; packed in batch-invariant numerics (and its
+    routes kept) when exact."""
 
-    def __init__(self, model, exact: bool, replays: Optional[Dict[int, LayerReplay]], layers: int):
-        self.model, self.exact, self.replays, self.layers = model, exact, replays, layers
+    def __init__(self, model, exact: bool, recorders: Optional[Dict[int, LayerReplay]]):
+        self.model, self.exact, self.recorders = model, exact, recorders
         self.routes: Optional[torch.Tensor] = None  # [B, S, layers, k] of the last forward
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if not self.exact:
             return self.model(ids, position_ids_from_mask(mask), megatron_attention_mask(mask))[:, -1]
         inp = pack(ids, mask)
-        out = inp.run(self.model)  # [1, T, V]
+        with batch_invariant_numerics():
+            out = inp.run(self.model)  # [1, T, V]
         last = inp.cols == ids.shape[1] - 1  # rows still generating end at the last column
         logits = out.new_zeros(ids.shape[0], out.shape[-1])
         logits[inp.rows[last]] = out.reshape(-1, out.shape[-1])[inp.flat[last]]
-        if self.replays:
-            self.routes = recorded_routes(self.replays, inp, self.layers)
+        if self.recorders:
+            self.routes = recorded_routes(self.recorders, inp, self.model.config.num_layers)
         return logits
 
 
@@ -66,19 +68,18 @@ def generate(
     min_tokens: int = 0,
     caps: Optional[Sequence[int]] = None,
     batch_invariant: bool = False,
-    routes: Optional[Dict[int, LayerReplay]] = None,
-    num_layers: int = 0,
+    recorders: Optional[Dict[int, LayerReplay]] = None,
 ) -> List[GenerationOutput]:
     """Sample responses from a single-rank (TP=PP=1) GPTModel with an LM head, over the model's whole
     (padded) vocabulary: the same action space as vLLM and the actor's log-probs (docs/rollout.md).
     ``ignore_eos``: EOS does not stop a response; ``min_tokens``: EOS is not drawn before that many tokens;
-    ``caps``: each prompt's own most new tokens (at most ``max_new_tokens``); ``routes``: the model's recording
+    ``caps``: each prompt's own most new tokens (at most ``max_new_tokens``); ``recorders``: the model's recording
     router stand-ins (``router_replay.install(..., record=True)``, needs ``batch_invariant``), whose routes of
     the last forward each output carries for its first P + R - 1 tokens."""
-    if routes and not batch_invariant:
+    if recorders and not batch_invariant:
         raise ValueError("the fallback engine captures routes only with batch-invariant numerics")
     model.eval()
-    step_logits = _Step(model, batch_invariant, routes, num_layers)
+    step_logits = _Step(model, batch_invariant, recorders)
     generator = torch.Generator().manual_seed(seed) if seed is not None else None
     outputs: List[GenerationOutput] = []
     for start in range(0, len(prompts), batch_size):
@@ -90,8 +91,7 @@ def generate(
         logps: List[List[float]] = [[] for _ in chunk]
         reasons = ["length"] * len(chunk)
         for step in range(max_new_tokens):
-            with batch_invariant_numerics(batch_invariant):
-                logits = step_logits(ids, mask)
+            logits = step_logits(ids, mask)
             banned = None
             if eos_token_id is not None and step < min_tokens:
                 banned = torch.zeros_like(logits, dtype=torch.bool)

@@ -59,8 +59,7 @@ class FallbackEngine(RolloutEngine):
             min_tokens=sampling.min_tokens,
             caps=caps,
             batch_invariant=self.batch_invariant,
-            routes=self.route_recorders,
-            num_layers=self.model_cfg.num_layers,
+            recorders=self.route_recorders,
         )
         return [
             RolloutOutput(i // n, o.response_ids, o.logprobs, o.finish_reason, routed_experts=o.routes)
