@@ -2,6 +2,7 @@
 
 python cli/prepare_demo.py            # the lucky-number task (ppo/grpo/dapo_tiny_cpu)
 python cli/prepare_demo.py --tools    # also the tool-use task (grpo_tiny_cpu_tools): cold-start SFT model
+python cli/prepare_demo.py --pairs    # also the task's preference pairs (rm_tiny_cpu: reward-model training)
 """
 
 from __future__ import annotations
@@ -19,6 +20,11 @@ def main() -> int:
         f"demo assets: tokenizer {paths['tokenizer']}, prompts {paths['data_prefix']}, "
         f"held-out test prompts {paths['test_prefix']}"
     )
+    if "--pairs" in sys.argv[1:]:
+        from mindspeed_rl.demo.assets import prepare_pairs
+
+        pairs = prepare_pairs("./demo_assets", cfg.actor.model.padded_vocab_size)
+        print(f"preference pairs: {pairs['pairs_prefix']}, held-out pairs {pairs['pairs_test_prefix']}")
     if "--tools" in sys.argv[1:]:
         from mindspeed_rl.demo.tool_task import prepare_tool_task
 

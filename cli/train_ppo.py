@@ -12,34 +12,12 @@ the batch plan and starts nothing: the launcher runs it before it starts Ray.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Optional, Sequence
 
 from mindspeed_rl.config_cls import batch_plan, missing_paths
 from mindspeed_rl.trainer.config_names import load_run_config
-from mindspeed_rl.utils.cli import report_user_errors, stop_on_sigterm
-
-
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--config-name", required=True, help="config under configs/ (e.g. ppo_qwen25_32b_A3) or a path to a YAML file"
-    )
-    parser.add_argument(
-        "--config-dir",
-        "--config-path",
-        dest="config_dir",
-        default=None,
-        help="folder to look the config name up in (default: the project's configs/)",
-    )
-    parser.add_argument(
-        "--check",
-        action="store_true",
-        help="validate the config and its paths as a real run would, start nothing (exit 0 or 2)",
-    )
-    parser.add_argument("overrides", nargs="*", help="Hydra-style overrides: section.key=value")
-    return parser.parse_args(argv)
+from mindspeed_rl.utils.cli import parse_run_args, report_user_errors, stop_on_sigterm
 
 
 @report_user_errors
@@ -50,7 +28,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def run_main(argv: Optional[Sequence[str]]) -> int:
-    args = parse_args(argv)
+    args = parse_run_args(argv, __doc__)
     cfg = load_run_config(args.config_name, args.overrides, args.config_dir)
     print(batch_plan(cfg), flush=True)
     problems = missing_paths(cfg)

@@ -6,7 +6,7 @@
 #       bash examples/<recipe script> [config name] [key=value ...]
 #
 # The head (CURRENT_IP == MASTER_ADDR, or NODE_RANK=0) starts Ray with the device resource, waits
-# until NNODES x NPUS_PER_NODE devices have joined, runs cli/train_ppo.py (one trainer for PPO, GRPO,
+# until NNODES x NPUS_PER_NODE devices have joined, runs $ENTRY (cli/train_ppo.py: one trainer for PPO, GRPO,
 # DAPO: the config's rl_config decides) and tees logs/training.log. Other nodes join and wait until the
 # head's cluster goes away. Each node stops only the Ray it started (the session it started Ray in,
 # recorded in $RAY_TMP.launcher_sid.<pid>), never other processes. Logs go to $LOG_DIR (default logs/).
@@ -17,6 +17,7 @@ if [ "$CALLER_DIR" != "$PWD" ]; then
   echo "[launcher] running in $PWD: relative paths in the config and the overrides are read from there"
 fi
 PY=${PYTHON:-.venv/bin/python}
+ENTRY=${ENTRY:-cli/train_ppo.py}  # the trainer: cli/train_rm.py for reward-model training (examples/rm)
 RAY=${RAY:-$(dirname "$PY")/ray}
 
 CONFIG=${1:-${DEFAULT_CONFIG:?the recipe script sets DEFAULT_CONFIG}}
@@ -104,7 +105,7 @@ LOG_DIR=${LOG_DIR:-logs}
 mkdir -p "$LOG_DIR"
 if [ "$NODE_RANK" = "0" ]; then
   # the config first, in seconds: a typo must not wait for Ray and the other nodes
-  "$PY" cli/train_ppo.py --config-name "$CONFIG" --check "$@" > "$LOG_DIR/plan.txt" || exit $?
+  "$PY" "$ENTRY" --config-name "$CONFIG" --check "$@" > "$LOG_DIR/plan.txt" || exit $?
   echo "[launcher] head $CURRENT_IP: ray start --head --port $RAY_PORT (${NPUS_PER_NODE} x $DEVICE_RESOURCE)"
   if ! start_own_ray "$LOG_DIR/ray_head.log" --head --port "$RAY_PORT" --node-ip-address "$CURRENT_IP" \
       --temp-dir "$RAY_TMP" --include-dashboard false --disable-usage-stats "${RESOURCES[@]}"; then
@@ -123,7 +124,7 @@ if [ "$NODE_RANK" = "0" ]; then
     fi
     sleep 2
   done
-  RAY_ADDRESS="$MASTER_ADDR:$RAY_PORT" "$PY" cli/train_ppo.py --config-name "$CONFIG" "$@" 2>&1 \
+  RAY_ADDRESS="$MASTER_ADDR:$RAY_PORT" "$PY" "$ENTRY" --config-name "$CONFIG" "$@" 2>&1 \
       | tee "$LOG_DIR/training.log"
   exit "${PIPESTATUS[0]}"
 else

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .base import ConfigError, yaml_error
 from .ppo_config import PPOConfig, build_ppo_config
 from .yaml_guard import MAX_BYTES, MAX_DEPTH, check_interpolations, check_yaml_file
+
+if TYPE_CHECKING:
+    from .rm_config import RMConfig
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
 GROUPS = ("model",)
@@ -184,3 +187,12 @@ def load_ppo_config(config_name: str, overrides: Sequence[str] = (), config_dir:
     data, resolved_dir = compose(config_name, overrides, config_dir)
     data.pop("defaults", None)
     return build_ppo_config(data, resolved_dir)
+
+
+def load_rm_config(config_name: str, overrides: Sequence[str] = (), config_dir: Optional[str] = None) -> "RMConfig":
+    """A reward-model training config (cli/train_rm.py), composed as a PPO config is."""
+    from .rm_config import build_rm_config
+
+    data, resolved_dir = compose(config_name, overrides, config_dir)
+    data.pop("defaults", None)
+    return build_rm_config(data, resolved_dir)

@@ -13,16 +13,17 @@ DEMO_ASSETS = "demo_assets"
 
 if TYPE_CHECKING:
     from .ppo_config import PPOConfig, RoleConfig
+    from .rm_config import RMConfig
 
 
-def missing_paths(cfg: PPOConfig) -> List[ConfigError]:
+def missing_paths(cfg: "PPOConfig | RMConfig") -> List[ConfigError]:
     """Files and folders the run needs that do not exist (errors naming their keys)."""
     problems: List[ConfigError] = []
     seen = set()
     for role in cfg.roles:
         m = role.megatron
         checks = [("tokenizer_name_or_path", m.tokenizer_name_or_path, "folder"), ("load", m.load, "folder")]
-        if role.name == "actor":
+        if role is cfg.roles[0]:  # the actor, or the reward model of reward-model training: the role that reads data
             checks.append(("data_path", m.data_path, "dataset prefix"))
             if m.test_data_path:
                 checks.append(("test_data_path", m.test_data_path, "dataset prefix"))
@@ -54,11 +55,12 @@ def _demo_hint(path: str) -> str:
         return ""
     return (
         f" (the embedded demos' assets: `python cli/prepare_demo.py` makes them under ./{DEMO_ASSETS}, "
-        "`python cli/prepare_demo.py --tools` also the tool-use task's)"
+        "`python cli/prepare_demo.py --tools` also the tool-use task's, `python cli/prepare_demo.py --pairs` the "
+        "preference pairs of reward-model training)"
     )
 
 
-def _explicit(cfg: PPOConfig, role: RoleConfig) -> set:
+def _explicit(cfg: "PPOConfig | RMConfig", role: RoleConfig) -> set:
     section = cfg.raw.get(f"{role.name}_config") or {}
     return set(section) if isinstance(section, Mapping) else set()
 

@@ -365,6 +365,11 @@ class RLConfig:
         doc="Weight of each verifier, same length as verifier_function.", factory=lambda: [1.0]
     )
     verifier_timeout: float = opt(10.0, "Seconds a verifier may take per sample before scoring 0.", gt=0)
+    reward_model_weight: float = opt(
+        1.0,
+        "Weight of the reward model's score (reward_config) in a response's score, beside the verifiers' "
+        "(verifier_weight 0: a verifier measured, not rewarded).",
+    )
     # logging
     console_metrics: bool = opt(
         False,

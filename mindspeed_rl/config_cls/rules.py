@@ -203,6 +203,8 @@ def check_role_training(role: RoleConfig) -> None:
 def check_worker_modes(cfg: PPOConfig) -> None:
     """MindSpeed-RL switches we name but do not implement."""
     rl = cfg.rl
+    if cfg.megatron_training.stage == "rm":
+        raise ConfigError("megatron_training.stage", "rm is reward-model training: run cli/train_rm.py")
     if not rl.use_integrated_worker:
         raise ConfigError(
             "rl_config.use_integrated_worker",

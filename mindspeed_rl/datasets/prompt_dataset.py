@@ -54,7 +54,8 @@ class PromptDataset:
     """Prompt token ids and text fields (labels, ...) of one preprocessed dataset; with ``token_fields`` more
     token-id fields (preference pairs: ``chosen_ids``, ``rejected_ids``).
 
-    Prompts longer than ``max_prompt_length`` tokens are left out (their count is in ``dropped``).
+    Prompts longer than ``max_prompt_length`` tokens, and rows whose prompt and longest token field together
+    are longer than ``max_length``, are left out (their count is in ``dropped``).
     """
 
     def __init__(
@@ -64,6 +65,7 @@ class PromptDataset:
         max_prompt_length: Optional[int] = None,
         key: str = "data_path",
         token_fields: Sequence[str] = (),
+        max_length: Optional[int] = None,
     ):
         self.prefix = output_prefix
         self.token_fields = ("input_ids", *token_fields)
@@ -81,10 +83,14 @@ class PromptDataset:
         self.bin_paths = {name: prefix + ".bin" for name, prefix in fields.items()}
         lengths = np.asarray(self.fields["input_ids"].sequence_lengths)
         keep = np.ones(len(lengths), dtype=bool) if max_prompt_length is None else lengths <= max_prompt_length
+        if max_length is not None:
+            longest = lengths + np.max([self.fields[f].sequence_lengths for f in token_fields] or [0 * lengths], axis=0)
+            keep &= longest <= max_length
         self.indices = np.nonzero(keep & (lengths > 0))[0]
         self.dropped = int(len(lengths) - len(self.indices))
         if len(self.indices) == 0:
-            raise DatasetMissing(f"{key} {output_prefix}: no prompt fits max_prompt_length {max_prompt_length}")
+            limit = f"max_prompt_length {max_prompt_length}" if max_length is None else f"max length {max_length}"
+            raise DatasetMissing(f"{key} {output_prefix}: no row fits {limit}")
 
     def __len__(self) -> int:
         return len(self.indices)

@@ -1,4 +1,4 @@
-"""Reward, response-length and timing curves as PNG, drawn from metrics.jsonl.
+"""Reward, response-length, preference-accuracy and timing curves as PNG, drawn from metrics.jsonl.
 
 python -m mindspeed_rl.trainer.curves <run_dir or metrics.jsonl>
 """
@@ -13,6 +13,7 @@ from typing import Dict, List
 PANELS = [
     ("reward", ["critic/score/mean", "critic/score/max", "critic/score/min"]),
     ("response_length", ["response_length/mean", "response_length/max", "response_length/min"]),
+    ("preference_accuracy", ["rm/accuracy", "val/rm/accuracy"]),
     (
         "timing",
         [
@@ -44,7 +45,8 @@ def read_metrics(path: str) -> List[Dict[str, float]]:
 
 
 def draw(run_dir: str) -> List[str]:
-    """Write reward.png, response_length.png and timing.png into ``run_dir``; returns their paths."""
+    """Write the panels with data (reward.png, response_length.png, preference_accuracy.png, timing.png) into
+    ``run_dir``; returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -57,6 +59,8 @@ def draw(run_dir: str) -> List[str]:
     x = [r["iteration"] for r in rows]
     written = []
     for name, keys in PANELS:
+        if not any(key in r for r in rows for key in keys):
+            continue  # a panel of another kind of run (reward-model training draws no response lengths)
         fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
         for key in keys:
             if any(key in r for r in rows):

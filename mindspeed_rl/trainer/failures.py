@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, TypeVar, Union
 
 from ..config_cls.ppo_config import PPOConfig
+from ..config_cls.rm_config import RMConfig
 from ..utils.cli import TERMINATED_EXIT, USER_ERROR_EXIT, UserError, stopped_by_sigterm
 from .guards import NonFiniteStop
 
@@ -21,10 +22,11 @@ class WorkerDied(RuntimeError):
     """A Ray worker process died; the message says which, the last checkpoint and how to resume."""
 
 
-Train = Callable[[PPOConfig], List[Dict[str, float]]]  # launch.train: a run from start-up to its last metrics
+RunConfig = Union[PPOConfig, RMConfig]  # a PPO run, or reward-model training (its one training role)
+C = TypeVar("C", PPOConfig, RMConfig)
 
 
-def train_to_exit_code(cfg: PPOConfig, train: Train) -> int:
+def train_to_exit_code(cfg: C, train: Callable[[C], List[Dict[str, float]]]) -> int:
     """The process exit code of ``train(cfg)``, with its restarts, under the run lock (a locked folder is a
     UserError): a stop is told in one paragraph on stderr (the codes: docs/operations.md)."""
     import ray
@@ -64,7 +66,7 @@ def train_to_exit_code(cfg: PPOConfig, train: Train) -> int:
         ray.shutdown()
 
 
-def train_healing(cfg: PPOConfig, train: Train) -> List[Dict[str, float]]:
+def train_healing(cfg: C, train: Callable[[C], List[Dict[str, float]]]) -> List[Dict[str, float]]:
     """``train(cfg)``, restarted after a dead worker up to rl_config.max_restarts times: every worker group anew,
     resumed from the last checkpoint every role completed (or from the start when none was saved yet)."""
     import ray
@@ -83,7 +85,7 @@ def train_healing(cfg: PPOConfig, train: Train) -> List[Dict[str, float]]:
             ray.shutdown()  # a fresh cluster session: nothing of the dead worker's placement is left
 
 
-def resumed_config(cfg: PPOConfig) -> "PPOConfig | None":
+def resumed_config(cfg: C) -> "C | None":
     """``cfg`` resuming from its own saves (finetune false, optimizer and RNG loaded) when every training
     role has saved; ``cfg`` as it is when none has (the restart begins again); None when only some have
     (a restart would pair one role's progress with another's start)."""
@@ -107,24 +109,24 @@ def resumed_config(cfg: PPOConfig) -> "PPOConfig | None":
     return dataclasses.replace(cfg, **{role.name: resumed(role) for role in roles})
 
 
-def locked_folders(cfg: PPOConfig) -> List:
+def locked_folders(cfg: RunConfig) -> List:
     """(key, folder) of every folder the run writes: the training roles' saves and the log folder."""
     folders = [(f"{role.name}_config.save", role.megatron.save) for role in cfg.training_roles if role.megatron.save]
     return folders + [("rl_config.log_dir", cfg.rl.log_dir)]
 
 
-def last_checkpoint_text(cfg: PPOConfig) -> str:
+def last_checkpoint_text(cfg: RunConfig) -> str:
     """Where the last good checkpoint is and the overrides that resume from it."""
     from ..checkpoint.megatron_layout import read_tracker_or_none
 
-    am = cfg.actor.megatron
-    iteration = read_tracker_or_none(am.save) if am.save else None
+    first = cfg.training_roles[0].megatron  # the actor (PPO) or the reward model in training
+    iteration = read_tracker_or_none(first.save) if first.save else None
     if iteration is None:
         return "No checkpoint was saved yet (megatron_training.save_interval sets how often)."
-    return f"Last good checkpoint: {am.save} (iteration {iteration}). Resume by adding: {resume_overrides(cfg)}"
+    return f"Last good checkpoint: {first.save} (iteration {iteration}). Resume by adding: {resume_overrides(cfg)}"
 
 
-def resume_overrides(cfg: PPOConfig) -> str:
+def resume_overrides(cfg: RunConfig) -> str:
     """The overrides that resume this run from its saves: every training role, with its optimizer and RNG
     state (the shipped configs start both afresh), paths quoted for the shell."""
     import shlex
@@ -162,7 +164,7 @@ def exception_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
-def describe_dead_worker(exc, groups, cfg: PPOConfig) -> str:
+def describe_dead_worker(exc, groups, cfg: RunConfig) -> str:
     """One paragraph: which role and rank died, why (the exception it raised, else the first line), the last
     checkpoint, how to resume."""
     cause = exception_line(str(exc)) or type(exc).__name__
@@ -177,7 +179,7 @@ class WorkerRaised(RuntimeError):
         self.user_error = user_error
 
 
-def describe_worker_error(exc, groups, cfg: PPOConfig, run_dir: str) -> WorkerRaised:
+def describe_worker_error(exc, groups, cfg: RunConfig, run_dir: str) -> WorkerRaised:
     """A RayTaskError as one paragraph: who raised what, the last checkpoint, where the whole traceback is
     (written to ``<run dir>/worker_error.txt``); bad input (a checkpoint, a file, the disk) is exit 2."""
     from ..checkpoint.megatron_layout import CheckpointError

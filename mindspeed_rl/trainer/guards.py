@@ -29,9 +29,10 @@ def collapsed(metrics: Dict[str, float]) -> Optional[bool]:
 
 
 def stop_on_nonfinite_steps(metrics: Dict[str, float], max_nonfinite_steps: int, iteration: int) -> None:
-    """NonFiniteStop when the actor's or the critic's last ``max_nonfinite_steps`` optimizer steps were skipped."""
-    for role in ("actor", "critic"):
-        streak = int(metrics.get(f"{role}/nonfinite_streak", 0))
+    """NonFiniteStop when the last ``max_nonfinite_steps`` optimizer steps of the actor, the critic or a reward
+    model in training were skipped."""
+    for prefix, role in (("actor", "actor"), ("critic", "critic"), ("rm", "reward model")):
+        streak = int(metrics.get(f"{prefix}/nonfinite_streak", 0))
         if streak >= max_nonfinite_steps:
             raise NonFiniteStop(
                 f"the {role}'s last {streak} optimizer steps had a NaN/Inf loss or gradient and "

@@ -28,6 +28,9 @@ CONSOLE_FIGURES = (
     ("kl", "actor/kl_loss", "{:.3g}"),
     ("teacher_kl", "distill/teacher_kl", "{:.3g}"),
     ("len", "response_length/mean", "{:.1f}"),
+    ("loss", "rm/loss", "{:.4f}"),
+    ("acc", "rm/accuracy", "{:.3f}"),
+    ("val_acc", "val/rm/accuracy", "{:.3f}"),
     ("step", "timing/all", "{:.2f}s"),
     ("e2e_tps", "e2e_tps", "{:.0f}"),
 )

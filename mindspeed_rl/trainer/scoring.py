@@ -34,7 +34,7 @@ class Scorer:
             with clock.measure("timing/reward_model"):
                 rm = self.reward_model_scores(exp)
             metrics["reward_model/score/mean"] = float(rm.mean())
-            scores = scores + rm.float()
+            scores = scores + rl.reward_model_weight * rm.float()
         if rl.overlong_buffer_enable:
             limit = rl.rollout_max_tokens or self.max_tokens
             penalty = overlong_penalty(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import functools
 import signal
@@ -99,3 +100,27 @@ def report_user_errors(main: Callable[..., int]) -> Callable[..., int]:
             return code
 
     return wrapper
+
+
+def parse_run_args(argv: Optional[Sequence[str]], description: Optional[str]) -> argparse.Namespace:
+    """The options of the training entry points (cli/train_ppo.py, cli/train_rm.py)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument(
+        "--config-name",
+        required=True,
+        help="config under configs/ (e.g. ppo_qwen25_32b_A3, rm_tiny_cpu) or a path to a YAML file",
+    )
+    parser.add_argument(
+        "--config-dir",
+        "--config-path",
+        dest="config_dir",
+        default=None,
+        help="folder to look the config name up in (default: the project's configs/)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="validate the config and its paths as a real run would, start nothing (exit 0 or 2)",
+    )
+    parser.add_argument("overrides", nargs="*", help="Hydra-style overrides: section.key=value")
+    return parser.parse_args(argv)

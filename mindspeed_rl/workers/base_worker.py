@@ -143,6 +143,32 @@ class FrozenModelWorker(MegatronWorker):
         return out, timing
 
 
+def load_trainable(
+    engine, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool, iteration: Optional[int] = None
+) -> LoadedState:
+    """A training engine's start: its seeded init without ``load``; the weights only with ``finetune``; else the
+    whole checkpoint of ``iteration`` (default the latest) with the run's state saved beside it."""
+    from ..checkpoint.engine_io import load_engine, load_weights_only
+
+    payload: Dict = {}
+    if load:
+        payload = (
+            load_weights_only(engine, load) if finetune else load_engine(engine, load, load_optim, load_rng, iteration)
+        )
+    return LoadedState(int(payload.get("iteration") or 0), dict(payload.get("trainer_state") or {}))
+
+
+def save_trainable(
+    engine, ckpt_dir: str, iteration: int, extra: Dict, save_optim: bool, save_rng: bool
+) -> Optional[str]:
+    """The checkpoint of ``iteration``; with save_hf also its HF folder (the --orm form for a value head), whose
+    path is returned."""
+    from ..checkpoint.engine_io import save_engine, save_hf_copy
+
+    save_engine(engine, ckpt_dir, iteration, extra, save_optim, save_rng)
+    return save_hf_copy(engine, ckpt_dir, iteration)
+
+
 def token_budget(rl, work: str) -> Optional[int]:
     """The micro-batch token budget of ``work`` ("ref", "actor" or "update": rl_config's
     <work>_max_packing_token_size) with use_dynamic_bsz, else None (micro-batches by row count)."""

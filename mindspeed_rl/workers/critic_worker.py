@@ -10,7 +10,7 @@ from ..config_cls.algorithm_choice import resolve_algorithm
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..protocol import Experience, ForwardAnswer, LoadedState, MiniBatch, response_part
-from .base_worker import MegatronWorker, token_budget, train_on_mini_batches
+from .base_worker import MegatronWorker, load_trainable, save_trainable, token_budget, train_on_mini_batches
 
 
 class CriticWorker(MegatronWorker):
@@ -47,26 +47,16 @@ class CriticWorker(MegatronWorker):
     def init_weights(
         self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool, iteration: Optional[int] = None
     ) -> LoadedState:
-        from ..checkpoint.engine_io import load_engine, load_weights_only
-
-        payload: Dict = {}
-        if load:
-            payload = (
-                load_weights_only(self.critic, load)
-                if finetune
-                else load_engine(self.critic, load, load_optim, load_rng, iteration)
-            )
+        state = load_trainable(self.critic, load, finetune, load_optim, load_rng, iteration)
         self._idle()
-        return LoadedState(int(payload.get("iteration") or 0), dict(payload.get("trainer_state") or {}))
+        return state
 
     def save(self, ckpt_dir: str, iteration: int, extra: Dict, save_optim: bool, save_rng: bool) -> Optional[str]:
         """The checkpoint of ``iteration``; with save_hf also its HF folder in the --orm form (the path)."""
-        from ..checkpoint.engine_io import save_engine, save_hf_copy
-
         self._busy()
-        save_engine(self.critic, ckpt_dir, iteration, extra, save_optim, save_rng)
+        path = save_trainable(self.critic, ckpt_dir, iteration, extra, save_optim, save_rng)
         self._idle()
-        return save_hf_copy(self.critic, ckpt_dir, iteration)
+        return path
 
     def _busy(self) -> None:
         if self.offload_when_idle:

@@ -146,7 +146,7 @@ class WorkerGroup:
             shares = balanced_split(experience.attention_mask.sum(1).tolist(), self.dp_size)
         else:
             shares = split_rows(experience.num_rows, self.dp_size)
-        results = self._call_per_dp(method, [experience.select(rows, fields) for rows in shares], extra)
+        results = self.call_per_dp(method, [experience.select(rows, fields) for rows in shares], extra)
         answers: List[ForwardAnswer] = [results[rank] for rank in self.output_ranks()]
         joined = restore_order(
             torch.cat([answer.per_row for answer in answers]), torch.as_tensor(np.concatenate(shares))
@@ -179,9 +179,9 @@ class WorkerGroup:
             )
             for dp, part in enumerate(parts):
                 per_dp[dp].append(MiniBatch(experience.select(part, fields), scale))
-        return self._call_per_dp(method, per_dp, extra)[self.output_ranks()[0]]
+        return self.call_per_dp(method, per_dp, extra)[self.output_ranks()[0]]
 
-    def _call_per_dp(self, method: str, per_dp: Sequence[Any], extra: tuple) -> List[Any]:
+    def call_per_dp(self, method: str, per_dp: Sequence[Any], extra: tuple) -> List[Any]:
         """``method(per_dp[d], *extra)`` on every rank of DP group d (one object-store copy per group)."""
         import ray
 
