@@ -3,6 +3,7 @@
 python cli/prepare_demo.py            # the lucky-number task (ppo/grpo/dapo_tiny_cpu)
 python cli/prepare_demo.py --tools    # also the tool-use task (grpo_tiny_cpu_tools): cold-start SFT model
 python cli/prepare_demo.py --pairs    # also the task's preference pairs (rm_tiny_cpu: reward-model training)
+python cli/prepare_demo.py --judge    # also a small judge model fine-tuned to grade the task (grpo_tiny_cpu_judge)
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ def main() -> int:
 
         pairs = prepare_pairs("./demo_assets", cfg.actor.model.padded_vocab_size)
         print(f"preference pairs: {pairs['pairs_prefix']}, held-out pairs {pairs['pairs_test_prefix']}")
+    if "--judge" in sys.argv[1:]:
+        from mindspeed_rl.demo.judge_task import prepare_judge
+
+        print(f"judge model: {prepare_judge('./demo_assets', cfg.actor.model)}")
     if "--tools" in sys.argv[1:]:
         from mindspeed_rl.demo.tool_task import prepare_tool_task
 

@@ -1,6 +1,7 @@
 """The generative judge's template, score parsing and HTTP client against a misbehaving OpenAI-compatible server
 on the loopback interface: down, slow, erroring once, answering garbage or without a score. Each failure is
-scored on_failure and counted; nothing waits past its timeout."""
+scored on_failure and counted; nothing waits past its timeout. In the rollout source, groups that finish early are
+judged while the rest generates, and score exactly as when judged at once."""
 
 import json
 import threading
@@ -8,8 +9,11 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import torch
 
 from mindspeed_rl.rewards.judge import DEFAULT_TEMPLATE, HttpJudge, parse_score, render
+from mindspeed_rl.rewards.judge import Judge as JudgeBase
+from tests.rollout_fakes import TOK, ScriptedService, continue_text
 
 
 def test_scores_are_parsed_from_the_last_score_line_and_normalised():
@@ -110,3 +114,69 @@ def test_a_judge_that_is_down_fails_fast_and_concurrency_is_bounded(server):
     busy = HttpJudge(server, "judge", template="{response}", concurrency=2, timeout=5.0)
     verdicts, _ = busy.grade(["q"] * 6, [f"BUSY {i}" for i in range(6)], [""] * 6)
     assert [v.score for v in verdicts] == [0.8] * 6 and Judge.most_in_flight == 2
+
+
+# ----- the judge in the rollout source: finished groups judged while the others generate ----------------------
+class RuleJudge(JudgeBase):
+    """A judge that takes its time and grades as the scripted task's rule does (template "{response}|{label}")."""
+
+    def _answers(self, texts):
+        time.sleep(0.02 * len(texts) ** 0.5)
+        return ["Score: 10" if f"#### {t.rsplit('|', 1)[1]}" in t.rsplit("|", 1)[0] else "Score: 0" for t in texts]
+
+
+class SlowService(ScriptedService):
+    """Each generation round takes 30 ms, as a real engine's would; prompts ``Q: a*b?`` with an even a are answered
+    at once (their groups finish in the first round), the others call the calculator first (a second round)."""
+
+    def __init__(self):
+        super().__init__(lambda context, seed: continue_text(context, seed, tag="A" if even_a(context) else "C"))
+
+    def collect(self, handle):
+        time.sleep(0.03)
+        return super().collect(handle)
+
+
+def even_a(context: str) -> bool:
+    return int(context.split("Q: ", 1)[1].split("*", 1)[0]) % 2 == 0
+
+
+def judged_source(overlap, split=1):
+    from types import SimpleNamespace
+
+    from mindspeed_rl.trainer.scoring import Scorer
+    from tests.test_rollout_layers import make_source
+
+    cfg = SimpleNamespace(
+        rl=SimpleNamespace(rule_reward=False, overlong_buffer_enable=False),
+        generate=SimpleNamespace(sampling_config=SimpleNamespace(max_tokens=320)),
+        judge=SimpleNamespace(weight=1.0, overlap=overlap),
+    )
+    scorer = Scorer(cfg, None, None, TOK, RuleJudge(template="{response}|{label}"))
+    source = make_source("tool_agent", split=split, service=SlowService())
+    source.score, source.defer_judging = scorer, scorer.judge_overlap
+    return source, scorer
+
+
+@pytest.mark.parametrize("split", [1, 4])
+def test_groups_are_judged_while_the_rest_generates_and_score_as_judged_at_once(split):
+    """Synchronous rounds (the tool agent) and partial rollout (split 4): the same batches either way."""
+    from tests.test_rollout_layers import fingerprint, run
+
+    batches = {}
+    for overlap in (False, True):
+        source, scorer = judged_source(overlap, split)
+        batches[overlap] = [batch for batch, _ in run(source, 3)]
+        scorer.close()
+    for plain, deferred in zip(batches[False], batches[True]):
+        assert fingerprint(plain) == fingerprint(deferred)  # the same groups, in the same order, the same scores
+        # (judge/score_mean is over every response judged in the production: judged early, a round may finish
+        # more groups for the next batch, so it may differ)
+        assert 0 <= deferred.metrics["judge/score_mean"] <= 1 and deferred.clock.timing["timing/judge"] > 0
+        assert "judge/overlap_share" not in plain.metrics and plain.clock.timing["timing/judge"] > 0
+    scores = torch.cat([b.experience.scores for b in batches[True]])
+    assert 0 < scores.mean() < 1  # the judge's verdicts differ: right and wrong answers
+    shares = [b.metrics["judge/overlap_share"] for b in batches[True]]
+    assert all(0.0 <= s <= 1.0 for s in shares), shares
+    if split == 1:
+        assert max(shares) > 0.1, shares  # groups judged behind the rounds

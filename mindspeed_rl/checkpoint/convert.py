@@ -278,6 +278,19 @@ def hf_folder_of(ckpt_dir: str, iteration: int) -> str:
     return os.path.join(ckpt_dir, ml.iteration_dir_name(iteration) + "_hf")
 
 
+def export_latest(ckpt_dir: str, out_dir: str, tokenizer_dir: Optional[str], progress: bool = True) -> str:
+    """The latest iteration of ``ckpt_dir`` as a HF folder ``out_dir`` in the checkpoint's own dtype (a causal LM,
+    or the --orm form for a value model): e.g. an mcore judge for vLLM."""
+    config, _, _, _ = read_mg_config(ckpt_dir)
+    eos, pad = special_token_ids(tokenizer_dir)
+    model = ModelConfig(**config["model"])
+    hf_config = get_family(model.model_type_hf).hf_config(model, eos, pad)
+    dtype = config.get("params_dtype", "fp32")
+    return write_hf_folder(
+        ckpt_dir, out_dir, hf_config, tokenizer_dir, dtype, config.get("orm", False), progress=progress
+    )
+
+
 def export_saved_iteration(ckpt_dir: str, iteration: int, tokenizer_dir: Optional[str]) -> str:
     """save_hf: the iteration just saved in ``ckpt_dir`` as a HF folder beside it (the ``--orm`` form for a
     value model), loadable by transformers and vLLM as it is."""

@@ -10,6 +10,7 @@ import typing
 
 from .base import _type_name
 from .generate_config import GenerateConfig, SamplingConfig
+from .judge_config import JudgeConfig
 from .megatron_config import MegatronConfig
 from .model_config import ModelConfig
 from .rl_config import IntegratedModeConfig, ResourceConfig, RLConfig, RolloutCorrectionConfig
@@ -84,11 +85,15 @@ SECTIONS = [
     ("megatron_training / actor_config / critic_config / reward_config / teacher_config", MegatronConfig),
     ("model.<name> (configs/model/<name>.yaml)", ModelConfig),
     ("rl_config", RLConfig),
-    ("rl_config.actor_resource / critic_resource / reward_resource", ResourceConfig),
+    (
+        "rl_config.actor_resource / critic_resource / reward_resource / teacher_resource / judge_resource / rollout_resource",
+        ResourceConfig,
+    ),
     ("rl_config.integrated_mode_config", IntegratedModeConfig),
     ("rl_config.rollout_correction", RolloutCorrectionConfig),
     ("generate_config", GenerateConfig),
     ("generate_config.sampling_config", SamplingConfig),
+    ("judge_config (docs/rewards.md, Generative judge)", JudgeConfig),
 ]
 
 

@@ -296,3 +296,24 @@ def check_distillation_keys(cfg: PPOConfig) -> None:
             f"{rl.adv_estimator} trains a critic on the rewards, and nothing rewards this run (pure distillation): "
             "use a critic-free estimator (grpo, rloo, reinforce_plus_plus), or give a reward",
         )
+
+
+def check_judge_keys(cfg: PPOConfig) -> None:
+    """The judge's devices exactly with its own engines, split into whole engines; a template that shows the
+    judge the response."""
+    judge, resource = cfg.judge, cfg.rl.judge_resource
+    if judge is None or judge.serve == "http":
+        if resource is not None:
+            why = "no judge_config" if judge is None else "judge_config.serve is http"
+            raise ConfigError("rl_config.judge_resource", f"is set but {why}: nothing would run on those devices")
+        if judge is None:
+            return
+    elif resource is None:
+        raise ConfigError("rl_config.judge_resource", "required with judge_config.serve engines: its devices")
+    elif resource.num_npus % judge.infer_tensor_parallel_size:
+        raise ConfigError(
+            "judge_config.infer_tensor_parallel_size",
+            f"{judge.infer_tensor_parallel_size} does not divide rl_config.judge_resource.num_npus {resource.num_npus}",
+        )
+    if judge.template is not None and "{response}" not in judge.template:
+        raise ConfigError("judge_config.template", "has no {response}: the judge would not see what it grades")

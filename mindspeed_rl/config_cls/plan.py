@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def batch_plan(cfg: PPOConfig) -> str:
     """A human-readable account of how one iteration's samples are split."""
-    lines = iteration_lines(cfg) + rollout_feature_lines(cfg) + distillation_lines(cfg)
+    lines = iteration_lines(cfg) + rollout_feature_lines(cfg) + distillation_lines(cfg) + judge_lines(cfg)
     lines += [role_split_line(role, cfg) for role in cfg.roles]
     lines += role_memory_lines(cfg)
     lines += parallel_group_lines(cfg.roles)
@@ -118,6 +118,25 @@ def distillation_lines(cfg: PPOConfig) -> List[str]:
         f"  distill   : teacher {teacher.megatron.model} from {teacher.megatron.load} ({where}) scores every sampled "
         f"token; A = A_reward + {rl.distill_coef:g} x {rl.distill_loss} ({clip})"
     ]
+
+
+def judge_lines(cfg: PPOConfig) -> List[str]:
+    """How the generative judge is served and weighted."""
+    j = cfg.judge
+    if j is None:
+        return []
+    if j.serve == "http":
+        where = (
+            f"{j.base_url} model {j.model_name!r} ({j.api}), {j.concurrency} requests in flight, timeout {j.timeout:g}s"
+        )
+    else:
+        engines = cfg.judge_devices // j.infer_tensor_parallel_size
+        where = (
+            f"{engines} engine(s) of infer TP {j.infer_tensor_parallel_size} on {cfg.judge_devices} device(s) of "
+            f"its own, {j.load}"
+        )
+    when = "finished groups judged while the batch generates" if j.overlap else "after each scoring call"
+    return [f"  judge     : weight {j.weight:g}; {where}; {when}"]
 
 
 def role_split_line(role, cfg: PPOConfig) -> str:

@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from .algorithm_choice import AlgorithmChoiceError, AlgorithmPlan, resolve_algorithm
 from .base import ConfigError, build_section, closest_key, load_yaml
 from .generate_config import GenerateConfig
+from .judge_config import JudgeConfig
 from .megatron_config import MegatronConfig
 from .model_config import ModelConfig
 from .rl_config import RLConfig
@@ -26,6 +27,7 @@ TOP_LEVEL_KEYS = (
     "generate_config",
     "reward_config",
     "teacher_config",
+    "judge_config",
     "dry_run",
     "hydra",
 )
@@ -72,6 +74,7 @@ class PPOConfig:
     generate: GenerateConfig
     algorithm: AlgorithmPlan  # resolved from rl_config (resolve_algorithm) when the config is built
     teacher: Optional[RoleConfig] = None  # on-policy distillation's frozen teacher
+    judge: Optional[JudgeConfig] = None  # the generative judge (rewards/judge.py)
     dry_run: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -119,10 +122,17 @@ class PPOConfig:
         return self.rl.rollout_resource.num_npus if self.rl.rollout_resource is not None else 0
 
     @property
+    def judge_devices(self) -> int:
+        """Devices of the judge's own engines (judge_config.serve engines); 0 without them."""
+        if self.judge is None or self.judge.serve != "engines" or self.rl.judge_resource is None:
+            return 0
+        return self.rl.judge_resource.num_npus
+
+    @property
     def world_size(self) -> int:
         """Devices that count for the throughput metrics (docs/ppo.md, Metrics)."""
         # integrated: the other roles share the actor's
-        return self.actor.num_devices + self.rollout_devices + self.teacher_devices
+        return self.actor.num_devices + self.rollout_devices + self.teacher_devices + self.judge_devices
 
 
 def model_section_data(name: str, models: Mapping[str, Any], config_dir: Optional[str], key: str) -> Mapping:
@@ -201,6 +211,10 @@ def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) 
         if rl.teacher_resource is None:
             raise ConfigError("rl_config.teacher_resource", "required when teacher_config is given")
         teacher = _role("teacher", "teacher_config", data, base, models, config_dir, rl.teacher_resource.num_npus)
+    judge = None
+    if data.get("judge_config") is not None:
+        judge = build_section(JudgeConfig, data["judge_config"], "judge_config")
+        judge.validate()
     dry_run = data.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise ConfigError("dry_run", f"got {dry_run!r}, expected true or false")
@@ -214,6 +228,7 @@ def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) 
         critic=critic,
         reward=reward,
         teacher=teacher,
+        judge=judge,
         rl=rl,
         generate=generate,
         algorithm=algorithm,

@@ -41,6 +41,13 @@ def missing_paths(cfg: "PPOConfig | RMConfig") -> List[ConfigError]:
             exists = os.path.exists(value) or (what == "dataset prefix" and glob.glob(value + "*"))
             if not exists:
                 problems.append(ConfigError(full, f"{what} {value!r} does not exist{_demo_hint(value)}"))
+    judge = getattr(cfg, "judge", None)
+    if judge is not None and judge.load and not os.path.exists(judge.load):
+        problems.append(
+            ConfigError("judge_config.load", f"folder {judge.load!r} does not exist{_demo_hint(judge.load)}")
+        )
+    if judge is not None and judge.template_file and not os.path.isfile(judge.template_file):
+        problems.append(ConfigError("judge_config.template_file", f"file {judge.template_file!r} does not exist"))
     ref = cfg.rl.integrated_mode_config.ref_model_load_path
     if ref and not os.path.exists(ref):
         problems.append(
@@ -56,7 +63,7 @@ def _demo_hint(path: str) -> str:
     return (
         f" (the embedded demos' assets: `python cli/prepare_demo.py` makes them under ./{DEMO_ASSETS}, "
         "`python cli/prepare_demo.py --tools` also the tool-use task's, `python cli/prepare_demo.py --pairs` the "
-        "preference pairs of reward-model training)"
+        "preference pairs of reward-model training, `python cli/prepare_demo.py --judge` the judge model)"
     )
 
 

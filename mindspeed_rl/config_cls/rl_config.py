@@ -84,6 +84,11 @@ class RLConfig:
         "true: the teacher shares the actor's devices (its weights wait on host between its forwards where the "
         "device offloads); false: devices of its own, after the actor's and the rollout workers'.",
     )
+    judge_resource: Optional[ResourceConfig] = opt(
+        None,
+        "Devices of the generative judge's own vLLM engines (judge_config.serve engines), after the actor's, the "
+        "rollout workers' and a teacher's of its own.",
+    )
     rollout_resource: Optional[ResourceConfig] = opt(
         None,
         "Disaggregated layout: rollout workers on this many "

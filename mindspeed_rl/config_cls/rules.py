@@ -12,6 +12,7 @@ from .feature_rules import (
     check_batch_invariant_keys,
     check_dapo_keys,
     check_distillation_keys,
+    check_judge_keys,
     check_lora_keys,
     check_packing_keys,
     check_router_replay_keys,
@@ -78,6 +79,7 @@ def check_cross_fields(cfg: PPOConfig) -> None:
     check_sequence_lengths(cfg)
     check_reward_keys(cfg)
     check_distillation_keys(cfg)
+    check_judge_keys(cfg)
     check_kl_keys(cfg)
     check_validation_keys(cfg)
     check_save_folders(cfg)
@@ -348,10 +350,10 @@ def check_reward_keys(cfg: PPOConfig) -> None:
             f"{len(rl.verifier_weight)} weights for {len(rl.verifier_function)} verifier functions "
             f"{rl.verifier_function}",
         )
-    if not rl.rule_reward and cfg.reward is None and not rl.distill_coef:
+    if not rl.rule_reward and cfg.reward is None and cfg.judge is None and not rl.distill_coef:
         raise ConfigError(
             "rl_config.rule_reward",
-            "false, but no reward_config (reward model) is given: nothing would score the responses",
+            "false, but no reward_config (reward model) nor judge_config is given: nothing would score the responses",
         )
 
 

@@ -6,7 +6,7 @@ answer. A failed request (down, slow, an HTTP error after the retries) or an ans
     score = (s - score_min) / (score_max - score_min)  in [0, 1],  s = the last number after "Score:" (or \\boxed{})
 
 Serving: :class:`HttpJudge` talks to any OpenAI-compatible endpoint (vLLM's server, a hosted API) with
-``concurrency`` requests in flight.
+``concurrency`` requests in flight; :class:`EngineJudge` asks the judge's own vLLM engines (workers/judge_worker.py).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 DEFAULT_TEMPLATE = (
     "You grade answers to questions.\n\n"
@@ -54,19 +54,72 @@ def parse_score(
 ) -> Tuple[Optional[float], Optional[str]]:
     """(score in [0, 1], None) from the last "Score: s" (case-insensitive; else the last \\boxed{s}) of
     ``reply``, or (None, why)."""
-    found = re.findall(pattern, reply, flags=re.IGNORECASE) or BOXED.findall(reply)
+    found = [m.group(1) for m in re.finditer(pattern, reply, flags=re.IGNORECASE)] or BOXED.findall(reply)
     if not found:
         return None, NO_SCORE
-    value = float(found[-1])
+    try:
+        value = float(found[-1])
+    except ValueError:  # a score_pattern whose group caught something else
+        return None, NO_SCORE
     if not math.isfinite(value) or not score_min <= value <= score_max:
         return None, OUT_OF_RANGE
     return (value - score_min) / (score_max - score_min), None
 
 
-class HttpJudge:
-    """An OpenAI-compatible chat endpoint as the judge: ``base_url`` (…/v1), ``model``, at most ``concurrency``
-    requests in flight, each given ``timeout`` seconds and ``retries`` more tries; the API key from the
-    environment variable ``api_key_env`` (a local server takes any)."""
+class Judge:
+    """What every way of serving a judge shares: the template, the parsing, the failure handling and the
+    metrics. A serving way answers ``_answers(texts)``: one reply per judge prompt, None where the request
+    failed (after its own retries and timeouts)."""
+
+    def __init__(
+        self,
+        template: str = DEFAULT_TEMPLATE,
+        score_min: float = 0.0,
+        score_max: float = 10.0,
+        on_failure: float = 0.0,
+        max_tokens: int = 512,
+        temperature: float = 0.0,
+        score_pattern: Optional[str] = None,
+    ):
+        self.template, self.score_min, self.score_max, self.on_failure = template, score_min, score_max, on_failure
+        self.max_tokens, self.temperature = max_tokens, temperature
+        self.score_pattern = score_pattern or SCORE_PATTERN
+
+    def _answers(self, texts: Sequence[str]) -> List[Optional[str]]:
+        raise NotImplementedError
+
+    def verdict(self, reply: Optional[str]) -> Verdict:
+        if reply is None:
+            return Verdict(self.on_failure, "", REQUEST_FAILED)
+        score, why = parse_score(reply, self.score_min, self.score_max, self.score_pattern)
+        return Verdict(self.on_failure if score is None else score, reply, why)
+
+    def grade(
+        self, prompts: Sequence[str], responses: Sequence[str], labels: Sequence[str]
+    ) -> Tuple[List[Verdict], Dict[str, float]]:
+        """Every response's verdict, and the metrics judge/score_mean, judge/request_failures,
+        judge/parse_failures (no score or out of range) and timing/judge."""
+        start = time.perf_counter()
+        texts = [render(self.template, p, r, lab) for p, r, lab in zip(prompts, responses, labels)]
+        verdicts = [self.verdict(reply) for reply in self._answers(texts)] if texts else []
+        scores = [v.score for v in verdicts]
+        metrics = {
+            "judge/score_mean": sum(scores) / len(scores) if scores else 0.0,
+            "judge/request_failures": float(sum(v.failure == REQUEST_FAILED for v in verdicts)),
+            "judge/parse_failures": float(sum(v.failure in (NO_SCORE, OUT_OF_RANGE) for v in verdicts)),
+            "timing/judge": time.perf_counter() - start,
+        }
+        return verdicts, metrics
+
+    def close(self) -> None:
+        """Release what the serving way holds (nothing here)."""
+
+
+class HttpJudge(Judge):
+    """An OpenAI-compatible endpoint as the judge: ``base_url`` (…/v1), ``model``, ``api`` chat (the server applies
+    the model's chat template) or completions (the text as it is), at most ``concurrency`` requests in flight,
+    each given ``timeout`` seconds and ``retries`` more tries; the API key from the environment variable
+    ``api_key_env`` (a local server takes any)."""
 
     def __init__(
         self,
@@ -81,28 +134,34 @@ class HttpJudge:
         score_max: float = 10.0,
         on_failure: float = 0.0,
         api_key_env: str = "OPENAI_API_KEY",
+        api: str = "chat",
+        temperature: float = 0.0,
+        score_pattern: Optional[str] = None,
     ):
-        self.base_url, self.model, self.template = base_url, model, template
-        self.concurrency, self.timeout, self.retries, self.max_tokens = concurrency, timeout, retries, max_tokens
-        self.score_min, self.score_max, self.on_failure = score_min, score_max, on_failure
+        super().__init__(template, score_min, score_max, on_failure, max_tokens, temperature, score_pattern)
+        self.base_url, self.model, self.api = base_url, model, api
+        self.concurrency, self.timeout, self.retries = concurrency, timeout, retries
         self.api_key = os.environ.get(api_key_env) or "EMPTY"
 
-    async def _ask(self, client, gate: asyncio.Semaphore, text: str) -> Verdict:
+    async def _ask(self, client, gate: asyncio.Semaphore, text: str) -> Optional[str]:
         async with gate:
             try:
+                if self.api == "completions":
+                    done = await client.completions.create(
+                        model=self.model, prompt=text, temperature=self.temperature, max_tokens=self.max_tokens
+                    )
+                    return done.choices[0].text or ""
                 reply = await client.chat.completions.create(
                     model=self.model,
                     messages=[{"role": "user", "content": text}],
-                    temperature=0.0,
+                    temperature=self.temperature,
                     max_tokens=self.max_tokens,
                 )
-                content = reply.choices[0].message.content or ""
+                return reply.choices[0].message.content or ""
             except Exception:  # the endpoint's failures of every kind (openai's, httpx's, a malformed body)
-                return Verdict(self.on_failure, "", REQUEST_FAILED)
-        score, why = parse_score(content, self.score_min, self.score_max)
-        return Verdict(self.on_failure if score is None else score, content, why)
+                return None
 
-    async def _grade(self, texts: Sequence[str]) -> List[Verdict]:
+    async def _ask_all(self, texts: Sequence[str]) -> List[Optional[str]]:
         from openai import AsyncOpenAI
 
         client = AsyncOpenAI(
@@ -114,22 +173,28 @@ class HttpJudge:
         finally:
             await client.close()
 
-    def grade(
-        self, prompts: Sequence[str], responses: Sequence[str], labels: Sequence[str]
-    ) -> Tuple[List[Verdict], Dict[str, float]]:
-        """Every response's verdict, and the metrics judge/score_mean, judge/request_failures,
-        judge/parse_failures (no score or out of range) and timing/judge."""
-        start = time.perf_counter()
-        texts = [render(self.template, p, r, lab) for p, r, lab in zip(prompts, responses, labels)]
-        verdicts = asyncio.run(self._grade(texts)) if texts else []
-        scores = [v.score for v in verdicts]
-        metrics = {
-            "judge/score_mean": sum(scores) / len(scores) if scores else 0.0,
-            "judge/request_failures": float(sum(v.failure == REQUEST_FAILED for v in verdicts)),
-            "judge/parse_failures": float(sum(v.failure in (NO_SCORE, OUT_OF_RANGE) for v in verdicts)),
-            "timing/judge": time.perf_counter() - start,
-        }
-        return verdicts, metrics
+    def _answers(self, texts: Sequence[str]) -> List[Optional[str]]:
+        return asyncio.run(self._ask_all(texts))
 
 
-__all__ = ["DEFAULT_TEMPLATE", "HttpJudge", "Verdict", "parse_score", "render"]
+class EngineJudge(Judge):
+    """The judge on engines of its own: ``generate(texts, max_tokens, temperature)`` returns one reply per text
+    (the driver's call into the judge's worker group: trainer/judging.py)."""
+
+    def __init__(self, generate: Callable[[Sequence[str], int, float], List[str]], **kwargs):
+        super().__init__(**kwargs)
+        self.generate = generate
+
+    def _answers(self, texts: Sequence[str]) -> List[Optional[str]]:
+        return list(self.generate(texts, self.max_tokens, self.temperature))
+
+
+def load_template(template: Optional[str], template_file: Optional[str]) -> str:
+    """The configured template: given inline, read from a file, or the built-in one."""
+    if template_file:
+        with open(template_file, encoding="utf-8") as fh:
+            return fh.read()
+    return template if template is not None else DEFAULT_TEMPLATE
+
+
+__all__ = ["DEFAULT_TEMPLATE", "EngineJudge", "HttpJudge", "Judge", "Verdict", "load_template", "parse_score", "render"]

@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -39,7 +39,8 @@ from .schedules import Ahead, Chunked, Synchronous, schedule_metrics
 from .trajectory import Trajectory, from_partial_pool, group_outputs
 
 # score(experience, clock) -> (metrics, each verifier's values per row); sets experience.scores
-Score = Callable[[Experience, Clock], Tuple[Dict[str, float], Dict[str, torch.Tensor]]]
+# score(exp, clock) or, with the judge's verdicts asked earlier (trainer/scoring.py), score(exp, clock, judged)
+Score = Callable[..., Tuple[Dict[str, float], Dict[str, torch.Tensor]]]
 
 
 class SeedStream:
@@ -121,6 +122,10 @@ class RolloutSource:
         self.ahead, self.sampling = ahead, sampling  # sampling: what a whole-batch function reads in its request
         self.pool = TrajectoryPool(function, n, max_tokens)
         self.seeds = SeedStream(seed, "train")
+        # with a judge (judge_config.overlap): finished groups are judged in the scorer's judge thread while the
+        # rest of the batch generates, and reach the filter when their verdicts are in
+        self.defer_judging = bool(getattr(score, "judge_overlap", False))
+        self.judging: List[Tuple[List[List[Trajectory]], List[List[Trajectory]], Experience, Any]] = []
 
     @property
     def off_policy(self) -> bool:
@@ -166,20 +171,31 @@ class RolloutSource:
         while True:
             if not schedule.holds_back(pool):
                 self._offer(clock, reward_metrics)
+            self._collect_judged(clock, reward_metrics, wait=False)
             if flt.satisfied() and not schedule.keeps_generating(pool):
                 break
-            if not flt.satisfied() and schedule.wants_prompts(pool, flt) and flt.may_draw(draws):
+            if self.judging_may_fill(flt) and not schedule.keeps_generating(pool):
+                # a round now would not run without the judge (partial rollout stops once the batch is full)
+                self._collect_judged(clock, reward_metrics, wait=True)
+                continue
+            wanted = not flt.satisfied() and schedule.wants_prompts(pool, flt) and flt.may_draw(draws)
+            # groups being judged may fill the batch: their verdicts decide whether more prompts are needed
+            if wanted and not self.judging_may_fill(flt):
                 prompts = self.draw()
                 pool.add(prompts)
                 draws, drawn = draws + 1, drawn + len(prompts.input_ids)
                 continue
             if not pool.unfinished():
+                if self.judging:
+                    self._collect_judged(clock, reward_metrics, wait=True)
+                    continue
                 break  # nothing grows and no draw is allowed: the filter completes the batch
             sampling = self.sampling if self.function.whole_batch else None  # None: the service's default
             tokens += pool.run_round(self.service, self.seeds, version, schedule.chunk, clock, sampling)
             rounds += 1
         pool.join_tools(version, clock)
         self._offer(clock, reward_metrics)
+        self._collect_judged(clock, reward_metrics, wait=True)
         groups, metrics = flt.take(draws)
         if len(groups) < flt.want:
             raise RuntimeError(f"rollout: {len(groups)} of {flt.want} prompt groups for iteration {iteration + 1}")
@@ -189,6 +205,9 @@ class RolloutSource:
         else:
             pool.trajectories = []  # a synchronous batch leaves nothing behind
         metrics.update(average(reward_metrics))
+        judged = clock.timing.get("timing/judge", 0.0)
+        if self.defer_judging and judged > 0:  # the share of the judge's time the generation hid
+            metrics["judge/overlap_share"] = max(0.0, 1.0 - clock.timing.get("timing/judge_wait", 0.0) / judged)
         metrics.update(self.function.metrics([t for g in groups for t in g]))
         metrics.update(schedule_metrics(schedule, pool, groups, rounds, tokens, drawn))
         if isinstance(flt, DynamicSampling) and metrics["dynamic_sampling/filled_groups"]:
@@ -210,19 +229,45 @@ class RolloutSource:
             return
         groups = self.pool.take(finished)
         unscored = [g for g in groups if any(t.score is None for t in g)]
+        if unscored and self.defer_judging:
+            exp = self.rows_of(unscored)
+            self.judging.append((groups, unscored, exp, self.score.submit_judge(exp)))  # type: ignore[attr-defined]
+            return
         if unscored:
             rows = sum(len(g) for g in unscored)
             reward_metrics.append((rows, self.score_groups(unscored, clock)))
+        self._to_filter(groups)
+
+    def judging_may_fill(self, flt: GroupFilter) -> bool:
+        """Whether the groups being judged, with the pool's and the filter's, could complete the batch."""
+        judged = sum(len(groups) for groups, *_ in self.judging)
+        return bool(self.judging) and len(self.pool.groups()) + len(flt.kept) + judged >= flt.want
+
+    def _to_filter(self, groups: List[List[Trajectory]]) -> None:
         for k, group in enumerate(groups):
             if self.filter.satisfied():
                 self.pool.put_back(groups[k:])
                 break
             self.filter.offer(group)
 
-    def score_groups(self, groups: Sequence[Sequence[Trajectory]], clock: Clock) -> Dict[str, float]:
+    def _collect_judged(self, clock: Clock, reward_metrics: List[Tuple[int, Dict[str, float]]], wait: bool) -> None:
+        """The groups whose verdicts are in (``wait``: all of them), oldest first, scored and to the filter."""
+        while self.judging and (wait or self.judging[0][3].done()):
+            groups, unscored, exp, judged = self.judging.pop(0)
+            rows = sum(len(g) for g in unscored)
+            reward_metrics.append((rows, self.score_groups(unscored, clock, exp, judged)))
+            self._to_filter(groups)
+
+    def rows_of(self, groups: Sequence[Sequence[Trajectory]]) -> Experience:
         prompts, labels, outputs = group_outputs(groups)
-        exp = build_experience(prompts, outputs, self.n, self.pad_id, labels)
-        metrics, per_verifier = self.score(exp, clock)
+        return build_experience(prompts, outputs, self.n, self.pad_id, labels)
+
+    def score_groups(
+        self, groups: Sequence[Sequence[Trajectory]], clock: Clock, exp: Optional[Experience] = None, judged=None
+    ) -> Dict[str, float]:
+        """Score the groups' rows (``exp``: already built; ``judged``: the judge's verdicts asked for them)."""
+        exp = exp if exp is not None else self.rows_of(groups)
+        metrics, per_verifier = self.score(exp, clock, judged) if judged is not None else self.score(exp, clock)
         rows = [t for g in groups for t in g]
         scores = exp.scores
         assert scores is not None, "score() sets the experience's scores"
@@ -339,7 +384,13 @@ def agent_context(rl, tokenizer) -> AgentContext:
     return AgentContext(None, tokenizer, tools, sandbox, AgentSettings.of(rl), tool_format)
 
 
-COUNTS = ("rule_reward/timeouts", "rule_reward/failures", "rollout/out_of_vocab_tokens")  # summed, not averaged
+COUNTS = (  # summed, not averaged
+    "rule_reward/timeouts",
+    "rule_reward/failures",
+    "rollout/out_of_vocab_tokens",
+    "judge/request_failures",
+    "judge/parse_failures",
+)
 
 
 def average(weighted: Sequence[Tuple[int, Dict[str, float]]]) -> Dict[str, float]:

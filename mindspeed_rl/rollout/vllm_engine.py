@@ -69,6 +69,40 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+def engine_kwargs(gen: GenerateConfig, seed: int, kind: Optional[str] = None) -> Dict:
+    """vLLM ``LLM(...)`` arguments every engine of ours shares: the engine settings of ``gen``, the device's
+    memory budget, and in a world of several ranks one engine per block of infer-TP contiguous ranks, every
+    rank in-process (vLLM reads its rank from the environment)."""
+    kwargs = dict(
+        seed=seed,
+        enforce_eager=gen.enforce_eager,
+        dtype=gen.dtype,
+        max_model_len=gen.max_model_len,
+        max_num_seqs=gen.max_num_seqs,
+        max_num_batched_tokens=gen.max_num_batched_tokens,
+        tensor_parallel_size=gen.infer_tensor_parallel_size,
+        trust_remote_code=gen.trust_remote_code,
+    )
+    acc = accelerator_class(kind) if kind else get_accelerator()
+    kwargs.update(acc.vllm_engine_kwargs(gen))  # the memory budget: device share or CPU bytes
+    if _world_size() > 1:
+        import torch.distributed as dist
+
+        kwargs["distributed_executor_backend"] = "external_launcher"
+        os.environ.setdefault("RANK", str(dist.get_rank()))
+        os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
+    return kwargs
+
+
+def text_llm(hf_dir: str, gen: GenerateConfig, seed: int = 0):
+    """A vLLM engine of a HF folder as it is (its weights and tokenizer): text in, text out (the judge)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM
+
+    get_accelerator().prepare_vllm()
+    return LLM(model=hf_dir, tokenizer=hf_dir, **engine_kwargs(gen, seed))
+
+
 class VllmEngine(RolloutEngine):
     name = "vllm"
 
@@ -97,23 +131,15 @@ class VllmEngine(RolloutEngine):
         self.eos_token_id = eos_token_id
         self._dir = tempfile.mkdtemp(prefix="mindspeed_rl_vllm_")
         write_hf_config(self._dir, model, eos_token_id, pad_token_id)
-        kwargs = dict(
+        kwargs = engine_kwargs(gen, seed, kind)
+        kwargs.update(
             model=self._dir,
             skip_tokenizer_init=True,
             load_format="dummy",
-            seed=seed,
-            enforce_eager=gen.enforce_eager,
-            dtype=gen.dtype,
-            max_model_len=gen.max_model_len,
-            max_num_seqs=gen.max_num_seqs,
-            max_num_batched_tokens=gen.max_num_batched_tokens,
-            tensor_parallel_size=gen.infer_tensor_parallel_size,
-            trust_remote_code=gen.trust_remote_code,
             logprobs_mode="processed_logprobs",
             # router replay needs every prompt position forwarded (a prefix-cache hit has no route)
             enable_prefix_caching=not capture_routes,
         )
-        kwargs.update(acc.vllm_engine_kwargs(gen))  # the memory budget: device share or CPU bytes
         # vLLM's weight-transfer engine, when new weights arrive through it (rollout workers of their own)
         self.weight_transfer_backend: Optional[str] = None
         self.weight_transfer_unavailable: Optional[str] = None
@@ -122,14 +148,6 @@ class VllmEngine(RolloutEngine):
             if self.weight_transfer_unavailable is None:
                 self.weight_transfer_backend = get_accelerator().vllm_weight_transfer_backend()
                 kwargs["weight_transfer_config"] = {"backend": self.weight_transfer_backend}
-        if _world_size() > 1:
-            # one engine per block of infer-TP contiguous ranks of the actor's world, every rank in-process;
-            # vLLM reads its rank from the environment
-            import torch.distributed as dist
-
-            kwargs["distributed_executor_backend"] = "external_launcher"
-            os.environ.setdefault("RANK", str(dist.get_rank()))
-            os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
         self.llm = LLM(**kwargs)
         self.weight_load_method = compat_vllm.weight_load_method(self.llm)
         self.capture_routes = capture_routes and vllm_routes.install_route_capture(self.llm) > 0

@@ -112,9 +112,10 @@ class Roles:
     critic: Any = None
     reward: Any = None
     teacher: Any = None
+    judge: Any = None  # the judge's own engines (judge_config.serve engines)
 
 
-def start_roles(cfg: PPOConfig, acc, pg, env: Dict[str, str], workers: List, log_dir, tokenizer) -> Roles:
+def start_roles(cfg: PPOConfig, acc, pg, env: Dict[str, str], workers: List, log_dir, tokenizer, run_dir: str) -> Roles:
     """Every role's worker group on the placement group (appended to ``workers`` as each starts); side by side
     where the accelerator allows it (``roles_start_together``), else one after another."""
     from ..rollout.service import ColocatedRollout, DisaggregatedRollout
@@ -163,6 +164,13 @@ def start_roles(cfg: PPOConfig, acc, pg, env: Dict[str, str], workers: List, log
                               fraction if rl.teacher_colocate else whole_bundle,
                               first_bundle=0 if rl.teacher_colocate else devices + rollout_devices, role=cfg.teacher,
                               rl=rl, offload_when_idle=rl.teacher_colocate and acc.offload_when_idle)  # fmt: skip
+    if cfg.judge_devices:  # the judge's engines on the last bundles
+        from ..workers.judge_worker import JudgeWorker
+        from .judging import judge_hf_folder
+
+        first = devices + rollout_devices + cfg.teacher_devices
+        roles.judge = spawn("judge", JudgeWorker, cfg.judge_devices, whole_bundle, first_bundle=first,
+                            judge=cfg.judge, hf_dir=judge_hf_folder(cfg, run_dir))  # fmt: skip
     wait_until_built(workers)
     if rollout is not None:
         transfer = connect_weight_channel(pg, roles.actor, rollout)
@@ -197,6 +205,8 @@ def placement_keys(cfg: PPOConfig) -> str:
         keys += f" + rl_config.rollout_resource.num_npus {cfg.rollout_devices}"
     if cfg.teacher_devices:
         keys += f" + rl_config.teacher_resource.num_npus {cfg.teacher_devices} (teacher_colocate false)"
+    if cfg.judge_devices:
+        keys += f" + rl_config.judge_resource.num_npus {cfg.judge_devices}"
     return keys
 
 
@@ -253,11 +263,13 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
 
             undo_routing = route_driver_logs(log_dir)
         init_ray(env, quiet=bool(log_dir))
-        bundles = cfg.world_size  # the actor's devices, then the rollout workers' and a teacher's of their own
+        bundles = (
+            cfg.world_size
+        )  # the actor's devices, then the rollout workers', a teacher's and a judge's of their own
         pg = create_placement_group(acc, bundles, acc.bundle_cpus(bundles)[0], placement_keys(cfg))
         print(describe_placement(pg), flush=True)
         raise_if_terminated()
-        roles = start_roles(cfg, acc, pg, env, workers, log_dir, tokenizer)
+        roles = start_roles(cfg, acc, pg, env, workers, log_dir, tokenizer, run_dir)
         start, state = load_models(cfg, roles, resume_at)
         raise_if_terminated()
         sampler = PromptSampler(len(dataset), mt.global_batch_size, mt.seed, shuffle=not mt.no_shuffle)
@@ -266,9 +278,14 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
                                       workers=max(1, int(rl.num_cpus_for_local_task)))  # fmt: skip
         logger = MetricsLogger(run_dir, mt.train_iters, rl,
                                {"rl_config": resolved["rl"], "actor": resolved["actor"]["megatron"]})  # fmt: skip
+        judge = None
+        if cfg.judge is not None:
+            from .judging import make_judge
+
+            judge = make_judge(cfg, roles.judge)
         trainer = PPOTrainer(cfg, roles.actor, roles.critic, runner, dataset, sampler, tokenizer, logger, start,
                              roles.reward, test_dataset, rollout_service=roles.service,
-                             teacher_group=roles.teacher)  # fmt: skip
+                             teacher_group=roles.teacher, judge=judge)  # fmt: skip
         trainer.load_trainer_state(state)
         print(f"workers ready in {time.perf_counter() - started:.1f}s (Ray, placement, models, rollout engines, "
               "checkpoints)", flush=True)  # fmt: skip

@@ -47,6 +47,7 @@ class PPOTrainer:
         test_dataset=None,
         rollout_service=None,
         teacher_group=None,
+        judge=None,
     ):
         self.cfg, self.rl, self.gen = cfg, cfg.rl, cfg.generate
         self.actor, self.critic, self.teacher = actor_group, critic_group, teacher_group
@@ -65,7 +66,7 @@ class PPOTrainer:
         # actor's weights
         self.rollout_service = rollout_service or ColocatedRollout(actor_group)
         self.rollout_service.update_weights(start_iteration)
-        self.scorer = Scorer(cfg, reward_runner, reward_group, tokenizer)
+        self.scorer = Scorer(cfg, reward_runner, reward_group, tokenizer, judge)
         # how batches are produced: rollout function x group filter x schedule (rollout/source.py)
         self.source = RolloutSource.from_config(cfg, self.rollout_service, dataset, sampler, tokenizer, self.scorer)
         # samples of older policy versions: old log-probs recomputed, stale tokens importance-weighted
@@ -108,6 +109,8 @@ class PPOTrainer:
             "timing/all": (),
             "timing/rule_reward": ("reward",),
             "timing/reward_model": ("reward",),
+            "timing/judge": ("judge",),
+            "timing/judge_wait": ("driver",),
             "timing/reference_model": ("reference",),
             "timing/teacher": ("teacher",),
             "timing/critic_model": ("critic",),
@@ -173,8 +176,10 @@ class PPOTrainer:
         return self.history
 
     def close(self) -> None:
-        """Release the rollout source's threads (the tool thread; the production thread is a daemon)."""
+        """Release the rollout source's threads (the tool thread; the production thread is a daemon) and the
+        judge's."""
         self.source.close()
+        self.scorer.close()
 
     def validation_due(self) -> bool:
         """Every test_freq iterations and at the last one, when validation is on."""

@@ -1,8 +1,10 @@
-"""Sequence scores of an experience: rule verifiers, the reward model, DAPO's overlong punishment."""
+"""Sequence scores of an experience: rule verifiers, the reward model, the generative judge, DAPO's overlong
+punishment."""
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -10,18 +12,55 @@ import torch
 from ..algorithms.shaping import overlong_penalty
 from ..protocol import Experience
 from ..utils.clock import Clock
-from .prompts import decode_responses
+from .prompts import decode_known, decode_responses
+
+Judged = Tuple[torch.Tensor, Dict[str, float]]  # the judge's scores in [0, 1] per row, and its metrics
 
 
 class Scorer:
     """``scorer(exp, clock)`` sets ``exp.scores`` and returns the metrics and each verifier's values; the
-    rollout source calls it on every group it offers to its filter."""
+    rollout source calls it on every group it offers to its filter. With a judge, ``submit_judge(exp)`` starts
+    the judge's part in a thread of its own (the rollout source submits finished groups while others still
+    generate) and ``scorer(exp, clock, judged)`` takes its result."""
 
-    def __init__(self, cfg, reward_runner, reward_model, tokenizer) -> None:
+    def __init__(self, cfg, reward_runner, reward_model, tokenizer, judge=None) -> None:
         self.rl, self.max_tokens = cfg.rl, cfg.generate.sampling_config.max_tokens
         self.reward_runner, self.reward_model, self.tokenizer = reward_runner, reward_model, tokenizer
+        self.judge, self.judge_weight = judge, cfg.judge.weight if judge is not None else 0.0
+        self.judge_overlap = judge is not None and cfg.judge.overlap
+        self._judge_thread: Optional[ThreadPoolExecutor] = None
 
-    def __call__(self, exp: Experience, clock: Clock) -> Tuple[Dict[str, float], Dict[str, torch.Tensor]]:
+    def submit_judge(self, exp: Experience) -> "Future[Judged]":
+        """The judge's verdicts on ``exp``'s responses, asked in the judge's thread."""
+        if self._judge_thread is None:
+            self._judge_thread = ThreadPoolExecutor(1, thread_name_prefix="judge")
+        prompts, responses, labels = self.judge_inputs(exp)
+        return self._judge_thread.submit(self._judge, prompts, responses, labels)
+
+    def _judge(self, prompts: List[str], responses: List[str], labels: List[str]) -> Judged:
+        verdicts, metrics = self.judge.grade(prompts, responses, labels)
+        return torch.tensor([v.score for v in verdicts], dtype=torch.float32), metrics
+
+    def judge_inputs(self, exp: Experience) -> Tuple[List[str], List[str], List[str]]:
+        """(prompt, response, label) texts of every row: what the judge's template shows it."""
+        width = exp.prompt_width
+        prompts = [
+            decode_known(self.tokenizer, ids[:width][mask[:width].bool()].tolist())[0]
+            for ids, mask in zip(exp.input_ids, exp.attention_mask)
+        ]
+        responses, _ = decode_responses(self.tokenizer, exp.response_ids, exp.loss_mask)
+        labels = [str(label) if label is not None else "" for label in (exp.labels or [""] * exp.num_rows)]
+        return prompts, responses, labels
+
+    def close(self) -> None:
+        if self._judge_thread is not None:
+            self._judge_thread.shutdown(wait=True, cancel_futures=True)
+        if self.judge is not None:
+            self.judge.close()
+
+    def __call__(
+        self, exp: Experience, clock: Clock, judged: "Optional[Future[Judged]]" = None
+    ) -> Tuple[Dict[str, float], Dict[str, torch.Tensor]]:
         rl = self.rl
         scores = torch.zeros(exp.num_rows)
         metrics: Dict[str, float] = {}
@@ -35,6 +74,16 @@ class Scorer:
                 rm = self.reward_model_scores(exp)
             metrics["reward_model/score/mean"] = float(rm.mean())
             scores = scores + rl.reward_model_weight * rm.float()
+        if self.judge is not None:
+            if judged is None:
+                with clock.measure("timing/judge"):
+                    judge_scores, judge_metrics = self._judge(*self.judge_inputs(exp))
+            else:  # asked in the judge's thread: its own time is timing/judge, the wait here timing/judge_wait
+                with clock.measure("timing/judge_wait"):
+                    judge_scores, judge_metrics = judged.result()
+                clock.add("timing/judge", judge_metrics["timing/judge"])
+            metrics.update({k: v for k, v in judge_metrics.items() if k != "timing/judge"})
+            scores = scores + self.judge_weight * judge_scores
         if rl.overlong_buffer_enable:
             limit = rl.rollout_max_tokens or self.max_tokens
             penalty = overlong_penalty(

@@ -1,0 +1,67 @@
+"""A rank of the generative judge's own engines (judge_config.serve engines): vLLM over the judge's HF folder, on
+devices of its own (rl_config.judge_resource). Engines are blocks of ``infer_tensor_parallel_size`` contiguous
+ranks; the weights are loaded once and never synchronised with the policy."""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+from ..config_cls.generate_config import GenerateConfig
+from ..config_cls.judge_config import JudgeConfig
+from ..protocol import RankLayout
+from .base_worker import start_worker_process
+
+
+def judge_engine_settings(judge: JudgeConfig) -> GenerateConfig:
+    """The judge's engine keys as the GenerateConfig the engine builder reads."""
+    return GenerateConfig(
+        enforce_eager=judge.enforce_eager,
+        infer_tensor_parallel_size=judge.infer_tensor_parallel_size,
+        max_num_seqs=judge.max_num_seqs,
+        max_model_len=judge.max_model_len,
+        max_num_batched_tokens=judge.max_num_batched_tokens,
+        dtype=judge.dtype,
+        gpu_memory_utilization=judge.gpu_memory_utilization,
+    )
+
+
+class JudgeWorker:
+    def __init__(
+        self, rank: int, world_size: int, master_addr: str, master_port: int, judge: JudgeConfig, hf_dir: str,
+        threads: int,
+    ):  # fmt: skip
+        from ..rollout.vllm_engine import text_llm
+
+        self.acc = start_worker_process(rank, world_size, master_addr, master_port, threads)
+        self.rank, self.world_size = rank, world_size
+        self.engine_size = judge.infer_tensor_parallel_size
+        self.engine_index, self.engine_rank = divmod(rank, self.engine_size)
+        self.llm = text_llm(hf_dir, judge_engine_settings(judge))
+
+    def layout(self) -> RankLayout:
+        return RankLayout(
+            rank=self.rank,
+            dp_rank=self.engine_index,
+            dp_size=self.world_size // self.engine_size,
+            tp_rank=self.engine_rank,
+            pp_rank=0,
+            output=self.engine_rank == 0,
+            engine=self.engine_index,
+            engine_rank=self.engine_rank,
+            engine_size=self.engine_size,
+        )
+
+    def answer(self, texts: Sequence[str], max_tokens: int, temperature: float) -> Optional[List[str]]:
+        """The judge's reply to each text (the engine's first rank returns them; None on the others)."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
+        results = self.llm.generate(list(texts), params, use_tqdm=False) if texts else []
+        return [r.outputs[0].text for r in results] if self.engine_rank == 0 else None
+
+    def shutdown(self) -> None:
+        from ..rollout.vllm_engine import stop_llm
+        from ..utils import dist
+
+        stop_llm(self.llm)
+        dist.destroy()
