@@ -4,6 +4,7 @@ scored on_failure and counted; nothing waits past its timeout. In the rollout so
 judged while the rest generates, and score exactly as when judged at once."""
 
 import json
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -180,3 +181,37 @@ def test_groups_are_judged_while_the_rest_generates_and_score_as_judged_at_once(
     assert all(0.0 <= s <= 1.0 for s in shares), shares
     if split == 1:
         assert max(shares) > 0.1, shares  # groups judged behind the rounds
+
+
+def test_an_mcore_judge_folder_is_converted_for_vllm_with_the_same_weights(tmp_path):
+    """judge_config.load may be an mcore checkpoint: the run converts it into <run dir>/judge_hf; a HF folder is
+    used as it is."""
+    from types import SimpleNamespace
+
+    from safetensors.torch import load_file
+
+    from mindspeed_rl.checkpoint.convert import hf_to_mg
+    from mindspeed_rl.demo.tiny_hf import build_hf_model, build_tokenizer
+    from mindspeed_rl.trainer.judging import judge_hf_folder
+    from tests.helpers import tiny_model_config
+
+    model = tiny_model_config()
+    tok = str(tmp_path / "tok")
+    build_tokenizer(tok, ["the lucky number is 7"] * 4, vocab_size=model.padded_vocab_size, pad_to_vocab=True)
+    hf = str(tmp_path / "hf")
+    build_hf_model(hf, model, seed=2, tokenizer_dir=tok)
+    hf_to_mg(hf, str(tmp_path / "mcore"), tp=2, model_type_hf="qwen25")
+
+    def cfg(load):
+        return SimpleNamespace(judge=SimpleNamespace(load=load),
+                               actor=SimpleNamespace(megatron=SimpleNamespace(tokenizer_name_or_path=tok)))  # fmt: skip
+
+    assert judge_hf_folder(cfg(hf), str(tmp_path / "run")) == hf
+    out = judge_hf_folder(cfg(str(tmp_path / "mcore")), str(tmp_path / "run"))
+    assert out == str(tmp_path / "run" / "judge_hf") and os.path.isfile(os.path.join(out, "tokenizer.json"))
+    original, converted = (
+        load_file(os.path.join(hf, "model.safetensors")),
+        load_file(os.path.join(out, "model.safetensors")),
+    )
+    assert set(converted) == set(original)
+    assert all(torch.equal(converted[k].float(), original[k].float()) for k in original)
