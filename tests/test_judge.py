@@ -142,7 +142,7 @@ def even_a(context: str) -> bool:
     return int(context.split("Q: ", 1)[1].split("*", 1)[0]) % 2 == 0
 
 
-def judged_source(overlap, split=1):
+def judged_source(overlap, split=1, ds=False):
     from types import SimpleNamespace
 
     from mindspeed_rl.trainer.scoring import Scorer
@@ -154,19 +154,22 @@ def judged_source(overlap, split=1):
         judge=SimpleNamespace(weight=1.0, overlap=overlap),
     )
     scorer = Scorer(cfg, None, None, TOK, RuleJudge(template="{response}|{label}"))
-    source = make_source("tool_agent", split=split, service=SlowService())
+    source = make_source("tool_agent", ds=ds, split=split, service=SlowService())
+    if ds:  # dynamic sampling on the judge's score: which groups it keeps, and so when to draw, wait on verdicts
+        source.filter.metric = "score"
     source.score, source.defer_judging = scorer, scorer.judge_overlap
     return source, scorer
 
 
-@pytest.mark.parametrize("split", [1, 4])
-def test_groups_are_judged_while_the_rest_generates_and_score_as_judged_at_once(split):
-    """Synchronous rounds (the tool agent) and partial rollout (split 4): the same batches either way."""
+@pytest.mark.parametrize("split,ds", [(1, False), (4, False), (1, True)])
+def test_groups_are_judged_while_the_rest_generates_and_score_as_judged_at_once(split, ds):
+    """Synchronous rounds (the tool agent), partial rollout (split 4), dynamic sampling on the judge's score: the
+    same batches either way."""
     from tests.test_rollout_layers import fingerprint, run
 
     batches = {}
     for overlap in (False, True):
-        source, scorer = judged_source(overlap, split)
+        source, scorer = judged_source(overlap, split, ds)
         batches[overlap] = [batch for batch, _ in run(source, 3)]
         scorer.close()
     for plain, deferred in zip(batches[False], batches[True]):
@@ -179,7 +182,7 @@ def test_groups_are_judged_while_the_rest_generates_and_score_as_judged_at_once(
     assert 0 < scores.mean() < 1  # the judge's verdicts differ: right and wrong answers
     shares = [b.metrics["judge/overlap_share"] for b in batches[True]]
     assert all(0.0 <= s <= 1.0 for s in shares), shares
-    if split == 1:
+    if split == 1 and not ds:
         assert max(shares) > 0.1, shares  # groups judged behind the rounds
 
 
@@ -215,3 +218,29 @@ def test_an_mcore_judge_folder_is_converted_for_vllm_with_the_same_weights(tmp_p
     )
     assert set(converted) == set(original)
     assert all(torch.equal(converted[k].float(), original[k].float()) for k in original)
+
+
+ENGINE_KEYS_SET = ("load", "dtype", "max_model_len", "max_num_batched_tokens", "gpu_memory_utilization")  # the demo's
+
+
+@pytest.mark.parametrize(
+    "overrides, key, text",
+    [
+        (["~judge_config"], "rl_config.judge_resource", "no judge_config"),
+        (["~rl_config.judge_resource"], "rl_config.judge_resource", "required with judge_config.serve engines"),
+        (["~judge_config.load"], "judge_config.load", "required with serve engines"),
+        (["judge_config.serve=http", "~rl_config.judge_resource"] + [f"~judge_config.{k}" for k in ENGINE_KEYS_SET],
+         "judge_config.base_url", "required with serve http"),
+        (["+judge_config.base_url=http://127.0.0.1:1/v1"], "judge_config.base_url", "is a key of serve http"),
+        (["judge_config.template='{prompt} only'"], "judge_config.template", "has no {response}"),
+        (["judge_config.score_max=0"], "judge_config.score_max", "not above score_min"),
+        (["judge_config.score_pattern='score'"], "judge_config.score_pattern", "needs a group"),
+        (["judge_config.infer_tensor_parallel_size=2"], "judge_config.infer_tensor_parallel_size", "does not divide"),
+        (["rl_config.rule_reward=false", "~judge_config", "~rl_config.judge_resource"], "rl_config.rule_reward",
+         "nothing would score"),
+    ],
+)  # fmt: skip
+def test_the_judge_config_refuses_what_cannot_run(overrides, key, text, capsys):
+    from tests.helpers import assert_refused
+
+    assert_refused(["--config-name", "grpo_tiny_cpu_judge", "dry_run=true"] + overrides, key, text, capsys)

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Set
 
 from .base import ConfigError, opt
+
+ENGINE_KEYS = (
+    "load", "tokenizer_name_or_path", "infer_tensor_parallel_size", "dtype", "max_model_len", "max_num_seqs",
+    "max_num_batched_tokens", "gpu_memory_utilization", "enforce_eager",
+)  # fmt: skip
+HTTP_KEYS = ("base_url", "model_name", "concurrency", "timeout", "retries", "api_key_env")
 
 
 @dataclass
@@ -49,6 +55,9 @@ class JudgeConfig:
     load: Optional[str] = opt(
         None, "engines: the judge's weights, a HF folder or an mcore checkpoint folder (converted at start)."
     )
+    tokenizer_name_or_path: Optional[str] = opt(
+        None, "engines, an mcore `load`: the judge's tokenizer folder (None: megatron_training's, the policy's)."
+    )
     infer_tensor_parallel_size: int = opt(1, "engines: tensor-parallel size of each judge engine.", ge=1)
     dtype: str = opt("bfloat16", "engines: weights dtype.", choices=("bfloat16", "float16", "float32", "auto"))
     max_model_len: int = opt(4096, "engines: longest judge prompt + answer.", ge=1)
@@ -63,8 +72,8 @@ class JudgeConfig:
     model_name: Optional[str] = opt(None, "http: the model name the endpoint serves.")
     api: str = opt(
         "chat",
-        "http: chat (/chat/completions: the server applies the model's chat template) or completions "
-        "(/completions: the template's text as it is).",
+        "chat: the template's text is the user's message under the judge's chat template (http: "
+        "/chat/completions); completions: the text as it is (http: /completions).",
         choices=("chat", "completions"),
     )
     concurrency: int = opt(8, "http: most requests in flight.", ge=1)
@@ -74,7 +83,11 @@ class JudgeConfig:
         "OPENAI_API_KEY", "http: environment variable holding the API key (a local server takes any)."
     )
 
-    def validate(self) -> None:
+    def validate(self, given: Optional[Set[str]] = None) -> None:
+        """The keys together; ``given``: the keys the YAML sets (a key of the other serving way is refused)."""
+        other, way = (HTTP_KEYS, "http") if self.serve == "engines" else (ENGINE_KEYS, "engines")
+        for key in sorted((given or set()) & set(other)):
+            raise ConfigError(f"judge_config.{key}", f"is a key of serve {way}; this judge is served by {self.serve}")
         if self.score_pattern is not None:
             import re
 

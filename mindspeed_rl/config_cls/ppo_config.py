@@ -214,7 +214,7 @@ def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) 
     judge = None
     if data.get("judge_config") is not None:
         judge = build_section(JudgeConfig, data["judge_config"], "judge_config")
-        judge.validate()
+        judge.validate(set(data["judge_config"]) if isinstance(data["judge_config"], Mapping) else set())
     dry_run = data.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise ConfigError("dry_run", f"got {dry_run!r}, expected true or false")

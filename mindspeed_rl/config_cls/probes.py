@@ -46,8 +46,16 @@ def missing_paths(cfg: "PPOConfig | RMConfig") -> List[ConfigError]:
         problems.append(
             ConfigError("judge_config.load", f"folder {judge.load!r} does not exist{_demo_hint(judge.load)}")
         )
-    if judge is not None and judge.template_file and not os.path.isfile(judge.template_file):
-        problems.append(ConfigError("judge_config.template_file", f"file {judge.template_file!r} does not exist"))
+    if judge is not None and judge.template_file:
+        if not os.path.isfile(judge.template_file):
+            problems.append(ConfigError("judge_config.template_file", f"file {judge.template_file!r} does not exist"))
+        elif "{response}" not in open(judge.template_file, encoding="utf-8", errors="replace").read():
+            problems.append(
+                ConfigError(
+                    "judge_config.template_file",
+                    f"{judge.template_file!r} has no {{response}}: the judge would not see what it grades",
+                )
+            )
     ref = cfg.rl.integrated_mode_config.ref_model_load_path
     if ref and not os.path.exists(ref):
         problems.append(

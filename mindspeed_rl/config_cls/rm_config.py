@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 from .base import ConfigError, build_section, closest_key
-from .feature_rules import check_lora_rank
+from .feature_rules import LORA_TARGETS, check_lora_rank
 from .layout import dp_groups
 from .megatron_config import MegatronConfig
 from .plan import trainable_memory
@@ -132,6 +132,16 @@ def check_rm_rules(cfg: RMConfig) -> None:
     if cfg.rl.use_remove_padding and role.pp > 1:
         raise ConfigError(
             "rl_config.use_remove_padding", f"needs pipeline_model_parallel_size 1; the reward model has PP {role.pp}"
+        )
+    unknown = [t for t in m.lora_target_modules if t not in LORA_TARGETS]
+    if m.lora_r and (unknown or not m.lora_target_modules):
+        raise ConfigError(
+            "reward_config.lora_target_modules", f"{unknown or 'empty'}: choose among {', '.join(LORA_TARGETS)}"
+        )
+    limit = role.model.max_position_embeddings
+    if limit and m.seq_length > limit:
+        raise ConfigError(
+            "megatron_training.seq_length", f"{m.seq_length} is above the model's max_position_embeddings {limit}"
         )
     if not m.data_path:
         raise ConfigError("megatron_training.data_path", "required: the preprocessed preference pairs")

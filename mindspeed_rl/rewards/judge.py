@@ -102,6 +102,9 @@ class Judge:
         start = time.perf_counter()
         texts = [render(self.template, p, r, lab) for p, r, lab in zip(prompts, responses, labels)]
         verdicts = [self.verdict(reply) for reply in self._answers(texts)] if texts else []
+        failed = sum(v.failure is not None for v in verdicts)
+        if verdicts and failed == len(verdicts):
+            self.warn_all_failed(verdicts)
         scores = [v.score for v in verdicts]
         metrics = {
             "judge/score_mean": sum(scores) / len(scores) if scores else 0.0,
@@ -110,6 +113,20 @@ class Judge:
             "timing/judge": time.perf_counter() - start,
         }
         return verdicts, metrics
+
+    def warn_all_failed(self, verdicts: Sequence[Verdict]) -> None:
+        """Once a minute at most: every verdict of a call failed, so the judge's reward is on_failure everywhere."""
+        now = time.monotonic()
+        if now - getattr(self, "_warned_at", -1e9) < 60:
+            return
+        self._warned_at = now
+        why = verdicts[0].failure
+        reply = f"; e.g. the answer {verdicts[0].reply[:80]!r}" if verdicts[0].reply else ""
+        print(
+            f"warning: judge: all {len(verdicts)} verdicts of a call failed ({why}{reply}): they score on_failure "
+            f"{self.on_failure}; check the endpoint or engines and judge_config.score_pattern",
+            flush=True,
+        )
 
     def close(self) -> None:
         """Release what the serving way holds (nothing here)."""
@@ -178,10 +195,10 @@ class HttpJudge(Judge):
 
 
 class EngineJudge(Judge):
-    """The judge on engines of its own: ``generate(texts, max_tokens, temperature)`` returns one reply per text
-    (the driver's call into the judge's worker group: trainer/judging.py)."""
+    """The judge on engines of its own: ``generate(texts, max_tokens, temperature)`` returns one reply per text, None
+    where it could not ask (the driver's call into the judge's worker group: trainer/judging.py)."""
 
-    def __init__(self, generate: Callable[[Sequence[str], int, float], List[str]], **kwargs):
+    def __init__(self, generate: Callable[[Sequence[str], int, float], List[Optional[str]]], **kwargs):
         super().__init__(**kwargs)
         self.generate = generate
 

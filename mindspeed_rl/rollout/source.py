@@ -179,7 +179,10 @@ class RolloutSource:
                 self._collect_judged(clock, reward_metrics, wait=True)
                 continue
             wanted = not flt.satisfied() and schedule.wants_prompts(pool, flt) and flt.may_draw(draws)
-            # groups being judged may fill the batch: their verdicts decide whether more prompts are needed
+            if wanted and self.judging and isinstance(flt, DynamicSampling):
+                self._collect_judged(clock, reward_metrics, wait=True)  # the verdicts decide whether to draw
+                continue
+            # groups being judged that will all be kept may fill the batch: no prompts for them
             if wanted and not self.judging_may_fill(flt):
                 prompts = self.draw()
                 pool.add(prompts)
@@ -239,9 +242,15 @@ class RolloutSource:
         self._to_filter(groups)
 
     def judging_may_fill(self, flt: GroupFilter) -> bool:
-        """Whether the groups being judged, with the pool's and the filter's, could complete the batch."""
+        """Whether the groups being judged, with the pool's and the filter's, could complete the batch. A filter
+        that may drop groups (dynamic sampling) waits for every verdict: when to draw, and so which prompts share a
+        round and its seeds, must not depend on how fast the judge is."""
+        if not self.judging:
+            return False
+        if isinstance(flt, DynamicSampling):
+            return True
         judged = sum(len(groups) for groups, *_ in self.judging)
-        return bool(self.judging) and len(self.pool.groups()) + len(flt.kept) + judged >= flt.want
+        return len(self.pool.groups()) + len(flt.kept) + judged >= flt.want
 
     def _to_filter(self, groups: List[List[Trajectory]]) -> None:
         for k, group in enumerate(groups):

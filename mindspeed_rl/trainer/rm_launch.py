@@ -60,6 +60,11 @@ def train(cfg: RMConfig) -> List[Dict[str, float]]:
 
     m, rl = cfg.reward.megatron, cfg.rl
     dataset, test_dataset = open_pairs(cfg)
+    if test_dataset is not None and len(test_dataset) < cfg.reward.dp:
+        raise UserError(
+            f"megatron_training.test_data_path {m.test_data_path}: {len(test_dataset)} held-out pairs for "
+            f"{cfg.reward.dp} data-parallel ranks; give at least one pair per rank"
+        )
     run_dir = os.path.abspath(os.path.join(rl.log_dir, time.strftime("%Y%m%d-%H%M%S")))
     log_dir = os.path.join(run_dir, "logs") if rl.library_logs == "file" else None
     print(f"run directory: {run_dir} (metrics.jsonl, curves, report.html)", flush=True)

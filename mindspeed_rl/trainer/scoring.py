@@ -54,7 +54,7 @@ class Scorer:
 
     def close(self) -> None:
         if self._judge_thread is not None:
-            self._judge_thread.shutdown(wait=True, cancel_futures=True)
+            self._judge_thread.shutdown(wait=False, cancel_futures=True)  # a request in flight ends at its timeout
         if self.judge is not None:
             self.judge.close()
 

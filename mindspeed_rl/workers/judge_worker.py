@@ -37,6 +37,16 @@ class JudgeWorker:
         self.engine_size = judge.infer_tensor_parallel_size
         self.engine_index, self.engine_rank = divmod(rank, self.engine_size)
         self.llm = text_llm(hf_dir, judge_engine_settings(judge))
+        self.max_model_len, self.chat = judge.max_model_len, judge.api == "chat"
+        self.tokenizer = self.llm.get_tokenizer()
+        if self.chat and not getattr(self.tokenizer, "chat_template", None):
+            from ..config_cls.base import ConfigError
+
+            raise ConfigError(
+                "judge_config.api",
+                f"chat, but the judge's tokenizer ({hf_dir}) has no chat template: use api completions (the "
+                "template's text as it is)",
+            )
 
     def layout(self) -> RankLayout:
         return RankLayout(
@@ -51,13 +61,34 @@ class JudgeWorker:
             engine_size=self.engine_size,
         )
 
-    def answer(self, texts: Sequence[str], max_tokens: int, temperature: float) -> Optional[List[str]]:
-        """The judge's reply to each text (the engine's first rank returns them; None on the others)."""
+    def answer(self, texts: Sequence[str], max_tokens: int, temperature: float) -> Optional[List[Optional[str]]]:
+        """The judge's reply to each text (the engine's first rank returns them; None on the others). With api chat
+        the text is the user's message under the model's chat template. A prompt that leaves no room for an
+        answer within max_model_len gets None (a failed request, counted), never an error for the whole batch."""
         from vllm import SamplingParams
 
-        params = SamplingParams(temperature=temperature, max_tokens=max_tokens, seed=0)
-        results = self.llm.generate(list(texts), params, use_tqdm=False) if texts else []
-        return [r.outputs[0].text for r in results] if self.engine_rank == 0 else None
+        if self.chat:
+            prompts = [
+                self.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": t}], tokenize=True, add_generation_prompt=True
+                )
+                for t in texts
+            ]
+        else:
+            prompts = [self.tokenizer.encode(t) for t in texts]
+        fits = [i for i, ids in enumerate(prompts) if len(ids) < self.max_model_len]
+        params = [
+            SamplingParams(
+                temperature=temperature, max_tokens=min(max_tokens, self.max_model_len - len(prompts[i])), seed=0
+            )
+            for i in fits
+        ]
+        requests = [{"prompt_token_ids": list(prompts[i])} for i in fits]
+        results = self.llm.generate(requests, params, use_tqdm=False) if requests else []
+        replies: List[Optional[str]] = [None] * len(texts)
+        for i, result in zip(fits, results):
+            replies[i] = result.outputs[0].text
+        return replies if self.engine_rank == 0 else None
 
     def shutdown(self) -> None:
         from ..rollout.vllm_engine import stop_llm
