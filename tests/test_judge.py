@@ -100,6 +100,15 @@ def test_every_failure_is_scored_as_configured_and_counted(server):
     assert took < 2 * 0.5 + 3, took  # the slow request gave up at its timeout (twice), not after the server's 3 s
 
 
+def test_a_calls_deadline_fails_what_is_unfinished_and_keeps_what_is_done(server):
+    judge = HttpJudge(server, "judge", template="{response}", concurrency=1, timeout=10, retries=0, deadline=1.0)
+    start = time.perf_counter()
+    verdicts, metrics = judge.grade(["q"] * 3, ["GOOD", "SLOW deadline", "GOOD again"], [""] * 3)
+    assert time.perf_counter() - start < 2.5  # not the slow request's 3 s, nor its 10 s timeout
+    assert [v.failure for v in verdicts] == [None, "request_failed", "request_failed"]  # one at a time
+    assert verdicts[0].score == 0.8 and metrics["judge/request_failures"] == 2
+
+
 def test_a_judge_that_is_down_fails_fast_and_concurrency_is_bounded(server):
     import socket
 

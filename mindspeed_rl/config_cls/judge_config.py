@@ -11,7 +11,7 @@ ENGINE_KEYS = (
     "load", "tokenizer_name_or_path", "infer_tensor_parallel_size", "dtype", "max_model_len", "max_num_seqs",
     "max_num_batched_tokens", "gpu_memory_utilization", "enforce_eager",
 )  # fmt: skip
-HTTP_KEYS = ("base_url", "model_name", "concurrency", "timeout", "retries", "api_key_env")
+HTTP_KEYS = ("base_url", "model_name", "concurrency", "timeout", "retries", "deadline", "api_key_env")
 
 
 @dataclass
@@ -79,6 +79,12 @@ class JudgeConfig:
     concurrency: int = opt(8, "http: most requests in flight.", ge=1)
     timeout: float = opt(60.0, "http: seconds a request may take before it is retried or fails.", gt=0)
     retries: int = opt(2, "http: further tries of a failed request.", ge=0)
+    deadline: Optional[float] = opt(
+        900.0,
+        "http: seconds one scoring call's requests may take in all; those unfinished then fail (counted). A hung "
+        "server otherwise costs timeout x (retries + 1) per wave of `concurrency` requests. null: no deadline.",
+        gt=0,
+    )
     api_key_env: str = opt(
         "OPENAI_API_KEY", "http: environment variable holding the API key (a local server takes any)."
     )

@@ -135,7 +135,8 @@ class Judge:
 class HttpJudge(Judge):
     """An OpenAI-compatible endpoint as the judge: ``base_url`` (…/v1), ``model``, ``api`` chat (the server applies
     the model's chat template) or completions (the text as it is), at most ``concurrency`` requests in flight,
-    each given ``timeout`` seconds and ``retries`` more tries; the API key from the environment variable
+    each given ``timeout`` seconds and ``retries`` more tries, all of one call given ``deadline`` seconds (a hung
+    server would otherwise cost timeout x (retries + 1) per wave of requests); the API key from the environment variable
     ``api_key_env`` (a local server takes any)."""
 
     def __init__(
@@ -154,8 +155,10 @@ class HttpJudge(Judge):
         api: str = "chat",
         temperature: float = 0.0,
         score_pattern: Optional[str] = None,
+        deadline: Optional[float] = None,
     ):
         super().__init__(template, score_min, score_max, on_failure, max_tokens, temperature, score_pattern)
+        self.deadline = deadline
         self.base_url, self.model, self.api = base_url, model, api
         self.concurrency, self.timeout, self.retries = concurrency, timeout, retries
         self.api_key = os.environ.get(api_key_env) or "EMPTY"
@@ -185,9 +188,15 @@ class HttpJudge(Judge):
             base_url=self.base_url, api_key=self.api_key, timeout=self.timeout, max_retries=self.retries
         )
         gate = asyncio.Semaphore(self.concurrency)
+        tasks = [asyncio.ensure_future(self._ask(client, gate, t)) for t in texts]
         try:
-            return list(await asyncio.gather(*(self._ask(client, gate, t) for t in texts)))
+            await asyncio.wait(tasks, timeout=self.deadline)
+            for task in tasks:  # past the call's deadline: failed requests (counted), the batch goes on
+                if not task.done():
+                    task.cancel()
+            return [task.result() if task.done() and not task.cancelled() else None for task in tasks]
         finally:
+            await asyncio.gather(*tasks, return_exceptions=True)
             await client.close()
 
     def _answers(self, texts: Sequence[str]) -> List[Optional[str]]:
