@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 from mindspeed_rl.config_cls import batch_plan, missing_paths
 from mindspeed_rl.trainer.config_names import load_run_config
-from mindspeed_rl.utils.cli import parse_run_args, report_user_errors, stop_on_sigterm
+from mindspeed_rl.utils.cli import parse_run_args, report_user_errors, stop_on_sigterm, validated_only
 
 
 @report_user_errors
@@ -31,18 +31,7 @@ def run_main(argv: Optional[Sequence[str]]) -> int:
     args = parse_run_args(argv, __doc__)
     cfg = load_run_config(args.config_name, args.overrides, args.config_dir)
     print(batch_plan(cfg), flush=True)
-    problems = missing_paths(cfg)
-    if cfg.dry_run:
-        for problem in problems:
-            print(f"warning: {problem} (a real run stops here)")
-        print("dry_run: the config is valid; nothing was started.")
-        return 0
-    if problems:
-        for problem in problems[1:]:
-            print(f"config error: {problem}", file=sys.stderr)
-        raise problems[0]
-    if args.check:
-        print("check: the config and its paths are valid; nothing was started.")
+    if validated_only(cfg.dry_run, args.check, missing_paths(cfg)):
         return 0
     from mindspeed_rl.trainer import launch  # heavy imports only after validation
 

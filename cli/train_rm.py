@@ -21,7 +21,7 @@ from mindspeed_rl.config_cls import missing_paths
 from mindspeed_rl.config_cls.loader import load_rm_config
 from mindspeed_rl.config_cls.rm_config import rm_plan
 from mindspeed_rl.trainer.config_names import check_model_family
-from mindspeed_rl.utils.cli import parse_run_args, report_user_errors, stop_on_sigterm
+from mindspeed_rl.utils.cli import parse_run_args, report_user_errors, stop_on_sigterm, validated_only
 
 
 @report_user_errors
@@ -35,18 +35,7 @@ def run_main(argv: Optional[Sequence[str]]) -> int:
     cfg = load_rm_config(args.config_name, args.overrides, args.config_dir)
     check_model_family(cfg.reward.model, f"model.{cfg.reward.megatron.model}")
     print(rm_plan(cfg), flush=True)
-    problems = missing_paths(cfg)
-    if cfg.dry_run:
-        for problem in problems:
-            print(f"warning: {problem} (a real run stops here)")
-        print("dry_run: the config is valid; nothing was started.")
-        return 0
-    if problems:
-        for problem in problems[1:]:
-            print(f"config error: {problem}", file=sys.stderr)
-        raise problems[0]
-    if args.check:
-        print("check: the config and its paths are valid; nothing was started.")
+    if validated_only(cfg.dry_run, args.check, missing_paths(cfg)):
         return 0
     from mindspeed_rl.trainer import rm_launch  # heavy imports only after validation
 

@@ -175,3 +175,20 @@ class RankLayout:
     engine: int = -1  # rollout engine index (-1: no engine)
     engine_rank: int = -1  # rank inside that engine (0 returns the outputs)
     engine_size: int = 0  # ranks per engine (infer TP)
+
+    @staticmethod
+    def of_engine_rank(rank: int, world_size: int, engine_size: int) -> "RankLayout":
+        """A rank of an inference-only group (rollout workers, the judge's engines): engines are blocks of
+        ``engine_size`` contiguous ranks, each engine a data-parallel replica whose first rank returns outputs."""
+        engine, engine_rank = divmod(rank, engine_size)
+        return RankLayout(
+            rank=rank,
+            dp_rank=engine,
+            dp_size=world_size // engine_size,
+            tp_rank=engine_rank,
+            pp_rank=0,
+            output=engine_rank == 0,
+            engine=engine,
+            engine_rank=engine_rank,
+            engine_size=engine_size,
+        )

@@ -124,3 +124,22 @@ def parse_run_args(argv: Optional[Sequence[str]], description: Optional[str]) ->
     )
     parser.add_argument("overrides", nargs="*", help="Hydra-style overrides: section.key=value")
     return parser.parse_args(argv)
+
+
+def validated_only(dry_run: bool, check: bool, problems: Sequence[ConfigError]) -> bool:
+    """What the training entry points do once the config is valid, before anything heavy: with ``dry_run`` the
+    missing paths are warnings and nothing starts (True); else every problem is said and the first raised (exit
+    2); with ``check`` nothing starts either (True). False: start the run."""
+    if dry_run:
+        for problem in problems:
+            print(f"warning: {problem} (a real run stops here)")
+        print("dry_run: the config is valid; nothing was started.")
+        return True
+    if problems:
+        for problem in problems[1:]:
+            print(f"config error: {problem}", file=sys.stderr)
+        raise problems[0]
+    if check:
+        print("check: the config and its paths are valid; nothing was started.")
+        return True
+    return False

@@ -35,31 +35,13 @@ class JudgeWorker:
         self.acc = start_worker_process(rank, world_size, master_addr, master_port, threads)
         self.rank, self.world_size = rank, world_size
         self.engine_size = judge.infer_tensor_parallel_size
-        self.engine_index, self.engine_rank = divmod(rank, self.engine_size)
+        self.engine_rank = rank % self.engine_size
         self.llm = text_llm(hf_dir, judge_engine_settings(judge))
         self.max_model_len, self.chat = judge.max_model_len, judge.api == "chat"
-        self.tokenizer = self.llm.get_tokenizer()
-        if self.chat and not getattr(self.tokenizer, "chat_template", None):
-            from ..config_cls.base import ConfigError
-
-            raise ConfigError(
-                "judge_config.api",
-                f"chat, but the judge's tokenizer ({hf_dir}) has no chat template: use api completions (the "
-                "template's text as it is)",
-            )
+        self.tokenizer = self.llm.get_tokenizer()  # api chat: its chat template was checked before start
 
     def layout(self) -> RankLayout:
-        return RankLayout(
-            rank=self.rank,
-            dp_rank=self.engine_index,
-            dp_size=self.world_size // self.engine_size,
-            tp_rank=self.engine_rank,
-            pp_rank=0,
-            output=self.engine_rank == 0,
-            engine=self.engine_index,
-            engine_rank=self.engine_rank,
-            engine_size=self.engine_size,
-        )
+        return RankLayout.of_engine_rank(self.rank, self.world_size, self.engine_size)
 
     def answer(self, texts: Sequence[str], max_tokens: int, temperature: float) -> Optional[List[Optional[str]]]:
         """The judge's reply to each text (the engine's first rank returns them; None on the others). With api chat

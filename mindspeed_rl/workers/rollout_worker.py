@@ -55,17 +55,7 @@ class RolloutWorker:
         self.channel = None
 
     def layout(self) -> RankLayout:
-        return RankLayout(
-            rank=self.rank,
-            dp_rank=self.engine_index,
-            dp_size=self.world_size // self.engine_size,
-            tp_rank=self.engine_rank,
-            pp_rank=0,
-            output=self.engine_rank == 0,
-            engine=self.engine_index,
-            engine_rank=self.engine_rank,
-            engine_size=self.engine_size,
-        )
+        return RankLayout.of_engine_rank(self.rank, self.world_size, self.engine_size)
 
     # ----- weights ---------------------------------------------------------------------------------------
     def weight_transfer(self) -> Tuple[str, Optional[str]]:
