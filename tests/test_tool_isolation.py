@@ -194,6 +194,101 @@ def test_the_scratch_folder_is_small_and_everything_else_read_only(bwrap):
     assert "scratch full at" in out and "ENOSPC" in out and int(out.split("full at ")[1].split()[0]) <= 64
 
 
+# ----- the kernel's global state (a root driver is how training containers run) --------------------------------
+def _host_ids_of_calls(stop) -> set:
+    """(real uid, effective uid, real gid, effective gid) of every tool-call interpreter seen from the host until
+    ``stop`` is set: the call's own process (argv[0] the interpreter), not the bubblewrap or setpriv around it."""
+    from mindspeed_rl.tools.sandbox import CHILD
+
+    seen = set()
+    while not stop.is_set():
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    argv = fh.read().split(b"\0")
+                if argv[0] != sys.executable.encode() or CHILD.encode() not in argv:
+                    continue
+                with open(f"/proc/{pid}/status") as fh:
+                    fields = dict(line.split(":", 1) for line in fh if ":" in line)
+            except OSError:
+                continue
+            uids, gids = fields["Uid"].split(), fields["Gid"].split()
+            seen.add((int(uids[0]), int(uids[1]), int(gids[0]), int(gids[1])))
+        time.sleep(0.02)
+    return seen
+
+
+@needs_bwrap
+def test_the_call_never_runs_as_host_root(bwrap):
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mindspeed_rl.tools.isolation import UID_BASE
+
+    stop = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        watched = pool.submit(_host_ids_of_calls, stop)
+        out = program(bwrap, "import os, time; time.sleep(1.5); print(os.getuid(), os.getgroups())")
+        stop.set()
+        ids = watched.result()
+    assert ids, "the call's process was not seen from the host"
+    assert all(0 not in four for four in ids), ids  # host uid and gid 0 never
+    if os.geteuid() == 0:  # a uid of the call's own, no supplementary groups
+        assert all(four[0] >= UID_BASE and len(set(four)) == 1 for four in ids), ids
+        assert out.split()[0] == str(next(iter(ids))[0]) and "[]" in out, out
+    else:
+        assert all(four[0] == os.geteuid() for four in ids), ids  # the driver's own uid behind the namespace
+
+
+@needs_bwrap
+def test_no_proc_sys_file_or_host_control_file_opens_for_writing(bwrap):
+    """The attack of the report: the audit hook switched off, then /proc/sys written (core_pattern is a way from
+    a container to root code on the host); with a root driver this opened on the code before the fix."""
+    out = program(
+        bwrap,
+        """
+        import os
+        opened, tried = [], 0
+        targets = ["/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches", "/proc/sys/vm/stat_interval",
+                   "/proc/sysrq-trigger", "/proc/sys/kernel/new", "/proc/irq/default_smp_affinity", "/proc/mtrr"]
+        for top, _, files in os.walk("/proc/sys"):
+            targets += [os.path.join(top, name) for name in files]
+        for path in targets:
+            for flags in (os.O_WRONLY, os.O_RDWR, os.O_WRONLY | os.O_CREAT):
+                tried += 1
+                try:
+                    os.close(os.open(path, flags))
+                    opened.append(path)
+                except OSError:
+                    pass
+        print("tried", tried, "opened", sorted(set(opened)))
+        print("sys", os.path.exists("/sys") and os.listdir("/sys"))
+        """,
+    )
+    assert "opened []" in out and "sys False" in out, out
+
+
+@needs_bwrap
+def test_the_thread_limit_holds(bwrap):
+    out = program(
+        bwrap,
+        """
+        import threading, time
+        threading.stack_size(1 << 16)  # small stacks: the address-space limit is not what stops them
+        started = 0
+        try:
+            for _ in range({many}):
+                threading.Thread(target=time.sleep, args=(2,), daemon=True).start()
+                started += 1
+        except RuntimeError as exc:
+            print("refused:", exc)
+        print("started", started)
+        """,
+        many=4 * LIMITS.max_threads,
+    )
+    assert "refused" in out and int(out.split("started ")[1].split()[0]) < LIMITS.max_threads, out
+
+
 # ----- processes ---------------------------------------------------------------------------------------------
 @needs_bwrap
 def test_no_process_starts_even_with_the_audit_hook_switched_off(bwrap, tmp_path):

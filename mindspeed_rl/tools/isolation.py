@@ -3,16 +3,27 @@ child process of the driver (``tool_isolation: none``, or tools that run no mode
 bubblewrap cannot run).
 
 bubblewrap (https://github.com/containers/bubblewrap, Debian/Ubuntu/openEuler package ``bubblewrap``) starts
-the call's process in new user, mount, PID, IPC, network, UTS and (where the kernel has them) cgroup
-namespaces, with no capabilities, no new privileges, as ``nobody``, unable to create further user namespaces,
-in a session of its own, killed with the driver. Its file system is built from nothing:
+the call's process in new mount, PID, IPC, network, UTS and (where the kernel has them) cgroup namespaces, with
+no capabilities, no new privileges, in a session of its own, killed with the driver, and never as host root:
+
+- a driver that is not root runs bubblewrap unprivileged: a new user namespace maps the sandbox's ``nobody``
+  to the driver's own (non-root) uid, and the sandbox cannot create further user namespaces;
+- a driver that runs as root (as training containers do) would make that mapping ``nobody -> host root``,
+  and the kernel lets host root write ``/proc/sys`` without any capability and exempts it from RLIMIT_NPROC.
+  So bubblewrap builds the namespaces with root's rights and ``setpriv`` then drops the call's process to a
+  uid and gid of its own (``call_uid``: unique per running call, in a range no account uses) with no
+  supplementary groups, no capabilities in any set and no_new_privs, before the interpreter starts.
+
+Its file system is built from nothing:
 
     /usr, /lib*, /bin, /sbin, /etc/ld.so.cache    read-only (the system's libraries)
     the interpreter's prefix and virtualenv       read-only (Python and its installed packages)
     /sandbox/code/<package>                       read-only: mindspeed_rl/tools, utils/plugins.py, the tools' packages
     /scratch (the working folder, HOME, TMPDIR)   writable, a RAM file system of ``scratch_mb``
     /proc (its own PIDs), /dev (null, zero, urandom, ...)
-    everything else, / included                   read-only and empty
+    /proc/sys and the procfs folders that set host state (fs, irq, bus, ...)   empty and read-only
+    /proc/sysrq-trigger and the kernel's other global files (keys, kmsg, ...)  read-only, empty (/dev/null)
+    /sys and everything else, / included          absent, read-only and empty
 
 so the driver's files, checkpoints, data, home, ``sys.path`` folders and other users' files do not exist for
 it, and the network is only a loopback that is down. When the call ends its PID namespace ends with it: every
@@ -22,6 +33,7 @@ process it started dies.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import shutil
 import subprocess
@@ -35,8 +47,8 @@ SCRATCH = "/scratch"
 NOBODY = 65534
 INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; RHEL/openEuler: dnf install bubblewrap; "
-    "scripts/install.sh does it when run as root) and allow unprivileged user namespaces "
-    "(sysctl kernel.unprivileged_userns_clone=1 where the kernel has that switch)"
+    "scripts/install.sh does it when run as root); a root driver also needs setpriv (util-linux), others "
+    "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 where the kernel has that switch)"
 )
 
 
@@ -101,49 +113,114 @@ def code_mounts(functions: Iterable[str]) -> Dict[str, str]:
     return mounts
 
 
-def _system_mounts() -> List[str]:
+# procfs entries that set (or reveal) host-wide kernel state: each one the host's kernel has is covered inside
+_PROC_FOLDERS = ("sys", "fs", "irq", "bus", "acpi", "scsi", "asound", "driver")  # an empty read-only folder
+_PROC_FILES = (  # /dev/null, read-only
+    "sysrq-trigger",
+    "kcore",
+    "kmsg",
+    "keys",
+    "key-users",
+    "kallsyms",
+    "kpagecount",
+    "kpageflags",
+    "kpagecgroup",
+    "timer_list",
+    "sched_debug",
+    "latency_stats",
+    "mtrr",
+)
+UID_BASE = 1 << 30  # the host uids of a root driver's calls: [2^30, 2^30 + 2^28), a range no account uses
+_CALLS = itertools.count()
+
+
+def as_root() -> bool:
+    """Whether the driver runs as root, so that the call's process must be dropped to another uid."""
+    return os.geteuid() == 0
+
+
+def call_uid() -> int:
+    """The host uid and gid of one call of a root driver: the driver's pid and a per-process counter make it
+    unique among the calls running in one PID namespace, so that RLIMIT_NPROC counts the call's own threads."""
+    return UID_BASE + (os.getpid() << 6) + next(_CALLS) % 64
+
+
+def drop_privileges(argv: List[str]) -> List[str]:
+    """``argv`` as the sandbox runs it: under a root driver ``setpriv`` first drops to ``call_uid()`` (no
+    supplementary groups, every capability set emptied, no_new_privs), so the interpreter never runs as root."""
+    if not as_root():
+        return argv
+    uid = str(call_uid())
+    setpriv = ["setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--inh-caps=-all"]
+    return setpriv + ["--bounding-set=-all", "--no-new-privs", "--", *argv]
+
+
+def _bind(source: str, target: str, made: set, how: str = "--ro-bind") -> List[str]:
+    """A read-only bind of ``source`` on ``target``, after the target's missing parents as 0755 folders (a root
+    bubblewrap makes them 0700, which the unprivileged call could not cross)."""
+    args: List[str] = []
+    parent = os.path.dirname(target)
+    parents = []
+    while parent not in ("/", "") and parent not in made:
+        parents.append(parent)
+        parent = os.path.dirname(parent)
+    for folder in reversed(parents):
+        made.add(folder)
+        args += ["--perms", "0755", "--dir", folder]
+    return args + [how, source, target]
+
+
+def _system_mounts(made: set) -> List[str]:
     args = ["--ro-bind", "/usr", "/usr"]
     for path in ("/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin"):
         if os.path.islink(path):
             args += ["--symlink", os.readlink(path), path]
         elif os.path.isdir(path):
             args += ["--ro-bind", path, path]
-    args += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache"]
+    args += _bind("/etc/ld.so.cache", "/etc/ld.so.cache", made, "--ro-bind-try")
     for folder in _interpreter_dirs():
-        args += ["--ro-bind", folder, folder]
+        args += _bind(folder, folder, made)
     return args
 
 
-def bwrap_command(mounts: Dict[str, str], env: Dict[str, str], scratch_mb: int, argv: List[str]) -> List[str]:
-    """The bubblewrap command line that runs ``argv`` isolated (module docstring)."""
+def _proc_covers() -> List[str]:
+    args: List[str] = []
+    for name in _PROC_FOLDERS:
+        if os.path.isdir(f"/proc/{name}"):
+            args += ["--tmpfs", f"/proc/{name}", "--remount-ro", f"/proc/{name}"]
+    for name in _PROC_FILES:
+        if os.path.lexists(f"/proc/{name}"):
+            args += ["--ro-bind", "/dev/null", f"/proc/{name}"]
+    return args
+
+
+def bwrap_prefix(mounts: Dict[str, str], env: Dict[str, str], scratch_mb: int) -> List[str]:
+    """The bubblewrap command line up to ``--`` (module docstring); ``drop_privileges(argv)`` follows it."""
+    if as_root():  # bubblewrap keeps root's rights to build the namespaces; setpriv drops them after
+        user = ["--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+    else:
+        user = ["--unshare-user", "--disable-userns", "--cap-drop", "ALL", "--uid", str(NOBODY), "--gid", str(NOBODY)]
+    made: set = set()
     args = [
         shutil.which("bwrap") or "bwrap",
-        "--unshare-user",
-        "--unshare-ipc",
-        "--unshare-pid",
-        "--unshare-net",
-        "--unshare-uts",
-        "--unshare-cgroup-try",
-        "--disable-userns",
-        "--die-with-parent",
-        "--new-session",
-        "--cap-drop",
-        "ALL",
-        "--uid",
-        str(NOBODY),
-        "--gid",
-        str(NOBODY),
-        "--hostname",
-        "tool",
-        *_system_mounts(),
+        *("--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"),
+        *("--die-with-parent", "--new-session", "--hostname", "tool"),
+        *user,
+        *_system_mounts(made),
     ]
     for source, target in sorted(mounts.items(), key=lambda item: item[1]):
-        args += ["--ro-bind", source, target]
-    args += ["--proc", "/proc", "--dev", "/dev", "--size", str(scratch_mb << 20), "--tmpfs", SCRATCH]
+        args += _bind(source, target, made)
+    args += ["--proc", "/proc", *_proc_covers(), "--dev", "/dev"]
+    args += ["--perms", "0777", "--size", str(scratch_mb << 20), "--tmpfs", SCRATCH]
     args += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", SCRATCH, "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
-    return args + ["--"] + argv
+    return args + ["--"]
+
+
+def bwrap_command(mounts: Dict[str, str], env: Dict[str, str], scratch_mb: int, argv: List[str]) -> List[str]:
+    """The whole command line that runs ``argv`` isolated."""
+    return bwrap_prefix(mounts, env, scratch_mb) + drop_privileges(argv)
 
 
 @lru_cache(maxsize=1)
@@ -152,9 +229,11 @@ def bwrap_unavailable() -> str:
     call would run it, on an interpreter that does nothing."""
     if shutil.which("bwrap") is None:
         return "bubblewrap (bwrap) is not installed"
+    if as_root() and not os.path.realpath(shutil.which("setpriv") or "/nonexistent").startswith("/usr/"):
+        return "setpriv (util-linux) is not installed in /usr: it drops a root driver's tool calls to another uid"
     command = bwrap_command(code_mounts(()), {"LANG": "C.UTF-8"}, 1, [sys.executable, "-S", "-c", "pass"])
     try:
-        done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+        done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, cwd="/")
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"bwrap did not run ({exc})"
     if done.returncode != 0:

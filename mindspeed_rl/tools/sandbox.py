@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .isolation import CODE_ROOT, SCRATCH, bwrap_command, code_mounts, require
+from .isolation import CODE_ROOT, SCRATCH, bwrap_prefix, code_mounts, drop_privileges, require
 from .tool_process import HEADER_MAX, STATUSES, frame_length
 
 CHILD = "import sys; from mindspeed_rl.tools.tool_process import main; sys.exit(main())"
@@ -70,7 +70,7 @@ class Sandbox:
         self.limits, self.isolation, self.scratch_root = limits, isolation, scratch_root
         if scratch_root:
             os.makedirs(scratch_root, exist_ok=True)
-        self._commands: Dict[str, Tuple[List[str], Dict[str, str]]] = {}  # per function, under bwrap
+        self._prefixes: Dict[str, List[str]] = {}  # the bubblewrap part of the command line, per function
 
     def _command(self, function: str, scratch: str) -> Tuple[List[str], Dict[str, str]]:
         """(argv, environment) of the call's process."""
@@ -87,10 +87,10 @@ class Sandbox:
             env["PATH"] = os.environ.get("PATH", "/usr/bin:/bin")
             env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
             return argv, env
-        if function not in self._commands:  # the same for every call of the function: built once
+        if function not in self._prefixes:  # the same for every call of the function: built once
             env.update(PATH="/usr/bin:/bin", PYTHONPATH=CODE_ROOT)
-            self._commands[function] = bwrap_command(code_mounts([function]), env, self.limits.scratch_mb, argv), {}
-        return self._commands[function]
+            self._prefixes[function] = bwrap_prefix(code_mounts([function]), env, self.limits.scratch_mb)
+        return self._prefixes[function] + drop_privileges(argv), {}  # a root driver's call: a uid of its own
 
     def run(self, function: str, arguments: Dict[str, Any]) -> ToolResult:
         isolated = self.isolation == "bwrap"
@@ -113,7 +113,7 @@ class Sandbox:
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
-                    cwd=None if isolated else scratch,
+                    cwd="/" if isolated else scratch,
                     env=env,
                     start_new_session=True,
                 )

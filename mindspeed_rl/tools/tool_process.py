@@ -125,7 +125,7 @@ def _set_limits(limits: Dict[str, Any], isolated: bool) -> None:
         (resource.RLIMIT_NOFILE, (limits["max_open_files"],) * 2),
         (resource.RLIMIT_CORE, (0, 0)),
     ]
-    if isolated:  # counted per user namespace there; outside one it would count every process of the user
+    if isolated:  # counted per uid and user namespace: the call's own there; unisolated, every process of the user
         wanted.append((resource.RLIMIT_NPROC, (limits["max_threads"],) * 2))
     for which, value in wanted:
         resource.setrlimit(which, value)
