@@ -47,6 +47,8 @@ class Judge(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         text = body["messages"][0]["content"]
+        if "ENDLESS" in text or "HUGE" in text:
+            return self._flood(declared="HUGE" in text)
         busy = "BUSY" in text  # counted in flight (the slow test's requests may still sleep here)
         with Judge.lock:
             Judge.calls[text] = Judge.calls.get(text, 0) + 1
@@ -62,6 +64,8 @@ class Judge(BaseHTTPRequestHandler):
             if "GARBAGE" in text:
                 return self._send(200, b"<html>not json</html>")
             content = "I cannot tell." if "NOSCORE" in text else "Checked the sum.\nScore: 8"
+            if "SPACES" in text:  # the quadratic case of the old pattern: 9 s for 20,000 spaces
+                content = "Score:" + " " * 60000 + "x"
             reply = {"id": "1", "object": "chat.completion", "created": 0, "model": body["model"],
                      "choices": [{"index": 0, "finish_reason": "stop",
                                   "message": {"role": "assistant", "content": content}}]}  # fmt: skip
@@ -69,6 +73,23 @@ class Judge(BaseHTTPRequestHandler):
         finally:
             with Judge.lock:
                 Judge.in_flight -= busy
+
+    def _flood(self, declared: bool):
+        """A body that never ends (chunked), or one of 50 MB announced by its Content-Length; at most 20 s, so the
+        server stops by itself."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header(*(("Content-Length", str(50 << 20)) if declared else ("Transfer-Encoding", "chunked")))
+        self.end_headers()
+        end = time.monotonic() + 20
+        try:
+            for i in range(800):
+                if time.monotonic() > end:
+                    break
+                chunk = b'{"choices": [{"message": {"content": "' if i == 0 else b"x" * (64 << 10)
+                self.wfile.write(chunk if declared else b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        except OSError:  # the client stopped reading: what it should do
+            pass
 
     def _send(self, code, payload):
         self.send_response(code)
@@ -78,9 +99,16 @@ class Judge(BaseHTTPRequestHandler):
         self.wfile.write(payload)
 
 
+class QuietServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):  # a client that stopped reading (the cap): nothing to say
+        pass
+
+
 @pytest.fixture(scope="module")
 def server():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Judge)
+    httpd = QuietServer(("127.0.0.1", 0), Judge)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
@@ -107,6 +135,53 @@ def test_a_calls_deadline_fails_what_is_unfinished_and_keeps_what_is_done(server
     assert time.perf_counter() - start < 2.5  # not the slow request's 3 s, nor its 10 s timeout
     assert [v.failure for v in verdicts] == [None, "request_failed", "request_failed"]  # one at a time
     assert verdicts[0].score == 0.8 and metrics["judge/request_failures"] == 2
+
+
+def test_parsing_takes_linear_time_and_a_users_pattern_a_bounded_one():
+    for spaces in (20000, 60000):  # 9 s and ~80 s with the old pattern
+        start = time.perf_counter()
+        assert parse_score("Score:" + " " * spaces + "x") == (None, "no_score")
+        assert parse_score("Score:" + " " * (spaces // 10) + "7") == (0.7, None)
+        assert time.perf_counter() - start < 0.1
+    start = time.perf_counter()  # a user's pattern that backtracks exponentially gives up at its time limit
+    assert parse_score("x" * 5000, pattern=r"(x+x+)+y(\d)") == (None, "parse_timeout")
+    assert parse_score("x" * 5000, pattern=r"(x+x+)+y(\d)", seconds=0.05) == (None, "parse_timeout")
+    assert time.perf_counter() - start < 1.5
+    assert parse_score("Score: 3" + "." * 20000) == (None, "no_score")  # only the answer's end is searched
+
+
+def test_answers_of_spaces_are_parsed_within_the_calls_deadline(server):
+    judge = HttpJudge(server, "judge", template="{response}", concurrency=4, timeout=5, retries=0, deadline=8.0)
+    start = time.perf_counter()  # four such answers took 349 s against this deadline
+    verdicts, metrics = judge.grade(["q"] * 4, [f"SPACES {i}" for i in range(4)], [""] * 4)
+    assert time.perf_counter() - start < 3
+    assert [v.failure for v in verdicts] == ["no_score"] * 4 and metrics["judge/parse_failures"] == 4
+    slow = HttpJudge(server, "judge", template="{response}", score_pattern=r"(x+x+)+y(\d)", deadline=0.3)
+    start = time.perf_counter()  # a slow pattern cannot outlast the deadline either
+    verdicts, _ = slow.grade(["q"] * 4, [f"SPACES {i}" for i in range(4)], [""] * 4)
+    assert time.perf_counter() - start < 1.5
+
+
+@pytest.mark.parametrize("kind", ["ENDLESS", "HUGE"])
+def test_an_endless_or_huge_answer_is_read_up_to_the_cap_and_counted(server, kind):
+    import tracemalloc
+
+    judge = HttpJudge(server, "judge", template="{response}", timeout=5, retries=2, deadline=30)
+    assert judge.max_response_bytes == 16 * 512 + (64 << 10)
+    judge.grade(["q"], ["GOOD"], [""])  # the client's modules imported before memory is traced
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        verdicts, metrics = judge.grade(["q"] * 2, [kind, "GOOD"], [""] * 2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert time.perf_counter() - start < 5  # an endless body grew the driver by 5.5 GB in 30 s before
+    assert peak < 16 << 20, peak  # was 586 MB for a 50 MB body
+    assert [v.failure for v in verdicts] == ["oversized", None] and verdicts[1].score == 0.8
+    assert metrics["judge/request_failures"] == 1
+    tight = HttpJudge(server, "judge", template="{response}", max_response_bytes=100)
+    assert [v.failure for v in tight.grade(["q"], ["GOOD"], [""])[0]] == ["oversized"]  # the cap is the key's
 
 
 def test_a_judge_that_is_down_fails_fast_and_concurrency_is_bounded(server):

@@ -11,7 +11,9 @@ ENGINE_KEYS = (
     "load", "tokenizer_name_or_path", "infer_tensor_parallel_size", "dtype", "max_model_len", "max_num_seqs",
     "max_num_batched_tokens", "gpu_memory_utilization", "enforce_eager",
 )  # fmt: skip
-HTTP_KEYS = ("base_url", "model_name", "concurrency", "timeout", "retries", "deadline", "api_key_env")
+HTTP_KEYS = (
+    "base_url", "model_name", "concurrency", "timeout", "retries", "deadline", "api_key_env", "max_response_bytes",
+)  # fmt: skip
 
 
 @dataclass
@@ -87,6 +89,12 @@ class JudgeConfig:
     )
     api_key_env: str = opt(
         "OPENAI_API_KEY", "http: environment variable holding the API key (a local server takes any)."
+    )
+    max_response_bytes: Optional[int] = opt(
+        None,
+        "http: most bytes read of one answer (streamed; a longer one fails, counted in judge/request_failures). "
+        "None: 16 bytes per max_tokens + 64 KiB.",
+        ge=1024,
     )
 
     def validate(self, given: Optional[Set[str]] = None) -> None:

@@ -5,6 +5,11 @@ answer. A failed request (down, slow, an HTTP error after the retries) or an ans
     judge prompt = template.format(prompt=..., response=..., label=...)
     score = (s - score_min) / (score_max - score_min)  in [0, 1],  s = the last number after "Score:" (or \\boxed{})
 
+Nothing a judge sends can stall or exhaust the driver: the score is looked for in the last ``PARSE_WINDOW``
+characters of an answer, the built-in patterns run in linear time, a user's ``score_pattern`` gets at most
+``PARSE_SECONDS`` (and no more than the call's deadline leaves), and an HTTP answer is read as a stream that
+stops at ``max_response_bytes``.
+
 Serving: :class:`HttpJudge` talks to any OpenAI-compatible endpoint (vLLM's server, a hosted API) with
 ``concurrency`` requests in flight; :class:`EngineJudge` asks the judge's own vLLM engines (workers/judge_worker.py).
 """
@@ -17,7 +22,9 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import regex  # re's twin with a time limit per search (a dependency of transformers)
 
 DEFAULT_TEMPLATE = (
     "You grade answers to questions.\n\n"
@@ -27,13 +34,26 @@ DEFAULT_TEMPLATE = (
     "Is the answer correct and well reasoned? Give a score from 0 (wrong) to 10 (correct). "
     "End your reply with a line 'Score: <number>'."
 )
-SCORE_PATTERN = r"score\s*[:=]\s*\**\s*(-?\d+(?:\.\d+)?)"
-BOXED = re.compile(r"\\boxed\{\s*(-?\d+(?:\.\d+)?)\s*\}")
+# one character class between "score:" and the number, not `\s*\**\s*`: that backtracked quadratically over a
+# run of spaces (9 s for 20,000)
+SCORE_PATTERN = r"score\s*[:=][\s*]*(-?\d+(?:\.\d+)?)"
+BOXED = r"\\boxed\{\s*(-?\d+(?:\.\d+)?)\s*\}"
+PARSE_WINDOW = 8192  # characters at the end of an answer searched for the score
+PARSE_SECONDS = 0.5  # the most one answer's search may take
 
 # why a response got on_failure instead of a parsed score
 REQUEST_FAILED = "request_failed"  # connection refused, timeout, HTTP error (after the retries)
 NO_SCORE = "no_score"  # the answer holds no score
 OUT_OF_RANGE = "out_of_range"  # a score outside [score_min, score_max]
+PARSE_TIMEOUT = "parse_timeout"  # the score_pattern's search took longer than it may
+OVERSIZED = "oversized"  # the endpoint's answer was longer than max_response_bytes (counted as a failed request)
+
+
+@dataclass(frozen=True)
+class Failed:
+    """An answer that did not come, and why (a serving way's ``_answers`` may return it instead of None)."""
+
+    why: str
 
 
 @dataclass
@@ -50,15 +70,26 @@ def render(template: str, prompt: str, response: str, label: str = "") -> str:
 
 
 def parse_score(
-    reply: str, score_min: float = 0.0, score_max: float = 10.0, pattern: str = SCORE_PATTERN
+    reply: str,
+    score_min: float = 0.0,
+    score_max: float = 10.0,
+    pattern: str = SCORE_PATTERN,
+    seconds: float = PARSE_SECONDS,
 ) -> Tuple[Optional[float], Optional[str]]:
-    """(score in [0, 1], None) from the last "Score: s" (case-insensitive; else the last \\boxed{s}) of
-    ``reply``, or (None, why)."""
-    found = [m.group(1) for m in re.finditer(pattern, reply, flags=re.IGNORECASE)] or BOXED.findall(reply)
+    """(score in [0, 1], None) from the last "Score: s" (case-insensitive; else the last \\boxed{s}) in the last
+    PARSE_WINDOW characters of ``reply``, or (None, why); the search gives up after ``seconds``."""
+    tail = reply[-PARSE_WINDOW:]
+    try:
+        found = regex.findall(pattern, tail, flags=regex.IGNORECASE, timeout=seconds) or regex.findall(
+            BOXED, tail, timeout=seconds
+        )
+    except TimeoutError:
+        return None, PARSE_TIMEOUT
     if not found:
         return None, NO_SCORE
+    last = found[-1]
     try:
-        value = float(found[-1])
+        value = float(last[0] if isinstance(last, tuple) else last)
     except ValueError:  # a score_pattern whose group caught something else
         return None, NO_SCORE
     if not math.isfinite(value) or not score_min <= value <= score_max:
@@ -80,36 +111,48 @@ class Judge:
         max_tokens: int = 512,
         temperature: float = 0.0,
         score_pattern: Optional[str] = None,
+        deadline: Optional[float] = None,
     ):
         self.template, self.score_min, self.score_max, self.on_failure = template, score_min, score_max, on_failure
         self.max_tokens, self.temperature = max_tokens, temperature
         self.score_pattern = score_pattern or SCORE_PATTERN
+        self.deadline = deadline  # seconds for one grade() call, answers and parsing together (None: no limit)
 
-    def _answers(self, texts: Sequence[str]) -> List[Optional[str]]:
+    def _answers(self, texts: Sequence[str]) -> "List[Optional[str | Failed]]":
         raise NotImplementedError
 
-    def verdict(self, reply: Optional[str]) -> Verdict:
-        if reply is None:
-            return Verdict(self.on_failure, "", REQUEST_FAILED)
-        score, why = parse_score(reply, self.score_min, self.score_max, self.score_pattern)
+    def _verdicts(self, texts: Sequence[str], until: Optional[float]) -> List[Verdict]:
+        """One verdict per judge prompt: the answers, then each parsed before ``until``."""
+        return [self.verdict(reply, until) for reply in self._answers(texts)]
+
+    def verdict(self, reply: "Optional[str | Failed]", until: Optional[float] = None) -> Verdict:
+        """The verdict on one answer (None: the request failed; OVERSIZED: the answer was too long), parsed
+        before the monotonic time ``until``."""
+        if reply is None or isinstance(reply, Failed):
+            return Verdict(self.on_failure, "", REQUEST_FAILED if reply is None else reply.why)
+        seconds = PARSE_SECONDS if until is None else min(PARSE_SECONDS, until - time.monotonic())
+        if seconds <= 0:
+            return Verdict(self.on_failure, reply, PARSE_TIMEOUT)
+        score, why = parse_score(reply, self.score_min, self.score_max, self.score_pattern, seconds)
         return Verdict(self.on_failure if score is None else score, reply, why)
 
     def grade(
         self, prompts: Sequence[str], responses: Sequence[str], labels: Sequence[str]
     ) -> Tuple[List[Verdict], Dict[str, float]]:
-        """Every response's verdict, and the metrics judge/score_mean, judge/request_failures,
-        judge/parse_failures (no score or out of range) and timing/judge."""
+        """Every response's verdict, and the metrics judge/score_mean, judge/request_failures (oversized answers
+        included), judge/parse_failures (no score, out of range, or the search out of time) and timing/judge."""
         start = time.perf_counter()
+        until = None if self.deadline is None else time.monotonic() + self.deadline
         texts = [render(self.template, p, r, lab) for p, r, lab in zip(prompts, responses, labels)]
-        verdicts = [self.verdict(reply) for reply in self._answers(texts)] if texts else []
+        verdicts = self._verdicts(texts, until) if texts else []
         failed = sum(v.failure is not None for v in verdicts)
         if verdicts and failed == len(verdicts):
             self.warn_all_failed(verdicts)
         scores = [v.score for v in verdicts]
         metrics = {
             "judge/score_mean": sum(scores) / len(scores) if scores else 0.0,
-            "judge/request_failures": float(sum(v.failure == REQUEST_FAILED for v in verdicts)),
-            "judge/parse_failures": float(sum(v.failure in (NO_SCORE, OUT_OF_RANGE) for v in verdicts)),
+            "judge/request_failures": float(sum(v.failure in (REQUEST_FAILED, OVERSIZED) for v in verdicts)),
+            "judge/parse_failures": float(sum(v.failure in (NO_SCORE, OUT_OF_RANGE, PARSE_TIMEOUT) for v in verdicts)),
             "timing/judge": time.perf_counter() - start,
         }
         return verdicts, metrics
@@ -132,12 +175,64 @@ class Judge:
         """Release what the serving way holds (nothing here)."""
 
 
+class ResponseTooLarge(Exception):
+    """The endpoint sent more than the judge reads of one answer."""
+
+
+def _too_large(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from: the client wraps transport errors) is ResponseTooLarge."""
+    seen: Optional[BaseException] = exc
+    for _ in range(8):
+        if seen is None or isinstance(seen, ResponseTooLarge):
+            return seen is not None
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def capped_transport(cap: int) -> Any:
+    """An httpx transport whose response bodies raise ResponseTooLarge once more than ``cap`` bytes arrived (a
+    declared Content-Length over the cap before any byte is read): an endless or huge body costs ``cap``."""
+    import httpx
+
+    class CappedStream(httpx.AsyncByteStream):
+        def __init__(self, inner: Any):
+            self.inner = inner
+
+        async def __aiter__(self):
+            read = 0
+            async for chunk in self.inner:
+                read += len(chunk)
+                if read > cap:
+                    raise ResponseTooLarge(f"more than {cap} bytes")
+                yield chunk
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    class CappedTransport(httpx.AsyncHTTPTransport):
+        async def handle_async_request(self, request: Any) -> Any:
+            response = await super().handle_async_request(request)
+            if int(response.headers.get("content-length") or 0) > cap:
+                await response.aclose()
+                raise ResponseTooLarge(f"Content-Length over {cap} bytes")
+            return httpx.Response(
+                response.status_code,
+                headers=response.headers,
+                stream=CappedStream(response.stream),
+                extensions=response.extensions,
+                request=request,
+            )
+
+    return CappedTransport()
+
+
 class HttpJudge(Judge):
     """An OpenAI-compatible endpoint as the judge: ``base_url`` (…/v1), ``model``, ``api`` chat (the server applies
     the model's chat template) or completions (the text as it is), at most ``concurrency`` requests in flight,
     each given ``timeout`` seconds and ``retries`` more tries, all of one call given ``deadline`` seconds (a hung
-    server would otherwise cost timeout x (retries + 1) per wave of requests); the API key from the environment variable
-    ``api_key_env`` (a local server takes any)."""
+    server would otherwise cost timeout x (retries + 1) per wave of requests); at most ``max_response_bytes`` of
+    each answer is read (None: 16 bytes per max_tokens + 64 KiB of JSON around them), a longer one is a failed
+    request; the API key from the environment variable ``api_key_env`` (a local server takes any)."""
 
     def __init__(
         self,
@@ -156,14 +251,19 @@ class HttpJudge(Judge):
         temperature: float = 0.0,
         score_pattern: Optional[str] = None,
         deadline: Optional[float] = None,
+        max_response_bytes: Optional[int] = None,
     ):
-        super().__init__(template, score_min, score_max, on_failure, max_tokens, temperature, score_pattern)
-        self.deadline = deadline
+        super().__init__(template, score_min, score_max, on_failure, max_tokens, temperature, score_pattern, deadline)
         self.base_url, self.model, self.api = base_url, model, api
         self.concurrency, self.timeout, self.retries = concurrency, timeout, retries
+        self.max_response_bytes = max_response_bytes or default_response_bytes(max_tokens)
         self.api_key = os.environ.get(api_key_env) or "EMPTY"
 
-    async def _ask(self, client, gate: asyncio.Semaphore, text: str) -> Optional[str]:
+    async def _ask(self, client, gate: asyncio.Semaphore, text: str, until: Optional[float]) -> Verdict:
+        """The verdict on one prompt, parsed as soon as its answer is in (so within the call's deadline)."""
+        return self.verdict(await self._answer(client, gate, text), until)
+
+    async def _answer(self, client, gate: asyncio.Semaphore, text: str) -> "Optional[str | Failed]":
         async with gate:
             try:
                 if self.api == "completions":
@@ -178,29 +278,41 @@ class HttpJudge(Judge):
                     max_tokens=self.max_tokens,
                 )
                 return reply.choices[0].message.content or ""
-            except Exception:  # the endpoint's failures of every kind (openai's, httpx's, a malformed body)
-                return None
+            except Exception as exc:  # the endpoint's failures of every kind (openai's, httpx's, a malformed body)
+                return Failed(OVERSIZED) if _too_large(exc) else None
 
-    async def _ask_all(self, texts: Sequence[str]) -> List[Optional[str]]:
+    async def _ask_all(self, texts: Sequence[str], until: Optional[float]) -> List[Verdict]:
+        import httpx
         from openai import AsyncOpenAI
 
         client = AsyncOpenAI(
-            base_url=self.base_url, api_key=self.api_key, timeout=self.timeout, max_retries=self.retries
+            base_url=self.base_url,
+            api_key=self.api_key,
+            timeout=self.timeout,
+            max_retries=self.retries,
+            http_client=httpx.AsyncClient(transport=capped_transport(self.max_response_bytes), timeout=self.timeout),
         )
         gate = asyncio.Semaphore(self.concurrency)
-        tasks = [asyncio.ensure_future(self._ask(client, gate, t)) for t in texts]
+        tasks = [asyncio.ensure_future(self._ask(client, gate, t, until)) for t in texts]
         try:
-            await asyncio.wait(tasks, timeout=self.deadline)
+            await asyncio.wait(tasks, timeout=None if until is None else max(0.0, until - time.monotonic()))
             for task in tasks:  # past the call's deadline: failed requests (counted), the batch goes on
                 if not task.done():
                     task.cancel()
-            return [task.result() if task.done() and not task.cancelled() else None for task in tasks]
+            late = Verdict(self.on_failure, "", REQUEST_FAILED)
+            return [task.result() if task.done() and not task.cancelled() else late for task in tasks]
         finally:
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.close()
 
-    def _answers(self, texts: Sequence[str]) -> List[Optional[str]]:
-        return asyncio.run(self._ask_all(texts))
+    def _verdicts(self, texts: Sequence[str], until: Optional[float]) -> List[Verdict]:
+        return asyncio.run(self._ask_all(texts, until))
+
+
+def default_response_bytes(max_tokens: int) -> int:
+    """What an answer of ``max_tokens`` tokens can take as an HTTP body: 16 bytes a token (a token is a few
+    characters, JSON escapes one up to six bytes each) plus 64 KiB for the JSON around it."""
+    return 16 * max_tokens + (64 << 10)
 
 
 class EngineJudge(Judge):
@@ -223,4 +335,15 @@ def load_template(template: Optional[str], template_file: Optional[str]) -> str:
     return template if template is not None else DEFAULT_TEMPLATE
 
 
-__all__ = ["DEFAULT_TEMPLATE", "EngineJudge", "HttpJudge", "Judge", "Verdict", "load_template", "parse_score", "render"]
+__all__ = [
+    "DEFAULT_TEMPLATE",
+    "EngineJudge",
+    "Failed",
+    "HttpJudge",
+    "Judge",
+    "Verdict",
+    "default_response_bytes",
+    "load_template",
+    "parse_score",
+    "render",
+]
