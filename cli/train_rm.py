@@ -17,6 +17,7 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
+from mindspeed_rl.accelerator.detect import forced_device_kind
 from mindspeed_rl.config_cls import missing_paths
 from mindspeed_rl.config_cls.loader import load_rm_config
 from mindspeed_rl.config_cls.rm_config import rm_plan
@@ -34,6 +35,7 @@ def run_main(argv: Optional[Sequence[str]]) -> int:
     args = parse_run_args(argv, __doc__)
     cfg = load_rm_config(args.config_name, args.overrides, args.config_dir)
     check_model_family(cfg.reward.model, f"model.{cfg.reward.megatron.model}")
+    forced_device_kind()  # MINDSPEED_RL_DEVICE names a kind (its device is checked when the run starts)
     print(rm_plan(cfg), flush=True)
     if validated_only(cfg.dry_run, args.check, missing_paths(cfg)):
         return 0

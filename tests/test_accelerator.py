@@ -298,7 +298,7 @@ def test_device_kinds_answer_without_their_device(monkeypatch):
         masked_softmax_fusion=True,
         ring_attention=True,
     )
-    with pytest.raises(detect.DeviceUnavailable, match="unknown device kind"):
+    with pytest.raises(detect.DeviceUnavailable, match="is not a device kind"):
         accelerator.accelerator_class("tpu")
 
 
@@ -377,3 +377,35 @@ def test_rendezvous_ports_are_picked_below_the_ephemeral_range():
     ports = [free_port() for _ in range(20)] + [free_port("")]
     if low > FIXED_PORTS.start:
         assert all(FIXED_PORTS.start <= p < low for p in ports), ports
+
+
+def test_a_forced_device_that_cannot_run_is_one_line_and_exit_2_in_the_entry_points(
+    monkeypatch, capsys, demo_assets, tmp_path
+):
+    """MINDSPEED_RL_DEVICE that names no kind is refused by dry_run (before any heavy import); one whose device is
+    missing here stops a real run, cli/train_rm.py and cli/check_env.py with one line (exit 2, no traceback)."""
+    from cli import check_env, train_ppo, train_rm
+    from mindspeed_rl.accelerator import reset_accelerator
+
+    monkeypatch.setitem(sys.modules, "torch_npu", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    paths = [
+        f"megatron_training.tokenizer_name_or_path={demo_assets['tokenizer']}",
+        f"megatron_training.data_path={demo_assets['data_prefix']}",
+        f"megatron_training.test_data_path={demo_assets['test_prefix']}",
+        f"rl_config.log_dir={tmp_path}/logs",
+        f"actor_config.save={tmp_path}/ckpt",
+    ]
+    runs = [
+        ("tpu", train_ppo.main, ["--config-name", "ppo_tiny_cpu", "dry_run=true"], "'tpu' is not a device kind"),
+        ("tpu", train_rm.main, ["--config-name", "rm_tiny_cpu", "dry_run=true"], "'tpu' is not a device kind"),
+        ("cuda", train_ppo.main, ["--config-name", "ppo_tiny_cpu", *paths], "cuda, but torch.cuda"),
+        ("npu", check_env.main, ["--steps", "versions"], "npu, but torch_npu is not importable"),
+    ]
+    for kind, main, argv, said in runs:
+        reset_accelerator()
+        monkeypatch.setenv(detect.ENV_VAR, kind)
+        assert main(argv) == 2, (kind, argv)
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and detect.ENV_VAR in err and said in err and "Traceback" not in err, err
+    reset_accelerator()

@@ -151,8 +151,40 @@ def test_a_lock_file_that_cannot_be_judged_is_refused_naming_its_path(tmp_path, 
 
 def test_a_folder_in_place_of_the_lock_file_is_refused_naming_its_path(tmp_path):
     (tmp_path / LOCK_NAME).mkdir()
-    with pytest.raises(FolderLocked, match=f"the run lock {tmp_path}/{LOCK_NAME} cannot be judged: it cannot be read"):
+    with pytest.raises(FolderLocked, match=f"the run lock {tmp_path}/{LOCK_NAME} cannot be judged: it is a folder"):
         RunLock([(KEY, str(tmp_path))]).acquire()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "socket", "device"])
+def test_a_lock_that_is_not_a_regular_file_is_refused_without_being_opened(tmp_path, kind):
+    """A FIFO blocked the start forever (its read waits for a writer); a device may act when opened."""
+    import socket as sockets
+    import threading
+
+    path = tmp_path / LOCK_NAME
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "socket":
+        server = sockets.socket(sockets.AF_UNIX)
+        server.bind(str(path))
+    else:
+        os.symlink("/dev/zero", path)  # endless bytes once opened and read
+    done = {}
+    worker = threading.Thread(target=lambda: done.update(error=_refusal(tmp_path)), daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "the start blocked on the lock file"
+    what = {"fifo": "a FIFO", "socket": "a socket", "device": "a character device"}[kind]
+    assert f"the run lock {path} cannot be judged: it is {what}, not a regular file" in done["error"], done
+    assert os.path.lexists(path)  # left as it was
+
+
+def _refusal(folder) -> str:
+    try:
+        RunLock([(KEY, str(folder))]).acquire()
+    except FolderLocked as exc:
+        return str(exc)
+    return "acquired"
 
 
 def test_release_removes_only_its_own_lock(tmp_path):

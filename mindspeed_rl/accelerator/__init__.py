@@ -11,12 +11,23 @@ Code outside this package asks the accelerator instead of comparing ``kind`` (te
 
 from __future__ import annotations
 
-from typing import Optional, Type
+from typing import TYPE_CHECKING, Any, Optional, Type
 
-from .base import Accelerator
-from .detect import ENV_VAR, KINDS, DeviceUnavailable, detect_device_kind
+from .detect import ENV_VAR, KINDS, DeviceUnavailable, detect_device_kind, forced_device_kind
 
-_ACCELERATOR: Optional[Accelerator] = None
+if TYPE_CHECKING:
+    from .base import Accelerator
+
+_ACCELERATOR: "Optional[Accelerator]" = None
+
+
+def __getattr__(name: str) -> Any:
+    """``Accelerator`` imported when asked for: the device-kind checks (``forced_device_kind``) need no torch."""
+    if name == "Accelerator":
+        from .base import Accelerator
+
+        return Accelerator
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def accelerator_class(kind: str) -> Type[Accelerator]:
@@ -33,7 +44,7 @@ def accelerator_class(kind: str) -> Type[Accelerator]:
         from .cpu import CpuAccelerator
 
         return CpuAccelerator
-    raise DeviceUnavailable(f"unknown device kind {kind!r}; expected one of {', '.join(KINDS)}")
+    raise DeviceUnavailable(f"{kind!r} is not a device kind: one of {', '.join(KINDS)}")
 
 
 def make_accelerator(kind: str) -> Accelerator:
@@ -60,6 +71,7 @@ __all__ = [
     "KINDS",
     "accelerator_class",
     "detect_device_kind",
+    "forced_device_kind",
     "get_accelerator",
     "make_accelerator",
     "reset_accelerator",

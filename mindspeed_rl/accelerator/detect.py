@@ -5,12 +5,26 @@ from __future__ import annotations
 import importlib
 import os
 
+from ..config_cls.base import ConfigError
+
 KINDS = ("npu", "cuda", "cpu")
 ENV_VAR = "MINDSPEED_RL_DEVICE"
 
 
-class DeviceUnavailable(RuntimeError):
-    """The device kind asked for (MINDSPEED_RL_DEVICE) is not usable in this process."""
+class DeviceUnavailable(ConfigError):
+    """The device kind asked for (MINDSPEED_RL_DEVICE) is unknown or not usable in this process: a user error
+    (one line naming the variable, exit 2 in every entry point)."""
+
+    def __init__(self, message: str):
+        super().__init__(ENV_VAR, message)
+
+
+def forced_device_kind() -> str:
+    """The kind MINDSPEED_RL_DEVICE asks for ('' when unset), refused when it names no kind: cheap, no import."""
+    forced = os.environ.get(ENV_VAR, "").strip().lower()
+    if forced and forced not in KINDS:
+        raise DeviceUnavailable(f"{forced!r} is not a device kind: one of {', '.join(KINDS)}")
+    return forced
 
 
 def npu_available() -> bool:
@@ -33,14 +47,12 @@ def cuda_available() -> bool:
 
 def detect_device_kind() -> str:
     """The device kind: MINDSPEED_RL_DEVICE if set (and usable), else the best one present."""
-    forced = os.environ.get(ENV_VAR, "").strip().lower()
+    forced = forced_device_kind()
     if forced:
-        if forced not in KINDS:
-            raise DeviceUnavailable(f"{ENV_VAR}={forced!r}: must be one of {', '.join(KINDS)}")
         if forced == "npu" and not npu_available():
-            raise DeviceUnavailable(f"{ENV_VAR}=npu but torch_npu is not importable or no NPU is visible")
+            raise DeviceUnavailable("npu, but torch_npu is not importable or no NPU is visible in this process")
         if forced == "cuda" and not cuda_available():
-            raise DeviceUnavailable(f"{ENV_VAR}=cuda but torch.cuda.is_available() is false")
+            raise DeviceUnavailable("cuda, but torch.cuda.is_available() is false in this process")
         return forced
     if npu_available():
         return "npu"

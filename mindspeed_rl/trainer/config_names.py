@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Dict, Mapping, Optional, Sequence
 
+from ..accelerator.detect import forced_device_kind
 from ..config_cls.base import ConfigError, closest_key
 from ..config_cls.dataset_config import DatasetConfig
 from ..config_cls.feature_rules import agent_rollout_function
@@ -26,6 +27,7 @@ def load_run_config(config_name: str, overrides: Sequence[str] = (), config_dir:
     """The run config loaded and checked (load_ppo_config), then its names resolved."""
     cfg = load_ppo_config(config_name, overrides, config_dir)
     check_run_names(cfg)
+    forced_device_kind()  # MINDSPEED_RL_DEVICE names a kind (its device is checked when the run starts)
     return cfg
 
 

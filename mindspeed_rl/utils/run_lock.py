@@ -16,6 +16,7 @@ import json
 import math
 import os
 import socket
+import stat
 import tempfile
 import time
 from typing import Dict, List, Sequence, Tuple
@@ -65,16 +66,47 @@ def parse_lock(raw: bytes) -> Dict:
     return holder
 
 
+_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+          stat.S_IFBLK: "a block device", stat.S_IFDIR: "a folder"}  # fmt: skip
+
+
+def _not_regular(mode: int) -> str:
+    """'' for a regular file, else what the file is ("it is a FIFO, not a regular file")."""
+    if stat.S_ISREG(mode):
+        return ""
+    return f"it is {_KINDS.get(stat.S_IFMT(mode), 'not a file')}, not a regular file"
+
+
+def _open_regular(path: str, flags: int) -> int:
+    """An fd on ``path`` only when it is a regular file: anything else (a FIFO whose read would block forever,
+    a socket, a device whose opening alone may act) is refused with LockUnreadable before it is opened, and
+    after (a file swapped in between). FileNotFoundError when there is none."""
+    why = _not_regular(os.stat(path).st_mode)
+    if why:
+        raise LockUnreadable(why)
+    fd = os.open(path, flags | os.O_NONBLOCK)
+    why = _not_regular(os.fstat(fd).st_mode)
+    if why:
+        os.close(fd)
+        raise LockUnreadable(why)
+    return fd
+
+
 def read_lock(path: str) -> Dict:
     """The holder of the lock file ``path``; FileNotFoundError when there is none, LockUnreadable when it
-    cannot be read or parsed."""
+    is not a regular file or cannot be read or parsed."""
     try:
-        with open(path, "rb") as fh:
-            return parse_lock(fh.read(MAX_LOCK_BYTES + 1))
+        fd = _open_regular(path, os.O_RDONLY)
     except FileNotFoundError:
         raise
     except OSError as exc:
         raise LockUnreadable(f"it cannot be read ({exc.strerror or exc})") from None
+    try:
+        return parse_lock(os.read(fd, MAX_LOCK_BYTES + 1))
+    except OSError as exc:
+        raise LockUnreadable(f"it cannot be read ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
 
 
 def holder_text(holder: Dict) -> str:
@@ -104,11 +136,12 @@ def _link_lock(folder: str, path: str, me: Dict) -> bool:
 
 
 def _open_lock(path: str) -> int:
-    """An fd on the lock file: read-write where allowed (NFS locks need it), else read-only."""
+    """An fd on the lock file, a regular file (LockUnreadable otherwise): read-write where allowed (NFS locks
+    need it), else read-only."""
     try:
-        return os.open(path, os.O_RDWR)
-    except (PermissionError, IsADirectoryError):
-        return os.open(path, os.O_RDONLY)
+        return _open_regular(path, os.O_RDWR)
+    except PermissionError:
+        return _open_regular(path, os.O_RDONLY)
 
 
 class RunLock:
@@ -150,15 +183,13 @@ class RunLock:
                 fd = _open_lock(path)
             except FileNotFoundError:
                 continue  # released meanwhile: try again
+            except (OSError, LockUnreadable) as exc:
+                raise FolderLocked(self._unjudged(key, folder, path, exc)) from None
             try:
                 try:
                     holder = parse_lock(os.read(fd, MAX_LOCK_BYTES + 1))
                 except (OSError, LockUnreadable) as exc:
-                    why = f"it cannot be read ({exc.strerror or exc})" if isinstance(exc, OSError) else str(exc)
-                    raise FolderLocked(
-                        f"{key}: the run lock {path} cannot be judged: {why}. Delete it once you are sure no "
-                        f"run uses {folder}"
-                    ) from None
+                    raise FolderLocked(self._unjudged(key, folder, path, exc)) from None
                 if holder["host"] != self.me["host"]:
                     raise FolderLocked(
                         f"{key}: {folder} is used by a run on another host ({holder_text(holder)}); "
@@ -174,6 +205,11 @@ class RunLock:
             finally:
                 os.close(fd)  # drops the flock _take_over may hold
         raise FolderLocked(f"{key}: could not lock {folder} (another run is starting there?)")
+
+    @staticmethod
+    def _unjudged(key: str, folder: str, path: str, exc: Exception) -> str:
+        why = f"it cannot be read ({exc.strerror or exc})" if isinstance(exc, OSError) else str(exc)
+        return f"{key}: the run lock {path} cannot be judged: {why}. Delete it once you are sure no run uses {folder}"
 
     def _take_over(self, key: str, folder: str, path: str, fd: int, holder: Dict) -> bool:
         """Replace the stale lock open as ``fd`` by this run's; False when someone else changed it first.
