@@ -199,6 +199,9 @@ def fake_checkpoint(folder, tracker="release", iteration_dir="release", truncate
         "folder_locked",
         "both_roles_other_tp",
         "recorded_reference_other_tp",
+        "resume_from_interrupted_save_only",
+        "resume_from_empty_folder",
+        "resume_from_missing_folder",
     ],
 )
 def test_preflight_names_the_path_in_seconds_without_starting_ray(assets, tmp_path, capsys, case, monkeypatch):
@@ -301,6 +304,21 @@ def test_preflight_names_the_path_in_seconds_without_starting_ray(assets, tmp_pa
             json.dumps({"pid": holder.pid, "host": __import__("socket").gethostname(), "started": time.time()})
         )
         extra, words = [], f"critic_config.save: {tmp_path}/ckpt/critic is used by a live run (pid {holder.pid}"
+    elif case.startswith("resume_from"):  # finetune false never silently becomes a new run
+        folder = tmp_path / "saves"
+        if case == "resume_from_interrupted_save_only":  # a first run stopped in its first save
+            ml.begin_save(str(folder), 2)
+            ml.write_rank(str(folder), 2, 0, 0, 1, {"model": {}, "iteration": 2})
+            (folder / "iter_0000002.tmp" / "mp_rank_00" / "model_optim_rng.pt.part").write_bytes(b"half")
+            found = "it holds only interrupted saves (iter_0000002.tmp), no completed one"
+        elif case == "resume_from_empty_folder":
+            folder.mkdir()
+            found = "it is empty"
+        else:
+            found = ""
+        extra = [f"actor_config.load={folder}", "actor_config.finetune=false"]
+        refused = f"actor_config.load: actor_config.finetune is false (resume), but {folder} holds no complete"
+        words = f"{refused} checkpoint: {found}. To resume" if found else f"folder '{folder}' does not exist, and"
     elif case == "weight_load_env":
         monkeypatch.setenv("MINDSPEED_RL_VLLM_WEIGHT_LOAD", "reload")
         words = "MINDSPEED_RL_VLLM_WEIGHT_LOAD='reload': expected one of auto, reload_weights, load_weights"

@@ -28,9 +28,11 @@ def missing_paths(cfg: "PPOConfig | RMConfig") -> List[ConfigError]:
             if m.test_data_path:
                 checks.append(("test_data_path", m.test_data_path, "dataset prefix"))
         for key, value, what in checks:
-            if key == "load" and value and not m.finetune and not os.path.exists(value):
-                continue  # resume from a folder that does not exist yet: fresh start, said in the log
             full = _role_key(role, key) if key in _explicit(cfg, role) else f"megatron_training.{key}"
+            if key == "load" and value and not m.finetune and not os.path.exists(value):
+                resume = "finetune false resumes from it (a new run: finetune true)"
+                problems.append(ConfigError(full, f"folder {value!r} does not exist, and {resume}"))
+                continue
             if (full, value) in seen:
                 continue
             seen.add((full, value))

@@ -71,15 +71,8 @@ def describe_placement(pg) -> str:
 
 
 def existing_checkpoint(megatron) -> "str | None":
-    """``load`` when it holds a checkpoint; a resume (finetune false) from an empty folder starts fresh."""
-    from ..checkpoint.megatron_layout import read_tracker
-
-    if not megatron.load:
-        return None
-    if not megatron.finetune and read_tracker(megatron.load) is None:
-        print(f"no checkpoint in {megatron.load} yet: starting from iteration 0", flush=True)
-        return None
-    return megatron.load
+    """``load``, or None without one (pre-flight refused a resume from a folder with no checkpoint)."""
+    return megatron.load or None
 
 
 def run(cfg: PPOConfig) -> int:

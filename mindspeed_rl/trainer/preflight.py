@@ -134,12 +134,37 @@ def check_optimizer_files(key: str, iter_dir: str, role: RoleConfig) -> None:
             )
 
 
+def found_instead(folder: str) -> str:
+    """What a ``load`` folder without a checkpoint holds, in words."""
+    if not os.path.isdir(folder):
+        return "it does not exist" if not os.path.exists(folder) else "it is not a folder"
+    names = sorted(os.listdir(folder))
+    interrupted = [n for n in names if n.endswith((".tmp", ".part"))]
+    if not names:
+        return "it is empty"
+    if interrupted:
+        return f"it holds only interrupted saves ({', '.join(interrupted[:3])}), no completed one"
+    return f"it holds no {ml.TRACKER} (found: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
+
+
+def check_resumable(section: str, load: str) -> None:
+    """finetune false resumes: ``load`` must hold a checkpoint. A run asked to resume never starts afresh."""
+    if ml.read_tracker_or_none(load) is None:
+        raise UserError(
+            f"{section}.load: {section}.finetune is false (resume), but {load} holds no complete checkpoint: "
+            f"{found_instead(load)}. To resume, point {section}.load at a save folder with {ml.TRACKER}; to "
+            f"start a new run, set {section}.finetune=true (load: the initial weights)"
+        )
+
+
 def check_role(role: RoleConfig, iteration: Optional[int] = None, trains: bool = True) -> None:
     """``iteration``: the one a resume loads (None: the tracker's); ``trains``: the role resumes its training
     state (the reward model only loads weights)."""
     m, section = role.megatron, f"{role.name}_config"
     if m.save:
         check_writable(f"{section}.save", m.save)
+    if m.load and not m.finetune:
+        check_resumable(section, m.load)
     if m.load and (m.finetune or ml.read_tracker_or_none(m.load) is not None):
         resuming = trains and not m.finetune
         iter_dir = check_checkpoint(
