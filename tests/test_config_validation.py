@@ -84,6 +84,15 @@ MALFORMED = [
         "rl_config.filter_groups_max_batches",
         "-1 means no limit",
     ),
+    (
+        [
+            "rl_config.filter_groups_enable=true",
+            "rl_config.filter_groups_max_batches=3",
+            "rl_config.filter_groups_train_batch_size=100000",
+        ],
+        "rl_config.filter_groups_train_batch_size",
+        "can never be filled: at most filter_groups_max_batches 3 x megatron_training.global_batch_size",
+    ),
     (["rl_config.test_freq=5"], "megatron_training.test_data_path", "required by rl_config.test_freq"),
     (["megatron_training.test_data_path=./test"], "rl_config.test_freq", "never be used"),
     (["rl_config.val_kwargs.n=0"], "rl_config.val_kwargs.n", ">= 1"),

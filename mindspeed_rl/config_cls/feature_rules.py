@@ -131,6 +131,14 @@ def check_dapo_keys(cfg: PPOConfig) -> None:
             )
         if rl.filter_groups_max_batches == 0:
             raise ConfigError("rl_config.filter_groups_max_batches", "0 would generate nothing; -1 means no limit")
+        wanted, batch = rl.filter_groups_train_batch_size, cfg.megatron_training.global_batch_size
+        if wanted and rl.filter_groups_max_batches > 0 and wanted > rl.filter_groups_max_batches * batch:
+            raise ConfigError(
+                "rl_config.filter_groups_train_batch_size",
+                f"{wanted} groups can never be filled: at most filter_groups_max_batches "
+                f"{rl.filter_groups_max_batches} x megatron_training.global_batch_size {batch} = "
+                f"{rl.filter_groups_max_batches * batch} groups are drawn per iteration",
+            )
         metric = filter_metric_name(rl)
         known = ["score"] + (list(rl.verifier_function) if rl.rule_reward else [])
         if metric not in known:

@@ -203,15 +203,19 @@ def placement_keys(cfg: PPOConfig) -> str:
     return keys
 
 
-def stop_all(workers: List, pg) -> None:
-    """Every worker group shut down and its processes killed now (not when the handles are collected)."""
+SHUTDOWN_GRACE_S = 5.0  # then workers still busy (starting up, stuck in a collective) are killed
+
+
+def stop_all(workers: List, pg, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    """Every worker group asked to shut down (all at once), and its processes killed now (not when the handles
+    are collected) or after ``grace_s``: a shutdown queues behind the call a worker is in, e.g. its start-up,
+    which a SIGTERM must not wait out."""
     import ray
 
+    asked = [ref for group in workers for ref in group.call_async("shutdown")]
+    if asked:
+        ray.wait(asked, num_returns=len(asked), timeout=grace_s)  # a dead worker's answer is its error: ready
     for group in workers:
-        try:
-            group.call("shutdown")
-        except ray.exceptions.RayActorError:
-            pass  # already dead: reported by the caller
         for handle in group.handles:
             ray.kill(handle, no_restart=True)
     if pg is not None:
