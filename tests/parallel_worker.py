@@ -482,7 +482,10 @@ def run_reward_worker(rank, world, spec, workdir, port):
 
     config = read_mg_config(os.path.join(workdir, "rm_mg"))[0]
     role = tiny_role("reward", model=ModelConfig(**config["model"]))
-    worker = RewardWorker(rank, world, "127.0.0.1", port, role, RLConfig(ref_forward_micro_batch_size=2), threads=1)
+    from mindspeed_rl.protocol import WorldSpec
+
+    where = WorldSpec(rank, world, "127.0.0.1", port, threads=1)
+    worker = RewardWorker(where, role, RLConfig(ref_forward_micro_batch_size=2))
     worker.init_weights(os.path.join(workdir, "rm_mg"))
     batch = torch.load(os.path.join(workdir, "batch.pt"))
     from mindspeed_rl.protocol import Experience

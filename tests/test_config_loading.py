@@ -9,8 +9,8 @@ import time
 import pytest
 
 from cli import preprocess_data, train_ppo
-from mindspeed_rl.config_cls.base import ConfigError, load_yaml
-from mindspeed_rl.config_cls.yaml_guard import MAX_ALIAS_NODES, MAX_BYTES, MAX_DEPTH, check_yaml_file
+from mindspeed_rl.config_cls.base import ConfigError
+from mindspeed_rl.config_cls.yaml_guard import MAX_ALIAS_NODES, MAX_BYTES, MAX_DEPTH, check_yaml_file, load_yaml
 from tests.conftest import PYTHON, ROOT
 
 CONFIGS = os.path.join(ROOT, "configs")
@@ -252,8 +252,8 @@ def test_the_preprocess_script_says_where_relative_paths_are_read_from(tmp_path)
 
 def test_an_interpolation_bomb_or_cycle_is_refused_naming_the_key_before_resolving(tmp_path, capsys):
     """Aliases' twin: each level of ${...} references multiplies the resolved size; refused in milliseconds."""
-    from mindspeed_rl.config_cls.base import ConfigError, load_yaml
-    from mindspeed_rl.config_cls.yaml_guard import check_interpolations
+    from mindspeed_rl.config_cls.base import ConfigError
+    from mindspeed_rl.config_cls.yaml_guard import check_interpolations, load_yaml
 
     refs = ['"${a%d}"' % (i - 1) for i in range(1, 9)]
     levels = ["a0: xxxxxxxxxx"] + [f"a{i}: [" + ", ".join([refs[i - 1]] * 9) + "]" for i in range(1, 9)]

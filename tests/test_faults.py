@@ -949,7 +949,7 @@ def test_sigterm_maps_to_143_whatever_ray_makes_of_the_interrupt(tmp_path, monke
     KeyboardInterrupt, and ray.init's own handler calls sys.exit(15): both still end as SIGTERM (143)."""
     import ray
 
-    from mindspeed_rl.trainer import launch
+    from mindspeed_rl.trainer import launch, ray_run
     from mindspeed_rl.utils.cli import Terminated, raise_terminated, report_user_errors, stop_on_sigterm
 
     def like_ray_get():
@@ -990,7 +990,7 @@ def test_sigterm_maps_to_143_whatever_ray_makes_of_the_interrupt(tmp_path, monke
     monkeypatch.setattr(ray, "init", init)
     with stop_on_sigterm():
         with pytest.raises(Terminated):
-            launch.init_ray({})
+            ray_run.init_ray({})
         assert signal.getsignal(signal.SIGTERM) is raise_terminated
 
 
@@ -1024,7 +1024,7 @@ def nap():
 def main(argv):
     import ray
     from mindspeed_rl.accelerator.cpu import CpuAccelerator
-    from mindspeed_rl.trainer.launch import init_ray
+    from mindspeed_rl.trainer.ray_run import init_ray
     from mindspeed_rl.workers.launcher import create_placement_group
 
     with stop_on_sigterm():

@@ -241,7 +241,9 @@ def judged_source(overlap, split=1, ds=False):
     source = make_source("tool_agent", ds=ds, split=split, service=SlowService())
     if ds:  # dynamic sampling on the judge's score: which groups it keeps, and so when to draw, wait on verdicts
         source.filter.metric = "score"
-    source.score, source.defer_judging = scorer, scorer.judge_overlap
+    from mindspeed_rl.rollout.scoring_stage import scoring_stage
+
+    source.scoring = scoring_stage(scorer, source.rows_of, overlap)
     return source, scorer
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import io
 import math
 import types
 import typing
@@ -176,31 +175,3 @@ def build_section(cls: type, data: Any, path: str, *, require: bool = True) -> A
     obj = cls(**values)
     obj._path = path
     return obj
-
-
-def load_yaml(path: str) -> Any:
-    """Read a YAML file the way Hydra does (OmegaConf's loader: '1e-6' is a float), after the checks of
-    ``yaml_guard.check_yaml_file`` (size, UTF-8, nesting, aliases) and ``check_interpolations``."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-    from yaml import YAMLError
-
-    from .yaml_guard import check_interpolations, check_yaml_file
-
-    stream = io.StringIO(check_yaml_file(path))
-    stream.name = path  # YAML error marks name the file
-    try:
-        conf = OmegaConf.load(stream)
-        check_interpolations(OmegaConf.to_container(conf, resolve=False), path)
-        return OmegaConf.to_container(conf, resolve=True)
-    except YAMLError as exc:
-        raise yaml_error(exc, path) from None
-    except OmegaConfBaseException as exc:
-        raise ConfigError(path, f"cannot resolve: {str(exc).splitlines()[0]}") from None
-
-
-def yaml_error(exc: Exception, path: str) -> ConfigError:
-    """A YAML syntax error as a ConfigError naming the file, line and column."""
-    mark = getattr(exc, "problem_mark", None)
-    where = f"{mark.name}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else path
-    return ConfigError(where, f"is not valid YAML: {getattr(exc, 'problem', None) or exc}")

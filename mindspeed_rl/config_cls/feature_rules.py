@@ -252,8 +252,10 @@ def check_batch_invariant_keys(cfg: PPOConfig) -> None:
             "vLLM's kernels are its own (rollout/logprob_diff_* and logprob_exact_share measure how close they get)",
         )
     if not cfg.rl.use_remove_padding:
-        raise ConfigError("rl_config.use_remove_padding", f"false {why}: the padded attention path is not batch-"
-                          "invariant; set it true (packed forwards)")  # fmt: skip
+        raise ConfigError(
+            "rl_config.use_remove_padding",
+            f"false {why}: the padded attention path is not batch-invariant; set it true (packed forwards)",
+        )
     for key, size in (
         ("tensor_model_parallel_size", actor.tp),
         ("context_parallel_size", actor.megatron.context_parallel_size),
@@ -265,9 +267,10 @@ def check_batch_invariant_keys(cfg: PPOConfig) -> None:
             )
     if actor.megatron.lora_r:
         raise ConfigError(
-            "actor_config.lora_r", f"{actor.megatron.lora_r} {why}: the rollout's merged weights round otherwise "
-            "than the adapters computed apart; use 0"
-        )  # fmt: skip
+            "actor_config.lora_r",
+            f"{actor.megatron.lora_r} {why}: the rollout's merged weights round otherwise "
+            "than the adapters computed apart; use 0",
+        )
 
 
 def check_distillation_keys(cfg: PPOConfig) -> None:

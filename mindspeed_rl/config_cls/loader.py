@@ -14,9 +14,9 @@ import contextlib
 import os
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from .base import ConfigError, yaml_error
+from .base import ConfigError
 from .ppo_config import PPOConfig, build_ppo_config
-from .yaml_guard import MAX_BYTES, MAX_DEPTH, check_interpolations, check_yaml_file
+from .yaml_guard import MAX_BYTES, MAX_DEPTH, check_interpolations, check_yaml_file, yaml_error
 
 if TYPE_CHECKING:
     from .rm_config import RMConfig

@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional
 
 from .algorithm_choice import AlgorithmChoiceError, AlgorithmPlan, resolve_algorithm
-from .base import ConfigError, build_section, closest_key, load_yaml
+from .base import ConfigError, build_section, closest_key
 from .generate_config import GenerateConfig
 from .judge_config import JudgeConfig
 from .megatron_config import MegatronConfig
 from .model_config import ModelConfig
 from .rl_config import RLConfig
 from .rules import check_cross_fields
+from .yaml_guard import load_yaml
 
 TOP_LEVEL_KEYS = (
     "defaults",

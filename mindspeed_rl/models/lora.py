@@ -89,8 +89,10 @@ def adapt_layer(layer: torch.nn.Module, name: str, kind: str, state: LoRAState, 
     )
 
     if "LayerNorm" in type(layer).__name__:
-        raise ValueError(f"{name}: {type(layer).__name__} fuses the input norm into the linear layer; LoRA needs "
-                         "the local layer spec")  # fmt: skip
+        raise ValueError(
+            f"{name}: {type(layer).__name__} fuses the input norm into the linear layer; LoRA needs "
+            "the local layer spec"
+        )
     tp, tp_rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
     expert = bool(getattr(layer, "explicit_expert_comm", False))  # the dispatcher does this layer's TP comm
     if expert and ps.get_expert_tensor_parallel_world_size() != tp:
@@ -190,8 +192,9 @@ def apply_lora(
         leaf = name.rsplit(".", 1)[-1]
         if leaf in targets and hasattr(module, "weight"):
             global_name = re.sub(r"layers\.(\d+)\.", lambda m: f"layers.{int(m.group(1)) + offset}.", name, count=1)
-            global_name = re.sub(r"local_experts\.(\d+)\.", lambda m: f"local_experts.{int(m.group(1)) + experts}.",
-                                 global_name, count=1)  # fmt: skip
+            global_name = re.sub(
+                r"local_experts\.(\d+)\.", lambda m: f"local_experts.{int(m.group(1)) + experts}.", global_name, count=1
+            )
             adapt_layer(module, global_name, TARGETS[leaf], state, seed)
             adapted += 1
     if not adapted:

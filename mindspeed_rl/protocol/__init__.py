@@ -20,6 +20,7 @@ from .rollout import (
     RolloutOutput,
     RolloutRequest,
     RolloutResult,
+    WorldSpec,
     by_prompt,
     slowest,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "RolloutOutput",
     "RolloutRequest",
     "RolloutResult",
+    "WorldSpec",
     "build_experience",
     "by_prompt",
     "mini_batch_plan",

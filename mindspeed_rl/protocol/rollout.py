@@ -162,6 +162,18 @@ class LoadedState:
 
 
 @dataclass(frozen=True)
+class WorldSpec:
+    """A rank's place in its group's own torch.distributed world (the group's master address and port) and the
+    CPU threads it may use: what every worker is started with."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    threads: int
+
+
+@dataclass(frozen=True)
 class RankLayout:
     """Where one rank of a worker group sits: its train (TP, PP, DP) coordinates, whether it returns
     its DP group's outputs, and (actor ranks) which rollout engine it belongs to."""

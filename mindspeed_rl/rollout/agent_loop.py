@@ -86,9 +86,14 @@ class AgentSettings:
     @staticmethod
     def of(rl) -> "AgentSettings":
         return AgentSettings(
-            rl.max_turns, rl.max_tool_calls, rl.max_parallel_calls, rl.max_tool_response_length,
-            rl.tool_response_truncate_side, rl.tool_parser_format, rl.tool_workers,
-        )  # fmt: skip
+            rl.max_turns,
+            rl.max_tool_calls,
+            rl.max_parallel_calls,
+            rl.max_tool_response_length,
+            rl.tool_response_truncate_side,
+            rl.tool_parser_format,
+            rl.tool_workers,
+        )
 
 
 @dataclass
@@ -281,9 +286,14 @@ class WholeBatch(RolloutFunction):
 
     def run_batch(self, request: RolloutRequest, generate, prompt_tools) -> AgentBatch:
         context = AgentContext(
-            generate, self.context.tokenizer, self.context.tools, self.context.sandbox, self.context.settings,
-            self.context.tool_format, prompt_tools,
-        )  # fmt: skip
+            generate,
+            self.context.tokenizer,
+            self.context.tools,
+            self.context.sandbox,
+            self.context.settings,
+            self.context.tool_format,
+            prompt_tools,
+        )
         batch = self.fn(request, context)
         batch = batch if isinstance(batch, AgentBatch) else AgentBatch(list(batch))
         self.last_metrics = {k: v for k, v in batch.metrics.items() if not k.startswith("timing/")}

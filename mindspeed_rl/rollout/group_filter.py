@@ -14,7 +14,7 @@ checkpoint taken at any point restores the same batch.
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -28,6 +28,7 @@ class GroupFilter:
     """Keeps every group it is offered (``KeepAll``); subclasses decide per group in ``keeps``."""
 
     name = "all"
+    drops = False  # whether a group offered can be left out: then the loop waits for every score before drawing
 
     def __init__(self, want: int) -> None:
         self.want = want
@@ -58,6 +59,10 @@ class GroupFilter:
     def metrics(self, draws: int, filled: int) -> Dict[str, float]:
         return {}
 
+    def summary(self, iteration: int, metrics: Dict[str, float], draws: int) -> Optional[str]:
+        """A console line about the batch worth a reader's attention, or None."""
+        return None
+
     # ----- checkpoint ----------------------------------------------------------------------------------
     def state_dict(self) -> Dict:
         return {
@@ -77,6 +82,7 @@ class DynamicSampling(GroupFilter):
     """DAPO's dynamic sampling on ``metric`` ("score" or a verifier's name); ``max_draws`` < 0: no limit."""
 
     name = "dynamic_sampling"
+    drops = True
 
     def __init__(self, want: int, metric: str, max_draws: int) -> None:
         super().__init__(want)
@@ -99,3 +105,13 @@ class DynamicSampling(GroupFilter):
             "dynamic_sampling/kept_groups": float(min(len(self.kept), self.want)),
             "dynamic_sampling/filled_groups": float(filled),
         }
+
+    def summary(self, iteration: int, metrics: Dict[str, float], draws: int) -> Optional[str]:
+        """Said when the draw limit made dropped groups fill the batch."""
+        if not metrics.get("dynamic_sampling/filled_groups"):
+            return None
+        return (
+            f"iteration {iteration + 1}: dynamic sampling found {int(metrics['dynamic_sampling/kept_groups'])} of "
+            f"{self.want} informative groups in {draws} draws (filter_groups_max_batches); "
+            f"{int(metrics['dynamic_sampling/filled_groups'])} filtered groups fill the batch"
+        )

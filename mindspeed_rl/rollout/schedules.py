@@ -8,6 +8,7 @@
                   the next iteration's weights. With ``require_max_age_all_finished`` no group is offered
                   while a trajectory parked ``max_split - 1`` iterations is unfinished: it finishes within
                   max_split iterations and its group trains first
+    InStep        around either of them: each batch produced when the trainer takes it (max_head_offpolicyness 0)
     Ahead         asynchronous rollout around either of them: the batches of iterations k .. k + L are
                   produced in a thread of the driver while the trainer trains; batch j uses the weights of
                   version j - L (once j >= L) and the weight update waits until the productions in flight
@@ -28,6 +29,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
+from ..config_cls.base import ConfigError
+from ..utils.clock import Clock
 from .rounds import TrajectoryPool
 
 
@@ -60,6 +63,10 @@ class Synchronous:
             ready.append(group)
         return ready
 
+    def leave(self, pool: TrajectoryPool) -> None:
+        """After the batch is taken: a synchronous batch leaves nothing behind."""
+        pool.trajectories = []
+
 
 class Chunked:
     name = "partial"
@@ -89,6 +96,11 @@ class Chunked:
         """Every finished group, oldest first: the long tail must not hold the batch."""
         return pool.finished_groups()
 
+    def leave(self, pool: TrajectoryPool) -> None:
+        """After the batch is taken: what stays parked is one iteration older."""
+        for traj in pool.trajectories:
+            traj.age += 1
+
 
 @dataclass
 class _Slot:
@@ -97,6 +109,34 @@ class _Slot:
     produced: Any = None
     error: Optional[BaseException] = None
     waited: float = 0.0  # seconds the trainer waited for this production, over every wait
+    last_wait: float = 0.0  # the latest of them
+
+
+class InStep:
+    """Lag 0: the batch of an iteration is produced when the trainer takes it, on the trainer's thread."""
+
+    name = "in_step"
+    lag = 0
+
+    def fill(self, iteration: int, produce: Callable[[int], Any]) -> None:
+        self._produce = produce
+
+    def take(self, iteration: int) -> Tuple[Any, Dict[str, float]]:
+        return self._produce(iteration), {}
+
+    def settle(self, clock: Optional[Clock] = None) -> float:
+        return 0.0
+
+    def produced(self) -> List[Any]:
+        return []
+
+    def restore(self, produced: List[Any]) -> None:
+        if produced:
+            raise ConfigError(
+                "rl_config.max_head_offpolicyness",
+                f"0, but the checkpoint holds {len(produced)} batch(es) produced ahead: resume with the run's "
+                "max_head_offpolicyness (and its rollout_resource)",
+            )
 
 
 class Ahead:
@@ -139,19 +179,28 @@ class Ahead:
             self._tasks.put((slot, produce))
             upcoming += 1
 
-    def take(self, iteration: int) -> Tuple[Any, float, float]:
-        """Iteration ``iteration``'s batch, waiting for it; returns it, the seconds waited now and the seconds
-        waited for it in all (before weight updates too)."""
+    def take(self, iteration: int) -> Tuple[Any, Dict[str, float]]:
+        """Iteration ``iteration``'s batch, waiting for it (its clock takes the wait as timing/rollout_wait), and
+        async/overlap_share: the share of its production that ran while the trainer did something else (the
+        trainer waits for it before an earlier weight update and when it takes it)."""
         if not self.slots or self.slots[0].iteration != iteration:
             queued = [s.iteration for s in self.slots]
             raise RuntimeError(f"asynchronous rollout: no batch for iteration {iteration} (queued: {queued})")
         slot = self.slots.popleft()
-        waited = self._wait(slot)
-        return slot.produced, waited, slot.waited
+        self._wait(slot)
+        produced = slot.produced
+        produced.clock.add("timing/rollout_wait", slot.last_wait)
+        seconds = produced.seconds
+        return produced, {"async/overlap_share": max(0.0, 1.0 - slot.waited / seconds) if seconds > 0 else 0.0}
 
-    def settle(self) -> float:
-        """Wait until every queued production is done (before the weights change or a checkpoint)."""
-        return sum(self._wait(slot) for slot in self.slots)
+    def settle(self, clock: Optional[Clock] = None) -> float:
+        """Wait until every queued production is done (before the weights change or a checkpoint); the wait is
+        the trainer's idle time (``clock``: timing/rollout_wait and timing/trainer_idle)."""
+        settled = sum(self._wait(slot) for slot in self.slots)
+        if clock is not None:
+            clock.add("timing/rollout_wait", settled)
+            clock.add("timing/trainer_idle", settled)
+        return settled
 
     def _wait(self, slot: _Slot) -> float:
         start = time.perf_counter()
@@ -160,6 +209,7 @@ class Ahead:
             raise slot.error
         waited = time.perf_counter() - start
         slot.waited += waited
+        slot.last_wait = waited
         return waited
 
     def produced(self) -> List[Any]:
@@ -190,3 +240,8 @@ def schedule_metrics(schedule, pool: TrajectoryPool, batch, rounds: int, tokens:
         "partial_rollout/carried_share": len(carried) / max(1, len(trajectories)),
         "partial_rollout/max_age": float(max((t.age for t in trajectories), default=0)),
     }
+
+
+def ahead_of(lag: int) -> "InStep | Ahead":
+    """The schedule of batches relative to training for rl_config.max_head_offpolicyness ``lag``."""
+    return Ahead(lag) if lag > 0 else InStep()

@@ -1,104 +1,45 @@
 """The rollout source: where the trainer gets each iteration's scored batch, and the state a resume needs.
 
-It stacks three layers, each one class to swap (docs/rollout.md):
+It stacks four layers, each one class to swap (docs/rollout.md):
 
     rollout function   how one trajectory advances: single turn, the tool agent, a user's (agent_loop.py)
+    scoring stage      when finished groups get their scores: at once, or the judge's part overlapped with
+                       generation (scoring_stage.py)
     group filter       which finished prompt groups a batch keeps: all, or dynamic sampling (group_filter.py)
-    schedule           when trajectories generate: synchronous, partial chunks, ahead by L versions
-                       (schedules.py)
+    schedule           when trajectories generate: synchronous or partial chunks, in step with training or
+                       ahead by L versions (schedules.py)
 
 One production (one batch) runs the loop: offer every finished group to the filter (scored first);
 stop once the filter is satisfied and the schedule wants nothing more generated; else draw a global batch
 of prompts when the schedule wants more growing and the filter may still draw; else run a round
-(rounds.py). Every combination of the layers runs this same loop.
+(rounds.py). Groups still being scored count as offered where they could complete the batch, and a filter
+that drops groups waits for every score before it draws. Every combination of the layers runs this loop.
 
     source = RolloutSource.from_config(cfg, service, dataset, sampler, tokenizer, score)
     batch = source.next_batch(iteration)      # .experience (scored), .metrics, .clock
-    source.settle()                           # before the actor's weights change
+    source.settle(clock)                      # before the actor's weights change
     state = source.state_dict()               # parked trajectories, batches produced ahead, the filter
 """
 
 from __future__ import annotations
 
-import hashlib
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
-from ..config_cls.base import ConfigError
 from ..config_cls.generate_config import SamplingConfig
 from ..datasets.prompt_dataset import PromptBatch
-from ..protocol import Experience, RolloutOutput, build_experience, by_prompt
+from ..protocol import Experience, RolloutOutput, build_experience
 from ..utils.clock import Clock
 from .agent_loop import AgentContext, AgentSettings, RolloutFunction, ToolFormat, build_rollout_function
 from .group_filter import DynamicSampling, GroupFilter, KeepAll
+from .legacy_state import legacy_source_state
+from .production import Produced, RolloutBatch, SeedStream, average
 from .rounds import TrajectoryPool
-from .schedules import Ahead, Chunked, Synchronous, schedule_metrics
-from .trajectory import Trajectory, from_partial_pool, group_outputs
-
-# score(experience, clock) -> (metrics, each verifier's values per row); sets experience.scores
-# score(exp, clock) or, with the judge's verdicts asked earlier (trainer/scoring.py), score(exp, clock, judged)
-Score = Callable[..., Tuple[Dict[str, float], Dict[str, torch.Tensor]]]
-
-
-class SeedStream:
-    """Sample seeds handed out in order: a round's request j is seeded ``base + j`` and the next round starts
-    where it ended, so no two samples of a run share a seed (in the 32 bits torch's CPU generator keeps) until
-    2**32 samples. Where a stream starts is a hash of the user's seed and the stream's name: runs with seeds one
-    apart draw unrelated streams. ``used`` is part of the source's state, so a resume continues the stream."""
-
-    def __init__(self, seed: int, name: str, used: int = 0) -> None:
-        digest = hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=4).digest()
-        self.start, self.used = int.from_bytes(digest, "little"), used
-
-    def take(self, count: int) -> int:
-        base = (self.start + self.used) % 2**32
-        self.used += count
-        return base
-
-
-@dataclass
-class Produced:
-    """One batch as produced: its prompt groups (n trajectories each, scored), metrics, the production's
-    clock and wall time, the policy version it started with."""
-
-    iteration: int
-    version: int
-    groups: List[List[Trajectory]]
-    metrics: Dict[str, float] = field(default_factory=dict)
-    clock: Clock = field(default_factory=Clock)
-    seconds: float = 0.0
-
-    def state(self) -> Dict:
-        return {
-            "iteration": self.iteration,
-            "version": self.version,
-            "groups": [[t.state() for t in g] for g in self.groups],
-            "metrics": dict(self.metrics),
-            "timing": dict(self.clock.timing),
-            "seconds": self.seconds,
-        }
-
-    @staticmethod
-    def from_state(state: Dict) -> "Produced":
-        clock = Clock()
-        clock.timing.update(state.get("timing", {}))
-        return Produced(
-            int(state["iteration"]), int(state["version"]),
-            [[Trajectory.from_state(t) for t in g] for g in state["groups"]],
-            dict(state.get("metrics", {})), clock, float(state.get("seconds", 0.0)),
-        )  # fmt: skip
-
-
-@dataclass
-class RolloutBatch:
-    """What the trainer gets: the scored experience, the rollout's metrics and its clock."""
-
-    experience: Experience
-    metrics: Dict[str, float]
-    clock: Clock
+from .schedules import Ahead, Chunked, InStep, Synchronous, ahead_of, schedule_metrics
+from .scoring_stage import RewardMetrics, Score, scoring_stage
+from .trajectory import Trajectory, group_outputs
 
 
 class RolloutSource:
@@ -114,44 +55,32 @@ class RolloutSource:
         max_tokens: int,
         seed: int,
         pad_id: int,
-        ahead: Optional[Ahead] = None,
+        ahead: "Optional[Union[Ahead, InStep]]" = None,
         sampling: Optional[SamplingConfig] = None,
+        overlap_judge: bool = False,
     ) -> None:
         self.service, self.function, self.filter, self.schedule = service, function, group_filter, schedule
-        self.draw, self.score, self.n, self.pad_id = draw, score, n, pad_id
-        self.ahead, self.sampling = ahead, sampling  # sampling: what a whole-batch function reads in its request
+        self.draw, self.n, self.pad_id = draw, n, pad_id
+        self.ahead = ahead if ahead is not None else InStep()
+        self.sampling = sampling  # what a whole-batch function reads in its request
         self.pool = TrajectoryPool(function, n, max_tokens)
         self.seeds = SeedStream(seed, "train")
-        # with a judge (judge_config.overlap): finished groups are judged in the scorer's judge thread while the
-        # rest of the batch generates, and reach the filter when their verdicts are in
-        self.defer_judging = bool(getattr(score, "judge_overlap", False))
-        self.judging: List[Tuple[List[List[Trajectory]], List[List[Trajectory]], Experience, Any]] = []
+        self.scoring = scoring_stage(score, self.rows_of, overlap_judge)
 
     @property
     def off_policy(self) -> bool:
         """Batches may hold tokens of older policy versions (partial or asynchronous rollout)."""
-        return self.schedule.parks or self.ahead is not None
+        return self.schedule.parks or self.ahead.lag > 0
 
     # ----- the trainer's calls -------------------------------------------------------------------------
     def next_batch(self, iteration: int) -> RolloutBatch:
-        if self.ahead is None:
-            produced, waited = self.produce(iteration), None
-        else:
-            self.ahead.fill(iteration, self.produce)
-            produced, waited, waited_in_all = self.ahead.take(iteration)
-        exp = self.experience(produced)
-        metrics = dict(produced.metrics)
-        if waited is not None:  # the batch left the queue: its clock takes the wait for it
-            produced.clock.add("timing/rollout_wait", waited)
-            # the share of this batch's production that ran while the trainer did something else (the trainer
-            # waits for it before an earlier weight update and when it takes it)
-            seconds = produced.seconds
-            metrics["async/overlap_share"] = max(0.0, 1.0 - waited_in_all / seconds) if seconds > 0 else 0.0
-        return RolloutBatch(exp, metrics, produced.clock)
+        self.ahead.fill(iteration, self.produce)
+        produced, metrics = self.ahead.take(iteration)
+        return RolloutBatch(self.experience(produced), {**produced.metrics, **metrics}, produced.clock)
 
-    def settle(self) -> float:
-        """Wait for the productions in flight (asynchronous rollout); returns the seconds waited."""
-        return self.ahead.settle() if self.ahead is not None else 0.0
+    def settle(self, clock: Optional[Clock] = None) -> float:
+        """Wait for the productions in flight (asynchronous rollout; the wait goes on ``clock``)."""
+        return self.ahead.settle(clock)
 
     def experience(self, produced: Produced) -> Experience:
         """The batch's rows, group by group, with the scores the groups got when they were offered."""
@@ -164,93 +93,69 @@ class RolloutSource:
     def produce(self, iteration: int) -> Produced:
         """One batch with the weights the service holds now (the loop of the module docstring)."""
         started, clock = time.perf_counter(), Clock()
-        pool, flt, schedule = self.pool, self.filter, self.schedule
+        pool, flt, schedule, scoring = self.pool, self.filter, self.schedule, self.scoring
         version = self.service.version
         draws = rounds = tokens = drawn = 0
-        reward_metrics: List[Tuple[int, Dict[str, float]]] = []
+        scored: RewardMetrics = []
         while True:
             if not schedule.holds_back(pool):
-                self._offer(clock, reward_metrics)
-            self._collect_judged(clock, reward_metrics, wait=False)
+                self._offer(clock, scored)
+            self._to_filter(scoring.ready(clock, scored, wait=False))
             if flt.satisfied() and not schedule.keeps_generating(pool):
                 break
-            if self.judging_may_fill(flt) and not schedule.keeps_generating(pool):
-                # a round now would not run without the judge (partial rollout stops once the batch is full)
-                self._collect_judged(clock, reward_metrics, wait=True)
-                continue
             wanted = not flt.satisfied() and schedule.wants_prompts(pool, flt) and flt.may_draw(draws)
-            if wanted and self.judging and isinstance(flt, DynamicSampling):
-                self._collect_judged(clock, reward_metrics, wait=True)  # the verdicts decide whether to draw
+            may_fill = self.scores_may_fill()
+            if may_fill and (not schedule.keeps_generating(pool) or (wanted and flt.drops)):
+                # the groups being scored decide whether a round is needed at all (partial rollout stops once the
+                # batch is full), or whether to draw (a filter that drops groups)
+                self._to_filter(scoring.ready(clock, scored, wait=True))
                 continue
-            # groups being judged that will all be kept may fill the batch: no prompts for them
-            if wanted and not self.judging_may_fill(flt):
+            if wanted and not may_fill:  # groups being scored that could fill the batch want no prompts
                 prompts = self.draw()
                 pool.add(prompts)
                 draws, drawn = draws + 1, drawn + len(prompts.input_ids)
                 continue
             if not pool.unfinished():
-                if self.judging:
-                    self._collect_judged(clock, reward_metrics, wait=True)
+                if scoring.pending:
+                    self._to_filter(scoring.ready(clock, scored, wait=True))
                     continue
                 break  # nothing grows and no draw is allowed: the filter completes the batch
             sampling = self.sampling if self.function.whole_batch else None  # None: the service's default
             tokens += pool.run_round(self.service, self.seeds, version, schedule.chunk, clock, sampling)
             rounds += 1
         pool.join_tools(version, clock)
-        self._offer(clock, reward_metrics)
-        self._collect_judged(clock, reward_metrics, wait=True)
+        self._offer(clock, scored)
+        self._to_filter(scoring.ready(clock, scored, wait=True))
         groups, metrics = flt.take(draws)
         if len(groups) < flt.want:
             raise RuntimeError(f"rollout: {len(groups)} of {flt.want} prompt groups for iteration {iteration + 1}")
-        if schedule.parks:
-            for traj in pool.trajectories:
-                traj.age += 1
-        else:
-            pool.trajectories = []  # a synchronous batch leaves nothing behind
-        metrics.update(average(reward_metrics))
-        judged = clock.timing.get("timing/judge", 0.0)
-        if self.defer_judging and judged > 0:  # the share of the judge's time the generation hid
-            metrics["judge/overlap_share"] = max(0.0, 1.0 - clock.timing.get("timing/judge_wait", 0.0) / judged)
+        schedule.leave(pool)
+        metrics.update(average(scored))
+        metrics.update(scoring.metrics(clock))
         metrics.update(self.function.metrics([t for g in groups for t in g]))
         metrics.update(schedule_metrics(schedule, pool, groups, rounds, tokens, drawn))
-        if isinstance(flt, DynamicSampling) and metrics["dynamic_sampling/filled_groups"]:
-            print(
-                f"iteration {iteration + 1}: dynamic sampling found {int(metrics['dynamic_sampling/kept_groups'])} of "
-                f"{flt.want} informative groups in {draws} draws (filter_groups_max_batches); "
-                f"{int(metrics['dynamic_sampling/filled_groups'])} filtered groups fill the batch",
-                flush=True,
-            )
+        line = flt.summary(iteration, metrics, draws)
+        if line:
+            print(line, flush=True)
         return Produced(iteration, version, groups, metrics, clock, time.perf_counter() - started)
 
-    def _offer(self, clock: Clock, reward_metrics: List[Tuple[int, Dict[str, float]]]) -> None:
-        """Finished groups, oldest first, scored, to the filter until it is satisfied; the others go back to
-        the pool (a synchronous schedule discards them at the end of the batch)."""
+    def _offer(self, clock: Clock, scored: RewardMetrics) -> None:
+        """Finished groups, oldest first, to the scoring stage and, once scored, to the filter until it is
+        satisfied; the others go back to the pool (a synchronous schedule discards them at the end of the batch)."""
         if self.filter.satisfied():
             return
         finished = self.schedule.offerable(self.pool)
-        if not finished:
-            return
-        groups = self.pool.take(finished)
-        unscored = [g for g in groups if any(t.score is None for t in g)]
-        if unscored and self.defer_judging:
-            exp = self.rows_of(unscored)
-            self.judging.append((groups, unscored, exp, self.score.submit_judge(exp)))  # type: ignore[attr-defined]
-            return
-        if unscored:
-            rows = sum(len(g) for g in unscored)
-            reward_metrics.append((rows, self.score_groups(unscored, clock)))
-        self._to_filter(groups)
+        if finished:
+            self._to_filter(self.scoring.submit(self.pool.take(finished), clock, scored))
 
-    def judging_may_fill(self, flt: GroupFilter) -> bool:
-        """Whether the groups being judged, with the pool's and the filter's, could complete the batch. A filter
-        that may drop groups (dynamic sampling) waits for every verdict: when to draw, and so which prompts share a
-        round and its seeds, must not depend on how fast the judge is."""
-        if not self.judging:
+    def scores_may_fill(self) -> bool:
+        """Whether groups still being scored, with the pool's and the filter's, could complete the batch. A filter
+        that may drop groups waits for every score: when to draw, and so which prompts share a round and its
+        seeds, must not depend on how fast the scoring is."""
+        pending = self.scoring.pending
+        if not pending:
             return False
-        if isinstance(flt, DynamicSampling):
-            return True
-        judged = sum(len(groups) for groups, *_ in self.judging)
-        return len(self.pool.groups()) + len(flt.kept) + judged >= flt.want
+        return self.filter.drops or len(self.pool.groups()) + len(self.filter.kept) + pending >= self.filter.want
 
     def _to_filter(self, groups: List[List[Trajectory]]) -> None:
         for k, group in enumerate(groups):
@@ -259,31 +164,9 @@ class RolloutSource:
                 break
             self.filter.offer(group)
 
-    def _collect_judged(self, clock: Clock, reward_metrics: List[Tuple[int, Dict[str, float]]], wait: bool) -> None:
-        """The groups whose verdicts are in (``wait``: all of them), oldest first, scored and to the filter."""
-        while self.judging and (wait or self.judging[0][3].done()):
-            groups, unscored, exp, judged = self.judging.pop(0)
-            rows = sum(len(g) for g in unscored)
-            reward_metrics.append((rows, self.score_groups(unscored, clock, exp, judged)))
-            self._to_filter(groups)
-
     def rows_of(self, groups: Sequence[Sequence[Trajectory]]) -> Experience:
         prompts, labels, outputs = group_outputs(groups)
         return build_experience(prompts, outputs, self.n, self.pad_id, labels)
-
-    def score_groups(
-        self, groups: Sequence[Sequence[Trajectory]], clock: Clock, exp: Optional[Experience] = None, judged=None
-    ) -> Dict[str, float]:
-        """Score the groups' rows (``exp``: already built; ``judged``: the judge's verdicts asked for them)."""
-        exp = exp if exp is not None else self.rows_of(groups)
-        metrics, per_verifier = self.score(exp, clock, judged) if judged is not None else self.score(exp, clock)
-        rows = [t for g in groups for t in g]
-        scores = exp.scores
-        assert scores is not None, "score() sets the experience's scores"
-        for r, traj in enumerate(rows):
-            traj.score = float(scores[r])
-            traj.verifier_scores = {name: float(values[r]) for name, values in per_verifier.items()}
-        return metrics
 
     # ----- validation -----------------------------------------------------------------------------------
     def evaluate(
@@ -305,41 +188,30 @@ class RolloutSource:
     def state_dict(self) -> Dict:
         """The parked trajectories, the filter's groups and the batches produced ahead (waits for those in
         flight)."""
-        produced = self.ahead.produced() if self.ahead is not None else None  # settles first
         state = {"pool": self.pool.state_dict(), "filter": self.filter.state_dict(), "seeds_used": self.seeds.used}
-        if produced is not None:
+        produced = self.ahead.produced()  # settles first
+        if produced:
             state["ahead"] = [p.state() for p in produced]
         return state
 
     def load_state_dict(self, trainer_state: Dict) -> None:
-        """From a trainer state: this source's own (``rollout_source``), or the partial-rollout pool and the
-        asynchronous batches of a checkpoint written before batches came from a source."""
+        """From a trainer state: this source's own (``rollout_source``), or what an older checkpoint kept
+        (legacy_state.py)."""
         state = trainer_state.get("rollout_source")
         if state is not None:
-            self.pool.load_state_dict(state["pool"])
+            pool: Optional[Dict] = state["pool"]
             self.filter.load_state_dict(state.get("filter", {}))
             self.seeds.used = int(state.get("seeds_used", 0))
             produced = [Produced.from_state(p) for p in state.get("ahead", [])]
         else:
-            legacy = trainer_state.get("partial_rollout")
-            if legacy:
-                self.pool.load_state_dict(
-                    {"n": legacy["n"], "next_uid": legacy["next_uid"],
-                     "trajectories": [from_partial_pool(t).state() for t in legacy["pool"]]}
-                )  # fmt: skip
-            produced = [legacy_async_batch(b, self.n) for b in trainer_state.get("async_rollout") or []]
-        if produced and self.ahead is None:
-            raise ConfigError(
-                "rl_config.max_head_offpolicyness",
-                f"0, but the checkpoint holds {len(produced)} batch(es) produced ahead: resume with the run's "
-                "max_head_offpolicyness (and its rollout_resource)",
-            )
+            pool, produced = legacy_source_state(trainer_state, self.n)
+        if pool is not None:
+            self.pool.load_state_dict(pool)
         for batch in produced:  # batches of an older checkpoint kept no scores: score them now, on this thread
             unscored = [g for g in batch.groups if any(t.score is None for t in g)]
             if unscored:
-                batch.metrics.update(self.score_groups(unscored, batch.clock))
-        if self.ahead is not None:
-            self.ahead.restore(produced)
+                batch.metrics.update(self.scoring.score_now(unscored, batch.clock))
+        self.ahead.restore(produced)
 
     def close(self) -> None:
         self.pool.close()
@@ -363,14 +235,27 @@ class RolloutSource:
             schedule = Chunked(sampling.max_tokens, rl.partial_rollout_max_split, rl.require_max_age_all_finished)
         else:
             schedule = Synchronous(sampling.max_tokens)
-        ahead = Ahead(rl.max_head_offpolicyness) if rl.max_head_offpolicyness > 0 else None
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
         def draw() -> PromptBatch:
             return PromptBatch.of(dataset, sampler.next_batch())
 
-        return RolloutSource(service, function, group_filter, schedule, draw, score, rl.n_samples_per_prompt,
-                             sampling.max_tokens, sampling.seed, pad_id, ahead, sampling)  # fmt: skip
+        overlap = cfg.judge is not None and cfg.judge.overlap
+        return RolloutSource(
+            service,
+            function,
+            group_filter,
+            schedule,
+            draw,
+            score,
+            rl.n_samples_per_prompt,
+            sampling.max_tokens,
+            sampling.seed,
+            pad_id,
+            ahead_of(rl.max_head_offpolicyness),
+            sampling,
+            overlap,
+        )
 
 
 def agent_context(rl, tokenizer) -> AgentContext:
@@ -386,49 +271,13 @@ def agent_context(rl, tokenizer) -> AgentContext:
     sandbox = None
     if tools:  # preflight has printed the isolation's note
         isolation, _ = choose(rl.tool_isolation, model_code_tools(tools))
-        limits = SandboxLimits(rl.tool_timeout, rl.tool_cpu_seconds, rl.tool_memory_mb, rl.tool_max_result_bytes,
-                               scratch_mb=rl.tool_scratch_mb)  # fmt: skip
+        limits = SandboxLimits(
+            rl.tool_timeout,
+            rl.tool_cpu_seconds,
+            rl.tool_memory_mb,
+            rl.tool_max_result_bytes,
+            scratch_mb=rl.tool_scratch_mb,
+        )
         sandbox = Sandbox(limits, isolation)
     tool_format = ToolFormat.of_template(template, rl.prompt_type) if "tool_response" in template else None
     return AgentContext(None, tokenizer, tools, sandbox, AgentSettings.of(rl), tool_format)
-
-
-COUNTS = (  # summed, not averaged
-    "rule_reward/timeouts",
-    "rule_reward/failures",
-    "rollout/out_of_vocab_tokens",
-    "judge/request_failures",
-    "judge/parse_failures",
-)
-
-
-def average(weighted: Sequence[Tuple[int, Dict[str, float]]]) -> Dict[str, float]:
-    """Metrics of several scoring calls: counts (``COUNTS``) summed, the others weighted by the calls' rows."""
-    total: Dict[str, float] = {}
-    rows: Dict[str, int] = {}
-    for count, metrics in weighted:
-        for key, value in metrics.items():
-            total[key] = total.get(key, 0.0) + (value if key in COUNTS else value * count)
-            rows[key] = rows.get(key, 0) + count
-    return {key: total[key] if key in COUNTS else total[key] / rows[key] for key in total}
-
-
-def legacy_async_batch(item: Dict, n: int) -> Produced:
-    """A batch of ``trainer_state.async_rollout`` (written before batches came from a source)."""
-    prompts = PromptBatch(**item["prompts"])
-    version = int(item["version"])
-    grouped = by_prompt(RolloutOutput(**out) for out in item["outputs"])
-    groups = []
-    for i, prompt in enumerate(prompts.input_ids):
-        group = []
-        for k, out in enumerate(grouped.get(i, [])):
-            ids = list(out.response_ids)
-            traj = Trajectory(i * n + k, list(prompt), prompts.labels[i], max(1, len(ids)), tokens=ids,
-                              logprobs=list(out.logprobs), loss_mask=list(out.loss_mask or [1] * len(ids)),
-                              versions=list(out.versions or [version] * len(ids)))  # fmt: skip
-            traj.end_with(out.finish_reason)
-            group.append(traj)
-        groups.append(group)
-    clock = Clock()
-    clock.timing.update(item.get("timing", {}))
-    return Produced(int(item["iteration"]), version, groups, {}, clock)

@@ -85,9 +85,14 @@ class Trajectory:
 
     def output(self, prompt_index: int) -> RolloutOutput:
         return RolloutOutput(
-            prompt_index, list(self.tokens), list(self.logprobs), self.finish_reason, list(self.versions),
-            list(self.loss_mask), self.routes,
-        )  # fmt: skip
+            prompt_index,
+            list(self.tokens),
+            list(self.logprobs),
+            self.finish_reason,
+            list(self.versions),
+            list(self.loss_mask),
+            self.routes,
+        )
 
     def state(self) -> Dict:
         return dataclasses.asdict(self)
@@ -106,16 +111,3 @@ def group_outputs(groups: Sequence[Sequence[Trajectory]]):
     labels = [g[0].label for g in groups]
     outputs = [t.output(i) for i, g in enumerate(groups) for t in g]
     return prompts, labels, outputs
-
-
-def from_partial_pool(item: Dict) -> Trajectory:
-    """A response of a checkpoint written before trajectories had one type (``trainer_state.partial_rollout``)."""
-    tokens = list(item["response_ids"])
-    traj = Trajectory(
-        int(item["uid"]), list(item["prompt"]), item["label"], int(item["budget"]), tokens=tokens,
-        logprobs=list(item["logprobs"]), loss_mask=[1] * len(tokens), versions=list(item["versions"]),
-        finish_reason=item["finish_reason"], age=int(item["age"]),
-    )  # fmt: skip
-    if item["finished"]:
-        traj.end_with(item["finish_reason"])
-    return traj

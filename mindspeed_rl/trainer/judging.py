@@ -80,8 +80,15 @@ def make_judge(cfg: PPOConfig, group=None) -> Judge:
         except ImportError:
             raise UserError("judge_config.serve http needs the openai package: pip install openai") from None
         return HttpJudge(
-            j.base_url, j.model_name, concurrency=j.concurrency, timeout=j.timeout, retries=j.retries,
-            api_key_env=j.api_key_env, api=j.api, deadline=j.deadline, max_response_bytes=j.max_response_bytes,
+            j.base_url,
+            j.model_name,
+            concurrency=j.concurrency,
+            timeout=j.timeout,
+            retries=j.retries,
+            api_key_env=j.api_key_env,
+            api=j.api,
+            deadline=j.deadline,
+            max_response_bytes=j.max_response_bytes,
             **common,
-        )  # fmt: skip
+        )
     return EngineJudge(engine_answers(group), **common)

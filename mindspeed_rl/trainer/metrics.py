@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List, Tuple
 
 import torch
 
 from ..algorithms import masked_mean
 from ..protocol import Experience
+from ..utils.clock import Clock
 
 KEY_FIGURES = (
     "iteration",
@@ -92,3 +93,31 @@ def throughput(metrics: Dict[str, float], responses: int, world_size: int) -> Di
         seconds = metrics.get(timing, 0.0)
         out[name] = per_device / seconds if seconds > 0 else 0.0
     return out
+
+
+def timeline_spans(clock: Clock, disaggregated: bool) -> List[Tuple[str, str, float, float]]:
+    """(lane, phase, start, end) of an iteration's timed phases, for the run report's timeline."""
+    return [(lane, phase, start, end) for phase, start, end in clock.spans for lane in lanes(phase, disaggregated)]
+
+
+def lanes(phase: str, disaggregated: bool) -> Tuple[str, ...]:
+    """Which workers a timed phase occupies (``disaggregated``: generation on rollout workers of their own)."""
+    generation = "rollout workers" if disaggregated else "actor"
+    if phase in ("timing/rollout", "timing/validation"):
+        return (generation,)
+    if phase in ("timing/tool", "timing/tool_wait", "timing/rollout_wait"):
+        return ("driver",)
+    if phase == "timing/weight_sync":
+        return ("actor",) if generation == "actor" else ("actor", generation)
+    return {
+        "timing/all": (),
+        "timing/rule_reward": ("reward",),
+        "timing/reward_model": ("reward",),
+        "timing/judge": ("judge",),
+        "timing/judge_wait": ("driver",),
+        "timing/reference_model": ("reference",),
+        "timing/teacher": ("teacher",),
+        "timing/critic_model": ("critic",),
+        "timing/update_critic": ("critic",),
+        "timing/adv": ("driver",),
+    }.get(phase, ("actor",))

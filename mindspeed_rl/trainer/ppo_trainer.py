@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from contextlib import contextmanager
-from typing import Dict, List, Tuple
+from typing import Dict, List
 
 import numpy as np
 import torch
@@ -23,7 +23,7 @@ from ..rollout.source import RolloutSource
 from ..utils.cli import raise_if_terminated
 from ..utils.clock import Clock
 from .guards import next_collapse_streak, save_due, stop_on_nonfinite_steps
-from .metrics import data_metrics, throughput
+from .metrics import data_metrics, throughput, timeline_spans
 from .scoring import Scorer
 
 
@@ -92,32 +92,6 @@ class PPOTrainer:
         with self.clock.measure(name):
             yield
 
-    def spans(self) -> List[Tuple[str, str, float, float]]:
-        """(lane, phase, start, end) of this iteration's timed phases, for the run report's timeline."""
-        return [(lane, phase, start, end) for phase, start, end in self.clock.spans for lane in self.lanes(phase)]
-
-    def lanes(self, phase: str) -> Tuple[str, ...]:
-        """Which workers a timed phase occupies, for the run report's timeline."""
-        generation = "rollout workers" if isinstance(self.rollout_service, DisaggregatedRollout) else "actor"
-        if phase in ("timing/rollout", "timing/validation"):
-            return (generation,)
-        if phase in ("timing/tool", "timing/tool_wait", "timing/rollout_wait"):
-            return ("driver",)
-        if phase == "timing/weight_sync":
-            return ("actor",) if generation == "actor" else ("actor", generation)
-        return {
-            "timing/all": (),
-            "timing/rule_reward": ("reward",),
-            "timing/reward_model": ("reward",),
-            "timing/judge": ("judge",),
-            "timing/judge_wait": ("driver",),
-            "timing/reference_model": ("reference",),
-            "timing/teacher": ("teacher",),
-            "timing/critic_model": ("critic",),
-            "timing/update_critic": ("critic",),
-            "timing/adv": ("driver",),
-        }.get(phase, ("actor",))
-
     # ----- the iteration -----------------------------------------------------------------------------------
     def fit(self) -> List[Dict[str, float]]:
         val_metrics = self.validate() if self.rl.val_before_train else {}
@@ -158,10 +132,7 @@ class PPOTrainer:
                         update_metrics.update(self.update_critic(exp))
                 with self.timer("timing/update"):
                     update_metrics.update(self.update_actor(exp))
-                if self.source.ahead is not None:  # the batches produced ahead keep the weights they started with
-                    settled = self.source.settle()
-                    self.clock.add("timing/rollout_wait", settled)
-                    self.clock.add("timing/trainer_idle", settled)
+                self.source.settle(self.clock)  # the batches produced ahead keep the weights they started with
                 with self.timer("timing/weight_sync"):
                     self.rollout_service.update_weights(self.iteration + 1)
             self.iteration += 1
@@ -170,7 +141,8 @@ class PPOTrainer:
                     reward_metrics.update(self.validate())
             metrics = self.collect_metrics(exp, reward_metrics, update_metrics, version)
             self.logger.log(metrics)
-            self.logger.timeline(self.iteration, started, time.time(), self.spans())
+            disaggregated = isinstance(self.rollout_service, DisaggregatedRollout)
+            self.logger.timeline(self.iteration, started, time.time(), timeline_spans(self.clock, disaggregated))
             self.history.append(metrics)
             self.after_iteration(metrics)
         return self.history

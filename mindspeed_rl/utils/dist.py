@@ -46,15 +46,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def broadcast_from(group, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
-    """``tensor`` broadcast from rank ``src`` over a process-group object of its own (outside the default
-    world, e.g. built over a TCP store), waited for; returns ``tensor``."""
-    opts = dist.BroadcastOptions()
-    opts.rootRank = src
-    group.broadcast([tensor], opts).wait()
-    return tensor
-
-
 def init_distributed(
     rank: int = 0,
     world_size: int = 1,

@@ -33,6 +33,7 @@ from ..protocol import (
     RankLayout,
     RolloutRequest,
     RolloutResult,
+    WorldSpec,
     response_part,
 )
 from .base_worker import MegatronWorker, token_budget, train_on_mini_batches
@@ -41,21 +42,17 @@ from .base_worker import MegatronWorker, token_budget, train_on_mini_batches
 class IntegratedActorWorker(MegatronWorker):
     def __init__(
         self,
-        rank: int,
-        world_size: int,
-        master_addr: str,
-        master_port: int,
+        world: WorldSpec,
         role: RoleConfig,
         rl: RLConfig,
         gen: GenerateConfig,
         total_steps: int,
         eos_token_id: Optional[int],
         pad_token_id: int,
-        threads: int,
         with_engine: bool = True,
     ):
         m = role.megatron
-        super().__init__(rank, world_size, master_addr, master_port, m, threads)
+        super().__init__(world, m)
         from ..models.engine import MegatronEngine
         from ..models.offload import Offloader
         from ..rollout.factory import make_rollout_engine
@@ -87,13 +84,13 @@ class IntegratedActorWorker(MegatronWorker):
                 seed=gen.sampling_config.seed,
                 bf16=m.bf16,
                 capture_routes=rl.router_replay is not None,
-            )  # fmt: skip
+            )
             if with_engine
             else None
         )
         # engines are blocks of contiguous ranks of this world (vLLM's external-launcher split)
         self.engine_size = self.rollout.tensor_parallel_size if with_engine else 0
-        self.engine_index, self.engine_rank = divmod(rank, self.engine_size) if with_engine else (-1, -1)
+        self.engine_index, self.engine_rank = divmod(world.rank, self.engine_size) if with_engine else (-1, -1)
         self.engine_version: Optional[int] = None  # the policy version the engine holds (None: unknown)
         self.channel = None  # the weight channel to the rollout workers (disaggregated layout, rank 0)
 

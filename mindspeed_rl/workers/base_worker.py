@@ -11,10 +11,10 @@ import torch
 from ..config_cls.megatron_config import MegatronConfig
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
-from ..protocol import Experience, LoadedState, MiniBatch, RankLayout
+from ..protocol import Experience, LoadedState, MiniBatch, RankLayout, WorldSpec
 
 
-def start_worker_process(rank: int, world_size: int, master_addr: str, master_port: int, threads: int):
+def start_worker_process(world: WorldSpec):
     """What every worker process does first: its output routed (rl_config.library_logs) before vLLM or megatron
     print anything, its rank's environment and thread count, then its torch.distributed world (the group's own
     master port). Returns the process's accelerator."""
@@ -23,20 +23,22 @@ def start_worker_process(rank: int, world_size: int, master_addr: str, master_po
     route_process_output()
     os.environ.update(
         {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": master_addr,
-            "MASTER_PORT": str(master_port),
-            "OMP_NUM_THREADS": str(threads),
+            "RANK": str(world.rank),
+            "WORLD_SIZE": str(world.world_size),
+            "LOCAL_RANK": str(world.rank),
+            "MASTER_ADDR": world.master_addr,
+            "MASTER_PORT": str(world.master_port),
+            "OMP_NUM_THREADS": str(world.threads),
         }
     )
-    torch.set_num_threads(max(1, threads))
+    torch.set_num_threads(max(1, world.threads))
     from ..accelerator import get_accelerator
     from ..utils import dist
 
     accelerator = get_accelerator()
-    dist.init_distributed(rank, world_size, master_addr, master_port, local_rank=accelerator.local_rank())
+    dist.init_distributed(
+        world.rank, world.world_size, world.master_addr, world.master_port, local_rank=accelerator.local_rank()
+    )
     return accelerator
 
 
@@ -44,20 +46,11 @@ class MegatronWorker:
     """One rank of a role's own torch.distributed world (own master port), with the role's model parallel
     groups; ``seed_offset`` keeps the roles' random streams apart."""
 
-    def __init__(
-        self,
-        rank: int,
-        world_size: int,
-        master_addr: str,
-        master_port: int,
-        megatron: MegatronConfig,
-        threads: int,
-        seed_offset: int = 0,
-    ):
+    def __init__(self, world: WorldSpec, megatron: MegatronConfig, seed_offset: int = 0):
         from ..utils import dist
 
-        self.acc = start_worker_process(rank, world_size, master_addr, master_port, threads)
-        self.rank, self.world_size = rank, world_size
+        self.acc = start_worker_process(world)
+        self.rank, self.world_size = world.rank, world.world_size
         m = megatron
         dist.init_model_parallel(
             m.tensor_model_parallel_size,
@@ -100,18 +93,8 @@ class FrozenModelWorker(MegatronWorker):
     head = "lm"
     seed_offset = 0
 
-    def __init__(
-        self,
-        rank: int,
-        world_size: int,
-        master_addr: str,
-        master_port: int,
-        role: RoleConfig,
-        rl: RLConfig,
-        threads: int,
-        offload_when_idle: bool = False,
-    ):
-        super().__init__(rank, world_size, master_addr, master_port, role.megatron, threads, self.seed_offset)
+    def __init__(self, world: WorldSpec, role: RoleConfig, rl: RLConfig, offload_when_idle: bool = False):
+        super().__init__(world, role.megatron, self.seed_offset)
         from ..models.engine import MegatronEngine
         from ..models.offload import Offloader
 

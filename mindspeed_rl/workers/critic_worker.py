@@ -9,25 +9,16 @@ from ..algorithms.losses import LossScale, value_loss
 from ..config_cls.algorithm_choice import resolve_algorithm
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
-from ..protocol import Experience, ForwardAnswer, LoadedState, MiniBatch, response_part
+from ..protocol import Experience, ForwardAnswer, LoadedState, MiniBatch, WorldSpec, response_part
 from .base_worker import MegatronWorker, load_trainable, save_trainable, token_budget, train_on_mini_batches
 
 
 class CriticWorker(MegatronWorker):
     def __init__(
-        self,
-        rank: int,
-        world_size: int,
-        master_addr: str,
-        master_port: int,
-        role: RoleConfig,
-        rl: RLConfig,
-        total_steps: int,
-        threads: int,
-        offload_when_idle: bool = False,
+        self, world: WorldSpec, role: RoleConfig, rl: RLConfig, total_steps: int, offload_when_idle: bool = False
     ):
         m = role.megatron
-        super().__init__(rank, world_size, master_addr, master_port, m, threads, seed_offset=7)
+        super().__init__(world, m, seed_offset=7)
         from ..models.engine import MegatronEngine
         from ..models.offload import Offloader
 

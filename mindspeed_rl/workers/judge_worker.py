@@ -8,7 +8,7 @@ from typing import List, Optional, Sequence
 
 from ..config_cls.generate_config import GenerateConfig
 from ..config_cls.judge_config import JudgeConfig
-from ..protocol import RankLayout
+from ..protocol import RankLayout, WorldSpec
 from .base_worker import start_worker_process
 
 
@@ -26,16 +26,13 @@ def judge_engine_settings(judge: JudgeConfig) -> GenerateConfig:
 
 
 class JudgeWorker:
-    def __init__(
-        self, rank: int, world_size: int, master_addr: str, master_port: int, judge: JudgeConfig, hf_dir: str,
-        threads: int,
-    ):  # fmt: skip
+    def __init__(self, world: WorldSpec, judge: JudgeConfig, hf_dir: str):
         from ..rollout.vllm_engine import text_llm
 
-        self.acc = start_worker_process(rank, world_size, master_addr, master_port, threads)
-        self.rank, self.world_size = rank, world_size
+        self.acc = start_worker_process(world)
+        self.rank, self.world_size = world.rank, world.world_size
         self.engine_size = judge.infer_tensor_parallel_size
-        self.engine_rank = rank % self.engine_size
+        self.engine_rank = world.rank % self.engine_size
         self.llm = text_llm(hf_dir, judge_engine_settings(judge))
         self.max_model_len, self.chat = judge.max_model_len, judge.api == "chat"
         self.tokenizer = self.llm.get_tokenizer()  # api chat: its chat template was checked before start

@@ -7,9 +7,11 @@ import itertools
 import math
 import os
 import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set
 
 from ..accelerator import Accelerator
+from ..protocol import WorldSpec
 from ..utils.cli import UserError
 from ..utils.library_logs import ENV_LOG_FILE
 from .worker_group import WorkerGroup
@@ -121,29 +123,45 @@ def create_placement_group(
 _STARTS = itertools.count()
 
 
+@dataclass
+class RunFrame:
+    """What a launch starts worker groups on: the accelerator, the workers' environment, the folder of the
+    libraries' logs (None: the console), the placement group, the groups started so far (``workers``, for the
+    clean-up) and what to close before they stop (``on_exit``)."""
+
+    acc: Accelerator
+    env: Dict[str, str]
+    log_dir: Optional[str]
+    pg: Any = None
+    workers: List[WorkerGroup] = field(default_factory=list)
+    closers: List[Callable[[], None]] = field(default_factory=list)
+
+    def on_exit(self, close: Callable[[], None]) -> None:
+        self.closers.append(close)
+
+
 def spawn_group(
+    frame: RunFrame,
     name: str,
     cls: type,
-    acc: Accelerator,
-    pg,
     num_ranks: int,
     fraction: float,
-    make_kwargs: Callable[[int, str, int], Dict[str, Any]],
-    env: Dict[str, str],
-    started: Optional[List[WorkerGroup]] = None,
-    log_dir: Optional[str] = None,
+    threads: int,
+    kwargs: Dict[str, Any],
     first_bundle: int = 0,
     wait: bool = True,
     taken_ports: Optional[Set[int]] = None,
 ) -> WorkerGroup:
-    """Start ``num_ranks`` actors of ``cls`` in bundles first_bundle.. first_bundle+num_ranks-1, each taking
-    ``fraction`` of a device (appended to ``started`` as soon as they exist). With ``log_dir`` each rank writes
-    its library output to ``log_dir/<name>_<rank>.log`` (utils/library_logs.py). ``wait``: return once every
-    rank is built (else ``wait_until_built`` later, the group starting meanwhile); ``taken_ports``: master
-    ports of groups still starting, not to be handed out again (the group's own is added)."""
+    """Start ``num_ranks`` actors of ``cls`` in bundles first_bundle.. first_bundle+num_ranks-1 of ``frame.pg``,
+    each taking ``fraction`` of a device and built with its ``WorldSpec`` (``threads`` CPU threads) and
+    ``kwargs`` (appended to ``frame.workers`` as soon as they exist). With ``frame.log_dir`` each rank writes its
+    library output to ``log_dir/<name>_<rank>.log`` (utils/library_logs.py). ``wait``: return once every rank is
+    built (else ``wait_until_built`` later, the group starting meanwhile); ``taken_ports``: master ports of groups
+    still starting, not to be handed out again (the group's own is added)."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+    acc, pg, log_dir = frame.acc, frame.pg, frame.log_dir
     master_addr, (master_port,) = bundle_ip_and_ports(pg, first_bundle, avoid=taken_ports or ())
     if taken_ports is not None:
         taken_ports.add(master_port)
@@ -162,14 +180,14 @@ def spawn_group(
         }
         # ranks of this group on the same host: they share its memory (e.g. the CPU KV-cache budget)
         local = sum(1 for r in range(num_ranks) if nodes.get(first_bundle + r) == nodes.get(first_bundle + rank))
-        env_vars = dict(env, LOCAL_WORLD_SIZE=str(max(1, local)))
+        env_vars = dict(frame.env, LOCAL_WORLD_SIZE=str(max(1, local)))
         if log_dir:
             env_vars[ENV_LOG_FILE] = os.path.join(log_dir, f"{name}_{rank}.log")
         options["runtime_env"] = {"env_vars": env_vars}
-        handles.append(remote_cls.options(**options).remote(**make_kwargs(rank, master_addr, master_port)))
+        world = WorldSpec(rank, num_ranks, master_addr, master_port, threads)
+        handles.append(remote_cls.options(**options).remote(world, **kwargs))
     group = WorkerGroup(name, handles)
-    if started is not None:
-        started.append(group)  # the caller shuts it down even if start-up fails below
+    frame.workers.append(group)  # the caller shuts it down even if start-up fails below
     if wait:
         group.load_layouts()
     return group

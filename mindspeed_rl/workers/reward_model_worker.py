@@ -11,26 +11,16 @@ from ..algorithms.preference import bradley_terry_loss
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..datasets.pairs import split_pair_scores
-from ..protocol import LoadedState
+from ..protocol import LoadedState, WorldSpec
 from .base_worker import MegatronWorker, load_trainable, save_trainable
 
 Batch = Dict[str, torch.Tensor]
 
 
 class RewardModelWorker(MegatronWorker):
-    def __init__(
-        self,
-        rank: int,
-        world_size: int,
-        master_addr: str,
-        master_port: int,
-        role: RoleConfig,
-        rl: RLConfig,
-        total_steps: int,
-        threads: int,
-    ):
+    def __init__(self, world: WorldSpec, role: RoleConfig, rl: RLConfig, total_steps: int):
         m = role.megatron
-        super().__init__(rank, world_size, master_addr, master_port, m, threads, seed_offset=13)
+        super().__init__(world, m, seed_offset=13)
         from ..models.engine import MegatronEngine
 
         self.role, self.rl = role, rl

@@ -14,7 +14,7 @@ from typing import Dict, Optional, Tuple
 
 from ..config_cls.generate_config import GenerateConfig
 from ..config_cls.model_config import ModelConfig
-from ..protocol import RankLayout, RolloutRequest, RolloutResult
+from ..protocol import RankLayout, RolloutRequest, RolloutResult, WorldSpec
 from .base_worker import start_worker_process
 
 
@@ -25,32 +25,34 @@ class StaleWeights(RuntimeError):
 class RolloutWorker:
     def __init__(
         self,
-        rank: int,
-        world_size: int,
-        master_addr: str,
-        master_port: int,
+        world: WorldSpec,
         model: ModelConfig,
         gen: GenerateConfig,
         eos_token_id: Optional[int],
         pad_token_id: int,
-        threads: int,
         bf16: bool,
         capture_routes: bool = False,
     ):
         from ..rollout.factory import make_rollout_engine
         from ..utils import dist
 
-        self.acc = start_worker_process(rank, world_size, master_addr, master_port, threads)
-        self.rank, self.world_size, self.gen = rank, world_size, gen
+        self.acc = start_worker_process(world)
+        self.rank, self.world_size, self.gen = world.rank, world.world_size, gen
         # megatron's parallel state for the fallback engine (a full single-rank copy, used where vLLM cannot run
         # the model); vLLM builds its own groups over this world
         dist.init_model_parallel(1, 1, seed=gen.sampling_config.seed)
         self.engine = make_rollout_engine(
-            model, gen, self.acc.kind, eos_token_id, pad_token_id, seed=gen.sampling_config.seed, bf16=bf16,
+            model,
+            gen,
+            self.acc.kind,
+            eos_token_id,
+            pad_token_id,
+            seed=gen.sampling_config.seed,
+            bf16=bf16,
             capture_routes=capture_routes,
-        )  # fmt: skip
+        )
         self.engine_size = self.engine.tensor_parallel_size
-        self.engine_index, self.engine_rank = divmod(rank, self.engine_size)
+        self.engine_index, self.engine_rank = divmod(world.rank, self.engine_size)
         self.version: Optional[int] = None
         self.channel = None
 

@@ -1,0 +1,135 @@
+"""The frame every training launch runs in (PPO's launch.py, reward-model training's rm_launch.py): the run
+directory, the libraries' logs routed, Ray started (or joined), a placement group, the worker groups recorded as
+they start; a worker's death or exception translated into one paragraph (failures.py), and on the way out
+everything closed, the workers shut down (killed after a grace) and the logs routed back."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional
+
+from ..config_cls.loader import CONFIG_DIR
+from ..utils.cli import raise_if_terminated, raise_terminated
+from .failures import WorkerDied, describe_dead_worker, describe_worker_error
+
+if TYPE_CHECKING:
+    from ..workers.launcher import RunFrame
+
+
+def runtime_env_vars() -> Dict[str, str]:
+    from ..config_cls.yaml_guard import load_yaml
+
+    data = load_yaml(os.path.join(CONFIG_DIR, "envs", "runtime_env.yaml")) or {}
+    env = {k: str(v) for k, v in (data.get("env_vars") or {}).items()}
+    for key in ("MINDSPEED_RL_DEVICE", "PYTHONWARNINGS"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    return env
+
+
+def init_ray(env: Dict[str, str], quiet: bool = False) -> None:
+    """Start (or join, with RAY_ADDRESS) Ray; ``quiet`` leaves Ray's driver logger to the handlers of
+    ``library_logs.route_driver_logs``."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if not sys.stdout.isatty():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # no ANSI colour in the worker-log prefix of a log file
+    address = os.environ.get("RAY_ADDRESS")
+    kwargs = dict(
+        runtime_env={"env_vars": env},
+        include_dashboard=False,
+        log_to_driver=True,
+        logging_level="WARNING",
+        configure_logging=not quiet,
+    )
+    import signal
+    import threading
+
+    own_handler = threading.current_thread() is threading.main_thread()
+    previous = signal.getsignal(signal.SIGTERM) if own_handler else None
+    try:
+        if address:
+            ray.init(address=address, **kwargs)
+        else:
+            ray.init(num_cpus=os.cpu_count(), **kwargs)
+    except SystemExit as exc:  # ray.init's own SIGTERM handler, in place while it runs, calls sys.exit(15)
+        if exc.code != signal.SIGTERM:
+            raise
+        raise_terminated(signal.SIGTERM, None)
+    finally:
+        if own_handler:  # the handler ray.init installed (exit 15) gives way to the process's
+            signal.signal(signal.SIGTERM, previous)
+
+
+def describe_placement(pg) -> str:
+    from ray.util.placement_group import placement_group_table
+
+    nodes = placement_group_table(pg).get("bundles_to_node_id", {})
+    return f"placement group: {len(nodes)} bundle(s) on {len(set(nodes.values()))} node(s)"
+
+
+def existing_checkpoint(megatron) -> "str | None":
+    """``load``, or None without one (pre-flight refused a resume from a folder with no checkpoint)."""
+    return megatron.load or None
+
+
+SHUTDOWN_GRACE_S = 5.0  # then workers still busy (starting up, stuck in a collective) are killed
+
+
+def stop_all(workers: List, pg, grace_s: float = SHUTDOWN_GRACE_S) -> None:
+    """Every worker group asked to shut down (all at once), and its processes killed now (not when the handles
+    are collected) or after ``grace_s``: a shutdown queues behind the call a worker is in, e.g. its start-up,
+    which a SIGTERM must not wait out."""
+    import ray
+
+    asked = [ref for group in workers for ref in group.call_async("shutdown")]
+    if asked:
+        ray.wait(asked, num_returns=len(asked), timeout=grace_s)  # a dead worker's answer is its error: ready
+    for group in workers:
+        for handle in group.handles:
+            ray.kill(handle, no_restart=True)
+    if pg is not None:
+        ray.util.remove_placement_group(pg)
+
+
+def new_run_dir(rl) -> "tuple[str, Optional[str]]":
+    """(this run's folder under rl_config.log_dir, its folder for the libraries' logs or None)."""
+    run_dir = os.path.abspath(os.path.join(rl.log_dir, time.strftime("%Y%m%d-%H%M%S")))
+    return run_dir, os.path.join(run_dir, "logs") if rl.library_logs == "file" else None
+
+
+@contextmanager
+def ray_run(cfg, run_dir: str, log_dir: Optional[str], bundles: int, keys: str) -> "Iterator[RunFrame]":
+    """Ray and a placement group of ``bundles`` (``keys``: the config keys that size it, for its messages)."""
+    import ray
+
+    from ..accelerator import get_accelerator
+    from ..workers.launcher import RunFrame, create_placement_group
+
+    frame = RunFrame(get_accelerator(), runtime_env_vars(), log_dir)
+    undo_routing = None
+    try:
+        if log_dir:
+            from ..utils.library_logs import route_driver_logs
+
+            undo_routing = route_driver_logs(log_dir)
+        init_ray(frame.env, quiet=bool(log_dir))
+        frame.pg = create_placement_group(frame.acc, bundles, frame.acc.bundle_cpus(bundles)[0], keys)
+        print(describe_placement(frame.pg), flush=True)
+        raise_if_terminated()
+        yield frame
+    except ray.exceptions.RayActorError as exc:
+        raise WorkerDied(describe_dead_worker(exc, frame.workers, cfg)) from None
+    except ray.exceptions.RayTaskError as exc:
+        raise describe_worker_error(exc, frame.workers, cfg, run_dir) from None
+    finally:
+        for close in reversed(frame.closers):
+            close()
+        stop_all(frame.workers, frame.pg)
+        if undo_routing is not None:
+            undo_routing()

@@ -1,0 +1,149 @@
+"""The size budget beside the layer rule (tests/test_layers.py), with an empty allow-list: no module over 400
+lines, no function over 80, no import circle among the modules of one layer (deferred imports count; imports
+only for type checkers do not), and ``# fmt: skip`` only on tables (a name bound to a literal tuple, list, set or
+dict), never to squeeze a call or a message past the formatter."""
+
+import ast
+import pathlib
+import sys
+from typing import Dict, List, Set
+
+from tests.test_layers import PACKAGE, layer_table
+
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 80
+
+
+def modules(package: pathlib.Path = PACKAGE) -> Dict[str, pathlib.Path]:
+    """Dotted module name -> file, for every module of the package (a package by its ``__init__``)."""
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def runtime_imports(name: str, path: pathlib.Path, known: Dict[str, pathlib.Path]) -> Set[str]:
+    """The package's modules ``name`` imports when it runs (top-level or deferred; not under TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for branch in node.body
+        for inner in ast.walk(branch)
+    }
+    base = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # relative: from the importing module's package, up level - 1 packages
+                module = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+            submodules = [f"{module}.{a.name}" for a in node.names if f"{module}.{a.name}" in known]
+            candidates = submodules if len(submodules) == len(node.names) else [module, *submodules]
+        elif isinstance(node, ast.Import):
+            candidates = [a.name for a in node.names]
+        else:
+            continue
+        for candidate in candidates:
+            while candidate and candidate not in known:
+                candidate = candidate.rpartition(".")[0]
+            if candidate and candidate != name:
+                found.add(candidate)
+    return found
+
+
+def circles(package: pathlib.Path = PACKAGE) -> List[List[str]]:
+    """Strongly connected groups (more than one module) of the import graph restricted to one layer."""
+    table, known = layer_table(), modules(package)
+
+    def layer(module: str):
+        parts = module.split(".")
+        return table.get(parts[1]) if len(parts) > 1 else None
+
+    graph = {m: {d for d in runtime_imports(m, p, known) if layer(d) == layer(m)} for m, p in known.items()}
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    found: List[List[str]] = []
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10 * len(graph)))
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_module_is_over_the_budget():
+    sizes = {str(p): len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.rglob("*.py")}
+    over = {path: lines for path, lines in sizes.items() if lines > MAX_MODULE_LINES}
+    assert not over, f"modules over {MAX_MODULE_LINES} lines: {over}"
+
+
+def test_no_function_is_over_the_budget():
+    over = {}
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    over[f"{path}:{node.name}"] = length
+    assert not over, f"functions over {MAX_FUNCTION_LINES} lines: {over}"
+
+
+def test_no_import_circle_within_a_layer():
+    assert circles() == []
+
+
+def test_fmt_skip_only_on_tables():
+    misused = []
+    for path in PACKAGE.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        if "# fmt: skip" not in text:
+            continue
+        tables = {
+            node.end_lineno
+            for node in ast.walk(ast.parse(text))
+            if isinstance(node, (ast.Assign, ast.AnnAssign))
+            and isinstance(node.value, (ast.Tuple, ast.List, ast.Set, ast.Dict))
+        }
+        for number, line in enumerate(text.splitlines(), 1):
+            if line.rstrip().endswith("# fmt: skip") and number not in tables:
+                misused.append(f"{path}:{number}")
+    assert not misused, f"# fmt: skip outside a table: {misused}"
+
+
+def test_the_checks_find_what_they_look_for(tmp_path):
+    """The circle finder and the budget rules on a package made to break them."""
+    package = tmp_path / "mindspeed_rl"
+    (package / "utils").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "utils" / "__init__.py").write_text("")
+    (package / "utils" / "a.py").write_text("def f():\n    from .b import g\n")
+    (package / "utils" / "b.py").write_text("from .a import f\n")
+    (package / "utils" / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import f\n"
+    )
+    assert circles(package) == [["mindspeed_rl.utils.a", "mindspeed_rl.utils.b"]]
