@@ -94,7 +94,6 @@ MALFORMED = [
         "can never be filled: at most filter_groups_max_batches 3 x megatron_training.global_batch_size",
     ),
     (["rl_config.test_freq=5"], "megatron_training.test_data_path", "required by rl_config.test_freq"),
-    (["megatron_training.test_data_path=./test"], "rl_config.test_freq", "never be used"),
     (["rl_config.val_kwargs.n=0"], "rl_config.val_kwargs.n", ">= 1"),
     (["rl_config.overlong_buffer_enable=true"], "rl_config.overlong_buffer", "between 1 and"),
     (
@@ -314,3 +313,19 @@ def test_the_one_slot_plan_does_not_quote_a_node_size_nobody_gave(monkeypatch, c
     assert train_ppo.main(["--config-name", "grpo_tiny_cpu", "dry_run=true"]) == 0
     out = capsys.readouterr().out
     assert "devices   : 1 (one node)" in out and "NPUS_PER_NODE" not in out, out
+
+
+@pytest.mark.parametrize("name, cli", [("ppo_tiny_cpu", "train_ppo"), ("rm_tiny_cpu", "train_rm")])
+def test_test_freq_0_alone_turns_validation_off_with_one_line(name, cli, capsys):
+    """One key switches validation off: the configured test set (and val_before_train) is then unused, said once
+    in the plan; the run starts (dry_run exits 0) and never reads the test set (a path that does not exist is
+    no error)."""
+    import importlib
+
+    main = importlib.import_module(f"cli.{cli}").main
+    argv = ["--config-name", name, "dry_run=true", "rl_config.test_freq=0", "megatron_training.test_data_path=./none"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    said = [line for line in out.splitlines() if "rl_config.test_freq 0" in line]
+    assert len(said) == 1 and "'./none' is not read" in said[0], out
+    assert "test_data_path" not in out.replace(said[0], "")  # no warning about the missing, unread test set

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, List
 from .feature_rules import agent_rollout_function, filter_metric_name
 from .layout import cp_groups, describe_blocks, dp_groups, engine_blocks, layout_diagram
 from .probes import devices_per_node
+from .rules import VALIDATION_OFF, validates
 
 if TYPE_CHECKING:
     from .ppo_config import PPOConfig
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
 def batch_plan(cfg: PPOConfig) -> str:
     """A human-readable account of how one iteration's samples are split."""
     lines = iteration_lines(cfg) + rollout_feature_lines(cfg) + distillation_lines(cfg) + judge_lines(cfg)
+    if cfg.actor.megatron.test_data_path and not validates(cfg):
+        lines.append(f"  validation: {VALIDATION_OFF.format(path=cfg.actor.megatron.test_data_path)}")
     lines += [role_split_line(role, cfg) for role in cfg.roles]
     lines += role_memory_lines(cfg)
     lines += parallel_group_lines(cfg.roles)

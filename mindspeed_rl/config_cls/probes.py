@@ -25,7 +25,7 @@ def missing_paths(cfg: "PPOConfig | RMConfig") -> List[ConfigError]:
         checks = [("tokenizer_name_or_path", m.tokenizer_name_or_path, "folder"), ("load", m.load, "folder")]
         if role is cfg.roles[0]:  # the actor, or the reward model of reward-model training: the role that reads data
             checks.append(("data_path", m.data_path, "dataset prefix"))
-            if m.test_data_path:
+            if m.test_data_path and cfg.rl.test_freq > 0:  # else it is not read
                 checks.append(("test_data_path", m.test_data_path, "dataset prefix"))
         for key, value, what in checks:
             full = _role_key(role, key) if key in _explicit(cfg, role) else f"megatron_training.{key}"

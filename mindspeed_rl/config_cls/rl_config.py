@@ -356,9 +356,12 @@ class RLConfig:
     tool_scratch_mb: int = opt(64, "Size of a tool call's scratch folder under bwrap, MB (a RAM file system).", ge=1)
     # validation
     test_freq: int = opt(
-        0, "Validate on megatron_training.test_data_path every N iterations and at the end (0: off).", ge=0
+        0,
+        "Validate on megatron_training.test_data_path every N iterations and at the end (0: validation off, "
+        "val_before_train included; a configured test set is then not read).",
+        ge=0,
     )
-    val_before_train: bool = opt(False, "Validate once before the first iteration (and at the end).")
+    val_before_train: bool = opt(False, "With test_freq > 0: validate once before the first iteration too.")
     val_kwargs: ValKwargsConfig = opt(doc="Validation sampling.", factory=ValKwargsConfig)
     # rewards
     rule_reward: bool = opt(True, "Score responses with rule verifiers.")

@@ -23,7 +23,7 @@ from .megatron_config import MegatronConfig
 from .plan import trainable_memory
 from .ppo_config import RoleConfig, _role
 from .rl_config import RLConfig
-from .rules import check_role_parallelism, check_role_training
+from .rules import VALIDATION_OFF, check_role_parallelism, check_role_training
 
 TOP_LEVEL_KEYS = ("defaults", "model", "megatron_training", "reward_config", "rl_config", "dry_run", "hydra")
 # the rl_config keys reward-model training reads; any other is refused (it would be silently ignored)
@@ -72,7 +72,7 @@ class RMConfig:
 
     @property
     def validates(self) -> bool:
-        return self.rl.test_freq > 0 or self.rl.val_before_train
+        return self.rl.test_freq > 0
 
 
 def build_rm_config(data: Mapping[str, Any], config_dir: Optional[str] = None) -> RMConfig:
@@ -153,13 +153,7 @@ def check_rm_rules(cfg: RMConfig) -> None:
             f"{m.micro_batch_size}",
         )
     if cfg.validates and not m.test_data_path:
-        key = "rl_config.test_freq" if cfg.rl.test_freq else "rl_config.val_before_train"
-        raise ConfigError("megatron_training.test_data_path", f"required by {key}: the held-out preference pairs")
-    if m.test_data_path and not cfg.validates:
-        raise ConfigError(
-            "rl_config.test_freq",
-            f"is 0 and val_before_train false, so test_data_path {m.test_data_path!r} would never be used",
-        )
+        raise ConfigError("megatron_training.test_data_path", "required by rl_config.test_freq: the held-out pairs")
     if m.dataset_additional_keys:
         raise ConfigError(
             "megatron_training.dataset_additional_keys",
@@ -187,8 +181,12 @@ def rm_plan(cfg: RMConfig) -> str:
         f"  memory    : {trainable_memory(role)}" + ("; the value head trains with the adapters" if m.lora_r else "")
     )
     if cfg.validates:
-        when = f"every {cfg.rl.test_freq} steps and at the end" if cfg.rl.test_freq else "at the end"
-        lines.append(f"  held-out  : pair accuracy on {m.test_data_path} {when}")
+        before = " (and before the first with val_before_train)" if cfg.rl.val_before_train else ""
+        lines.append(
+            f"  held-out  : pair accuracy on {m.test_data_path} every {cfg.rl.test_freq} steps and at the end{before}"
+        )
+    elif m.test_data_path:
+        lines.append(f"  held-out  : {VALIDATION_OFF.format(path=m.test_data_path)}")
     groups = dp_groups(role.tp, role.dp, role.pp, role.cp)
     lines.append(f"  DP groups : {groups[:4]}" + (" ..." if len(groups) > 4 else ""))
     return "\n".join(lines)

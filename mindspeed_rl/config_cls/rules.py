@@ -374,20 +374,20 @@ def check_save_folders(cfg: PPOConfig) -> None:
         )
 
 
+# what the batch plans say when a test set is configured but validation is off: one key switches it off
+VALIDATION_OFF = "off (rl_config.test_freq 0): test_data_path {path!r} is not read, val_before_train does nothing"
+
+
 def validates(cfg: PPOConfig) -> bool:
-    return cfg.rl.test_freq > 0 or cfg.rl.val_before_train
+    """Validation is on: rl_config.test_freq > 0 (then also before training with val_before_train)."""
+    return cfg.rl.test_freq > 0
 
 
 def check_validation_keys(cfg: PPOConfig) -> None:
     rl, test = cfg.rl, cfg.actor.megatron.test_data_path
     if validates(cfg) and not test:
-        key = "rl_config.test_freq" if rl.test_freq else "rl_config.val_before_train"
-        raise ConfigError("megatron_training.test_data_path", f"required by {key}: the preprocessed test set")
-    if test and not validates(cfg):
         raise ConfigError(
-            "rl_config.test_freq",
-            f"is 0 and val_before_train false, so test_data_path {test!r} "
-            "would never be used: set test_freq (or val_before_train)",
+            "megatron_training.test_data_path", "required by rl_config.test_freq: the preprocessed test set"
         )
     if validates(cfg) and not rl.rule_reward:
         raise ConfigError("rl_config.test_freq", "validation scores with the rule verifiers: rule_reward must be true")

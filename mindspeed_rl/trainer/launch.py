@@ -9,6 +9,7 @@ import time
 from typing import Any, Dict, List, Tuple
 
 from ..config_cls.ppo_config import PPOConfig
+from ..config_cls.rules import validates
 from ..utils.cli import UserError, raise_if_terminated, stop_on_sigterm
 from ..utils.hf_tokenizer import load_tokenizer
 from ..workers.launcher import RunFrame
@@ -34,7 +35,7 @@ def open_prompts(cfg: PPOConfig):
         except DatasetMissing as exc:
             raise UserError(str(exc)) from None
 
-    return one("data_path"), one("test_data_path") if m.test_data_path else None
+    return one("data_path"), one("test_data_path") if m.test_data_path and validates(cfg) else None
 
 
 @dataclasses.dataclass

@@ -94,7 +94,7 @@ class PPOTrainer:
 
     # ----- the iteration -----------------------------------------------------------------------------------
     def fit(self) -> List[Dict[str, float]]:
-        val_metrics = self.validate() if self.rl.val_before_train else {}
+        val_metrics = self.validate() if self.rl.val_before_train and self.test_prompts is not None else {}
         if val_metrics:
             print("validation before training: " + format_validation(val_metrics), flush=True)
             self.logger.record({"iteration": self.iteration, **val_metrics})

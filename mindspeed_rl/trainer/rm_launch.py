@@ -34,7 +34,7 @@ def open_pairs(cfg: RMConfig):
         except DatasetMissing as exc:
             raise UserError(str(exc)) from None
 
-    return one("data_path"), one("test_data_path") if m.test_data_path else None
+    return one("data_path"), one("test_data_path") if m.test_data_path and cfg.validates else None
 
 
 def preflight(cfg: RMConfig):
