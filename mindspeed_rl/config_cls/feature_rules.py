@@ -314,11 +314,14 @@ def check_judge_keys(cfg: PPOConfig) -> None:
     judge the response."""
     judge, resource = cfg.judge, cfg.rl.judge_resource
     if judge is None or judge.serve == "http":
-        if resource is not None:
-            why = "no judge_config" if judge is None else "judge_config.serve is http"
-            raise ConfigError("rl_config.judge_resource", f"is set but {why}: nothing would run on those devices")
+        if resource is not None and judge is None:
+            raise ConfigError(
+                "rl_config.judge_resource", "is set but no judge_config: nothing would run on those devices"
+            )
         if judge is None:
             return
+        if resource is not None:  # the engines' devices, unused over http (said in the plan; no bundles are made)
+            judge.unused = [*judge.unused, "rl_config.judge_resource"]
     elif resource is None:
         raise ConfigError("rl_config.judge_resource", "required with judge_config.serve engines: its devices")
     elif resource.num_npus % judge.infer_tensor_parallel_size:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Set
+from typing import List, Optional, Set
 
 from .base import ConfigError, opt
 
@@ -97,11 +97,14 @@ class JudgeConfig:
         ge=1024,
     )
 
+    def __post_init__(self) -> None:
+        self.unused: List[str] = []  # keys given for the other way of serving (validate)
+
     def validate(self, given: Optional[Set[str]] = None) -> None:
-        """The keys together; ``given``: the keys the YAML sets (a key of the other serving way is refused)."""
-        other, way = (HTTP_KEYS, "http") if self.serve == "engines" else (ENGINE_KEYS, "engines")
-        for key in sorted((given or set()) & set(other)):
-            raise ConfigError(f"judge_config.{key}", f"is a key of serve {way}; this judge is served by {self.serve}")
+        """The keys together; ``given``: the keys the YAML sets. Keys of the other serving way are not used, and said
+        so in the batch plan (``unused``): switching the way of serving is one key."""
+        other = HTTP_KEYS if self.serve == "engines" else ENGINE_KEYS
+        self.unused = [f"judge_config.{key}" for key in sorted((given or set()) & set(other))]
         if self.score_pattern is not None:
             import re
 

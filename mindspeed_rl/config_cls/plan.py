@@ -139,7 +139,10 @@ def judge_lines(cfg: PPOConfig) -> List[str]:
             f"its own, {j.load}"
         )
     when = "finished groups judged while the batch generates" if j.overlap else "after each scoring call"
-    return [f"  judge     : weight {j.weight:g}; {where}; {when}"]
+    lines = [f"  judge     : weight {j.weight:g}; {where}; {when}"]
+    if j.unused:
+        lines.append(f"  judge keys: not used with serve {j.serve}: {', '.join(j.unused)}")
+    return lines
 
 
 def role_split_line(role, cfg: PPOConfig) -> str:

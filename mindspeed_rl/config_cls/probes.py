@@ -44,7 +44,7 @@ def missing_paths(cfg: "PPOConfig | RMConfig") -> List[ConfigError]:
             if not exists:
                 problems.append(ConfigError(full, f"{what} {value!r} does not exist{_demo_hint(value)}"))
     judge = getattr(cfg, "judge", None)
-    if judge is not None and judge.load and not os.path.exists(judge.load):
+    if judge is not None and judge.serve == "engines" and judge.load and not os.path.exists(judge.load):
         problems.append(
             ConfigError("judge_config.load", f"folder {judge.load!r} does not exist{_demo_hint(judge.load)}")
         )
