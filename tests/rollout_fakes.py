@@ -17,8 +17,9 @@ from typing import Callable, Dict, List
 
 import torch
 
+from mindspeed_rl.config_cls.agent_config import AgentConfig
 from mindspeed_rl.protocol import GeneratedBatch, RolloutOutput
-from mindspeed_rl.rollout.agent_loop import AgentContext, AgentSettings, ToolFormat
+from mindspeed_rl.rollout.agent_loop import AgentContext, ToolFormat
 from mindspeed_rl.rollout.service import RolloutHandle, RolloutService
 from mindspeed_rl.tools import BUILTIN_TOOLS, ToolResult
 
@@ -127,7 +128,7 @@ class InProcessSandbox:
 def tool_context(sandbox=None, **settings) -> AgentContext:
     return AgentContext(
         None, TOK, {"calculator": BUILTIN_TOOLS["calculator"]}, sandbox or InProcessSandbox(),
-        AgentSettings(**settings), FORMAT,
+        AgentConfig(**settings), FORMAT,
     )  # fmt: skip
 
 

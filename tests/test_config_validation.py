@@ -329,3 +329,21 @@ def test_test_freq_0_alone_turns_validation_off_with_one_line(name, cli, capsys)
     said = [line for line in out.splitlines() if "rl_config.test_freq 0" in line]
     assert len(said) == 1 and "'./none' is not read" in said[0], out
     assert "test_data_path" not in out.replace(said[0], "")  # no warning about the missing, unread test set
+
+
+def test_the_agents_and_sandboxs_flat_spellings_are_read_into_their_sections_with_one_note(capsys):
+    """rl_config.max_turns, rl_config.tool_timeout, ... of the release before: read as rl_config.agent.* and
+    rl_config.sandbox.*, said in one line; a flat key beside its nested one (a command-line override) wins."""
+    from mindspeed_rl.config_cls import ConfigError, load_ppo_config
+
+    flat = ["rl_config.max_turns=3", "rl_config.tool_timeout=2.5", "rl_config.tool_isolation=none"]
+    cfg = load_ppo_config("grpo_tiny_cpu_tools", flat)
+    assert (cfg.rl.agent.max_turns, cfg.rl.sandbox.timeout, cfg.rl.sandbox.isolation) == (3, 2.5, "none")
+    assert cfg.rl.agent.max_tool_calls == 1 and cfg.rl.sandbox.memory_mb == 512  # the YAML's nested keys stay
+    notes = [line for line in capsys.readouterr().out.splitlines() if "old spelling" in line]
+    assert len(notes) == 1 and "rl_config.tool_timeout" in notes[0] and "rl_config.sandbox.timeout" in notes[0]
+    cfg = load_ppo_config("grpo_tiny_cpu_tools", ["rl_config.sandbox.timeout=7"])
+    assert cfg.rl.sandbox.timeout == 7 and "old spelling" not in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"rl_config.agent.max_turnz: unknown key.*max_turns"):
+        load_ppo_config("grpo_tiny_cpu_tools", ["+rl_config.agent.max_turnz=3"])
+

@@ -454,7 +454,7 @@ def test_tools_that_run_model_code_are_refused_without_isolation(monkeypatch):
     from mindspeed_rl.tools import isolation
 
     monkeypatch.setattr(isolation, "bwrap_unavailable", lambda: "bubblewrap (bwrap) is not installed")
-    with pytest.raises(IsolationUnavailable, match="apt-get install bubblewrap.*tool_isolation: none"):
+    with pytest.raises(IsolationUnavailable, match="apt-get install bubblewrap.*sandbox.isolation: none"):
         choose("bwrap", ["python"])
     assert choose("bwrap", []) == (
         "none",
@@ -462,7 +462,7 @@ def test_tools_that_run_model_code_are_refused_without_isolation(monkeypatch):
         "model-written code)",
     )
     kind, warning = choose("none", ["python"])
-    assert kind == "none" and warning.startswith("warning: rl_config.tool_isolation is none")
+    assert kind == "none" and warning.startswith("warning: rl_config.sandbox.isolation is none")
     with pytest.raises(IsolationUnavailable):
         Sandbox(LIMITS, "bwrap")
 
@@ -478,14 +478,14 @@ def test_preflight_refuses_model_code_without_isolation_and_warns_for_none(monke
     monkeypatch.setattr(isolation, "bwrap_unavailable", lambda: "bubblewrap (bwrap) is not installed")
     agent = ["rl_config.rollout_function=tool_agent", "rl_config.prompt_type=qwen"]
     with pytest.raises(
-        UserError, match=r"rl_config.tool_isolation: bwrap: the tools python run model-written code .* not installed"
+        UserError, match=r"rl_config.sandbox.isolation: bwrap: the tools python run model-written code .* not installed"
     ):
         check_tool_isolation(load_ppo_config("ppo_qwen25_32b_A3", agent + ["rl_config.tools=[calculator,python]"]))
     check_tool_isolation(load_ppo_config("ppo_qwen25_32b_A3", agent + ["rl_config.tools=[calculator]"]))
     assert "note: tools run as plain child processes" in capsys.readouterr().out
-    none = ["rl_config.tools=[python]", "rl_config.tool_isolation=none"]
+    none = ["rl_config.tools=[python]", "rl_config.sandbox.isolation=none"]
     check_tool_isolation(load_ppo_config("ppo_qwen25_32b_A3", agent + none))
-    assert "warning: rl_config.tool_isolation is none" in capsys.readouterr().out
+    assert "warning: rl_config.sandbox.isolation is none" in capsys.readouterr().out
 
 
 def test_check_env_reports_the_tool_sandbox(monkeypatch, capsys):

@@ -15,6 +15,11 @@ if TYPE_CHECKING:
     from .rl_config import RLConfig
 
 
+def partial_chunk(max_tokens: int, max_split: int) -> int:
+    """Tokens a trajectory grows per round under partial rollout: ceil(max_tokens / partial_rollout_max_split)."""
+    return -(-max_tokens // max_split)
+
+
 def check_packing_keys(cfg: PPOConfig) -> None:
     """Remove padding and token-budget micro-batches: single-stage models only (pipeline stages exchange
     fixed shapes); every budget holds the longest sequence (derive fills in the defaults)."""
@@ -112,7 +117,7 @@ def check_dapo_keys(cfg: PPOConfig) -> None:
                 f"{rl.partial_rollout_max_split} chunks of a {max_tokens}-token response would be "
                 "empty: at most generate_config.sampling_config.max_tokens",
             )
-        chunk = -(-max_tokens // rl.partial_rollout_max_split)
+        chunk = partial_chunk(max_tokens, rl.partial_rollout_max_split)
         if cfg.generate.sampling_config.min_tokens > chunk:
             raise ConfigError(
                 "generate_config.sampling_config.min_tokens",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, List
 
-from .feature_rules import agent_rollout_function, filter_metric_name
+from .feature_rules import agent_rollout_function, filter_metric_name, partial_chunk
 from .layout import cp_groups, describe_blocks, dp_groups, engine_blocks, layout_diagram
 from .probes import devices_per_node
 from .rules import VALIDATION_OFF, validates
@@ -89,10 +89,10 @@ def rollout_feature_lines(cfg: PPOConfig) -> List[str]:
     if agent != "single_turn":
         tools = ", ".join(rl.tools) + (f" + {rl.tool_config_path}" if rl.tool_config_path else "")
         lines.append(
-            f"  agent     : rollout function {agent}, tools [{tools}], up to {rl.max_turns} turns and "
-            f"{rl.max_tool_calls} calls per trajectory within max_tokens; tool results loss_mask 0; "
-            f"sandbox {rl.tool_isolation} ({rl.tool_timeout:g} s wall, {rl.tool_cpu_seconds} s CPU, "
-            f"{rl.tool_memory_mb} MB, scratch {rl.tool_scratch_mb} MB)"
+            f"  agent     : rollout function {agent}, tools [{tools}], up to {rl.agent.max_turns} turns and "
+            f"{rl.agent.max_tool_calls} calls per trajectory within max_tokens; tool results loss_mask 0; "
+            f"sandbox {rl.sandbox.isolation} ({rl.sandbox.timeout:g} s wall, {rl.sandbox.cpu_seconds} s CPU, "
+            f"{rl.sandbox.memory_mb} MB, scratch {rl.sandbox.scratch_mb} MB)"
         )
     if rl.max_head_offpolicyness > 0:
         lines.append(
@@ -102,7 +102,7 @@ def rollout_feature_lines(cfg: PPOConfig) -> List[str]:
     split = rl.partial_rollout_max_split
     if split > 1:
         lines.append(
-            f"  partial   : chunks of {-(-gen.sampling_config.max_tokens // split)} tokens "
+            f"  partial   : chunks of {partial_chunk(gen.sampling_config.max_tokens, split)} tokens "
             f"(max_tokens / partial_rollout_max_split {split}); unfinished responses are parked and continued "
             f"with the next weights, finished within {split} iterations"
             + ("" if rl.require_max_age_all_finished else " when rounds run (require_max_age_all_finished false)")

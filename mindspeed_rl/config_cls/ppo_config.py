@@ -14,7 +14,7 @@ from .generate_config import GenerateConfig
 from .judge_config import JudgeConfig
 from .megatron_config import MegatronConfig
 from .model_config import ModelConfig
-from .rl_config import RLConfig
+from .rl_config import RLConfig, build_rl_section
 from .rules import check_cross_fields
 from .yaml_guard import load_yaml
 
@@ -198,7 +198,7 @@ def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) 
     if not isinstance(base, Mapping):
         raise ConfigError("megatron_training", "required section is missing or not a mapping")
     megatron_training = build_section(MegatronConfig, base, "megatron_training", require=False)
-    rl = build_section(RLConfig, data.get("rl_config", {}), "rl_config")
+    rl = build_rl_section(data.get("rl_config", {}))
     generate = build_section(GenerateConfig, data.get("generate_config", {}), "generate_config")
     actor = _role("actor", "actor_config", data, base, models, config_dir, rl.actor_resource.num_npus)
     critic = _role("critic", "critic_config", data, base, models, config_dir, rl.critic_resource.num_npus)

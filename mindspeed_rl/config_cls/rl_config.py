@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Any, List, Mapping, Optional
 
+from .agent_config import AgentConfig, SandboxConfig, deprecation_note, nest_flat_keys
 from .algorithm_choice import ADVANTAGE_ESTIMATORS, DISTILL_SIGNALS, LOSS_AGG_MODES, POLICY_LOSSES, kl_names
-from .base import opt
+from .base import build_section, opt
 
 
 @dataclass
@@ -330,30 +331,8 @@ class RLConfig:
         "Chat template of the prompts (configs/model/templates.json): its tool role "
         "formats the tool results appended to a trajectory.",
     )
-    tool_parser_format: str = opt("hermes", "Tool-call format of the model's turns.", choices=("hermes",))
-    max_turns: int = opt(4, "Most assistant turns of a trajectory.", ge=1)
-    max_tool_calls: int = opt(4, "Most tool calls of a trajectory; a turn asking for more ends it.", ge=0)
-    max_parallel_calls: int = opt(1, "Most tool calls run per turn; more are answered with an error.", ge=1)
-    max_tool_response_length: int = opt(512, "Characters of a tool result kept (the rest cut, marked).", ge=1)
-    tool_response_truncate_side: str = opt(
-        "middle",
-        "Which part of a long tool result is kept: left (its end), right (its start) or middle (both ends).",
-        choices=("left", "right", "middle"),
-    )
-    tool_timeout: float = opt(10.0, "Wall-clock seconds of one tool call before its process is killed.", gt=0)
-    tool_cpu_seconds: int = opt(10, "CPU seconds of one tool call (RLIMIT_CPU).", ge=1)
-    tool_memory_mb: int = opt(1024, "Address space of one tool call's process, MB (RLIMIT_AS).", ge=64)
-    tool_max_result_bytes: int = opt(65536, "A longer tool result is refused with an error message.", ge=1)
-    tool_workers: int = opt(2, "Tool calls run side by side.", ge=1)
-    tool_isolation: str = opt(
-        "bwrap",
-        "How tool calls are isolated from the run: bwrap (bubblewrap: own namespaces, a read-only "
-        "view of the interpreter only, a RAM scratch folder, seccomp; tools that run model code are "
-        "refused at start where it cannot run) or none (a plain child process with the driver's "
-        "rights: only for trusted tools; warned at start).",
-        choices=("bwrap", "none"),
-    )
-    tool_scratch_mb: int = opt(64, "Size of a tool call's scratch folder under bwrap, MB (a RAM file system).", ge=1)
+    agent: AgentConfig = opt(doc="The tool agent's loop (docs/agents.md).", factory=AgentConfig)
+    sandbox: SandboxConfig = opt(doc="Each tool call's isolation and limits (docs/agents.md).", factory=SandboxConfig)
     # validation
     test_freq: int = opt(
         0,
@@ -397,3 +376,11 @@ class RLConfig:
     wandb_exp_name: str = opt("ppo", "wandb run name.")
     wandb_save_dir: str = opt("./wandb", "wandb files folder.")
     log_dir: str = opt("./logs", "Run folder root: metrics.jsonl, tensorboard, curves.")
+
+
+def build_rl_section(rl_data: Mapping[str, Any]) -> RLConfig:
+    """The ``rl_config`` section, the flat spellings of the agent's and the sandbox's keys read with a note."""
+    data, moved = nest_flat_keys(rl_data)
+    if moved:
+        print(deprecation_note(moved), flush=True)
+    return build_section(RLConfig, data, "rl_config")

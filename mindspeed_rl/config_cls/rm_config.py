@@ -22,7 +22,7 @@ from .layout import dp_groups
 from .megatron_config import MegatronConfig
 from .plan import trainable_memory
 from .ppo_config import RoleConfig, _role
-from .rl_config import RLConfig
+from .rl_config import RLConfig, build_rl_section
 from .rules import VALIDATION_OFF, check_role_parallelism, check_role_training
 
 TOP_LEVEL_KEYS = ("defaults", "model", "megatron_training", "reward_config", "rl_config", "dry_run", "hydra")
@@ -105,7 +105,7 @@ def build_rm_config(data: Mapping[str, Any], config_dir: Optional[str] = None) -
                 "is not read by reward-model training; it reads " + ", ".join(RL_KEYS),
             )
     megatron_training = build_section(MegatronConfig, base, "megatron_training", require=False)
-    rl = build_section(RLConfig, rl_data, "rl_config")
+    rl = build_rl_section(rl_data)
     if rl.reward_resource is None:
         raise ConfigError("rl_config.reward_resource", "required: the devices the reward model trains on")
     if data.get("reward_config") is not None and not isinstance(data["reward_config"], Mapping):

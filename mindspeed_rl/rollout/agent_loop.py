@@ -20,7 +20,7 @@ appended with ``loss_mask`` 0 (attended to, never trained on) and rollout log-pr
 The tool agent, for one trajectory:
 1. generate until the end of the assistant turn (EOS), within what is left of the response budget (a turn
    may take several chunks);
-2. parse the turn's tool calls (``tool_parser_format``); a turn without one is the answer: finished;
+2. parse the turn's tool calls (``rl_config.agent.tool_parser_format``); a turn without one is the answer: finished;
 3. run the calls in the sandbox (at most ``max_parallel_calls`` per turn; malformed, unknown, failing,
    hanging and oversized calls answer with an error message and are counted);
 4. append the results in the chat template's tool turn (``tool_response_*`` of configs/model/templates.json),
@@ -34,6 +34,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from ..config_cls.agent_config import AgentConfig
 from ..protocol.rollout import RolloutOutput, RolloutRequest
 from ..tools.parser import PARSERS, ToolCall
 from ..tools.registry import ToolSpec, import_function
@@ -73,29 +74,6 @@ class ToolFormat:
         return self.turn_prefix + "".join(self.response.format(content=c) for c in contents) + self.turn_suffix
 
 
-@dataclass(frozen=True)
-class AgentSettings:
-    max_turns: int = 4
-    max_tool_calls: int = 4
-    max_parallel_calls: int = 1
-    max_tool_response_length: int = 512
-    tool_response_truncate_side: str = "middle"
-    tool_parser_format: str = "hermes"
-    tool_workers: int = 2
-
-    @staticmethod
-    def of(rl) -> "AgentSettings":
-        return AgentSettings(
-            rl.max_turns,
-            rl.max_tool_calls,
-            rl.max_parallel_calls,
-            rl.max_tool_response_length,
-            rl.tool_response_truncate_side,
-            rl.tool_parser_format,
-            rl.tool_workers,
-        )
-
-
 @dataclass
 class AgentContext:
     """What a rollout function may use: the tokenizer, the tools with their sandbox, the loop's settings and
@@ -106,7 +84,7 @@ class AgentContext:
     tokenizer: Any
     tools: Dict[str, ToolSpec] = field(default_factory=dict)
     sandbox: Optional[Sandbox] = None
-    settings: AgentSettings = AgentSettings()
+    settings: AgentConfig = field(default_factory=AgentConfig)
     tool_format: Optional[ToolFormat] = None
     prompt_tools: Optional[List[Optional[List[str]]]] = None
 

@@ -21,7 +21,6 @@ exactly the batches an uninterrupted run trains on.
 
 from __future__ import annotations
 
-import math
 import queue
 import threading
 import time
@@ -30,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from ..config_cls.base import ConfigError
+from ..config_cls.feature_rules import partial_chunk
 from ..utils.clock import Clock
 from .rounds import TrajectoryPool
 
@@ -76,7 +76,7 @@ class Chunked:
         if max_split < 1:
             raise ValueError(f"partial_rollout_max_split must be >= 1, got {max_split}")
         self.max_split, self.require_oldest = max_split, require_max_age_all_finished
-        self.chunk = math.ceil(max_tokens / max_split)
+        self.chunk = partial_chunk(max_tokens, max_split)
 
     def keeps_generating(self, pool: TrajectoryPool) -> bool:
         """After the filter is satisfied: only while a trajectory at the maximum age is unfinished."""

@@ -32,7 +32,7 @@ from ..config_cls.generate_config import SamplingConfig
 from ..datasets.prompt_dataset import PromptBatch
 from ..protocol import Experience, RolloutOutput, build_experience
 from ..utils.clock import Clock
-from .agent_loop import AgentContext, AgentSettings, RolloutFunction, ToolFormat, build_rollout_function
+from .agent_loop import AgentContext, RolloutFunction, ToolFormat, build_rollout_function
 from .group_filter import DynamicSampling, GroupFilter, KeepAll
 from .legacy_state import legacy_source_state
 from .production import Produced, RolloutBatch, SeedStream, average
@@ -270,14 +270,15 @@ def agent_context(rl, tokenizer) -> AgentContext:
     template = load_templates().get(rl.prompt_type, {})
     sandbox = None
     if tools:  # preflight has printed the isolation's note
-        isolation, _ = choose(rl.tool_isolation, model_code_tools(tools))
+        isolation, _ = choose(rl.sandbox.isolation, model_code_tools(tools))
+        box = rl.sandbox
         limits = SandboxLimits(
-            rl.tool_timeout,
-            rl.tool_cpu_seconds,
-            rl.tool_memory_mb,
-            rl.tool_max_result_bytes,
-            scratch_mb=rl.tool_scratch_mb,
+            timeout_s=box.timeout,
+            cpu_seconds=box.cpu_seconds,
+            memory_mb=box.memory_mb,
+            max_result_bytes=box.max_result_bytes,
+            scratch_mb=box.scratch_mb,
         )
         sandbox = Sandbox(limits, isolation)
     tool_format = ToolFormat.of_template(template, rl.prompt_type) if "tool_response" in template else None
-    return AgentContext(None, tokenizer, tools, sandbox, AgentSettings.of(rl), tool_format)
+    return AgentContext(None, tokenizer, tools, sandbox, rl.agent, tool_format)

@@ -1,5 +1,5 @@
-"""Where a tool call's process runs: inside bubblewrap (``tool_isolation: bwrap``, the default) or as a plain
-child process of the driver (``tool_isolation: none``, or tools that run no model-written code where
+"""Where a tool call's process runs: inside bubblewrap (``rl_config.sandbox.isolation: bwrap``, the default) or
+as a plain child process of the driver (``isolation: none``, or tools that run no model-written code where
 bubblewrap cannot run).
 
 bubblewrap (https://github.com/containers/bubblewrap, Debian/Ubuntu/openEuler package ``bubblewrap``) starts
@@ -252,18 +252,18 @@ def require(isolation: str) -> None:
 
 
 def choose(requested: str, code_tools: Sequence[str]) -> Tuple[str, Optional[str]]:
-    """(isolation to use, a note for the start of the run or None) for ``rl_config.tool_isolation``.
+    """(isolation to use, a note for the start of the run or None) for ``rl_config.sandbox.isolation``.
 
     ``bwrap`` where bubblewrap runs; where it does not, tools that run no model-written code (the calculator)
     run in plain child processes with a note, and ``code_tools`` (the names of those that do) are refused
     (IsolationUnavailable) unless the config asks for ``none``, which runs them unisolated with a warning."""
     if requested not in ISOLATIONS:
-        raise ValueError(f"tool_isolation must be one of {', '.join(ISOLATIONS)}, not {requested!r}")
+        raise ValueError(f"rl_config.sandbox.isolation must be one of {', '.join(ISOLATIONS)}, not {requested!r}")
     if requested == "none":
         if not code_tools:
             return "none", None
         return "none", (
-            "warning: rl_config.tool_isolation is none: model-written tool code runs as a plain child process "
+            "warning: rl_config.sandbox.isolation is none: model-written tool code runs as a plain child process "
             "with the driver's rights (it can read and write what the run can, and signal it); use it only "
             "for trusted tools or on a throw-away machine"
         )
@@ -275,6 +275,6 @@ def choose(requested: str, code_tools: Sequence[str]) -> Tuple[str, Optional[str
     raise IsolationUnavailable(
         f"the tools {', '.join(code_tools)} run model-written code and need bubblewrap to isolate it, but "
         f"{why}: {INSTALL_HINT}; "
-        "or set rl_config.tool_isolation: none to run them without isolation (unsafe: the code can reach "
+        "or set rl_config.sandbox.isolation: none to run them without isolation (unsafe: the code can reach "
         "the run's files and processes)"
     )

@@ -1,4 +1,4 @@
-"""Tool-call parsers: the text of one assistant turn -> the calls it makes (``rl_config.tool_parser_format``).
+"""Tool-call parsers: the text of one assistant turn -> the calls it makes (``rl_config.agent.tool_parser_format``).
 
 hermes (Qwen2.5 / Qwen3, NousResearch Hermes, MindSpeed-RL's default)::
 

@@ -40,7 +40,7 @@ class ToolSpec:
     description: str
     parameters: Dict[str, Any] = field(default_factory=lambda: {"type": "object", "properties": {}})
     # whether the model's arguments can make the tool run code of the model's choosing; such tools need the
-    # isolation of tool_isolation (isolation.py). Only a tool known not to (the calculator) says False.
+    # isolation of rl_config.sandbox.isolation (isolation.py). Only a tool known not to (the calculator) says False.
     runs_model_code: bool = True
 
     def schema(self) -> Dict[str, Any]:

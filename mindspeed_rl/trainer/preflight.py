@@ -202,8 +202,8 @@ def check_environment() -> None:
 
 
 def check_tool_isolation(cfg: PPOConfig) -> None:
-    """The tools can be isolated as rl_config.tool_isolation asks (bubblewrap runs here), or run without it
-    because none of them runs model-written code; prints the note of a fallback or of tool_isolation none."""
+    """The tools can be isolated as rl_config.sandbox.isolation asks (bubblewrap runs here), or run without it
+    because none of them runs model-written code; prints the note of a fallback or of isolation none."""
     from ..config_cls.feature_rules import agent_rollout_function
     from ..tools.isolation import IsolationUnavailable, choose
     from ..tools.registry import model_code_tools, resolve_tools
@@ -213,9 +213,9 @@ def check_tool_isolation(cfg: PPOConfig) -> None:
         return
     tools = resolve_tools(rl.tools, rl.tool_config_path)
     try:
-        _, note = choose(rl.tool_isolation, model_code_tools(tools))
+        _, note = choose(rl.sandbox.isolation, model_code_tools(tools))
     except IsolationUnavailable as exc:
-        raise UserError(f"rl_config.tool_isolation: bwrap: {exc}") from None
+        raise UserError(f"rl_config.sandbox.isolation: bwrap: {exc}") from None
     if note:
         print(note if note.startswith("warning") else f"note: {note}", flush=True)
 
