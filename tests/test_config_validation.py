@@ -346,4 +346,3 @@ def test_the_agents_and_sandboxs_flat_spellings_are_read_into_their_sections_wit
     assert cfg.rl.sandbox.timeout == 7 and "old spelling" not in capsys.readouterr().out
     with pytest.raises(ConfigError, match=r"rl_config.agent.max_turnz: unknown key.*max_turns"):
         load_ppo_config("grpo_tiny_cpu_tools", ["+rl_config.agent.max_turnz=3"])
-
