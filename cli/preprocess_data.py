@@ -42,7 +42,6 @@ def load_dataset_config(name: str, overrides: Sequence[str]) -> DatasetConfig:
     except OmegaConfBaseException as exc:
         raise ConfigError(os.path.basename(path), str(exc).splitlines()[0]) from None
     cfg = build_section(DatasetConfig, plain, "")
-    cfg.validate()
     tools = check_dataset_names(cfg)
     from mindspeed_rl.datasets.readers import InputError, input_files
 

@@ -34,7 +34,7 @@ def tiny_model_config(**overrides) -> ModelConfig:
     )
     values.update(overrides)
     cfg = ModelConfig(**values)
-    cfg.validate()
+    cfg.check()
     return cfg
 
 

@@ -258,7 +258,7 @@ def test_preprocessing_lists_the_tools_in_the_system_turn(tmp_path):
         tools=["calculator", "python"],
         dataset_additional_keys=["labels", "tools"],
     )
-    cfg.validate()
+    cfg.check()
     handler = AlpacaStyleInstructionHandler(cfg, TOK, check_dataset_names(cfg))
     sample, why = handler.process({"question": "6*7?", "answer": "42"})
     text = TOK.decode(sample["input_ids"])

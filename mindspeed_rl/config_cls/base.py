@@ -174,4 +174,14 @@ def build_section(cls: type, data: Any, path: str, *, require: bool = True) -> A
         values[f.name] = value
     obj = cls(**values)
     obj._path = path
+    if isinstance(obj, SelfChecking):  # the section's rules across its own keys, named from ``path``
+        obj.check(path, set(data))
     return obj
+
+
+@typing.runtime_checkable
+class SelfChecking(typing.Protocol):
+    """A section with rules across its own keys: ``check(path, given)`` raises ConfigError naming the full key
+    path (``given``: the keys the config sets); ``build_section`` calls it."""
+
+    def check(self, path: str, given: typing.AbstractSet[str]) -> None: ...

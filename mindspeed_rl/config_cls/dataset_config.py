@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import AbstractSet, Dict, List
 
 from .base import ConfigError, opt
 
@@ -45,8 +45,9 @@ class DatasetConfig:
         "", "A YAML file with a 'tools' list (name, function, description, parameters), added to tools."
     )
 
-    def validate(self) -> None:
-        """The keys' own rules (the template and tool names resolve in trainer/config_names.py)."""
+    def check(self, path: str = "", given: AbstractSet[str] = frozenset()) -> None:
+        """The keys' own rules (build_section calls it; the template and tool names resolve in
+        trainer/config_names.py)."""
         for key, value in self.map_keys.items():
             if key not in MAP_KEYS:
                 raise ConfigError(f"map_keys.{key}", f"unknown; allowed: {', '.join(MAP_KEYS)}")

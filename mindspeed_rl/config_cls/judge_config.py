@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Set
+from typing import AbstractSet, List, Optional
 
 from .base import ConfigError, opt
 
@@ -100,11 +100,11 @@ class JudgeConfig:
     def __post_init__(self) -> None:
         self.unused: List[str] = []  # keys given for the other way of serving (validate)
 
-    def validate(self, given: Optional[Set[str]] = None) -> None:
-        """The keys together; ``given``: the keys the YAML sets. Keys of the other serving way are not used, and said
-        so in the batch plan (``unused``): switching the way of serving is one key."""
+    def check(self, path: str = "judge_config", given: AbstractSet[str] = frozenset()) -> None:
+        """The keys together (build_section calls it); ``given``: the keys the YAML sets. Keys of the other serving
+        way are not used, and said so in the batch plan (``unused``): switching the way of serving is one key."""
         other = HTTP_KEYS if self.serve == "engines" else ENGINE_KEYS
-        self.unused = [f"judge_config.{key}" for key in sorted((given or set()) & set(other))]
+        self.unused = [f"{path}.{key}" for key in sorted(set(given) & set(other))]
         if self.score_pattern is not None:
             import re
 

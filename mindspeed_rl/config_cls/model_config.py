@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Tuple
+from typing import AbstractSet, Dict, Optional, Sequence, Tuple
 
 from .base import ConfigError, opt
 
@@ -100,8 +100,9 @@ class ModelConfig:
         """One expert's inner MLP dimension (megatron's default for an unset moe_ffn_hidden_size: ffn_hidden_size)."""
         return self.moe_ffn_hidden_size or self.ffn_hidden_size
 
-    def validate(self) -> None:
-        path = getattr(self, "_path", "model")
+    def check(self, path: str = "model", given: AbstractSet[str] = frozenset()) -> None:
+        """Heads, query groups and experts against the sizes (build_section calls it; a family's own
+        requirements are checked by trainer/config_names.py)."""
         if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"{path}.num_attention_heads",

@@ -158,9 +158,7 @@ def model_section_data(name: str, models: Mapping[str, Any], config_dir: Optiona
 def build_model_section(data: Mapping, path: str) -> ModelConfig:
     """A model section, checked on its own (raises ConfigError naming the key; its family's requirements are
     checked by trainer/config_names.py)."""
-    model = build_section(ModelConfig, data, path)
-    model.validate()
-    return model
+    return build_section(ModelConfig, data, path)
 
 
 def _role(
@@ -215,7 +213,6 @@ def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) 
     judge = None
     if data.get("judge_config") is not None:
         judge = build_section(JudgeConfig, data["judge_config"], "judge_config")
-        judge.validate(set(data["judge_config"]) if isinstance(data["judge_config"], Mapping) else set())
     dry_run = data.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise ConfigError("dry_run", f"got {dry_run!r}, expected true or false")

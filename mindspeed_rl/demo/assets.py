@@ -149,5 +149,5 @@ def _preprocess(
     cfg = DatasetConfig(
         input=raw, tokenizer_name_or_path=tok_dir, output_prefix=prefix, prompt_type="empty", seq_length=64, **kind
     )
-    cfg.validate()
+    cfg.check()
     preprocess(cfg, progress=False)

@@ -87,7 +87,7 @@ class ModelFamily:
         )
         values.update(self.extra_model_fields(hf))
         cfg = ModelConfig(**values)
-        cfg.validate()
+        cfg.check()
         return cfg
 
     def extra_model_fields(self, hf: dict) -> dict:
