@@ -18,10 +18,10 @@ import sys
 from typing import Optional, Sequence
 
 from mindspeed_rl.accelerator.detect import forced_device_kind
-from mindspeed_rl.config_cls import missing_paths
 from mindspeed_rl.config_cls.loader import load_rm_config
-from mindspeed_rl.config_cls.rm_config import rm_plan
 from mindspeed_rl.trainer.config_names import check_model_family
+from mindspeed_rl.trainer.plan import rm_plan
+from mindspeed_rl.trainer.probes import missing_paths
 from mindspeed_rl.utils.cli import parse_run_args, report_user_errors, stop_on_sigterm, validated_only
 
 

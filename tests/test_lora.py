@@ -210,8 +210,8 @@ def test_a_lora_critic_trains_its_value_head_with_the_adapters():
 
 def test_the_plan_counts_the_adapters_the_engine_builds():
     """The dry-run plan's LoRA count (ModelConfig.lora_parameter_count) equals the adapters of a real engine."""
-    from mindspeed_rl.config_cls.plan import trainable_memory
     from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.trainer.plan import trainable_memory
     from mindspeed_rl.utils import dist
 
     dist.init_model_parallel(seed=11)

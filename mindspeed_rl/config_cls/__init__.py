@@ -5,9 +5,7 @@ from .generate_config import GenerateConfig, SamplingConfig
 from .loader import compose, load_ppo_config
 from .megatron_config import MegatronConfig
 from .model_config import ModelConfig
-from .plan import batch_plan
 from .ppo_config import PPOConfig, RoleConfig, build_ppo_config
-from .probes import missing_paths
 from .rl_config import RLConfig
 
 __all__ = [
@@ -19,9 +17,7 @@ __all__ = [
     "RLConfig",
     "PPOConfig",
     "RoleConfig",
-    "batch_plan",
     "build_ppo_config",
     "compose",
     "load_ppo_config",
-    "missing_paths",
 ]

@@ -60,7 +60,10 @@ FLAT_KEYS: Dict[str, Tuple[str, str]] = {
 
 def nest_flat_keys(rl_data: Mapping[str, Any]) -> Tuple[Dict[str, Any], List[str]]:
     """``rl_data`` with the flat spellings moved into their sections (a flat key given beside its nested one
-    wins: it is the one an override on the command line sets), and the moved keys' names."""
+    wins: it is the one an override on the command line sets), and the moved keys' names. Anything but a mapping is
+    left as it is, for the section builder to refuse."""
+    if not isinstance(rl_data, Mapping):
+        return rl_data, []
     data = dict(rl_data)
     moved = []
     for flat, (section, key) in FLAT_KEYS.items():

@@ -18,12 +18,10 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from .base import ConfigError, build_section, closest_key
 from .feature_rules import LORA_TARGETS, check_lora_rank
-from .layout import dp_groups
 from .megatron_config import MegatronConfig
-from .plan import trainable_memory
 from .ppo_config import RoleConfig, _role
 from .rl_config import RLConfig, build_rl_section
-from .rules import VALIDATION_OFF, check_role_parallelism, check_role_training
+from .rules import check_role_parallelism, check_role_training
 
 TOP_LEVEL_KEYS = ("defaults", "model", "megatron_training", "reward_config", "rl_config", "dry_run", "hydra")
 # the rl_config keys reward-model training reads; any other is refused (it would be silently ignored)
@@ -160,33 +158,3 @@ def check_rm_rules(cfg: RMConfig) -> None:
             f"{m.dataset_additional_keys}: pairs carry their own fields (input_ids, chosen_ids, rejected_ids); "
             "remove it",
         )
-
-
-def rm_plan(cfg: RMConfig) -> str:
-    """How one optimizer step's pairs are split over the devices."""
-    role, m = cfg.reward, cfg.reward.megatron
-    per_rank = m.global_batch_size // role.dp
-    lines = [
-        "reward-model training (Bradley-Terry, -log sigmoid(r_chosen - r_rejected)):",
-        f"  step      : {m.global_batch_size} pairs (global_batch_size) = {2 * m.global_batch_size} sequences; "
-        f"{m.train_iters} steps (train_iters)",
-        f"  reward    : {role.num_devices} device(s), TP {role.tp} x PP {role.pp}"
-        + (f" x CP {role.cp}" if role.cp > 1 else "")
-        + f" x DP {role.dp}; {per_rank} pairs per DP rank in {per_rank // m.micro_batch_size} micro-batch(es) "
-        f"of {m.micro_batch_size} pairs",
-        f"  sequences : prompt + answer up to seq_length {m.seq_length} tokens; "
-        + ("packed (use_remove_padding)" if cfg.rl.use_remove_padding else "padded"),
-    ]
-    lines.append(
-        f"  memory    : {trainable_memory(role)}" + ("; the value head trains with the adapters" if m.lora_r else "")
-    )
-    if cfg.validates:
-        before = " (and before the first with val_before_train)" if cfg.rl.val_before_train else ""
-        lines.append(
-            f"  held-out  : pair accuracy on {m.test_data_path} every {cfg.rl.test_freq} steps and at the end{before}"
-        )
-    elif m.test_data_path:
-        lines.append(f"  held-out  : {VALIDATION_OFF.format(path=m.test_data_path)}")
-    groups = dp_groups(role.tp, role.dp, role.pp, role.cp)
-    lines.append(f"  DP groups : {groups[:4]}" + (" ..." if len(groups) > 4 else ""))
-    return "\n".join(lines)

@@ -153,8 +153,8 @@ def placement_keys(cfg: PPOConfig) -> str:
 
 
 def train(cfg: PPOConfig) -> List[Dict[str, float]]:
-    from ..config_cls import batch_plan
     from ..config_cls.ppo_config import to_plain
+    from .plan import batch_plan
     from .preflight import preflight
     from .report import write_run_info
 

@@ -7,10 +7,11 @@ import sys
 import time
 from typing import Dict, List
 
-from ..config_cls.rm_config import RMConfig, rm_plan
+from ..config_cls.rm_config import RMConfig
 from ..utils.cli import UserError, raise_if_terminated, stop_on_sigterm
 from ..workers.launcher import RunFrame
 from .failures import train_to_exit_code
+from .plan import rm_plan
 from .ray_run import existing_checkpoint, new_run_dir, ray_run
 
 

@@ -6,14 +6,14 @@ import glob
 import os
 from typing import TYPE_CHECKING, List, Mapping
 
-from .base import ConfigError
-from .rules import _role_key
+from ..config_cls.base import ConfigError
+from ..config_cls.rules import _role_key
 
 DEMO_ASSETS = "demo_assets"
 
 if TYPE_CHECKING:
-    from .ppo_config import PPOConfig, RoleConfig
-    from .rm_config import RMConfig
+    from ..config_cls.ppo_config import PPOConfig, RoleConfig
+    from ..config_cls.rm_config import RMConfig
 
 
 def missing_paths(cfg: "PPOConfig | RMConfig") -> List[ConfigError]:

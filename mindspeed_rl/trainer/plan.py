@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, List
 
-from .feature_rules import agent_rollout_function, filter_metric_name, partial_chunk
+from ..config_cls.feature_rules import agent_rollout_function, filter_metric_name, partial_chunk
+from ..config_cls.rules import VALIDATION_OFF, validates
 from .layout import cp_groups, describe_blocks, dp_groups, engine_blocks, layout_diagram
 from .probes import devices_per_node
-from .rules import VALIDATION_OFF, validates
 
 if TYPE_CHECKING:
-    from .ppo_config import PPOConfig
+    from ..config_cls.ppo_config import PPOConfig
+    from ..config_cls.rm_config import RMConfig
 
 
 def batch_plan(cfg: PPOConfig) -> str:
@@ -278,3 +279,33 @@ def readable_count(count: float) -> str:
         if count >= scale:
             return f"{count / scale:.3g}{unit}"
     return f"{count:g}"
+
+
+def rm_plan(cfg: "RMConfig") -> str:
+    """How one optimizer step's pairs are split over the devices."""
+    role, m = cfg.reward, cfg.reward.megatron
+    per_rank = m.global_batch_size // role.dp
+    lines = [
+        "reward-model training (Bradley-Terry, -log sigmoid(r_chosen - r_rejected)):",
+        f"  step      : {m.global_batch_size} pairs (global_batch_size) = {2 * m.global_batch_size} sequences; "
+        f"{m.train_iters} steps (train_iters)",
+        f"  reward    : {role.num_devices} device(s), TP {role.tp} x PP {role.pp}"
+        + (f" x CP {role.cp}" if role.cp > 1 else "")
+        + f" x DP {role.dp}; {per_rank} pairs per DP rank in {per_rank // m.micro_batch_size} micro-batch(es) "
+        f"of {m.micro_batch_size} pairs",
+        f"  sequences : prompt + answer up to seq_length {m.seq_length} tokens; "
+        + ("packed (use_remove_padding)" if cfg.rl.use_remove_padding else "padded"),
+    ]
+    lines.append(
+        f"  memory    : {trainable_memory(role)}" + ("; the value head trains with the adapters" if m.lora_r else "")
+    )
+    if cfg.validates:
+        before = " (and before the first with val_before_train)" if cfg.rl.val_before_train else ""
+        lines.append(
+            f"  held-out  : pair accuracy on {m.test_data_path} every {cfg.rl.test_freq} steps and at the end{before}"
+        )
+    elif m.test_data_path:
+        lines.append(f"  held-out  : {VALIDATION_OFF.format(path=m.test_data_path)}")
+    groups = dp_groups(role.tp, role.dp, role.pp, role.cp)
+    lines.append(f"  DP groups : {groups[:4]}" + (" ..." if len(groups) > 4 else ""))
+    return "\n".join(lines)
