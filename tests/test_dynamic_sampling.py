@@ -8,6 +8,7 @@ import torch
 from mindspeed_rl.config_cls import load_ppo_config
 from mindspeed_rl.protocol import GeneratedBatch, RolloutOutput
 from mindspeed_rl.rollout.source import SeedStream
+from mindspeed_rl.trainer.batches import build_batches
 from mindspeed_rl.trainer.ppo_trainer import PPOTrainer
 
 RIGHT, WRONG = 7, 3  # response token ids the fake verifier reads
@@ -92,9 +93,9 @@ def trainer(test_dataset=None, **overrides):
         ],
     )
     dataset = [{"input_ids": [p] + [5] * (p % 4), "labels": "7"} for p in range(64)]
-    return PPOTrainer(
-        cfg, Actor(), None, Runner(), dataset, Sampler(6), Tokenizer(), logger=None, test_dataset=test_dataset
-    )
+    actor = Actor()
+    batches = build_batches(cfg, actor, dataset, Sampler(6), Tokenizer(), Runner())
+    return PPOTrainer(cfg, actor, None, batches, Tokenizer(), logger=None, test_dataset=test_dataset)
 
 
 def rollout(t):

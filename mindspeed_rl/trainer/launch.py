@@ -208,6 +208,7 @@ def build_trainer(cfg: PPOConfig, frame: RunFrame, roles: Roles, tokenizer, data
     closed with the run (``frame.on_exit``)."""
     from ..datasets.prompt_dataset import PromptSampler
     from ..rewards.runner import RuleRewardRunner
+    from .batches import build_batches
     from .loggers import MetricsLogger
     from .ppo_trainer import PPOTrainer
 
@@ -232,21 +233,11 @@ def build_trainer(cfg: PPOConfig, frame: RunFrame, roles: Roles, tokenizer, data
         from .judging import make_judge
 
         judge = make_judge(cfg, roles.judge)
+    batches = build_batches(
+        cfg, roles.actor, dataset, sampler, tokenizer, runner, roles.reward, judge, roles.service, start
+    )
     trainer = PPOTrainer(
-        cfg,
-        roles.actor,
-        roles.critic,
-        runner,
-        dataset,
-        sampler,
-        tokenizer,
-        logger,
-        start,
-        roles.reward,
-        test_dataset,
-        rollout_service=roles.service,
-        teacher_group=roles.teacher,
-        judge=judge,
+        cfg, roles.actor, roles.critic, batches, tokenizer, logger, start, test_dataset, teacher_group=roles.teacher
     )
     frame.on_exit(trainer.close)
     return trainer

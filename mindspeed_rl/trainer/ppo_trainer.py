@@ -18,13 +18,12 @@ from ..algorithms.rollout_correction import mismatch_metrics, truncated_is_weigh
 from ..config_cls.ppo_config import PPOConfig
 from ..datasets.prompt_dataset import PromptBatch
 from ..protocol import ACTOR_INPUTS, MODEL_INPUTS, Experience, ForwardAnswer, build_experience, mini_batch_plan
-from ..rollout.service import ColocatedRollout, DisaggregatedRollout
-from ..rollout.source import RolloutSource
+from ..rollout.service import DisaggregatedRollout
 from ..utils.cli import raise_if_terminated
 from ..utils.clock import Clock
+from .batches import Batches
 from .guards import next_collapse_streak, save_due, stop_on_nonfinite_steps
 from .metrics import data_metrics, throughput, timeline_spans
-from .scoring import Scorer
 
 
 def format_validation(metrics: Dict[str, float]) -> str:
@@ -37,21 +36,18 @@ class PPOTrainer:
         cfg: PPOConfig,
         actor_group,
         critic_group,
-        reward_runner,
-        dataset,
-        sampler,
+        batches: Batches,
         tokenizer,
         logger,
         start_iteration: int = 0,
-        reward_group=None,
         test_dataset=None,
-        rollout_service=None,
         teacher_group=None,
-        judge=None,
     ):
+        """``batches`` (trainer/batches.py): the rollout service, the scorer, the rollout source and the sampler,
+        built by ``build_batches`` with the service holding the weights of ``start_iteration``."""
         self.cfg, self.rl, self.gen = cfg, cfg.rl, cfg.generate
         self.actor, self.critic, self.teacher = actor_group, critic_group, teacher_group
-        self.reward_runner, self.sampler = reward_runner, sampler
+        self.batches, self.sampler = batches, batches.sampler
         self.test_prompts = PromptBatch.of(test_dataset, range(len(test_dataset))) if test_dataset is not None else None
         self.logger = logger
         self.iteration = start_iteration
@@ -62,13 +58,9 @@ class PPOTrainer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         self.clock = Clock()
         self.use_critic, self.use_ref = self.algorithm.use_critic, self.algorithm.use_reference
-        # generation (the actor's own engines unless a service is given); version = updates applied to the
-        # actor's weights
-        self.rollout_service = rollout_service or ColocatedRollout(actor_group)
-        self.rollout_service.update_weights(start_iteration)
-        self.scorer = Scorer(cfg, reward_runner, reward_group, tokenizer, judge)
-        # how batches are produced: rollout function x group filter x schedule (rollout/source.py)
-        self.source = RolloutSource.from_config(cfg, self.rollout_service, dataset, sampler, tokenizer, self.scorer)
+        # generation (version = updates applied to the actor's weights), scoring, and how batches are produced:
+        # rollout function x scoring stage x group filter x schedule (rollout/source.py)
+        self.rollout_service, self.scorer, self.source = batches.service, batches.scorer, batches.source
         # samples of older policy versions: old log-probs recomputed, stale tokens importance-weighted
         self.off_policy = self.source.off_policy
         samples = cfg.samples_per_iteration
@@ -148,10 +140,8 @@ class PPOTrainer:
         return self.history
 
     def close(self) -> None:
-        """Release the rollout source's threads (the tool thread; the production thread is a daemon) and the
-        judge's."""
-        self.source.close()
-        self.scorer.close()
+        """Release the rollout source's threads and the judge's."""
+        self.batches.close()
 
     def validation_due(self) -> bool:
         """Every test_freq iterations and at the last one, when validation is on."""
@@ -178,7 +168,7 @@ class PPOTrainer:
             prompts.input_ids, outputs, val.n, self.pad_id, prompts.labels, self.rollout_service.version
         )
         per_verifier, _ = self.scorer.verify(exp)
-        scores = self.reward_runner.weighted(per_verifier)
+        scores = self.scorer.reward_runner.weighted(per_verifier)
         first = per_verifier[self.rl.verifier_function[0]].view(-1, val.n)
         metrics = {f"val/{name}/mean@{val.n}": float(values.mean()) for name, values in per_verifier.items()}
         metrics.update(
