@@ -938,7 +938,9 @@ def test_sigterm_during_worker_start_up_exits_143_with_a_message_within_30_s(ass
     proc.send_signal(signal.SIGTERM)
     sent = time.perf_counter()
     out = proc.communicate(timeout=120)[0]
-    assert time.perf_counter() - sent < 30, out[-3000:]  # an orchestrator's usual grace before SIGKILL (took 64 s)
+    # well inside an orchestrator's usual 30 s grace before SIGKILL: 8 s here (a shutdown queued behind the workers'
+    # start-up took 22.7 s on this machine, 64 s on a loaded one)
+    assert time.perf_counter() - sent < 15, out[-3000:]
     assert proc.returncode == 143, out[-3000:]
     assert "stopped by SIGTERM" in out and "Traceback (most recent" not in out
     assert orphaned_after(before) == set()
