@@ -98,7 +98,7 @@ class JudgeConfig:
     )
 
     def __post_init__(self) -> None:
-        self.unused: List[str] = []  # keys given for the other way of serving (validate)
+        self.unused: List[str] = []  # keys given for the other way of serving (check)
 
     def check(self, path: str = "judge_config", given: AbstractSet[str] = frozenset()) -> None:
         """The keys together (build_section calls it); ``given``: the keys the YAML sets. Keys of the other serving

@@ -126,8 +126,8 @@ class Judge:
         return [self.verdict(reply, until) for reply in self._answers(texts)]
 
     def verdict(self, reply: "Optional[str | Failed]", until: Optional[float] = None) -> Verdict:
-        """The verdict on one answer (None: the request failed; OVERSIZED: the answer was too long), parsed
-        before the monotonic time ``until``."""
+        """The verdict on one answer (None: the request failed; a ``Failed``: why it did not come), parsed before
+        the monotonic time ``until``."""
         if reply is None or isinstance(reply, Failed):
             return Verdict(self.on_failure, "", REQUEST_FAILED if reply is None else reply.why)
         seconds = PARSE_SECONDS if until is None else min(PARSE_SECONDS, until - time.monotonic())
@@ -299,8 +299,7 @@ class HttpJudge(Judge):
             for task in tasks:  # past the call's deadline: failed requests (counted), the batch goes on
                 if not task.done():
                     task.cancel()
-            late = Verdict(self.on_failure, "", REQUEST_FAILED)
-            return [task.result() if task.done() and not task.cancelled() else late for task in tasks]
+            return [task.result() if task.done() and not task.cancelled() else self.verdict(None) for task in tasks]
         finally:
             await asyncio.gather(*tasks, return_exceptions=True)
             await client.close()

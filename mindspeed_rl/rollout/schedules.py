@@ -109,7 +109,6 @@ class _Slot:
     produced: Any = None
     error: Optional[BaseException] = None
     waited: float = 0.0  # seconds the trainer waited for this production, over every wait
-    last_wait: float = 0.0  # the latest of them
 
 
 class InStep:
@@ -187,9 +186,9 @@ class Ahead:
             queued = [s.iteration for s in self.slots]
             raise RuntimeError(f"asynchronous rollout: no batch for iteration {iteration} (queued: {queued})")
         slot = self.slots.popleft()
-        self._wait(slot)
+        waited = self._wait(slot)  # the production is in once it returns
         produced = slot.produced
-        produced.clock.add("timing/rollout_wait", slot.last_wait)
+        produced.clock.add("timing/rollout_wait", waited)
         seconds = produced.seconds
         return produced, {"async/overlap_share": max(0.0, 1.0 - slot.waited / seconds) if seconds > 0 else 0.0}
 
@@ -209,7 +208,6 @@ class Ahead:
             raise slot.error
         waited = time.perf_counter() - start
         slot.waited += waited
-        slot.last_wait = waited
         return waited
 
     def produced(self) -> List[Any]:

@@ -40,6 +40,11 @@ class JudgeInThread(Score, Protocol):
     def submit_judge(self, exp: Experience) -> "Future[Any]": ...
 
 
+def unscored(groups: Sequence[Group]) -> List[Group]:
+    """The groups with a trajectory not scored yet."""
+    return [g for g in groups if any(t.score is None for t in g)]
+
+
 def score_groups(
     score: Score, groups: Sequence[Sequence[Trajectory]], exp: Experience, clock: Clock, judged=None
 ) -> Dict[str, float]:
@@ -64,9 +69,9 @@ class Immediate:
         return 0
 
     def submit(self, groups: List[Group], clock: Clock, reward_metrics: RewardMetrics) -> List[Group]:
-        unscored = [g for g in groups if any(t.score is None for t in g)]
-        if unscored:
-            reward_metrics.append((sum(map(len, unscored)), self.score_now(unscored, clock)))
+        todo = unscored(groups)
+        if todo:
+            reward_metrics.append((sum(map(len, todo)), self.score_now(todo, clock)))
         return groups
 
     def ready(self, clock: Clock, reward_metrics: RewardMetrics, wait: bool) -> List[Group]:
@@ -93,11 +98,11 @@ class Overlapped(Immediate):
         return sum(len(groups) for groups, *_ in self.judging)
 
     def submit(self, groups: List[Group], clock: Clock, reward_metrics: RewardMetrics) -> List[Group]:
-        unscored = [g for g in groups if any(t.score is None for t in g)]
-        if not unscored:
+        todo = unscored(groups)
+        if not todo:
             return groups
-        exp = self.rows(unscored)
-        self.judging.append((groups, unscored, exp, self.score.submit_judge(exp)))
+        exp = self.rows(todo)
+        self.judging.append((groups, todo, exp, self.score.submit_judge(exp)))
         return []
 
     def ready(self, clock: Clock, reward_metrics: RewardMetrics, wait: bool) -> List[Group]:

@@ -38,7 +38,7 @@ from .legacy_state import legacy_source_state
 from .production import Produced, RolloutBatch, SeedStream, average
 from .rounds import TrajectoryPool
 from .schedules import Ahead, Chunked, InStep, Synchronous, ahead_of, schedule_metrics
-from .scoring_stage import RewardMetrics, Score, scoring_stage
+from .scoring_stage import RewardMetrics, Score, scoring_stage, unscored
 from .trajectory import Trajectory, group_outputs
 
 
@@ -208,9 +208,9 @@ class RolloutSource:
         if pool is not None:
             self.pool.load_state_dict(pool)
         for batch in produced:  # batches of an older checkpoint kept no scores: score them now, on this thread
-            unscored = [g for g in batch.groups if any(t.score is None for t in g)]
-            if unscored:
-                batch.metrics.update(self.scoring.score_now(unscored, batch.clock))
+            todo = unscored(batch.groups)
+            if todo:
+                batch.metrics.update(self.scoring.score_now(todo, batch.clock))
         self.ahead.restore(produced)
 
     def close(self) -> None:

@@ -14,7 +14,7 @@ from ..utils.cli import UserError, raise_if_terminated, stop_on_sigterm
 from ..utils.hf_tokenizer import load_tokenizer
 from ..workers.launcher import RunFrame
 from .failures import train_to_exit_code
-from .ray_run import existing_checkpoint, new_run_dir, ray_run
+from .ray_run import new_run_dir, ray_run
 
 
 def run(cfg: PPOConfig) -> int:
@@ -125,7 +125,7 @@ def load_models(cfg: PPOConfig, roles: Roles, resume_at) -> Tuple[int, Dict]:
         roles.reward.call("init_weights", cfg.reward.megatron.load)
     if roles.teacher is not None:
         roles.teacher.call("init_weights", cfg.teacher.megatron.load)
-    actor_load, critic_load = existing_checkpoint(am), existing_checkpoint(cm)
+    actor_load, critic_load = am.load or None, cm.load or None
     resumed = roles.actor.call(
         "init_weights",
         actor_load,

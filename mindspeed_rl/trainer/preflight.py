@@ -164,8 +164,8 @@ def check_role(role: RoleConfig, iteration: Optional[int] = None, trains: bool =
     if m.save:
         check_writable(f"{section}.save", m.save)
     if m.load and not m.finetune:
-        check_resumable(section, m.load)
-    if m.load and (m.finetune or ml.read_tracker_or_none(m.load) is not None):
+        check_resumable(section, m.load)  # so from here every load holds a checkpoint
+    if m.load:
         resuming = trains and not m.finetune
         iter_dir = check_checkpoint(
             f"{section}.load", m.load, (role.tp, role.pp, m.expert_model_parallel_size), iteration if resuming else None

@@ -73,11 +73,6 @@ def describe_placement(pg) -> str:
     return f"placement group: {len(nodes)} bundle(s) on {len(set(nodes.values()))} node(s)"
 
 
-def existing_checkpoint(megatron) -> "str | None":
-    """``load``, or None without one (pre-flight refused a resume from a folder with no checkpoint)."""
-    return megatron.load or None
-
-
 SHUTDOWN_GRACE_S = 5.0  # then workers still busy (starting up, stuck in a collective) are killed
 
 

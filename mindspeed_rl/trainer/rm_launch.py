@@ -12,7 +12,7 @@ from ..utils.cli import UserError, raise_if_terminated, stop_on_sigterm
 from ..workers.launcher import RunFrame
 from .failures import train_to_exit_code
 from .plan import rm_plan
-from .ray_run import existing_checkpoint, new_run_dir, ray_run
+from .ray_run import new_run_dir, ray_run
 
 
 def run(cfg: RMConfig) -> int:
@@ -77,7 +77,7 @@ def train(cfg: RMConfig) -> List[Dict[str, float]]:
     devices = cfg.reward.num_devices
     with ray_run(cfg, run_dir, log_dir, devices, f"rl_config.reward_resource.num_npus {devices}") as frame:
         group = start_reward_model(cfg, frame)
-        load = existing_checkpoint(m)
+        load = m.load or None
         state = group.call("init_weights", load, m.finetune, not m.no_load_optim, not m.no_load_rng, resume_at)[0]
         start = state.iteration if load and not m.finetune else 0
         sampler = PromptSampler(len(dataset), m.global_batch_size, m.seed, shuffle=not m.no_shuffle)
@@ -102,6 +102,5 @@ def start_reward_model(cfg: RMConfig, frame: RunFrame):
     cpus_per_bundle, threads = acc.bundle_cpus(devices)
     whole_bundle = acc.bundle_spec(cpus_per_bundle)[acc.ray_resource]
     kwargs = dict(role=cfg.reward, rl=cfg.rl, total_steps=cfg.reward.megatron.train_iters)
-    group = spawn_group(frame, "reward", RewardModelWorker, devices, whole_bundle, threads, kwargs)
-    group.load_layouts()
-    return group
+    # spawn_group waits: every rank is built and its layout read when it returns
+    return spawn_group(frame, "reward", RewardModelWorker, devices, whole_bundle, threads, kwargs)
