@@ -9,6 +9,7 @@ import torch
 
 from mindspeed_rl import accelerator
 from mindspeed_rl.accelerator import detect
+from mindspeed_rl.accelerator.cuda import SOFTMAX_KERNELS
 
 
 def fake_torch_npu(available: bool = True, count: int = 8) -> types.ModuleType:
@@ -281,15 +282,19 @@ def test_device_kinds_answer_without_their_device(monkeypatch):
     )
     cuda = accelerator.accelerator_class("cuda")
     monkeypatch.setitem(sys.modules, "transformer_engine", None)  # not installed
+    for kernel in SOFTMAX_KERNELS:
+        monkeypatch.setitem(sys.modules, kernel, None)
     assert cuda.fused_features() == dict(
         always,
         transformer_engine=False,
         rope_fusion=False,
         gradient_accumulation_fusion=False,
-        masked_softmax_fusion=True,
+        masked_softmax_fusion=False,  # no Apex / fused_kernels: megatron's unfused softmax
         ring_attention=False,
     )
     monkeypatch.setitem(sys.modules, "transformer_engine", types.ModuleType("transformer_engine"))
+    for kernel in SOFTMAX_KERNELS:
+        monkeypatch.setitem(sys.modules, kernel, types.ModuleType(kernel))
     assert cuda.fused_features() == dict(
         always,
         transformer_engine=True,

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Dict, Optional
 
 import torch
 
 from .base import Accelerator, host_rss_gib
+
+SOFTMAX_KERNELS = ("scaled_upper_triang_masked_softmax_cuda", "scaled_masked_softmax_cuda")
+
+
+def _importable(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        return False
+    return True
 
 
 class CudaAccelerator(Accelerator):
@@ -80,6 +91,8 @@ class CudaAccelerator(Accelerator):
             transformer_engine=te,
             rope_fusion=te,
             gradient_accumulation_fusion=te,
-            masked_softmax_fusion=True,
+            # megatron-core's fused softmax imports these kernels (built by Apex or Megatron-LM's fused_kernels)
+            # at the first attention; without them that import fails, so the unfused softmax runs instead
+            masked_softmax_fusion=all(_importable(k) for k in SOFTMAX_KERNELS),
             ring_attention=te,  # Transformer Engine's attention with cp_comm_type p2p
         )

@@ -59,7 +59,7 @@ def token_level_rewards(
     mask = mask.to(scores.dtype)
     last = (mask * torch.arange(mask.shape[1], device=mask.device)).argmax(dim=1)
     rewards = torch.zeros_like(mask)
-    rewards[torch.arange(mask.shape[0]), last] = scores.to(mask.dtype)
+    rewards[torch.arange(mask.shape[0], device=mask.device), last] = scores.to(mask.dtype)
     if kl is not None and kl_coef:
         rewards = rewards - kl_coef * torch.where(mask.bool(), kl, torch.zeros_like(kl))
     return rewards * mask
@@ -89,10 +89,10 @@ def _broadcast(per_sequence: torch.Tensor, mask: torch.Tensor) -> Pair:
 
 def _group_stats(x: torch.Tensor, group: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per row: the mean, the unbiased std and the size of its group."""
-    ids, inverse = torch.unique(group, return_inverse=True)
-    size = torch.zeros(len(ids)).index_add_(0, inverse, torch.ones_like(x))
-    mean = torch.zeros(len(ids)).index_add_(0, inverse, x) / size
-    sq = torch.zeros(len(ids)).index_add_(0, inverse, (x - mean[inverse]) ** 2)
+    ids, inverse = torch.unique(group.to(x.device), return_inverse=True)
+    size = x.new_zeros(len(ids)).index_add_(0, inverse, torch.ones_like(x))
+    mean = x.new_zeros(len(ids)).index_add_(0, inverse, x) / size
+    sq = x.new_zeros(len(ids)).index_add_(0, inverse, (x - mean[inverse]) ** 2)
     std = torch.where(size > 1, (sq / (size - 1).clamp(min=1)).sqrt(), torch.zeros_like(sq))
     return mean[inverse], std[inverse], size[inverse]
 
@@ -138,7 +138,7 @@ def group_norm_advantages(
 
     A_i = (R_i - mean_{j in g(i)} R_j) / (std_{j in g(i)} R_j + eps)
     """
-    group = torch.as_tensor(list(group_ids))
+    group = torch.as_tensor(list(group_ids), device=scores.device)
     mean, std, _ = _group_stats(scores.float(), group)
     return _broadcast((scores.float() - mean) / (std + eps), mask)
 
@@ -179,7 +179,7 @@ def reinforce_plus_plus_advantages(token_rewards: torch.Tensor, mask: torch.Tens
     m = mask.bool()
     rewards = torch.where(m, token_rewards.float(), torch.zeros_like(token_rewards, dtype=torch.float32))
     returns = torch.zeros_like(rewards)
-    running = torch.zeros(rewards.shape[0])
+    running = rewards.new_zeros(rewards.shape[0])
     for t in reversed(range(rewards.shape[1])):
         running = torch.where(m[:, t], rewards[:, t] + gamma * running, running)
         returns[:, t] = running

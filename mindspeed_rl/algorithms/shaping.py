@@ -24,7 +24,8 @@ def informative_groups(values: torch.Tensor, group: torch.Tensor) -> torch.Tenso
 
         keep_i = max_{j in g(i)} v_j > min_{j in g(i)} v_j
     """
-    ids, inverse = torch.unique(group, return_inverse=True)
-    high = torch.full((len(ids),), -float("inf")).scatter_reduce(0, inverse, values.float(), "amax")
-    low = torch.full((len(ids),), float("inf")).scatter_reduce(0, inverse, values.float(), "amin")
+    ids, inverse = torch.unique(group.to(values.device), return_inverse=True)
+    x = values.float()
+    high = x.new_full((len(ids),), -float("inf")).scatter_reduce(0, inverse, x, "amax")
+    low = x.new_full((len(ids),), float("inf")).scatter_reduce(0, inverse, x, "amin")
     return (high > low)[inverse]

@@ -80,12 +80,13 @@ def generate(
         raise ValueError("the fallback engine captures routes only with batch-invariant numerics")
     model.eval()
     step_logits = _Step(model, batch_invariant, recorders)
-    generator = torch.Generator().manual_seed(seed) if seed is not None else None
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     outputs: List[GenerationOutput] = []
     for start in range(0, len(prompts), batch_size):
         chunk = prompts[start : start + batch_size]
         limits = [min(max_new_tokens, int(c)) for c in caps[start : start + batch_size]] if caps else None
-        ids, mask = left_pad(chunk, pad_token_id)
+        ids, mask = (t.to(device) for t in left_pad(chunk, pad_token_id))
         done = torch.zeros(len(chunk), dtype=torch.bool)
         responses: List[List[int]] = [[] for _ in chunk]
         logps: List[List[float]] = [[] for _ in chunk]
@@ -98,14 +99,16 @@ def generate(
                 banned[:, eos_token_id] = True
             tokens, token_logps = sample_next(logits, temperature, top_k, top_p, min_p, generator, banned)
             active = ~done
+            picked, picked_logps = tokens.tolist(), token_logps.tolist()  # one copy to the host per step
             for i in torch.nonzero(active).flatten().tolist():
-                responses[i].append(int(tokens[i]))
-                logps[i].append(float(token_logps[i]))
-                if eos_token_id is not None and int(tokens[i]) == eos_token_id and not ignore_eos:
+                responses[i].append(picked[i])
+                logps[i].append(picked_logps[i])
+                if eos_token_id is not None and picked[i] == eos_token_id and not ignore_eos:
                     done[i] = True
                     reasons[i] = "stop"
                 elif limits is not None and len(responses[i]) >= limits[i]:
                     done[i] = True
+            active = active.to(device)
             ids = torch.cat([ids, torch.where(active, tokens, pad_token_id).unsqueeze(1)], dim=1)
             mask = torch.cat([mask, active.long().unsqueeze(1)], dim=1)
             if bool(done.all()):
@@ -113,7 +116,7 @@ def generate(
         kept = [None] * len(chunk)
         grid = step_logits.routes
         if grid is not None:  # each row's real tokens as the last forward saw them (not the last sampled one)
-            seen = mask[:, : grid.shape[1]].bool()
+            seen = mask[:, : grid.shape[1]].bool().to(grid.device)
             kept = [grid[i][seen[i]][: len(p) + len(r) - 1] for i, (p, r) in enumerate(zip(chunk, responses))]
         outputs.extend(
             GenerationOutput(list(p), r, lp, why, routes)

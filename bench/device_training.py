@@ -1,0 +1,128 @@
+"""bench/device_check.py's training and head steps: the engine's update step, and the chunked log-prob head."""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, List
+
+import torch
+
+from bench.device_steps import Context, engine_for, random_batch
+
+MICRO_BATCH_TOKENS = 8192  # rows per micro-batch = this / sequence length; two micro-batches per step
+
+
+def is_oom(exc: BaseException) -> bool:
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def nll(outputs, mb):
+    """Mean negative log-likelihood of the real next tokens."""
+    mask = mb["attention_mask"][:, 1:].float() * mb["attention_mask"][:, :-1].float()
+    return -(outputs["log_probs"][:, 1:] * mask).sum() / mask.sum().clamp(min=1), {}
+
+
+def model_flops(engine, mask: torch.Tensor) -> float:
+    """Training FLOPs of the real tokens: 6 N per token + 12 x layers x hidden x row length (attention)."""
+    cfg = engine.role.model
+    total = sum(p.numel() for p in engine.unwrapped().parameters())
+    embedding = cfg.padded_vocab_size * cfg.hidden_size
+    matmul = total if not cfg.untie_embeddings_and_output_weights else total - embedding  # the head multiplies too
+    lengths = mask.sum(1).double()
+    return float((6 * matmul * lengths + 12 * cfg.num_layers * cfg.hidden_size * lengths**2).sum())
+
+
+def measure(ctx: Context, engine, batch: Dict[str, torch.Tensor], micro: int, repeats: int) -> Dict:
+    ctx.reset_peak()
+    seconds = timed_steps(ctx, engine, batch, micro, repeats)
+    tokens = int(batch["attention_mask"].sum())
+    return dict(
+        tokens_per_s=tokens / seconds,
+        MFU=model_flops(engine, batch["attention_mask"]) / seconds / ctx.peak_flops,
+        step_s=seconds,
+        peak_mem_gib=ctx.peak_gib(),
+    )
+
+
+def timed_steps(ctx: Context, engine, batch, micro: int, repeats: int) -> float:
+    result = engine.train_step(batch, nll, micro)  # warm-up
+    if result.skipped:
+        raise RuntimeError("the warm-up step was skipped: non-finite loss or gradient")
+    ctx.sync()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        engine.train_step(batch, nll, micro)
+    ctx.sync()
+    return (time.perf_counter() - start) / repeats
+
+
+def training_rows(ctx: Context) -> List[Dict]:
+    seqs = (32, 64) if ctx.smoke else (1024, 4096)
+    micro_tokens = 64 if ctx.smoke else MICRO_BATCH_TOKENS
+    repeats = 1 if ctx.smoke else 3
+    rows = []
+    for shape in ctx.shapes:
+        for recompute in (False, True):
+            engine = None
+            for seq in seqs:
+                micro = max(1, micro_tokens // seq)
+                batch = random_batch(2 * micro, seq, ctx.shapes[shape]["padded_vocab_size"], seed=seq, ragged=True)
+                for packed in (False, True):
+                    row = dict(model=shape, seq=seq, rows=2 * micro, micro_batch=micro)
+                    row.update(layout="packed" if packed else "padded", recompute="full" if recompute else "none")
+                    rows.append(row)
+                    if ctx.seconds_left() < 30:
+                        row["result"] = "skipped: out of time"
+                        continue
+                    try:
+                        engine = engine or engine_for(ctx, shape, bf16=True, recompute=recompute)
+                        engine.remove_padding = packed
+                        row.update(measure(ctx, engine, batch, micro, repeats))
+                    except Exception as exc:
+                        if not is_oom(exc):
+                            raise
+                        row["result"] = f"out of memory ({ctx.peak_gib():.1f} GiB reached)"
+                        engine = None  # a step that ran out of memory leaves the buffers half-used
+                        ctx.release()
+            del engine
+            ctx.release()
+    return rows
+
+
+def head_rows(ctx: Context) -> List[Dict]:
+    """Forward + backward of log-probs and entropy over Qwen's vocabulary: whole-vocabulary logits at once
+    against ``log_prob_chunk_size`` tokens at a time, in bf16."""
+    from mindspeed_rl.config_cls import MegatronConfig
+    from mindspeed_rl.models.heads import chunked_log_probs
+
+    shape = ctx.shapes[next(iter(ctx.shapes))]
+    hidden_size, vocab = shape["hidden_size"], shape["padded_vocab_size"]
+    chunk = 64 if ctx.smoke else MegatronConfig(model="head").log_prob_chunk_size
+    g = torch.Generator().manual_seed(9)
+    weight = (0.02 * torch.randn(vocab, hidden_size, generator=g)).to(ctx.device, torch.bfloat16).requires_grad_(True)
+    warm = torch.randn(256, hidden_size, generator=g).to(ctx.device, torch.bfloat16).requires_grad_(True)
+    chunked_log_probs(warm, weight, torch.zeros(256, dtype=torch.long, device=ctx.device))[0].sum().backward()
+    weight.grad = None
+    rows = []
+    for tokens in (128, 512) if ctx.smoke else (8192, 32768):
+        hidden = torch.randn(tokens, hidden_size, generator=g).to(ctx.device, torch.bfloat16).requires_grad_(True)
+        labels = torch.randint(0, vocab, (tokens,), generator=g).to(ctx.device)
+        for name, size in (("plain", 0), ("chunked", chunk)):
+            row = dict(head=name, tokens=tokens, vocab=vocab, chunk=size or tokens)
+            rows.append(row)
+            ctx.release()
+            ctx.reset_peak()
+            base = torch.cuda.memory_allocated() if ctx.cuda else 0
+            try:
+                ctx.sync()
+                start = time.perf_counter()
+                log_p, entropy = chunked_log_probs(hidden, weight, labels, with_entropy=True, chunk_size=size)
+                (-(log_p.mean()) - 0.01 * entropy.mean()).backward()
+                ctx.sync()
+                row.update(seconds=time.perf_counter() - start, extra_peak_gib=(ctx.peak_gib() - base / 2**30))
+            except Exception as exc:
+                if not is_oom(exc):
+                    raise
+                row["result"] = f"out of memory ({ctx.peak_gib():.1f} GiB reached)"
+            hidden.grad = weight.grad = None
+    return rows
