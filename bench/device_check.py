@@ -17,6 +17,8 @@ error and the next one runs):
   algorithms   every registered advantage estimator, policy loss and KL form on the device against the CPU
                (fp32): the largest difference
   generation   the megatron-core fallback rollout engine (no vLLM) sampling from the 0.5B shape: tokens/s
+  profile      torch.profiler over two training steps of the 0.5B shape (1K, packed): the step's wall time
+               against the device's busy time, and the operators that take the most device time
 
 `--smoke` runs every step at toy sizes on whatever device there is (the test suite runs it on CPU). Steps stop
 starting once `--minutes` are spent; those left are recorded as skipped. MFU counts model FLOPs of the real
@@ -42,7 +44,7 @@ if ROOT not in sys.path:
 
 from bench import device_steps  # noqa: E402
 
-STEPS = ("environment", "parity", "training", "head", "algorithms", "generation")
+STEPS = ("environment", "parity", "training", "head", "algorithms", "generation", "profile")
 
 
 class Results:

@@ -150,16 +150,25 @@ def step_environment(ctx: Context) -> Dict:
         info.update(
             device=f"{ctx.device.type}: {platform.processor() or platform.machine()}", threads=torch.get_num_threads()
         )
+    info.update(measure_peak(ctx))
+    return info
+
+
+def measure_peak(ctx: Context) -> Dict:
+    """A bf16 matmul's TFLOP/s; sets the MFU denominator: the datasheet's dense bf16 peak of a known device,
+    else that matmul."""
     n = 1024 if ctx.smoke or not ctx.cuda else 8192
     a = torch.randn(n, n, dtype=torch.bfloat16, device=ctx.device)
     b = torch.randn(n, n, dtype=torch.bfloat16, device=ctx.device)
-    seconds = timed(ctx, lambda: a @ b, 3 if ctx.smoke else 10)
-    info[f"bf16 matmul {n}^3 TFLOP/s"] = round(2 * n**3 / seconds / 1e12, 2)
-    named = next((v for k, v in BF16_PEAK_TFLOPS.items() if k in str(info["device"])), None)
-    ctx.peak_flops = (named or info[f"bf16 matmul {n}^3 TFLOP/s"]) * 1e12
+    measured = 2 * n**3 / timed(ctx, lambda: a @ b, 3 if ctx.smoke else 10) / 1e12
+    name = torch.cuda.get_device_properties(ctx.device).name if ctx.cuda else ""
+    named = next((v for k, v in BF16_PEAK_TFLOPS.items() if k in name), None)
+    ctx.peak_flops = (named or measured) * 1e12
     ctx.peak_source = "datasheet dense bf16" if named else "measured matmul"
-    info["MFU peak TFLOP/s"] = f"{ctx.peak_flops / 1e12:.1f} ({ctx.peak_source})"
-    return info
+    return {
+        f"bf16 matmul {n}^3 TFLOP/s": round(measured, 2),
+        "MFU peak TFLOP/s": f"{ctx.peak_flops / 1e12:.1f} ({ctx.peak_source})",
+    }
 
 
 def random_batch(rows: int, seq: int, vocab: int, seed: int, ragged: bool) -> Dict[str, torch.Tensor]:
@@ -195,7 +204,7 @@ def step_parity(ctx: Context) -> List[Dict]:
             weights = {n: t.detach().clone() for n, t in engine.named_weights()}
         else:
             engine.load_weights(weights)
-        ours = engine.forward(batch, rows)["log_probs"][:, 1:].float()
+        ours = engine.forward(batch, rows)["log_probs"][:, 1:].float().to(ctx.device)
         del engine
         hf = AutoModelForCausalLM.from_config(hf_config_for(cfg)).to(device=ctx.device, dtype=dtype).eval()
         missing, unexpected = hf.load_state_dict(dict(hf_named([weights], cfg)), strict=False)
@@ -232,6 +241,12 @@ def step_head(ctx: Context) -> List[Dict]:
     from bench.device_training import head_rows
 
     return head_rows(ctx)
+
+
+def step_profile(ctx: Context) -> List[Dict]:
+    from bench.device_training import profile_rows
+
+    return profile_rows(ctx)
 
 
 def step_algorithms(ctx: Context) -> List[Dict]:

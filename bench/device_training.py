@@ -7,9 +7,9 @@ from typing import Dict, List
 
 import torch
 
-from bench.device_steps import Context, engine_for, random_batch
+from bench.device_steps import Context, engine_for, measure_peak, random_batch
 
-MICRO_BATCH_TOKENS = 8192  # rows per micro-batch = this / sequence length; two micro-batches per step
+MICRO_BATCH_TOKENS = 16384  # rows per micro-batch = this / sequence length; two micro-batches per step
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -33,6 +33,8 @@ def model_flops(engine, mask: torch.Tensor) -> float:
 
 
 def measure(ctx: Context, engine, batch: Dict[str, torch.Tensor], micro: int, repeats: int) -> Dict:
+    if not ctx.peak_flops:  # the environment step did not run
+        measure_peak(ctx)
     ctx.reset_peak()
     seconds = timed_steps(ctx, engine, batch, micro, repeats)
     tokens = int(batch["attention_mask"].sum())
@@ -82,6 +84,7 @@ def training_rows(ctx: Context) -> List[Dict]:
                         if not is_oom(exc):
                             raise
                         row["result"] = f"out of memory ({ctx.peak_gib():.1f} GiB reached)"
+                    if "result" in row:  # freed once the exception (and the frames it holds) is gone
                         engine = None  # a step that ran out of memory leaves the buffers half-used
                         ctx.release()
             del engine
@@ -125,4 +128,45 @@ def head_rows(ctx: Context) -> List[Dict]:
                     raise
                 row["result"] = f"out of memory ({ctx.peak_gib():.1f} GiB reached)"
             hidden.grad = weight.grad = None
+    return rows
+
+
+def profile_rows(ctx: Context, steps: int = 2, top: int = 30) -> List[Dict]:
+    """Where a training step's time goes: torch.profiler's operators by device time (CPU time on a CPU)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    shape = next(iter(ctx.shapes))
+    seq = 32 if ctx.smoke else 1024
+    micro = max(1, (64 if ctx.smoke else MICRO_BATCH_TOKENS) // seq)
+    batch = random_batch(2 * micro, seq, ctx.shapes[shape]["padded_vocab_size"], seed=seq, ragged=True)
+    engine = engine_for(ctx, shape, bf16=True)
+    engine.remove_padding = True
+    timed_steps(ctx, engine, batch, micro, 1)  # compile and warm up outside the profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.cuda else [])
+    start = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            engine.train_step(batch, nll, micro)
+        ctx.sync()
+    wall = (time.perf_counter() - start) / steps
+    events = prof.key_averages()
+
+    def device_us(e) -> float:
+        return getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0))
+
+    kernels = [e for e in events if e.device_type != DeviceType.CPU]  # device work (operators only launch it)
+    busy = sum(device_us(e) for e in kernels) / steps / 1e6
+    rows = [dict(operator="(step: wall / device busy)", kind="", calls=1, device_ms=busy * 1e3, cpu_ms=wall * 1e3)]
+    key = device_us if ctx.cuda else (lambda e: e.self_cpu_time_total)
+    for e in sorted(events, key=key, reverse=True)[:top]:
+        rows.append(
+            dict(
+                operator=e.key[:60],
+                kind="kernel" if e.device_type != DeviceType.CPU else "operator",
+                calls=e.count // steps,
+                device_ms=device_us(e) / steps / 1e3,
+                cpu_ms=e.self_cpu_time_total / steps / 1e3,
+            )
+        )
     return rows

@@ -14,6 +14,10 @@ Steps, each with a verdict line:
   tools     the tool sandbox: one python tool call inside bubblewrap that must not see /etc/passwd nor start
             a process (a WARNING, not a failure, where bubblewrap cannot run: code tools are then refused)
 Exit 0 when every step passes; 2 naming the first failure.
+
+On an NVIDIA node, scripts/device_check.sh (bench/device_check.py) goes further: parity with transformers,
+training tokens/s and MFU, the log-prob head, the RL math and generation, measured (docs/install.md, "An
+offline node").
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ def test_device_check_smoke_runs_every_step_without_ray_or_vllm(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "device_check.json").read_text())
     steps = report["steps"]
-    assert list(steps) == ["environment", "parity", "training", "head", "algorithms", "generation"]
+    assert list(steps) == ["environment", "parity", "training", "head", "algorithms", "generation", "profile"]
     assert all(s["status"] == "ok" for s in steps.values()), {k: s["error"] for k, s in steps.items()}
     fp32, bf16 = steps["parity"]["result"]
     assert fp32["dtype"] == "float32" and fp32["max_abs_logprob_diff"] < 1e-4
@@ -43,6 +43,8 @@ def test_device_check_smoke_runs_every_step_without_ray_or_vllm(tmp_path):
     assert {row["layout"] for row in training} == {"padded", "packed"}
     assert all(row["ok"] for row in steps["algorithms"]["result"])
     assert all(row["tokens_per_s"] > 0 for row in steps["generation"]["result"])
+    profile = steps["profile"]["result"]
+    assert profile[0]["cpu_ms"] > 0 and len(profile) > 5  # the step's wall time, then the costliest operators
     markdown = (out / "device_check.md").read_text()
     assert "### training: ok" in markdown and "| packed | full |" in markdown
 
@@ -56,3 +58,16 @@ def test_device_check_refuses_an_unknown_step(tmp_path):
         timeout=120,
     )
     assert proc.returncode == 2 and "--steps: unknown ['warp']" in proc.stderr
+
+
+def test_bundle_and_installer_refuse_bad_input_before_any_download(tmp_path):
+    def run(*argv):
+        return subprocess.run(["bash", *argv], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+    bad_python = run("scripts/offline_bundle.sh", "312", "manylinux_2_28_x86_64", str(tmp_path / "w"))
+    assert bad_python.returncode == 2 and "python-version: '312'" in bad_python.stderr
+    bad_platform = run("scripts/offline_bundle.sh", "3.12", "win_amd64", str(tmp_path / "w"))
+    assert bad_platform.returncode == 2 and "platform: 'win_amd64'" in bad_platform.stderr
+    assert not (tmp_path / "w").exists()
+    no_wheels = run("scripts/device_check.sh", str(tmp_path), str(tmp_path / "results"))
+    assert no_wheels.returncode == 2 and "holds no wheels" in no_wheels.stderr

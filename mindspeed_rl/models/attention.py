@@ -32,15 +32,26 @@ class PackedDotProductAttention(DotProductAttention):
             value = value.repeat_interleave(heads // groups, dim=1)
         dropout = self.config.attention_dropout if self.training else 0.0
         bounds = packed_seq_params.cu_seqlens_q.tolist()
-        out = torch.empty_like(query)
-        for start, end in zip(bounds[:-1], bounds[1:]):
-            if end == start:
-                continue
-            # [L, h, d] -> [1, h, L, d]: with a batch dimension torch picks its flash kernel (CPU too), whose
-            # memory grows with L, not L^2 (3-D inputs fall back to the math path)
-            q, k, v = (t[start:end].transpose(0, 1).unsqueeze(0) for t in (query, key, value))
-            ctx = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=self.softmax_scale)
-            out[start:end] = ctx[0].transpose(0, 1)
+        sizes = [end - start for start, end in zip(bounds[:-1], bounds[1:])]
+        tail = query.shape[0] - bounds[-1]  # positions after the last row (padding to a multiple): zeros
+        # split, not slicing: the backward of a split is one concatenation, where each slice's would be a
+        # zero-filled gradient of the whole packed sequence, summed over rows (a memory-bound storm on GPU)
+        rows = zip(*(t.split(sizes + [tail] if tail else sizes) for t in (query, key, value)))
+        pieces = []
+        for q, k, v in rows:
+            if len(pieces) == len(sizes):
+                pieces.append(torch.zeros_like(q))
+            elif q.shape[0] == 0:
+                pieces.append(q)
+            else:
+                # [L, h, d] -> [1, h, L, d]: with a batch dimension torch picks its flash kernel (CPU too), whose
+                # memory grows with L, not L^2 (3-D inputs fall back to the math path)
+                q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+                ctx = F.scaled_dot_product_attention(
+                    q, k, v, dropout_p=dropout, is_causal=True, scale=self.softmax_scale
+                )
+                pieces.append(ctx[0].transpose(0, 1))
+        out = torch.cat(pieces)
         return out.reshape(out.shape[0], self.hidden_size_per_partition)
 
 

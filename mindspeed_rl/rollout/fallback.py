@@ -80,7 +80,8 @@ def generate(
         raise ValueError("the fallback engine captures routes only with batch-invariant numerics")
     model.eval()
     step_logits = _Step(model, batch_invariant, recorders)
-    device = next(model.parameters()).device
+    weight = next(model.parameters(), None)  # the model's device (a parameterless model runs on the CPU)
+    device = weight.device if weight is not None else torch.device("cpu")
     generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     outputs: List[GenerationOutput] = []
     for start in range(0, len(prompts), batch_size):
