@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AbstractSet, Dict, Optional, Sequence, Tuple
+from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple
 
 from .base import ConfigError, opt
 
@@ -21,6 +21,9 @@ FAMILY_NAMES = (
     "qwen3_moe",
     "qwen3-moe",
     "qwen3moe",
+    "qwen2_5_vl",
+    "qwen2.5-vl",
+    "qwen25vl",
 )
 
 
@@ -47,7 +50,14 @@ class ModelConfig:
     num_query_groups: Optional[int] = opt(None, "K/V heads when group_query_attention is true.", ge=1)
     rotary_base: float = opt(10000.0, "RoPE base (theta).", gt=0)
     rotary_percent: float = opt(1.0, "Fraction of the head dimension that gets RoPE.", gt=0, le=1)
-    position_embedding_type: str = opt("rope", "Position embedding.", choices=("rope", "learned_absolute"))
+    position_embedding_type: str = opt(
+        "rope",
+        "Position embedding (mrope: 3D temporal/height/width rotary of vision-language models).",
+        choices=("rope", "mrope", "learned_absolute"),
+    )
+    mrope_section: Optional[List[int]] = opt(
+        None, "With mrope: rotary frequencies given to the temporal, height and width positions (sum = head_dim / 2)."
+    )
     use_rotary_position_embeddings: bool = opt(True, "Legacy Megatron spelling of position_embedding_type rope.")
     normalization: str = opt("RMSNorm", "Norm layer.", choices=("RMSNorm", "LayerNorm"))
     norm_epsilon: float = opt(1e-5, "Norm epsilon.", gt=0)
@@ -126,6 +136,13 @@ class ModelConfig:
                 raise ConfigError(f"{path}.moe_ffn_hidden_size", "required with num_experts")
         if not self.use_mcore_models:
             raise ConfigError(f"{path}.use_mcore_models", "only megatron-core models are supported; set true")
+        if self.position_embedding_type == "mrope" and (
+            not self.mrope_section or len(self.mrope_section) != 3 or sum(self.mrope_section) * 2 != self.head_dim
+        ):
+            raise ConfigError(
+                f"{path}.mrope_section",
+                f"mrope needs three sections summing to head_dim / 2 = {self.head_dim // 2}, got {self.mrope_section}",
+            )
 
     def parameter_count(self, vocab_size: Optional[int] = None) -> int:
         """Parameters of the GPT model (embedding, layers, final norm, output layer)."""

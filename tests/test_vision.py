@@ -1,0 +1,160 @@
+"""Qwen2.5-VL through our stack against transformers' own model with the same weights (fp32): the 3D rotary
+positions, the vision tower, and the whole model's log-probs with images in the prompt."""
+
+import pytest
+import torch
+
+from mindspeed_rl.families import get_family
+from mindspeed_rl.families.qwen2_5_vl import split_hf_state
+from mindspeed_rl.models.vision.positions import mrope_positions, window_order
+from mindspeed_rl.models.vision.qwen25_vit import Qwen25VisionTower
+from tests.helpers import single_process_world_fixture
+
+single_process_world = single_process_world_fixture(seed=5)
+IMAGE = 250
+# two images: 8 x 12 patches (24 tokens, 2 x 3 windows of 2 x 2 merged tokens) and 4 x 4 (4 tokens)
+GRIDS = torch.tensor([[1, 8, 12], [1, 4, 4]])
+
+
+def hf_config():
+    from transformers import Qwen2_5_VLConfig
+
+    return Qwen2_5_VLConfig(
+        text_config=dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=160,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=512,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+            tie_word_embeddings=False,
+        ),
+        vision_config=dict(
+            depth=3,
+            hidden_size=32,
+            intermediate_size=48,
+            num_heads=2,
+            out_hidden_size=64,
+            window_size=56,  # 4 patches: windows of 2 x 2 merged tokens
+            fullatt_block_indexes=[1],
+        ),
+        image_token_id=IMAGE,
+        vision_start_token_id=251,
+        vision_end_token_id=252,
+        video_token_id=253,
+    )
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    torch.manual_seed(0)
+    model = Qwen2_5_VLForConditionalGeneration(hf_config()).float().eval()
+    with torch.no_grad():  # non-trivial norms and biases
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("ln_q.weight"):
+                p.add_(0.1 * torch.randn_like(p))
+            if name.endswith("bias"):
+                p.normal_(0, 0.05)
+    return model
+
+
+def prompts():
+    """Row 0: text, image 1, text, image 2, text; row 1: left padding, text only."""
+    g = torch.Generator().manual_seed(3)
+    text = lambda n: torch.randint(1, 240, (n,), generator=g).tolist()  # noqa: E731
+    row0 = text(5) + [251] + [IMAGE] * 24 + [252] + text(4) + [251] + [IMAGE] * 4 + [252] + text(6)
+    row1 = text(20)
+    width = len(row0)
+    ids = torch.tensor([row0, [0] * (width - len(row1)) + row1])
+    mask = torch.ones_like(ids)
+    mask[1, : width - len(row1)] = 0
+    pixels = torch.randn(int(GRIDS.prod(-1).sum()), 3 * 2 * 14 * 14, generator=g)
+    return ids, mask, pixels
+
+
+def test_window_order_makes_windows_contiguous():
+    order, bounds = window_order(torch.tensor([[1, 8, 12]]), merge=2, window_patches=4)
+    assert sorted(order.tolist()) == list(range(24))
+    assert order[:4].tolist() == [0, 1, 6, 7]  # the first 2 x 2 window of a 4 x 6 merged grid
+    assert bounds == [0, 16, 32, 48, 64, 80, 96]
+
+
+def test_mrope_positions_equal_transformers(hf_model):
+    ids, mask, _ = prompts()
+    want, _ = hf_model.model.get_rope_index(ids, (ids == IMAGE).int(), image_grid_thw=GRIDS, attention_mask=mask)
+    got = mrope_positions(ids, mask, IMAGE, GRIDS, merge=2)
+    assert torch.equal(got[:, mask.bool()], want[:, mask.bool()])
+
+
+def test_vision_tower_equals_transformers(hf_model):
+    family = get_family("qwen2_5_vl")
+    tower = Qwen25VisionTower(family.vision_config(hf_model.config.to_dict())).eval()
+    _, vision = split_hf_state(hf_model.state_dict())
+    tower.load_state_dict(vision)
+    _, _, pixels = prompts()
+    with torch.no_grad():
+        want = hf_model.model.visual(pixels, grid_thw=GRIDS).pooler_output
+        got = tower(pixels, GRIDS)
+    assert got.shape == (28, 64)
+    assert (got - want).abs().max().item() < 1e-5
+
+
+def test_vision_language_log_probs_equal_transformers(hf_model, single_process_world):
+    from mindspeed_rl.config_cls import MegatronConfig
+    from mindspeed_rl.families.base import EMBED, FINAL_NORM, OUTPUT_MG
+    from mindspeed_rl.models.packing import megatron_attention_mask
+    from mindspeed_rl.models.vision.vl_model import build_vision_language_model
+
+    family = get_family("qwen2_5_vl")
+    hf = hf_model.config.to_dict()
+    cfg = family.model_config_from_hf(hf)
+    assert cfg.position_embedding_type == "mrope" and cfg.mrope_section == [2, 3, 3]
+    model = build_vision_language_model(cfg, MegatronConfig(model="vl"), family.vision_config(hf), IMAGE).eval()
+    text, vision = split_hf_state(hf_model.state_dict())
+    weights = {EMBED[1]: text[EMBED[0]], FINAL_NORM[1]: text[FINAL_NORM[0]], OUTPUT_MG: text["lm_head.weight"]}
+    for i in range(cfg.num_layers):
+        weights.update(family.layer_hf_to_mcore(i, text, cfg))
+    missing, unexpected = model.language_model.load_state_dict(weights, strict=False)
+    assert not unexpected and all(k.endswith("_extra_state") for k in missing)
+    model.visual.load_state_dict(vision)
+
+    ids, mask, pixels = prompts()
+    positions = mrope_positions(ids, mask, IMAGE, GRIDS, merge=2)
+    with torch.no_grad():
+        ours = model(ids, positions, megatron_attention_mask(mask), pixel_values=pixels, image_grid_thw=GRIDS)
+        theirs = hf_model(
+            input_ids=ids,
+            attention_mask=mask,
+            pixel_values=pixels,
+            image_grid_thw=GRIDS,
+            mm_token_type_ids=(ids == IMAGE).int(),
+        ).logits
+    real = mask.bool()
+    ours_lp, theirs_lp = (torch.log_softmax(t.float(), -1)[real] for t in (ours, theirs))
+    assert (ours_lp - theirs_lp).abs().max().item() < 1e-5  # measured 9.5e-7; other pixels move it 0.88
+
+
+def test_a_run_naming_the_family_is_refused_at_the_config_check():
+    from mindspeed_rl.config_cls import ConfigError
+    from mindspeed_rl.trainer.config_names import build_checked_model
+
+    section = dict(
+        num_layers=2,
+        hidden_size=64,
+        ffn_hidden_size=160,
+        num_attention_heads=4,
+        max_position_embeddings=512,
+        padded_vocab_size=256,
+        position_embedding_type="mrope",
+        mrope_section=[2, 3, 3],
+        model_type_hf="qwen2_5_vl",
+    )
+    with pytest.raises(ConfigError, match="model.tiny_vl.model_type_hf.*images do not yet flow"):
+        build_checked_model(section, "model.tiny_vl")
+    with pytest.raises(ConfigError, match="mrope_section.*sum"):
+        build_checked_model(dict(section, mrope_section=[2, 2, 2]), "model.tiny_vl")
