@@ -37,11 +37,14 @@ STAMP="$VENV/.mindspeed_rl_installed"
 DIGEST="$(cat "$PINS" "$ROOT/scripts/install.sh" "$ROOT/setup.py" | sha256sum | cut -c1-16)-$DEVICE"
 
 check_env() {
-    "$VENV/bin/python" - <<'EOF'
+    "$VENV/bin/python" - "$PINS" <<'EOF'
 import importlib, sys
 missing = []
-for name in ("torch", "megatron.core", "ray", "transformers", "hydra", "omegaconf", "yaml",
-             "safetensors", "pytest", "mindspeed_rl"):
+names = ["torch", "megatron.core", "ray", "transformers", "hydra", "omegaconf", "yaml", "safetensors", "pytest",
+         "mindspeed_rl"]
+if "\ntorchvision==" in "\n" + open(sys.argv[1]).read():
+    names.append("torchvision")  # the CPU stack's: importable through _mindspeed_rl_torchvision_ops
+for name in names:
     try:
         importlib.import_module(name)
     except Exception as exc:  # noqa: BLE001 - report every broken import
@@ -168,6 +171,13 @@ esac
 
 say "installing mindspeed_rl (editable)"
 "${PIP[@]}" --no-deps --no-build-isolation -e "$ROOT"
+
+if grep -qiE '^torchvision==' "$PINS" && [ "$DEVICE" != cuda ]; then
+    # PyPI's torchvision on torch's CPU build: its C++ operators do not load; the hook lets it import anyway
+    SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    cp "$ROOT/scripts/torchvision_ops.py" "$SITE/_mindspeed_rl_torchvision_ops.py"
+    echo "import _mindspeed_rl_torchvision_ops" > "$SITE/_mindspeed_rl_torchvision_ops.pth"
+fi
 
 if ! check_env; then
     die "the environment in $VENV is incomplete (see the imports above)"

@@ -158,3 +158,22 @@ def test_a_run_naming_the_family_is_refused_at_the_config_check():
         build_checked_model(section, "model.tiny_vl")
     with pytest.raises(ConfigError, match="mrope_section.*sum"):
         build_checked_model(dict(section, mrope_section=[2, 2, 2]), "model.tiny_vl")
+
+
+def test_torchvision_imports_on_the_cpu_stack_and_the_image_processor_keeps_the_pixel_budget():
+    """scripts/install.sh puts PyPI's torchvision beside torch's CPU build with the hook of
+    scripts/torchvision_ops.py: the import works, the Qwen2-VL image processor resizes within min/max pixels, and
+    the C++ operators that cannot load fail when called rather than computing anything."""
+    import torchvision
+    from PIL import Image
+    from transformers import Qwen2VLImageProcessor
+
+    processor = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=112 * 112)
+    out = processor(images=[Image.new("RGB", (200, 90), (0, 255, 0))], return_tensors="pt")
+    t, h, w = out["image_grid_thw"][0].tolist()
+    assert (t, h * 14 * w * 14 <= 112 * 112, h * 14 * w * 14 >= 56 * 56) == (1, True, True)
+    assert out["pixel_values"].shape == (h * w, 3 * 2 * 14 * 14)
+    if not torchvision.extension._has_ops():
+        boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0]])
+        with pytest.raises((RuntimeError, NotImplementedError)):
+            torchvision.ops.nms(boxes, torch.ones(1), 0.5)
