@@ -7,9 +7,15 @@ from typing import AbstractSet, Dict, List
 
 from .base import ConfigError, opt
 
-HANDLERS = ("R1AlpacaStyleInstructionHandler", "AlpacaStyleInstructionHandler", "AlpacaStylePairwiseHandler")
-MAP_KEYS = ("prompt", "query", "response", "system", "chosen", "rejected")
+HANDLERS = (
+    "R1AlpacaStyleInstructionHandler",
+    "AlpacaStyleInstructionHandler",
+    "AlpacaStylePairwiseHandler",
+    "R1VisionInstructionHandler",
+)
+MAP_KEYS = ("prompt", "query", "response", "system", "chosen", "rejected", "image", "video")
 PAIRWISE = "AlpacaStylePairwiseHandler"
+VISION = "R1VisionInstructionHandler"
 
 
 @dataclass
@@ -34,7 +40,15 @@ class DatasetConfig:
     dataset_additional_keys: List[str] = opt(
         doc="Extra fields stored with each prompt (labels: the answer).", factory=lambda: ["labels"]
     )
-    seq_length: int = opt(2048, "Prompts longer than this many tokens are skipped.", ge=1)
+    seq_length: int = opt(2048, "Prompts longer than this many tokens (image tokens included) are skipped.", ge=1)
+    min_pixels: int = opt(
+        56 * 56, "R1VisionInstructionHandler: images smaller than this are enlarged (Qwen2-VL's resizing rule).", ge=1
+    )
+    max_pixels: int = opt(
+        28 * 28 * 1280,
+        "R1VisionInstructionHandler: images larger than this are shrunk (Qwen2-VL's resizing rule).",
+        ge=1,
+    )
     tools: List[str] = opt(
         doc="Tools listed in every prompt's system turn (the template's tools_format): "
         "built-in names (calculator, python) or registered functions 'module:function'. "
@@ -63,3 +77,11 @@ class DatasetConfig:
                 raise ConfigError("dataset_additional_keys", f"labels: {PAIRWISE} stores chosen and rejected ids")
         elif "labels" in self.dataset_additional_keys and not self.map_keys.get("response"):
             raise ConfigError("map_keys.response", "required when dataset_additional_keys has labels")
+        if self.map_keys.get("video"):
+            raise ConfigError("map_keys.video", "videos are not supported yet: images only (docs/vision.md)")
+        if self.handler_name == VISION and not self.map_keys.get("image"):
+            raise ConfigError("map_keys.image", f"required by {VISION}: the row field holding the image(s)")
+        if self.map_keys.get("image") and self.handler_name != VISION:
+            raise ConfigError("handler_name", f"map_keys.image needs {VISION}; {self.handler_name} reads text only")
+        if self.min_pixels > self.max_pixels:
+            raise ConfigError("min_pixels", f"{self.min_pixels} exceeds max_pixels {self.max_pixels}")

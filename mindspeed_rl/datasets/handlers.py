@@ -25,6 +25,7 @@ class AlpacaStyleInstructionHandler:
     """Prompt from map_keys.prompt (+ query, system) in the chat template; labels = the response."""
 
     token_fields: Tuple[str, ...] = ("input_ids",)  # stored as int32 token ids; additional keys as text
+    binary_fields: Tuple[str, ...] = ()  # stored as raw bytes
 
     def __init__(self, cfg: DatasetConfig, tokenizer, tools: Optional[Mapping[str, Any]] = None):
         """``tools``: name -> ToolSpec of the config's tools, resolved by the caller (the entry point)."""
@@ -170,7 +171,81 @@ class AlpacaStylePairwiseHandler(AlpacaStyleInstructionHandler):
         return (None, why) if why else (sample, None)
 
 
+class R1VisionInstructionHandler(R1AlpacaStyleInstructionHandler):
+    """As the R1 handler, with the row's images (map_keys.image: one image or a list; a path relative to the input
+    file's folder, bytes, or a {"bytes", "path"} record). Each ``<image>`` in the prompt (without any: every image,
+    before the text) becomes <|vision_start|>, one <|image_pad|> per image token, <|vision_end|>; seq_length counts
+    them. The images, fitted to min_pixels / max_pixels as Qwen2-VL's processor fits them, are stored as PNG in the
+    ``images`` field (datasets/images.py). Skipped and counted: a missing, unreadable or 200:1 image, a field that
+    is not an image or a list of them, and a prompt whose ``<image>`` count differs from its images."""
+
+    binary_fields = ("images",)
+    MARKER = "<image>"
+    VISION_TOKENS = ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>")
+
+    def __init__(self, cfg: DatasetConfig, tokenizer, tools: Optional[Mapping[str, Any]] = None):
+        import os
+
+        from ..config_cls.base import ConfigError
+        from .images import PixelBudget
+
+        super().__init__(cfg, tokenizer, tools)
+        vocab = tokenizer.get_vocab()
+        missing = [t for t in self.VISION_TOKENS if t not in vocab]
+        if missing:
+            raise ConfigError(
+                "tokenizer_name_or_path", f"{cfg.tokenizer_name_or_path} lacks the vision tokens {missing}"
+            )
+        self.budget = PixelBudget(cfg.min_pixels, cfg.max_pixels)
+        self.base_dir = cfg.input if os.path.isdir(cfg.input) else os.path.dirname(os.path.abspath(cfg.input))
+
+    def images(self, row: dict) -> Tuple[Optional[list], Optional[str]]:
+        """[(png, image tokens)] of the row's images, or the skip reason."""
+        from .images import BadImage, as_image_list, fitted_png, read_image
+
+        values = as_image_list(row.get(self.keys["image"]))
+        if values is None:
+            return None, f"not_an_image_list:{self.keys['image']}"
+        out = []
+        for value in values:
+            try:
+                png, height, width = fitted_png(read_image(value, self.base_dir), self.budget)
+            except BadImage as exc:
+                return None, exc.reason
+            out.append((png, self.budget.tokens(height, width)))
+        return out, None
+
+    def process(self, row: Any) -> Tuple[Optional[Sample], Optional[str]]:
+        from .images import pack_images
+
+        if not isinstance(row, dict):
+            return None, "not_an_object"
+        images, why = self.images(row)
+        if why:
+            return None, why
+        prompt, why = self._field(row, "prompt", True)
+        if why:
+            return None, why
+        markers = prompt.count(self.MARKER)
+        if markers and markers != len(images):
+            return None, "image_count_mismatch"
+        pieces = (self.MARKER * len(images) + prompt if not markers else prompt).split(self.MARKER)
+        start, pad, end = self.VISION_TOKENS
+        text = pieces[0] + "".join(start + pad * n + end + piece for (_, n), piece in zip(images, pieces[1:]))
+        ids, why = self.prompt_ids(dict(row, **{self.keys["prompt"]: text}))
+        if why:
+            return None, why
+        sample: Sample = {"input_ids": ids, "images": pack_images([png for png, _ in images])}
+        why = self.add_extra_keys(row, sample)
+        return (None, why) if why else (sample, None)
+
+
 HANDLERS = {
     cls.__name__: cls
-    for cls in (AlpacaStyleInstructionHandler, R1AlpacaStyleInstructionHandler, AlpacaStylePairwiseHandler)
+    for cls in (
+        AlpacaStyleInstructionHandler,
+        R1AlpacaStyleInstructionHandler,
+        AlpacaStylePairwiseHandler,
+        R1VisionInstructionHandler,
+    )
 }

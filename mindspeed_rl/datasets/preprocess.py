@@ -3,9 +3,9 @@
 Output per field: ``<output_prefix>_packed_<field>_document.{bin,idx}`` (megatron-core's
 indexed dataset, memory-mapped): the handler's token fields (``input_ids``; preference pairs also
 ``chosen_ids`` and ``rejected_ids``) as int32 token ids, text fields (``labels`` and other additional
-keys) as UTF-8 bytes. Files are written under temporary names and renamed at
-the end, so an interrupted run leaves no files that look complete. A summary
-``<output_prefix>_summary.json`` holds {"read", "kept", "skipped": {reason: count}}.
+keys) as UTF-8 bytes, binary fields (a vision row's ``images``, datasets/images.py) as they are. Files are
+written under temporary names and renamed at the end, so an interrupted run leaves no files that look
+complete. A summary ``<output_prefix>_summary.json`` holds {"read", "kept", "skipped": {reason: count}}.
 """
 
 from __future__ import annotations
@@ -82,6 +82,12 @@ class IndexedWriter:
             value = sample[field]
             if field in self.token_fields:
                 builder.add_item(torch.tensor(value, dtype=torch.int32))
+            elif isinstance(value, (bytes, bytearray)):  # images: raw bytes
+                builder.add_item(
+                    torch.frombuffer(bytearray(value), dtype=torch.uint8)
+                    if value
+                    else torch.zeros(0, dtype=torch.uint8)
+                )
             else:
                 builder.add_item(
                     torch.frombuffer(bytearray(value.encode("utf-8")), dtype=torch.uint8)
@@ -127,8 +133,9 @@ def preprocess(cfg: DatasetConfig, progress: bool = True, tools: Optional[Mappin
     if first is not None:
         rows = itertools.chain([first], rows)
     tokenizer = load_tokenizer(cfg.tokenizer_name_or_path, "tokenizer_name_or_path")  # a bad one before workers
-    token_fields = HANDLERS[cfg.handler_name].token_fields
-    writer = IndexedWriter(cfg.output_prefix, [*token_fields, *cfg.dataset_additional_keys], token_fields)
+    handler = HANDLERS[cfg.handler_name]
+    fields = [*handler.token_fields, *handler.binary_fields, *cfg.dataset_additional_keys]
+    writer = IndexedWriter(cfg.output_prefix, fields, handler.token_fields)
     read, kept, skipped, examples = 0, 0, Counter(), []
     start = time.perf_counter()
     bar = tqdm(desc=f"preprocess {os.path.basename(cfg.output_prefix)}", unit="row", disable=not progress)

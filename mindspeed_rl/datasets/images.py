@@ -1,0 +1,120 @@
+"""Images of a dataset row: read (a path, raw bytes, or a {"bytes", "path"} record as HF datasets store them in
+parquet), fitted to the pixel budget the way Qwen2-VL's image processor fits them, and stored inside the
+indexed dataset as PNG bytes.
+
+Inside, not as paths: a preprocessed dataset then moves between machines (an offline node, CI, every rank of a
+cluster) whole, a missing or changed image shows up once, at preprocessing, as a skipped row, and rollout and
+training read exactly the resized image the token count was computed for. The cost is the PNG bytes of the
+resized images (a few hundred KB per image at Qwen2.5-VL's default budget).
+
+Storage of a row's images: for each image, its byte length as 4 little-endian bytes, then its PNG.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple
+
+
+class BadImage(ValueError):
+    """A row's image that cannot be used; ``reason`` is the skip reason counted in the summary."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class PixelBudget:
+    """Qwen2-VL's resizing rule: both sides a multiple of patch x merge, the area within [min, max] pixels,
+    the aspect ratio kept as closely as that allows (at most 200:1)."""
+
+    min_pixels: int
+    max_pixels: int
+    patch: int = 14
+    merge: int = 2
+
+    def fit(self, height: int, width: int) -> Tuple[int, int]:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        try:
+            return smart_resize(height, width, self.patch * self.merge, self.min_pixels, self.max_pixels)
+        except ValueError:
+            raise BadImage("image_aspect_ratio") from None
+
+    def tokens(self, height: int, width: int) -> int:
+        """Language-model tokens of an image of this (already fitted) size."""
+        return (height // self.patch) * (width // self.patch) // self.merge**2
+
+
+def read_image(value, base_dir: str):
+    """A PIL image (RGB) from a path (relative to the input file's folder), bytes, or a {"bytes", "path"} record."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(value, dict):
+        value = value.get("bytes") or value.get("path")
+    if isinstance(value, str):
+        path = value if os.path.isabs(value) else os.path.join(base_dir, value)
+        if not os.path.isfile(path):
+            raise BadImage("image_missing")
+        source = path
+    elif isinstance(value, (bytes, bytearray)):
+        source = io.BytesIO(value)
+    else:
+        raise BadImage("image_not_a_path_or_bytes")
+    try:
+        with Image.open(source) as image:
+            image.load()
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError):
+        raise BadImage("image_unreadable") from None
+
+
+def fitted_png(image, budget: PixelBudget) -> Tuple[bytes, int, int]:
+    """(PNG bytes, height, width) of ``image`` resized into the budget (bicubic, as the image processor)."""
+    from PIL import Image
+
+    height, width = budget.fit(image.height, image.width)
+    if (height, width) != (image.height, image.width):
+        image = image.resize((width, height), Image.BICUBIC)
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue(), height, width
+
+
+def pack_images(pngs: Sequence[bytes]) -> bytes:
+    return b"".join(struct.pack("<I", len(png)) + png for png in pngs)
+
+
+def unpack_images(blob: bytes) -> List[bytes]:
+    out, at = [], 0
+    while at < len(blob):
+        (size,) = struct.unpack_from("<I", blob, at)
+        out.append(bytes(blob[at + 4 : at + 4 + size]))
+        at += 4 + size
+    return out
+
+
+def image_grid(png: bytes, patch: int = 14) -> Tuple[int, int, int]:
+    """(t, h, w) patches of a stored image (t = 1)."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(png)) as image:
+        return 1, image.height // patch, image.width // patch
+
+
+def as_image_list(value) -> Optional[list]:
+    """A row's image field as a list (one image or several); None when it is neither."""
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes, bytearray, dict)):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return None
+
+
+__all__ = ["BadImage", "PixelBudget", "read_image", "fitted_png", "pack_images", "unpack_images", "image_grid"]
