@@ -136,6 +136,22 @@ class StageShards:
                 )
 
 
+class FamilyNames:
+    """A HF folder's tensors under the names the family maps use (a Qwen2.5-VL folder may nest its language model)."""
+
+    def __init__(self, reader: HFReader, family):
+        self.reader, self.family, self.folder = reader, family, reader.folder
+
+    def stored(self, name: str) -> str:
+        return next((n for n in self.family.hf_name_aliases(name) if n in self.reader), name)
+
+    def __contains__(self, name: str) -> bool:
+        return self.stored(name) in self.reader
+
+    def get(self, name: str) -> torch.Tensor:
+        return self.reader.get(self.stored(name))
+
+
 def hf_to_mg(
     load_dir: str,
     save_dir: str,
@@ -149,9 +165,10 @@ def hf_to_mg(
     ep: int = 1,
 ) -> ModelConfig:
     """Convert a HF folder into a Megatron 'release' checkpoint with TP x PP (x EP) rank files."""
-    reader = HFReader(load_dir)
+    raw = HFReader(load_dir)
     cfg = read_hf_model_config(load_dir, model_type_hf)
     family = get_family(cfg.model_type_hf)
+    reader = FamilyNames(raw, family)
     if cfg.add_qkv_bias and HF_LAYER.format(i=0) + "self_attn.q_proj.bias" not in reader:
         raise ConversionError(f"{load_dir}: {family.name} expects q/k/v biases, none found")
     check_parallel(cfg, tp, ep)
@@ -166,6 +183,8 @@ def hf_to_mg(
         stage = StageShards(tp, starts[pp_rank], cfg.swiglu, ep, cfg.num_experts)
         if pp_rank == 0:
             stage.add(EMBED[1], reader.get(EMBED[0]).to(torch_dtype))
+            for hf_name, mg_name in family.extra_hf_to_mcore(raw.weight_map).items():  # a vision tower
+                stage.add(mg_name, raw.get(hf_name).to(torch_dtype))
             bar.update(1)
         for i in range(starts[pp_rank], starts[pp_rank] + counts[pp_rank]):
             hf_layer = {n: reader.get(n) for n in family.hf_layer_names(i, cfg)}
@@ -188,7 +207,7 @@ def hf_to_mg(
     return cfg
 
 
-def _value_head(reader: HFReader, cfg: ModelConfig, orm: bool, seed: int) -> torch.Tensor:
+def _value_head(reader: "FamilyNames", cfg: ModelConfig, orm: bool, seed: int) -> torch.Tensor:
     if "score.weight" in reader:
         score = reader.get("score.weight")
         if score.shape[0] != 1:
@@ -249,6 +268,10 @@ def write_hf_folder(
     for piece in iter_mg_pieces(load_dir):
         if EMBED[1] in piece:
             writer.add(EMBED[0], cast(piece[EMBED[1]]))
+        for name, tensor in piece.items():
+            extra = family.extra_mcore_to_hf(name)  # a vision tower
+            if extra is not None:
+                writer.add(extra, cast(tensor))
         layers = {layer_number(n) for n in piece if layer_number(n) >= 0}
         for i in layers:
             for name, tensor in family.layer_mcore_to_hf(i, piece, cfg).items():

@@ -90,7 +90,7 @@ def iter_mg_stages(load_dir: str, fold: bool = True) -> Iterator[Tuple[int, Dict
 
 
 def iter_mg_pieces(load_dir: str, fold: bool = True) -> Iterator[Dict[str, torch.Tensor]]:
-    """The merged weights piece by piece (embedding, each layer, final norm + head), global names; LoRA
+    """The merged weights piece by piece (embedding and vision tower, each layer, final norm + head), global names; LoRA
     adapters merged into their weights unless ``fold`` is false.
 
     The rank files are re-opened (memory-mapped) for every piece and released after it, so the
@@ -114,8 +114,9 @@ def iter_mg_pieces(load_dir: str, fold: bool = True) -> Iterator[Dict[str, torch
         del shards
         return fold_lora(out, scaling) if scaling is not None else out
 
-    yield merged(0, lambda n: n.startswith("embedding."))
+    first = ("embedding.", "visual.")  # the first stage's own: the embedding and a vision tower
+    yield merged(0, lambda n: n.startswith(first))
     for pp_rank in range(pp):
         for local in range(counts[pp_rank]):
             yield merged(pp_rank, lambda n, i=local: layer_number(n) == i)
-    yield merged(pp - 1, lambda n: layer_number(n) < 0 and not n.startswith("embedding."))
+    yield merged(pp - 1, lambda n: layer_number(n) < 0 and not n.startswith(first))

@@ -6,7 +6,7 @@ linear_fc1 of a SwiGLU MLP is cat(gate, up), so rank r holds cat(gate chunk r, u
 linear_proj and linear_fc2 chunk on dim 1; norms are replicated. A value head
 (``output_layer.weight`` with one row) is replicated. LoRA adapters (``<layer>.lora_A`` / ``lora_B``):
 on column-parallel layers A is replicated and B split like the weight's rows; on row-parallel layers A
-is split like the weight's columns and B replicated.
+is split like the weight's columns and B replicated. A vision tower (``visual.*``) is replicated.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ _EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
 
 def tp_rule(name: str, shape: Sequence[int], swiglu: bool = True) -> str:
     """How parameter ``name`` is laid out across TP ranks: replicate | dim0 | dim1 | swiglu."""
-    if name.endswith("_extra_state"):
-        return "replicate"
+    if name.endswith("_extra_state") or name.startswith("visual."):
+        return "replicate"  # a vision tower is replicated over TP (models/vision)
     if name.endswith((".lora_A", ".lora_B")):  # LoRA: the split side follows the layer's weight
         layer, adapter = name.rsplit(".", 1)
         column = "linear_qkv" in layer or "linear_fc1" in layer

@@ -16,7 +16,7 @@ A family module subclasses :class:`ModelFamily`, sets its switches and overrides
 
 from __future__ import annotations
 
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -152,6 +152,20 @@ class ModelFamily:
         """Adjust a built megatron GPTModel for what TransformerConfig cannot express (none by default)."""
 
     # ------------------------------------------------------------------ weights
+    def hf_name_aliases(self, name: str) -> Tuple[str, ...]:
+        """The names a tensor of the language model (``model.layers.{i}...``, ``model.embed_tokens``,
+        ``lm_head``) may have in this family's HF checkpoints, the first found is read."""
+        return (name,)
+
+    def extra_hf_to_mcore(self, hf_names: Iterable[str]) -> Dict[str, str]:
+        """HF name -> megatron name of the tensors outside the language model (a vision tower), which live on
+        the first pipeline stage, replicated over TP; none by default."""
+        return {}
+
+    def extra_mcore_to_hf(self, name: str) -> Optional[str]:
+        """The HF name of such a megatron tensor; None for the language model's own."""
+        return None
+
     def layer_names(self, i: int, cfg: ModelConfig) -> LayerNames:
         """Layer ``i``'s names, each HF name with its megatron name (global layer and expert numbers):
         ``renamed`` tensors map one to one; ``qkv`` packs (q, k, v) per query group (weight, and bias with

@@ -1,21 +1,23 @@
 """Qwen2.5-VL: Qwen2.5's language model with 3D multimodal rotary positions (mrope), fed image tokens by a
 window-attention ViT (models/vision/qwen25_vit.py).
 
-HF checkpoints hold the language model under ``model.language_model.`` and the tower under ``model.visual.``
-(transformers >= 4.52); ``text_hf_names`` renames the former to Qwen2's layout so the layer maps are Qwen2's.
+The Hub's checkpoints (and transformers' ``save_pretrained``) hold the language model in Qwen2's layout
+(``model.layers.*``, ``lm_head``) and the tower under ``visual.``; transformers' modules, and some folders saved
+from them, nest them as ``model.language_model.*`` / ``model.visual.*``. Both are read; the Hub's is written.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 
 from ..config_cls.model_config import ModelConfig
 from .qwen2 import Qwen25
 
-LM_PREFIX = "model.language_model."
+LM_PREFIX = "model.language_model."  # transformers' module names, in memory and in some saved folders
 VISION_PREFIX = "model.visual."
+SAVED_VISION_PREFIX = "visual."  # the Hub's checkpoints (and transformers' save_pretrained): model.layers.*, visual.*
 
 
 class Qwen25VL(Qwen25):
@@ -47,6 +49,20 @@ class Qwen25VL(Qwen25):
     def transformer_config_fields(self, model: ModelConfig) -> dict:
         return dict(super().transformer_config_fields(model), mrope_section=list(model.mrope_section or []))
 
+    def hf_name_aliases(self, name: str) -> Tuple[str, ...]:
+        return (name, LM_PREFIX + name[len("model.") :]) if name.startswith("model.") else (name,)
+
+    def extra_hf_to_mcore(self, hf_names: Iterable[str]) -> Dict[str, str]:
+        out = {}
+        for name in hf_names:
+            for prefix in (SAVED_VISION_PREFIX, VISION_PREFIX):
+                if name.startswith(prefix):
+                    out[name] = "visual." + name[len(prefix) :]
+        return out
+
+    def extra_mcore_to_hf(self, name: str) -> Optional[str]:
+        return name if name.startswith(SAVED_VISION_PREFIX) else None  # written in the Hub's layout
+
     def vision_config(self, hf: dict):
         from ..models.vision.qwen25_vit import VisionConfig
 
@@ -66,13 +82,13 @@ def mrope_section_of(config: dict) -> Optional[list]:
 
 
 def split_hf_state(state: Dict[str, torch.Tensor]):
-    """(language-model tensors in Qwen2's names, vision-tower tensors in the tower's own names)."""
+    """(language-model tensors in Qwen2's names, vision-tower tensors in the tower's own names), from either layout."""
     text, vision = {}, {}
     for name, tensor in state.items():
-        if name.startswith(VISION_PREFIX):
-            vision[name[len(VISION_PREFIX) :]] = tensor
-        elif name.startswith(LM_PREFIX):
-            text["model." + name[len(LM_PREFIX) :]] = tensor
+        for prefix in (VISION_PREFIX, SAVED_VISION_PREFIX):
+            if name.startswith(prefix):
+                vision[name[len(prefix) :]] = tensor
+                break
         else:
-            text[name] = tensor  # lm_head.weight
+            text["model." + name[len(LM_PREFIX) :] if name.startswith(LM_PREFIX) else name] = tensor
     return text, vision
