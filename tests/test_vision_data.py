@@ -1,6 +1,7 @@
 """Preprocessing rows with images (R1VisionInstructionHandler): the pixel budget, the placeholder expansion, the
 images stored inside the indexed dataset, and every bad row skipped and counted."""
 
+import dataclasses
 import io
 import json
 
@@ -116,3 +117,30 @@ def test_vision_keys_are_checked_before_anything_runs(tmp_path, tokenizer_dir):
     (tmp_path / "rows.jsonl").write_text(json.dumps({"problem": "x", "answer": "1", "images": []}) + "\n")
     with pytest.raises(ConfigError, match="tokenizer_name_or_path.*vision tokens"):
         preprocess(config(tmp_path, str(text_only)), progress=False)
+
+
+def test_prompts_with_images_become_vllm_inputs_and_requests_split_with_their_images():
+    from mindspeed_rl.config_cls.generate_config import SamplingConfig
+    from mindspeed_rl.datasets.images import pack_images
+    from mindspeed_rl.protocol.rollout import RolloutRequest
+    from mindspeed_rl.rollout.multimodal import collapse_image_runs, vllm_prompt
+
+    pad = 5
+    assert collapse_image_runs([1, 9, pad, pad, pad, 8, 9, pad, pad, 8, 2], pad) == [1, 9, pad, 8, 9, pad, 8, 2]
+    stored = [1, 9] + [pad] * 16 + [8, 2]  # one 112 x 112 image: 16 tokens
+    inputs = vllm_prompt(stored, pack_images([png(112, 112)]), pad)
+    assert inputs["prompt_token_ids"] == [1, 9, pad, 8, 2]
+    (image,) = inputs["multi_modal_data"]["image"]
+    assert (image.size, image.mode) == ((112, 112), "RGB")
+    assert vllm_prompt([1, 2], b"", pad) == {"prompt_token_ids": [1, 2]}
+    with pytest.raises(ValueError, match="1 image placeholder runs carries 2 images"):
+        vllm_prompt(stored, pack_images([png(56, 56), png(56, 56)]), pad)
+
+    blobs = [pack_images([png(56, 56)]), b"", pack_images([png(112, 56)])]
+    request = dataclasses.replace(
+        RolloutRequest.of([[1, pad], [2], [3, pad]], SamplingConfig(), n=2, seed=10), images=blobs
+    )
+    part = request.part([1, 2])
+    assert part.images == blobs[1:] and part.seed == 12
+    other = dataclasses.replace(request, images=[blobs[0], b"", pack_images([png(56, 112)])])  # another picture
+    assert request.digest(1) != other.digest(1)  # ranks given different images are told apart

@@ -40,6 +40,9 @@ class RolloutRequest:
     seed: int
     sampling: Optional[SamplingConfig] = None  # None: generate_config.sampling_config
     max_new_tokens: Optional[List[int]] = None  # per-prompt response budgets (below sampling.max_tokens)
+    # per-prompt images as the dataset stores them (datasets/images.py: length-prefixed PNGs; b"" for none), the
+    # prompt holding one <|image_pad|> per image token (rollout/multimodal.py turns them into vLLM's inputs)
+    images: Optional[List[bytes]] = None
 
     @classmethod
     def of(
@@ -69,6 +72,7 @@ class RolloutRequest:
             self.seed + self.n * (rows[0] if rows else 0),
             self.sampling,
             None if self.max_new_tokens is None else [int(self.max_new_tokens[i]) for i in rows],
+            None if self.images is None else [self.images[i] for i in rows],
         )
 
     def sampling_config(self) -> SamplingConfig:
@@ -84,7 +88,9 @@ class RolloutRequest:
     def digest(self, version: Optional[int] = None) -> str:
         """Fingerprint of the request one rank received for policy ``version`` (``RolloutResult.request_digest``):
         every rank of an engine must receive the same."""
+        images = None if self.images is None else [hashlib.sha1(blob).hexdigest() for blob in self.images]
         fields = (list(map(list, self.prompts)), self.n, self.seed, self.sampling, self.max_new_tokens, version)
+        fields = fields + (images,) if images is not None else fields
         return hashlib.sha1(repr(fields).encode()).hexdigest()
 
 

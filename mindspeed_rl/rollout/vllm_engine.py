@@ -179,7 +179,13 @@ class VllmEngine(RolloutEngine):
             )
             for i in range(len(prompts) * n)
         ]
-        requests = [{"prompt_token_ids": list(p)} for p in prompts for _ in range(n)]
+        if request.images is None:
+            requests = [{"prompt_token_ids": list(p)} for p in prompts for _ in range(n)]
+        else:
+            from .multimodal import vllm_prompt
+
+            image_token = self.image_token_id()
+            requests = [vllm_prompt(p, blob, image_token) for p, blob in zip(prompts, request.images) for _ in range(n)]
         results = self.llm.generate(requests, params, use_tqdm=False)
         routes = vllm_routes.take_routes(self.llm) if self.capture_routes else {}
         outputs: List[RolloutOutput] = []
@@ -190,6 +196,14 @@ class VllmEngine(RolloutEngine):
             reason = "stop" if completion.finish_reason == "stop" else "length"
             outputs.append(RolloutOutput(index // n, ids, logps, reason, routed_experts=routes.get(result.request_id)))
         return outputs
+
+    def image_token_id(self) -> int:
+        """The image placeholder of the served model (its HF config's ``image_token_id``)."""
+        config = self.llm.llm_engine.model_config.hf_config
+        token = getattr(config, "image_token_id", None)
+        if token is None:
+            raise ValueError(f"{type(config).__name__} takes no images: the request carries some")
+        return int(token)
 
     def update_weights(self, weights: Pieces) -> Dict[str, float]:
         count = {"tensors": 0, "bytes": 0}
