@@ -107,21 +107,21 @@ def test_vision_tower_equals_transformers(hf_model):
 def test_vision_language_log_probs_equal_transformers(hf_model, single_process_world):
     from mindspeed_rl.config_cls import MegatronConfig
     from mindspeed_rl.families.base import EMBED, FINAL_NORM, OUTPUT_MG
+    from mindspeed_rl.models.builder import build_gpt_model
     from mindspeed_rl.models.packing import megatron_attention_mask
-    from mindspeed_rl.models.vision.vl_model import build_vision_language_model
 
     family = get_family("qwen2_5_vl")
     hf = hf_model.config.to_dict()
     cfg = family.model_config_from_hf(hf)
-    assert cfg.position_embedding_type == "mrope" and cfg.mrope_section == [2, 3, 3]
-    model = build_vision_language_model(cfg, MegatronConfig(model="vl"), family.vision_config(hf), IMAGE).eval()
+    assert cfg.position_embedding_type == "mrope" and cfg.mrope_section == [2, 3, 3] and cfg.image_token_id == IMAGE
+    model = build_gpt_model(cfg, MegatronConfig(model="vl")).eval()  # the family attaches the tower
     text, vision = split_hf_state(hf_model.state_dict())
     weights = {EMBED[1]: text[EMBED[0]], FINAL_NORM[1]: text[FINAL_NORM[0]], OUTPUT_MG: text["lm_head.weight"]}
     for i in range(cfg.num_layers):
         weights.update(family.layer_hf_to_mcore(i, text, cfg))
-    missing, unexpected = model.language_model.load_state_dict(weights, strict=False)
+    weights.update({"visual." + k: v for k, v in vision.items()})
+    missing, unexpected = model.load_state_dict(weights, strict=False)
     assert not unexpected and all(k.endswith("_extra_state") for k in missing)
-    model.visual.load_state_dict(vision)
 
     ids, mask, pixels = prompts()
     positions = mrope_positions(ids, mask, IMAGE, GRIDS, merge=2)
@@ -136,7 +136,7 @@ def test_vision_language_log_probs_equal_transformers(hf_model, single_process_w
         ).logits
     real = mask.bool()
     ours_lp, theirs_lp = (torch.log_softmax(t.float(), -1)[real] for t in (ours, theirs))
-    assert (ours_lp - theirs_lp).abs().max().item() < 1e-5  # measured 9.5e-7; other pixels move it 0.88
+    assert (ours_lp - theirs_lp).abs().max().item() < 1e-5  # measured 9.5e-7; other pixels move them 0.88
 
 
 def test_a_run_naming_the_family_is_refused_at_the_config_check():
@@ -154,7 +154,7 @@ def test_a_run_naming_the_family_is_refused_at_the_config_check():
         mrope_section=[2, 3, 3],
         model_type_hf="qwen2_5_vl",
     )
-    with pytest.raises(ConfigError, match="model.tiny_vl.model_type_hf.*images do not yet flow"):
+    with pytest.raises(ConfigError, match="model.tiny_vl.model_type_hf.*the trainer does not pass them"):
         build_checked_model(section, "model.tiny_vl")
     with pytest.raises(ConfigError, match="mrope_section.*sum"):
         build_checked_model(dict(section, mrope_section=[2, 2, 2]), "model.tiny_vl")
@@ -209,3 +209,56 @@ def test_converters_round_trip_qwen25_vl_bit_exact_at_tp2_pp2(hf_model, tmp_path
         back.update(load_file(shard))
     assert sorted(back) == sorted(original)
     assert all(torch.equal(back[k], original[k]) for k in original)
+
+
+def image_batch():
+    """prompts() as a batch: each row's images padded ([B, P, D] patches, [B, I, 3] grids; zeros where none)."""
+    ids, mask, pixels = prompts()
+    patches = int(GRIDS.prod(-1).sum())
+    pixel_values = torch.zeros(2, patches, pixels.shape[1])
+    pixel_values[0] = pixels  # both images belong to row 0; row 1 is text
+    grids = torch.zeros(2, 2, 3, dtype=torch.long)
+    grids[0] = GRIDS
+    return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixel_values, "image_grid_thw": grids}
+
+
+def test_engine_forward_with_images_equals_transformers_and_training_reaches_the_tower(hf_model, single_process_world):
+    """MegatronEngine on a batch with images, one row per micro-batch (the text row's micro-batch has none)."""
+    from mindspeed_rl.config_cls import MegatronConfig, RoleConfig
+    from mindspeed_rl.models.engine import MegatronEngine
+
+    family = get_family("qwen2_5_vl")
+    cfg = family.model_config_from_hf(hf_model.config.to_dict())
+    text, vision = split_hf_state(hf_model.state_dict())
+    engine = MegatronEngine(RoleConfig("actor", MegatronConfig(model="vl", lr=1e-3), cfg, 1), total_steps=4)
+    from mindspeed_rl.families.base import EMBED, FINAL_NORM, OUTPUT_MG
+
+    weights = {EMBED[1]: text[EMBED[0]], FINAL_NORM[1]: text[FINAL_NORM[0]], OUTPUT_MG: text["lm_head.weight"]}
+    for i in range(cfg.num_layers):
+        weights.update(family.layer_hf_to_mcore(i, text, cfg))
+    weights.update({"visual." + k: v for k, v in vision.items()})
+    engine.load_weights(weights)
+    batch = image_batch()
+    ours = engine.forward(batch, micro_batch_size=1)["log_probs"]
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    with torch.no_grad():
+        logits = hf_model(
+            input_ids=ids,
+            attention_mask=mask,
+            pixel_values=batch["pixel_values"][0],
+            image_grid_thw=GRIDS,
+            mm_token_type_ids=(ids == IMAGE).int(),
+        ).logits
+    theirs = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    real = (mask[:, 1:] * mask[:, :-1]).bool()
+    assert (ours[:, 1:][real] - theirs[real]).abs().max().item() < 1e-5
+
+    tower = {n: p.detach().clone() for n, p in engine.unwrapped().named_parameters() if n.startswith("visual.")}
+
+    def loss_fn(outputs, mb):
+        m = (mb["attention_mask"][:, 1:] * mb["attention_mask"][:, :-1]).float()
+        return -(outputs["log_probs"][:, 1:] * m).sum() / m.sum(), {}
+
+    assert not engine.train_step(batch, loss_fn, micro_batch_size=1).skipped
+    moved = [n for n, p in engine.unwrapped().named_parameters() if n in tower and not torch.equal(p, tower[n])]
+    assert len(moved) == len(tower)  # every tower weight is trained through the spliced tokens

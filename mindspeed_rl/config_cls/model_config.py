@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AbstractSet, Dict, List, Optional, Sequence, Tuple
+from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Tuple
 
 from .base import ConfigError, opt
 
@@ -55,6 +55,10 @@ class ModelConfig:
         "Position embedding (mrope: 3D temporal/height/width rotary of vision-language models).",
         choices=("rope", "mrope", "learned_absolute"),
     )
+    vision_config: Optional[Dict[str, Any]] = opt(
+        None, "Vision-language families: the vision tower, in the HF config.json's vision_config names."
+    )
+    image_token_id: Optional[int] = opt(None, "Vision-language families: the image placeholder token.", ge=0)
     mrope_section: Optional[List[int]] = opt(
         None, "With mrope: rotary frequencies given to the temporal, height and width positions (sum = head_dim / 2)."
     )

@@ -31,10 +31,24 @@ class Qwen25VL(Qwen25):
         text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", False))
         if not mrope_section_of(text):
             text["rope_scaling"] = hf.get("rope_scaling") or hf.get("rope_parameters")
+        text["_vision"] = (hf.get("vision_config"), self.image_token_id(hf))
         return super().model_config_from_hf(text)
 
     def extra_model_fields(self, hf: dict) -> dict:
-        return dict(position_embedding_type="mrope", mrope_section=mrope_section_of(hf))
+        vision, image_token = hf.get("_vision", (None, None))
+        return dict(
+            position_embedding_type="mrope",
+            mrope_section=mrope_section_of(hf),
+            vision_config=_plain(vision),
+            image_token_id=image_token,
+        )
+
+    def post_build(self, gpt, model: ModelConfig) -> None:
+        from ..models.vision.qwen25_vit import VisionConfig
+        from ..models.vision.vl_model import attach_vision_tower
+
+        if model.vision_config:
+            attach_vision_tower(gpt, VisionConfig.from_hf(model.vision_config), model.image_token_id)
 
     def check(self, model: ModelConfig, path: str = "model") -> None:
         from ..config_cls.base import ConfigError
@@ -42,8 +56,8 @@ class Qwen25VL(Qwen25):
         super().check(model, path)
         raise ConfigError(
             f"{path}.model_type_hf",
-            "qwen2_5_vl: the model and its parity with transformers exist (models/vision), but images do not yet "
-            "flow through data, rollout and the trainer (docs/vision.md); train a text family meanwhile",
+            "qwen2_5_vl: the model, data, converters and engine take images (docs/vision.md), but the trainer does "
+            "not pass them from the dataset through rollout to the engine yet; train a text family meanwhile",
         )
 
     def transformer_config_fields(self, model: ModelConfig) -> dict:
@@ -71,6 +85,16 @@ class Qwen25VL(Qwen25):
     @staticmethod
     def image_token_id(hf: dict) -> int:
         return int(hf.get("image_token_id", hf.get("text_config", {}).get("image_token_id", 151655)))
+
+
+def _plain(vision: Optional[dict]) -> Optional[dict]:
+    """The vision_config fields the tower reads (a config section keeps plain values only)."""
+    if not vision:
+        return None
+    from ..models.vision.qwen25_vit import VisionConfig
+
+    keep = set(VisionConfig.__dataclass_fields__) | {"rope_parameters"}
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in vision.items() if k in keep}
 
 
 def mrope_section_of(config: dict) -> Optional[list]:

@@ -13,6 +13,7 @@ shares)/d(theta).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -30,6 +31,7 @@ from .cross_rank import broadcast_from_last_stage, reduce_metrics
 from .heads import attach_value_head, chunked_log_probs, output_weight, return_hidden_states
 from .optimizer import build_optimizer, wrap_ddp
 from .packing import ModelInput, pack, restore_order, round_up, token_budget_groups, trim
+from .vision.vl_model import vision_of
 
 Batch = Dict[str, torch.Tensor]
 LossFn = Callable[[Dict[str, torch.Tensor], Batch], Tuple[torch.Tensor, Dict[str, float]]]
@@ -84,6 +86,8 @@ class MegatronEngine:
         else:
             return_hidden_states(gpt)  # log-probs come from the hidden states chunk by chunk (heads.py)
         self.config = gpt.config
+        # a vision-language model: (image token, spatial merge) for its micro-batches' 3D positions
+        self.vision = vision_of(role.model, remove_padding, role.megatron.context_parallel_size)
         self.lora = None  # LoRAState when only adapters train (megatron.lora_r > 0)
         self.lora_base = None  # with LoRA: the checkpoint its frozen base was loaded from (checkpoint.lora_base)
         if trainable and role.megatron.lora_r:
@@ -156,6 +160,14 @@ class MegatronEngine:
         """How a micro-batch is laid out for the model on this rank: packed valid tokens (remove_padding),
         rows without all-padding columns (``trimmed``) or the padded rows; then this CP rank's positions."""
         ids, mask = mb["input_ids"], mb["attention_mask"]
+        if self.vision is not None:  # rows as they are, 3D positions, the micro-batch's images
+            from .vision.positions import micro_batch_images
+
+            inp = trim(ids, mask, multiple=self._sequence_multiple(), drop_padding_columns=False)
+            positions, pixels, grids = micro_batch_images(mb, *self.vision)
+            return dataclasses.replace(
+                inp, position_ids=positions, extras=dict(pixel_values=pixels, image_grid_thw=grids)
+            )
         if self.remove_padding:  # valid tokens only, as one packed sequence (models/packing.py)
             inp = pack(ids, mask, multiple=self._sequence_multiple(), row_multiple=2 * self.cp if self.cp > 1 else 1)
         else:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -47,11 +47,12 @@ class ModelInput:
     has_next: Optional[torch.Tensor] = None  # for each real token: whether the next one in its row is real
     length: int = 0  # s of the whole computed layout (with CP: before the split)
     cp_index: Optional[torch.Tensor] = None  # [CP, s / CP]: the positions each CP rank holds
+    extras: Optional[Dict[str, torch.Tensor]] = None  # more model inputs (a vision model's pixel values and grids)
 
     def run(self, model) -> torch.Tensor:
         """The model's output in the computed layout ([b, s, *]; with CP this rank's [b, s / CP, *])."""
         if self.cu_seqlens is None:
-            return model(self.input_ids, self.position_ids, self.attention_mask)
+            return model(self.input_ids, self.position_ids, self.attention_mask, **(self.extras or {}))
         from .attention import packed_seq_params
 
         return model(

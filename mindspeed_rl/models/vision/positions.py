@@ -97,3 +97,20 @@ def mrope_positions(
 def image_token_counts(grid_thw: torch.Tensor, merge: int) -> Sequence[int]:
     """Language-model tokens per image: t x (h / merge) x (w / merge)."""
     return [t * (h // merge) * (w // merge) for t, h, w in grid_thw.tolist()]
+
+
+def micro_batch_images(mb: dict, image_token_id: int, merge: int):
+    """(3D positions [3, B, S], pixel values of the micro-batch's images [patches, D], their grids [images, 3]).
+
+    A batch holds each row's images padded: ``pixel_values`` [B, P, D] (the row's patches first) and
+    ``image_grid_thw`` [B, I, 3] (zero rows where a row has fewer images)."""
+    ids, mask = mb["input_ids"], mb["attention_mask"]
+    grids_by_row = mb["image_grid_thw"].long()
+    pixels, grids = [], []
+    for row in range(ids.shape[0]):
+        real = grids_by_row[row][grids_by_row[row, :, 0] > 0]
+        grids.append(real)
+        pixels.append(mb["pixel_values"][row, : int(real.prod(-1).sum())])
+    grid_thw = torch.cat(grids) if grids else torch.zeros(0, 3, dtype=torch.long)
+    positions = mrope_positions(ids.cpu(), mask.cpu(), image_token_id, grid_thw.cpu(), merge).to(ids.device)
+    return positions, torch.cat(pixels), grid_thw

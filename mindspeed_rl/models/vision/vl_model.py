@@ -1,59 +1,65 @@
-"""A vision-language model for megatron-core: the vision tower's image tokens spliced into the language
-model's input embeddings, then the family's GPTModel with 3D rotary positions.
+"""A megatron-core GPTModel that takes images: the family's vision tower attached to the first pipeline
+stage's GPTModel (``gpt.visual``), its image tokens spliced into the input embeddings.
 
-    e = Embed(input_ids);  e[input_ids == image_token] = Tower(pixel_values, grid_thw)
-    logits = GPT(decoder_input = e, position_ids = mrope positions [3, B, S])
+    e = Embed(input_ids);  e[input_ids == image_token] = Tower(pixel_values, image_grid_thw)
+    output = GPT(decoder_input = e, position_ids = 3D rotary positions [3, B, S])
 
-The tower lives on the pipeline's first stage (where the embedding is), replicated over TP ranks.
-Sequence parallelism scatters the embedding before it could be spliced: not supported yet.
+Attached rather than wrapped: the model keeps GPTModel's names (``embedding.*``, ``decoder.*``, ``output_layer``,
+and ``visual.*`` beside them, the converters' layout) and everything that handles a GPTModel (DDP, the
+optimizer, the LoRA and head patches, checkpoints) handles it unchanged. The tower is replicated over TP
+ranks. Sequence parallelism scatters the embedding before the splice: not supported yet.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import types
+from typing import Optional, Tuple
 
 import torch
-from torch import nn
 
 
-class VisionLanguageModel(nn.Module):
-    def __init__(self, visual: Optional[nn.Module], language_model: nn.Module, image_token_id: int):
-        super().__init__()
-        self.visual = visual
-        self.language_model = language_model
-        self.image_token_id = image_token_id
-        self.config = language_model.config
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        attention_mask: Optional[torch.Tensor],
-        pixel_values: Optional[torch.Tensor] = None,
-        image_grid_thw: Optional[torch.Tensor] = None,
-        **kwargs,
-    ):
-        lm = self.language_model
-        if pixel_values is None or not getattr(lm, "pre_process", True):
-            return lm(input_ids, position_ids, attention_mask, **kwargs)
-        embedded = lm.embedding(input_ids=input_ids, position_ids=None).transpose(0, 1)  # [B, S, H]
-        where = input_ids == self.image_token_id
-        features = self.visual(pixel_values, image_grid_thw).to(embedded.dtype)
-        if int(where.sum()) != features.shape[0]:
-            raise ValueError(
-                f"{int(where.sum())} image placeholder tokens but the images give {features.shape[0]} image tokens"
-            )
-        embedded = embedded.masked_scatter(where.unsqueeze(-1), features)
-        return lm(None, position_ids, attention_mask, decoder_input=embedded.transpose(0, 1).contiguous(), **kwargs)
-
-
-def build_vision_language_model(model, megatron, vision_cfg, image_token_id: int, **gpt_kwargs) -> VisionLanguageModel:
-    """The family's GPTModel (mrope) with a vision tower on the pipeline's first stage."""
-    from ..builder import build_gpt_model
+def attach_vision_tower(gpt, vision_cfg, image_token_id: int) -> None:
+    """Give a first-stage GPTModel ``vision_cfg``'s tower and an image-taking forward (later stages: nothing)."""
     from .qwen25_vit import Qwen25VisionTower
 
-    gpt = build_gpt_model(model, megatron, **gpt_kwargs)
-    visual = Qwen25VisionTower(vision_cfg) if gpt.pre_process else None
-    if visual is not None:
-        visual.to(device=next(gpt.parameters()).device)
-    return VisionLanguageModel(visual, gpt, image_token_id)
+    if not getattr(gpt, "pre_process", True):
+        return
+    device = next(gpt.parameters()).device
+    gpt.visual = Qwen25VisionTower(vision_cfg).to(device=device, dtype=next(gpt.parameters()).dtype)
+    gpt.image_token_id = int(image_token_id)
+    gpt.forward = types.MethodType(_forward_with_images, gpt)
+
+
+def _forward_with_images(
+    gpt,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    attention_mask: Optional[torch.Tensor],
+    pixel_values: Optional[torch.Tensor] = None,
+    image_grid_thw: Optional[torch.Tensor] = None,
+    **kwargs,
+):
+    plain = type(gpt).forward
+    if pixel_values is None or pixel_values.numel() == 0:
+        return plain(gpt, input_ids, position_ids, attention_mask, **kwargs)
+    embedded = gpt.embedding(input_ids=input_ids, position_ids=None).transpose(0, 1)  # [B, S, H]
+    where = input_ids == gpt.image_token_id
+    features = gpt.visual(pixel_values, image_grid_thw).to(embedded.dtype)
+    if int(where.sum()) != features.shape[0]:
+        raise ValueError(f"{int(where.sum())} image placeholder tokens but the images give {features.shape[0]} tokens")
+    embedded = embedded.masked_scatter(where.unsqueeze(-1), features)
+    return plain(gpt, None, position_ids, attention_mask, decoder_input=embedded.transpose(0, 1).contiguous(), **kwargs)
+
+
+def vision_of(model, remove_padding: bool, cp: int) -> Optional[Tuple[int, int]]:
+    """(image token id, spatial merge) of a vision-language model, None for a text model; refuses the layouts
+    whose positions the vision path cannot give yet."""
+    if not model.vision_config:
+        return None
+    if remove_padding or cp > 1:
+        raise ValueError(
+            "vision-language models train on padded rows for now: megatron's packed (thd) rotary restarts every "
+            "segment at position 0 and context parallelism splits image tokens; set use_remove_padding false, "
+            "context_parallel_size 1"
+        )
+    return int(model.image_token_id), int(model.vision_config.get("spatial_merge_size", 2))
