@@ -262,3 +262,13 @@ def test_engine_forward_with_images_equals_transformers_and_training_reaches_the
     assert not engine.train_step(batch, loss_fn, micro_batch_size=1).skipped
     moved = [n for n, p in engine.unwrapped().named_parameters() if n in tower and not torch.equal(p, tower[n])]
     assert len(moved) == len(tower)  # every tower weight is trained through the spliced tokens
+
+
+def test_weight_sync_names_include_the_tower(hf_model):
+    """What the actor sends vLLM (rollout/convert_names.hf_named) holds the tower under the Hub's names."""
+    from mindspeed_rl.rollout.convert_names import hf_named
+
+    cfg = get_family("qwen2_5_vl").model_config_from_hf(hf_model.config.to_dict())
+    piece = {"visual.blocks.0.attn.qkv.weight": torch.zeros(3, 3), "embedding.word_embeddings.weight": torch.ones(2)}
+    names = dict(hf_named([piece], cfg))
+    assert set(names) == {"visual.blocks.0.attn.qkv.weight", "model.embed_tokens.weight"}

@@ -17,6 +17,10 @@ def hf_named(pieces: Iterable[Dict[str, torch.Tensor]], cfg: ModelConfig) -> Ite
     for piece in pieces:
         if EMBED[1] in piece:
             yield EMBED[0], piece[EMBED[1]]
+        for name, tensor in piece.items():
+            extra = family.extra_mcore_to_hf(name)  # a vision tower: synchronised with the language model
+            if extra is not None:
+                yield extra, tensor
         for i in sorted({layer_number(n) for n in piece if layer_number(n) >= 0}):
             yield from family.layer_mcore_to_hf(i, piece, cfg).items()
         if FINAL_NORM[1] in piece:
