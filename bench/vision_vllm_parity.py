@@ -1,0 +1,169 @@
+"""vLLM's log-probs on a prompt with an image against our engine's, on a tiny Qwen2.5-VL built offline.
+
+    .venv/bin/python bench/vision_vllm_parity.py [--out /tmp/tiny_vl]
+
+Builds a random tiny Qwen2.5-VL folder (tokenizer with the vision tokens, processor with a 56^2..112^2 pixel
+budget), samples 16 tokens with vLLM (CPU, fp32) from a prompt holding one 112 x 84 image as the dataset stores
+it (one <|image_pad|> per image token), then scores prompt + response with MegatronEngine (the tower attached,
+3D positions) and prints the largest difference of the response tokens' log-probs. vLLM and our engine run in
+separate processes (each sets up its own torch.distributed world).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
+SPECIAL += ["<|video_pad|>"]
+
+
+def build(out: str) -> None:
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    from mindspeed_rl.demo.tiny_hf import build_tokenizer
+
+    tok = build_tokenizer(out, ["what colour is the circle? red green blue " * 50], 512, special_tokens=SPECIAL)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL}
+    text = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2)
+    text.update(num_key_value_heads=1, max_position_embeddings=2048)  # head_dim 64: vLLM's CPU attention
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12]}
+    vision = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128, window_size=56)
+    cfg = Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=dict(vision, fullatt_block_indexes=[1]),
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        eos_token_id=ids["<|endoftext|>"],
+        pad_token_id=ids["<|endoftext|>"],
+    )
+    torch.manual_seed(0)
+    Qwen2_5_VLForConditionalGeneration(cfg).save_pretrained(out)
+    images = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=112 * 112)
+    Qwen2_5_VLProcessor(image_processor=images, tokenizer=tok, video_processor=Qwen2VLVideoProcessor()).save_pretrained(
+        out
+    )
+
+
+def image_png() -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (112, 84), (40, 200, 90)).save(buf, format="PNG")  # 8 x 6 patches: 12 image tokens
+    return buf.getvalue()
+
+
+def stored_prompt(out: str):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(out)
+    start, pad, end = (tok.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"))
+    return tok.encode("what colour is the circle? ", add_special_tokens=False) + [start] + [pad] * 12 + [end], pad
+
+
+def sample_with_vllm(out: str) -> None:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM, SamplingParams
+
+    from mindspeed_rl.datasets.images import pack_images
+    from mindspeed_rl.rollout.multimodal import vllm_prompt
+
+    prompt, pad = stored_prompt(out)
+    llm = LLM(
+        model=out,
+        enforce_eager=True,
+        dtype="float32",
+        max_model_len=512,
+        max_num_seqs=4,
+        kv_cache_memory_bytes=256 * 2**20,
+        enable_chunked_prefill=False,
+    )
+    params = SamplingParams(max_tokens=16, temperature=1.0, logprobs=0, seed=3, ignore_eos=True)
+    result = llm.generate([vllm_prompt(prompt, pack_images([image_png()]), pad)], params)[0]
+    completion = result.outputs[0]
+    record = dict(
+        prompt_as_vllm_expanded_it=list(result.prompt_token_ids),
+        response=list(completion.token_ids),
+        logprobs=[entry[t].logprob for entry, t in zip(completion.logprobs, completion.token_ids)],
+    )
+    with open(os.path.join(out, "vllm_sample.json"), "w") as f:
+        json.dump(record, f)
+
+
+def score_with_engine(out: str) -> None:
+    import torch
+    from PIL import Image
+    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+
+    from mindspeed_rl.config_cls import MegatronConfig, RoleConfig
+    from mindspeed_rl.families import get_family
+    from mindspeed_rl.families.base import EMBED, FINAL_NORM, OUTPUT_MG
+    from mindspeed_rl.families.qwen2_5_vl import split_hf_state
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.utils import dist
+
+    dist.init_distributed()
+    dist.init_model_parallel(seed=1)
+    hf = Qwen2_5_VLForConditionalGeneration.from_pretrained(out, dtype=torch.float32)
+    family = get_family("qwen2_5_vl")
+    cfg = family.model_config_from_hf(hf.config.to_dict())
+    text, vision = split_hf_state(hf.state_dict())
+    weights = {EMBED[1]: text[EMBED[0]], FINAL_NORM[1]: text[FINAL_NORM[0]]}
+    if cfg.untie_embeddings_and_output_weights:
+        weights[OUTPUT_MG] = text["lm_head.weight"]
+    for i in range(cfg.num_layers):
+        weights.update(family.layer_hf_to_mcore(i, text, cfg))
+    weights.update({"visual." + k: v for k, v in vision.items()})
+    engine = MegatronEngine(RoleConfig("actor", MegatronConfig(model="vl"), cfg, 1), trainable=False)
+    engine.load_weights(weights)
+    with open(os.path.join(out, "vllm_sample.json")) as f:
+        sample = json.load(f)
+    prompt, _ = stored_prompt(out)
+    ids = torch.tensor([prompt + sample["response"]])
+    pixels = AutoProcessor.from_pretrained(out).image_processor(
+        images=[Image.open(io.BytesIO(image_png()))], return_tensors="pt"
+    )
+    batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
+    batch.update(pixel_values=pixels["pixel_values"][None], image_grid_thw=pixels["image_grid_thw"][None])
+    ours = engine.forward(batch, 1)["log_probs"][0, len(prompt) :]
+    diff = (ours - torch.tensor(sample["logprobs"])).abs()
+    print(
+        f"prompt {len(prompt)} tokens (vLLM expanded the collapsed prompt back to it: "
+        f"{sample['prompt_as_vllm_expanded_it'] == prompt}), image grid {pixels['image_grid_thw'].tolist()}"
+    )
+    print(
+        f"response {len(sample['response'])} tokens: max |logp_vllm - logp_engine| {diff.max().item():.2e}, "
+        f"mean {diff.mean().item():.2e}"
+    )
+    dist.destroy()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="/tmp/tiny_qwen25_vl")
+    parser.add_argument("--stage", choices=("all", "build", "vllm", "engine"), default="all")
+    args = parser.parse_args()
+    sys.path.insert(0, ROOT)
+    if args.stage == "build" or (args.stage == "all" and not os.path.exists(os.path.join(args.out, "config.json"))):
+        build(args.out)
+    if args.stage == "all":
+        for stage in ("vllm", "engine"):
+            subprocess.run([sys.executable, __file__, "--out", args.out, "--stage", stage], check=True)
+    elif args.stage == "vllm":
+        sample_with_vllm(args.out)
+    elif args.stage == "engine":
+        score_with_engine(args.out)
+
+
+if __name__ == "__main__":
+    main()
