@@ -107,25 +107,16 @@ def score_with_engine(out: str) -> None:
 
     from mindspeed_rl.config_cls import MegatronConfig, RoleConfig
     from mindspeed_rl.families import get_family
-    from mindspeed_rl.families.base import EMBED, FINAL_NORM, OUTPUT_MG
-    from mindspeed_rl.families.qwen2_5_vl import split_hf_state
+    from mindspeed_rl.families.qwen2_5_vl import hf_state_to_mcore
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.utils import dist
 
     dist.init_distributed()
     dist.init_model_parallel(seed=1)
     hf = Qwen2_5_VLForConditionalGeneration.from_pretrained(out, dtype=torch.float32)
-    family = get_family("qwen2_5_vl")
-    cfg = family.model_config_from_hf(hf.config.to_dict())
-    text, vision = split_hf_state(hf.state_dict())
-    weights = {EMBED[1]: text[EMBED[0]], FINAL_NORM[1]: text[FINAL_NORM[0]]}
-    if cfg.untie_embeddings_and_output_weights:
-        weights[OUTPUT_MG] = text["lm_head.weight"]
-    for i in range(cfg.num_layers):
-        weights.update(family.layer_hf_to_mcore(i, text, cfg))
-    weights.update({"visual." + k: v for k, v in vision.items()})
+    cfg = get_family("qwen2_5_vl").model_config_from_hf(hf.config.to_dict())
     engine = MegatronEngine(RoleConfig("actor", MegatronConfig(model="vl"), cfg, 1), trainable=False)
-    engine.load_weights(weights)
+    engine.load_weights(hf_state_to_mcore(hf.state_dict(), cfg))
     with open(os.path.join(out, "vllm_sample.json")) as f:
         sample = json.load(f)
     prompt, _ = stored_prompt(out)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from mindspeed_rl.families import get_family
-from mindspeed_rl.families.qwen2_5_vl import split_hf_state
+from mindspeed_rl.families.qwen2_5_vl import hf_state_to_mcore, split_hf_state
 from mindspeed_rl.models.vision.positions import mrope_positions, window_order
 from mindspeed_rl.models.vision.qwen25_vit import Qwen25VisionTower
 from tests.helpers import single_process_world_fixture
@@ -106,7 +106,6 @@ def test_vision_tower_equals_transformers(hf_model):
 
 def test_vision_language_log_probs_equal_transformers(hf_model, single_process_world):
     from mindspeed_rl.config_cls import MegatronConfig
-    from mindspeed_rl.families.base import EMBED, FINAL_NORM, OUTPUT_MG
     from mindspeed_rl.models.builder import build_gpt_model
     from mindspeed_rl.models.packing import megatron_attention_mask
 
@@ -115,12 +114,7 @@ def test_vision_language_log_probs_equal_transformers(hf_model, single_process_w
     cfg = family.model_config_from_hf(hf)
     assert cfg.position_embedding_type == "mrope" and cfg.mrope_section == [2, 3, 3] and cfg.image_token_id == IMAGE
     model = build_gpt_model(cfg, MegatronConfig(model="vl")).eval()  # the family attaches the tower
-    text, vision = split_hf_state(hf_model.state_dict())
-    weights = {EMBED[1]: text[EMBED[0]], FINAL_NORM[1]: text[FINAL_NORM[0]], OUTPUT_MG: text["lm_head.weight"]}
-    for i in range(cfg.num_layers):
-        weights.update(family.layer_hf_to_mcore(i, text, cfg))
-    weights.update({"visual." + k: v for k, v in vision.items()})
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing, unexpected = model.load_state_dict(hf_state_to_mcore(hf_model.state_dict(), cfg), strict=False)
     assert not unexpected and all(k.endswith("_extra_state") for k in missing)
 
     ids, mask, pixels = prompts()
@@ -229,15 +223,8 @@ def test_engine_forward_with_images_equals_transformers_and_training_reaches_the
 
     family = get_family("qwen2_5_vl")
     cfg = family.model_config_from_hf(hf_model.config.to_dict())
-    text, vision = split_hf_state(hf_model.state_dict())
     engine = MegatronEngine(RoleConfig("actor", MegatronConfig(model="vl", lr=1e-3), cfg, 1), total_steps=4)
-    from mindspeed_rl.families.base import EMBED, FINAL_NORM, OUTPUT_MG
-
-    weights = {EMBED[1]: text[EMBED[0]], FINAL_NORM[1]: text[FINAL_NORM[0]], OUTPUT_MG: text["lm_head.weight"]}
-    for i in range(cfg.num_layers):
-        weights.update(family.layer_hf_to_mcore(i, text, cfg))
-    weights.update({"visual." + k: v for k, v in vision.items()})
-    engine.load_weights(weights)
+    engine.load_weights(hf_state_to_mcore(hf_model.state_dict(), cfg))
     batch = image_batch()
     ours = engine.forward(batch, micro_batch_size=1)["log_probs"]
     ids, mask = batch["input_ids"], batch["attention_mask"]

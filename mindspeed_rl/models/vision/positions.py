@@ -7,7 +7,7 @@ because the merger concatenates a block into one language-model token.
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Tuple
 
 import torch
 
@@ -92,11 +92,6 @@ def mrope_positions(
             p += max(gh, gw)
         out[:, b, real] = torch.cat(pos, dim=1) if pos else out[:, b, real]
     return out
-
-
-def image_token_counts(grid_thw: torch.Tensor, merge: int) -> Sequence[int]:
-    """Language-model tokens per image: t x (h / merge) x (w / merge)."""
-    return [t * (h // merge) * (w // merge) for t, h, w in grid_thw.tolist()]
 
 
 def micro_batch_images(mb: dict, image_token_id: int, merge: int):
