@@ -82,17 +82,10 @@ class IndexedWriter:
             value = sample[field]
             if field in self.token_fields:
                 builder.add_item(torch.tensor(value, dtype=torch.int32))
-            elif isinstance(value, (bytes, bytearray)):  # images: raw bytes
+            else:  # text as UTF-8, binary fields (images) as they are
+                data = value if isinstance(value, (bytes, bytearray)) else value.encode("utf-8")
                 builder.add_item(
-                    torch.frombuffer(bytearray(value), dtype=torch.uint8)
-                    if value
-                    else torch.zeros(0, dtype=torch.uint8)
-                )
-            else:
-                builder.add_item(
-                    torch.frombuffer(bytearray(value.encode("utf-8")), dtype=torch.uint8)
-                    if value
-                    else torch.zeros(0, dtype=torch.uint8)
+                    torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
                 )
             builder.end_document()
 
