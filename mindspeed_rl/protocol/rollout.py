@@ -89,8 +89,9 @@ class RolloutRequest:
         """Fingerprint of the request one rank received for policy ``version`` (``RolloutResult.request_digest``):
         every rank of an engine must receive the same."""
         images = None if self.images is None else [hashlib.sha1(blob).hexdigest() for blob in self.images]
-        fields = (list(map(list, self.prompts)), self.n, self.seed, self.sampling, self.max_new_tokens, version)
-        fields = fields + (images,) if images is not None else fields
+        fields: tuple = (list(map(list, self.prompts)), self.n, self.seed, self.sampling, self.max_new_tokens, version)
+        if images is not None:
+            fields += (images,)
         return hashlib.sha1(repr(fields).encode()).hexdigest()
 
 
