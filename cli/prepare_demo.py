@@ -4,6 +4,7 @@ python cli/prepare_demo.py            # the lucky-number task (ppo/grpo/dapo_tin
 python cli/prepare_demo.py --tools    # also the tool-use task (grpo_tiny_cpu_tools): cold-start SFT model
 python cli/prepare_demo.py --pairs    # also the task's preference pairs (rm_tiny_cpu: reward-model training)
 python cli/prepare_demo.py --judge    # also a small judge model fine-tuned to grade the task (grpo_tiny_cpu_judge)
+python cli/prepare_demo.py --vision   # also the vision task (grpo_tiny_cpu_vision) and its blank-picture control
 """
 
 from __future__ import annotations
@@ -38,6 +39,15 @@ def main() -> int:
             f"tool-use task: tokenizer {tools['tokenizer']}, prompts {tools['data_prefix']}, "
             f"cold-start model {tools['hf']} (Megatron: {tools['mcore']})"
         )
+    if "--vision" in sys.argv[1:]:
+        from mindspeed_rl.demo.vision_task import prepare_vision_task
+
+        for blank in (False, True):
+            vision = prepare_vision_task("./demo_assets", blank=blank)
+            print(
+                f"vision task{' control (blank pictures)' if blank else ''}: prompts {vision['data_prefix']}, "
+                f"cold-start model {vision['hf']} (Megatron: {vision['mcore']})"
+            )
     return 0
 
 

@@ -133,7 +133,8 @@ def test_vision_language_log_probs_equal_transformers(hf_model, single_process_w
     assert (ours_lp - theirs_lp).abs().max().item() < 1e-5  # measured 9.5e-7; other pixels move them 0.88
 
 
-def test_a_run_naming_the_family_is_refused_at_the_config_check():
+def test_the_family_and_the_run_refuse_what_the_vision_path_cannot_do(capsys, tmp_path):
+    from cli import train_ppo
     from mindspeed_rl.config_cls import ConfigError
     from mindspeed_rl.trainer.config_names import build_checked_model
 
@@ -147,11 +148,35 @@ def test_a_run_naming_the_family_is_refused_at_the_config_check():
         position_embedding_type="mrope",
         mrope_section=[2, 3, 3],
         model_type_hf="qwen2_5_vl",
+        image_token_id=5,
     )
-    with pytest.raises(ConfigError, match="model.tiny_vl.model_type_hf.*the trainer does not pass them"):
+    with pytest.raises(ConfigError, match="model.tiny_vl.vision_config.*vision tower"):
         build_checked_model(section, "model.tiny_vl")
     with pytest.raises(ConfigError, match="mrope_section.*sum"):
         build_checked_model(dict(section, mrope_section=[2, 2, 2]), "model.tiny_vl")
+    run = ["--config-name", "grpo_tiny_cpu_vision", "dry_run=true"]
+    refusals = [
+        (["rl_config.use_remove_padding=true"], "rl_config.use_remove_padding", "padded rows"),
+        (["generate_config.backend=fallback"], "generate_config.backend", "text only"),
+        (
+            ["actor_config.context_parallel_size=2", "rl_config.actor_resource.num_npus=2"],
+            "actor_config.context_parallel_size",
+            "3D positions",
+        ),
+    ]
+    for overrides, key, text in refusals:
+        assert train_ppo.main(run + overrides) == 2, overrides
+        err = capsys.readouterr().err
+        assert key in err and text in err and "Traceback" not in err, err
+    # a tokenizer folder without the image processor is refused before anything starts
+    (tmp_path / "tokenizer.json").write_text("{}")
+    assert train_ppo.main(run[:2] + [f"megatron_training.tokenizer_name_or_path={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "megatron_training.tokenizer_name_or_path" in err
+        and "no preprocessor_config.json or processor_config.json" in err
+    ), err
+    assert "prepare_demo.py --vision" in err, err
 
 
 def test_torchvision_imports_on_the_cpu_stack_and_the_image_processor_keeps_the_pixel_budget():

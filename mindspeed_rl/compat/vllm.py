@@ -59,7 +59,41 @@ def load_weights_in_place(llm: Any, method: str, weights: Iterable[Tuple[str, to
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
     else:
         llm.collective_rpc(_load_weights_in_worker, kwargs={"weights": weights})
+    reset_caches_after_update(llm)
+
+
+def reset_caches_after_update(llm: Any) -> None:
+    """Forget what the old weights computed: the prefix cache's KV blocks and a multimodal model's cached image
+    features (the scheduler's record and the runner's store together; resetting one alone leaves the other
+    expecting features that are gone, "Encoder cache miss")."""
     llm.reset_prefix_cache()
+    reset_encoder = getattr(llm.llm_engine, "reset_encoder_cache", None)
+    if reset_encoder is not None:
+        reset_encoder()
+
+
+def keep_buffers_in_dummy_load() -> None:
+    """vLLM's dummy loader (``load_format="dummy"``: the rollout engine's start, before the actor's weights arrive)
+    fills persistent buffers with random values too. Checkpoints do not hold the buffers a model computes from its
+    config (Qwen2.5-VL's folded image normalisation, ``visual.input_norm``), so no weight update restores them:
+    keep every buffer as the model built it."""
+    from vllm.model_executor.model_loader import dummy_loader
+
+    loader = dummy_loader.DummyModelLoader
+    if getattr(loader.load_weights, "mindspeed_rl_keeps_buffers", False):
+        return
+    original = loader.load_weights
+
+    def load_weights(self, model, model_config):
+        kept = {name: buffer.clone() for name, buffer in model.named_buffers() if buffer.device.type != "meta"}
+        original(self, model, model_config)
+        with torch.no_grad():
+            for name, buffer in model.named_buffers():
+                if name in kept and buffer.shape == kept[name].shape:
+                    buffer.copy_(kept[name])
+
+    load_weights.mindspeed_rl_keeps_buffers = True
+    loader.load_weights = load_weights
 
 
 def keep_cpu_linear_weights() -> None:

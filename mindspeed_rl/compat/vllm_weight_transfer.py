@@ -222,5 +222,7 @@ def update(llm: Any, meta: Sequence[Tuple[str, Tuple[int, ...], torch.dtype]]) -
 
 
 def finish_update(llm: Any) -> None:
+    from .vllm import reset_caches_after_update
+
     llm.collective_rpc("finish_weight_update")
-    llm.reset_prefix_cache()
+    reset_caches_after_update(llm)

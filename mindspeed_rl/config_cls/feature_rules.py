@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from .rl_config import RLConfig
 
 
+def role_key(role: RoleConfig, name: str) -> str:
+    return f"{role.name}_config.{name}"
+
+
 def partial_chunk(max_tokens: int, max_split: int) -> int:
     """Tokens a trajectory grows per round under partial rollout: ceil(max_tokens / partial_rollout_max_split)."""
     return -(-max_tokens // max_split)
@@ -241,6 +245,37 @@ def check_router_replay_keys(cfg: PPOConfig) -> None:
             "actor_config.recompute_granularity",
             f"{actor.megatron.recompute_granularity} with PP {actor.pp} and router replay: a recomputed layer would "
             "route again after the next micro-batch's routes are set; turn recomputation off or use PP 1",
+        )
+
+
+def check_vision_keys(cfg: PPOConfig) -> None:
+    """A vision-language actor trains on padded rows with 3D rotary positions: no packing (megatron's packed
+    rotary restarts each segment at 0), no CP split of image tokens, no sequence parallelism (it scatters the
+    embeddings before the image features are spliced in); its prompts' images need vLLM to generate."""
+    if not cfg.actor.model.vision_config:
+        return
+    model = cfg.actor.megatron.model
+    if cfg.rl.use_remove_padding:
+        raise ConfigError(
+            "rl_config.use_remove_padding", f"true, but {model} is a vision-language model: train it on padded rows"
+        )
+    for role in (r for r in cfg.roles if r.model.vision_config):
+        if role.cp > 1:
+            raise ConfigError(
+                role_key(role, "context_parallel_size"),
+                f"{role.cp}: the {role.name} is a vision-language model ({model}), whose image tokens a CP split "
+                "would separate from their 3D positions; use 1",
+            )
+        if role.megatron.sequence_parallel and role.tp > 1:
+            raise ConfigError(
+                role_key(role, "sequence_parallel"),
+                f"true: the {role.name} is a vision-language model ({model}); sequence parallelism scatters the "
+                "embeddings before the image features are spliced in; set false",
+            )
+    if cfg.generate.backend == "fallback":
+        raise ConfigError(
+            "generate_config.backend",
+            f"fallback generates from text only; {model} takes images: use vllm (or auto with vLLM installed)",
         )
 
 

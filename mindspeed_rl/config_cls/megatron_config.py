@@ -121,6 +121,13 @@ class MegatronConfig:
         "With LoRA: the folder of the base checkpoint that adapter-only checkpoints build on (default: the "
         "folder recorded in the checkpoint; set it when the base has moved).",
     )
+    # vision-language models (verl's and MindSpeed-MM's freeze switches)
+    freeze_vision_tower: bool = opt(
+        False, "Vision-language models: the tower's blocks and patch embedding do not train (the projector does)."
+    )
+    freeze_projector: bool = opt(
+        False, "Vision-language models: the projector (the patch merger into the language model) does not train."
+    )
     # checkpoints
     load: Optional[str] = opt(None, "Checkpoint folder to load (Megatron layout).")
     save: Optional[str] = opt(None, "Checkpoint folder to save into.")

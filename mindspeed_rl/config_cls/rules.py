@@ -16,14 +16,12 @@ from .feature_rules import (
     check_lora_keys,
     check_packing_keys,
     check_router_replay_keys,
+    check_vision_keys,
+    role_key,
 )
 
 if TYPE_CHECKING:
     from .ppo_config import PPOConfig, RoleConfig
-
-
-def _role_key(role: RoleConfig, name: str) -> str:
-    return f"{role.name}_config.{name}"
 
 
 def ulysses_layout(heads: int, groups: int, cp: int) -> Optional[str]:
@@ -41,7 +39,7 @@ def check_context_parallel(role: RoleConfig) -> None:
     m, model = role.megatron, role.model
     if role.cp > 1 and m.context_parallel_algo == "megatron_cp_algo" and m.lora_r:
         raise ConfigError(
-            _role_key(role, "context_parallel_algo"),
+            role_key(role, "context_parallel_algo"),
             "megatron_cp_algo is Transformer Engine's ring attention, and LoRA trains on the local layer spec "
             "without it: use ulysses_cp_algo with lora_r",
         )
@@ -52,7 +50,7 @@ def check_context_parallel(role: RoleConfig) -> None:
     reason = ulysses_layout(model.num_attention_heads // role.tp, model.kv_heads // role.tp, role.cp)
     if reason:
         raise ConfigError(
-            _role_key(role, "context_parallel_size"),
+            role_key(role, "context_parallel_size"),
             f"{role.cp} with ulysses_cp_algo: {reason} (model {m.model}: {model.num_attention_heads} heads, "
             f"{model.kv_heads} query groups, TP {role.tp}); choose a CP size that fits or megatron_cp_algo",
         )
@@ -65,6 +63,7 @@ def check_cross_fields(cfg: PPOConfig) -> None:
     check_agent_keys(cfg)
     check_lora_keys(cfg)
     check_router_replay_keys(cfg)
+    check_vision_keys(cfg)
     check_batch_invariant_keys(cfg)
     check_batch_sizes(cfg)
     check_packing_keys(cfg)
@@ -112,7 +111,7 @@ def check_role_parallelism(role: RoleConfig) -> None:
     if role.num_devices % (role.tp * role.pp * role.cp):
         key = "context_parallel_size" if role.cp > 1 else "tensor_model_parallel_size"
         raise ConfigError(
-            _role_key(role, key),
+            role_key(role, key),
             f"TP {role.tp} x PP {role.pp}"
             + (f" x CP {role.cp}" if role.cp > 1 else "")
             + f" = {role.tp * role.pp * role.cp} does not divide the "
@@ -120,35 +119,35 @@ def check_role_parallelism(role: RoleConfig) -> None:
         )
     if model.num_attention_heads % role.tp:
         raise ConfigError(
-            _role_key(role, "tensor_model_parallel_size"),
+            role_key(role, "tensor_model_parallel_size"),
             f"TP {role.tp} does not divide num_attention_heads {model.num_attention_heads} of model {m.model}",
         )
     if model.kv_heads % role.tp:
         raise ConfigError(
-            _role_key(role, "tensor_model_parallel_size"),
+            role_key(role, "tensor_model_parallel_size"),
             f"TP {role.tp} does not divide num_query_groups {model.kv_heads} of model {m.model}",
         )
     check_context_parallel(role)
     ep = m.expert_model_parallel_size
     if ep > 1 and not model.num_experts:
         raise ConfigError(
-            _role_key(role, "expert_model_parallel_size"),
+            role_key(role, "expert_model_parallel_size"),
             f"{ep} needs a mixture-of-experts model; {m.model} is dense",
         )
     if model.num_experts and role.tp > 1 and not m.sequence_parallel:  # megatron-core's own requirement
         raise ConfigError(
-            _role_key(role, "sequence_parallel"),
+            role_key(role, "sequence_parallel"),
             f"false with TP {role.tp} on the mixture-of-experts model {m.model}: megatron-core runs MoE layers "
             "under TP only with sequence parallelism; set it true",
         )
     if model.num_experts and model.num_experts % ep:
         raise ConfigError(
-            _role_key(role, "expert_model_parallel_size"),
+            role_key(role, "expert_model_parallel_size"),
             f"EP {ep} does not divide num_experts {model.num_experts} of model {m.model}",
         )
     if role.dp % ep:
         raise ConfigError(
-            _role_key(role, "expert_model_parallel_size"),
+            role_key(role, "expert_model_parallel_size"),
             f"EP {ep} does not divide the {role.name}'s data-parallel size {role.dp} "
             f"(devices {role.num_devices} / (TP {role.tp} x PP {role.pp}"
             + (f" x CP {role.cp}" if role.cp > 1 else "")
@@ -158,13 +157,13 @@ def check_role_parallelism(role: RoleConfig) -> None:
     if m.num_layer_list:
         if len(layers) != role.pp or sum(layers) != model.num_layers or min(layers) < 1:
             raise ConfigError(
-                _role_key(role, "num_layer_list"),
+                role_key(role, "num_layer_list"),
                 f"{m.num_layer_list!r} must list {role.pp} positive layer counts summing to "
                 f"num_layers {model.num_layers}",
             )
     elif model.num_layers % role.pp:
         raise ConfigError(
-            _role_key(role, "pipeline_model_parallel_size"),
+            role_key(role, "pipeline_model_parallel_size"),
             f"PP {role.pp} does not divide num_layers {model.num_layers}; set num_layer_list",
         )
 
@@ -176,7 +175,7 @@ def check_role_micro_batch(role: RoleConfig, mini_batch_size: int) -> None:
         per_rank = mini_batch_size / role.dp
         if mini_batch_size % (m.micro_batch_size * role.dp):
             raise ConfigError(
-                _role_key(role, "micro_batch_size"),
+                role_key(role, "micro_batch_size"),
                 f"mini_batch_size {mini_batch_size} over DP {role.dp} gives {per_rank:g} "
                 f"samples per rank, not a multiple of micro_batch_size {m.micro_batch_size}",
             )
@@ -186,17 +185,17 @@ def check_role_training(role: RoleConfig) -> None:
     """Precision, learning-rate floor and HF copies of checkpoints."""
     m = role.megatron
     if m.bf16 and m.fp16:
-        raise ConfigError(_role_key(role, "fp16"), "bf16 and fp16 are both true; pick one")
+        raise ConfigError(role_key(role, "fp16"), "bf16 and fp16 are both true; pick one")
     if m.min_lr > m.lr:
-        raise ConfigError(_role_key(role, "min_lr"), f"{m.min_lr} is above lr {m.lr}")
+        raise ConfigError(role_key(role, "min_lr"), f"{m.min_lr} is above lr {m.lr}")
     if m.save_hf and not m.save:
         raise ConfigError(
-            _role_key(role, "save_hf"),
+            role_key(role, "save_hf"),
             "is true but save is not set: the HF folder is written beside each checkpoint in save",
         )
     if m.save_hf and m.no_shared_storage:
         raise ConfigError(
-            _role_key(role, "save_hf"),
+            role_key(role, "save_hf"),
             "needs a filesystem all ranks share (no_shared_storage is "
             "true): convert afterwards with cli/convert_ckpt.py",
         )

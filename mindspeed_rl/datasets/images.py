@@ -106,6 +106,41 @@ def image_grid(png: bytes, patch: int = 14) -> Tuple[int, int, int]:
         return 1, image.height // patch, image.width // patch
 
 
+IMAGE_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")  # older / transformers 5 layout
+
+
+def has_image_processor(folder: Optional[str]) -> bool:
+    """Whether a model folder holds its image processor (either file; the Hub's folders have one)."""
+    return bool(folder) and any(os.path.isfile(os.path.join(folder, name)) for name in IMAGE_PROCESSOR_FILES)
+
+
+class ImageEncoder:
+    """A row's stored images as the vision tower takes them: pixel values [patches, channels x temporal x patch^2]
+    and grids [images, 3] (t, h, w in patches), by the model's own image processor (its preprocessor_config.json
+    or processor_config.json: the same normalisation vLLM applies), without resizing again: the images were fitted
+    to the pixel budget at preprocessing and the prompt's placeholders count their tokens."""
+
+    def __init__(self, model_dir: Optional[str] = None):
+        from transformers import AutoImageProcessor, Qwen2VLImageProcessor
+
+        self.processor = (
+            AutoImageProcessor.from_pretrained(model_dir) if has_image_processor(model_dir) else Qwen2VLImageProcessor()
+        )
+        self.patch = int(self.processor.patch_size)
+
+    def encode(self, blob: bytes):
+        """(pixel values [P, D] float32, grids [I, 3] long) of one row's images (P = I = 0 for none)."""
+        import torch
+        from PIL import Image
+
+        pngs = unpack_images(blob)
+        if not pngs:
+            return torch.zeros(0, 0), torch.zeros(0, 3, dtype=torch.long)
+        images = [Image.open(io.BytesIO(png)).convert("RGB") for png in pngs]
+        out = self.processor(images=images, do_resize=False, return_tensors="pt")
+        return out["pixel_values"].float(), out["image_grid_thw"].long()
+
+
 def as_image_list(value) -> Optional[list]:
     """A row's image field as a list (one image or several); None when it is neither."""
     if value is None:
@@ -117,4 +152,14 @@ def as_image_list(value) -> Optional[list]:
     return None
 
 
-__all__ = ["BadImage", "PixelBudget", "read_image", "fitted_png", "pack_images", "unpack_images", "image_grid"]
+__all__ = [
+    "BadImage",
+    "ImageEncoder",
+    "PixelBudget",
+    "fitted_png",
+    "has_image_processor",
+    "image_grid",
+    "pack_images",
+    "read_image",
+    "unpack_images",
+]

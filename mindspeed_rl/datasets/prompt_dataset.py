@@ -55,8 +55,11 @@ class PromptDataset:
     token-id fields (preference pairs: ``chosen_ids``, ``rejected_ids``).
 
     Prompts longer than ``max_prompt_length`` tokens, and rows whose prompt and longest token field together
-    are longer than ``max_length``, are left out (their count is in ``dropped``).
+    are longer than ``max_length``, are left out (their count is in ``dropped``). A vision dataset's ``images``
+    field is read whenever the files hold one, as the bytes datasets/images.py stored.
     """
+
+    BINARY_FIELDS = ("images",)
 
     def __init__(
         self,
@@ -71,6 +74,9 @@ class PromptDataset:
         self.token_fields = ("input_ids", *token_fields)
         fields = {name: field_prefix(output_prefix, name) for name in self.token_fields}
         fields.update({k: field_prefix(output_prefix, k) for k in additional_keys})
+        for name in self.BINARY_FIELDS:
+            if os.path.isfile(field_prefix(output_prefix, name) + ".idx"):
+                fields.setdefault(name, field_prefix(output_prefix, name))
         for name, prefix in fields.items():
             if not os.path.isfile(prefix + ".bin") or not os.path.isfile(prefix + ".idx"):
                 raise DatasetMissing(
@@ -112,6 +118,8 @@ class PromptDataset:
         for name, ds in self.fields.items():
             if name in self.token_fields:
                 item[name] = ds[row].astype(np.int64).tolist()
+            elif name in self.BINARY_FIELDS:
+                item[name] = ds[row].tobytes()
             else:
                 item[name] = ds[row].tobytes().decode("utf-8")
         return item
@@ -179,16 +187,19 @@ class PromptBatch:
     labels: List[str]
     max_new_tokens: Optional[List[int]] = None  # per-prompt response budgets (dataset key max_new_tokens)
     tools: Optional[List[Optional[List[str]]]] = None  # per-prompt tool names (dataset key tools); None: all
+    images: Optional[List[bytes]] = None  # per-prompt images as stored (datasets/images.py; b"" for none)
 
     @staticmethod
     def of(dataset, indices) -> "PromptBatch":
-        """The prompts (labels, and budgets when the dataset has a max_new_tokens key) of rows ``indices``
-        of a PromptDataset."""
+        """The prompts (labels, and budgets, tools, images when the dataset has those keys) of rows
+        ``indices`` of a PromptDataset."""
         items = [dataset[i] for i in indices]
-        budgets = [int(it["max_new_tokens"]) for it in items] if items and "max_new_tokens" in items[0] else None
-        tools = [json.loads(it["tools"]) for it in items] if items and "tools" in items[0] else None
+        has = set(items[0]) if items else set()
+        budgets = [int(it["max_new_tokens"]) for it in items] if "max_new_tokens" in has else None
+        tools = [json.loads(it["tools"]) for it in items] if "tools" in has else None
+        images = [it["images"] for it in items] if "images" in has else None
         return PromptBatch(
-            [list(it["input_ids"]) for it in items], [it.get("labels", "") for it in items], budgets, tools
+            [list(it["input_ids"]) for it in items], [it.get("labels", "") for it in items], budgets, tools, images
         )
 
 

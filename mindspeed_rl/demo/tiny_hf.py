@@ -84,10 +84,12 @@ def build_hf_model(
     import shutil
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoModelForSequenceClassification
 
     torch.manual_seed(seed)
     cls = AutoModelForSequenceClassification if orm else AutoModelForCausalLM
+    if model.vision_config and not orm:
+        cls = AutoModelForImageTextToText
     hf = cls.from_config(hf_config_for(model, orm=orm)).float().eval()
     with torch.no_grad():  # non-trivial norms, biases and routers so conversions are really checked
         for name, p in hf.named_parameters():

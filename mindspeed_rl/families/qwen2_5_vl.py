@@ -55,11 +55,21 @@ class Qwen25VL(Qwen25):
         from ..config_cls.base import ConfigError
 
         super().check(model, path)
-        raise ConfigError(
-            f"{path}.model_type_hf",
-            "qwen2_5_vl: the model, data, converters and engine take images (docs/vision.md), but the trainer does "
-            "not pass them from the dataset through rollout to the engine yet; train a text family meanwhile",
-        )
+        if not model.vision_config or model.image_token_id is None:
+            key = "vision_config" if not model.vision_config else "image_token_id"
+            raise ConfigError(f"{path}.{key}", "qwen2_5_vl models need their vision tower and image token; set it")
+
+    def hf_config(self, model: ModelConfig, eos_token_id: int, pad_token_id: int, torch_dtype: str = "float32") -> dict:
+        """transformers 5's layout: the language model's fields under text_config (its rotary with the mrope
+        section), the tower's under vision_config, the image token at the top."""
+        text = super().hf_config(model, eos_token_id, pad_token_id, torch_dtype)
+        top = {key: text.pop(key) for key in ("architectures", "model_type", "tie_word_embeddings", "torch_dtype")}
+        rope = {"rope_type": "default", "rope_theta": text.pop("rope_theta"), "mrope_section": model.mrope_section}
+        text.update(model_type="qwen2_5_vl_text", rope_parameters=rope)
+        vision = dict(model.vision_config or {}, model_type="qwen2_5_vl_vision")
+        top.update(text_config=text, vision_config=vision, image_token_id=model.image_token_id)
+        top.update(eos_token_id=eos_token_id, pad_token_id=pad_token_id, vocab_size=model.padded_vocab_size)
+        return top
 
     def transformer_config_fields(self, model: ModelConfig) -> dict:
         return dict(super().transformer_config_fields(model), mrope_section=list(model.mrope_section or []))

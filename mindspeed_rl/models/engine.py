@@ -31,7 +31,7 @@ from .cross_rank import broadcast_from_last_stage, reduce_metrics
 from .heads import attach_value_head, chunked_log_probs, output_weight, return_hidden_states
 from .optimizer import build_optimizer, wrap_ddp
 from .packing import ModelInput, pack, restore_order, round_up, token_budget_groups, trim
-from .vision.vl_model import vision_of
+from .vision.vl_model import freeze_vision, vision_of
 
 Batch = Dict[str, torch.Tensor]
 LossFn = Callable[[Dict[str, torch.Tensor], Batch], Tuple[torch.Tensor, Dict[str, float]]]
@@ -88,6 +88,8 @@ class MegatronEngine:
         self.config = gpt.config
         # a vision-language model: (image token, spatial merge) for its micro-batches' 3D positions
         self.vision = vision_of(role.model, remove_padding, role.megatron.context_parallel_size)
+        if self.vision is not None and trainable:
+            freeze_vision(gpt, role.megatron.freeze_vision_tower, role.megatron.freeze_projector)
         self.lora = None  # LoRAState when only adapters train (megatron.lora_r > 0)
         self.lora_base = None  # with LoRA: the checkpoint its frozen base was loaded from (checkpoint.lora_base)
         if trainable and role.megatron.lora_r:

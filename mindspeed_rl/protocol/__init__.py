@@ -3,6 +3,7 @@
 from .experience import (
     ACTOR_INPUTS,
     FIELDS,
+    IMAGE_INPUTS,
     MODEL_INPUTS,
     Experience,
     FieldSpec,
@@ -28,6 +29,7 @@ from .rollout import (
 __all__ = [
     "ACTOR_INPUTS",
     "FIELDS",
+    "IMAGE_INPUTS",
     "MODEL_INPUTS",
     "Experience",
     "FieldSpec",

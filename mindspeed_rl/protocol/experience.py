@@ -79,11 +79,23 @@ FIELDS: Dict[str, FieldSpec] = {
         "router replay: the experts the rollout engine routed each token to, per MoE layer (L) and choice (K); "
         "-1 where it routed none (padding, the last token)",
     ),
+    "pixel_values": FieldSpec(
+        ("B", "V", "D"),
+        torch.float32,
+        "vision-language: the row's images as the vision tower takes them, V patches of D values, the row's own "
+        "patches first (zeros after them)",
+    ),
+    "image_grid_thw": FieldSpec(
+        ("B", "I", "T"),
+        torch.long,
+        "vision-language: the (t, h, w) patch grid of each of the row's images (I images; zero rows after them)",
+    ),
 }
-FREE_DIMS = ("L", "K")  # sized by the field itself
+FREE_DIMS = ("L", "K", "V", "D", "I", "T")  # sized by the field itself
 PAD_FILL = {"input_ids": None, "response_ids": None, "routed_experts": -1}  # None: the pad id; others 0
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "response_mask", "loss_mask")
+IMAGE_INPUTS = ("pixel_values", "image_grid_thw")
+MODEL_INPUTS = ("input_ids", "attention_mask", "response_mask", "loss_mask") + IMAGE_INPUTS
 ACTOR_INPUTS = MODEL_INPUTS + ("routed_experts",)  # the actor's forwards replay the rollout's routes (R3)
 
 
@@ -116,6 +128,8 @@ class Experience:
     rollout_is_weights: Optional[torch.Tensor] = None
     returns: Optional[torch.Tensor] = None
     routed_experts: Optional[torch.Tensor] = None
+    pixel_values: Optional[torch.Tensor] = None
+    image_grid_thw: Optional[torch.Tensor] = None
     labels: Optional[List[str]] = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -236,7 +250,7 @@ class Experience:
             first = parts[0]
         elif any((p.prompt_width, p.response_width) != (first.prompt_width, first.response_width) for p in parts):
             raise ValueError("cannot concatenate experience pieces of different widths without a pad_id")
-        values = {name: torch.cat([getattr(p, name) for p in parts]) for name in first.present()}
+        values = {name: cat_rows([getattr(p, name) for p in parts], name) for name in first.present()}
         labels = [x for p in parts for x in (p.labels or [])] if all(p.labels is not None for p in parts) else None
         return Experience(prompt_width=first.prompt_width, labels=labels, **values)
 
@@ -257,12 +271,14 @@ def build_experience(
     pad_id: int,
     labels: Optional[Sequence[str]] = None,
     version: int = 0,
+    images: Optional[Sequence[Tuple[torch.Tensor, torch.Tensor]]] = None,
 ) -> Experience:
     """Rows prompt by prompt (n responses each): left-padded prompt + right-padded response.
 
     ``outputs`` carry global prompt indices (any order); each prompt must have exactly n of them. Tokens
     of an output without per-token versions were sampled by policy ``version``; its ``loss_mask`` (tool
-    results 0) becomes the row's, all 1 without one.
+    results 0) becomes the row's, all 1 without one. ``images``: each prompt's encoded images (pixel values,
+    grids; ``image_fields``) for a vision-language model.
     """
     grouped = by_prompt(outputs)
     rows: List[Tuple[Sequence[int], RolloutOutput]] = []
@@ -299,6 +315,7 @@ def build_experience(
         rollout_log_probs=rollout_log_probs,
         group=torch.arange(len(rows)) // n,
         labels=None if labels is None else [labels[i // n] for i in range(len(rows))],
+        **(image_fields(images, n) if images is not None else {}),
     ).validate()
 
 
@@ -317,6 +334,35 @@ def routes_on_grid(rows, prompt_width: int, response_width: int) -> Optional[tor
             start = prompt_width - len(prompt)
             grid[b, start : start + routes.shape[0]] = routes[: grid.shape[1] - start]
     return grid
+
+
+def cat_rows(tensors: Sequence[torch.Tensor], name: str) -> torch.Tensor:
+    """Rows of a field's pieces; free dims that differ (images of other sizes) are padded to the largest."""
+    widest = [max(sizes) for sizes in zip(*(t.shape for t in tensors))]
+    fill = PAD_FILL.get(name, 0) or 0
+    padded = []
+    for t in tensors:
+        pad = [x for dim in reversed(range(1, t.dim())) for x in (0, widest[dim] - t.shape[dim])]
+        padded.append(torch.nn.functional.pad(t, pad, value=fill) if any(pad) else t)
+    return torch.cat(padded)
+
+
+def image_fields(per_prompt: Sequence[Tuple[torch.Tensor, torch.Tensor]], n: int) -> Dict[str, torch.Tensor]:
+    """``pixel_values`` [B, V, D] and ``image_grid_thw`` [B, I, 3] of prompt-major rows (n per prompt) from
+    each prompt's (pixel values [P, D], grids [I, 3]); empty when no prompt has an image."""
+    if not any(grids.shape[0] for _, grids in per_prompt):
+        return {}
+    width = max(pixels.shape[1] for pixels, _ in per_prompt if pixels.numel())
+    patches = max(1, max(pixels.shape[0] for pixels, _ in per_prompt))
+    images = max(1, max(grids.shape[0] for _, grids in per_prompt))
+    pixel_values = torch.zeros(len(per_prompt) * n, patches, width)
+    grid_thw = torch.zeros(len(per_prompt) * n, images, 3, dtype=torch.long)
+    for i, (pixels, grids) in enumerate(per_prompt):
+        rows = slice(i * n, (i + 1) * n)
+        if grids.shape[0]:
+            pixel_values[rows, : pixels.shape[0]] = pixels
+            grid_thw[rows, : grids.shape[0]] = grids
+    return {"pixel_values": pixel_values, "image_grid_thw": grid_thw}
 
 
 def split_rows(num_rows: int, parts: int) -> List[np.ndarray]:
@@ -341,11 +387,13 @@ def response_part(per_token: torch.Tensor, prompt_width: int, response_width: in
 
 __all__ = [
     "FIELDS",
+    "IMAGE_INPUTS",
     "MODEL_INPUTS",
     "Experience",
     "FieldSpec",
     "MiniBatch",
     "build_experience",
+    "image_fields",
     "split_rows",
     "mini_batch_plan",
     "response_part",

@@ -25,7 +25,9 @@ def make_rollout_engine(
     seed: int = 1,
     bf16: bool = False,
     capture_routes: bool = False,
+    processor_dir: Optional[str] = None,
 ) -> RolloutEngine:
+    """``processor_dir``: the folder of a vision-language model's image processor (its tokenizer folder)."""
     from .vllm_engine import vllm_unusable_reason
 
     reason = vllm_unusable_reason(model, gen, kind) if gen.backend in ("auto", "vllm") else "backend: fallback"
@@ -35,9 +37,8 @@ def make_rollout_engine(
         from .vllm_engine import VllmEngine
 
         log.warning("rollout engine: vLLM (%s, infer TP %d)", kind, gen.infer_tensor_parallel_size)
-        return VllmEngine(
-            model, gen, kind, eos_token_id if eos_token_id is not None else 0, pad_token_id, seed, capture_routes
-        )
+        eos = eos_token_id if eos_token_id is not None else 0
+        return VllmEngine(model, gen, kind, eos, pad_token_id, seed, capture_routes, processor_dir)
     from .fallback_engine import FallbackEngine
 
     log.warning("rollout engine: megatron-core fallback (%s)", reason)

@@ -41,6 +41,11 @@ class FallbackEngine(RolloutEngine):
         self.route_recorders = router_replay.install([self.gpt], record=True) if capture_routes else None
 
     def generate(self, request: RolloutRequest) -> List[RolloutOutput]:
+        if request.images is not None and any(request.images):
+            raise ValueError(
+                "the fallback engine generates from text prompts only: prompts with images need vLLM "
+                "(generate_config.backend vllm)"
+            )
         sampling, n = request.sampling_config(), request.n
         repeated = [list(p) for p in request.prompts for _ in range(n)]
         caps = [int(c) for c in request.max_new_tokens for _ in range(n)] if request.max_new_tokens else None

@@ -24,7 +24,7 @@ from ..datasets.prompt_dataset import PromptBatch
 from ..protocol.rollout import RolloutRequest, by_prompt
 from ..utils.clock import Clock
 from .agent_loop import RolloutFunction
-from .trajectory import Trajectory
+from .trajectory import Trajectory, request_images
 
 
 class TrajectoryPool:
@@ -45,8 +45,9 @@ class TrajectoryPool:
             if prompts.max_new_tokens is not None:
                 budget = min(budget, int(prompts.max_new_tokens[i]))
             tools = prompts.tools[i] if prompts.tools is not None else None
+            images = prompts.images[i] if prompts.images is not None else b""
             for _ in range(self.n):
-                traj = Trajectory(self.next_uid, list(prompt), prompts.labels[i], max(1, budget), tools)
+                traj = Trajectory(self.next_uid, list(prompt), prompts.labels[i], max(1, budget), tools, images=images)
                 self.trajectories.append(traj)
                 self.next_uid += 1
 
@@ -98,7 +99,12 @@ class TrajectoryPool:
         if self.function.whole_batch:
             return self._whole_batch(ready, service, seed, version, clock, sampling)
         request = RolloutRequest(
-            [t.generation_input() for t in ready], 1, seed, sampling, [min(chunk, t.remaining()) for t in ready]
+            [t.generation_input() for t in ready],
+            1,
+            seed,
+            sampling,
+            [min(chunk, t.remaining()) for t in ready],
+            request_images(ready),
         )
         with clock.measure("timing/rollout"):
             generated = service.collect(service.submit(request))
@@ -147,7 +153,10 @@ class TrajectoryPool:
         if any(t.tokens for t in ready) or len(ready) % self.n:
             raise RuntimeError(f"the whole-batch rollout function {self.function.name} cannot continue trajectories")
         groups = [ready[i : i + self.n] for i in range(0, len(ready), self.n)]
-        request = RolloutRequest([g[0].prompt for g in groups], self.n, seed, sampling, [g[0].budget for g in groups])
+        firsts = [g[0] for g in groups]
+        request = RolloutRequest(
+            [t.prompt for t in firsts], self.n, seed, sampling, [t.budget for t in firsts], request_images(firsts)
+        )
 
         def generate(req: RolloutRequest):
             with clock.measure("timing/rollout"):

@@ -29,6 +29,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from ..config_cls.generate_config import SamplingConfig
+from ..datasets.images import ImageEncoder
 from ..datasets.prompt_dataset import PromptBatch
 from ..protocol import Experience, RolloutOutput, build_experience
 from ..utils.clock import Clock
@@ -58,11 +59,13 @@ class RolloutSource:
         ahead: "Optional[Union[Ahead, InStep]]" = None,
         sampling: Optional[SamplingConfig] = None,
         overlap_judge: bool = False,
+        images: Optional[ImageEncoder] = None,
     ) -> None:
         self.service, self.function, self.filter, self.schedule = service, function, group_filter, schedule
         self.draw, self.n, self.pad_id = draw, n, pad_id
         self.ahead = ahead if ahead is not None else InStep()
         self.sampling = sampling  # what a whole-batch function reads in its request
+        self.images = images  # a vision-language model's: prompts' images -> the batch's pixel values
         self.pool = TrajectoryPool(function, n, max_tokens)
         self.seeds = SeedStream(seed, "train")
         self.scoring = scoring_stage(score, self.rows_of, overlap_judge)
@@ -85,7 +88,8 @@ class RolloutSource:
     def experience(self, produced: Produced) -> Experience:
         """The batch's rows, group by group, with the scores the groups got when they were offered."""
         prompts, labels, outputs = group_outputs(produced.groups)
-        exp = build_experience(prompts, outputs, self.n, self.pad_id, labels, produced.version)
+        images = self.encoded_images(produced.groups)
+        exp = build_experience(prompts, outputs, self.n, self.pad_id, labels, produced.version, images)
         exp.set("scores", torch.tensor([t.score for g in produced.groups for t in g], dtype=torch.float32))
         return exp
 
@@ -166,7 +170,13 @@ class RolloutSource:
 
     def rows_of(self, groups: Sequence[Sequence[Trajectory]]) -> Experience:
         prompts, labels, outputs = group_outputs(groups)
-        return build_experience(prompts, outputs, self.n, self.pad_id, labels)
+        return build_experience(prompts, outputs, self.n, self.pad_id, labels, images=self.encoded_images(groups))
+
+    def encoded_images(self, groups: Sequence[Sequence[Trajectory]]) -> Optional[List[Tuple[torch.Tensor, ...]]]:
+        """Each group's prompt images as the vision tower takes them (None: a text model or no images)."""
+        if self.images is None or not any(g[0].images for g in groups):
+            return None
+        return [self.images.encode(g[0].images) for g in groups]
 
     # ----- validation -----------------------------------------------------------------------------------
     def evaluate(
@@ -241,6 +251,7 @@ class RolloutSource:
             return PromptBatch.of(dataset, sampler.next_batch())
 
         overlap = cfg.judge is not None and cfg.judge.overlap
+        images = ImageEncoder(cfg.megatron_training.tokenizer_name_or_path) if cfg.actor.model.vision_config else None
         return RolloutSource(
             service,
             function,
@@ -255,6 +266,7 @@ class RolloutSource:
             ahead_of(rl.max_head_offpolicyness),
             sampling,
             overlap,
+            images,
         )
 
 

@@ -15,6 +15,7 @@ Everything is plain data: ``state()`` / ``from_state()`` round-trip it through a
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
@@ -49,6 +50,7 @@ class Trajectory:
     # router replay: the engine's routes over prompt + tokens, from its latest forward of this trajectory
     # (int16 [positions, MoE layers, top-k]; each turn's forward covers the whole context again)
     routes: Optional[Any] = None
+    images: bytes = b""  # its prompt's images as the dataset stores them (a parked trajectory keeps them)
 
     @property
     def done(self) -> bool:
@@ -95,11 +97,13 @@ class Trajectory:
         )
 
     def state(self) -> Dict:
-        return dataclasses.asdict(self)
+        state = dataclasses.asdict(self)
+        state["images"] = base64.b64encode(self.images).decode("ascii")  # plain data: JSON-safe
+        return state
 
     @staticmethod
     def from_state(state: Dict) -> "Trajectory":
-        traj = Trajectory(**state)
+        traj = Trajectory(**{**state, "images": base64.b64decode(state.get("images") or "")})
         if traj.status not in STATUSES:
             raise ValueError(f"trajectory {traj.uid}: unknown status {traj.status!r}")
         return traj
@@ -111,3 +115,8 @@ def group_outputs(groups: Sequence[Sequence[Trajectory]]):
     labels = [g[0].label for g in groups]
     outputs = [t.output(i) for i, g in enumerate(groups) for t in g]
     return prompts, labels, outputs
+
+
+def request_images(trajectories: Sequence[Trajectory]) -> Optional[List[bytes]]:
+    """The images of a request's trajectories in order, or None when none has any (a text request)."""
+    return [t.images for t in trajectories] if any(t.images for t in trajectories) else None

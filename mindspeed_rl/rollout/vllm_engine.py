@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import tempfile
 from typing import Dict, Iterable, List, Optional, Tuple
 
@@ -51,6 +52,35 @@ def write_hf_config(folder: str, model: ModelConfig, eos_token_id: int, pad_toke
     with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as fh:
         json.dump(get_family(model.model_type_hf).hf_config(model, eos_token_id, pad_token_id), fh, indent=2)
     return folder
+
+
+# what vLLM's multimodal input processing reads beside config.json (the tokenizer and the image processor)
+PROCESSOR_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "vocab.json",
+    "merges.txt",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
+    "chat_template.json",
+    "chat_template.jinja",
+)
+
+
+def copy_processor(source: Optional[str], folder: str) -> None:
+    """A vision-language model's processor files from ``source`` (the tokenizer folder) into the engine's folder."""
+    from ..datasets.images import has_image_processor
+
+    if source is None or not has_image_processor(source):
+        raise ValueError(
+            f"tokenizer_name_or_path {source}: a vision-language model's folder needs its image processor "
+            "(preprocessor_config.json or processor_config.json) for vLLM to take images"
+        )
+    for name in PROCESSOR_FILES:
+        if os.path.isfile(os.path.join(source, name)):
+            shutil.copy2(os.path.join(source, name), os.path.join(folder, name))
 
 
 def vllm_named(piece: Dict[str, torch.Tensor], model: ModelConfig, dtype: str) -> List[Tuple[str, torch.Tensor]]:
@@ -115,6 +145,7 @@ class VllmEngine(RolloutEngine):
         pad_token_id: int = 0,
         seed: int = 1,
         capture_routes: bool = False,
+        processor_dir: Optional[str] = None,
     ):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
         from vllm import LLM
@@ -131,10 +162,13 @@ class VllmEngine(RolloutEngine):
         self.eos_token_id = eos_token_id
         self._dir = tempfile.mkdtemp(prefix="mindspeed_rl_vllm_")
         write_hf_config(self._dir, model, eos_token_id, pad_token_id)
+        if model.vision_config:  # vLLM turns images into pixels and placeholders with the model's processor
+            copy_processor(processor_dir, self._dir)
+        compat_vllm.keep_buffers_in_dummy_load()
         kwargs = engine_kwargs(gen, seed, kind)
         kwargs.update(
             model=self._dir,
-            skip_tokenizer_init=True,
+            skip_tokenizer_init=not model.vision_config,
             load_format="dummy",
             logprobs_mode="processed_logprobs",
             # router replay needs every prompt position forwarded (a prefix-cache hit has no route)

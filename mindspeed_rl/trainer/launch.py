@@ -81,6 +81,7 @@ def start_roles(cfg: PPOConfig, frame: RunFrame, tokenizer, run_dir: str) -> Rol
     if rollout_devices:  # disaggregated layout: the rollout workers' bundles follow the actor's
         engines = dict(model=cfg.actor.model, gen=gen, bf16=cfg.actor.megatron.bf16, **ids)
         engines["capture_routes"] = rl.router_replay is not None
+        engines["processor_dir"] = cfg.actor.megatron.tokenizer_name_or_path
         rollout = spawn("rollout", RolloutWorker, rollout_devices, whole, first_bundle=devices, **engines)
     if cfg.uses_critic:
         critic = dict(role=cfg.critic, rl=rl, total_steps=steps, offload_when_idle=acc.offload_when_idle)

@@ -7,7 +7,8 @@ import os
 from typing import TYPE_CHECKING, List, Mapping
 
 from ..config_cls.base import ConfigError
-from ..config_cls.rules import _role_key
+from ..config_cls.feature_rules import role_key
+from ..datasets.images import has_image_processor
 
 DEMO_ASSETS = "demo_assets"
 
@@ -28,7 +29,7 @@ def missing_paths(cfg: "PPOConfig | RMConfig") -> List[ConfigError]:
             if m.test_data_path and cfg.rl.test_freq > 0:  # else it is not read
                 checks.append(("test_data_path", m.test_data_path, "dataset prefix"))
         for key, value, what in checks:
-            full = _role_key(role, key) if key in _explicit(cfg, role) else f"megatron_training.{key}"
+            full = role_key(role, key) if key in _explicit(cfg, role) else f"megatron_training.{key}"
             if key == "load" and value and not m.finetune and not os.path.exists(value):
                 resume = "finetune false resumes from it (a new run: finetune true)"
                 problems.append(ConfigError(full, f"folder {value!r} does not exist, and {resume}"))
@@ -43,6 +44,15 @@ def missing_paths(cfg: "PPOConfig | RMConfig") -> List[ConfigError]:
             exists = os.path.exists(value) or (what == "dataset prefix" and glob.glob(value + "*"))
             if not exists:
                 problems.append(ConfigError(full, f"{what} {value!r} does not exist{_demo_hint(value)}"))
+            elif key == "tokenizer_name_or_path" and role.model.vision_config and not has_image_processor(value):
+                problems.append(
+                    ConfigError(
+                        full,
+                        f"{value!r} has no preprocessor_config.json or processor_config.json: {m.model} takes images, "
+                        "which vLLM and the trainer turn into pixel values with the model's image processor (a Hub "
+                        f"folder holds it){_demo_hint(value)}",
+                    )
+                )
     judge = getattr(cfg, "judge", None)
     if judge is not None and judge.serve == "engines" and judge.load and not os.path.exists(judge.load):
         problems.append(
@@ -73,7 +83,8 @@ def _demo_hint(path: str) -> str:
     return (
         f" (the embedded demos' assets: `python cli/prepare_demo.py` makes them under ./{DEMO_ASSETS}, "
         "`python cli/prepare_demo.py --tools` also the tool-use task's, `python cli/prepare_demo.py --pairs` the "
-        "preference pairs of reward-model training, `python cli/prepare_demo.py --judge` the judge model)"
+        "preference pairs of reward-model training, `python cli/prepare_demo.py --judge` the judge model, "
+        "`python cli/prepare_demo.py --vision` the vision task)"
     )
 
 

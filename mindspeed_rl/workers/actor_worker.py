@@ -84,6 +84,7 @@ class IntegratedActorWorker(MegatronWorker):
                 seed=gen.sampling_config.seed,
                 bf16=m.bf16,
                 capture_routes=rl.router_replay is not None,
+                processor_dir=m.tokenizer_name_or_path,
             )
             if with_engine
             else None

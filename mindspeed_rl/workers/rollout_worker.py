@@ -32,6 +32,7 @@ class RolloutWorker:
         pad_token_id: int,
         bf16: bool,
         capture_routes: bool = False,
+        processor_dir: Optional[str] = None,
     ):
         from ..rollout.factory import make_rollout_engine
         from ..utils import dist
@@ -50,6 +51,7 @@ class RolloutWorker:
             seed=gen.sampling_config.seed,
             bf16=bf16,
             capture_routes=capture_routes,
+            processor_dir=processor_dir,
         )
         self.engine_size = self.engine.tensor_parallel_size
         self.engine_index, self.engine_rank = divmod(world.rank, self.engine_size)

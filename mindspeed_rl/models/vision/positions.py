@@ -98,8 +98,10 @@ def micro_batch_images(mb: dict, image_token_id: int, merge: int):
     """(3D positions [3, B, S], pixel values of the micro-batch's images [patches, D], their grids [images, 3]).
 
     A batch holds each row's images padded: ``pixel_values`` [B, P, D] (the row's patches first) and
-    ``image_grid_thw`` [B, I, 3] (zero rows where a row has fewer images)."""
+    ``image_grid_thw`` [B, I, 3] (zero rows where a row has fewer images); a batch without them is text only."""
     ids, mask = mb["input_ids"], mb["attention_mask"]
+    if "image_grid_thw" not in mb:  # text rows only
+        mb = dict(mb, image_grid_thw=torch.zeros(ids.shape[0], 0, 3), pixel_values=torch.zeros(ids.shape[0], 0, 0))
     grids_by_row = mb["image_grid_thw"].long()
     pixels, grids = [], []
     for row in range(ids.shape[0]):

@@ -63,3 +63,14 @@ def vision_of(model, remove_padding: bool, cp: int) -> Optional[Tuple[int, int]]
             "context_parallel_size 1"
         )
     return int(model.image_token_id), int(model.vision_config.get("spatial_merge_size", 2))
+
+
+def freeze_vision(gpt, tower: bool, projector: bool) -> int:
+    """Stop the vision tower's blocks and patch embedding (``tower``) and/or its projector, the patch merger
+    (``projector``), from training; returns the number of parameters frozen."""
+    frozen = 0
+    for name, param in getattr(gpt, "visual", torch.nn.Module()).named_parameters():
+        if (projector if name.startswith("merger.") else tower) and param.requires_grad:
+            param.requires_grad_(False)
+            frozen += param.numel()
+    return frozen
