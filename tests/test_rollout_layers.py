@@ -252,3 +252,57 @@ def test_scoring_calls_average_means_and_add_up_counts():
         [(8, {"acc/mean": 0.5, "rule_reward/timeouts": 1.0}), (24, {"acc/mean": 0.1, "rule_reward/timeouts": 2.0})]
     )
     assert merged == {"acc/mean": pytest.approx(0.2), "rule_reward/timeouts": 3.0}
+
+
+def test_images_ride_with_their_prompts_through_every_layer_and_a_resume():
+    """Each prompt's images reach every request that continues it (partial chunks, tool turns, a batch produced
+    ahead, a JSON round trip of the state) and the batch's pixel values are its own prompt's."""
+    import io
+
+    from PIL import Image
+
+    from mindspeed_rl.datasets.images import ImageEncoder, pack_images
+
+    def picture(text: str) -> bytes:
+        out = io.BytesIO()
+        Image.new("RGB", (28, 28), (len(text) * 9 % 256, sum(map(ord, text)) % 256, 40)).save(out, format="PNG")
+        return pack_images([out.getvalue()])
+
+    class ImageDraws(Draws):
+        def __call__(self):
+            batch = super().__call__()
+            batch.images = [picture(TOK.decode(p)) for p in batch.input_ids]
+            return batch
+
+    encoder = ImageEncoder()
+
+    def source(service, draws):
+        made = make_source("tool_agent", True, 4, 1, service=service, draws=draws)
+        made.images = encoder
+        return made
+
+    straight_service = ScriptedService()
+    straight = [fingerprint_with_pixels(b) for b, _ in run(source(straight_service, ImageDraws()), 4)]
+    for request in straight_service.requests:  # every row's images are its prompt's, wherever the row stands
+        assert request.images is not None and len(request.images) == len(request.prompts)
+        for prompt, blob in zip(request.prompts, request.images):
+            question = TOK.decode(prompt).split("?")[0] + "?"
+            assert blob == picture(TOK.decode(TOK.encode(question))), question
+    draws, service = ImageDraws(), ScriptedService()
+    first = source(service, draws)
+    head = [fingerprint_with_pixels(b) for b, _ in run(first, 2)]
+    state = json.loads(json.dumps(first.state_dict()))
+    assert state["pool"]["trajectories"] and all(t["images"] for t in state["pool"]["trajectories"])
+    resumed_draws, resumed_service = ImageDraws(), ScriptedService()
+    resumed_draws.consumed = draws.consumed
+    resumed_service.update_weights(2)
+    second = source(resumed_service, resumed_draws)
+    second.load_state_dict({"rollout_source": state})
+    assert head + [fingerprint_with_pixels(b) for b, _ in run(second, 2, start=2)] == straight
+
+
+def fingerprint_with_pixels(batch):
+    exp = batch.experience
+    rows = exp.pixel_values.shape[0]
+    assert rows == exp.num_rows and exp.image_grid_thw.tolist() == [[[1, 2, 2]]] * rows
+    return fingerprint(batch) + (exp.pixel_values.tolist(),)

@@ -284,3 +284,28 @@ def test_weight_sync_names_include_the_tower(hf_model):
     piece = {"visual.blocks.0.attn.qkv.weight": torch.zeros(3, 3), "embedding.word_embeddings.weight": torch.ones(2)}
     names = dict(hf_named([piece], cfg))
     assert set(names) == {"visual.blocks.0.attn.qkv.weight", "model.embed_tokens.weight"}
+
+
+def test_a_sampled_placeholder_is_a_word_and_pixel_rows_follow_their_rows():
+    """A response that samples the image token holds it as a word (vLLM embeds it so): only the prompt's image
+    runs take features and 3D positions. The experience keeps each row's pixels through select and cat."""
+    from mindspeed_rl.models.vision.positions import image_layout
+    from mindspeed_rl.protocol.experience import Experience, image_fields
+
+    ids = torch.tensor([[7, IMAGE, IMAGE, IMAGE, IMAGE, 8, IMAGE, 9], [0, 0, 7, 8, IMAGE, 9, 9, 9]])
+    mask = torch.tensor([[1] * 8, [0, 0] + [1] * 6])
+    grids = torch.tensor([[1, 4, 4]])  # row 0's one image: 2 x 2 merged tokens; row 1 has none
+    positions, filled = image_layout(ids, mask, IMAGE, grids, 2, images_per_row=[1, 0])
+    assert filled.tolist() == [[False, True, True, True, True, False, False, False], [False] * 8]
+    assert positions[:, 0].tolist() == [[0, 1, 1, 1, 1, 3, 4, 5], [0, 1, 1, 2, 2, 3, 4, 5], [0, 1, 2, 1, 2, 3, 4, 5]]
+    assert positions[:, 1, 2:].tolist() == [list(range(6))] * 3  # text positions after the left padding
+    pixels = [(torch.full((16, 6), float(i + 1)), torch.tensor([[1, 4, 4]])) for i in range(2)]
+    pixels.append((torch.zeros(0, 0), torch.zeros(0, 3, dtype=torch.long)))  # a prompt without an image
+    fields = image_fields(pixels, n=2)
+    assert fields["pixel_values"].shape == (6, 16, 6) and fields["image_grid_thw"][4:].sum() == 0
+    base = dict(prompt_width=1, response_mask=torch.ones(6, 1, dtype=torch.long))
+    exp = Experience(input_ids=torch.zeros(6, 2, dtype=torch.long), attention_mask=torch.ones(6, 2), **base, **fields)
+    picked = exp.select([5, 2])
+    assert picked.pixel_values[:, 0, 0].tolist() == [0.0, 2.0]
+    wider = Experience.cat([picked, exp.select([0])])  # all parts hold the fields; widths agree
+    assert wider.pixel_values[:, 0, 0].tolist() == [0.0, 2.0, 1.0]

@@ -48,8 +48,8 @@ def picture(rng: random.Random, colour: str, blank: bool = False) -> bytes:
         for y in range(SIZE):
             v = max(0, min(255, grey + rng.randint(-20, 20)))
             pixels[x, y] = (v, v, v)
-    radius = rng.randint(8, 18)
-    cx, cy = rng.randint(radius, SIZE - radius), rng.randint(radius, SIZE - radius)
+    radius = rng.randint(14, 24)
+    cx, cy = rng.randint(4, SIZE - 4), rng.randint(4, SIZE - 4)  # the circle may leave the picture in part
     fill = tuple(max(0, min(255, c + rng.randint(-25, 25))) for c in COLOURS[colour])
     if not blank:
         ImageDraw.Draw(image).ellipse((cx - radius, cy - radius, cx + radius, cy + radius), fill=fill)
@@ -177,7 +177,7 @@ def prepare_vision_task(
     blank: bool = False,
     train_rows: int = 1024,
     test_rows: int = 64,
-    sft_phases: Tuple[Tuple[int, float], ...] = ((150, 1.0), (100, 0.0)),
+    sft_phases: Tuple[Tuple[int, float], ...] = ((150, 1.0), (40, 0.0)),
     sft_batch: int = 32,
     sft_lr: float = 1e-3,
     seed: int = 1,

@@ -166,10 +166,9 @@ class MegatronEngine:
             from .vision.positions import micro_batch_images
 
             inp = trim(ids, mask, multiple=self._sequence_multiple(), drop_padding_columns=False)
-            positions, pixels, grids = micro_batch_images(mb, *self.vision)
-            return dataclasses.replace(
-                inp, position_ids=positions, extras=dict(pixel_values=pixels, image_grid_thw=grids)
-            )
+            positions, pixels, grids, filled = micro_batch_images(mb, *self.vision)
+            extras = dict(pixel_values=pixels, image_grid_thw=grids, image_mask=filled)
+            return dataclasses.replace(inp, position_ids=positions, extras=extras)
         if self.remove_padding:  # valid tokens only, as one packed sequence (models/packing.py)
             inp = pack(ids, mask, multiple=self._sequence_multiple(), row_multiple=2 * self.cp if self.cp > 1 else 1)
         else:

@@ -7,7 +7,7 @@ because the merger concatenates a block into one language-model token.
 
 from __future__ import annotations
 
-from typing import List, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -65,20 +65,39 @@ def mrope_positions(
         t_i = h_i = w_i = p + k                       (k-th text token after position p)
         (t, h, w) = (p, p + r, p + c)                 (merged image token at row r, column c)
     """
+    return image_layout(input_ids, attention_mask, image_token_id, grid_thw, merge)[0]
+
+
+def image_layout(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    image_token_id: int,
+    grid_thw: torch.Tensor,
+    merge: int,
+    images_per_row: Optional[Sequence[int]] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(3D positions [3, B, S] as ``mrope_positions``, mask [B, S] of the positions the images' features fill).
+
+    ``images_per_row``: how many of ``grid_thw``'s images each row holds; an image token after a row's last
+    image is text (a response may sample the placeholder token: vLLM embeds it as a word, and so do we)."""
     batch, seq = input_ids.shape
     out = torch.zeros(3, batch, seq, dtype=torch.long)
+    filled = torch.zeros(batch, seq, dtype=torch.bool)
     grids = iter(grid_thw.tolist())
     for b in range(batch):
         real = attention_mask[b].bool()
         ids = input_ids[b][real].tolist()
+        left = None if images_per_row is None else int(images_per_row[b])  # None: as many as the row has runs
         pos: List[torch.Tensor] = []
+        image: List[bool] = []
         p, i = 0, 0
         while i < len(ids):
-            if ids[i] != image_token_id:
-                j = i
-                while j < len(ids) and ids[j] != image_token_id:
+            if ids[i] != image_token_id or left == 0:
+                j = i + 1
+                while j < len(ids) and (ids[j] != image_token_id or left == 0):
                     j += 1
                 pos.append(torch.arange(p, p + j - i).expand(3, -1))
+                image += [False] * (j - i)
                 p += j - i
                 i = j
                 continue
@@ -88,14 +107,19 @@ def mrope_positions(
             gh, gw = h // merge, w // merge
             hh, ww = torch.meshgrid(torch.arange(gh), torch.arange(gw), indexing="ij")
             pos.append(torch.stack([torch.zeros(gh * gw, dtype=torch.long), hh.reshape(-1), ww.reshape(-1)]) + p)
+            image += [True] * (gh * gw)
             i += gh * gw
             p += max(gh, gw)
-        out[:, b, real] = torch.cat(pos, dim=1) if pos else out[:, b, real]
-    return out
+            left = None if left is None else left - 1
+        if pos:
+            out[:, b, real] = torch.cat(pos, dim=1)[:, : len(ids)]
+            filled[b, real] = torch.tensor(image[: len(ids)], dtype=torch.bool)
+    return out, filled
 
 
 def micro_batch_images(mb: dict, image_token_id: int, merge: int):
-    """(3D positions [3, B, S], pixel values of the micro-batch's images [patches, D], their grids [images, 3]).
+    """(3D positions [3, B, S], pixel values of the micro-batch's images [patches, D], their grids [images, 3],
+    the mask [B, S] of the positions their features fill).
 
     A batch holds each row's images padded: ``pixel_values`` [B, P, D] (the row's patches first) and
     ``image_grid_thw`` [B, I, 3] (zero rows where a row has fewer images); a batch without them is text only."""
@@ -109,5 +133,6 @@ def micro_batch_images(mb: dict, image_token_id: int, merge: int):
         grids.append(real)
         pixels.append(mb["pixel_values"][row, : int(real.prod(-1).sum())])
     grid_thw = torch.cat(grids) if grids else torch.zeros(0, 3, dtype=torch.long)
-    positions = mrope_positions(ids.cpu(), mask.cpu(), image_token_id, grid_thw.cpu(), merge).to(ids.device)
-    return positions, torch.cat(pixels), grid_thw
+    counts = [len(g) for g in grids]
+    positions, filled = image_layout(ids.cpu(), mask.cpu(), image_token_id, grid_thw.cpu(), merge, counts)
+    return positions.to(ids.device), torch.cat(pixels), grid_thw, filled.to(ids.device)

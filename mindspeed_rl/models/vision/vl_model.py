@@ -37,13 +37,16 @@ def _forward_with_images(
     attention_mask: Optional[torch.Tensor],
     pixel_values: Optional[torch.Tensor] = None,
     image_grid_thw: Optional[torch.Tensor] = None,
+    image_mask: Optional[torch.Tensor] = None,
     **kwargs,
 ):
+    """``image_mask``: the positions the image features fill (default: every image token; a response that
+    sampled the token holds it as a word)."""
     plain = type(gpt).forward
     if pixel_values is None or pixel_values.numel() == 0:
         return plain(gpt, input_ids, position_ids, attention_mask, **kwargs)
     embedded = gpt.embedding(input_ids=input_ids, position_ids=None).transpose(0, 1)  # [B, S, H]
-    where = input_ids == gpt.image_token_id
+    where = input_ids == gpt.image_token_id if image_mask is None else image_mask
     features = gpt.visual(pixel_values, image_grid_thw).to(embedded.dtype)
     if int(where.sum()) != features.shape[0]:
         raise ValueError(f"{int(where.sum())} image placeholder tokens but the images give {features.shape[0]} tokens")
