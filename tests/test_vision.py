@@ -309,3 +309,21 @@ def test_a_sampled_placeholder_is_a_word_and_pixel_rows_follow_their_rows():
     assert picked.pixel_values[:, 0, 0].tolist() == [0.0, 2.0]
     wider = Experience.cat([picked, exp.select([0])])  # all parts hold the fields; widths agree
     assert wider.pixel_values[:, 0, 0].tolist() == [0.0, 2.0, 1.0]
+
+
+def test_the_7b_and_32b_recipes_plan_their_images_and_their_tower(capsys, monkeypatch):
+    """grpo_qwen25vl_7b_A3 and _32b_A3 validate on their A3 layouts; the plan counts the tower (Qwen2.5-VL-7B: 8.29B
+    parameters, 0.68B of them the vision tower and projector) and what the images cost."""
+    from cli import train_ppo
+    from mindspeed_rl.config_cls import load_ppo_config
+
+    model = load_ppo_config("grpo_qwen25vl_7b_A3").actor.model
+    assert (round(model.parameter_count() / 1e9, 2), round(model.vision_parameter_count() / 1e9, 2)) == (8.29, 0.68)
+    assert train_ppo.main(["--config-name", "grpo_qwen25vl_7b_A3", "dry_run=true"]) == 0
+    out = capsys.readouterr().out
+    assert "7.66B of 8.29B params train (the vision tower's 632M frozen)" in out, out
+    assert "actor img : up to 2048 image tokens per prompt" in out and "no activations kept: frozen" in out, out
+    monkeypatch.setenv("NPUS_PER_NODE", "16")
+    assert train_ppo.main(["--config-name", "grpo_qwen25vl_32b_A3", "dry_run=true"]) == 0
+    out = capsys.readouterr().out
+    assert "2 nodes x 16" in out and "TP 8 x PP 1 x DP 4; model qwen25vl_32b (33.5B params)" in out, out

@@ -135,6 +135,10 @@ def test_prompts_with_images_become_vllm_inputs_and_requests_split_with_their_im
     assert vllm_prompt([1, 2], b"", pad) == {"prompt_token_ids": [1, 2]}
     with pytest.raises(ValueError, match="1 image placeholder runs carries 2 images"):
         vllm_prompt(stored, pack_images([png(56, 56), png(56, 56)]), pad)
+    # a continued trajectory whose response sampled the placeholder: only the prompt's run collapses, the
+    # sampled one stays a word (vLLM 0.32 then expands only the first: checked by hand)
+    continued = vllm_prompt(stored + [pad, pad, 3], pack_images([png(112, 112)]), pad)
+    assert continued["prompt_token_ids"] == [1, 9, pad, 8, 2, pad, pad, 3]
 
     blobs = [pack_images([png(56, 56)]), b"", pack_images([png(112, 56)])]
     request = dataclasses.replace(

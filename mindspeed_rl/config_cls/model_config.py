@@ -162,7 +162,21 @@ class ModelConfig:
         per_layer = attn + mlp + norms
         embed = vocab * h
         out = vocab * h if self.untie_embeddings_and_output_weights else 0
-        return embed + self.num_layers * per_layer + h + out
+        return embed + self.num_layers * per_layer + h + out + self.vision_parameter_count()
+
+    def vision_parameter_count(self, part: str = "all") -> int:
+        """Parameters of a vision-language model's tower (Qwen2.5-VL's layout; 0 for a text model): ``part`` "all",
+        "tower" (patch embedding and blocks) or "projector" (the patch merger)."""
+        v = self.vision_config
+        if not v:
+            return 0
+        h, i, merge = v["hidden_size"], v["intermediate_size"], v.get("spatial_merge_size", 2)
+        patch = v.get("in_channels", 3) * v.get("temporal_patch_size", 2) * v.get("patch_size", 14) ** 2
+        block = 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + (2 * (h * i + i) + i * h + h)
+        tower = patch * h + v["depth"] * block
+        merged = h * merge**2
+        projector = h + merged * merged + merged + merged * v["out_hidden_size"] + v["out_hidden_size"]
+        return {"all": tower + projector, "tower": tower, "projector": projector}[part]
 
     def lora_layer_shapes(self) -> Dict[str, Tuple[str, int, int, int]]:
         """Per LoRA target: (kind, fan in, fan out, experts) of its full, un-sharded weight; experts is 0 for a

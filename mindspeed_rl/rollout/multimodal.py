@@ -9,14 +9,19 @@ placeholder, and vLLM's expansion gives back the stored prompt.
 from __future__ import annotations
 
 import io
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 
-def collapse_image_runs(ids: Sequence[int], image_token_id: int) -> List[int]:
-    """Each maximal run of ``image_token_id`` as one token."""
+def collapse_image_runs(ids: Sequence[int], image_token_id: int, runs: Optional[int] = None) -> List[int]:
+    """Each maximal run of ``image_token_id`` as one token; with ``runs``, only the first ``runs`` runs (the
+    prompt's images: a continued trajectory whose response sampled the token keeps it, and vLLM reads it as a
+    word, as the trainer does)."""
     out: List[int] = []
-    for token in ids:
-        if token == image_token_id and out and out[-1] == image_token_id:
+    run = 0
+    for i, token in enumerate(ids):
+        starts = token == image_token_id and (i == 0 or ids[i - 1] != image_token_id)
+        run += starts
+        if token == image_token_id and not starts and (runs is None or run <= runs):
             continue
         out.append(int(token))
     return out
@@ -32,8 +37,8 @@ def vllm_prompt(ids: Sequence[int], images: bytes, image_token_id: int) -> Dict:
     from ..datasets.images import unpack_images
 
     pictures = [Image.open(io.BytesIO(png)).convert("RGB") for png in unpack_images(images)]
-    collapsed = collapse_image_runs(ids, image_token_id)
-    runs = sum(1 for t in collapsed if t == image_token_id)
-    if runs != len(pictures):
+    runs = sum(1 for i, t in enumerate(ids) if t == image_token_id and (i == 0 or ids[i - 1] != image_token_id))
+    if runs < len(pictures):
         raise ValueError(f"a prompt with {runs} image placeholder runs carries {len(pictures)} images")
+    collapsed = collapse_image_runs(ids, image_token_id, len(pictures))
     return {"prompt_token_ids": collapsed, "multi_modal_data": {"image": pictures}}

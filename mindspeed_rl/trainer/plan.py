@@ -174,14 +174,36 @@ def role_split_line(role, cfg: PPOConfig) -> str:
 
 
 def role_memory_lines(cfg: PPOConfig) -> List[str]:
-    """Each role's optimizer state (trainable roles) and what its longest sequence costs a rank."""
+    """Each role's optimizer state (trainable roles) and what its longest sequence costs a rank; for a
+    vision-language role what its images cost."""
     longest = cfg.rl.max_prompt_length + cfg.generate.sampling_config.max_tokens
     lines = []
     for role in cfg.roles:
         if role.trains:
             lines.append(f"  {role.name + ' mem':<10}: " + trainable_memory(role))
         lines.append(f"  {role.name + ' seq':<10}: " + sequence_memory(role, longest))
+        if role.model.vision_config:
+            lines.append(f"  {role.name + ' img':<10}: " + image_memory(role, cfg.rl.max_prompt_length))
     return lines
+
+
+def image_memory(role, prompt_tokens: int) -> str:
+    """A vision-language role's images: at most ``prompt_tokens`` image tokens per prompt, each 2 x 2 (merge^2)
+    patches of 1176 fp32 values in the batch (every response row holds its prompt's copy), and the tower's
+    activations for them (kept for the backward only when the tower trains)."""
+    m, model, v = role.megatron, role.model, role.model.vision_config
+    patches = prompt_tokens * v.get("spatial_merge_size", 2) ** 2
+    width = v.get("in_channels", 3) * v.get("temporal_patch_size", 2) * v.get("patch_size", 14) ** 2
+    pixels = patches * width * 4 * m.micro_batch_size
+    text = (
+        f"up to {prompt_tokens} image tokens per prompt (max_prompt_length) = {patches} patches: pixel values "
+        f"{readable_bytes(pixels)} per micro-batch of {m.micro_batch_size}; tower of "
+        f"{readable_count(model.vision_parameter_count())} params on each TP rank"
+    )
+    if role.trains and not m.freeze_vision_tower:
+        act = 34 / 2 * (2 if m.bf16 or m.fp16 else 4) * v["hidden_size"] * patches * v["depth"] * m.micro_batch_size
+        return text + f", its activations about {readable_bytes(act)} per micro-batch (it trains)"
+    return text + " (no activations kept: " + ("frozen)" if role.trains else "forward only)")
 
 
 def parallel_group_lines(roles) -> List[str]:
@@ -225,8 +247,17 @@ def trainable_memory(role) -> str:
         what = f"LoRA r={m.lora_r} on {', '.join(m.lora_target_modules)}: {readable_count(trainable)} of "
         what += f"{readable_count(total)} params train ({trainable / total:.2%})"
     else:
-        trainable, per_rank = total, total // (role.tp * role.pp)
-        what = f"all {readable_count(total)} params train"
+        frozen = model.vision_parameter_count("tower") if m.freeze_vision_tower else 0
+        frozen += model.vision_parameter_count("projector") if m.freeze_projector else 0
+        trainable, per_rank = total - frozen, (total - frozen) // (role.tp * role.pp)
+        what = (
+            f"all {readable_count(total)} params train"
+            if not frozen
+            else (
+                f"{readable_count(trainable)} of {readable_count(total)} params train (the vision tower's "
+                f"{readable_count(frozen)} frozen)"
+            )
+        )
     state_bytes = per_rank * (8 + (4 if m.bf16 or m.fp16 else 0))
     if m.use_distributed_optimizer:
         state_bytes //= role.dp * role.cp
