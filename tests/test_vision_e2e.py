@@ -4,7 +4,7 @@ actor and the reference take their pixel values, the weights (projector and lang
 iteration. Held-out accuracy, sampled at temperature 1, rises from chance (0.25) to at least 0.8 in 20 iterations;
 the training forward reproduces vLLM's log-probs on the image prompts as on text. Partial rollout is on (chunks of
 2 tokens): image trajectories are parked across iterations, and iterations 17-20 resumed from the checkpoint of
-iteration 16 equal the straight run's. The cold start takes about 25 s, the runs about 60 + 30 s. (The
+iteration 16 equal the straight run's. The cold start takes about 21 s, the runs about 60 + 20 s. (The
 blank-picture control stays at chance: docs/vision.md.)
 """
 
@@ -29,6 +29,7 @@ COMPARED = (
     "rollout/staleness_mean",
     "partial_rollout/parked",
     "rollout/logprob_diff_max",
+    "rollout/fresh_logprob_diff_max",
 )
 
 
@@ -62,12 +63,14 @@ def test_the_vision_twin_learns_to_look_and_resumes_with_images_in_flight(assets
     with open(metrics_file) as fh:
         logged = [json.loads(line) for line in fh]
     curve = [round(m[ACCURACY], 3) for m in logged if ACCURACY in m]
-    # validation before training, then every 4 iterations (chance is 0.25)
+    # validation before training, then every 4 iterations (chance is 0.25; measured 0.22 0.34 0.65 0.74 0.84 0.91,
+    # seed 2: 0.18 0.25 0.81 0.91 0.87 0.95)
     assert len(curve) == 1 + ITERATIONS // 4, curve
     assert curve[0] < 0.45 and max(curve[-2:]) >= 0.8, curve
     for m in history:
-        # the images reached vLLM and the engine alike: fp32 log-probs agree as on text
-        assert m["rollout/logprob_diff_max"] < 1e-4, (m["iteration"], m["rollout/logprob_diff_max"])
+        # the images reached vLLM and the engine alike: fp32 log-probs of the tokens the iteration's weights
+        # sampled agree as on text (parked tokens of older weights differ by design)
+        assert m["rollout/fresh_logprob_diff_max"] < 1e-4, (m["iteration"], m["rollout/fresh_logprob_diff_max"])
         assert m["response_length/mean"] < 8
     # the checkpoint of iteration 16 holds parked trajectories with their prompts' images
     checkpoints_up_to(f"{root}/straight/ckpt/actor", f"{root}/split/ckpt/actor", RESUMED_AFTER)

@@ -75,6 +75,9 @@ def data_metrics(exp: Experience, version: int = 0) -> Dict[str, float]:
         out["rollout/logprob_diff_mean"] = float(masked_mean(diff, mask))
         out["rollout/logprob_diff_max"] = float(diff[mask.bool()].max()) if mask.any() else 0.0
         out["rollout/logprob_exact_share"] = float(masked_mean((diff == 0).float(), mask))
+        if exp.policy_version is not None:  # tokens the iteration's own weights sampled (partial rollout: not all)
+            fresh = mask.bool() & (exp.policy_version == version)
+            out["rollout/fresh_logprob_diff_max"] = float(diff[fresh].max()) if fresh.any() else 0.0
     if exp.policy_version is not None and mask.any():
         lag = (version - exp.policy_version).float()
         out["rollout/staleness_mean"] = float(masked_mean(lag, mask))
