@@ -228,6 +228,15 @@ def test_converters_round_trip_qwen25_vl_bit_exact_at_tp2_pp2(hf_model, tmp_path
         back.update(load_file(shard))
     assert sorted(back) == sorted(original)
     assert all(torch.equal(back[k], original[k]) for k in original)
+    # --orm: a critic or reward model started from the vision model keeps its tower, with a new value head
+    orm_dir = tmp_path / "orm"
+    assert convert_ckpt.main(["--load-model-type", "hf", "--save-model-type", "mg", "--load-dir", str(hf_dir),
+                              "--save-dir", str(orm_dir), "--orm"]) == 0  # fmt: skip
+    from mindspeed_rl.checkpoint import megatron_layout as ml
+
+    state = ml.load_rank(str(orm_dir), 0, 0)["model"]
+    assert tuple(state["output_layer.weight"].shape) == (1, 64)
+    assert torch.equal(state["visual.blocks.0.attn.qkv.weight"], original["visual.blocks.0.attn.qkv.weight"])
 
 
 def image_batch():
@@ -327,3 +336,30 @@ def test_the_7b_and_32b_recipes_plan_their_images_and_their_tower(capsys, monkey
     assert train_ppo.main(["--config-name", "grpo_qwen25vl_32b_A3", "dry_run=true"]) == 0
     out = capsys.readouterr().out
     assert "2 nodes x 16" in out and "TP 8 x PP 1 x DP 4; model qwen25vl_32b (33.5B params)" in out, out
+
+
+def test_a_vision_critic_values_image_rows_and_freezing_keeps_the_tower(hf_model, single_process_world):
+    """The value head on the vision model (a PPO critic or reward model started from it): values depend on the
+    pixels, and with freeze_vision_tower a step moves the projector and not the tower's blocks."""
+    from mindspeed_rl.config_cls import MegatronConfig, RoleConfig
+    from mindspeed_rl.models.engine import MegatronEngine
+
+    cfg = get_family("qwen2_5_vl").model_config_from_hf(hf_model.config.to_dict())
+    role = RoleConfig("critic", MegatronConfig(model="vl", lr=1e-3, freeze_vision_tower=True), cfg, 1)
+    critic = MegatronEngine(role, head="value", total_steps=2)
+    weights = hf_state_to_mcore(hf_model.state_dict(), cfg)
+    weights["output_layer.weight"] = 0.5 * torch.randn(1, cfg.hidden_size)  # a value head, as --orm starts one
+    critic.load_weights(weights)
+    batch = image_batch()
+    values = critic.forward(batch, micro_batch_size=2)["raw_values"]
+    other = dict(batch, pixel_values=batch["pixel_values"].flip(1))
+    assert values.shape == batch["input_ids"].shape
+    assert not torch.allclose(values[0], critic.forward(other, micro_batch_size=2)["raw_values"][0])
+    before = {n: p.detach().clone() for n, p in critic.unwrapped().named_parameters() if n.startswith("visual.")}
+
+    def loss_fn(outputs, mb):
+        return (outputs["raw_values"] ** 2).mean(), {}
+
+    assert not critic.train_step(batch, loss_fn, micro_batch_size=2).skipped
+    moved = {n for n, p in critic.unwrapped().named_parameters() if n in before and not torch.equal(p, before[n])}
+    assert moved and all(n.startswith("visual.merger.") for n in moved), sorted(moved)
