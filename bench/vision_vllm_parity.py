@@ -25,11 +25,10 @@ SPECIAL += ["<|video_pad|>"]
 
 def build(out: str) -> None:
     import torch
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     from mindspeed_rl.demo.tiny_hf import build_tokenizer
+    from mindspeed_rl.demo.vision_task import save_processor
 
     tok = build_tokenizer(out, ["what colour is the circle? red green blue " * 50], 512, special_tokens=SPECIAL)
     ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL}
@@ -49,10 +48,7 @@ def build(out: str) -> None:
     )
     torch.manual_seed(0)
     Qwen2_5_VLForConditionalGeneration(cfg).save_pretrained(out)
-    images = Qwen2VLImageProcessor(min_pixels=56 * 56, max_pixels=112 * 112)
-    Qwen2_5_VLProcessor(image_processor=images, tokenizer=tok, video_processor=Qwen2VLVideoProcessor()).save_pretrained(
-        out
-    )
+    save_processor(out, tok, 56 * 56, 112 * 112)
 
 
 def image_png() -> bytes:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Optional, Sequence, Tuple
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
@@ -109,3 +109,29 @@ def build_hf_model(
         for f in os.listdir(tokenizer_dir):
             shutil.copy2(os.path.join(tokenizer_dir, f), os.path.join(out_dir, f))
     return hf
+
+
+def masked_lm_batch(examples: Sequence[Tuple[Sequence[int], Sequence[int]]], pad_id: int):
+    """(input ids, labels, attention mask) of right-padded (ids, loss mask) examples: the labels are the ids where
+    the mask is 1 and -100 (ignored) elsewhere. A cold-start SFT step's batch."""
+    import torch
+
+    width = max(len(ids) for ids, _ in examples)
+    ids = torch.full((len(examples), width), pad_id)
+    labels = torch.full((len(examples), width), -100)
+    attention = torch.zeros((len(examples), width), dtype=torch.long)
+    for b, (seq, mask) in enumerate(examples):
+        ids[b, : len(seq)] = torch.tensor(seq)
+        attention[b, : len(seq)] = 1
+        labels[b, : len(seq)] = torch.where(torch.tensor(mask).bool(), torch.tensor(seq), -100)
+    return ids, labels, attention
+
+
+def sft_step(model, optimizer, loss) -> None:
+    """One optimizer step on ``loss``, the gradient norm clipped at 1."""
+    import torch
+
+    optimizer.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()

@@ -85,6 +85,8 @@ def cold_start(
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM
 
+    from .tiny_hf import masked_lm_batch, sft_step
+
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(hf_dir, torch_dtype=torch.float32)
     model.train()
@@ -93,19 +95,8 @@ def cold_start(
     rng = random.Random(seed)
     for _ in tqdm(range(steps), desc="cold-start SFT", leave=False):
         chosen = [examples[rng.randrange(len(examples))] for _ in range(batch)]
-        width = max(len(ids) for ids, _ in chosen)
-        ids = torch.full((batch, width), pad)
-        labels = torch.full((batch, width), -100)
-        attention = torch.zeros((batch, width), dtype=torch.long)
-        for b, (seq, mask) in enumerate(chosen):
-            ids[b, : len(seq)] = torch.tensor(seq)
-            attention[b, : len(seq)] = 1
-            labels[b, : len(seq)] = torch.where(torch.tensor(mask).bool(), torch.tensor(seq), -100)
-        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        ids, labels, attention = masked_lm_batch(chosen, pad)
+        sft_step(model, optimizer, model(input_ids=ids, attention_mask=attention, labels=labels).loss)
     model.save_pretrained(hf_dir)
 
 

@@ -125,6 +125,7 @@ def cold_start(
 
     from ..datasets.images import ImageEncoder
     from ..datasets.prompt_dataset import PromptDataset
+    from .tiny_hf import masked_lm_batch, sft_step
 
     torch.manual_seed(seed)
     rng = random.Random(seed)
@@ -146,14 +147,7 @@ def cold_start(
             prompt = rows[i]["input_ids"]
             sequences.append(prompt + answers[colour])
             masks.append([0] * len(prompt) + [1] * len(answers[colour]))
-        width = max(map(len, sequences))
-        ids = torch.full((batch, width), tokenizer.pad_token_id)
-        labels = torch.full((batch, width), -100)
-        attention = torch.zeros((batch, width), dtype=torch.long)
-        for b, (seq, mask) in enumerate(zip(sequences, masks)):
-            ids[b, : len(seq)] = torch.tensor(seq)
-            attention[b, : len(seq)] = 1
-            labels[b, : len(seq)] = torch.where(torch.tensor(mask).bool(), torch.tensor(seq), -100)
+        ids, labels, attention = masked_lm_batch(list(zip(sequences, masks)), tokenizer.pad_token_id)
         loss = model(
             input_ids=ids,
             attention_mask=attention,
@@ -162,10 +156,7 @@ def cold_start(
             image_grid_thw=torch.cat([encoded[i][1] for i in picked]),
             mm_token_type_ids=(ids == image_token).int(),
         ).loss
-        optimizer.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        sft_step(model, optimizer, loss)
         losses.append(loss.item())
     model.save_pretrained(hf_dir)
     return losses

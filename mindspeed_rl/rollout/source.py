@@ -251,7 +251,7 @@ class RolloutSource:
             return PromptBatch.of(dataset, sampler.next_batch())
 
         overlap = cfg.judge is not None and cfg.judge.overlap
-        images = ImageEncoder(cfg.megatron_training.tokenizer_name_or_path) if cfg.actor.model.vision_config else None
+        images = ImageEncoder(cfg.actor.megatron.tokenizer_name_or_path) if cfg.actor.model.vision_config else None
         return RolloutSource(
             service,
             function,
