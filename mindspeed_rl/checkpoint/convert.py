@@ -267,7 +267,7 @@ def write_hf_folder(
     cast = (lambda t: t.to(torch_dtype)) if torch_dtype else (lambda t: t)
     for piece in iter_mg_pieces(load_dir):
         if EMBED[1] in piece:
-            writer.add(EMBED[0], cast(piece[EMBED[1]]))
+            writer.add(family.saved_hf_name(EMBED[0]), cast(piece[EMBED[1]]))
         for name, tensor in piece.items():
             extra = family.extra_mcore_to_hf(name)  # a vision tower
             if extra is not None:
@@ -275,9 +275,9 @@ def write_hf_folder(
         layers = {layer_number(n) for n in piece if layer_number(n) >= 0}
         for i in layers:
             for name, tensor in family.layer_mcore_to_hf(i, piece, cfg).items():
-                writer.add(name, cast(tensor))
+                writer.add(family.saved_hf_name(name), cast(tensor))
         if FINAL_NORM[1] in piece:
-            writer.add(FINAL_NORM[0], cast(piece[FINAL_NORM[1]]))
+            writer.add(family.saved_hf_name(FINAL_NORM[0]), cast(piece[FINAL_NORM[1]]))
             if OUTPUT_MG in piece and (orm or cfg.untie_embeddings_and_output_weights):
                 writer.add("score.weight" if orm else "lm_head.weight", cast(piece[OUTPUT_MG]))
         bar.update(1)

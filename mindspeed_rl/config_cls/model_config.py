@@ -24,6 +24,9 @@ FAMILY_NAMES = (
     "qwen2_5_vl",
     "qwen2.5-vl",
     "qwen25vl",
+    "qwen3_vl",
+    "qwen3-vl",
+    "qwen3vl",
 )
 
 

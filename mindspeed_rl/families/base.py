@@ -166,6 +166,11 @@ class ModelFamily:
         """The HF name of such a megatron tensor; None for the language model's own."""
         return None
 
+    def saved_hf_name(self, name: str) -> str:
+        """The name a language-model tensor (``model.layers.{i}...``, ``model.embed_tokens``, ``lm_head``) is
+        written under in this family's HF folders."""
+        return name
+
     def layer_names(self, i: int, cfg: ModelConfig) -> LayerNames:
         """Layer ``i``'s names, each HF name with its megatron name (global layer and expert numbers):
         ``renamed`` tensors map one to one; ``qkv`` packs (q, k, v) per query group (weight, and bias with

@@ -26,6 +26,8 @@ class Qwen25VL(Qwen25):
     aliases = ("qwen2.5-vl", "qwen25vl")
     hf_model_types = ("qwen2_5_vl",)
     architecture = "Qwen2_5_VLForConditionalGeneration"
+    default_mrope_section: Optional[list] = None  # when config.json gives none
+    extra_rope: dict = {}  # written into the language model's rope_parameters
 
     def model_config_from_hf(self, hf: dict) -> ModelConfig:
         text = dict(hf.get("text_config") or hf)  # transformers 5 nests the language model's fields
@@ -39,17 +41,21 @@ class Qwen25VL(Qwen25):
         vision, image_token = hf.get("_vision", (None, None))
         return dict(
             position_embedding_type="mrope",
-            mrope_section=mrope_section_of(hf),
-            vision_config=_plain(vision),
+            mrope_section=mrope_section_of(hf) or self.default_mrope_section,
+            vision_config=self.plain_vision_config(vision),
             image_token_id=image_token,
         )
 
     def post_build(self, gpt, model: ModelConfig) -> None:
-        from ..models.vision.qwen25_vit import VisionConfig
         from ..models.vision.vl_model import attach_vision_tower
 
         if model.vision_config:
-            attach_vision_tower(gpt, VisionConfig.from_hf(model.vision_config), model.image_token_id)
+            attach_vision_tower(gpt, self.build_tower(model.vision_config), model.image_token_id)
+
+    def build_tower(self, vision: dict):
+        from ..models.vision.qwen25_vit import Qwen25VisionTower
+
+        return Qwen25VisionTower(self.vision_config({"vision_config": vision}))
 
     def check(self, model: ModelConfig, path: str = "model") -> None:
         from ..config_cls.base import ConfigError
@@ -65,8 +71,8 @@ class Qwen25VL(Qwen25):
         text = super().hf_config(model, eos_token_id, pad_token_id, torch_dtype)
         top = {key: text.pop(key) for key in ("architectures", "model_type", "tie_word_embeddings", "torch_dtype")}
         rope = {"rope_type": "default", "rope_theta": text.pop("rope_theta"), "mrope_section": model.mrope_section}
-        text.update(model_type="qwen2_5_vl_text", rope_parameters=rope)
-        vision = dict(model.vision_config or {}, model_type="qwen2_5_vl_vision")
+        text.update(model_type=self.hf_model_types[0] + "_text", rope_parameters=dict(rope, **self.extra_rope))
+        vision = dict(model.vision_config or {}, model_type=self.hf_model_types[0] + "_vision")
         top.update(text_config=text, vision_config=vision, image_token_id=model.image_token_id)
         top.update(eos_token_id=eos_token_id, pad_token_id=pad_token_id, vocab_size=model.padded_vocab_size)
         return top
@@ -89,23 +95,21 @@ class Qwen25VL(Qwen25):
         return name if name.startswith(SAVED_VISION_PREFIX) else None  # written in the Hub's layout
 
     def vision_config(self, hf: dict):
+        """The tower's config from a HF config's ``vision_config``."""
         from ..models.vision.qwen25_vit import VisionConfig
 
         return VisionConfig.from_hf(hf["vision_config"])
 
+    def plain_vision_config(self, vision: Optional[dict]) -> Optional[dict]:
+        """The vision_config fields the tower reads (a config section keeps plain values only)."""
+        if not vision:
+            return None
+        keep = set(type(self.vision_config({"vision_config": vision})).__dataclass_fields__) | {"rope_parameters"}
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in vision.items() if k in keep}
+
     @staticmethod
     def image_token_id(hf: dict) -> int:
         return int(hf.get("image_token_id", hf.get("text_config", {}).get("image_token_id", 151655)))
-
-
-def _plain(vision: Optional[dict]) -> Optional[dict]:
-    """The vision_config fields the tower reads (a config section keeps plain values only)."""
-    if not vision:
-        return None
-    from ..models.vision.qwen25_vit import VisionConfig
-
-    keep = set(VisionConfig.__dataclass_fields__) | {"rope_parameters"}
-    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in vision.items() if k in keep}
 
 
 def mrope_section_of(config: dict) -> Optional[list]:

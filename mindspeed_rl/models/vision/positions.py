@@ -136,3 +136,18 @@ def micro_batch_images(mb: dict, image_token_id: int, merge: int):
     counts = [len(g) for g in grids]
     positions, filled = image_layout(ids.cpu(), mask.cpu(), image_token_id, grid_thw.cpu(), merge, counts)
     return positions.to(ids.device), torch.cat(pixels), grid_thw, filled.to(ids.device)
+
+
+def interleaved_mrope(inv_freq: torch.Tensor, position_ids: torch.Tensor, mrope_section: Sequence[int]) -> torch.Tensor:
+    """Qwen3-VL's rotary angles [S, B, 1, head_dim] from 3D positions [3, B, S]: frequency j turns with the
+    height position when j = 1 (mod 3) and j < 3 * section_h, with the width when j = 2 (mod 3) and
+    j < 3 * section_w, else with the temporal position (megatron-core's mrope cuts contiguous sections instead).
+
+        angle_j = pos_{axis(j)} * inv_freq_j,   emb = [angle, angle]
+    """
+    freqs = position_ids.to(inv_freq.device).float()[..., None] * inv_freq.float()  # [3, B, S, head_dim / 2]
+    angles = freqs[0].clone()
+    for axis in (1, 2):
+        pick = slice(axis, 3 * mrope_section[axis], 3)
+        angles[..., pick] = freqs[axis][..., pick]
+    return torch.cat([angles, angles], dim=-1).transpose(0, 1).unsqueeze(2).contiguous()

@@ -57,18 +57,28 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-second, first), dim=-1)
 
 
+def axial_rotary(grid_thw: torch.Tensor, merge: int, inv_freq: torch.Tensor, device) -> Tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [patches, 1, head_dim] of the towers' 2D rotary: the first half of the rotated channels turn with
+    the row, the second with the column (each frequency once per half, as rotate_half pairs channel i with
+    i + d/2); ``inv_freq`` holds head_dim / 4 frequencies."""
+    rc = patch_positions(grid_thw, merge).to(device).float()
+    angles = (rc[:, :, None] * inv_freq.float()).flatten(1)  # [patches, head_dim / 2]: rows, cols
+    angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)
+    return angles.cos(), angles.sin()
+
+
 class PatchEmbed(nn.Module):
-    def __init__(self, cfg: VisionConfig):
+    def __init__(self, cfg, bias: bool = False):
         super().__init__()
         self.shape = (cfg.in_channels, cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
-        self.proj = nn.Conv3d(cfg.in_channels, cfg.hidden_size, self.shape[1:], stride=self.shape[1:], bias=False)
+        self.proj = nn.Conv3d(cfg.in_channels, cfg.hidden_size, self.shape[1:], stride=self.shape[1:], bias=bias)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.proj(pixels.view(-1, *self.shape).to(self.proj.weight.dtype)).flatten(1)
 
 
 class VisionAttention(nn.Module):
-    def __init__(self, cfg: VisionConfig):
+    def __init__(self, cfg):
         super().__init__()
         self.heads = cfg.num_heads
         self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size, bias=True)
@@ -136,14 +146,6 @@ class Qwen25VisionTower(nn.Module):
             "inv_freq", 1.0 / cfg.rope_theta ** (torch.arange(0, half, 2, dtype=torch.float) / half), False
         )
 
-    def rotary(self, grid_thw: torch.Tensor, device) -> Tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [patches, 1, head_dim]: the first half of the rotated channels turn with the row, the
-        second with the column (each frequency once per half, as rotate_half pairs channel i with i + d/2)."""
-        rc = patch_positions(grid_thw, self.cfg.spatial_merge_size).to(device).float()
-        angles = (rc[:, :, None] * self.inv_freq.float()).flatten(1)  # [patches, head_dim / 2]: rows, cols
-        angles = torch.cat([angles, angles], dim=-1).unsqueeze(1)
-        return angles.cos(), angles.sin()
-
     def forward(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         unit = cfg.spatial_merge_size**2
@@ -154,7 +156,8 @@ class Qwen25VisionTower(nn.Module):
         def windowed(t: torch.Tensor) -> torch.Tensor:  # merged-token blocks in window order
             return t.view(-1, unit, *t.shape[1:])[order].flatten(0, 1)
 
-        cos, sin = (windowed(t) for t in self.rotary(grid_thw, x.device))
+        rotary = axial_rotary(grid_thw, cfg.spatial_merge_size, self.inv_freq, x.device)
+        cos, sin = (windowed(t) for t in rotary)
         x = windowed(x)
         full_bounds = image_bounds(grid_thw)
         for i, block in enumerate(self.blocks):

@@ -3,31 +3,56 @@ stage's GPTModel (``gpt.visual``), its image tokens spliced into the input embed
 
     e = Embed(input_ids);  e[input_ids == image_token] = Tower(pixel_values, image_grid_thw)
     output = GPT(decoder_input = e, position_ids = 3D rotary positions [3, B, S])
+    h_k[image positions] += deep_k      (DeepStack towers: after language-model layer k, k < len(deep))
 
 Attached rather than wrapped: the model keeps GPTModel's names (``embedding.*``, ``decoder.*``, ``output_layer``,
 and ``visual.*`` beside them, the converters' layout) and everything that handles a GPTModel (DDP, the
 optimizer, the LoRA and head patches, checkpoints) handles it unchanged. The tower is replicated over TP
-ranks. Sequence parallelism scatters the embedding before the splice: not supported yet.
+ranks. Sequence parallelism scatters the embedding before the splice: not supported yet. DeepStack's layers
+must sit on the first pipeline stage, and full activation recompute would replay them without the features
+(refused by the configuration rules).
 """
 
 from __future__ import annotations
 
+import contextlib
 import types
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
 
-def attach_vision_tower(gpt, vision_cfg, image_token_id: int) -> None:
-    """Give a first-stage GPTModel ``vision_cfg``'s tower and an image-taking forward (later stages: nothing)."""
-    from .qwen25_vit import Qwen25VisionTower
-
+def attach_vision_tower(gpt, tower: torch.nn.Module, image_token_id: int) -> None:
+    """Give a first-stage GPTModel the family's ``tower`` and an image-taking forward (later stages: nothing)."""
     if not getattr(gpt, "pre_process", True):
         return
-    device = next(gpt.parameters()).device
-    gpt.visual = Qwen25VisionTower(vision_cfg).to(device=device, dtype=next(gpt.parameters()).dtype)
+    gpt.visual = tower.to(device=next(gpt.parameters()).device, dtype=next(gpt.parameters()).dtype)
     gpt.image_token_id = int(image_token_id)
     gpt.forward = types.MethodType(_forward_with_images, gpt)
+
+
+@contextlib.contextmanager
+def deepstack_added(gpt, where: torch.Tensor, deep: List[torch.Tensor]):
+    """While inside: language-model layer k's output gets ``deep[k]`` added at the image positions ``where``
+    [B, S] (row-major, as the features were spliced), for k < len(deep)."""
+    layers = gpt.decoder.layers
+    if len(deep) > len(layers):
+        raise ValueError(f"{len(deep)} DeepStack features but the first pipeline stage holds {len(layers)} layers")
+
+    def add(k):
+        def hook(module, args, output):
+            hidden, context = output  # [S, B, H]
+            extra = torch.zeros_like(hidden.transpose(0, 1)).masked_scatter(where.unsqueeze(-1), deep[k])
+            return hidden + extra.transpose(0, 1).to(hidden.dtype), context
+
+        return hook
+
+    handles = [layers[k].register_forward_hook(add(k)) for k in range(len(deep))]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _forward_with_images(
@@ -47,11 +72,14 @@ def _forward_with_images(
         return plain(gpt, input_ids, position_ids, attention_mask, **kwargs)
     embedded = gpt.embedding(input_ids=input_ids, position_ids=None).transpose(0, 1)  # [B, S, H]
     where = input_ids == gpt.image_token_id if image_mask is None else image_mask
-    features = gpt.visual(pixel_values, image_grid_thw).to(embedded.dtype)
+    out = gpt.visual(pixel_values, image_grid_thw)
+    features, deep = out if isinstance(out, tuple) else (out, [])
     if int(where.sum()) != features.shape[0]:
         raise ValueError(f"{int(where.sum())} image placeholder tokens but the images give {features.shape[0]} tokens")
-    embedded = embedded.masked_scatter(where.unsqueeze(-1), features)
-    return plain(gpt, None, position_ids, attention_mask, decoder_input=embedded.transpose(0, 1).contiguous(), **kwargs)
+    embedded = embedded.masked_scatter(where.unsqueeze(-1), features.to(embedded.dtype))
+    decoder_input = embedded.transpose(0, 1).contiguous()
+    with deepstack_added(gpt, where, [d.to(embedded.dtype) for d in deep]):
+        return plain(gpt, None, position_ids, attention_mask, decoder_input=decoder_input, **kwargs)
 
 
 def vision_of(model, remove_padding: bool, cp: int) -> Optional[Tuple[int, int]]:
@@ -68,12 +96,15 @@ def vision_of(model, remove_padding: bool, cp: int) -> Optional[Tuple[int, int]]
     return int(model.image_token_id), int(model.vision_config.get("spatial_merge_size", 2))
 
 
+PROJECTORS = ("merger.", "deepstack_merger_list.")
+
+
 def freeze_vision(gpt, tower: bool, projector: bool) -> int:
-    """Stop the vision tower's blocks and patch embedding (``tower``) and/or its projector, the patch merger
-    (``projector``), from training; returns the number of parameters frozen."""
+    """Stop the vision tower's blocks, patch and position embeddings (``tower``) and/or its projectors, the
+    patch merger and DeepStack's mergers (``projector``), from training; returns the number of parameters frozen."""
     frozen = 0
     for name, param in getattr(gpt, "visual", torch.nn.Module()).named_parameters():
-        if (projector if name.startswith("merger.") else tower) and param.requires_grad:
+        if (projector if name.startswith(PROJECTORS) else tower) and param.requires_grad:
             param.requires_grad_(False)
             frozen += param.numel()
     return frozen

@@ -1,0 +1,58 @@
+"""Qwen3-VL (dense): Qwen3's language model (q/k norms, no q/k/v bias) with interleaved multimodal rotary
+positions, fed by a ViT without windows whose DeepStack mergers add image features to the outputs of the
+first language-model layers (models/vision/qwen3_vit.py).
+
+Its checkpoints keep transformers' module names: ``model.language_model.*``, ``model.visual.*``, ``lm_head``;
+those are read and written (vLLM's Qwen3-VL loader maps only these).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..config_cls.model_config import ModelConfig
+from .base import ModelFamily
+from .qwen2_5_vl import LM_PREFIX, SAVED_VISION_PREFIX, VISION_PREFIX, Qwen25VL
+
+
+class Qwen3VL(Qwen25VL):
+    name = "qwen3_vl"
+    aliases = ("qwen3-vl", "qwen3vl")
+    hf_model_types = ("qwen3_vl",)
+    architecture = "Qwen3VLForConditionalGeneration"
+    qkv_bias = False
+    qk_layernorm = True
+    default_mrope_section = [24, 20, 20]  # transformers' default for Qwen3-VL
+    extra_rope = {"mrope_interleaved": True}
+
+    def vllm_head_dim(self, model: ModelConfig) -> int:
+        return ModelFamily.vllm_head_dim(self, model)
+
+    def vllm_unusable_reason(self, model: ModelConfig) -> Optional[str]:
+        return None
+
+    def vision_config(self, hf: dict):
+        from ..models.vision.qwen3_vit import Qwen3VisionConfig
+
+        return Qwen3VisionConfig.from_hf(hf["vision_config"])
+
+    def build_tower(self, vision: dict):
+        from ..models.vision.qwen3_vit import Qwen3VisionTower
+
+        return Qwen3VisionTower(self.vision_config({"vision_config": vision}))
+
+    def post_build(self, gpt, model: ModelConfig) -> None:
+        """The tower, and megatron's contiguous mrope sections replaced by Qwen3-VL's interleaved layout."""
+        from ..models.vision.positions import interleaved_mrope
+
+        super().post_build(gpt, model)
+        rotary = gpt.rotary_pos_emb
+        rotary.forward = lambda position_ids, mrope_section, cp_group=None: interleaved_mrope(
+            rotary.inv_freq, position_ids, mrope_section
+        )
+
+    def saved_hf_name(self, name: str) -> str:
+        return LM_PREFIX + name[len("model.") :] if name.startswith("model.") else name
+
+    def extra_mcore_to_hf(self, name: str) -> Optional[str]:
+        return VISION_PREFIX + name[len(SAVED_VISION_PREFIX) :] if name.startswith(SAVED_VISION_PREFIX) else None

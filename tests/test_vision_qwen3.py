@@ -1,0 +1,167 @@
+"""Qwen3-VL through our stack against transformers' own model with the same weights (fp32): the tower with its
+learned positions and DeepStack mergers, the interleaved 3D rotary, the whole model's log-probs with images
+(DeepStack features added to the first layers), converters and the names sent to vLLM."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from mindspeed_rl.families import get_family
+from mindspeed_rl.families.qwen2_5_vl import hf_state_to_mcore, split_hf_state
+from mindspeed_rl.models.vision.positions import interleaved_mrope, mrope_positions
+from tests.helpers import single_process_world_fixture
+
+single_process_world = single_process_world_fixture(seed=5)
+IMAGE = 250
+GRIDS = torch.tensor([[1, 8, 12], [1, 4, 4]])  # 24 and 4 image tokens
+
+
+def hf_config():
+    from transformers import Qwen3VLConfig
+
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3], "mrope_interleaved": True}
+    return Qwen3VLConfig(
+        text_config=dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=160,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            rms_norm_eps=1e-6,
+            max_position_embeddings=512,
+            rope_parameters=rope,
+        ),
+        vision_config=dict(
+            depth=3,
+            hidden_size=32,
+            intermediate_size=48,
+            num_heads=2,
+            out_hidden_size=64,
+            num_position_embeddings=16,  # a 4 x 4 table, resampled to each grid
+            deepstack_visual_indexes=[0, 1],
+        ),
+        image_token_id=IMAGE,
+        vision_start_token_id=251,
+        vision_end_token_id=252,
+        video_token_id=253,
+        tie_word_embeddings=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    from transformers import Qwen3VLForConditionalGeneration
+
+    torch.manual_seed(0)
+    model = Qwen3VLForConditionalGeneration(hf_config()).float().eval()
+    with torch.no_grad():  # non-trivial norms and biases
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+            if name.endswith("bias"):
+                p.normal_(0, 0.05)
+    return model
+
+
+def prompts():
+    """Row 0: text, image 1, text, image 2, text; row 1: left padding, text only."""
+    g = torch.Generator().manual_seed(3)
+    text = lambda n: torch.randint(1, 240, (n,), generator=g).tolist()  # noqa: E731
+    row0 = text(5) + [251] + [IMAGE] * 24 + [252] + text(4) + [251] + [IMAGE] * 4 + [252] + text(6)
+    row1 = text(20)
+    width = len(row0)
+    ids = torch.tensor([row0, [0] * (width - len(row1)) + row1])
+    mask = torch.ones_like(ids)
+    mask[1, : width - len(row1)] = 0
+    pixels = torch.randn(int(GRIDS.prod(-1).sum()), 3 * 2 * 16 * 16, generator=g)
+    return ids, mask, pixels
+
+
+def test_tower_and_deepstack_features_equal_transformers(hf_model):
+    family = get_family("qwen3_vl")
+    tower = family.build_tower(family.plain_vision_config(hf_model.config.to_dict()["vision_config"])).eval()
+    _, vision = split_hf_state(hf_model.state_dict())
+    tower.load_state_dict(vision)
+    _, _, pixels = prompts()
+    with torch.no_grad():
+        want = hf_model.model.visual(pixels, grid_thw=GRIDS)
+        got, deep = tower(pixels, GRIDS)
+    assert got.shape == (28, 64) and len(deep) == 2
+    assert (got - want.pooler_output).abs().max().item() < 1e-5  # measured 2.2e-8
+    for ours, theirs in zip(deep, want.deepstack_features):
+        assert (ours - theirs).abs().max().item() < 1e-5
+
+
+def test_interleaved_rotary_and_positions_equal_transformers(hf_model):
+    ids, mask, _ = prompts()
+    positions = mrope_positions(ids, mask, IMAGE, GRIDS, merge=2)
+    want, _ = hf_model.model.get_rope_index(ids, (ids == IMAGE).int(), image_grid_thw=GRIDS, attention_mask=mask)
+    assert torch.equal(positions[:, mask.bool()], want[:, mask.bool()])
+    rotary = hf_model.model.language_model.rotary_emb
+    cos, _ = rotary(torch.zeros(1, dtype=torch.float), positions)  # [B, S, head_dim]
+    ours = interleaved_mrope(rotary.inv_freq, positions, [2, 3, 3])  # [S, B, 1, head_dim]
+    assert torch.allclose(ours[:, :, 0].transpose(0, 1).cos(), cos, atol=1e-6)
+    contiguous = torch.cat([positions[i % 3, ..., None] * f for i, f in enumerate(rotary.inv_freq.split([2, 3, 3]))], -1)
+    assert not torch.allclose(contiguous.cos(), cos[..., :8], atol=1e-3)  # megatron's own layout would differ
+
+
+def test_log_probs_with_images_equal_transformers_and_deepstack_matters(hf_model, single_process_world):
+    from mindspeed_rl.config_cls import MegatronConfig
+    from mindspeed_rl.models.builder import build_gpt_model
+    from mindspeed_rl.models.packing import megatron_attention_mask
+
+    family = get_family("qwen3_vl")
+    cfg = family.model_config_from_hf(hf_model.config.to_dict())
+    assert (cfg.mrope_section, cfg.qk_layernorm, cfg.add_qkv_bias, cfg.head_dim) == ([2, 3, 3], True, False, 16)
+    model = build_gpt_model(cfg, MegatronConfig(model="vl3")).eval()
+    missing, unexpected = model.load_state_dict(hf_state_to_mcore(hf_model.state_dict(), cfg), strict=False)
+    assert not unexpected and all(k.endswith("_extra_state") for k in missing)
+    ids, mask, pixels = prompts()
+    positions = mrope_positions(ids, mask, IMAGE, GRIDS, merge=2)
+    with torch.no_grad():
+        ours = model(ids, positions, megatron_attention_mask(mask), pixel_values=pixels, image_grid_thw=GRIDS)
+        theirs = hf_model(
+            input_ids=ids,
+            attention_mask=mask,
+            pixel_values=pixels,
+            image_grid_thw=GRIDS,
+            mm_token_type_ids=(ids == IMAGE).int(),
+        ).logits
+        with_deepstack = model.visual.cfg
+        model.visual.cfg = dataclasses.replace(with_deepstack, deepstack_visual_indexes=())  # the same tower without
+        flat = model(ids, positions, megatron_attention_mask(mask), pixel_values=pixels, image_grid_thw=GRIDS)
+        model.visual.cfg = with_deepstack
+    real = mask.bool()
+    ours_lp, theirs_lp, flat_lp = (torch.log_softmax(t.float(), -1)[real] for t in (ours, theirs, flat))
+    assert (ours_lp - theirs_lp).abs().max().item() < 1e-5  # measured 9.5e-7
+    assert (flat_lp - theirs_lp).abs().max().item() > 1e-3  # without DeepStack: 0.45
+
+
+def test_converters_round_trip_qwen3_vl_bit_exact_at_tp2_pp2_in_the_hub_layout(hf_model, tmp_path):
+    """hf -> mcore at TP=2 x PP=2 -> hf: every tensor as it was, under transformers' names (model.language_model.*,
+    model.visual.*), which vLLM's loader maps; the weights sent to vLLM carry the same names."""
+    from safetensors.torch import load_file
+
+    from cli import convert_ckpt
+    from mindspeed_rl.rollout.convert_names import hf_named
+
+    hf_dir, mg_dir = tmp_path / "hf", tmp_path / "mg"
+    hf_model.save_pretrained(hf_dir)
+    common = ["--target-tensor-parallel-size", "2", "--target-pipeline-parallel-size", "2"]
+    to_mg = ["--load-model-type", "hf", "--save-model-type", "mg", "--load-dir", str(hf_dir), "--save-dir", str(mg_dir)]
+    assert convert_ckpt.main(to_mg + common) == 0
+    to_hf = ["--load-model-type", "mg", "--save-model-type", "hf", "--load-dir", str(mg_dir), "--save-dir", str(hf_dir)]
+    assert convert_ckpt.main(to_hf) == 0
+    original = load_file(hf_dir / "model.safetensors")
+    back = {}
+    for shard in (hf_dir / "mg2hf").glob("*.safetensors"):
+        back.update(load_file(shard))
+    assert sorted(back) == sorted(original)
+    assert all(torch.equal(back[k], original[k]) for k in original)
+
+    cfg = get_family("qwen3_vl").model_config_from_hf(hf_model.config.to_dict())
+    piece = {"visual.pos_embed.weight": torch.zeros(2), "embedding.word_embeddings.weight": torch.ones(2)}
+    assert set(dict(hf_named([piece], cfg))) == {"model.visual.pos_embed.weight", "model.language_model.embed_tokens.weight"}
