@@ -1,12 +1,14 @@
-"""vLLM's log-probs on a prompt with an image against our engine's, on a tiny Qwen2.5-VL built offline.
+"""vLLM's log-probs on a prompt with an image against our engine's, on a tiny Qwen2.5-VL or Qwen3-VL built
+offline.
 
-    .venv/bin/python bench/vision_vllm_parity.py [--out /tmp/tiny_vl]
+    .venv/bin/python bench/vision_vllm_parity.py [--family qwen3_vl] [--out /tmp/tiny_vl]
 
-Builds a random tiny Qwen2.5-VL folder (tokenizer with the vision tokens, processor with a 56^2..112^2 pixel
-budget), samples 16 tokens with vLLM (CPU, fp32) from a prompt holding one 112 x 84 image as the dataset stores
-it (one <|image_pad|> per image token), then scores prompt + response with MegatronEngine (the tower attached,
-3D positions) and prints the largest difference of the response tokens' log-probs. vLLM and our engine run in
-separate processes (each sets up its own torch.distributed world).
+Builds a random tiny model folder (tokenizer with the vision tokens, the family's processor with a pixel budget
+of 4^2..8^2 patches), samples 16 tokens with vLLM (CPU, fp32) from a prompt holding one image of 8 x 6 patches
+as the dataset stores it (one <|image_pad|> per image token: 12), then scores prompt + response with
+MegatronEngine (the tower attached, 3D positions; Qwen3-VL: interleaved, DeepStack) and prints the largest
+difference of the response tokens' log-probs. vLLM and our engine run in separate processes (each sets up its
+own torch.distributed world).
 """
 
 from __future__ import annotations
@@ -23,9 +25,17 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<
 SPECIAL += ["<|video_pad|>"]
 
 
-def build(out: str) -> None:
+PATCH = {"qwen2_5_vl": 14, "qwen3_vl": 16}
+
+
+def build(out: str, family: str) -> None:
     import torch
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen3VLConfig,
+        Qwen3VLForConditionalGeneration,
+    )
 
     from mindspeed_rl.demo.tiny_hf import build_tokenizer
     from mindspeed_rl.demo.vision_task import save_processor
@@ -35,10 +45,18 @@ def build(out: str) -> None:
     text = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2)
     text.update(num_key_value_heads=1, max_position_embeddings=2048)  # head_dim 64: vLLM's CPU attention
     text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12]}
-    vision = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128, window_size=56)
-    cfg = Qwen2_5_VLConfig(
+    vision = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128)
+    if family == "qwen3_vl":
+        text.update(head_dim=64)
+        text["rope_parameters"]["mrope_interleaved"] = True
+        config_class, model_class = Qwen3VLConfig, Qwen3VLForConditionalGeneration
+        vision.update(num_position_embeddings=64, deepstack_visual_indexes=[0])
+    else:
+        config_class, model_class = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+        vision.update(window_size=56, fullatt_block_indexes=[1])
+    cfg = config_class(
         text_config=text,
-        vision_config=dict(vision, fullatt_block_indexes=[1]),
+        vision_config=vision,
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
@@ -47,15 +65,17 @@ def build(out: str) -> None:
         pad_token_id=ids["<|endoftext|>"],
     )
     torch.manual_seed(0)
-    Qwen2_5_VLForConditionalGeneration(cfg).save_pretrained(out)
-    save_processor(out, tok, 56 * 56, 112 * 112)
+    model_class(cfg).save_pretrained(out)
+    patch = PATCH[family]
+    save_processor(out, tok, (4 * patch) ** 2, (8 * patch) ** 2, family)
 
 
-def image_png() -> bytes:
+def image_png(family: str) -> bytes:
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.new("RGB", (112, 84), (40, 200, 90)).save(buf, format="PNG")  # 8 x 6 patches: 12 image tokens
+    patch = PATCH[family]
+    Image.new("RGB", (8 * patch, 6 * patch), (40, 200, 90)).save(buf, format="PNG")  # 8 x 6 patches: 12 tokens
     return buf.getvalue()
 
 
@@ -67,7 +87,7 @@ def stored_prompt(out: str):
     return tok.encode("what colour is the circle? ", add_special_tokens=False) + [start] + [pad] * 12 + [end], pad
 
 
-def sample_with_vllm(out: str) -> None:
+def sample_with_vllm(out: str, family: str) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM, SamplingParams
 
@@ -85,7 +105,7 @@ def sample_with_vllm(out: str) -> None:
         enable_chunked_prefill=False,
     )
     params = SamplingParams(max_tokens=16, temperature=1.0, logprobs=0, seed=3, ignore_eos=True)
-    result = llm.generate([vllm_prompt(prompt, pack_images([image_png()]), pad)], params)[0]
+    result = llm.generate([vllm_prompt(prompt, pack_images([image_png(family)]), pad)], params)[0]
     completion = result.outputs[0]
     record = dict(
         prompt_as_vllm_expanded_it=list(result.prompt_token_ids),
@@ -96,10 +116,10 @@ def sample_with_vllm(out: str) -> None:
         json.dump(record, f)
 
 
-def score_with_engine(out: str) -> None:
+def score_with_engine(out: str, family: str) -> None:
     import torch
     from PIL import Image
-    from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+    from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from mindspeed_rl.config_cls import MegatronConfig, RoleConfig
     from mindspeed_rl.families import get_family
@@ -109,8 +129,8 @@ def score_with_engine(out: str) -> None:
 
     dist.init_distributed()
     dist.init_model_parallel(seed=1)
-    hf = Qwen2_5_VLForConditionalGeneration.from_pretrained(out, dtype=torch.float32)
-    cfg = get_family("qwen2_5_vl").model_config_from_hf(hf.config.to_dict())
+    hf = AutoModelForImageTextToText.from_pretrained(out, dtype=torch.float32)
+    cfg = get_family(family).model_config_from_hf(hf.config.to_dict())
     engine = MegatronEngine(RoleConfig("actor", MegatronConfig(model="vl"), cfg, 1), trainable=False)
     engine.load_weights(hf_state_to_mcore(hf.state_dict(), cfg))
     with open(os.path.join(out, "vllm_sample.json")) as f:
@@ -118,7 +138,7 @@ def score_with_engine(out: str) -> None:
     prompt, _ = stored_prompt(out)
     ids = torch.tensor([prompt + sample["response"]])
     pixels = AutoProcessor.from_pretrained(out).image_processor(
-        images=[Image.open(io.BytesIO(image_png()))], return_tensors="pt"
+        images=[Image.open(io.BytesIO(image_png(family)))], return_tensors="pt"
     )
     batch = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
     batch.update(pixel_values=pixels["pixel_values"][None], image_grid_thw=pixels["image_grid_thw"][None])
@@ -137,19 +157,22 @@ def score_with_engine(out: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="/tmp/tiny_qwen25_vl")
+    parser.add_argument("--family", choices=tuple(PATCH), default="qwen2_5_vl")
+    parser.add_argument("--out", default=None, help="the model folder (default /tmp/tiny_<family>)")
     parser.add_argument("--stage", choices=("all", "build", "vllm", "engine"), default="all")
     args = parser.parse_args()
+    out = args.out or f"/tmp/tiny_{args.family}"
     sys.path.insert(0, ROOT)
-    if args.stage == "build" or (args.stage == "all" and not os.path.exists(os.path.join(args.out, "config.json"))):
-        build(args.out)
+    if args.stage == "build" or (args.stage == "all" and not os.path.exists(os.path.join(out, "config.json"))):
+        build(out, args.family)
     if args.stage == "all":
         for stage in ("vllm", "engine"):
-            subprocess.run([sys.executable, __file__, "--out", args.out, "--stage", stage], check=True)
+            cmd = [sys.executable, __file__, "--family", args.family, "--out", out, "--stage", stage]
+            subprocess.run(cmd, check=True)
     elif args.stage == "vllm":
-        sample_with_vllm(args.out)
+        sample_with_vllm(out, args.family)
     elif args.stage == "engine":
-        score_with_engine(args.out)
+        score_with_engine(out, args.family)
 
 
 if __name__ == "__main__":

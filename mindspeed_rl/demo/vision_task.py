@@ -72,17 +72,22 @@ def make_rows(root: str, name: str, count: int, seed: int, blank: bool) -> List[
     return rows
 
 
-def save_processor(folder: str, tokenizer, min_pixels: int, max_pixels: int) -> None:
-    """Qwen2.5-VL's processor (image processor with this pixel budget, the tokenizer) saved into ``folder``: what
-    vLLM's multimodal input processing and the trainer's pixel values read."""
-    from transformers import Qwen2_5_VLProcessor
+def save_processor(folder: str, tokenizer, min_pixels: int, max_pixels: int, family: str = "qwen2_5_vl") -> None:
+    """The family's processor (image processor with this pixel budget, the tokenizer) saved into ``folder``: what
+    vLLM's multimodal input processing and the trainer's pixel values read. Qwen3-VL's cuts 16-pixel patches
+    normalised to [-1, 1]; Qwen2.5-VL's 14-pixel patches with CLIP's statistics."""
+    from transformers import Qwen2_5_VLProcessor, Qwen3VLProcessor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    images = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels)
-    processor = Qwen2_5_VLProcessor(
-        image_processor=images, tokenizer=tokenizer, video_processor=Qwen2VLVideoProcessor()
-    )
+    if family == "qwen3_vl":
+        half = dict(image_mean=[0.5] * 3, image_std=[0.5] * 3)
+        images = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels, patch_size=16, **half)
+        processor = Qwen3VLProcessor(images, tokenizer, video_processor=Qwen3VLVideoProcessor())
+    else:
+        images = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels)
+        processor = Qwen2_5_VLProcessor(images, tokenizer, video_processor=Qwen2VLVideoProcessor())
     processor.save_pretrained(folder)
 
 
