@@ -5,6 +5,7 @@ python cli/prepare_demo.py --tools    # also the tool-use task (grpo_tiny_cpu_to
 python cli/prepare_demo.py --pairs    # also the task's preference pairs (rm_tiny_cpu: reward-model training)
 python cli/prepare_demo.py --judge    # also a small judge model fine-tuned to grade the task (grpo_tiny_cpu_judge)
 python cli/prepare_demo.py --vision   # also the vision task (grpo_tiny_cpu_vision) and its blank-picture control
+python cli/prepare_demo.py --vision-qwen3  # also the vision task on a tiny Qwen3-VL (grpo_tiny_cpu_vision_qwen3)
 """
 
 from __future__ import annotations
@@ -39,15 +40,17 @@ def main() -> int:
             f"tool-use task: tokenizer {tools['tokenizer']}, prompts {tools['data_prefix']}, "
             f"cold-start model {tools['hf']} (Megatron: {tools['mcore']})"
         )
-    if "--vision" in sys.argv[1:]:
+    visions = [("grpo_tiny_cpu_vision", False), ("grpo_tiny_cpu_vision", True)] if "--vision" in sys.argv[1:] else []
+    if "--vision-qwen3" in sys.argv[1:]:
+        visions.append(("grpo_tiny_cpu_vision_qwen3", False))
+    for config_name, blank in visions:
         from mindspeed_rl.demo.vision_task import prepare_vision_task
 
-        for blank in (False, True):
-            vision = prepare_vision_task("./demo_assets", blank=blank)
-            print(
-                f"vision task{' control (blank pictures)' if blank else ''}: prompts {vision['data_prefix']}, "
-                f"cold-start model {vision['hf']} (Megatron: {vision['mcore']})"
-            )
+        vision = prepare_vision_task("./demo_assets", config_name, blank=blank)
+        print(
+            f"vision task ({config_name}{', control: blank pictures' if blank else ''}): prompts "
+            f"{vision['data_prefix']}, cold-start model {vision['hf']} (Megatron: {vision['mcore']})"
+        )
     return 0
 
 

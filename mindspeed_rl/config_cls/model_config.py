@@ -168,17 +168,25 @@ class ModelConfig:
         return embed + self.num_layers * per_layer + h + out + self.vision_parameter_count()
 
     def vision_parameter_count(self, part: str = "all") -> int:
-        """Parameters of a vision-language model's tower (Qwen2.5-VL's layout; 0 for a text model): ``part`` "all",
-        "tower" (patch embedding and blocks) or "projector" (the patch merger)."""
+        """Parameters of a vision-language model's tower (0 for a text model): ``part`` "all", "tower" (patch and
+        position embeddings, blocks) or "projector" (the patch merger, and Qwen3-VL's DeepStack mergers)."""
         v = self.vision_config
         if not v:
             return 0
-        h, i, merge = v["hidden_size"], v["intermediate_size"], v.get("spatial_merge_size", 2)
-        patch = v.get("in_channels", 3) * v.get("temporal_patch_size", 2) * v.get("patch_size", 14) ** 2
-        block = 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + (2 * (h * i + i) + i * h + h)
-        tower = patch * h + v["depth"] * block
+        h, i, merge, out = v["hidden_size"], v["intermediate_size"], v.get("spatial_merge_size", 2), v["out_hidden_size"]
+        qwen3 = "deepstack_visual_indexes" in v  # LayerNorm with biases, a plain MLP, learned positions
+        patch = v.get("in_channels", 3) * v.get("temporal_patch_size", 2) * v.get("patch_size", 16 if qwen3 else 14) ** 2
+        attention = (h * 3 * h + 3 * h) + (h * h + h)
         merged = h * merge**2
-        projector = h + merged * merged + merged + merged * v["out_hidden_size"] + v["out_hidden_size"]
+        mergers = merged * merged + merged + merged * out + out
+        if qwen3:
+            block = 4 * h + attention + (h * i + i + i * h + h)
+            tower = patch * h + h + v.get("num_position_embeddings", 2304) * h + v["depth"] * block
+            projector = 2 * h + mergers + len(v["deepstack_visual_indexes"]) * (2 * merged + mergers)
+        else:
+            block = 2 * h + attention + (2 * (h * i + i) + i * h + h)
+            tower = patch * h + v["depth"] * block
+            projector = h + mergers
         return {"all": tower + projector, "tower": tower, "projector": projector}[part]
 
     def lora_layer_shapes(self) -> Dict[str, Tuple[str, int, int, int]]:

@@ -175,7 +175,8 @@ class R1VisionInstructionHandler(R1AlpacaStyleInstructionHandler):
     """As the R1 handler, with the row's images (map_keys.image: one image or a list; a path relative to the input
     file's folder, bytes, or a {"bytes", "path"} record). Each ``<image>`` in the prompt (without any: every image,
     before the text) becomes <|vision_start|>, one <|image_pad|> per image token, <|vision_end|>; seq_length counts
-    them. The images, fitted to min_pixels / max_pixels as Qwen2-VL's processor fits them, are stored as PNG in the
+    them. The images, fitted to min_pixels / max_pixels as the model's processor fits them (its patch and merge sizes,
+from the tokenizer folder's processor; Qwen2.5-VL's 14 x 2 without one), are stored as PNG in the
     ``images`` field (datasets/images.py). Skipped and counted: a missing, unreadable or 200:1 image, a field that
     is not an image or a list of them, and a prompt whose ``<image>`` count differs from its images."""
 
@@ -187,7 +188,7 @@ class R1VisionInstructionHandler(R1AlpacaStyleInstructionHandler):
         import os
 
         from ..config_cls.base import ConfigError
-        from .images import PixelBudget
+        from .images import pixel_budget
 
         super().__init__(cfg, tokenizer, tools)
         vocab = tokenizer.get_vocab()
@@ -196,7 +197,10 @@ class R1VisionInstructionHandler(R1AlpacaStyleInstructionHandler):
             raise ConfigError(
                 "tokenizer_name_or_path", f"{cfg.tokenizer_name_or_path} lacks the vision tokens {missing}"
             )
-        self.budget = PixelBudget(cfg.min_pixels, cfg.max_pixels)
+        try:
+            self.budget = pixel_budget(cfg.tokenizer_name_or_path, cfg.min_pixels, cfg.max_pixels)
+        except ValueError as exc:
+            raise ConfigError("min_pixels" if "min_pixels" in str(exc) else "max_pixels", str(exc)) from None
         self.base_dir = cfg.input if os.path.isdir(cfg.input) else os.path.dirname(os.path.abspath(cfg.input))
 
     def images(self, row: dict) -> Tuple[Optional[list], Optional[str]]:

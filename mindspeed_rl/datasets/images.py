@@ -114,6 +114,36 @@ def has_image_processor(folder: Optional[str]) -> bool:
     return bool(folder) and any(os.path.isfile(os.path.join(folder, name)) for name in IMAGE_PROCESSOR_FILES)
 
 
+def image_processor_config(folder: Optional[str]) -> dict:
+    """The image processor's settings in a model folder ({} without one)."""
+    import json
+
+    for name in IMAGE_PROCESSOR_FILES if folder else ():
+        path = os.path.join(folder, name)
+        if os.path.isfile(path):
+            with open(path, encoding="utf-8") as fh:
+                config = json.load(fh)
+            return config.get("image_processor", config)  # processor_config.json nests it
+    return {}
+
+
+def pixel_budget(folder: Optional[str], min_pixels: int, max_pixels: int) -> PixelBudget:
+    """The dataset's budget with the patch and merge sizes of ``folder``'s image processor (Qwen2.5-VL's 14 and 2
+    without one). A budget outside the processor's own [min, max] pixels is refused: the processor would resize
+    the stored images again in vLLM, and the prompt's placeholders would no longer count their tokens."""
+    config = image_processor_config(folder)
+    size = config.get("size") or {}
+    low, high = config.get("min_pixels", size.get("shortest_edge")), config.get("max_pixels", size.get("longest_edge"))
+    for key, value, bad in (("min_pixels", min_pixels, low is not None and min_pixels < low),
+                            ("max_pixels", max_pixels, high is not None and max_pixels > high)):  # fmt: skip
+        if bad:
+            raise ValueError(
+                f"{key} {value} lies outside the image processor's [{low}, {high}] pixels ({folder}): vLLM would "
+                "resize the stored images again; keep the dataset's budget inside the processor's"
+            )
+    return PixelBudget(min_pixels, max_pixels, int(config.get("patch_size", 14)), int(config.get("merge_size", 2)))
+
+
 class ImageEncoder:
     """A row's stored images as the vision tower takes them: pixel values [patches, channels x temporal x patch^2]
     and grids [images, 3] (t, h, w in patches), by the model's own image processor (its preprocessor_config.json

@@ -109,7 +109,7 @@ def write_prompt_sets(root: str, tokenizer_dir: str, parts: Dict[str, List[dict]
             map_keys={"prompt": "problem", "query": "", "response": "answer", "system": "", "image": "images"},
             dataset_additional_keys=["labels"],
             min_pixels=SIZE * SIZE,
-            max_pixels=SIZE * SIZE,
+            max_pixels=4 * SIZE * SIZE,  # the processor's budget (save_processor): Qwen3-VL's 32-pixel units fit 64^2
             seq_length=64,
         )
         cfg.check()
@@ -185,17 +185,19 @@ def prepare_vision_task(
     from ..config_cls import load_ppo_config
     from .tiny_hf import build_hf_model, build_tokenizer
 
-    tag = "shapes_blank" if blank else "shapes"
+    model = load_ppo_config(config_name).actor.model
+    family = model.model_type_hf
+    stem = "tiny_vl" if family == "qwen2_5_vl" else f"tiny_{family}"  # each family its processor and pixels
+    tag = ("shapes_blank" if blank else "shapes") + ("" if family == "qwen2_5_vl" else f"_{family}")
     paths = {
-        "tokenizer": os.path.join(root, "tiny_vl_hf"),
+        "tokenizer": os.path.join(root, f"{stem}_hf"),
         "data_prefix": os.path.join(root, "data", tag + "_train"),
         "test_prefix": os.path.join(root, "data", tag + "_test"),
-        "hf": os.path.join(root, f"tiny_vl_{tag}_sft_hf"),
-        "mcore": os.path.join(root, "ckpt", f"tiny_vl_{tag}_sft_mcore"),
+        "hf": os.path.join(root, f"{stem}_{tag}_sft_hf"),
+        "mcore": os.path.join(root, "ckpt", f"{stem}_{tag}_sft_mcore"),
     }
     if os.path.isfile(os.path.join(paths["mcore"], "latest_checkpointed_iteration.txt")):
         return paths
-    model = load_ppo_config(config_name).actor.model
     texts = [QUESTION + " " + " ".join(f"#### {c}" for c in COLOURS)] * 20
     tokenizer = build_tokenizer(
         paths["tokenizer"],
@@ -209,7 +211,7 @@ def prepare_vision_task(
     )
     if tokenizer.convert_tokens_to_ids("<|image_pad|>") != model.image_token_id:
         raise RuntimeError(f"<|image_pad|> is not token {model.image_token_id} of the task's tokenizer")
-    save_processor(paths["tokenizer"], tokenizer, SIZE * SIZE, 4 * SIZE * SIZE)
+    save_processor(paths["tokenizer"], tokenizer, SIZE * SIZE, 4 * SIZE * SIZE, family)
     train = make_rows(root, tag + "_train", train_rows, seed, blank)
     test = make_rows(root, tag + "_test", test_rows, seed + 1000, blank)
     write_prompt_sets(root, paths["tokenizer"], {tag + "_train": train, tag + "_test": test})

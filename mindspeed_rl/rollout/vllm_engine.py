@@ -224,6 +224,12 @@ class VllmEngine(RolloutEngine):
         routes = vllm_routes.take_routes(self.llm) if self.capture_routes else {}
         outputs: List[RolloutOutput] = []
         for index, result in enumerate(results):
+            if request.images is not None and len(result.prompt_token_ids) != len(prompts[index // n]):
+                raise ValueError(
+                    f"vLLM's image processor gave prompt {index // n} {len(result.prompt_token_ids)} tokens where "
+                    f"the dataset stored {len(prompts[index // n])}: it resized the stored images again; preprocess "
+                    "with min_pixels / max_pixels inside the image processor's"
+                )
             completion = result.outputs[0]
             ids = list(completion.token_ids)
             logps = [entry[tok].logprob for entry, tok in zip(completion.logprobs, ids)]
