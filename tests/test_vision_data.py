@@ -119,6 +119,35 @@ def test_vision_keys_are_checked_before_anything_runs(tmp_path, tokenizer_dir):
         preprocess(config(tmp_path, str(text_only)), progress=False)
 
 
+def test_the_budget_takes_the_processors_patches_and_stays_inside_its_range(tmp_path, tokenizer_dir):
+    """With Qwen3-VL's processor in the tokenizer folder a 56 x 56 picture is fitted in 32-pixel units (64 x 64:
+    4 x 4 patches of 16, 4 image tokens); a dataset budget outside the processor's own is refused (vLLM would
+    resize the stored picture again and the prompt's placeholders would miscount)."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from mindspeed_rl.demo.vision_task import save_processor
+
+    folder = tmp_path / "qwen3_tok"
+    shutil.copytree(tokenizer_dir, folder)
+    save_processor(str(folder), AutoTokenizer.from_pretrained(tokenizer_dir), 56 * 56, 4 * 56 * 56, "qwen3_vl")
+    (tmp_path / "pic.png").write_bytes(png(56, 56))
+    row = {"problem": "<image>What colour is the circle?", "answer": "red", "images": ["pic.png"]}
+    (tmp_path / "rows.jsonl").write_text(json.dumps(row) + "\n")
+    cfg = config(tmp_path, str(folder), max_pixels=4 * 56 * 56)
+    assert preprocess(cfg, progress=False)["kept"] == 1
+    from mindspeed_rl.datasets.prompt_dataset import PromptDataset
+
+    stored = PromptDataset(cfg.output_prefix)[0]
+    pad = AutoTokenizer.from_pretrained(tokenizer_dir).convert_tokens_to_ids("<|image_pad|>")
+    assert image_grid(unpack_images(stored["images"])[0], 16) == (1, 4, 4) and list(stored["input_ids"]).count(pad) == 4
+    with pytest.raises(ConfigError, match="max_pixels 20000 lies outside the image processor's"):
+        preprocess(config(tmp_path, str(folder), max_pixels=20000), progress=False)
+    with pytest.raises(ConfigError, match="min_pixels 1024 lies outside"):
+        preprocess(config(tmp_path, str(folder), min_pixels=1024), progress=False)
+
+
 def test_prompts_with_images_become_vllm_inputs_and_requests_split_with_their_images():
     from mindspeed_rl.config_cls.generate_config import SamplingConfig
     from mindspeed_rl.datasets.images import pack_images

@@ -104,7 +104,9 @@ def test_interleaved_rotary_and_positions_equal_transformers(hf_model):
     cos, _ = rotary(torch.zeros(1, dtype=torch.float), positions)  # [B, S, head_dim]
     ours = interleaved_mrope(rotary.inv_freq, positions, [2, 3, 3])  # [S, B, 1, head_dim]
     assert torch.allclose(ours[:, :, 0].transpose(0, 1).cos(), cos, atol=1e-6)
-    contiguous = torch.cat([positions[i % 3, ..., None] * f for i, f in enumerate(rotary.inv_freq.split([2, 3, 3]))], -1)
+    contiguous = torch.cat(
+        [positions[i % 3, ..., None] * f for i, f in enumerate(rotary.inv_freq.split([2, 3, 3]))], -1
+    )
     assert not torch.allclose(contiguous.cos(), cos[..., :8], atol=1e-3)  # megatron's own layout would differ
 
 
@@ -164,4 +166,44 @@ def test_converters_round_trip_qwen3_vl_bit_exact_at_tp2_pp2_in_the_hub_layout(h
 
     cfg = get_family("qwen3_vl").model_config_from_hf(hf_model.config.to_dict())
     piece = {"visual.pos_embed.weight": torch.zeros(2), "embedding.word_embeddings.weight": torch.ones(2)}
-    assert set(dict(hf_named([piece], cfg))) == {"model.visual.pos_embed.weight", "model.language_model.embed_tokens.weight"}
+    assert set(dict(hf_named([piece], cfg))) == {
+        "model.visual.pos_embed.weight",
+        "model.language_model.embed_tokens.weight",
+    }
+
+
+def test_the_8b_recipe_plans_and_the_rules_refuse_what_deepstack_cannot_do(capsys, monkeypatch):
+    """grpo_qwen3vl_8b_A3 validates on its A3 layout; the counts are transformers' (Qwen3-VL-8B: 8,767,123,696
+    parameters, 576,388,336 of them the tower and its projectors); full recompute and a first pipeline stage
+    shorter than DeepStack's layers are refused before anything starts."""
+    from cli import train_ppo
+    from mindspeed_rl.config_cls import load_ppo_config
+    from tests.helpers import assert_refused
+
+    model = load_ppo_config("grpo_qwen3vl_8b_A3").actor.model
+    assert (model.parameter_count(), model.vision_parameter_count()) == (8_767_123_696, 576_388_336)
+    assert model.vision_parameter_count("projector") == 160_496_896
+    assert train_ppo.main(["--config-name", "grpo_qwen3vl_8b_A3", "dry_run=true"]) == 0
+    out = capsys.readouterr().out
+    assert "8.35B of 8.77B params train (the vision tower's 416M frozen)" in out, out
+    run = ["--config-name", "grpo_tiny_cpu_vision_qwen3", "dry_run=true"]
+    assert_refused(run + ["actor_config.recompute_granularity=full"], "recompute_granularity", "DeepStack", capsys)
+    pp2 = ["actor_config.pipeline_model_parallel_size=2", "rl_config.actor_resource.num_npus=2"]
+    deeper = "model.tiny_qwen3_vl.vision_config.deepstack_visual_indexes=[0,1]"  # two DeepStack features
+    refusal = "the first stage holds 1 layers but tiny_qwen3_vl's DeepStack feeds the first 2"
+    assert_refused(run + pp2 + [deeper], "actor_config.pipeline_model_parallel_size", refusal, capsys)
+    assert train_ppo.main(run + pp2) == 0  # one feature: layer 0 sits on the first stage
+
+
+def test_the_twin_counts_as_transformers_does():
+    from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.demo.tiny_hf import hf_config_for
+
+    model = load_ppo_config("grpo_tiny_cpu_vision_qwen3").actor.model
+    with torch.device("meta"):
+        from transformers import AutoModelForImageTextToText
+
+        hf = AutoModelForImageTextToText.from_config(hf_config_for(model))
+    assert type(hf).__name__ == "Qwen3VLForConditionalGeneration"
+    assert sum(p.numel() for p in hf.parameters()) == model.parameter_count()
+    assert sum(p.numel() for n, p in hf.named_parameters() if ".visual." in n) == model.vision_parameter_count()

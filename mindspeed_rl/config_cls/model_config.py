@@ -173,9 +173,16 @@ class ModelConfig:
         v = self.vision_config
         if not v:
             return 0
-        h, i, merge, out = v["hidden_size"], v["intermediate_size"], v.get("spatial_merge_size", 2), v["out_hidden_size"]
+        h, i, merge, out = (
+            v["hidden_size"],
+            v["intermediate_size"],
+            v.get("spatial_merge_size", 2),
+            v["out_hidden_size"],
+        )
         qwen3 = "deepstack_visual_indexes" in v  # LayerNorm with biases, a plain MLP, learned positions
-        patch = v.get("in_channels", 3) * v.get("temporal_patch_size", 2) * v.get("patch_size", 16 if qwen3 else 14) ** 2
+        patch = (
+            v.get("in_channels", 3) * v.get("temporal_patch_size", 2) * v.get("patch_size", 16 if qwen3 else 14) ** 2
+        )
         attention = (h * 3 * h + 3 * h) + (h * h + h)
         merged = h * merge**2
         mergers = merged * merged + merged + merged * out + out

@@ -153,7 +153,10 @@ def check_role_parallelism(role: RoleConfig) -> None:
             + (f" x CP {role.cp}" if role.cp > 1 else "")
             + "))",
         )
-    layers = m.layers_per_stage(model.num_layers)
+    try:
+        layers = m.layers_per_stage(model.num_layers)
+    except ValueError:
+        layers = []
     if m.num_layer_list:
         if len(layers) != role.pp or sum(layers) != model.num_layers or min(layers) < 1:
             raise ConfigError(

@@ -173,12 +173,12 @@ class AlpacaStylePairwiseHandler(AlpacaStyleInstructionHandler):
 
 class R1VisionInstructionHandler(R1AlpacaStyleInstructionHandler):
     """As the R1 handler, with the row's images (map_keys.image: one image or a list; a path relative to the input
-    file's folder, bytes, or a {"bytes", "path"} record). Each ``<image>`` in the prompt (without any: every image,
-    before the text) becomes <|vision_start|>, one <|image_pad|> per image token, <|vision_end|>; seq_length counts
-    them. The images, fitted to min_pixels / max_pixels as the model's processor fits them (its patch and merge sizes,
-from the tokenizer folder's processor; Qwen2.5-VL's 14 x 2 without one), are stored as PNG in the
-    ``images`` field (datasets/images.py). Skipped and counted: a missing, unreadable or 200:1 image, a field that
-    is not an image or a list of them, and a prompt whose ``<image>`` count differs from its images."""
+        file's folder, bytes, or a {"bytes", "path"} record). Each ``<image>`` in the prompt (without any: every image,
+        before the text) becomes <|vision_start|>, one <|image_pad|> per image token, <|vision_end|>; seq_length counts
+        them. The images, fitted to min_pixels / max_pixels as the model's processor fits them (its patch and merge
+    sizes, from the tokenizer folder's processor; Qwen2.5-VL's 14 x 2 without one), are stored as PNG in the
+        ``images`` field (datasets/images.py). Skipped and counted: a missing, unreadable or 200:1 image, a field that
+        is not an image or a list of them, and a prompt whose ``<image>`` count differs from its images."""
 
     binary_fields = ("images",)
     MARKER = "<image>"

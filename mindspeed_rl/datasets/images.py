@@ -134,13 +134,13 @@ def pixel_budget(folder: Optional[str], min_pixels: int, max_pixels: int) -> Pix
     config = image_processor_config(folder)
     size = config.get("size") or {}
     low, high = config.get("min_pixels", size.get("shortest_edge")), config.get("max_pixels", size.get("longest_edge"))
-    for key, value, bad in (("min_pixels", min_pixels, low is not None and min_pixels < low),
-                            ("max_pixels", max_pixels, high is not None and max_pixels > high)):  # fmt: skip
-        if bad:
-            raise ValueError(
-                f"{key} {value} lies outside the image processor's [{low}, {high}] pixels ({folder}): vLLM would "
-                "resize the stored images again; keep the dataset's budget inside the processor's"
-            )
+    outside = {"min_pixels": low is not None and min_pixels < low, "max_pixels": high is not None and max_pixels > high}
+    for key in (k for k, bad in outside.items() if bad):
+        raise ValueError(
+            f"{key} {min_pixels if key == 'min_pixels' else max_pixels} lies outside the image processor's "
+            f"[{low}, {high}] pixels ({folder}): vLLM would resize the stored images again; keep the dataset's "
+            "budget inside the processor's"
+        )
     return PixelBudget(min_pixels, max_pixels, int(config.get("patch_size", 14)), int(config.get("merge_size", 2)))
 
 

@@ -57,7 +57,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-second, first), dim=-1)
 
 
-def axial_rotary(grid_thw: torch.Tensor, merge: int, inv_freq: torch.Tensor, device) -> Tuple[torch.Tensor, torch.Tensor]:
+def axial_rotary(
+    grid_thw: torch.Tensor, merge: int, inv_freq: torch.Tensor, device
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [patches, 1, head_dim] of the towers' 2D rotary: the first half of the rotated channels turn with
     the row, the second with the column (each frequency once per half, as rotate_half pairs channel i with
     i + d/2); ``inv_freq`` holds head_dim / 4 frequencies."""
