@@ -179,7 +179,8 @@ def prepare_vision_task(
     seed: int = 1,
 ) -> Dict[str, str]:
     """Write the task's assets under ``root`` (idempotent) and return their paths: tokenizer (with the image
-    processor), data_prefix, test_prefix, hf (the cold-start model) and mcore (the same for ``load``).
+    processor), data_prefix, test_prefix, hf (the cold-start model), mcore (the same for ``load``) and critic
+    (the same with a value head).
     ``blank``: the control's assets (pictures without their circle), beside the task's."""
     from ..checkpoint.convert import hf_to_mg
     from ..config_cls import load_ppo_config
@@ -195,8 +196,9 @@ def prepare_vision_task(
         "test_prefix": os.path.join(root, "data", tag + "_test"),
         "hf": os.path.join(root, f"{stem}_{tag}_sft_hf"),
         "mcore": os.path.join(root, "ckpt", f"{stem}_{tag}_sft_mcore"),
+        "critic": os.path.join(root, "ckpt", f"{stem}_{tag}_sft_orm_mcore"),  # with a value head (ppo_tiny_cpu_vision)
     }
-    if os.path.isfile(os.path.join(paths["mcore"], "latest_checkpointed_iteration.txt")):
+    if os.path.isfile(os.path.join(paths["critic"], "latest_checkpointed_iteration.txt")):
         return paths
     texts = [QUESTION + " " + " ".join(f"#### {c}" for c in COLOURS)] * 20
     tokenizer = build_tokenizer(
@@ -219,6 +221,7 @@ def prepare_vision_task(
     for k, (steps, right_share) in enumerate(sft_phases):  # (steps, share of right colours)
         cold_start(paths["hf"], paths["data_prefix"], right_share, steps, sft_batch, sft_lr, seed + k)
     hf_to_mg(paths["hf"], paths["mcore"])
+    hf_to_mg(paths["hf"], paths["critic"], orm=True)
     return paths
 
 

@@ -84,7 +84,7 @@ def _demo_hint(path: str) -> str:
         f" (the embedded demos' assets: `python cli/prepare_demo.py` makes them under ./{DEMO_ASSETS}, "
         "`python cli/prepare_demo.py --tools` also the tool-use task's, `python cli/prepare_demo.py --pairs` the "
         "preference pairs of reward-model training, `python cli/prepare_demo.py --judge` the judge model, "
-        "`python cli/prepare_demo.py --vision` the vision task)"
+        "`python cli/prepare_demo.py --vision` the vision task, `--vision-qwen3` its Qwen3-VL twin)"
     )
 
 
