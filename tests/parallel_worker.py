@@ -157,6 +157,37 @@ def run(rank, world, spec, workdir, port):
         torch.save(results, os.path.join(workdir, f"result_{spec['name']}.pt"))
 
 
+def run_vision(rank, world, spec, workdir, port):
+    """A vision-language model (``vl_model.json``, weights ``vl_full.pt``) at TP ``spec['tp']``: the log-probs of
+    ``vl_batch.pt`` (rows with images), one training step's loss and grad norm, and every rank's tower after it."""
+    import json
+
+    from megatron.core import parallel_state as ps
+
+    from mindspeed_rl.checkpoint.sharding import shard_state_dict
+    from mindspeed_rl.config_cls import ModelConfig
+    from mindspeed_rl.models.engine import MegatronEngine
+    from tests.helpers import tiny_role
+
+    tp = spec["tp"]
+    start_rank(rank, world, port, tp)
+    with open(os.path.join(workdir, "vl_model.json")) as f:
+        model = ModelConfig(**json.load(f))
+    full = torch.load(os.path.join(workdir, "vl_full.pt"), weights_only=True)
+    batch = torch.load(os.path.join(workdir, "vl_batch.pt"), weights_only=True)
+    engine = MegatronEngine(tiny_role(tp=tp, num_devices=world, model=model), total_steps=2)
+    engine.load_weights(shard_state_dict(full, tp, ps.get_tensor_model_parallel_rank(), [model.num_layers], 0))
+    out = engine.forward(batch, micro_batch_size=1)
+    normaliser = float((batch["attention_mask"][:, 1:] * batch["attention_mask"][:, :-1]).sum())
+    step = engine.train_step(batch, global_sft_loss(normaliser), micro_batch_size=1)
+    tower = {k: v.clone() for k, v in engine.named_weights() if k.startswith("visual.")}
+    gathered = [None] * world
+    torch_dist.all_gather_object(gathered, tower)
+    if rank == 0:
+        result = dict(log_probs=out["log_probs"], loss=step.loss, grad_norm=step.grad_norm, towers=gathered)
+        torch.save(result, os.path.join(workdir, f"vision_{spec['name']}.pt"))
+
+
 def run_converted(rank, world, spec, workdir, port):
     """Load a converted Megatron checkpoint at TP x PP and save its logits (LM) or values (ORM)."""
     from mindspeed_rl.checkpoint.engine_io import load_weights_only

@@ -207,3 +207,45 @@ def test_the_twin_counts_as_transformers_does():
     assert type(hf).__name__ == "Qwen3VLForConditionalGeneration"
     assert sum(p.numel() for p in hf.parameters()) == model.parameter_count()
     assert sum(p.numel() for n, p in hf.named_parameters() if ".visual." in n) == model.vision_parameter_count()
+
+
+def image_batch():
+    """prompts() as a batch: row 0's two images padded into [B, P, D] patches and [B, I, 3] grids; row 1 none."""
+    ids, mask, pixels = prompts()
+    pixel_values = torch.zeros(2, pixels.shape[0], pixels.shape[1])
+    pixel_values[0] = pixels
+    grids = torch.zeros(2, 2, 3, dtype=torch.long)
+    grids[0] = GRIDS
+    return {"input_ids": ids, "attention_mask": mask, "pixel_values": pixel_values, "image_grid_thw": grids}
+
+
+def test_tp2_with_images_equals_tp1_and_keeps_the_replicated_towers_equal(hf_model, tmp_path, single_process_world):
+    """The tower replicated over TP ranks (the recipes' TP 4): at TP 2 the log-probs of rows with images and one
+    training step's loss and grad norm (the tower's gradients counted once) equal TP 1's, and after the step the
+    two ranks' towers are still identical."""
+    import json
+
+    from mindspeed_rl.models.engine import MegatronEngine
+    from tests import parallel_worker
+    from tests.helpers import tiny_role
+
+    cfg = get_family("qwen3_vl").model_config_from_hf(hf_model.config.to_dict())
+    full = hf_state_to_mcore(hf_model.state_dict(), cfg)
+    batch = image_batch()
+    torch.save(full, tmp_path / "vl_full.pt")
+    torch.save(batch, tmp_path / "vl_batch.pt")
+    (tmp_path / "vl_model.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+    parallel_worker.spawn("run_vision", 2, {"tp": 2, "name": "tp2"}, tmp_path)
+    tp2 = torch.load(tmp_path / "vision_tp2.pt", weights_only=False)
+
+    engine = MegatronEngine(tiny_role(model=cfg), total_steps=2)
+    engine.load_weights(full)
+    ours = engine.forward(batch, micro_batch_size=1)["log_probs"]
+    normaliser = float((batch["attention_mask"][:, 1:] * batch["attention_mask"][:, :-1]).sum())
+    step = engine.train_step(batch, parallel_worker.global_sft_loss(normaliser), micro_batch_size=1)
+    real = batch["attention_mask"].bool()
+    assert (tp2["log_probs"][real] - ours[real]).abs().max().item() < 1e-5
+    assert abs(tp2["loss"] - step.loss) < 1e-5 and abs(tp2["grad_norm"] - step.grad_norm) < 1e-4 * step.grad_norm
+    first, second = tp2["towers"]
+    assert first.keys() == second.keys() and len(first) > 10
+    assert all(torch.equal(first[k], second[k]) for k in first)

@@ -33,7 +33,7 @@ def shard_state_dict(
             if not start <= layer < end:
                 continue
             local = shift_layer(name, -start)
-        elif name.startswith("embedding."):
+        elif name.startswith(("embedding.", "visual.")):  # a vision tower lives on the first stage too
             if pp_rank != 0:
                 continue
             local = name
