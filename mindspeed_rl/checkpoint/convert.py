@@ -274,7 +274,7 @@ def write_hf_folder(
                 writer.add(extra, cast(tensor))
         layers = {layer_number(n) for n in piece if layer_number(n) >= 0}
         for i in layers:
-            for name, tensor in family.layer_mcore_to_hf(i, piece, cfg).items():
+            for name, tensor in family.hf_tensors_to_save(family.layer_mcore_to_hf(i, piece, cfg), cfg).items():
                 writer.add(family.saved_hf_name(name), cast(tensor))
         if FINAL_NORM[1] in piece:
             writer.add(family.saved_hf_name(FINAL_NORM[0]), cast(piece[FINAL_NORM[1]]))

@@ -27,6 +27,9 @@ FAMILY_NAMES = (
     "qwen3_vl",
     "qwen3-vl",
     "qwen3vl",
+    "qwen3_vl_moe",
+    "qwen3-vl-moe",
+    "qwen3vlmoe",
 )
 
 

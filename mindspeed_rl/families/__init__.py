@@ -18,9 +18,11 @@ from .qwen2 import Qwen25
 from .qwen2_5_vl import Qwen25VL
 from .qwen3 import Qwen3
 from .qwen3_moe import Qwen3Moe
-from .qwen3_vl import Qwen3VL
+from .qwen3_vl import Qwen3VL, Qwen3VLMoe
 
-FAMILIES: Dict[str, ModelFamily] = {f.name: f for f in (Qwen25(), Qwen3(), Llama3(), Qwen3Moe(), Qwen25VL(), Qwen3VL())}
+FAMILIES: Dict[str, ModelFamily] = {
+    f.name: f for f in (Qwen25(), Qwen3(), Llama3(), Qwen3Moe(), Qwen25VL(), Qwen3VL(), Qwen3VLMoe())
+}
 _BY_ALIAS: Dict[str, ModelFamily] = {alias: f for f in FAMILIES.values() for alias in (f.name,) + f.aliases}
 
 

@@ -166,6 +166,11 @@ class ModelFamily:
         """The HF name of such a megatron tensor; None for the language model's own."""
         return None
 
+    def hf_tensors_to_save(self, tensors: Tensors, cfg: ModelConfig) -> Tensors:
+        """Language-model tensors (the maps' names) as this family's HF folders store them (as they are by default;
+        a family whose checkpoints fuse tensors the maps keep apart fuses them here)."""
+        return tensors
+
     def saved_hf_name(self, name: str) -> str:
         """The name a language-model tensor (``model.layers.{i}...``, ``model.embed_tokens``, ``lm_head``) is
         written under in this family's HF folders."""

@@ -31,7 +31,8 @@ class Qwen25VL(Qwen25):
 
     def model_config_from_hf(self, hf: dict) -> ModelConfig:
         text = dict(hf.get("text_config") or hf)  # transformers 5 nests the language model's fields
-        text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", False))
+        if "tie_word_embeddings" in hf or "tie_word_embeddings" not in text:  # transformers 5 reads the top level
+            text["tie_word_embeddings"] = hf.get("tie_word_embeddings", False)
         if not mrope_section_of(text):
             text["rope_scaling"] = hf.get("rope_scaling") or hf.get("rope_parameters")
         text["_vision"] = (hf.get("vision_config"), self.image_token_id(hf))
@@ -135,8 +136,10 @@ def split_hf_state(state: Dict[str, torch.Tensor]):
 
 def hf_state_to_mcore(state: Dict[str, torch.Tensor], cfg: ModelConfig) -> Dict[str, torch.Tensor]:
     """A whole model's megatron weights (one rank, TP = PP = 1) from a HF state dict of either layout: the
-    language model by Qwen2's maps, the tower as ``visual.*``."""
-    family = Qwen25VL()
+    language model by the family's maps, the tower as ``visual.*``."""
+    from . import get_family
+
+    family = get_family(cfg.model_type_hf)
     text, vision = split_hf_state(state)
     weights = {EMBED[1]: text[EMBED[0]], FINAL_NORM[1]: text[FINAL_NORM[0]]}
     if cfg.untie_embeddings_and_output_weights:
