@@ -1,7 +1,7 @@
 """vLLM's log-probs on a prompt with an image against our engine's, on a tiny Qwen2.5-VL or Qwen3-VL built
 offline.
 
-    .venv/bin/python bench/vision_vllm_parity.py [--family qwen3_vl] [--out /tmp/tiny_vl]
+    .venv/bin/python bench/vision_vllm_parity.py [--family qwen3_vl|qwen3_vl_moe] [--out /tmp/tiny_vl]
 
 Builds a random tiny model folder (tokenizer with the vision tokens, the family's processor with a pixel budget
 of 4^2..8^2 patches), samples 16 tokens with vLLM (CPU, fp32) from a prompt holding one image of 8 x 6 patches
@@ -25,7 +25,7 @@ SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<
 SPECIAL += ["<|video_pad|>"]
 
 
-PATCH = {"qwen2_5_vl": 14, "qwen3_vl": 16}
+PATCH = {"qwen2_5_vl": 14, "qwen3_vl": 16, "qwen3_vl_moe": 16}
 
 
 def build(out: str, family: str) -> None:
@@ -35,6 +35,8 @@ def build(out: str, family: str) -> None:
         Qwen2_5_VLForConditionalGeneration,
         Qwen3VLConfig,
         Qwen3VLForConditionalGeneration,
+        Qwen3VLMoeConfig,
+        Qwen3VLMoeForConditionalGeneration,
     )
 
     from mindspeed_rl.demo.tiny_hf import build_tokenizer
@@ -46,11 +48,15 @@ def build(out: str, family: str) -> None:
     text.update(num_key_value_heads=1, max_position_embeddings=2048)  # head_dim 64: vLLM's CPU attention
     text["rope_parameters"] = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [8, 12, 12]}
     vision = dict(depth=2, hidden_size=64, intermediate_size=128, num_heads=2, out_hidden_size=128)
-    if family == "qwen3_vl":
+    if family.startswith("qwen3_vl"):
         text.update(head_dim=64)
         text["rope_parameters"]["mrope_interleaved"] = True
         config_class, model_class = Qwen3VLConfig, Qwen3VLForConditionalGeneration
         vision.update(num_position_embeddings=64, deepstack_visual_indexes=[0])
+    if family == "qwen3_vl_moe":  # 4 experts of 48, 2 per token (hidden != 2 x 48: the fused layouts differ)
+        text.update(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, decoder_sparse_step=1)
+        text.update(norm_topk_prob=True)  # the Hub's configs carry it; vLLM reads it
+        config_class, model_class = Qwen3VLMoeConfig, Qwen3VLMoeForConditionalGeneration
     else:
         config_class, model_class = Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
         vision.update(window_size=56, fullatt_block_indexes=[1])
@@ -66,6 +72,13 @@ def build(out: str, family: str) -> None:
     )
     torch.manual_seed(0)
     model_class(cfg).save_pretrained(out)
+    if family == "qwen3_vl_moe":  # transformers 5 saves its modules' expert layout; the Hub's (vLLM's) is transposed
+        from safetensors.torch import load_file, save_file
+
+        path = os.path.join(out, "model.safetensors")
+        state = load_file(path)
+        fused = ("experts.gate_up_proj", "experts.down_proj")
+        save_file({k: v.transpose(1, 2).contiguous() if k.endswith(fused) else v for k, v in state.items()}, path)
     patch = PATCH[family]
     save_processor(out, tok, (4 * patch) ** 2, (8 * patch) ** 2, family)
 

@@ -188,6 +188,55 @@ def run_vision(rank, world, spec, workdir, port):
         torch.save(result, os.path.join(workdir, f"vision_{spec['name']}.pt"))
 
 
+def run_sp_splice(rank, world, spec, workdir, port):
+    """Sequence parallelism with images at TP ``world`` (megatron's torch norms refuse SP, so the splice is checked
+    alone): each rank's decoder input and DeepStack addition are its share of the whole-sequence splice, and the
+    image features get their whole gradient back."""
+    import types
+
+    from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
+    from megatron.core.transformer import TransformerConfig
+
+    from mindspeed_rl.models.vision.vl_model import deepstack_added, embed_with_images
+
+    start_rank(rank, world, port, tp=world)
+    config = TransformerConfig(
+        num_layers=1,
+        hidden_size=8,
+        num_attention_heads=2,
+        tensor_model_parallel_size=world,
+        sequence_parallel=True,
+        hidden_dropout=0.0,
+    )
+    torch.manual_seed(0)
+    embedding = LanguageModelEmbedding(config, vocab_size=32, max_sequence_length=16, position_embedding_type="rope")
+    table = [torch.zeros_like(embedding.word_embeddings.weight) for _ in range(world)]
+    torch_dist.all_gather(table, embedding.word_embeddings.weight.detach())
+    ids = torch.tensor([[1, 5, 5, 5, 2, 3, 4, 6], [7, 8, 5, 5, 9, 1, 2, 3]])
+    where = ids == 5
+    features = torch.arange(5 * 8, dtype=torch.float).view(5, 8).requires_grad_(True)
+    layer = torch.nn.Module()
+    layer.forward = lambda hidden: (hidden, None)
+    gpt = types.SimpleNamespace(embedding=embedding, config=config, decoder=types.SimpleNamespace(layers=[layer]))
+    local = embed_with_images(gpt, ids, where, features)
+    with deepstack_added(gpt, where, [features * 2]):
+        added, _ = layer(torch.zeros_like(local))
+    full = torch.nn.functional.embedding(ids, torch.cat(table)).masked_scatter(where.unsqueeze(-1), features)
+    extra = torch.zeros(2, 8, 8).masked_scatter(where.unsqueeze(-1), features.detach() * 2)
+    share = slice(rank * 8 // world, (rank + 1) * 8 // world)
+    (local.sum() + added.sum()).backward()
+    result = dict(
+        decoder_input=(local - full.transpose(0, 1)[share]).abs().max().item(),
+        deepstack=(added - extra.transpose(0, 1)[share]).abs().max().item(),
+        grad=features.grad.clone(),
+        shape=tuple(local.shape),
+    )
+    gathered = [None] * world
+    torch_dist.all_gather_object(gathered, result)
+    if rank == 0:
+        torch.save(gathered, os.path.join(workdir, "sp_splice.pt"))
+
+
 def run_converted(rank, world, spec, workdir, port):
     """Load a converted Megatron checkpoint at TP x PP and save its logits (LM) or values (ORM)."""
     from mindspeed_rl.checkpoint.engine_io import load_weights_only

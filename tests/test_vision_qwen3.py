@@ -235,8 +235,8 @@ def test_tp2_with_images_equals_tp1_and_keeps_the_replicated_towers_equal(hf_mod
     torch.save(full, tmp_path / "vl_full.pt")
     torch.save(batch, tmp_path / "vl_batch.pt")
     (tmp_path / "vl_model.json").write_text(json.dumps(dataclasses.asdict(cfg)))
-    parallel_worker.spawn("run_vision", 2, {"tp": 2, "name": "tp2"}, tmp_path)
-    tp2 = torch.load(tmp_path / "vision_tp2.pt", weights_only=False)
+    layouts = [{"tp": 2, "name": "tp2"}]
+    parallel_worker.spawn_each(2, [("run_vision", spec) for spec in layouts], tmp_path)
 
     engine = MegatronEngine(tiny_role(model=cfg), total_steps=2)
     engine.load_weights(full)
@@ -244,8 +244,24 @@ def test_tp2_with_images_equals_tp1_and_keeps_the_replicated_towers_equal(hf_mod
     normaliser = float((batch["attention_mask"][:, 1:] * batch["attention_mask"][:, :-1]).sum())
     step = engine.train_step(batch, parallel_worker.global_sft_loss(normaliser), micro_batch_size=1)
     real = batch["attention_mask"].bool()
-    assert (tp2["log_probs"][real] - ours[real]).abs().max().item() < 1e-5
-    assert abs(tp2["loss"] - step.loss) < 1e-5 and abs(tp2["grad_norm"] - step.grad_norm) < 1e-4 * step.grad_norm
-    first, second = tp2["towers"]
-    assert first.keys() == second.keys() and len(first) > 10
-    assert all(torch.equal(first[k], second[k]) for k in first)
+    for layout in layouts:
+        tp2 = torch.load(tmp_path / f"vision_{layout['name']}.pt", weights_only=False)
+        assert (tp2["log_probs"][real] - ours[real]).abs().max().item() < 1e-5, layout
+        assert abs(tp2["loss"] - step.loss) < 1e-5 and abs(tp2["grad_norm"] - step.grad_norm) < 1e-4 * step.grad_norm
+        first, second = tp2["towers"]
+        assert first.keys() == second.keys() and len(first) > 10
+        assert all(torch.equal(first[k], second[k]) for k in first), layout
+
+
+def test_sequence_parallel_splices_the_whole_sequence_then_keeps_each_ranks_share(tmp_path):
+    """With sequence parallelism (megatron's torch norms refuse it on CPU, so the splice alone, in a TP 2 world):
+    each rank's decoder input is its half of the whole-sequence embedding with the image features spliced in,
+    DeepStack's addition is split alike, and the features' gradient comes back whole (3 per element: once from
+    the splice, twice from DeepStack's 2 x features)."""
+    from tests import parallel_worker
+
+    parallel_worker.spawn("run_sp_splice", 2, {}, tmp_path)
+    for rank in torch.load(tmp_path / "sp_splice.pt", weights_only=False):
+        assert rank["shape"] == (4, 2, 8)
+        assert rank["decoder_input"] < 1e-6 and rank["deepstack"] < 1e-6, rank
+        assert torch.equal(rank["grad"], torch.full((5, 8), 3.0)), rank["grad"]

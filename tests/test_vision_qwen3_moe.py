@@ -105,3 +105,16 @@ def test_fused_experts_convert_both_ways_at_tp2_ep2(hf_model, tmp_path):
         and "model.visual.pos_embed.weight" in sent
     )
     assert not any(name.endswith("_proj") for name in sent)
+
+
+def test_the_30b_a3b_recipe_plans_with_experts_and_sequence_parallelism(capsys):
+    """grpo_qwen3vl_30b_a3b_A3 validates on its A3 layout (TP 4 with sequence parallelism, EP 4); its counts are
+    transformers' (Qwen3-VL-30B-A3B: 31,070,754,032 parameters, 538,631,408 of them the tower and projectors)."""
+    from cli import train_ppo
+    from mindspeed_rl.config_cls import load_ppo_config
+
+    model = load_ppo_config("grpo_qwen3vl_30b_a3b_A3").actor.model
+    assert (model.parameter_count(), model.vision_parameter_count()) == (31_070_754_032, 538_631_408)
+    assert train_ppo.main(["--config-name", "grpo_qwen3vl_30b_a3b_A3", "dry_run=true"]) == 0
+    out = capsys.readouterr().out
+    assert "TP 4 x PP 1 x DP 4; model qwen3vl_30b_a3b (31.1B params, 3.89B active; 128 experts over EP 4)" in out, out

@@ -250,8 +250,7 @@ def check_router_replay_keys(cfg: PPOConfig) -> None:
 
 def check_vision_keys(cfg: PPOConfig) -> None:
     """A vision-language actor trains on padded rows with 3D rotary positions: no packing (megatron's packed
-    rotary restarts each segment at 0), no CP split of image tokens, no sequence parallelism (it scatters the
-    embeddings before the image features are spliced in); its prompts' images need vLLM to generate."""
+    rotary restarts each segment at 0), no CP split of image tokens; its prompts' images need vLLM to generate."""
     if not cfg.actor.model.vision_config:
         return
     model = cfg.actor.megatron.model
@@ -265,12 +264,6 @@ def check_vision_keys(cfg: PPOConfig) -> None:
                 role_key(role, "context_parallel_size"),
                 f"{role.cp}: the {role.name} is a vision-language model ({model}), whose image tokens a CP split "
                 "would separate from their 3D positions; use 1",
-            )
-        if role.megatron.sequence_parallel and role.tp > 1:
-            raise ConfigError(
-                role_key(role, "sequence_parallel"),
-                f"true: the {role.name} is a vision-language model ({model}); sequence parallelism scatters the "
-                "embeddings before the image features are spliced in; set false",
             )
         check_deepstack(role, model)
     if cfg.generate.backend == "fallback":

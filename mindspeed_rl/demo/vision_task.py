@@ -81,7 +81,7 @@ def save_processor(folder: str, tokenizer, min_pixels: int, max_pixels: int, fam
     from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
     from transformers.models.qwen3_vl.video_processing_qwen3_vl import Qwen3VLVideoProcessor
 
-    if family == "qwen3_vl":
+    if family.startswith("qwen3_vl"):
         half = dict(image_mean=[0.5] * 3, image_std=[0.5] * 3)
         images = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels, patch_size=16, **half)
         processor = Qwen3VLProcessor(images, tokenizer, video_processor=Qwen3VLVideoProcessor())

@@ -86,8 +86,11 @@ class Qwen3VLMoe(Qwen3VL, Qwen3Moe):
     def layer_hf_to_mcore(self, i: int, hf: Dict[str, torch.Tensor], cfg: ModelConfig) -> Dict[str, torch.Tensor]:
         prefix = HF_LAYER.format(i=i) + "mlp.experts."
         gate_up, down = hf[prefix + "gate_up_proj"], hf[prefix + "down_proj"]
-        if tuple(gate_up.shape[1:]) == (cfg.hidden_size, 2 * cfg.moe_ffn_hidden_size):  # the Hub's layout
-            gate_up, down = gate_up.transpose(1, 2), down.transpose(1, 2)
+        h, f = cfg.hidden_size, cfg.moe_ffn_hidden_size
+        if tuple(gate_up.shape[1:]) == (h, 2 * f):  # the Hub's layout
+            gate_up = gate_up.transpose(1, 2)
+        if tuple(down.shape[1:]) == (f, h) and h != f:
+            down = down.transpose(1, 2)
         per_expert = dict(hf)
         for e in range(cfg.num_experts):
             gate, up = gate_up[e].chunk(2, dim=0)

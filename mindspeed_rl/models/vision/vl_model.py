@@ -8,7 +8,8 @@ stage's GPTModel (``gpt.visual``), its image tokens spliced into the input embed
 Attached rather than wrapped: the model keeps GPTModel's names (``embedding.*``, ``decoder.*``, ``output_layer``,
 and ``visual.*`` beside them, the converters' layout) and everything that handles a GPTModel (DDP, the
 optimizer, the LoRA and head patches, checkpoints) handles it unchanged. The tower is replicated over TP
-ranks. Sequence parallelism scatters the embedding before the splice: not supported yet. DeepStack's layers
+ranks. With sequence parallelism the splice happens on the whole sequence, then each rank keeps its share of
+the positions (``embed_with_images``); DeepStack's additions are split the same way. DeepStack's layers
 must sit on the first pipeline stage, and full activation recompute would replay them without the features
 (refused by the configuration rules).
 """
@@ -41,9 +42,14 @@ def deepstack_added(gpt, where: torch.Tensor, deep: List[torch.Tensor]):
 
     def add(k):
         def hook(module, args, output):
-            hidden, context = output  # [S, B, H]
-            extra = torch.zeros_like(hidden.transpose(0, 1)).masked_scatter(where.unsqueeze(-1), deep[k])
-            return hidden + extra.transpose(0, 1).to(hidden.dtype), context
+            hidden, context = output  # [S, B, H]; with sequence parallelism [S / TP, B, H]
+            full = hidden.new_zeros(where.shape[1], where.shape[0], hidden.shape[-1])
+            extra = full.transpose(0, 1).masked_scatter(where.unsqueeze(-1), deep[k]).transpose(0, 1)
+            if gpt.config.sequence_parallel:
+                from megatron.core import tensor_parallel
+
+                extra = tensor_parallel.scatter_to_sequence_parallel_region(extra.contiguous())
+            return hidden + extra.to(hidden.dtype), context
 
         return hook
 
@@ -70,16 +76,36 @@ def _forward_with_images(
     plain = type(gpt).forward
     if pixel_values is None or pixel_values.numel() == 0:
         return plain(gpt, input_ids, position_ids, attention_mask, **kwargs)
-    embedded = gpt.embedding(input_ids=input_ids, position_ids=None).transpose(0, 1)  # [B, S, H]
     where = input_ids == gpt.image_token_id if image_mask is None else image_mask
     out = gpt.visual(pixel_values, image_grid_thw)
     features, deep = out if isinstance(out, tuple) else (out, [])
     if int(where.sum()) != features.shape[0]:
         raise ValueError(f"{int(where.sum())} image placeholder tokens but the images give {features.shape[0]} tokens")
-    embedded = embedded.masked_scatter(where.unsqueeze(-1), features.to(embedded.dtype))
-    decoder_input = embedded.transpose(0, 1).contiguous()
-    with deepstack_added(gpt, where, [d.to(embedded.dtype) for d in deep]):
+    decoder_input = embed_with_images(gpt, input_ids, where, features)
+    with deepstack_added(gpt, where, [d.to(decoder_input.dtype) for d in deep]):
         return plain(gpt, None, position_ids, attention_mask, decoder_input=decoder_input, **kwargs)
+
+
+def embed_with_images(gpt, input_ids: torch.Tensor, where: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """The decoder's input [S, B, H]: token embeddings with ``features`` at ``where`` [B, S]. With sequence
+    parallelism the whole sequence is embedded (the word embeddings all-reduced instead of reduce-scattered),
+    spliced, then scattered: each TP rank keeps its share of the positions, as megatron's embedding gives it."""
+    from megatron.core import tensor_parallel
+
+    embedding = gpt.embedding
+    if not gpt.config.sequence_parallel:
+        embedded = embedding(input_ids=input_ids, position_ids=None).transpose(0, 1)  # [B, S, H]
+        return embedded.masked_scatter(where.unsqueeze(-1), features.to(embedded.dtype)).transpose(0, 1).contiguous()
+    words = embedding.word_embeddings
+    scatters, words.reduce_scatter_embeddings = words.reduce_scatter_embeddings, False
+    try:
+        embedded = words(input_ids)  # [B, S, H] on every TP rank
+    finally:
+        words.reduce_scatter_embeddings = scatters
+    embedded = embedded.masked_scatter(where.unsqueeze(-1), features.to(embedded.dtype)).transpose(0, 1)
+    local = tensor_parallel.scatter_to_sequence_parallel_region(embedded.contiguous())
+    with tensor_parallel.get_cuda_rng_tracker().fork():
+        return embedding.embedding_dropout(local)
 
 
 def vision_of(model, remove_padding: bool, cp: int) -> Optional[Tuple[int, int]]:
