@@ -134,9 +134,9 @@ def score_with_engine(out: str, family: str) -> None:
     from PIL import Image
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
+    from mindspeed_rl.checkpoint.convert import vl_state_to_mcore
     from mindspeed_rl.config_cls import MegatronConfig, RoleConfig
     from mindspeed_rl.families import get_family
-    from mindspeed_rl.families.qwen2_5_vl import hf_state_to_mcore
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.utils import dist
 
@@ -145,7 +145,7 @@ def score_with_engine(out: str, family: str) -> None:
     hf = AutoModelForImageTextToText.from_pretrained(out, dtype=torch.float32)
     cfg = get_family(family).model_config_from_hf(hf.config.to_dict())
     engine = MegatronEngine(RoleConfig("actor", MegatronConfig(model="vl"), cfg, 1), trainable=False)
-    engine.load_weights(hf_state_to_mcore(hf.state_dict(), cfg))
+    engine.load_weights(vl_state_to_mcore(hf.state_dict(), cfg))
     with open(os.path.join(out, "vllm_sample.json")) as f:
         sample = json.load(f)
     prompt, _ = stored_prompt(out)

@@ -4,8 +4,9 @@ positions, the vision tower, and the whole model's log-probs with images in the 
 import pytest
 import torch
 
+from mindspeed_rl.checkpoint.convert import vl_state_to_mcore
 from mindspeed_rl.families import get_family
-from mindspeed_rl.families.qwen2_5_vl import hf_state_to_mcore, split_hf_state
+from mindspeed_rl.families.qwen2_5_vl import split_hf_state
 from mindspeed_rl.models.vision.positions import mrope_positions, window_order
 from mindspeed_rl.models.vision.qwen25_vit import Qwen25VisionTower
 from tests.helpers import single_process_world_fixture
@@ -114,7 +115,7 @@ def test_vision_language_log_probs_equal_transformers(hf_model, single_process_w
     cfg = family.model_config_from_hf(hf)
     assert cfg.position_embedding_type == "mrope" and cfg.mrope_section == [2, 3, 3] and cfg.image_token_id == IMAGE
     model = build_gpt_model(cfg, MegatronConfig(model="vl")).eval()  # the family attaches the tower
-    missing, unexpected = model.load_state_dict(hf_state_to_mcore(hf_model.state_dict(), cfg), strict=False)
+    missing, unexpected = model.load_state_dict(vl_state_to_mcore(hf_model.state_dict(), cfg), strict=False)
     assert not unexpected and all(k.endswith("_extra_state") for k in missing)
 
     ids, mask, pixels = prompts()
@@ -258,7 +259,7 @@ def test_engine_forward_with_images_equals_transformers_and_training_reaches_the
     family = get_family("qwen2_5_vl")
     cfg = family.model_config_from_hf(hf_model.config.to_dict())
     engine = MegatronEngine(RoleConfig("actor", MegatronConfig(model="vl", lr=1e-3), cfg, 1), total_steps=4)
-    engine.load_weights(hf_state_to_mcore(hf_model.state_dict(), cfg))
+    engine.load_weights(vl_state_to_mcore(hf_model.state_dict(), cfg))
     batch = image_batch()
     ours = engine.forward(batch, micro_batch_size=1)["log_probs"]
     ids, mask = batch["input_ids"], batch["attention_mask"]
@@ -347,7 +348,7 @@ def test_a_vision_critic_values_image_rows_and_freezing_keeps_the_tower(hf_model
     cfg = get_family("qwen2_5_vl").model_config_from_hf(hf_model.config.to_dict())
     role = RoleConfig("critic", MegatronConfig(model="vl", lr=1e-3, freeze_vision_tower=True), cfg, 1)
     critic = MegatronEngine(role, head="value", total_steps=2)
-    weights = hf_state_to_mcore(hf_model.state_dict(), cfg)
+    weights = vl_state_to_mcore(hf_model.state_dict(), cfg)
     weights["output_layer.weight"] = 0.5 * torch.randn(1, cfg.hidden_size)  # a value head, as --orm starts one
     critic.load_weights(weights)
     batch = image_batch()

@@ -7,8 +7,9 @@ import dataclasses
 import pytest
 import torch
 
+from mindspeed_rl.checkpoint.convert import vl_state_to_mcore
 from mindspeed_rl.families import get_family
-from mindspeed_rl.families.qwen2_5_vl import hf_state_to_mcore, split_hf_state
+from mindspeed_rl.families.qwen2_5_vl import split_hf_state
 from mindspeed_rl.models.vision.positions import interleaved_mrope, mrope_positions
 from tests.helpers import single_process_world_fixture
 
@@ -119,7 +120,7 @@ def test_log_probs_with_images_equal_transformers_and_deepstack_matters(hf_model
     cfg = family.model_config_from_hf(hf_model.config.to_dict())
     assert (cfg.mrope_section, cfg.qk_layernorm, cfg.add_qkv_bias, cfg.head_dim) == ([2, 3, 3], True, False, 16)
     model = build_gpt_model(cfg, MegatronConfig(model="vl3")).eval()
-    missing, unexpected = model.load_state_dict(hf_state_to_mcore(hf_model.state_dict(), cfg), strict=False)
+    missing, unexpected = model.load_state_dict(vl_state_to_mcore(hf_model.state_dict(), cfg), strict=False)
     assert not unexpected and all(k.endswith("_extra_state") for k in missing)
     ids, mask, pixels = prompts()
     positions = mrope_positions(ids, mask, IMAGE, GRIDS, merge=2)
@@ -230,7 +231,7 @@ def test_tp2_with_images_equals_tp1_and_keeps_the_replicated_towers_equal(hf_mod
     from tests.helpers import tiny_role
 
     cfg = get_family("qwen3_vl").model_config_from_hf(hf_model.config.to_dict())
-    full = hf_state_to_mcore(hf_model.state_dict(), cfg)
+    full = vl_state_to_mcore(hf_model.state_dict(), cfg)
     batch = image_batch()
     torch.save(full, tmp_path / "vl_full.pt")
     torch.save(batch, tmp_path / "vl_batch.pt")

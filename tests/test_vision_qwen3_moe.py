@@ -4,8 +4,8 @@ layers, its fused-expert checkpoints read in either layout and written in the Hu
 import pytest
 import torch
 
+from mindspeed_rl.checkpoint.convert import vl_state_to_mcore
 from mindspeed_rl.families import get_family
-from mindspeed_rl.families.qwen2_5_vl import hf_state_to_mcore
 from mindspeed_rl.models.vision.positions import mrope_positions
 from tests.helpers import single_process_world_fixture
 from tests.test_vision_qwen3 import GRIDS, IMAGE, prompts
@@ -47,7 +47,7 @@ def test_log_probs_with_images_equal_transformers_through_the_routed_layers(hf_m
     assert (cfg.num_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size, cfg.norm_topk_prob) == (4, 2, FFN, True)
     assert cfg.parameter_count() == sum(p.numel() for p in hf_model.parameters())
     model = build_gpt_model(cfg, MegatronConfig(model="vl3moe")).eval()
-    missing, unexpected = model.load_state_dict(hf_state_to_mcore(hf_model.state_dict(), cfg), strict=False)
+    missing, unexpected = model.load_state_dict(vl_state_to_mcore(hf_model.state_dict(), cfg), strict=False)
     assert not unexpected and all(k.endswith("_extra_state") for k in missing)
     ids, mask, pixels = prompts()
     positions = mrope_positions(ids, mask, IMAGE, GRIDS, merge=2)
@@ -99,7 +99,7 @@ def test_fused_experts_convert_both_ways_at_tp2_ep2(hf_model, tmp_path):
     assert all(torch.equal(again[k], hub[k]) for k in hub)
 
     cfg = get_family("qwen3_vl_moe").model_config_from_hf(hf_model.config.to_dict())
-    sent = dict(hf_named([hf_state_to_mcore(hf_model.state_dict(), cfg)], cfg))  # to vLLM: one tensor per expert
+    sent = dict(hf_named([vl_state_to_mcore(hf_model.state_dict(), cfg)], cfg))  # to vLLM: one tensor per expert
     assert (
         "model.language_model.layers.1.mlp.experts.3.down_proj.weight" in sent
         and "model.visual.pos_embed.weight" in sent

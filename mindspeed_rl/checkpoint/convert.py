@@ -334,3 +334,20 @@ def export_saved_iteration(ckpt_dir: str, iteration: int, tokenizer_dir: Optiona
         config.get("orm", False),
         progress=False,
     )
+
+
+def vl_state_to_mcore(state: Dict[str, torch.Tensor], cfg: ModelConfig) -> Dict[str, torch.Tensor]:
+    """A vision-language model's whole megatron weights (one rank, TP = PP = 1) from a HF state dict of either
+    layout (a transformers module's or the Hub's): the language model by its family's maps, the tower as
+    ``visual.*``."""
+    from ..families.qwen2_5_vl import split_hf_state
+
+    family = get_family(cfg.model_type_hf)
+    text, vision = split_hf_state(state)
+    weights = {EMBED[1]: text[EMBED[0]], FINAL_NORM[1]: text[FINAL_NORM[0]]}
+    if cfg.untie_embeddings_and_output_weights:
+        weights[OUTPUT_MG] = text["lm_head.weight"]
+    for i in range(cfg.num_layers):
+        weights.update(family.layer_hf_to_mcore(i, text, cfg))
+    weights.update({"visual." + name: tensor for name, tensor in vision.items()})
+    return weights

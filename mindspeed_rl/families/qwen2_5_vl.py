@@ -13,7 +13,6 @@ from typing import Dict, Iterable, Optional, Tuple
 import torch
 
 from ..config_cls.model_config import ModelConfig
-from .base import EMBED, FINAL_NORM, OUTPUT_MG
 from .qwen2 import Qwen25
 
 LM_PREFIX = "model.language_model."  # transformers' module names, in memory and in some saved folders
@@ -132,19 +131,3 @@ def split_hf_state(state: Dict[str, torch.Tensor]):
         else:
             text["model." + name[len(LM_PREFIX) :] if name.startswith(LM_PREFIX) else name] = tensor
     return text, vision
-
-
-def hf_state_to_mcore(state: Dict[str, torch.Tensor], cfg: ModelConfig) -> Dict[str, torch.Tensor]:
-    """A whole model's megatron weights (one rank, TP = PP = 1) from a HF state dict of either layout: the
-    language model by the family's maps, the tower as ``visual.*``."""
-    from . import get_family
-
-    family = get_family(cfg.model_type_hf)
-    text, vision = split_hf_state(state)
-    weights = {EMBED[1]: text[EMBED[0]], FINAL_NORM[1]: text[FINAL_NORM[0]]}
-    if cfg.untie_embeddings_and_output_weights:
-        weights[OUTPUT_MG] = text["lm_head.weight"]
-    for i in range(cfg.num_layers):
-        weights.update(family.layer_hf_to_mcore(i, text, cfg))
-    weights.update({"visual." + name: tensor for name, tensor in vision.items()})
-    return weights
