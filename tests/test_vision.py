@@ -157,7 +157,6 @@ def test_the_family_and_the_run_refuse_what_the_vision_path_cannot_do(capsys, tm
         build_checked_model(dict(section, mrope_section=[2, 2, 2]), "model.tiny_vl")
     run = ["--config-name", "grpo_tiny_cpu_vision", "dry_run=true"]
     refusals = [
-        (["rl_config.use_remove_padding=true"], "rl_config.use_remove_padding", "padded rows"),
         (["generate_config.backend=fallback"], "generate_config.backend", "text only"),
         (
             ["actor_config.context_parallel_size=2", "rl_config.actor_resource.num_npus=2"],

@@ -266,3 +266,39 @@ def test_sequence_parallel_splices_the_whole_sequence_then_keeps_each_ranks_shar
         assert rank["shape"] == (4, 2, 8)
         assert rank["decoder_input"] < 1e-6 and rank["deepstack"] < 1e-6, rank
         assert torch.equal(rank["grad"], torch.full((5, 8), 3.0)), rank["grad"]
+
+
+def test_packed_rows_with_images_equal_padded_rows(hf_model, single_process_world):
+    """use_remove_padding with images: the rows packed into one sequence, each real token keeping its 3D position
+    (megatron-core 0.16's packed rotary takes one position per packed token) and the image features (DeepStack
+    too) landing on the same tokens: log-probs equal transformers' as the padded rows' do, and a training step's
+    loss and grad norm equal the padded rows'."""
+    from mindspeed_rl.models.engine import MegatronEngine
+    from tests import parallel_worker
+    from tests.helpers import tiny_role
+
+    cfg = get_family("qwen3_vl").model_config_from_hf(hf_model.config.to_dict())
+    batch = image_batch()
+    normaliser = float((batch["attention_mask"][:, 1:] * batch["attention_mask"][:, :-1]).sum())
+    results = []
+    for packed in (False, True):
+        engine = MegatronEngine(tiny_role(model=cfg), total_steps=2, remove_padding=packed)
+        engine.load_weights(vl_state_to_mcore(hf_model.state_dict(), cfg))
+        log_probs = engine.forward(batch, micro_batch_size=2)["log_probs"]
+        step = engine.train_step(batch, parallel_worker.global_sft_loss(normaliser), micro_batch_size=2)
+        results.append((log_probs, step.loss, step.grad_norm))
+    (padded, loss, norm), (packed_lp, packed_loss, packed_norm) = results
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    with torch.no_grad():
+        logits = hf_model(
+            input_ids=ids,
+            attention_mask=mask,
+            pixel_values=batch["pixel_values"][0],
+            image_grid_thw=GRIDS,
+            mm_token_type_ids=(ids == IMAGE).int(),
+        ).logits
+    theirs = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    real = (mask[:, 1:] * mask[:, :-1]).bool()
+    for ours in (padded, packed_lp):
+        assert (ours[:, 1:][real] - theirs[real]).abs().max().item() < 1e-5
+    assert abs(packed_loss - loss) < 1e-5 and abs(packed_norm - norm) < 1e-4 * norm

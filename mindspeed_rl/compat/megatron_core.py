@@ -108,3 +108,14 @@ def router_replay_unavailable() -> str:
     if "router_replay" not in parameters:
         return "this megatron-core's MoE router takes no replayed routes (router_replay arrives in 0.16)"
     return ""
+
+
+def packed_positions_unavailable() -> str:
+    """Why this megatron-core's packed (thd) rotary cannot take one position per packed token ("" when it can):
+    0.16 maps rotary frequencies given for every packed token onto them; older releases restart every segment at
+    position 0, which 3D (mrope) positions cannot survive."""
+    rope_utils = importlib.import_module("megatron.core.models.common.embeddings.rope_utils")
+    apply_thd = getattr(rope_utils, "_apply_rotary_pos_emb_thd", None)
+    if apply_thd is None or "cu_seqlens[-1]" not in inspect.getsource(apply_thd):
+        return "this megatron-core's packed rotary restarts every segment at position 0 (per-token positions: 0.16)"
+    return ""

@@ -249,15 +249,11 @@ def check_router_replay_keys(cfg: PPOConfig) -> None:
 
 
 def check_vision_keys(cfg: PPOConfig) -> None:
-    """A vision-language actor trains on padded rows with 3D rotary positions: no packing (megatron's packed
-    rotary restarts each segment at 0), no CP split of image tokens; its prompts' images need vLLM to generate."""
+    """A vision-language actor's 3D rotary positions: no CP split of image tokens, DeepStack's layers on the first
+    stage and never replayed by a full recompute; its prompts' images need vLLM to generate."""
     if not cfg.actor.model.vision_config:
         return
     model = cfg.actor.megatron.model
-    if cfg.rl.use_remove_padding:
-        raise ConfigError(
-            "rl_config.use_remove_padding", f"true, but {model} is a vision-language model: train it on padded rows"
-        )
     for role in (r for r in cfg.roles if r.model.vision_config):
         if role.cp > 1:
             raise ConfigError(

@@ -13,7 +13,6 @@ shares)/d(theta).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -162,13 +161,15 @@ class MegatronEngine:
         """How a micro-batch is laid out for the model on this rank: packed valid tokens (remove_padding),
         rows without all-padding columns (``trimmed``) or the padded rows; then this CP rank's positions."""
         ids, mask = mb["input_ids"], mb["attention_mask"]
-        if self.vision is not None:  # rows as they are, 3D positions, the micro-batch's images
+        if self.vision is not None:  # packed or the rows as they are, 3D positions, the micro-batch's images
             from .vision.positions import micro_batch_images
 
-            inp = trim(ids, mask, multiple=self._sequence_multiple(), drop_padding_columns=False)
+            if self.remove_padding:
+                inp = pack(ids, mask, multiple=self._sequence_multiple())
+            else:
+                inp = trim(ids, mask, multiple=self._sequence_multiple(), drop_padding_columns=False)
             positions, pixels, grids, filled = micro_batch_images(mb, *self.vision)
-            extras = dict(pixel_values=pixels, image_grid_thw=grids, image_mask=filled)
-            return dataclasses.replace(inp, position_ids=positions, extras=extras)
+            return inp.with_images(positions, filled, pixel_values=pixels, image_grid_thw=grids)
         if self.remove_padding:  # valid tokens only, as one packed sequence (models/packing.py)
             inp = pack(ids, mask, multiple=self._sequence_multiple(), row_multiple=2 * self.cp if self.cp > 1 else 1)
         else:

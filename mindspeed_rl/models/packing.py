@@ -60,7 +60,20 @@ class ModelInput:
             self.position_ids,
             None,
             packed_seq_params=packed_seq_params(self.cu_seqlens, self.max_seqlen),
+            **(self.extras or {}),
         )
+
+    def with_images(self, positions: torch.Tensor, filled: torch.Tensor, **images: torch.Tensor) -> "ModelInput":
+        """This layout with a vision-language model's inputs: the 3D positions [3, B, S] and the mask [B, S] of the
+        positions the image features fill, both given on the padded grid and moved to the computed layout (packed:
+        each real token's column of the packed sequence; padding positions 0), and the images themselves."""
+        b, s = self.input_ids.shape
+        moved = torch.zeros(3, b * s, dtype=positions.dtype, device=positions.device)
+        moved[:, self.flat] = positions[:, self.rows, self.cols]
+        where = torch.zeros(b * s, dtype=torch.bool, device=filled.device)
+        where[self.flat] = filled[self.rows, self.cols]
+        extras = dict(images, image_mask=where.view(b, s))
+        return dataclasses.replace(self, position_ids=moved.view(3, b, s), extras=extras)
 
     def gather(self, values: torch.Tensor) -> torch.Tensor:
         """Per-position values of this CP rank [b, s / CP, *] -> the whole computed layout [b, s, *]."""

@@ -113,12 +113,16 @@ def vision_of(model, remove_padding: bool, cp: int) -> Optional[Tuple[int, int]]
     whose positions the vision path cannot give yet."""
     if not model.vision_config:
         return None
-    if remove_padding or cp > 1:
+    from ...compat.megatron_core import packed_positions_unavailable
+
+    if cp > 1:
         raise ValueError(
-            "vision-language models train on padded rows for now: megatron's packed (thd) rotary restarts every "
-            "segment at position 0 and context parallelism splits image tokens; set use_remove_padding false, "
-            "context_parallel_size 1"
+            "vision-language models: context parallelism splits image tokens from their 3D positions; "
+            "set context_parallel_size 1"
         )
+    why = packed_positions_unavailable() if remove_padding else ""
+    if why:
+        raise ValueError(f"vision-language models with use_remove_padding: {why}; set it false")
     return int(model.image_token_id), int(model.vision_config.get("spatial_merge_size", 2))
 
 
