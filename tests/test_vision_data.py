@@ -177,3 +177,22 @@ def test_prompts_with_images_become_vllm_inputs_and_requests_split_with_their_im
     assert part.images == blobs[1:] and part.seed == 12
     other = dataclasses.replace(request, images=[blobs[0], b"", pack_images([png(56, 112)])])  # another picture
     assert request.digest(1) != other.digest(1)  # ranks given different images are told apart
+
+
+def test_a_rows_images_are_encoded_once_for_scoring_and_for_the_batch():
+    """The rollout source encodes a batch's images for its scorer and again for the experience: the encoder keeps
+    the last rows' encodings, bounded."""
+    from mindspeed_rl.datasets.images import ImageEncoder, pack_images
+
+    encoder = ImageEncoder()
+    calls = []
+    processor = encoder.processor
+    encoder.processor = lambda **kwargs: calls.append(1) or processor(**kwargs)
+    blob = pack_images([png(56, 56)])
+    first = encoder.encode(blob)
+    assert encoder.encode(bytes(blob)) is first and len(calls) == 1 and first[1].tolist() == [[1, 4, 4]]
+    encoder.CACHED = 2
+    for colour in ((1, 2, 3), (4, 5, 6)):
+        encoder.encode(pack_images([png(56, 56, colour)]))
+    encoder.encode(blob)  # pushed out by the two newer rows: encoded again
+    assert len(calls) == 4

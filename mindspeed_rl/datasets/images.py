@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import os
 import struct
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
@@ -157,18 +158,30 @@ class ImageEncoder:
             AutoImageProcessor.from_pretrained(model_dir) if has_image_processor(model_dir) else Qwen2VLImageProcessor()
         )
         self.patch = int(self.processor.patch_size)
+        self._cache: "OrderedDict[bytes, Tuple]" = OrderedDict()
+
+    CACHED = 512  # rows whose encoding is kept: a batch's prompts are encoded for scoring and for the experience
 
     def encode(self, blob: bytes):
-        """(pixel values [P, D] float32, grids [I, 3] long) of one row's images (P = I = 0 for none)."""
+        """(pixel values [P, D] float32, grids [I, 3] long) of one row's images (P = I = 0 for none). The last
+        ``CACHED`` rows' encodings are kept (callers copy them into their batches and never write them)."""
         import torch
         from PIL import Image
 
+        blob = bytes(blob)
+        if blob in self._cache:
+            self._cache.move_to_end(blob)
+            return self._cache[blob]
         pngs = unpack_images(blob)
         if not pngs:
             return torch.zeros(0, 0), torch.zeros(0, 3, dtype=torch.long)
         images = [Image.open(io.BytesIO(png)).convert("RGB") for png in pngs]
         out = self.processor(images=images, do_resize=False, return_tensors="pt")
-        return out["pixel_values"].float(), out["image_grid_thw"].long()
+        encoded = out["pixel_values"].float(), out["image_grid_thw"].long()
+        self._cache[blob] = encoded
+        if len(self._cache) > self.CACHED:
+            self._cache.popitem(last=False)
+        return encoded
 
 
 def as_image_list(value) -> Optional[list]:
