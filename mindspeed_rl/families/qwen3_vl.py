@@ -87,9 +87,9 @@ class Qwen3VLMoe(Qwen3VL, Qwen3Moe):
         prefix = HF_LAYER.format(i=i) + "mlp.experts."
         gate_up, down = hf[prefix + "gate_up_proj"], hf[prefix + "down_proj"]
         h, f = cfg.hidden_size, cfg.moe_ffn_hidden_size
-        if tuple(gate_up.shape[1:]) == (h, 2 * f):  # the Hub's layout
+        if tuple(gate_up.shape[1:]) == (h, 2 * f):  # the Hub's layout (also when the shapes cannot tell)
             gate_up = gate_up.transpose(1, 2)
-        if tuple(down.shape[1:]) == (f, h) and h != f:
+        if tuple(down.shape[1:]) == (f, h):
             down = down.transpose(1, 2)
         per_expert = dict(hf)
         for e in range(cfg.num_experts):
