@@ -194,3 +194,14 @@ def wait_for(proc, text, timeout=240):
         if text in line:
             return seen
     raise AssertionError(f"{text!r} never appeared:\n" + "".join(seen[-40:]))
+
+
+def hf_vl_logits(hf_model, ids, mask, pixels, grids, image_token: int):
+    """transformers' own logits of a vision-language model on rows with images (the reference of the parity tests)."""
+    return hf_model(
+        input_ids=ids,
+        attention_mask=mask,
+        pixel_values=pixels,
+        image_grid_thw=grids,
+        mm_token_type_ids=(ids == image_token).int(),
+    ).logits

@@ -9,7 +9,7 @@ from mindspeed_rl.families import get_family
 from mindspeed_rl.families.qwen2_5_vl import split_hf_state
 from mindspeed_rl.models.vision.positions import mrope_positions, window_order
 from mindspeed_rl.models.vision.qwen25_vit import Qwen25VisionTower
-from tests.helpers import single_process_world_fixture
+from tests.helpers import hf_vl_logits, single_process_world_fixture
 
 single_process_world = single_process_world_fixture(seed=5)
 IMAGE = 250
@@ -122,13 +122,7 @@ def test_vision_language_log_probs_equal_transformers(hf_model, single_process_w
     positions = mrope_positions(ids, mask, IMAGE, GRIDS, merge=2)
     with torch.no_grad():
         ours = model(ids, positions, megatron_attention_mask(mask), pixel_values=pixels, image_grid_thw=GRIDS)
-        theirs = hf_model(
-            input_ids=ids,
-            attention_mask=mask,
-            pixel_values=pixels,
-            image_grid_thw=GRIDS,
-            mm_token_type_ids=(ids == IMAGE).int(),
-        ).logits
+        theirs = hf_vl_logits(hf_model, ids, mask, pixels, GRIDS, IMAGE)
     real = mask.bool()
     ours_lp, theirs_lp = (torch.log_softmax(t.float(), -1)[real] for t in (ours, theirs))
     assert (ours_lp - theirs_lp).abs().max().item() < 1e-5  # measured 9.5e-7; other pixels move them 0.88
@@ -263,13 +257,7 @@ def test_engine_forward_with_images_equals_transformers_and_training_reaches_the
     ours = engine.forward(batch, micro_batch_size=1)["log_probs"]
     ids, mask = batch["input_ids"], batch["attention_mask"]
     with torch.no_grad():
-        logits = hf_model(
-            input_ids=ids,
-            attention_mask=mask,
-            pixel_values=batch["pixel_values"][0],
-            image_grid_thw=GRIDS,
-            mm_token_type_ids=(ids == IMAGE).int(),
-        ).logits
+        logits = hf_vl_logits(hf_model, ids, mask, batch["pixel_values"][0], GRIDS, IMAGE)
     theirs = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     real = (mask[:, 1:] * mask[:, :-1]).bool()
     assert (ours[:, 1:][real] - theirs[real]).abs().max().item() < 1e-5

@@ -11,7 +11,7 @@ from mindspeed_rl.checkpoint.convert import vl_state_to_mcore
 from mindspeed_rl.families import get_family
 from mindspeed_rl.families.qwen2_5_vl import split_hf_state
 from mindspeed_rl.models.vision.positions import interleaved_mrope, mrope_positions
-from tests.helpers import single_process_world_fixture
+from tests.helpers import hf_vl_logits, single_process_world_fixture
 
 single_process_world = single_process_world_fixture(seed=5)
 IMAGE = 250
@@ -126,13 +126,7 @@ def test_log_probs_with_images_equal_transformers_and_deepstack_matters(hf_model
     positions = mrope_positions(ids, mask, IMAGE, GRIDS, merge=2)
     with torch.no_grad():
         ours = model(ids, positions, megatron_attention_mask(mask), pixel_values=pixels, image_grid_thw=GRIDS)
-        theirs = hf_model(
-            input_ids=ids,
-            attention_mask=mask,
-            pixel_values=pixels,
-            image_grid_thw=GRIDS,
-            mm_token_type_ids=(ids == IMAGE).int(),
-        ).logits
+        theirs = hf_vl_logits(hf_model, ids, mask, pixels, GRIDS, IMAGE)
         with_deepstack = model.visual.cfg
         model.visual.cfg = dataclasses.replace(with_deepstack, deepstack_visual_indexes=())  # the same tower without
         flat = model(ids, positions, megatron_attention_mask(mask), pixel_values=pixels, image_grid_thw=GRIDS)
@@ -290,13 +284,7 @@ def test_packed_rows_with_images_equal_padded_rows(hf_model, single_process_worl
     (padded, loss, norm), (packed_lp, packed_loss, packed_norm) = results
     ids, mask = batch["input_ids"], batch["attention_mask"]
     with torch.no_grad():
-        logits = hf_model(
-            input_ids=ids,
-            attention_mask=mask,
-            pixel_values=batch["pixel_values"][0],
-            image_grid_thw=GRIDS,
-            mm_token_type_ids=(ids == IMAGE).int(),
-        ).logits
+        logits = hf_vl_logits(hf_model, ids, mask, batch["pixel_values"][0], GRIDS, IMAGE)
     theirs = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
     real = (mask[:, 1:] * mask[:, :-1]).bool()
     for ours in (padded, packed_lp):

@@ -7,7 +7,7 @@ import torch
 from mindspeed_rl.checkpoint.convert import vl_state_to_mcore
 from mindspeed_rl.families import get_family
 from mindspeed_rl.models.vision.positions import mrope_positions
-from tests.helpers import single_process_world_fixture
+from tests.helpers import hf_vl_logits, single_process_world_fixture
 from tests.test_vision_qwen3 import GRIDS, IMAGE, prompts
 
 single_process_world = single_process_world_fixture(seed=5)
@@ -54,13 +54,7 @@ def test_log_probs_with_images_equal_transformers_through_the_routed_layers(hf_m
     pixels = pixels[:, : 3 * 2 * 16 * 16]
     with torch.no_grad():
         ours = model(ids, positions, megatron_attention_mask(mask), pixel_values=pixels, image_grid_thw=GRIDS)
-        theirs = hf_model(
-            input_ids=ids,
-            attention_mask=mask,
-            pixel_values=pixels,
-            image_grid_thw=GRIDS,
-            mm_token_type_ids=(ids == IMAGE).int(),
-        ).logits
+        theirs = hf_vl_logits(hf_model, ids, mask, pixels, GRIDS, IMAGE)
     real = mask.bool()
     ours_lp, theirs_lp = (torch.log_softmax(t.float(), -1)[real] for t in (ours, theirs))
     assert (ours_lp - theirs_lp).abs().max().item() < 1e-5  # measured 9.5e-7
