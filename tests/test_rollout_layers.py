@@ -245,6 +245,56 @@ def test_reward_model_scores_rows_that_do_not_split_over_its_ranks():
     assert torch.equal(exp.response_mask.sum(1), torch.tensor([1, 2, 3]))
 
 
+def test_a_batch_is_the_rows_its_groups_were_scored_on_built_once(monkeypatch):
+    """The rows made for scoring are the batch (no second build from the trajectories, no scores through floats);
+    a group restored from a checkpoint is rebuilt to the same rows."""
+    import torch
+
+    import mindspeed_rl.rollout.source as source_module
+    from mindspeed_rl.protocol import build_experience
+    from mindspeed_rl.rollout.trajectory import group_outputs
+
+    built = []
+
+    def counted(*args, **kwargs):
+        built.append(build_experience(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(source_module, "build_experience", counted)
+    source = make_source("tool_agent")
+    produced = source.produce(0)
+    scored = len(built)
+    batch = source.experience(produced)
+    assert scored and len(built) == scored and batch.num_rows == WANT * N  # built for scoring only
+    prompts, labels, outputs = group_outputs(produced.groups)
+    fresh = build_experience(prompts, outputs, N, 0, labels, produced.version)
+    for name in fresh.present():
+        assert torch.equal(getattr(batch, name), getattr(fresh, name)), name
+    assert batch.labels == fresh.labels and batch.scores is not None
+    restored = [[Trajectory.from_state(json.loads(json.dumps(t.state()))) for t in g] for g in produced.groups]
+    assert all(t.group_rows is None for g in restored for t in g)
+    again = source.experience(Produced(0, produced.version, restored, {}, Clock(), 0.0))
+    assert all(torch.equal(getattr(again, name), getattr(batch, name)) for name in batch.present())
+
+
+def test_a_text_group_beside_image_groups_gets_no_image_inputs():
+    import torch
+
+    from mindspeed_rl.protocol import Experience, RolloutOutput, build_experience
+
+    text = build_experience([[1, 2]], [RolloutOutput(0, [5], [-0.1], "stop")], 1, 0)
+    pictured = build_experience(
+        [[3]],
+        [RolloutOutput(0, [6, 7], [-0.2, -0.3], "stop")],
+        1,
+        0,
+        images=[(torch.ones(4, 6), torch.tensor([[1, 2, 2]]))],
+    )
+    both = Experience.cat([text, pictured], pad_id=0)
+    assert both.pixel_values.shape == (2, 4, 6) and not both.pixel_values[0].any() and both.pixel_values[1].all()
+    assert both.image_grid_thw.tolist() == [[[0, 0, 0]], [[1, 2, 2]]]
+
+
 def test_scoring_calls_average_means_and_add_up_counts():
     from mindspeed_rl.rollout.source import average
 

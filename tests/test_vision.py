@@ -287,7 +287,8 @@ def test_a_sampled_placeholder_is_a_word_and_pixel_rows_follow_their_rows():
     """A response that samples the image token holds it as a word (vLLM embeds it so): only the prompt's image
     runs take features and 3D positions. The experience keeps each row's pixels through select and cat."""
     from mindspeed_rl.models.vision.positions import image_layout
-    from mindspeed_rl.protocol.experience import Experience, image_fields
+    from mindspeed_rl.protocol.experience import Experience
+    from mindspeed_rl.protocol.experience_rows import image_fields
 
     ids = torch.tensor([[7, IMAGE, IMAGE, IMAGE, IMAGE, 8, IMAGE, 9], [0, 0, 7, 8, IMAGE, 9, 9, 9]])
     mask = torch.tensor([[1] * 8, [0, 0] + [1] * 6])

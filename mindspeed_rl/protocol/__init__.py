@@ -8,11 +8,11 @@ from .experience import (
     Experience,
     FieldSpec,
     MiniBatch,
-    build_experience,
     mini_batch_plan,
     response_part,
     split_rows,
 )
+from .experience_rows import build_experience
 from .rollout import (
     ForwardAnswer,
     GeneratedBatch,

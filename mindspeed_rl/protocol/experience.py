@@ -18,8 +18,6 @@ import numpy as np
 import torch
 
 from ..algorithms.losses import LossScale
-from ..datasets.padding import left_pad
-from .rollout import RolloutOutput, by_prompt
 
 Rows = Union[np.ndarray, Sequence[int], slice]
 
@@ -215,6 +213,23 @@ class Experience:
         """Plain name -> tensor mapping of the given present fields (what the Megatron engine consumes)."""
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
+    def tight(self) -> "Experience":
+        """The same rows without the columns that are padding in every row (the left of the prompts, the right
+        of the responses) and without image slots no row uses: a piece as wide as its own rows need."""
+        prompt_mask = self.attention_mask[:, : self.prompt_width]
+        left = self.prompt_width - int(prompt_mask.sum(1).max()) if self.num_rows else 0
+        width = max(1, int(self.response_mask.sum(1).max())) if self.num_rows else self.response_width
+        keep = {"P": slice(left, None), "R": slice(0, width), "P+R": slice(left, self.prompt_width + width)}
+        values = {}
+        for name in self.present():
+            tensor, token_dims = getattr(self, name), [d for d in FIELDS[name].dims if d in keep]
+            values[name] = tensor[:, keep[token_dims[0]]] if token_dims else tensor
+        if self.image_grid_thw is not None:
+            grids = self.image_grid_thw
+            values["image_grid_thw"] = grids[:, : max(1, int((grids.prod(-1) > 0).sum(1).max()))]
+            values["pixel_values"] = values["pixel_values"][:, : max(1, int(grids.prod(-1).sum(1).max()))]
+        return Experience(prompt_width=self.prompt_width - left, labels=self.labels, **values)
+
     def widened(self, prompt_width: int, response_width: int, pad_id: int) -> "Experience":
         """The same rows with more prompt columns (padding added on the left) and response columns (on
         the right); padding is ``pad_id`` in token fields and 0 elsewhere."""
@@ -241,6 +256,7 @@ class Experience:
     def cat(parts: Sequence["Experience"], pad_id: Optional[int] = None) -> "Experience":
         """Rows of ``parts`` in order; every part has the same fields. With ``pad_id``, parts of different
         widths are widened to the widest first; without it their widths must agree."""
+        parts = [with_image_inputs(p, parts) for p in parts]
         first = parts[0]
         if any(p.present() != first.present() for p in parts[1:]):
             raise ValueError("cannot concatenate experience pieces with different fields")
@@ -264,76 +280,17 @@ class MiniBatch:
     scale: LossScale
 
 
-def build_experience(
-    prompts: Sequence[Sequence[int]],
-    outputs: Sequence[RolloutOutput],
-    n: int,
-    pad_id: int,
-    labels: Optional[Sequence[str]] = None,
-    version: int = 0,
-    images: Optional[Sequence[Tuple[torch.Tensor, torch.Tensor]]] = None,
-) -> Experience:
-    """Rows prompt by prompt (n responses each): left-padded prompt + right-padded response.
-
-    ``outputs`` carry global prompt indices (any order); each prompt must have exactly n of them. Tokens
-    of an output without per-token versions were sampled by policy ``version``; its ``loss_mask`` (tool
-    results 0) becomes the row's, all 1 without one. ``images``: each prompt's encoded images (pixel values,
-    grids; ``image_fields``) for a vision-language model.
-    """
-    grouped = by_prompt(outputs)
-    rows: List[Tuple[Sequence[int], RolloutOutput]] = []
-    for i in range(len(prompts)):
-        got = grouped.get(i, [])
-        if len(got) != n:
-            raise RuntimeError(f"prompt {i}: {len(got)} responses, expected {n}")
-        rows += [(prompts[i], o) for o in got]
-    prompt_ids, prompt_mask = left_pad([r[0] for r in rows], pad_id)
-    width = max(1, max(len(o.response_ids) for _, o in rows))
-    response_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    response_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    rollout_log_probs = torch.zeros((len(rows), width), dtype=torch.float32)
-    policy_version = torch.zeros((len(rows), width), dtype=torch.long)
-    loss_mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for b, (_, out) in enumerate(rows):
-        if out.response_ids:
-            length = len(out.response_ids)
-            response_ids[b, :length] = torch.tensor(out.response_ids, dtype=torch.long)
-            response_mask[b, :length] = 1
-            rollout_log_probs[b, :length] = torch.tensor(out.logprobs, dtype=torch.float32)
-            policy_version[b, :length] = torch.tensor(out.versions, dtype=torch.long) if out.versions else version
-            loss_mask[b, :length] = torch.tensor(out.loss_mask, dtype=torch.long) if out.loss_mask else 1
-    return Experience(
-        prompt_width=int(prompt_ids.shape[1]),
-        routed_experts=routes_on_grid(rows, int(prompt_ids.shape[1]), width),
-        input_ids=torch.cat([prompt_ids, response_ids], 1),
-        attention_mask=torch.cat([prompt_mask, response_mask], 1),
-        response_mask=response_mask,
-        loss_mask=loss_mask,
-        policy_version=policy_version,
-        prompt_mask=prompt_mask,
-        response_ids=response_ids,
-        rollout_log_probs=rollout_log_probs,
-        group=torch.arange(len(rows)) // n,
-        labels=None if labels is None else [labels[i // n] for i in range(len(rows))],
-        **(image_fields(images, n) if images is not None else {}),
-    ).validate()
-
-
-def routes_on_grid(rows, prompt_width: int, response_width: int) -> Optional[torch.Tensor]:
-    """The rows' routed experts (router replay) on the [B, P+R] grid, or None when no output carries any.
-    An output's routes cover its prompt and response from position 0; the prompt is left-padded to
-    ``prompt_width``, so position j sits at column prompt_width - len(prompt) + j."""
-    carried = [out.routed_experts for _, out in rows if out.routed_experts is not None]
-    if not carried:
-        return None
-    layers, k = carried[0].shape[1:]
-    grid = torch.full((len(rows), prompt_width + response_width, layers, k), -1, dtype=torch.int16)
-    for b, (prompt, out) in enumerate(rows):
-        if out.routed_experts is not None:
-            routes = torch.as_tensor(out.routed_experts, dtype=torch.int16)
-            start = prompt_width - len(prompt)
-            grid[b, start : start + routes.shape[0]] = routes[: grid.shape[1] - start]
-    return grid
+def with_image_inputs(part: Experience, parts: Sequence[Experience]) -> Experience:
+    """``part`` with "no image" image inputs (zero grids) where other ``parts`` have images and it has none (a
+    text prompt in a vision-language batch)."""
+    having = [p for p in parts if p.pixel_values is not None]
+    if not having or part.pixel_values is not None:
+        return part
+    width = having[0].pixel_values.shape[2]  # type: ignore[union-attr]
+    values = {name: getattr(part, name) for name in part.present()}
+    values["pixel_values"] = torch.zeros(part.num_rows, 1, width)
+    values["image_grid_thw"] = torch.zeros(part.num_rows, 1, 3, dtype=torch.long)
+    return Experience(prompt_width=part.prompt_width, labels=part.labels, **values)
 
 
 def cat_rows(tensors: Sequence[torch.Tensor], name: str) -> torch.Tensor:
@@ -345,24 +302,6 @@ def cat_rows(tensors: Sequence[torch.Tensor], name: str) -> torch.Tensor:
         pad = [x for dim in reversed(range(1, t.dim())) for x in (0, widest[dim] - t.shape[dim])]
         padded.append(torch.nn.functional.pad(t, pad, value=fill) if any(pad) else t)
     return torch.cat(padded)
-
-
-def image_fields(per_prompt: Sequence[Tuple[torch.Tensor, torch.Tensor]], n: int) -> Dict[str, torch.Tensor]:
-    """``pixel_values`` [B, V, D] and ``image_grid_thw`` [B, I, 3] of prompt-major rows (n per prompt) from
-    each prompt's (pixel values [P, D], grids [I, 3]); empty when no prompt has an image."""
-    if not any(grids.shape[0] for _, grids in per_prompt):
-        return {}
-    width = max(pixels.shape[1] for pixels, _ in per_prompt if pixels.numel())
-    patches = max(1, max(pixels.shape[0] for pixels, _ in per_prompt))
-    images = max(1, max(grids.shape[0] for _, grids in per_prompt))
-    pixel_values = torch.zeros(len(per_prompt) * n, patches, width)
-    grid_thw = torch.zeros(len(per_prompt) * n, images, 3, dtype=torch.long)
-    for i, (pixels, grids) in enumerate(per_prompt):
-        rows = slice(i * n, (i + 1) * n)
-        if grids.shape[0]:
-            pixel_values[rows, : pixels.shape[0]] = pixels
-            grid_thw[rows, : grids.shape[0]] = grids
-    return {"pixel_values": pixel_values, "image_grid_thw": grid_thw}
 
 
 def split_rows(num_rows: int, parts: int) -> List[np.ndarray]:
@@ -392,8 +331,6 @@ __all__ = [
     "Experience",
     "FieldSpec",
     "MiniBatch",
-    "build_experience",
-    "image_fields",
     "split_rows",
     "mini_batch_plan",
     "response_part",

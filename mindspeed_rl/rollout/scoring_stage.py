@@ -18,7 +18,7 @@ import torch
 
 from ..protocol import Experience
 from ..utils.clock import Clock
-from .trajectory import Trajectory
+from .trajectory import GroupRows, Trajectory
 
 Group = List[Trajectory]
 Rows = Callable[[Sequence[Sequence[Trajectory]]], Experience]  # the groups' rows as one experience
@@ -48,13 +48,20 @@ def unscored(groups: Sequence[Group]) -> List[Group]:
 def score_groups(
     score: Score, groups: Sequence[Sequence[Trajectory]], exp: Experience, clock: Clock, judged=None
 ) -> Dict[str, float]:
-    """Score ``exp`` (the rows of ``groups``) and write each trajectory's score and verifier values."""
+    """Score ``exp`` (the rows of ``groups``) and write each trajectory's score and verifier values, and each
+    group's scored rows (its piece of the batch)."""
     metrics, per_verifier = score(exp, clock, judged) if judged is not None else score(exp, clock)
     scores = exp.scores
     assert scores is not None, "score() sets the experience's scores"
     for r, traj in enumerate(t for g in groups for t in g):
         traj.score = float(scores[r])
         traj.verifier_scores = {name: float(values[r]) for name, values in per_verifier.items()}
+    start = 0
+    for group in groups:
+        rows = GroupRows([t.uid for t in group], exp.select(slice(start, start + len(group))).tight())
+        start += len(group)
+        for traj in group:
+            traj.group_rows = rows
     return metrics
 
 

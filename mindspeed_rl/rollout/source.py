@@ -86,12 +86,20 @@ class RolloutSource:
         return self.ahead.settle(clock)
 
     def experience(self, produced: Produced) -> Experience:
-        """The batch's rows, group by group, with the scores the groups got when they were offered."""
-        prompts, labels, outputs = group_outputs(produced.groups)
-        images = self.encoded_images(produced.groups)
-        exp = build_experience(prompts, outputs, self.n, self.pad_id, labels, produced.version, images)
-        exp.set("scores", torch.tensor([t.score for g in produced.groups for t in g], dtype=torch.float32))
+        """The batch's rows: each group's rows as they were scored, numbered group by group."""
+        exp = Experience.cat([self.group_rows(g) for g in produced.groups], self.pad_id)
+        exp.set("group", torch.arange(exp.num_rows) // self.n)
         return exp
+
+    def group_rows(self, group: Sequence[Trajectory]) -> Experience:
+        """The rows ``group`` was scored on; for a group restored from a checkpoint (rows are not saved), its
+        rows rebuilt with the scores it got."""
+        kept = group[0].group_rows
+        if kept is not None and kept.uids == [t.uid for t in group]:
+            return kept.rows
+        rows = self.rows_of([group])
+        rows.set("scores", torch.tensor([t.score for t in group], dtype=torch.float32))
+        return rows
 
     # ----- one production -------------------------------------------------------------------------------
     def produce(self, iteration: int) -> Produced:

@@ -10,7 +10,7 @@ turn that asked for them). Its status says what a schedule may do with it:
     finished      ended on its own: a stop token, an answer without tool calls, the turn or call limit
     cut           ended at its token budget
 
-Everything is plain data: ``state()`` / ``from_state()`` round-trip it through a checkpoint.
+Everything but ``group_rows`` is plain data: ``state()`` / ``from_state()`` round-trip it through a checkpoint.
 """
 
 from __future__ import annotations
@@ -20,10 +20,20 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..protocol.experience import Experience
 from ..protocol.rollout import RolloutOutput
 
 INTERRUPTED, FINISHED, CUT = "interrupted", "finished", "cut"
 STATUSES = (INTERRUPTED, FINISHED, CUT)
+
+
+@dataclass
+class GroupRows:
+    """A scored group's experience rows (its trajectories' uids in row order), made once when the group was
+    scored: the scorer's input, then the group's piece of the batch."""
+
+    uids: List[int]
+    rows: Experience
 
 
 @dataclass
@@ -51,6 +61,7 @@ class Trajectory:
     # (int16 [positions, MoE layers, top-k]; each turn's forward covers the whole context again)
     routes: Optional[Any] = None
     images: bytes = b""  # its prompt's images as the dataset stores them (a parked trajectory keeps them)
+    group_rows: Optional[GroupRows] = field(default=None, repr=False, compare=False)  # not checkpointed
 
     @property
     def done(self) -> bool:
@@ -97,7 +108,8 @@ class Trajectory:
         )
 
     def state(self) -> Dict:
-        state = dataclasses.asdict(self)
+        state = dataclasses.asdict(dataclasses.replace(self, group_rows=None))
+        del state["group_rows"]
         state["images"] = base64.b64encode(self.images).decode("ascii")  # plain data: JSON-safe
         return state
 
