@@ -315,7 +315,9 @@ def test_the_one_slot_plan_does_not_quote_a_node_size_nobody_gave(monkeypatch, c
     assert "devices   : 1 (one node)" in out and "NPUS_PER_NODE" not in out, out
 
 
-@pytest.mark.parametrize("name, cli", [("ppo_tiny_cpu", "train_ppo"), ("rm_tiny_cpu", "train_rm")])
+@pytest.mark.parametrize(
+    "name, cli", [("ppo_tiny_cpu", "train_ppo"), ("rm_tiny_cpu", "train_rm"), ("sft_tiny_cpu", "train_sft")]
+)
 def test_test_freq_0_alone_turns_validation_off_with_one_line(name, cli, capsys):
     """One key switches validation off: the configured test set (and val_before_train) is then unused, said once
     in the plan; the run starts (dry_run exits 0) and never reads the test set (a path that does not exist is

@@ -73,7 +73,7 @@ def test_the_value_head_learns_to_rank_held_out_pairs(tmp_path):
         (["reward_config.micro_batch_size=5"], "reward_config.micro_batch_size", "not a multiple of"),
         (["rl_config.test_freq=5", "~megatron_training.test_data_path"], "megatron_training.test_data_path",
          "required by rl_config.test_freq"),
-        (["megatron_training.stage=ray_grpo"], "megatron_training.stage", "reward-model training is rm"),
+        (["megatron_training.stage=ray_grpo"], "megatron_training.stage", "reward-model training, whose stage is rm"),
         (["reward_config.tensor_model_parallel_size=3"], "reward_config.tensor_model_parallel_size", "divide"),
         (["megatron_training.dataset_additional_keys=[labels]"], "megatron_training.dataset_additional_keys",
          "pairs carry their own fields"),
@@ -95,7 +95,7 @@ def test_a_ppo_config_with_the_rm_stage_points_to_train_rm(capsys):
 
 
 def rm_config(root, pairs, tokenizer, iterations, **extra):
-    from mindspeed_rl.config_cls.loader import load_rm_config
+    from mindspeed_rl.config_cls.loader import load_stage_config
 
     overrides = {
         "megatron_training.tokenizer_name_or_path": tokenizer,
@@ -109,7 +109,7 @@ def rm_config(root, pairs, tokenizer, iterations, **extra):
         "reward_config.save": f"{root}/ckpt",
         **extra,
     }
-    return load_rm_config("rm_tiny_cpu", [f"{k}={v}" for k, v in overrides.items()])
+    return load_stage_config("rm", "rm_tiny_cpu", [f"{k}={v}" for k, v in overrides.items()])
 
 
 @pytest.mark.slow
@@ -118,7 +118,7 @@ def test_train_rm_trains_resumes_exactly_and_the_ppo_reward_model_scores_with_it
     from mindspeed_rl.config_cls import load_ppo_config
     from mindspeed_rl.demo.assets import prepare_pairs
     from mindspeed_rl.models.engine import MegatronEngine
-    from mindspeed_rl.trainer.rm_launch import train
+    from mindspeed_rl.trainer.stage_launch import train
 
     root = os.path.dirname(demo_assets["tokenizer"])
     pairs = prepare_pairs(root, 256)

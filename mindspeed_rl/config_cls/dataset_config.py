@@ -11,10 +11,13 @@ HANDLERS = (
     "R1AlpacaStyleInstructionHandler",
     "AlpacaStyleInstructionHandler",
     "AlpacaStylePairwiseHandler",
+    "AlpacaStyleSFTHandler",
+    "MessagesStyleSFTHandler",
     "R1VisionInstructionHandler",
 )
-MAP_KEYS = ("prompt", "query", "response", "system", "chosen", "rejected", "image", "video")
+MAP_KEYS = ("prompt", "query", "response", "system", "history", "messages", "chosen", "rejected", "image", "video")
 PAIRWISE = "AlpacaStylePairwiseHandler"
+SFT_HANDLERS = ("AlpacaStyleSFTHandler", "MessagesStyleSFTHandler")
 VISION = "R1VisionInstructionHandler"
 
 
@@ -34,7 +37,8 @@ class DatasetConfig:
     prompt_type: str = opt("qwen_r1", "Chat template from configs/model/templates.json.")
     map_keys: Dict[str, str] = opt(
         doc="Row field of prompt, query, response and system ('' = none); preference pairs "
-        "(AlpacaStylePairwiseHandler): chosen and rejected.",
+        "(AlpacaStylePairwiseHandler): chosen and rejected; SFT: history (AlpacaStyleSFTHandler: earlier "
+        "[user, assistant] pairs), messages (MessagesStyleSFTHandler: the list of turns).",
         factory=lambda: {"prompt": "question", "query": "", "response": "answer", "system": ""},
     )
     dataset_additional_keys: List[str] = opt(
@@ -67,8 +71,20 @@ class DatasetConfig:
                 raise ConfigError(f"map_keys.{key}", f"unknown; allowed: {', '.join(MAP_KEYS)}")
             if not isinstance(value, str):
                 raise ConfigError(f"map_keys.{key}", f"got {value!r}, expected a field name (string)")
-        if not self.map_keys.get("prompt"):
+        if self.handler_name in SFT_HANDLERS and self.dataset_additional_keys:
+            raise ConfigError(
+                "dataset_additional_keys",
+                f"{self.dataset_additional_keys}: {self.handler_name} stores input_ids and loss_mask; set it to []",
+            )
+        if self.handler_name == "MessagesStyleSFTHandler":
+            if not self.map_keys.get("messages"):
+                raise ConfigError(
+                    "map_keys.messages", "required by MessagesStyleSFTHandler: the row field of the turns"
+                )
+        elif not self.map_keys.get("prompt"):
             raise ConfigError("map_keys.prompt", "required: the row field holding the prompt")
+        if self.handler_name == "AlpacaStyleSFTHandler" and not self.map_keys.get("response"):
+            raise ConfigError("map_keys.response", "required by AlpacaStyleSFTHandler: the row field of the answer")
         if self.handler_name == PAIRWISE:
             for role in ("chosen", "rejected"):
                 if not self.map_keys.get(role):

@@ -19,7 +19,7 @@ from .ppo_config import PPOConfig, build_ppo_config
 from .yaml_guard import MAX_BYTES, MAX_DEPTH, check_interpolations, check_yaml_file, yaml_error
 
 if TYPE_CHECKING:
-    from .rm_config import RMConfig
+    from .stage_config import StageConfig
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
 GROUPS = ("model",)
@@ -189,10 +189,13 @@ def load_ppo_config(config_name: str, overrides: Sequence[str] = (), config_dir:
     return build_ppo_config(data, resolved_dir)
 
 
-def load_rm_config(config_name: str, overrides: Sequence[str] = (), config_dir: Optional[str] = None) -> "RMConfig":
-    """A reward-model training config (cli/train_rm.py), composed as a PPO config is."""
-    from .rm_config import build_rm_config
+def load_stage_config(
+    stage: str, config_name: str, overrides: Sequence[str] = (), config_dir: Optional[str] = None
+) -> "StageConfig":
+    """A single-role stage's config (``stage``: rm for cli/train_rm.py, sft for cli/train_sft.py), composed as a
+    PPO config is."""
+    from .stage_config import build_stage_config
 
     data, resolved_dir = compose(config_name, overrides, config_dir)
     data.pop("defaults", None)
-    return build_rm_config(data, resolved_dir)
+    return build_stage_config(data, stage, resolved_dir)

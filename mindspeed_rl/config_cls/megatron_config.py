@@ -86,8 +86,8 @@ class MegatronConfig:
         "ray_ppo",
         "MindSpeed-RL's trainer name, kept for its configs: one trainer runs every "
         "algorithm, chosen by rl_config (adv_estimator, policy_loss, ...); rm: reward-model training "
-        "(cli/train_rm.py).",
-        choices=("ray_ppo", "ray_grpo", "ray_dapo", "rm"),
+        "(cli/train_rm.py); sft: supervised fine-tuning (cli/train_sft.py).",
+        choices=("ray_ppo", "ray_grpo", "ray_dapo", "rm", "sft"),
     )
     seed: int = opt(1234, "Seed of weights init, data order and sampling.", ge=0)
     # optimizer

@@ -207,8 +207,13 @@ def check_role_training(role: RoleConfig) -> None:
 def check_worker_modes(cfg: PPOConfig) -> None:
     """MindSpeed-RL switches we name but do not implement."""
     rl = cfg.rl
-    if cfg.megatron_training.stage == "rm":
-        raise ConfigError("megatron_training.stage", "rm is reward-model training: run cli/train_rm.py")
+    stage = cfg.megatron_training.stage
+    if stage in ("rm", "sft"):
+        entry = {
+            "rm": "reward-model training: run cli/train_rm.py",
+            "sft": "supervised fine-tuning: run cli/train_sft.py",
+        }
+        raise ConfigError("megatron_training.stage", f"{stage} is {entry[stage]}")
     if not rl.use_integrated_worker:
         raise ConfigError(
             "rl_config.use_integrated_worker",

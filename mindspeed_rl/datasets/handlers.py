@@ -171,6 +171,65 @@ class AlpacaStylePairwiseHandler(AlpacaStyleInstructionHandler):
         return (None, why) if why else (sample, None)
 
 
+class AlpacaStyleSFTHandler(AlpacaStyleInstructionHandler):
+    """SFT examples from Alpaca-style rows: map_keys.prompt (+ query, system) is the user turn, map_keys.response
+    the assistant's, map_keys.history earlier [user, assistant] pairs. Stored: the conversation's ``input_ids``
+    and its ``loss_mask`` (1 on the assistant tokens; datasets/conversations.py). Skipped and counted: a missing or
+    empty prompt or response, a history that is not a list of pairs, over seq_length tokens."""
+
+    token_fields = ("input_ids", "loss_mask")
+
+    def messages(self, row: dict) -> list:
+        from .conversations import BadConversation
+
+        fields = {}
+        for role, required in (("prompt", True), ("query", False), ("response", True), ("system", False)):
+            fields[role], why = self._field(row, role, required)
+            if why:
+                raise BadConversation(why)
+        prompt, query, response, system = (fields[k] or "" for k in ("prompt", "query", "response", "system"))
+        if not prompt.strip():
+            raise BadConversation("empty_prompt")
+        history = row.get(self.keys["history"], []) if self.keys.get("history") else []
+        if not isinstance(history, list) or not all(
+            isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(x, str) for x in p) for p in history
+        ):
+            raise BadConversation("history_not_a_list_of_pairs")
+        turns = [("system", system)] if system else []
+        for user, assistant in history:
+            turns += [("user", user), ("assistant", assistant)]
+        return turns + [("user", prompt if not query else f"{prompt}\n{query}"), ("assistant", response)]
+
+    def process(self, row: Any) -> Tuple[Optional[Sample], Optional[str]]:
+        from .conversations import BadConversation, conversation_tokens
+
+        if not isinstance(row, dict):
+            return None, "not_an_object"
+        try:
+            ids, mask = conversation_tokens(
+                self.messages(row), self.tokenizer, self.cfg.prompt_type, self.cfg.seq_length
+            )
+        except BadConversation as exc:
+            return None, exc.reason
+        sample: Sample = {"input_ids": ids, "loss_mask": mask}
+        why = self.add_extra_keys(row, sample)
+        return (None, why) if why else (sample, None)
+
+
+class MessagesStyleSFTHandler(AlpacaStyleSFTHandler):
+    """SFT examples from chat rows: map_keys.messages names a list of {"role", "content"} turns (system, user,
+    assistant) or ShareGPT's {"from", "value"} (human, gpt); every assistant turn is trained. Skipped and counted:
+    an unknown role, no assistant turn, turns out of order, an empty assistant turn, over seq_length tokens."""
+
+    def messages(self, row: dict) -> list:
+        from .conversations import BadConversation, normalised_messages
+
+        name = self.keys.get("messages", "messages")
+        if name not in row:
+            raise BadConversation(f"missing_key:{name}")
+        return normalised_messages(row[name])
+
+
 class R1VisionInstructionHandler(R1AlpacaStyleInstructionHandler):
     """As the R1 handler, with the row's images (map_keys.image: one image or a list; a path relative to the input
         file's folder, bytes, or a {"bytes", "path"} record). Each ``<image>`` in the prompt (without any: every image,
@@ -250,6 +309,8 @@ HANDLERS = {
         AlpacaStyleInstructionHandler,
         R1AlpacaStyleInstructionHandler,
         AlpacaStylePairwiseHandler,
+        AlpacaStyleSFTHandler,
+        MessagesStyleSFTHandler,
         R1VisionInstructionHandler,
     )
 }

@@ -135,8 +135,35 @@ def prepare_pairs(root: str, vocab_size: int, train_pairs: int = 2000, test_pair
     return {**paths, **out}
 
 
+def prepare_sft(root: str, vocab_size: int, train_rows: int = 2000, test_rows: int = 64, seed: int = 1) -> dict:
+    """The demo task's worked answers as SFT examples (Alpaca style: question -> answer):
+    <root>/data/lucky_sft_train* and a held-out <root>/data/lucky_sft_test* on questions the training rows do not
+    ask; returns their prefixes. Idempotent."""
+    paths = prepare(root, vocab_size, seed=seed)
+    out = {"sft_prefix": os.path.join(root, "data", "lucky_sft_train"),
+           "sft_test_prefix": os.path.join(root, "data", "lucky_sft_test")}  # fmt: skip
+    train = make_rows(train_rows, seed + 11)
+    seen = {r["question"] for r in train}
+    test = [r for r in make_rows(8 * test_rows, seed + 3000) if r["question"] not in seen][:test_rows]
+    for key, rows in (("sft_prefix", train), ("sft_test_prefix", test)):
+        prefix = out[key]
+        if os.path.isfile(prefix + "_summary.json"):
+            continue
+        raw = os.path.join(root, "raw", os.path.basename(prefix) + ".jsonl")
+        os.makedirs(os.path.dirname(raw), exist_ok=True)
+        with open(raw, "w", encoding="utf-8") as fh:
+            fh.writelines(json.dumps(r) + "\n" for r in rows)
+        _preprocess(raw, paths["tokenizer"], prefix, sft=True)
+    return {**paths, **out}
+
+
 def _preprocess(
-    raw: str, tok_dir: str, prefix: str, extra_keys: Optional[List[str]] = None, pairwise: bool = False
+    raw: str,
+    tok_dir: str,
+    prefix: str,
+    extra_keys: Optional[List[str]] = None,
+    pairwise: bool = False,
+    sft: bool = False,
 ) -> None:
     from ..config_cls.dataset_config import DatasetConfig
     from ..datasets.preprocess import preprocess
@@ -144,6 +171,9 @@ def _preprocess(
     if pairwise:
         keys = {"prompt": "prompt", "query": "", "system": "", "chosen": "chosen", "rejected": "rejected"}
         kind = dict(handler_name="AlpacaStylePairwiseHandler", map_keys=keys, dataset_additional_keys=[])
+    elif sft:
+        keys = {"prompt": "question", "query": "", "response": "answer", "system": ""}
+        kind = dict(handler_name="AlpacaStyleSFTHandler", map_keys=keys, dataset_additional_keys=[])
     else:
         kind = dict(dataset_additional_keys=["labels"] + list(extra_keys or []))
     cfg = DatasetConfig(

@@ -1,4 +1,4 @@
-"""Reward, response-length, preference-accuracy and timing curves as PNG, drawn from metrics.jsonl.
+"""Reward, response-length, preference-accuracy, SFT-loss and timing curves as PNG, drawn from metrics.jsonl.
 
 python -m mindspeed_rl.trainer.curves <run_dir or metrics.jsonl>
 """
@@ -14,6 +14,7 @@ PANELS = [
     ("reward", ["critic/score/mean", "critic/score/max", "critic/score/min"]),
     ("response_length", ["response_length/mean", "response_length/max", "response_length/min"]),
     ("preference_accuracy", ["rm/accuracy", "val/rm/accuracy"]),
+    ("sft_loss", ["sft/loss", "val/sft/loss"]),
     (
         "timing",
         [

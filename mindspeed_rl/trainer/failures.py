@@ -11,7 +11,7 @@ import sys
 from typing import Callable, Dict, List, TypeVar, Union
 
 from ..config_cls.ppo_config import PPOConfig
-from ..config_cls.rm_config import RMConfig
+from ..config_cls.stage_config import StageConfig
 from ..utils.cli import TERMINATED_EXIT, USER_ERROR_EXIT, UserError, stopped_by_sigterm
 from .guards import NonFiniteStop
 
@@ -22,8 +22,8 @@ class WorkerDied(RuntimeError):
     """A Ray worker process died; the message says which, the last checkpoint and how to resume."""
 
 
-RunConfig = Union[PPOConfig, RMConfig]  # a PPO run, or reward-model training (its one training role)
-C = TypeVar("C", PPOConfig, RMConfig)
+RunConfig = Union[PPOConfig, StageConfig]  # a PPO run, or a single-role stage (reward model, SFT)
+C = TypeVar("C", PPOConfig, StageConfig)
 
 
 def train_to_exit_code(cfg: C, train: Callable[[C], List[Dict[str, float]]]) -> int:

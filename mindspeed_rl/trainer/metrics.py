@@ -32,6 +32,9 @@ CONSOLE_FIGURES = (
     ("loss", "rm/loss", "{:.4f}"),
     ("acc", "rm/accuracy", "{:.3f}"),
     ("val_acc", "val/rm/accuracy", "{:.3f}"),
+    ("loss", "sft/loss", "{:.4f}"),
+    ("val_loss", "val/sft/loss", "{:.4f}"),
+    ("val_ppl", "val/sft/ppl", "{:.3g}"),
     ("step", "timing/all", "{:.2f}s"),
     ("e2e_tps", "e2e_tps", "{:.0f}"),
 )

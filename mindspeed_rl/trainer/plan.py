@@ -12,7 +12,7 @@ from .probes import devices_per_node
 
 if TYPE_CHECKING:
     from ..config_cls.ppo_config import PPOConfig
-    from ..config_cls.rm_config import RMConfig
+    from ..config_cls.stage_config import StageConfig
 
 
 def batch_plan(cfg: PPOConfig) -> str:
@@ -312,28 +312,35 @@ def readable_count(count: float) -> str:
     return f"{count:g}"
 
 
-def rm_plan(cfg: "RMConfig") -> str:
-    """How one optimizer step's pairs are split over the devices."""
-    role, m = cfg.reward, cfg.reward.megatron
-    per_rank = m.global_batch_size // role.dp
+STAGE_HEADERS = {
+    "rm": "reward-model training (Bradley-Terry, -log sigmoid(r_chosen - r_rejected)):",
+    "sft": "supervised fine-tuning (loss: -log p of the assistant tokens, averaged over the step's tokens):",
+}
+
+
+def stage_plan(cfg: "StageConfig") -> str:
+    """How one optimizer step's examples (or pairs) are split over the devices."""
+    role, m, spec = cfg.role, cfg.role.megatron, cfg.stage
+    per_rank, unit = m.global_batch_size // role.dp, spec.unit
+    sequences = f" = {2 * m.global_batch_size} sequences" if spec.name == "rm" else ""
     lines = [
-        "reward-model training (Bradley-Terry, -log sigmoid(r_chosen - r_rejected)):",
-        f"  step      : {m.global_batch_size} pairs (global_batch_size) = {2 * m.global_batch_size} sequences; "
+        STAGE_HEADERS[spec.name],
+        f"  step      : {m.global_batch_size} {unit} (global_batch_size){sequences}; "
         f"{m.train_iters} steps (train_iters)",
-        f"  reward    : {role.num_devices} device(s), TP {role.tp} x PP {role.pp}"
+        f"  {spec.role:<10}: {role.num_devices} device(s), TP {role.tp} x PP {role.pp}"
         + (f" x CP {role.cp}" if role.cp > 1 else "")
-        + f" x DP {role.dp}; {per_rank} pairs per DP rank in {per_rank // m.micro_batch_size} micro-batch(es) "
-        f"of {m.micro_batch_size} pairs",
-        f"  sequences : prompt + answer up to seq_length {m.seq_length} tokens; "
+        + f" x DP {role.dp}; {per_rank} {unit} per DP rank in {per_rank // m.micro_batch_size} micro-batch(es) "
+        f"of {m.micro_batch_size} {unit}",
+        f"  sequences : up to seq_length {m.seq_length} tokens; "
         + ("packed (use_remove_padding)" if cfg.rl.use_remove_padding else "padded"),
     ]
-    lines.append(
-        f"  memory    : {trainable_memory(role)}" + ("; the value head trains with the adapters" if m.lora_r else "")
-    )
+    head_note = "; the value head trains with the adapters" if m.lora_r and spec.name == "rm" else ""
+    lines.append(f"  memory    : {trainable_memory(role)}{head_note}")
+    measured = {"rm": "pair accuracy", "sft": "loss and perplexity"}[spec.name]
     if cfg.validates:
         before = " (and before the first with val_before_train)" if cfg.rl.val_before_train else ""
         lines.append(
-            f"  held-out  : pair accuracy on {m.test_data_path} every {cfg.rl.test_freq} steps and at the end{before}"
+            f"  held-out  : {measured} on {m.test_data_path} every {cfg.rl.test_freq} steps and at the end{before}"
         )
     elif m.test_data_path:
         lines.append(f"  held-out  : {VALIDATION_OFF.format(path=m.test_data_path)}")

@@ -16,7 +16,7 @@ from ..checkpoint import lora_base
 from ..checkpoint import megatron_layout as ml
 from ..compat import vllm as compat_vllm
 from ..config_cls.ppo_config import PPOConfig, RoleConfig
-from ..config_cls.rm_config import RMConfig
+from ..config_cls.stage_config import StageConfig
 from ..utils.cli import UserError
 
 
@@ -176,7 +176,7 @@ def check_role(role: RoleConfig, iteration: Optional[int] = None, trains: bool =
             check_optimizer_files(f"{section}.load", iter_dir, role)
 
 
-def resume_iteration(cfg: "PPOConfig | RMConfig") -> Optional[int]:
+def resume_iteration(cfg: "PPOConfig | StageConfig") -> Optional[int]:
     """The iteration a resume (finetune false) loads in every training role: the last one all of them
     completed (a stop between two roles' saves leaves one ahead; it is said, not paired silently)."""
     folders = {

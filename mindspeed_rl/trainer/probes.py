@@ -14,10 +14,10 @@ DEMO_ASSETS = "demo_assets"
 
 if TYPE_CHECKING:
     from ..config_cls.ppo_config import PPOConfig, RoleConfig
-    from ..config_cls.rm_config import RMConfig
+    from ..config_cls.stage_config import StageConfig
 
 
-def missing_paths(cfg: "PPOConfig | RMConfig") -> List[ConfigError]:
+def missing_paths(cfg: "PPOConfig | StageConfig") -> List[ConfigError]:
     """Files and folders the run needs that do not exist (errors naming their keys)."""
     problems: List[ConfigError] = []
     seen = set()
@@ -88,7 +88,7 @@ def _demo_hint(path: str) -> str:
     )
 
 
-def _explicit(cfg: "PPOConfig | RMConfig", role: RoleConfig) -> set:
+def _explicit(cfg: "PPOConfig | StageConfig", role: RoleConfig) -> set:
     section = cfg.raw.get(f"{role.name}_config") or {}
     return set(section) if isinstance(section, Mapping) else set()
 

@@ -1,4 +1,4 @@
-"""The frame every training launch runs in (PPO's launch.py, reward-model training's rm_launch.py): the run
+"""The frame every training launch runs in (PPO's launch.py, the single-role stages' stage_launch.py): the run
 directory, the libraries' logs routed, Ray started (or joined), a placement group, the worker groups recorded as
 they start; a worker's death or exception translated into one paragraph (failures.py), and on the way out
 everything closed, the workers shut down (killed after a grace) and the logs routed back."""

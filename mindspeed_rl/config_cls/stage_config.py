@@ -1,0 +1,186 @@
+"""The config of a single-role training stage: reward-model training (cli/train_rm.py) and supervised
+fine-tuning (cli/train_sft.py), built from the PPO config's sections where they mean the same thing.
+
+    megatron_training   the model, tokenizer, datasets (data_path, test_data_path), global_batch_size (examples or
+                        preference pairs per optimizer step), seq_length (the longest sequence kept), train_iters
+                        (optimizer steps), save_interval, seed, stage (rm or sft)
+    <role section>      the trained model's own overrides (parallelism, lr, LoRA, load / save / finetune, save_hf):
+                        reward_config for rm (micro_batch_size counts pairs: two sequences each), actor_config for
+                        sft (the model a PPO run then loads as its actor)
+    rl_config           the role's resource (devices), test_freq / val_before_train (held-out metrics), logging,
+                        use_remove_padding, the guards (max_nonfinite_steps, max_restarts)
+
+What a stage trains is what a PPO run loads in the same section (the same checkpoint layout).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from .base import ConfigError, build_section, closest_key
+from .feature_rules import LORA_TARGETS, check_lora_rank
+from .megatron_config import MegatronConfig
+from .ppo_config import RoleConfig, _role
+from .rl_config import RLConfig, build_rl_section
+from .rules import check_role_parallelism, check_role_training
+
+
+@dataclass(frozen=True)
+class Stage:
+    """What differs between the single-role stages."""
+
+    name: str  # megatron_training.stage
+    title: str  # in messages: "reward-model training"
+    role: str  # the RoleConfig's name
+    section: str  # the role's config section
+    resource: str  # the rl_config key of its devices
+    data: str  # what data_path holds
+    unit: str  # what global_batch_size and micro_batch_size count
+    rl_keys: Tuple[str, ...] = ()  # the rl_config keys it reads besides RL_KEYS and its resource
+
+    @property
+    def all_rl_keys(self) -> Tuple[str, ...]:
+        return (self.resource,) + RL_KEYS + self.rl_keys
+
+
+TOKEN_BUDGET = ("use_dynamic_bsz", "update_max_packing_token_size")  # micro-batches of a token budget
+STAGES = {
+    "rm": Stage("rm", "reward-model training", "reward", "reward_config", "reward_resource", "pairs", "pairs"),
+    "sft": Stage("sft", "supervised fine-tuning", "actor", "actor_config", "actor_resource", "examples", "examples",
+                 TOKEN_BUDGET),
+}  # fmt: skip
+# the rl_config keys a stage reads (besides its resource); any other is refused (it would be silently ignored)
+RL_KEYS = (
+    "use_remove_padding",
+    "test_freq",
+    "val_before_train",
+    "max_nonfinite_steps",
+    "max_restarts",
+    "console_metrics",
+    "library_logs",
+    "use_tensorboard",
+    "use_wandb",
+    "wandb_project",
+    "wandb_exp_name",
+    "wandb_save_dir",
+    "log_dir",
+)
+
+
+@dataclass
+class StageConfig:
+    stage: Stage
+    megatron_training: MegatronConfig
+    role: RoleConfig
+    rl: RLConfig
+    dry_run: bool = False
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def roles(self) -> List[RoleConfig]:
+        return [self.role]
+
+    @property
+    def training_roles(self) -> List[RoleConfig]:
+        """The role that trains, saves and resumes (failures.py restarts and resumes it)."""
+        return [self.role]
+
+    @property
+    def world_size(self) -> int:
+        return self.role.num_devices
+
+    @property
+    def validates(self) -> bool:
+        return self.rl.test_freq > 0
+
+
+def build_stage_config(data: Mapping[str, Any], stage: str, config_dir: Optional[str] = None) -> StageConfig:
+    """Validate the composed mapping of a single-role stage's config (raises ConfigError naming the key)."""
+    spec = STAGES[stage]
+    top_level = ("defaults", "model", "megatron_training", spec.section, "rl_config", "dry_run", "hydra")
+    if not isinstance(data, Mapping):
+        raise ConfigError("", "the config must be a mapping of sections")
+    for key in data:
+        if key not in top_level:
+            hint = closest_key(str(key), top_level)
+            raise ConfigError(
+                str(key),
+                f"not a section of a {spec.title} config ("
+                + ", ".join(k for k in top_level if k not in ("defaults", "hydra"))
+                + ")"
+                + (f"; did you mean '{hint}'?" if hint else ""),
+            )
+    models = data.get("model") or {}
+    if not isinstance(models, Mapping):
+        raise ConfigError("model", "must map model names to their architecture sections")
+    base = data.get("megatron_training")
+    if not isinstance(base, Mapping):
+        raise ConfigError("megatron_training", "required section is missing or not a mapping")
+    rl_data = data.get("rl_config") or {}
+    if not isinstance(rl_data, Mapping):
+        raise ConfigError("rl_config", "must be a mapping")
+    for key in rl_data:
+        if key not in spec.all_rl_keys:
+            raise ConfigError(
+                f"rl_config.{key}", f"is not read by {spec.title}; it reads " + ", ".join(spec.all_rl_keys)
+            )
+    megatron_training = build_section(MegatronConfig, base, "megatron_training", require=False)
+    rl = build_rl_section(rl_data)
+    resource = getattr(rl, spec.resource)
+    if resource is None:
+        raise ConfigError(f"rl_config.{spec.resource}", f"required: the devices the {spec.role} trains on")
+    if data.get(spec.section) is not None and not isinstance(data[spec.section], Mapping):
+        raise ConfigError(spec.section, "must be a mapping")
+    role = _role(spec.role, spec.section, data, base, models, config_dir, resource.num_npus)
+    dry_run = data.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        raise ConfigError("dry_run", f"got {dry_run!r}, expected true or false")
+    cfg = StageConfig(spec, megatron_training, role, rl, dry_run=dry_run, raw=dict(data))
+    check_stage_rules(cfg)
+    return cfg
+
+
+def check_stage_rules(cfg: StageConfig) -> None:
+    """The role's layout and training keys as in a PPO run, then the batches and the held-out set."""
+    role, m, spec = cfg.role, cfg.role.megatron, cfg.stage
+    section = spec.section
+    check_role_parallelism(role)
+    check_role_training(role)
+    check_lora_rank(role)
+    if m.lora_r and role.cp > 1 and m.context_parallel_algo == "megatron_cp_algo":
+        raise ConfigError(f"{section}.context_parallel_algo", "use ulysses_cp_algo with lora_r")
+    if m.stage != spec.name and "stage" in (cfg.raw.get("megatron_training") or {}):
+        raise ConfigError("megatron_training.stage", f"{m.stage!r} is not {spec.title}, whose stage is {spec.name}")
+    if cfg.rl.use_remove_padding and role.pp > 1:
+        raise ConfigError(
+            "rl_config.use_remove_padding", f"needs pipeline_model_parallel_size 1; the {spec.role} has PP {role.pp}"
+        )
+    unknown = [t for t in m.lora_target_modules if t not in LORA_TARGETS]
+    if m.lora_r and (unknown or not m.lora_target_modules):
+        raise ConfigError(
+            f"{section}.lora_target_modules", f"{unknown or 'empty'}: choose among {', '.join(LORA_TARGETS)}"
+        )
+    limit = role.model.max_position_embeddings
+    if limit and m.seq_length > limit:
+        raise ConfigError(
+            "megatron_training.seq_length", f"{m.seq_length} is above the model's max_position_embeddings {limit}"
+        )
+    if not m.data_path:
+        raise ConfigError("megatron_training.data_path", f"required: the preprocessed {spec.data}")
+    if m.global_batch_size % (m.micro_batch_size * role.dp):
+        raise ConfigError(
+            f"{section}.micro_batch_size",
+            f"global_batch_size {m.global_batch_size} {spec.unit} over DP {role.dp} gives "
+            f"{m.global_batch_size / role.dp:g} {spec.unit} per rank, not a multiple of micro_batch_size "
+            f"{m.micro_batch_size}",
+        )
+    if cfg.validates and not m.test_data_path:
+        raise ConfigError(
+            "megatron_training.test_data_path", f"required by rl_config.test_freq: the held-out {spec.data}"
+        )
+    if m.dataset_additional_keys:
+        raise ConfigError(
+            "megatron_training.dataset_additional_keys",
+            f"{m.dataset_additional_keys}: {spec.data} carry their own fields; remove it",
+        )
