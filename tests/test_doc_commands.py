@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-ENTRY = re.compile(r"cli/(train_ppo|train_rm|train_sft)\.py\s+--config-name\s")
+ENTRY = re.compile(r"cli/(train_ppo|train_rm|train_sft|train_dpo)\.py\s+--config-name\s")
 SOURCES = ["README.md", "docs/*.md", "configs/*.yaml", "examples/**/*.sh"]
 
 
@@ -45,7 +45,12 @@ COMMANDS = commands()
 
 
 def test_the_docs_give_commands_to_check():
-    assert len(COMMANDS) > 20 and {entry for _, entry, _ in COMMANDS} == {"train_ppo", "train_rm", "train_sft"}
+    assert len(COMMANDS) > 20 and {entry for _, entry, _ in COMMANDS} == {
+        "train_ppo",
+        "train_rm",
+        "train_sft",
+        "train_dpo",
+    }
 
 
 @pytest.mark.parametrize("where, entry, argv", COMMANDS, ids=[w for w, _, _ in COMMANDS])

@@ -134,53 +134,73 @@ def test_a_bad_sft_config_exits_2_naming_the_key(override, key, capsys):
     assert len(err) == 1 and key in err[0] and "Traceback" not in err[0], err
 
 
-def sft_config(root, data, tokenizer, iterations, **extra):
+def stage_config(stage, config, root, data, tokenizer, iterations, **extra):
     from mindspeed_rl.config_cls.loader import load_stage_config
 
     overrides = {
         "megatron_training.tokenizer_name_or_path": tokenizer,
-        "megatron_training.data_path": data["sft_prefix"],
-        "megatron_training.test_data_path": data["sft_test_prefix"],
         "megatron_training.train_iters": iterations,
         "megatron_training.save_interval": 2,
         "rl_config.test_freq": 2,
         "rl_config.log_dir": f"{root}/logs",
         "actor_config.save": f"{root}/ckpt",
+        **data,
         **extra,
     }
-    return load_stage_config("sft", "sft_tiny_cpu", [f"{k}={v}" for k, v in overrides.items()])
+    return load_stage_config(stage, config, [f"{k}={v}" for k, v in overrides.items()])
+
+
+def resumed_from(tmp_path, run, at, stage, config, data, tokenizer, iterations):
+    """The run of ``config`` resumed (finetune false) from iteration ``at`` of ``run``'s checkpoints."""
+    from mindspeed_rl.trainer.stage_launch import train
+
+    folder = tmp_path / f"{run}_resumed_ckpt"
+    checkpoints_up_to(str(tmp_path / run / "ckpt"), str(folder), at)
+    return train(stage_config(stage, config, tmp_path / f"{run}_resumed", data, tokenizer, iterations, **{
+        "actor_config.finetune": False, "actor_config.load": folder, "actor_config.save": folder,
+        "actor_config.no_load_optim": False, "actor_config.no_load_rng": False}))  # fmt: skip
 
 
 @pytest.mark.slow
-def test_train_sft_learns_the_answers_resumes_exactly_and_ppo_loads_the_actor(demo_assets, tmp_path):
+def test_sft_then_dpo_learn_resume_exactly_and_ppo_loads_the_actor(demo_assets, tmp_path):
+    """SFT 4 steps from a random init, resumed from step 2 to the same steps 3 and 4; DPO 3 steps from the SFT
+    save (policy = reference at the start), resumed from step 2 to the same step 3 (the reference is the SFT model
+    again); a PPO run's actor loads the SFT save."""
     from transformers import AutoModelForCausalLM
 
     from mindspeed_rl.config_cls import load_ppo_config
-    from mindspeed_rl.demo.assets import prepare_sft
+    from mindspeed_rl.demo.assets import prepare_pairs, prepare_sft
     from mindspeed_rl.trainer.preflight import check_role, resume_iteration
     from mindspeed_rl.trainer.stage_launch import train
 
-    root = os.path.dirname(demo_assets["tokenizer"])
-    data = prepare_sft(root, 256)
-    whole = train(sft_config(tmp_path / "whole", data, demo_assets["tokenizer"], 4))
+    root, tokenizer = os.path.dirname(demo_assets["tokenizer"]), demo_assets["tokenizer"]
+    made = prepare_sft(root, 256)
+    sft_data = {"megatron_training.data_path": made["sft_prefix"],
+                "megatron_training.test_data_path": made["sft_test_prefix"]}  # fmt: skip
+    whole = train(stage_config("sft", "sft_tiny_cpu", tmp_path / "sft", sft_data, tokenizer, 4))
     assert [m["iteration"] for m in whole] == [1, 2, 3, 4]
     loss, val = [m["sft/loss"] for m in whole], [m["val/sft/loss"] for m in whole if "val/sft/loss" in m]
     assert abs(loss[0] - math.log(256)) < 0.5 and loss[-1] < 0.7 * loss[0], loss  # from ~uniform over 256 tokens
     assert len(val) == 2 and val[-1] < 0.7 * loss[0], val
-    hf = tmp_path / "whole" / "ckpt" / "iter_0000004_hf"
+    hf = tmp_path / "sft" / "ckpt" / "iter_0000004_hf"
     assert AutoModelForCausalLM.from_pretrained(hf).config.architectures[0].endswith("ForCausalLM")
-
-    # resume (finetune false) from iteration 2: iterations 3 and 4 as the uninterrupted run had them
-    checkpoints_up_to(str(tmp_path / "whole" / "ckpt"), str(tmp_path / "resumed_ckpt"), 2)
-    resumed = train(sft_config(tmp_path / "resumed", data, demo_assets["tokenizer"], 4, **{
-        "actor_config.finetune": False, "actor_config.load": tmp_path / "resumed_ckpt",
-        "actor_config.save": tmp_path / "resumed_ckpt", "actor_config.no_load_optim": False,
-        "actor_config.no_load_rng": False}))  # fmt: skip
+    resumed = resumed_from(tmp_path, "sft", 2, "sft", "sft_tiny_cpu", sft_data, tokenizer, 4)
     assert [m["iteration"] for m in resumed] == [3, 4]
     for key in ("sft/loss", "sft/grad_norm", "val/sft/loss"):
         assert [m.get(key) for m in resumed] == [m.get(key) for m in whole[2:]], key
 
+    pairs = prepare_pairs(root, 256)
+    dpo_data = {"megatron_training.data_path": pairs["pairs_prefix"],
+                "megatron_training.test_data_path": pairs["pairs_test_prefix"],
+                "actor_config.load": tmp_path / "sft" / "ckpt"}  # fmt: skip
+    dpo = train(stage_config("dpo", "dpo_tiny_cpu", tmp_path / "dpo", dpo_data, tokenizer, 3))
+    assert dpo[0]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-5)  # the first step: the policy is its reference
+    assert dpo[-1]["dpo/loss"] < dpo[0]["dpo/loss"] and dpo[-1]["rewards/margins"] > 0, dpo
+    again = resumed_from(tmp_path, "dpo", 2, "dpo", "dpo_tiny_cpu", dpo_data, tokenizer, 3)
+    for key in ("dpo/loss", "rewards/margins", "logps/chosen", "val/rewards/accuracies"):
+        assert [m.get(key) for m in again] == [m.get(key) for m in dpo[2:]], key
+
     # the next stage: a PPO run starts its actor from the SFT checkpoint (finetune: weights only)
-    ppo = load_ppo_config("ppo_tiny_cpu", [f"actor_config.load={tmp_path / 'whole' / 'ckpt'}"])
+    ppo = load_ppo_config("ppo_tiny_cpu", [f"actor_config.load={tmp_path / 'sft' / 'ckpt'}"])
     assert resume_iteration(ppo) is None
     check_role(ppo.actor, None, trains=True)

@@ -40,3 +40,75 @@ def preference_metrics(chosen: torch.Tensor, rejected: torch.Tensor) -> Dict[str
         "chosen_mean": float(chosen.mean()),
         "rejected_mean": float(rejected.mean()),
     }
+
+
+def dpo_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float,
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
+    """Direct preference optimisation (Rafailov et al. 2023), per pair, with conservative label smoothing e
+    (Mitchell 2023: the preference label is wrong with probability e):
+
+        h_i    = (log pi(y_c|x) - log ref(y_c|x)) - (log pi(y_r|x) - log ref(y_r|x))
+        loss_i = -(1 - e) log sigmoid(beta h_i) - e log sigmoid(-beta h_i)
+
+    Arguments are summed log-probabilities of each answer's tokens given the prompt."""
+    h = (policy_chosen.float() - ref_chosen.float()) - (policy_rejected.float() - ref_rejected.float())
+    return (1 - label_smoothing) * F.softplus(-beta * h) + label_smoothing * F.softplus(beta * h)
+
+
+def ipo_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float,
+) -> torch.Tensor:
+    """Identity preference optimisation (Azar et al. 2023), per pair: the log-ratio gap regressed to 1 / (2 beta)
+    instead of pushed without bound,
+
+        loss_i = (h_i - 1 / (2 beta))^2        (h_i as in ``dpo_loss``)"""
+    h = (policy_chosen.float() - ref_chosen.float()) - (policy_rejected.float() - ref_rejected.float())
+    return (h - 1.0 / (2.0 * beta)) ** 2
+
+
+def simpo_loss(
+    policy_chosen_mean: torch.Tensor, policy_rejected_mean: torch.Tensor, beta: float, gamma: float
+) -> torch.Tensor:
+    """SimPO (Meng et al. 2024), per pair, reference-free: the length-normalised log-likelihood is the implicit
+    reward, and the chosen answer must win by a margin gamma,
+
+        loss_i = -log sigmoid(beta (mean_t log pi(y_c,t) - mean_t log pi(y_r,t)) - gamma)
+
+    Arguments are per-token mean log-probabilities of each answer."""
+    return F.softplus(-(beta * (policy_chosen_mean.float() - policy_rejected_mean.float()) - gamma))
+
+
+def dpo_metrics(
+    chosen: torch.Tensor,
+    rejected: torch.Tensor,
+    ref_chosen: Optional[torch.Tensor],
+    ref_rejected: Optional[torch.Tensor],
+    beta: float,
+) -> Dict[str, torch.Tensor]:
+    """Per-pair sums behind TRL's preference metrics (divide by the pairs for the means); the implicit rewards are
+    beta times the log-ratio to the reference, or beta times the policy's own figure without one (SimPO passes
+    mean log-probs):
+
+        rewards/chosen = beta (log pi(y_c|x) - log ref(y_c|x)),  rewards/rejected likewise
+        rewards/accuracies = 1[reward_c > reward_r],  rewards/margins = reward_c - reward_r
+        logps/chosen, logps/rejected = the policy's figures"""
+    reward_c = beta * (chosen.float() - (ref_chosen.float() if ref_chosen is not None else 0.0))
+    reward_r = beta * (rejected.float() - (ref_rejected.float() if ref_rejected is not None else 0.0))
+    return {
+        "rewards/chosen": reward_c.sum(),
+        "rewards/rejected": reward_r.sum(),
+        "rewards/accuracies": (reward_c > reward_r).float().sum(),
+        "rewards/margins": (reward_c - reward_r).sum(),
+        "logps/chosen": chosen.float().sum(),
+        "logps/rejected": rejected.float().sum(),
+    }

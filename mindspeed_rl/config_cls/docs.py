@@ -9,6 +9,7 @@ import dataclasses
 import typing
 
 from .base import _type_name
+from .dpo_config import DPOConfig
 from .generate_config import GenerateConfig, SamplingConfig
 from .judge_config import JudgeConfig
 from .megatron_config import MegatronConfig
@@ -94,6 +95,7 @@ SECTIONS = [
     ("generate_config", GenerateConfig),
     ("generate_config.sampling_config", SamplingConfig),
     ("judge_config (docs/rewards.md, Generative judge)", JudgeConfig),
+    ("dpo_config (cli/train_dpo.py; docs/stages.md)", DPOConfig),
 ]
 
 

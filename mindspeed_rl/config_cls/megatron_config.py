@@ -11,6 +11,13 @@ from typing import List, Optional
 
 from .base import opt
 
+# the single-role stages a PPO config must not name: where they run
+STAGE_ENTRY_POINTS = {
+    "rm": "reward-model training: run cli/train_rm.py",
+    "sft": "supervised fine-tuning: run cli/train_sft.py",
+    "dpo": "preference optimisation: run cli/train_dpo.py",
+}
+
 
 @dataclass
 class MegatronConfig:
@@ -86,8 +93,9 @@ class MegatronConfig:
         "ray_ppo",
         "MindSpeed-RL's trainer name, kept for its configs: one trainer runs every "
         "algorithm, chosen by rl_config (adv_estimator, policy_loss, ...); rm: reward-model training "
-        "(cli/train_rm.py); sft: supervised fine-tuning (cli/train_sft.py).",
-        choices=("ray_ppo", "ray_grpo", "ray_dapo", "rm", "sft"),
+        "(cli/train_rm.py); sft: supervised fine-tuning (cli/train_sft.py); dpo: preference optimisation "
+        "(cli/train_dpo.py).",
+        choices=("ray_ppo", "ray_grpo", "ray_dapo", "rm", "sft", "dpo"),
     )
     seed: int = opt(1234, "Seed of weights init, data order and sampling.", ge=0)
     # optimizer

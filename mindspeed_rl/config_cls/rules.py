@@ -19,6 +19,7 @@ from .feature_rules import (
     check_vision_keys,
     role_key,
 )
+from .megatron_config import STAGE_ENTRY_POINTS
 
 if TYPE_CHECKING:
     from .ppo_config import PPOConfig, RoleConfig
@@ -208,12 +209,8 @@ def check_worker_modes(cfg: PPOConfig) -> None:
     """MindSpeed-RL switches we name but do not implement."""
     rl = cfg.rl
     stage = cfg.megatron_training.stage
-    if stage in ("rm", "sft"):
-        entry = {
-            "rm": "reward-model training: run cli/train_rm.py",
-            "sft": "supervised fine-tuning: run cli/train_sft.py",
-        }
-        raise ConfigError("megatron_training.stage", f"{stage} is {entry[stage]}")
+    if stage in STAGE_ENTRY_POINTS:
+        raise ConfigError("megatron_training.stage", f"{stage} is {STAGE_ENTRY_POINTS[stage]}")
     if not rl.use_integrated_worker:
         raise ConfigError(
             "rl_config.use_integrated_worker",

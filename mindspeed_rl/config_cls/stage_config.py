@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .base import ConfigError, build_section, closest_key
+from .dpo_config import DPOConfig
 from .feature_rules import LORA_TARGETS, check_lora_rank
 from .megatron_config import MegatronConfig
 from .ppo_config import RoleConfig, _role
@@ -38,6 +39,7 @@ class Stage:
     data: str  # what data_path holds
     unit: str  # what global_batch_size and micro_batch_size count
     rl_keys: Tuple[str, ...] = ()  # the rl_config keys it reads besides RL_KEYS and its resource
+    options: str = ""  # a section of its own (dpo_config)
 
     @property
     def all_rl_keys(self) -> Tuple[str, ...]:
@@ -49,6 +51,8 @@ STAGES = {
     "rm": Stage("rm", "reward-model training", "reward", "reward_config", "reward_resource", "pairs", "pairs"),
     "sft": Stage("sft", "supervised fine-tuning", "actor", "actor_config", "actor_resource", "examples", "examples",
                  TOKEN_BUDGET),
+    "dpo": Stage("dpo", "preference optimisation", "actor", "actor_config", "actor_resource", "pairs", "pairs",
+                 (), "dpo_config"),
 }  # fmt: skip
 # the rl_config keys a stage reads (besides its resource); any other is refused (it would be silently ignored)
 RL_KEYS = (
@@ -76,6 +80,7 @@ class StageConfig:
     rl: RLConfig
     dry_run: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+    dpo: Optional[DPOConfig] = None  # the dpo stage's dpo_config
 
     @property
     def roles(self) -> List[RoleConfig]:
@@ -98,7 +103,16 @@ class StageConfig:
 def build_stage_config(data: Mapping[str, Any], stage: str, config_dir: Optional[str] = None) -> StageConfig:
     """Validate the composed mapping of a single-role stage's config (raises ConfigError naming the key)."""
     spec = STAGES[stage]
-    top_level = ("defaults", "model", "megatron_training", spec.section, "rl_config", "dry_run", "hydra")
+    top_level: Tuple[str, ...] = (
+        "defaults",
+        "model",
+        "megatron_training",
+        spec.section,
+        "rl_config",
+        "dry_run",
+        "hydra",
+    )
+    top_level += (spec.options,) if spec.options else ()
     if not isinstance(data, Mapping):
         raise ConfigError("", "the config must be a mapping of sections")
     for key in data:
@@ -136,7 +150,8 @@ def build_stage_config(data: Mapping[str, Any], stage: str, config_dir: Optional
     dry_run = data.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise ConfigError("dry_run", f"got {dry_run!r}, expected true or false")
-    cfg = StageConfig(spec, megatron_training, role, rl, dry_run=dry_run, raw=dict(data))
+    dpo = build_section(DPOConfig, data.get("dpo_config") or {}, "dpo_config", require=False) if spec.options else None
+    cfg = StageConfig(spec, megatron_training, role, rl, dry_run=dry_run, raw=dict(data), dpo=dpo)
     check_stage_rules(cfg)
     return cfg
 
@@ -150,6 +165,10 @@ def check_stage_rules(cfg: StageConfig) -> None:
     check_lora_rank(role)
     if m.lora_r and role.cp > 1 and m.context_parallel_algo == "megatron_cp_algo":
         raise ConfigError(f"{section}.context_parallel_algo", "use ulysses_cp_algo with lora_r")
+    if cfg.dpo is not None and cfg.dpo.ref_model and m.lora_r:
+        raise ConfigError(
+            "dpo_config.ref_model", "with lora_r the reference is the base model (adapters off); remove it"
+        )
     if m.stage != spec.name and "stage" in (cfg.raw.get("megatron_training") or {}):
         raise ConfigError("megatron_training.stage", f"{m.stage!r} is not {spec.title}, whose stage is {spec.name}")
     if cfg.rl.use_remove_padding and role.pp > 1:

@@ -20,6 +20,16 @@ def pair_rows(items: Sequence[Mapping], pad_id: int = 0) -> Dict[str, torch.Tens
     return {"input_ids": ids, "attention_mask": mask}
 
 
+def dpo_rows(items: Sequence[Mapping], pad_id: int = 0) -> Dict[str, torch.Tensor]:
+    """``pair_rows`` with ``answer_mask``: 1 on each row's answer tokens (the last ones: rows are left-padded), the
+    tokens whose log-probabilities make log pi(answer | prompt)."""
+    rows = pair_rows(items, pad_id)
+    lengths = torch.tensor([len(item[field]) for item in items for field in PAIR_FIELDS])
+    width = rows["input_ids"].shape[1]
+    rows["answer_mask"] = (torch.arange(width)[None, :] >= width - lengths[:, None]).long()
+    return rows
+
+
 def split_pair_scores(scores: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """(chosen, rejected) scores of the pairs of ``pair_rows``."""
     return scores[0::2], scores[1::2]

@@ -13,7 +13,7 @@ from typing import Dict, List
 PANELS = [
     ("reward", ["critic/score/mean", "critic/score/max", "critic/score/min"]),
     ("response_length", ["response_length/mean", "response_length/max", "response_length/min"]),
-    ("preference_accuracy", ["rm/accuracy", "val/rm/accuracy"]),
+    ("preference_accuracy", ["rm/accuracy", "val/rm/accuracy", "rewards/accuracies", "val/rewards/accuracies"]),
     ("sft_loss", ["sft/loss", "val/sft/loss"]),
     (
         "timing",

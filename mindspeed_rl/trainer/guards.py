@@ -31,7 +31,13 @@ def collapsed(metrics: Dict[str, float]) -> Optional[bool]:
 def stop_on_nonfinite_steps(metrics: Dict[str, float], max_nonfinite_steps: int, iteration: int) -> None:
     """NonFiniteStop when the last ``max_nonfinite_steps`` optimizer steps of the actor, the critic, a reward
     model in training or the SFT model were skipped."""
-    for prefix, role in (("actor", "actor"), ("critic", "critic"), ("rm", "reward model"), ("sft", "model")):
+    for prefix, role in (
+        ("actor", "actor"),
+        ("critic", "critic"),
+        ("rm", "reward model"),
+        ("sft", "model"),
+        ("dpo", "model"),
+    ):
         streak = int(metrics.get(f"{prefix}/nonfinite_streak", 0))
         if streak >= max_nonfinite_steps:
             raise NonFiniteStop(

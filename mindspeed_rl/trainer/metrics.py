@@ -35,6 +35,10 @@ CONSOLE_FIGURES = (
     ("loss", "sft/loss", "{:.4f}"),
     ("val_loss", "val/sft/loss", "{:.4f}"),
     ("val_ppl", "val/sft/ppl", "{:.3g}"),
+    ("loss", "dpo/loss", "{:.4f}"),
+    ("acc", "rewards/accuracies", "{:.3f}"),
+    ("margin", "rewards/margins", "{:.3g}"),
+    ("val_acc", "val/rewards/accuracies", "{:.3f}"),
     ("step", "timing/all", "{:.2f}s"),
     ("e2e_tps", "e2e_tps", "{:.0f}"),
 )

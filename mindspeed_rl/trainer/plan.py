@@ -315,16 +315,39 @@ def readable_count(count: float) -> str:
 STAGE_HEADERS = {
     "rm": "reward-model training (Bradley-Terry, -log sigmoid(r_chosen - r_rejected)):",
     "sft": "supervised fine-tuning (loss: -log p of the assistant tokens, averaged over the step's tokens):",
+    "dpo": "preference optimisation ({loss}, beta {beta}{extra}; the reference: {reference}):",
 }
+DPO_LOSSES = {"sigmoid": "DPO", "ipo": "IPO", "simpo": "SimPO, reference-free"}
+
+
+def stage_header(cfg: "StageConfig") -> str:
+    d = cfg.dpo
+    if d is None:
+        return STAGE_HEADERS[cfg.stage.name]
+    extra = ""
+    if d.dpo_loss_type == "sigmoid" and d.dpo_label_smoothing:
+        extra = f", label smoothing {d.dpo_label_smoothing:g}"
+    elif d.dpo_loss_type == "simpo":
+        extra = f", gamma {d.simpo_gamma:g}"
+    m = cfg.role.megatron
+    if not d.uses_reference:
+        reference = "none"
+    elif m.lora_r:
+        reference = "the base model (adapters off)"
+    else:
+        reference = d.ref_model or m.load or "the seeded initial model"
+    return STAGE_HEADERS["dpo"].format(
+        loss=DPO_LOSSES[d.dpo_loss_type], beta=f"{d.dpo_beta:g}", extra=extra, reference=reference
+    )
 
 
 def stage_plan(cfg: "StageConfig") -> str:
     """How one optimizer step's examples (or pairs) are split over the devices."""
     role, m, spec = cfg.role, cfg.role.megatron, cfg.stage
     per_rank, unit = m.global_batch_size // role.dp, spec.unit
-    sequences = f" = {2 * m.global_batch_size} sequences" if spec.name == "rm" else ""
+    sequences = f" = {2 * m.global_batch_size} sequences" if spec.unit == "pairs" else ""
     lines = [
-        STAGE_HEADERS[spec.name],
+        stage_header(cfg),
         f"  step      : {m.global_batch_size} {unit} (global_batch_size){sequences}; "
         f"{m.train_iters} steps (train_iters)",
         f"  {spec.role:<10}: {role.num_devices} device(s), TP {role.tp} x PP {role.pp}"
@@ -336,7 +359,7 @@ def stage_plan(cfg: "StageConfig") -> str:
     ]
     head_note = "; the value head trains with the adapters" if m.lora_r and spec.name == "rm" else ""
     lines.append(f"  memory    : {trainable_memory(role)}{head_note}")
-    measured = {"rm": "pair accuracy", "sft": "loss and perplexity"}[spec.name]
+    measured = {"rm": "pair accuracy", "sft": "loss and perplexity", "dpo": "loss and reward accuracy"}[spec.name]
     if cfg.validates:
         before = " (and before the first with val_before_train)" if cfg.rl.val_before_train else ""
         lines.append(

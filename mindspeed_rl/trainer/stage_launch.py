@@ -1,4 +1,4 @@
-"""From a validated single-role stage config (reward-model training, SFT) to a running job: the datasets, Ray, the
+"""From a validated single-role stage config (reward-model training, SFT, DPO) to a running job: the datasets, Ray, the
 role's worker group on its placement group, the stage's trainer. Failures, restarts and exit codes are PPO's
 (failures.py)."""
 
@@ -30,6 +30,11 @@ def stage_parts(cfg: StageConfig) -> Tuple[type, Type[StageTrainer]]:
         from .rm_trainer import RewardModelTrainer
 
         return RewardModelWorker, RewardModelTrainer
+    if cfg.stage.name == "dpo":
+        from ..workers.dpo_worker import DPOWorker
+        from .dpo_trainer import DPOTrainer
+
+        return DPOWorker, DPOTrainer
     from ..workers.sft_worker import SFTWorker
     from .sft_trainer import SFTTrainer
 
@@ -118,5 +123,7 @@ def start_group(cfg: StageConfig, frame: RunFrame, worker_cls: type):
     cpus_per_bundle, threads = acc.bundle_cpus(devices)
     whole_bundle = acc.bundle_spec(cpus_per_bundle)[acc.ray_resource]
     kwargs = dict(role=cfg.role, rl=cfg.rl, total_steps=cfg.role.megatron.train_iters)
+    if cfg.dpo is not None:
+        kwargs["dpo"] = cfg.dpo
     # spawn_group waits: every rank is built and its layout read when it returns
     return spawn_group(frame, cfg.role.name, worker_cls, devices, whole_bundle, threads, kwargs)

@@ -1,0 +1,119 @@
+"""A policy in preference optimisation (DPO, IPO, SimPO) on preference pairs, beside its frozen reference: the
+starting model (or ``dpo_config.ref_model``), with LoRA the base model with the adapters off, none for SimPO. What it
+saves is what a PPO run loads as its actor."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from ..algorithms.preference import dpo_loss, dpo_metrics, ipo_loss, simpo_loss
+from ..config_cls.dpo_config import DPOConfig
+from ..config_cls.ppo_config import RoleConfig
+from ..config_cls.rl_config import RLConfig
+from ..protocol import LoadedState, WorldSpec
+from .base_worker import MegatronWorker, load_trainable, save_trainable
+
+Batch = Dict[str, torch.Tensor]
+
+
+def answer_logps(log_probs: torch.Tensor, answer_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(summed, mean) log-probability of each row's answer tokens."""
+    mask = answer_mask.float()
+    sums = (log_probs.float() * mask).sum(1)
+    return sums, sums / mask.sum(1).clamp(min=1)
+
+
+class DPOWorker(MegatronWorker):
+    def __init__(self, world: WorldSpec, role: RoleConfig, rl: RLConfig, total_steps: int, dpo: DPOConfig):
+        super().__init__(world, role.megatron)
+        from ..models.engine import MegatronEngine
+
+        self.role, self.rl, self.dpo = role, rl, dpo
+        padding = rl.use_remove_padding
+        self.model = MegatronEngine(role, head="lm", trainable=True, total_steps=total_steps, remove_padding=padding)
+        own_reference = dpo.uses_reference and self.model.lora is None
+        self.ref = MegatronEngine(role, head="lm", trainable=False, remove_padding=padding) if own_reference else None
+
+    def init_weights(
+        self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool, iteration: Optional[int] = None
+    ) -> LoadedState:
+        """The policy as every stage starts it; the reference from dpo_config.ref_model, else the starting model:
+        ``load`` on a fresh start, the path a resumed run started from (its trainer state's ``ref_from``), or the
+        seeded initialisation of a run that started without a checkpoint."""
+        from ..checkpoint.engine_io import load_weights_only
+
+        initial = {k: v.detach().clone() for k, v in self.model.named_weights()} if self.ref is not None else None
+        state = load_trainable(self.model, load, finetune, load_optim, load_rng, iteration)
+        if self.ref is not None:
+            origin = self.dpo.ref_model or (load if finetune else state.trainer_state.get("ref_from"))
+            if origin:
+                load_weights_only(self.ref, origin)
+            else:
+                self.ref.load_weights(initial)
+        return state
+
+    def save(self, ckpt_dir: str, iteration: int, extra: Dict, save_optim: bool, save_rng: bool) -> Optional[str]:
+        return save_trainable(self.model, ckpt_dir, iteration, extra, save_optim, save_rng)
+
+    def reference_logps(self, rows: Batch) -> Optional[torch.Tensor]:
+        """Each row's summed answer log-probability under the reference (None for SimPO)."""
+        if not self.dpo.uses_reference:
+            return None
+        engine, adapters = self.ref, contextlib.nullcontext()
+        if engine is None:  # LoRA: the base model is the policy with its adapters off
+            from ..models.lora import adapters_disabled
+
+            engine, adapters = self.model, adapters_disabled(self.model.lora)
+        with adapters:
+            out = engine.forward(rows, 2 * self.role.megatron.micro_batch_size)
+        return answer_logps(out["log_probs"], rows["answer_mask"])[0]
+
+    def losses(self, log_probs: torch.Tensor, rows: Batch) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+        """Per-pair losses of rows (chosen, rejected side by side) and the sums behind TRL's metrics."""
+        d = self.dpo
+        sums, means = answer_logps(log_probs, rows["answer_mask"])
+        if d.dpo_loss_type == "simpo":
+            loss = simpo_loss(means[0::2], means[1::2], d.dpo_beta, d.simpo_gamma)
+            return loss, dpo_metrics(means[0::2], means[1::2], None, None, d.dpo_beta)
+        ref = rows["ref_logps"]
+        pair = (sums[0::2], sums[1::2], ref[0::2], ref[1::2])
+        if d.dpo_loss_type == "ipo":
+            loss = ipo_loss(*pair, d.dpo_beta)
+        else:
+            loss = dpo_loss(*pair, d.dpo_beta, d.dpo_label_smoothing)
+        return loss, dpo_metrics(*pair, d.dpo_beta)
+
+    def train_pairs(self, rows: Batch, pairs_in_step: int) -> Dict[str, float]:
+        """One optimizer step on this DP rank's pairs (``dpo_rows``); ``pairs_in_step``: the pairs of the whole step
+        on every DP rank. dpo/loss is the step's mean; the TRL metrics are means over its pairs."""
+        ref = self.reference_logps(rows)
+        if ref is not None:
+            rows = {**rows, "ref_logps": ref}
+
+        def loss_fn(outputs, micro):  # each micro-batch's share of the step's means
+            loss, sums = self.losses(outputs["log_probs"], micro)
+            return loss.sum() / pairs_in_step, {k: float(v) / pairs_in_step for k, v in sums.items()}
+
+        step = self.model.train_step(rows, loss_fn, 2 * self.role.megatron.micro_batch_size)
+        return {
+            "dpo/loss": step.loss,
+            **step.metrics,
+            "dpo/grad_norm": step.grad_norm,
+            "dpo/lr": step.lr,
+            "dpo/skipped_steps": float(step.skipped),
+            "dpo/nonfinite_streak": float(self.model.nonfinite_streak),
+        }
+
+    def score_pairs(self, rows: Batch) -> Optional[Tuple[float, Dict[str, float]]]:
+        """(summed loss, the TRL metrics' sums) of this DP rank's held-out pairs, on its output rank."""
+        ref = self.reference_logps(rows)
+        if ref is not None:
+            rows = {**rows, "ref_logps": ref}
+        out = self.model.forward(rows, 2 * self.role.megatron.micro_batch_size)
+        if not self.is_output_rank:
+            return None
+        loss, sums = self.losses(out["log_probs"], rows)
+        return float(loss.sum()), {k: float(v) for k, v in sums.items()}
