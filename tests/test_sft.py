@@ -1,7 +1,7 @@
 """Supervised fine-tuning (cli/train_sft.py) on the demo task's worked answers (``demo.assets.prepare_sft``): the
 conversation layout and its loss mask, the handlers' skips, the loss against its formula, the config's refusals,
-and one end-to-end run that trains, validates, saves (with its HF copy), resumes exactly and leaves the actor a PPO
-run loads."""
+and one end-to-end run that trains, validates, saves (with its HF copy), continues into DPO (resumed exactly there)
+and leaves the actor a PPO run loads."""
 
 import json
 import math
@@ -163,9 +163,9 @@ def resumed_from(tmp_path, run, at, stage, config, data, tokenizer, iterations):
 
 @pytest.mark.slow
 def test_sft_then_dpo_learn_resume_exactly_and_ppo_loads_the_actor(demo_assets, tmp_path):
-    """SFT 4 steps from a random init, resumed from step 2 to the same steps 3 and 4; DPO 3 steps from the SFT
-    save (policy = reference at the start), resumed from step 2 to the same step 3 (the reference is the SFT model
-    again); a PPO run's actor loads the SFT save."""
+    """SFT 4 steps from a random init; DPO 3 steps from the SFT save (policy = reference at the start), resumed
+    from step 2 to the same step 3 (the reference is the SFT model again: the stage loop's exact resume, which SFT
+    shares, with DPO's reference on top); a PPO run's actor loads the SFT save."""
     from transformers import AutoModelForCausalLM
 
     from mindspeed_rl.config_cls import load_ppo_config
@@ -184,10 +184,6 @@ def test_sft_then_dpo_learn_resume_exactly_and_ppo_loads_the_actor(demo_assets, 
     assert len(val) == 2 and val[-1] < 0.7 * loss[0], val
     hf = tmp_path / "sft" / "ckpt" / "iter_0000004_hf"
     assert AutoModelForCausalLM.from_pretrained(hf).config.architectures[0].endswith("ForCausalLM")
-    resumed = resumed_from(tmp_path, "sft", 2, "sft", "sft_tiny_cpu", sft_data, tokenizer, 4)
-    assert [m["iteration"] for m in resumed] == [3, 4]
-    for key in ("sft/loss", "sft/grad_norm", "val/sft/loss"):
-        assert [m.get(key) for m in resumed] == [m.get(key) for m in whole[2:]], key
 
     pairs = prepare_pairs(root, 256)
     dpo_data = {"megatron_training.data_path": pairs["pairs_prefix"],
@@ -197,6 +193,7 @@ def test_sft_then_dpo_learn_resume_exactly_and_ppo_loads_the_actor(demo_assets, 
     assert dpo[0]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-5)  # the first step: the policy is its reference
     assert dpo[-1]["dpo/loss"] < dpo[0]["dpo/loss"] and dpo[-1]["rewards/margins"] > 0, dpo
     again = resumed_from(tmp_path, "dpo", 2, "dpo", "dpo_tiny_cpu", dpo_data, tokenizer, 3)
+    assert [m["iteration"] for m in again] == [3]
     for key in ("dpo/loss", "rewards/margins", "logps/chosen", "val/rewards/accuracies"):
         assert [m.get(key) for m in again] == [m.get(key) for m in dpo[2:]], key
 
