@@ -2,8 +2,10 @@
 
 python cli/prepare_demo.py            # the lucky-number task (ppo/grpo/dapo_tiny_cpu)
 python cli/prepare_demo.py --tools    # also the tool-use task (grpo_tiny_cpu_tools): cold-start SFT model
-python cli/prepare_demo.py --pairs    # also the task's preference pairs (rm_tiny_cpu: reward-model training)
-python cli/prepare_demo.py --sft      # also the task's worked answers as SFT examples (sft_tiny_cpu)
+python cli/prepare_demo.py --pairs    # also the task's preference pairs (rm_tiny_cpu: reward-model training), and
+                                      # pairs of worked answers (the four-stage pipeline's)
+python cli/prepare_demo.py --sft      # also the task's worked answers as SFT examples (sft_tiny_cpu), and a
+                                      # quarter-right copy (the four-stage pipeline's, examples/pipeline)
 python cli/prepare_demo.py --judge    # also a small judge model fine-tuned to grade the task (grpo_tiny_cpu_judge)
 python cli/prepare_demo.py --vision   # also the vision task (grpo_tiny_cpu_vision) and its blank-picture control
 python cli/prepare_demo.py --vision-qwen3  # also the vision task on a tiny Qwen3-VL (grpo_tiny_cpu_vision_qwen3)
@@ -27,13 +29,15 @@ def main() -> int:
     if "--pairs" in sys.argv[1:]:
         from mindspeed_rl.demo.assets import prepare_pairs
 
-        pairs = prepare_pairs("./demo_assets", cfg.actor.model.padded_vocab_size)
-        print(f"preference pairs: {pairs['pairs_prefix']}, held-out pairs {pairs['pairs_test_prefix']}")
+        for worked in (False, True):
+            pairs = prepare_pairs("./demo_assets", cfg.actor.model.padded_vocab_size, worked=worked)
+            print(f"preference pairs: {pairs['pairs_prefix']}, held-out pairs {pairs['pairs_test_prefix']}")
     if "--sft" in sys.argv[1:]:
         from mindspeed_rl.demo.assets import prepare_sft
 
-        sft = prepare_sft("./demo_assets", cfg.actor.model.padded_vocab_size)
-        print(f"SFT examples: {sft['sft_prefix']}, held-out examples {sft['sft_test_prefix']}")
+        for share in (1.0, 0.25):
+            sft = prepare_sft("./demo_assets", cfg.actor.model.padded_vocab_size, right_share=share)
+            print(f"SFT examples: {sft['sft_prefix']}, held-out examples {sft['sft_test_prefix']}")
     if "--judge" in sys.argv[1:]:
         from mindspeed_rl.demo.judge_task import prepare_judge
 

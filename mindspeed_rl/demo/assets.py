@@ -113,13 +113,32 @@ def make_pairs(rows: List[dict], seed: int) -> List[dict]:
     return pairs
 
 
-def prepare_pairs(root: str, vocab_size: int, train_pairs: int = 2000, test_pairs: int = 128, seed: int = 1) -> dict:
-    """The demo's preference pairs (``make_pairs``) preprocessed for reward-model training:
-    <root>/data/lucky_pairs_train* and a held-out <root>/data/lucky_pairs_test* on questions the training pairs
-    do not ask; returns their prefixes. Idempotent."""
+def make_worked_pairs(rows: List[dict], seed: int) -> List[dict]:
+    """Preference pairs in the worked answers' form (the four-stage pipeline's): the chosen answer says 7, the
+    rejected one another digit (two cases in three) or stops before saying any (a cut answer must not win)."""
+    rng = random.Random(seed)
+    right = "The lucky number is 7.\n#### 7"
+    pairs = []
+    for row in rows:
+        if rng.random() < 2 / 3:
+            digit = rng.choice([d for d in range(10) if d != 7])
+            rejected = f"The lucky number is {digit}.\n#### {digit}"
+        else:
+            rejected = rng.choice(["The lucky number is", "The lucky", "The lucky number is.\n####"])
+        pairs.append({"prompt": row["question"], "chosen": right, "rejected": rejected})
+    return pairs
+
+
+def prepare_pairs(
+    root: str, vocab_size: int, train_pairs: int = 2000, test_pairs: int = 128, seed: int = 1, worked: bool = False
+) -> dict:
+    """The demo's preference pairs (``make_pairs``; with ``worked`` ``make_worked_pairs``, prefixes
+    lucky_worked_pairs_*) preprocessed for reward-model training: <root>/data/lucky_pairs_train* and a held-out
+    <root>/data/lucky_pairs_test* on questions the training pairs do not ask; returns their prefixes. Idempotent."""
     paths = prepare(root, vocab_size, seed=seed)
-    out = {"pairs_prefix": os.path.join(root, "data", "lucky_pairs_train"),
-           "pairs_test_prefix": os.path.join(root, "data", "lucky_pairs_test")}  # fmt: skip
+    name = "lucky_worked_pairs" if worked else "lucky_pairs"
+    out = {"pairs_prefix": os.path.join(root, "data", f"{name}_train"),
+           "pairs_test_prefix": os.path.join(root, "data", f"{name}_test")}  # fmt: skip
     train = make_rows(train_pairs, seed + 7)
     seen = {r["question"] for r in train}
     test = [r for r in make_rows(8 * test_pairs, seed + 2000) if r["question"] not in seen][:test_pairs]
@@ -130,21 +149,39 @@ def prepare_pairs(root: str, vocab_size: int, train_pairs: int = 2000, test_pair
         raw = os.path.join(root, "raw", os.path.basename(prefix) + ".jsonl")
         os.makedirs(os.path.dirname(raw), exist_ok=True)
         with open(raw, "w", encoding="utf-8") as fh:
-            fh.writelines(json.dumps(p) + "\n" for p in make_pairs(rows, pair_seed))
+            fh.writelines(json.dumps(p) + "\n" for p in (make_worked_pairs if worked else make_pairs)(rows, pair_seed))
         _preprocess(raw, paths["tokenizer"], prefix, pairwise=True)
     return {**paths, **out}
 
 
-def prepare_sft(root: str, vocab_size: int, train_rows: int = 2000, test_rows: int = 64, seed: int = 1) -> dict:
+def noisy_answers(rows: List[dict], right_share: float, seed: int) -> List[dict]:
+    """The rows with a share of wrong worked answers: 7 with probability ``right_share``, else 8 in two cases of
+    three and another digit in the third (a model fine-tuned on them answers 8 when greedy)."""
+    rng = random.Random(seed)
+    out = []
+    for row in rows:
+        roll = rng.random()
+        digit = 7 if roll < right_share else rng.choice([8, 8, 8, 8, 0, 1, 2, 3, 4, 5, 6, 9])
+        out.append(dict(row, answer=f"The lucky number is {digit}.\n#### {digit}"))
+    return out
+
+
+def prepare_sft(
+    root: str, vocab_size: int, train_rows: int = 2000, test_rows: int = 64, seed: int = 1, right_share: float = 1.0
+) -> dict:
     """The demo task's worked answers as SFT examples (Alpaca style: question -> answer):
     <root>/data/lucky_sft_train* and a held-out <root>/data/lucky_sft_test* on questions the training rows do not
-    ask; returns their prefixes. Idempotent."""
+    ask; with ``right_share`` < 1 only that share of the answers is right (``noisy_answers``; the prefixes end in
+    _r<percent>): the four-stage pipeline's SFT data. Returns their prefixes. Idempotent."""
     paths = prepare(root, vocab_size, seed=seed)
-    out = {"sft_prefix": os.path.join(root, "data", "lucky_sft_train"),
-           "sft_test_prefix": os.path.join(root, "data", "lucky_sft_test")}  # fmt: skip
+    tag = "" if right_share >= 1 else f"_r{round(100 * right_share)}"
+    out = {"sft_prefix": os.path.join(root, "data", f"lucky_sft_train{tag}"),
+           "sft_test_prefix": os.path.join(root, "data", f"lucky_sft_test{tag}")}  # fmt: skip
     train = make_rows(train_rows, seed + 11)
     seen = {r["question"] for r in train}
     test = [r for r in make_rows(8 * test_rows, seed + 3000) if r["question"] not in seen][:test_rows]
+    if tag:
+        train, test = noisy_answers(train, right_share, seed), noisy_answers(test, right_share, seed + 1)
     for key, rows in (("sft_prefix", train), ("sft_test_prefix", test)):
         prefix = out[key]
         if os.path.isfile(prefix + "_summary.json"):
