@@ -66,3 +66,10 @@ def test_a_bad_dpo_config_exits_2_naming_the_key(overrides, key, capsys):
     assert main(["--config-name", "dpo_tiny_cpu", *overrides]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and key in err[0] and "Traceback" not in err[0], err
+
+
+def test_a_missing_reference_is_named_before_anything_starts(capsys):
+    from cli.train_dpo import main
+
+    assert main(["--config-name", "dpo_tiny_cpu", "--check", "dpo_config.ref_model=/nonexistent/sft"]) == 2
+    assert "dpo_config.ref_model: folder '/nonexistent/sft' does not exist" in capsys.readouterr().err

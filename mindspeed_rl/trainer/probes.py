@@ -68,11 +68,12 @@ def missing_paths(cfg: "PPOConfig | StageConfig") -> List[ConfigError]:
                     f"{judge.template_file!r} has no {{response}}: the judge would not see what it grades",
                 )
             )
-    ref = cfg.rl.integrated_mode_config.ref_model_load_path
-    if ref and not os.path.exists(ref):
-        problems.append(
-            ConfigError("rl_config.integrated_mode_config.ref_model_load_path", f"folder {ref!r} does not exist")
-        )
+    refs = [("rl_config.integrated_mode_config.ref_model_load_path", cfg.rl.integrated_mode_config.ref_model_load_path)]
+    dpo = getattr(cfg, "dpo", None)
+    refs.append(("dpo_config.ref_model", dpo.ref_model if dpo is not None else ""))
+    for key, ref in refs:
+        if ref and not os.path.exists(ref):
+            problems.append(ConfigError(key, f"folder {ref!r} does not exist"))
     return problems
 
 
@@ -82,7 +83,8 @@ def _demo_hint(path: str) -> str:
         return ""
     return (
         f" (the embedded demos' assets: `python cli/prepare_demo.py` makes them under ./{DEMO_ASSETS}, "
-        "`python cli/prepare_demo.py --tools` also the tool-use task's, `python cli/prepare_demo.py --pairs` the "
+        "`python cli/prepare_demo.py --tools` also the tool-use task's, `--sft` the SFT examples, "
+        "`python cli/prepare_demo.py --pairs` the "
         "preference pairs of reward-model training, `python cli/prepare_demo.py --judge` the judge model, "
         "`python cli/prepare_demo.py --vision` the vision task, `--vision-qwen3` its Qwen3-VL twin)"
     )
