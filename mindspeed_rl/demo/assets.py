@@ -142,16 +142,24 @@ def prepare_pairs(
     train = make_rows(train_pairs, seed + 7)
     seen = {r["question"] for r in train}
     test = [r for r in make_rows(8 * test_pairs, seed + 2000) if r["question"] not in seen][:test_pairs]
+    make = make_worked_pairs if worked else make_pairs
     for key, rows, pair_seed in (("pairs_prefix", train, seed), ("pairs_test_prefix", test, seed + 1)):
-        prefix = out[key]
-        if os.path.isfile(prefix + "_summary.json"):
-            continue
-        raw = os.path.join(root, "raw", os.path.basename(prefix) + ".jsonl")
-        os.makedirs(os.path.dirname(raw), exist_ok=True)
-        with open(raw, "w", encoding="utf-8") as fh:
-            fh.writelines(json.dumps(p) + "\n" for p in (make_worked_pairs if worked else make_pairs)(rows, pair_seed))
-        _preprocess(raw, paths["tokenizer"], prefix, pairwise=True)
+        write_rows(
+            root, paths["tokenizer"], out[key], lambda rows=rows, seed=pair_seed: make(rows, seed), pairwise=True
+        )
     return {**paths, **out}
+
+
+def write_rows(root: str, tokenizer: str, prefix: str, rows, **kind) -> None:
+    """``rows()`` as <root>/raw/<name>.jsonl, preprocessed into ``prefix`` (``kind``: _preprocess's), unless
+    ``prefix`` is there already."""
+    if os.path.isfile(prefix + "_summary.json"):
+        return
+    raw = os.path.join(root, "raw", os.path.basename(prefix) + ".jsonl")
+    os.makedirs(os.path.dirname(raw), exist_ok=True)
+    with open(raw, "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in rows())
+    _preprocess(raw, tokenizer, prefix, **kind)
 
 
 def noisy_answers(rows: List[dict], right_share: float, seed: int) -> List[dict]:
@@ -183,14 +191,7 @@ def prepare_sft(
     if tag:
         train, test = noisy_answers(train, right_share, seed), noisy_answers(test, right_share, seed + 1)
     for key, rows in (("sft_prefix", train), ("sft_test_prefix", test)):
-        prefix = out[key]
-        if os.path.isfile(prefix + "_summary.json"):
-            continue
-        raw = os.path.join(root, "raw", os.path.basename(prefix) + ".jsonl")
-        os.makedirs(os.path.dirname(raw), exist_ok=True)
-        with open(raw, "w", encoding="utf-8") as fh:
-            fh.writelines(json.dumps(r) + "\n" for r in rows)
-        _preprocess(raw, paths["tokenizer"], prefix, sft=True)
+        write_rows(root, paths["tokenizer"], out[key], lambda rows=rows: rows, sft=True)
     return {**paths, **out}
 
 

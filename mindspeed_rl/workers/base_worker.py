@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -124,6 +124,21 @@ class FrozenModelWorker(MegatronWorker):
             self.offloader.offload(grads=False, optimizer=False)
             timing[f"timing/{self.role.name}_offload"] = time.perf_counter() - t0
         return out, timing
+
+
+class StageWorker(MegatronWorker):
+    """A single-role stage's rank (reward model, SFT, DPO): one trainable engine, ``self.model``, started and saved
+    as every training role is."""
+
+    model: Any
+
+    def init_weights(
+        self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool, iteration: Optional[int] = None
+    ) -> LoadedState:
+        return load_trainable(self.model, load, finetune, load_optim, load_rng, iteration)
+
+    def save(self, ckpt_dir: str, iteration: int, extra: Dict, save_optim: bool, save_rng: bool) -> Optional[str]:
+        return save_trainable(self.model, ckpt_dir, iteration, extra, save_optim, save_rng)
 
 
 def load_trainable(

@@ -14,7 +14,7 @@ from ..config_cls.dpo_config import DPOConfig
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..protocol import LoadedState, WorldSpec
-from .base_worker import MegatronWorker, load_trainable, save_trainable
+from .base_worker import StageWorker
 
 Batch = Dict[str, torch.Tensor]
 
@@ -26,7 +26,7 @@ def answer_logps(log_probs: torch.Tensor, answer_mask: torch.Tensor) -> Tuple[to
     return sums, sums / mask.sum(1).clamp(min=1)
 
 
-class DPOWorker(MegatronWorker):
+class DPOWorker(StageWorker):
     def __init__(self, world: WorldSpec, role: RoleConfig, rl: RLConfig, total_steps: int, dpo: DPOConfig):
         super().__init__(world, role.megatron)
         from ..models.engine import MegatronEngine
@@ -46,7 +46,7 @@ class DPOWorker(MegatronWorker):
         from ..checkpoint.engine_io import load_weights_only
 
         initial = {k: v.detach().clone() for k, v in self.model.named_weights()} if self.ref is not None else None
-        state = load_trainable(self.model, load, finetune, load_optim, load_rng, iteration)
+        state = super().init_weights(load, finetune, load_optim, load_rng, iteration)
         if self.ref is not None:
             origin = self.dpo.ref_model or (load if finetune else state.trainer_state.get("ref_from"))
             if origin:
@@ -54,9 +54,6 @@ class DPOWorker(MegatronWorker):
             else:
                 self.ref.load_weights(initial)
         return state
-
-    def save(self, ckpt_dir: str, iteration: int, extra: Dict, save_optim: bool, save_rng: bool) -> Optional[str]:
-        return save_trainable(self.model, ckpt_dir, iteration, extra, save_optim, save_rng)
 
     def reference_logps(self, rows: Batch) -> Optional[torch.Tensor]:
         """Each row's summed answer log-probability under the reference (None for SimPO)."""

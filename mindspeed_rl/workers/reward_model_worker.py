@@ -11,13 +11,13 @@ from ..algorithms.preference import bradley_terry_loss
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..datasets.pairs import split_pair_scores
-from ..protocol import LoadedState, WorldSpec
-from .base_worker import MegatronWorker, load_trainable, save_trainable
+from ..protocol import WorldSpec
+from .base_worker import StageWorker
 
 Batch = Dict[str, torch.Tensor]
 
 
-class RewardModelWorker(MegatronWorker):
+class RewardModelWorker(StageWorker):
     def __init__(self, world: WorldSpec, role: RoleConfig, rl: RLConfig, total_steps: int):
         m = role.megatron
         super().__init__(world, m, seed_offset=13)
@@ -32,14 +32,6 @@ class RewardModelWorker(MegatronWorker):
             value_head_init_std=m.init_method_std,
             remove_padding=rl.use_remove_padding,
         )
-
-    def init_weights(
-        self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool, iteration: Optional[int] = None
-    ) -> LoadedState:
-        return load_trainable(self.model, load, finetune, load_optim, load_rng, iteration)
-
-    def save(self, ckpt_dir: str, iteration: int, extra: Dict, save_optim: bool, save_rng: bool) -> Optional[str]:
-        return save_trainable(self.model, ckpt_dir, iteration, extra, save_optim, save_rng)
 
     def train_pairs(self, rows: Batch, pairs_in_step: int) -> Dict[str, float]:
         """One optimizer step on this DP rank's pairs (``pair_rows``: chosen and rejected side by side, so a

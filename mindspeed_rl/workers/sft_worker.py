@@ -10,13 +10,13 @@ import torch
 from ..algorithms.supervised import perplexity, sft_loss, sft_nll_sum
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
-from ..protocol import LoadedState, WorldSpec
-from .base_worker import MegatronWorker, load_trainable, save_trainable, token_budget
+from ..protocol import WorldSpec
+from .base_worker import StageWorker, token_budget
 
 Batch = Dict[str, torch.Tensor]
 
 
-class SFTWorker(MegatronWorker):
+class SFTWorker(StageWorker):
     def __init__(self, world: WorldSpec, role: RoleConfig, rl: RLConfig, total_steps: int):
         super().__init__(world, role.megatron)
         from ..models.engine import MegatronEngine
@@ -25,14 +25,6 @@ class SFTWorker(MegatronWorker):
         self.model = MegatronEngine(
             role, head="lm", trainable=True, total_steps=total_steps, remove_padding=rl.use_remove_padding
         )
-
-    def init_weights(
-        self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool, iteration: Optional[int] = None
-    ) -> LoadedState:
-        return load_trainable(self.model, load, finetune, load_optim, load_rng, iteration)
-
-    def save(self, ckpt_dir: str, iteration: int, extra: Dict, save_optim: bool, save_rng: bool) -> Optional[str]:
-        return save_trainable(self.model, ckpt_dir, iteration, extra, save_optim, save_rng)
 
     def train_sft(self, rows: Batch, tokens_in_step: int) -> Dict[str, float]:
         """One optimizer step on this DP rank's examples (``sft_rows``); ``tokens_in_step``: the trained tokens of
