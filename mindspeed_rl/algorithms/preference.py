@@ -42,6 +42,15 @@ def preference_metrics(chosen: torch.Tensor, rejected: torch.Tensor) -> Dict[str
     }
 
 
+def log_ratio_gap(
+    policy_chosen: torch.Tensor, policy_rejected: torch.Tensor, ref_chosen: torch.Tensor, ref_rejected: torch.Tensor
+) -> torch.Tensor:
+    """How much more the policy than the reference prefers the chosen answer, per pair:
+
+    h_i = (log pi(y_c|x) - log ref(y_c|x)) - (log pi(y_r|x) - log ref(y_r|x))"""
+    return (policy_chosen.float() - ref_chosen.float()) - (policy_rejected.float() - ref_rejected.float())
+
+
 def dpo_loss(
     policy_chosen: torch.Tensor,
     policy_rejected: torch.Tensor,
@@ -53,11 +62,10 @@ def dpo_loss(
     """Direct preference optimisation (Rafailov et al. 2023), per pair, with conservative label smoothing e
     (Mitchell 2023: the preference label is wrong with probability e):
 
-        h_i    = (log pi(y_c|x) - log ref(y_c|x)) - (log pi(y_r|x) - log ref(y_r|x))
-        loss_i = -(1 - e) log sigmoid(beta h_i) - e log sigmoid(-beta h_i)
+        loss_i = -(1 - e) log sigmoid(beta h_i) - e log sigmoid(-beta h_i)      (h_i: ``log_ratio_gap``)
 
     Arguments are summed log-probabilities of each answer's tokens given the prompt."""
-    h = (policy_chosen.float() - ref_chosen.float()) - (policy_rejected.float() - ref_rejected.float())
+    h = log_ratio_gap(policy_chosen, policy_rejected, ref_chosen, ref_rejected)
     return (1 - label_smoothing) * F.softplus(-beta * h) + label_smoothing * F.softplus(beta * h)
 
 
@@ -71,8 +79,8 @@ def ipo_loss(
     """Identity preference optimisation (Azar et al. 2023), per pair: the log-ratio gap regressed to 1 / (2 beta)
     instead of pushed without bound,
 
-        loss_i = (h_i - 1 / (2 beta))^2        (h_i as in ``dpo_loss``)"""
-    h = (policy_chosen.float() - ref_chosen.float()) - (policy_rejected.float() - ref_rejected.float())
+        loss_i = (h_i - 1 / (2 beta))^2        (h_i: ``log_ratio_gap``)"""
+    h = log_ratio_gap(policy_chosen, policy_rejected, ref_chosen, ref_rejected)
     return (h - 1.0 / (2.0 * beta)) ** 2
 
 

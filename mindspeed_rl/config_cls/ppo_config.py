@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .algorithm_choice import AlgorithmChoiceError, AlgorithmPlan, resolve_algorithm
 from .base import ConfigError, build_section, closest_key
@@ -181,6 +181,17 @@ def _role(
     return RoleConfig(name=name, megatron=megatron, model=model, num_devices=num_devices)
 
 
+def model_and_base(data: Mapping[str, Any]) -> Tuple[Mapping, Mapping]:
+    """The ``model`` architectures and the ``megatron_training`` base every role merges its section into."""
+    models = data.get("model") or {}
+    if not isinstance(models, Mapping):
+        raise ConfigError("model", "must map model names to their architecture sections")
+    base = data.get("megatron_training")
+    if not isinstance(base, Mapping):
+        raise ConfigError("megatron_training", "required section is missing or not a mapping")
+    return models, base
+
+
 def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) -> PPOConfig:
     """Validate the composed config mapping and return the typed config (raises ConfigError)."""
     if not isinstance(data, Mapping):
@@ -189,12 +200,7 @@ def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) 
         if key not in TOP_LEVEL_KEYS:
             hint = closest_key(str(key), TOP_LEVEL_KEYS)
             raise ConfigError(str(key), "unknown section" + (f"; did you mean '{hint}'?" if hint else ""))
-    models = data.get("model") or {}
-    if not isinstance(models, Mapping):
-        raise ConfigError("model", "must map model names to their architecture sections")
-    base = data.get("megatron_training")
-    if not isinstance(base, Mapping):
-        raise ConfigError("megatron_training", "required section is missing or not a mapping")
+    models, base = model_and_base(data)
     megatron_training = build_section(MegatronConfig, base, "megatron_training", require=False)
     rl = build_rl_section(data.get("rl_config", {}))
     generate = build_section(GenerateConfig, data.get("generate_config", {}), "generate_config")

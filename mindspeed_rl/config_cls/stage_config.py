@@ -22,7 +22,7 @@ from .base import ConfigError, build_section, closest_key
 from .dpo_config import DPOConfig
 from .feature_rules import LORA_TARGETS, check_lora_rank
 from .megatron_config import MegatronConfig
-from .ppo_config import RoleConfig, _role
+from .ppo_config import RoleConfig, _role, model_and_base
 from .rl_config import RLConfig, build_rl_section
 from .rules import check_role_parallelism, check_role_training
 
@@ -125,12 +125,7 @@ def build_stage_config(data: Mapping[str, Any], stage: str, config_dir: Optional
                 + ")"
                 + (f"; did you mean '{hint}'?" if hint else ""),
             )
-    models = data.get("model") or {}
-    if not isinstance(models, Mapping):
-        raise ConfigError("model", "must map model names to their architecture sections")
-    base = data.get("megatron_training")
-    if not isinstance(base, Mapping):
-        raise ConfigError("megatron_training", "required section is missing or not a mapping")
+    models, base = model_and_base(data)
     rl_data = data.get("rl_config") or {}
     if not isinstance(rl_data, Mapping):
         raise ConfigError("rl_config", "must be a mapping")

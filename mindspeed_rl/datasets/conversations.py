@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .templates import load_templates
+from .templates import apply_template, load_templates
 
 ROLE_NAMES = {"system": "system", "user": "user", "assistant": "assistant", "human": "user", "gpt": "assistant"}
 
@@ -64,23 +64,23 @@ def conversation_tokens(
 ) -> Tuple[List[int], List[int]]:
     """(ids, loss mask) of a checked conversation; BadConversation("too_long") past ``max_length`` tokens."""
     check_turns(messages)
-    t = load_templates()[prompt_type]
-    system = t.get("system", "")
+    separator = load_templates()[prompt_type].get("turn_separator", "")
+    system: Optional[str] = None  # the template's default system prompt
     if messages[0][0] == "system":
         system, messages = messages[0][1], messages[1:]
     eos = tokenizer.eos_token_id
-    text = t.get("system_format", "{system}").format(system=system) if system else ""
+    text = ""
     ids: List[int] = []
     mask: List[int] = []
     for k, (role, content) in enumerate(messages):
-        if role == "user":
-            text += t.get("prompt_prefix", "") + content + t.get("prompt_suffix", "")
+        if role == "user":  # the system block before the first user turn only
+            text += apply_template(prompt_type, content, system=system if k == 0 else "")
             continue
         piece = tokenizer.encode(text, add_special_tokens=False)
         answer = tokenizer.encode(content, add_special_tokens=False) + ([eos] if eos is not None else [])
         ids += piece + answer
         mask += [0] * len(piece) + [1] * len(answer)
-        text = t.get("turn_separator", "") if k + 1 < len(messages) else ""
+        text = separator if k + 1 < len(messages) else ""
         if max_length is not None and len(ids) > max_length:
             raise BadConversation("too_long")
     return ids, mask

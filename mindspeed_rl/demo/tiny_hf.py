@@ -112,19 +112,15 @@ def build_hf_model(
 
 
 def masked_lm_batch(examples: Sequence[Tuple[Sequence[int], Sequence[int]]], pad_id: int):
-    """(input ids, labels, attention mask) of right-padded (ids, loss mask) examples: the labels are the ids where
-    the mask is 1 and -100 (ignored) elsewhere. A cold-start SFT step's batch."""
+    """(input ids, labels, attention mask) of right-padded (ids, loss mask) examples (``sft_rows``): the labels are
+    the ids where the mask is 1 and -100 (ignored) elsewhere. A cold-start SFT step's batch."""
     import torch
 
-    width = max(len(ids) for ids, _ in examples)
-    ids = torch.full((len(examples), width), pad_id)
-    labels = torch.full((len(examples), width), -100)
-    attention = torch.zeros((len(examples), width), dtype=torch.long)
-    for b, (seq, mask) in enumerate(examples):
-        ids[b, : len(seq)] = torch.tensor(seq)
-        attention[b, : len(seq)] = 1
-        labels[b, : len(seq)] = torch.where(torch.tensor(mask).bool(), torch.tensor(seq), -100)
-    return ids, labels, attention
+    from ..datasets.conversations import sft_rows
+
+    rows = sft_rows([{"input_ids": ids, "loss_mask": mask} for ids, mask in examples], pad_id)
+    labels = torch.where(rows["loss_mask"].bool(), rows["input_ids"], -100)
+    return rows["input_ids"], labels, rows["attention_mask"]
 
 
 def sft_step(model, optimizer, loss) -> None:

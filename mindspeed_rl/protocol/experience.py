@@ -256,7 +256,9 @@ class Experience:
     def cat(parts: Sequence["Experience"], pad_id: Optional[int] = None) -> "Experience":
         """Rows of ``parts`` in order; every part has the same fields. With ``pad_id``, parts of different
         widths are widened to the widest first; without it their widths must agree."""
-        parts = [with_image_inputs(p, parts) for p in parts]
+        widths = [p.pixel_values.shape[2] for p in parts if p.pixel_values is not None]
+        if widths:
+            parts = [with_image_inputs(p, widths[0]) for p in parts]
         first = parts[0]
         if any(p.present() != first.present() for p in parts[1:]):
             raise ValueError("cannot concatenate experience pieces with different fields")
@@ -280,13 +282,11 @@ class MiniBatch:
     scale: LossScale
 
 
-def with_image_inputs(part: Experience, parts: Sequence[Experience]) -> Experience:
-    """``part`` with "no image" image inputs (zero grids) where other ``parts`` have images and it has none (a
-    text prompt in a vision-language batch)."""
-    having = [p for p in parts if p.pixel_values is not None]
-    if not having or part.pixel_values is not None:
+def with_image_inputs(part: Experience, width: int) -> Experience:
+    """``part`` with "no image" image inputs (zero grids, patches of ``width`` values) when it has none (a text
+    prompt among image prompts of a vision-language batch)."""
+    if part.pixel_values is not None:
         return part
-    width = having[0].pixel_values.shape[2]  # type: ignore[union-attr]
     values = {name: getattr(part, name) for name in part.present()}
     values["pixel_values"] = torch.zeros(part.num_rows, 1, width)
     values["image_grid_thw"] = torch.zeros(part.num_rows, 1, 3, dtype=torch.long)

@@ -140,6 +140,18 @@ class StageWorker(MegatronWorker):
     def save(self, ckpt_dir: str, iteration: int, extra: Dict, save_optim: bool, save_rng: bool) -> Optional[str]:
         return save_trainable(self.model, ckpt_dir, iteration, extra, save_optim, save_rng)
 
+    def step_metrics(self, step, prefix: str) -> Dict[str, float]:
+        """An optimizer step's figures under ``prefix`` (the loss, its grad norm, lr, skip and non-finite streak
+        the guards read) with the loss function's own metrics."""
+        return {
+            f"{prefix}/loss": step.loss,
+            **step.metrics,
+            f"{prefix}/grad_norm": step.grad_norm,
+            f"{prefix}/lr": step.lr,
+            f"{prefix}/skipped_steps": float(step.skipped),
+            f"{prefix}/nonfinite_streak": float(self.model.nonfinite_streak),
+        }
+
 
 def load_trainable(
     engine, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool, iteration: Optional[int] = None

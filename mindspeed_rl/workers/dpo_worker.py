@@ -55,10 +55,11 @@ class DPOWorker(StageWorker):
                 self.ref.load_weights(initial)
         return state
 
-    def reference_logps(self, rows: Batch) -> Optional[torch.Tensor]:
-        """Each row's summed answer log-probability under the reference (None for SimPO)."""
+    def with_reference(self, rows: Batch) -> Batch:
+        """The rows with ``ref_logps``: each row's summed answer log-probability under the reference (SimPO: the
+        rows as they are)."""
         if not self.dpo.uses_reference:
-            return None
+            return rows
         engine, adapters = self.ref, contextlib.nullcontext()
         if engine is None:  # LoRA: the base model is the policy with its adapters off
             from ..models.lora import adapters_disabled
@@ -66,7 +67,7 @@ class DPOWorker(StageWorker):
             engine, adapters = self.model, adapters_disabled(self.model.lora)
         with adapters:
             out = engine.forward(rows, 2 * self.role.megatron.micro_batch_size)
-        return answer_logps(out["log_probs"], rows["answer_mask"])[0]
+        return {**rows, "ref_logps": answer_logps(out["log_probs"], rows["answer_mask"])[0]}
 
     def losses(self, log_probs: torch.Tensor, rows: Batch) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
         """Per-pair losses of rows (chosen, rejected side by side) and the sums behind TRL's metrics."""
@@ -86,29 +87,17 @@ class DPOWorker(StageWorker):
     def train_pairs(self, rows: Batch, pairs_in_step: int) -> Dict[str, float]:
         """One optimizer step on this DP rank's pairs (``dpo_rows``); ``pairs_in_step``: the pairs of the whole step
         on every DP rank. dpo/loss is the step's mean; the TRL metrics are means over its pairs."""
-        ref = self.reference_logps(rows)
-        if ref is not None:
-            rows = {**rows, "ref_logps": ref}
+        rows = self.with_reference(rows)
 
         def loss_fn(outputs, micro):  # each micro-batch's share of the step's means
             loss, sums = self.losses(outputs["log_probs"], micro)
             return loss.sum() / pairs_in_step, {k: float(v) / pairs_in_step for k, v in sums.items()}
 
-        step = self.model.train_step(rows, loss_fn, 2 * self.role.megatron.micro_batch_size)
-        return {
-            "dpo/loss": step.loss,
-            **step.metrics,
-            "dpo/grad_norm": step.grad_norm,
-            "dpo/lr": step.lr,
-            "dpo/skipped_steps": float(step.skipped),
-            "dpo/nonfinite_streak": float(self.model.nonfinite_streak),
-        }
+        return self.step_metrics(self.model.train_step(rows, loss_fn, 2 * self.role.megatron.micro_batch_size), "dpo")
 
     def score_pairs(self, rows: Batch) -> Optional[Tuple[float, Dict[str, float]]]:
         """(summed loss, the TRL metrics' sums) of this DP rank's held-out pairs, on its output rank."""
-        ref = self.reference_logps(rows)
-        if ref is not None:
-            rows = {**rows, "ref_logps": ref}
+        rows = self.with_reference(rows)
         out = self.model.forward(rows, 2 * self.role.megatron.micro_batch_size)
         if not self.is_output_rank:
             return None

@@ -56,15 +56,7 @@ class RewardModelWorker(StageWorker):
                 "rm/rejected": float(detached_r.sum()) / pairs_in_step,
             }
 
-        step = self.model.train_step(rows, loss_fn, 2 * self.role.megatron.micro_batch_size)
-        return {
-            "rm/loss": step.loss,
-            **step.metrics,
-            "rm/grad_norm": step.grad_norm,
-            "rm/lr": step.lr,
-            "rm/skipped_steps": float(step.skipped),
-            "rm/nonfinite_streak": float(self.model.nonfinite_streak),
-        }
+        return self.step_metrics(self.model.train_step(rows, loss_fn, 2 * self.role.megatron.micro_batch_size), "rm")
 
     def score_pairs(self, rows: Batch) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """(chosen, rejected) rewards of this DP rank's pairs, on its output rank (None on the others)."""

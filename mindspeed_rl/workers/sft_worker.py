@@ -35,14 +35,7 @@ class SFTWorker(StageWorker):
 
         budget = token_budget(self.rl, "update")
         step = self.model.train_step(rows, loss_fn, self.role.megatron.micro_batch_size, token_budget=budget)
-        return {
-            "sft/loss": step.loss,
-            "sft/ppl": perplexity(step.loss, 1),
-            "sft/grad_norm": step.grad_norm,
-            "sft/lr": step.lr,
-            "sft/skipped_steps": float(step.skipped),
-            "sft/nonfinite_streak": float(self.model.nonfinite_streak),
-        }
+        return {**self.step_metrics(step, "sft"), "sft/ppl": perplexity(step.loss, 1)}
 
     def eval_sft(self, rows: Batch) -> Optional[Tuple[float, int]]:
         """(summed NLL, trained tokens) of this DP rank's examples, on its output rank (None on the others)."""
