@@ -1,12 +1,13 @@
 """Make the embedded demo's tokenizer and data under ./demo_assets (once; later calls return at once).
 
 python cli/prepare_demo.py            # the lucky-number task (ppo/grpo/dapo_tiny_cpu)
-python cli/prepare_demo.py --tools    # also the tool-use task (grpo_tiny_cpu_tools): cold-start SFT model
+python cli/prepare_demo.py --tools    # also the tool-use task (grpo_tiny_cpu_tools): its cold start by the SFT stage
 python cli/prepare_demo.py --pairs    # also the task's preference pairs (rm_tiny_cpu: reward-model training), and
                                       # pairs of worked answers (the four-stage pipeline's)
 python cli/prepare_demo.py --sft      # also the task's worked answers as SFT examples (sft_tiny_cpu), and a
                                       # quarter-right copy (the four-stage pipeline's, examples/pipeline)
-python cli/prepare_demo.py --judge    # also a small judge model fine-tuned to grade the task (grpo_tiny_cpu_judge)
+python cli/prepare_demo.py --judge    # also a small judge model fine-tuned by the SFT stage to grade the task
+                                      # (grpo_tiny_cpu_judge)
 python cli/prepare_demo.py --vision   # also the vision task (grpo_tiny_cpu_vision) and its blank-picture control
 python cli/prepare_demo.py --vision-qwen3  # also the vision task on a tiny Qwen3-VL (grpo_tiny_cpu_vision_qwen3)
 """
@@ -48,7 +49,7 @@ def main() -> int:
         tools = prepare_tool_task("./demo_assets")
         print(
             f"tool-use task: tokenizer {tools['tokenizer']}, prompts {tools['data_prefix']}, "
-            f"cold-start model {tools['hf']} (Megatron: {tools['mcore']})"
+            f"cold-start model {tools['mcore']} (HF: {tools['hf']})"
         )
     visions = [("grpo_tiny_cpu_vision", False), ("grpo_tiny_cpu_vision", True)] if "--vision" in sys.argv[1:] else []
     if "--vision-qwen3" in sys.argv[1:]:

@@ -18,8 +18,9 @@ from typing import Callable, Dict, List
 import torch
 
 from mindspeed_rl.config_cls.agent_config import AgentConfig
+from mindspeed_rl.datasets.templates import ToolFormat
 from mindspeed_rl.protocol import GeneratedBatch, RolloutOutput
-from mindspeed_rl.rollout.agent_loop import AgentContext, ToolFormat
+from mindspeed_rl.rollout.agent_loop import AgentContext
 from mindspeed_rl.rollout.service import RolloutHandle, RolloutService
 from mindspeed_rl.tools import BUILTIN_TOOLS, ToolResult
 

@@ -60,8 +60,50 @@ def test_a_conversation_that_cannot_train_says_why(messages, reason):
     with pytest.raises(BadConversation) as info:
         conversation_tokens(messages, Chars(), "empty", max_length=64)
     assert info.value.reason == reason
-    with pytest.raises(BadConversation, match="unknown_role:tool"):
-        normalised_messages([{"role": "tool", "content": "x"}])
+    with pytest.raises(BadConversation, match="unknown_role:bot"):
+        normalised_messages([{"role": "bot", "content": "x"}])
+
+
+def test_tool_turns_are_rendered_as_the_agent_loop_appends_tool_results_and_never_trained():
+    from mindspeed_rl.datasets.templates import ToolFormat, apply_template, load_templates
+    from mindspeed_rl.tools.registry import BUILTIN_TOOLS
+
+    calculator = BUILTIN_TOOLS["calculator"]
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "2*3"}}</tool_call>'
+    messages = normalised_messages(
+        [
+            {"role": "user", "content": "2*3=?"},
+            {"role": "assistant", "content": call},
+            {"role": "tool", "content": "6"},
+            {"from": "observation", "value": "ok"},
+            {"role": "assistant", "content": "#### 6"},
+            {"role": "user", "content": "again"},
+            {"role": "assistant", "content": "#### 6"},
+        ]
+    )
+    ids, mask = conversation_tokens(messages, Chars(), "chatml_tools_compact", tools=[calculator])
+    tool_turn = ToolFormat.of_template(load_templates()["chatml_tools_compact"], "x").render(["6", "ok"])
+    separator = load_templates()["chatml_tools_compact"]["turn_separator"]
+    expected = (
+        apply_template("chatml_tools_compact", "2*3=?", system="", tools=[calculator])
+        + call
+        + "|"
+        + tool_turn
+        + "#### 6|"
+        + separator
+        + apply_template("chatml_tools_compact", "again", system="")
+        + "#### 6|"
+    )
+    assert Chars().decode(ids) == expected and "tools: calculator" in expected
+    assert trained(ids, mask) == call + "|#### 6|#### 6|"  # the tool results are context only
+    for bad, reason in (
+        ([("user", "q"), ("tool", "6"), ("assistant", "a")], "turns_out_of_order"),
+        ([("user", "q"), ("assistant", "a"), ("tool", "6")], "turns_out_of_order"),
+    ):
+        with pytest.raises(BadConversation, match=reason):
+            conversation_tokens(bad, Chars(), "chatml_tools_compact")
+    with pytest.raises(BadConversation, match="no_tool_role"):
+        conversation_tokens(messages, Chars(), "empty")
 
 
 def test_bad_rows_are_skipped_and_counted_by_both_handlers(demo_assets, tmp_path):
@@ -201,3 +243,39 @@ def test_sft_then_dpo_learn_resume_exactly_and_ppo_loads_the_actor(demo_assets, 
     ppo = load_ppo_config("ppo_tiny_cpu", [f"actor_config.load={tmp_path / 'sft' / 'ckpt'}"])
     assert resume_iteration(ppo) is None
     check_role(ppo.actor, None, trains=True)
+
+
+def test_the_demo_fine_tunes_are_sft_rows_the_handlers_take():
+    """The tool task's cold start (tool conversations, curriculum order) and the judge's grading examples are rows of
+    the SFT stage's handlers."""
+    import random
+
+    from mindspeed_rl.demo.judge_task import judge_rows
+    from mindspeed_rl.demo.tool_task import cold_start_rows, make_rows
+    from mindspeed_rl.tools.registry import BUILTIN_TOOLS
+
+    rows = cold_start_rows(make_rows(10, 1), steps=60, batch=4, tool_share=0.0, seed=1)
+    calls = [len(r["messages"]) == 4 for r in rows]
+    assert len(rows) == 240 and 0.3 < sum(calls[:200]) / 200 < 0.7 and not any(calls[200:])  # the last sixth guesses
+    for row in rows[:20]:
+        ids, mask = conversation_tokens(
+            normalised_messages(row["messages"]), Chars(), "chatml_tools_compact", tools=[BUILTIN_TOOLS["calculator"]]
+        )
+        assert trained(ids, mask).endswith(row["messages"][-1]["content"] + "|")
+
+    class Vocab(Chars):
+        def __len__(self):
+            return 200
+
+        def decode(self, ids, skip_special_tokens=False):
+            return super().decode([i for i in ids if i >= 10])
+
+    judged = judge_rows(Vocab(), make_rows(20, 2), random.Random(3))
+    assert {r["answer"] for r in judged} <= {"Score 0", "Score 1"}
+    ids, mask = conversation_tokens(
+        [("user", judged[0]["question"]), ("assistant", judged[0]["answer"])], Chars(), "empty"
+    )
+    assert (
+        Chars().decode(ids) == judged[0]["question"] + judged[0]["answer"] + "|"
+        and trained(ids, mask) == judged[0]["answer"] + "|"
+    )

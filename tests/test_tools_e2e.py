@@ -17,7 +17,7 @@ from mindspeed_rl.checkpoint import megatron_layout as ml
 from tests.helpers import checkpoints_up_to, demo_config
 
 ITERATIONS = 12
-ACCURACY = "acc_for_ppo_rewards/mean"  # over every scored group, those dynamic sampling drops included
+ACCURACY = "acc_for_ppo_rewards/mean"  # over the groups scored in the iteration, those dynamic sampling drops included
 COMPARED = (
     "critic/score/mean",
     ACCURACY,
@@ -65,11 +65,13 @@ def test_the_four_way_tool_twin_learns_and_resumes_exactly(assets):
     state = ml.load_rank(f"{root}/split/ckpt/actor", 0, 0)["trainer_state"]
     resume = {"actor_config.finetune": "false", "actor_config.load": f"{root}/split/ckpt/actor"}
     second = train(config(f"{root}/split", paths, 4, **resume))
-    accuracy = [round(m[ACCURACY], 3) for m in straight]
+    # (a batch made only of groups finished in earlier iterations, parked by partial rollout, scores nothing)
+    accuracy = [round(m[ACCURACY], 3) for m in straight if ACCURACY in m]
     calls = [round(m["tool_calls/rate"], 3) for m in straight]
     # learning: the last three iterations use the tool and are right far more often than the first three
     first3, last3 = (lambda xs: sum(xs[:3]) / 3), (lambda xs: sum(xs[-3:]) / 3)
-    # (measured: accuracy 0.05 -> 0.50, tool-call rate 0.13 -> 0.52; a guess is right once in ~9000)
+    # (measured, first three -> last three: accuracy 0.07 -> 0.53, tool-call rate 0.16 -> 0.56; a guess is right once
+    # in ~9000)
     assert first3(accuracy) < 0.2 and last3(accuracy) > max(0.25, first3(accuracy) + 0.15), (accuracy, calls)
     assert last3(calls) > max(0.25, first3(calls) + 0.15), (accuracy, calls)
     # the four modes were on: batches one version old, parked trajectories, filtered groups, tool turns

@@ -205,9 +205,12 @@ class AlpacaStyleSFTHandler(AlpacaStyleInstructionHandler):
 
         if not isinstance(row, dict):
             return None, "not_an_object"
+        tools, why = self._tools(row)
+        if why:
+            return None, why
         try:
             ids, mask = conversation_tokens(
-                self.messages(row), self.tokenizer, self.cfg.prompt_type, self.cfg.seq_length
+                self.messages(row), self.tokenizer, self.cfg.prompt_type, self.cfg.seq_length, tools
             )
         except BadConversation as exc:
             return None, exc.reason
@@ -218,8 +221,10 @@ class AlpacaStyleSFTHandler(AlpacaStyleInstructionHandler):
 
 class MessagesStyleSFTHandler(AlpacaStyleSFTHandler):
     """SFT examples from chat rows: map_keys.messages names a list of {"role", "content"} turns (system, user,
-    assistant) or ShareGPT's {"from", "value"} (human, gpt); every assistant turn is trained. Skipped and counted:
-    an unknown role, no assistant turn, turns out of order, an empty assistant turn, over seq_length tokens."""
+    assistant, tool) or ShareGPT's {"from", "value"} (human, gpt, observation); every assistant turn is trained,
+    tool turns are rendered in the template's tool role (the config's ``tools`` listed in the system block, as for
+    RL prompts). Skipped and counted: an unknown role, no assistant turn, turns out of order, an empty assistant
+    turn, a tool turn in a template without a tool role, over seq_length tokens."""
 
     def messages(self, row: dict) -> list:
         from .conversations import BadConversation, normalised_messages

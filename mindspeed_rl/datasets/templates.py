@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+from dataclasses import dataclass
 from typing import Dict, Optional, Sequence
 
 TEMPLATES_FILE = os.path.join(
@@ -57,3 +58,25 @@ def apply_template(
         )
     head = t.get("system_format", "{system}").format(system=system_text) if system_text else ""
     return head + t.get("prompt_prefix", "") + user + t.get("prompt_suffix", "")
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How tool results enter the conversation (a chat template's tool role)."""
+
+    turn_prefix: str  # after the assistant's end-of-turn token, before the first result
+    response: str  # one result, with {content}
+    turn_suffix: str  # after the last result: opens the next assistant turn
+
+    @staticmethod
+    def of_template(template: Dict[str, str], name: str) -> "ToolFormat":
+        keys = ("tool_turn_prefix", "tool_response", "tool_turn_suffix")
+        missing = [k for k in keys if k not in template]
+        if missing:
+            raise ValueError(
+                f"prompt_type {name!r} has no tool role in configs/model/templates.json (missing {', '.join(missing)})"
+            )
+        return ToolFormat(*(template[k] for k in keys))
+
+    def render(self, contents: Sequence[str]) -> str:
+        return self.turn_prefix + "".join(self.response.format(content=c) for c in contents) + self.turn_suffix

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..config_cls.agent_config import AgentConfig
+from ..datasets.templates import ToolFormat
 from ..protocol.rollout import RolloutOutput, RolloutRequest
 from ..tools.parser import PARSERS, ToolCall
 from ..tools.registry import ToolSpec, import_function
@@ -50,28 +51,6 @@ class AgentBatch:
 
     outputs: List[RolloutOutput]
     metrics: Dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ToolFormat:
-    """How tool results enter the conversation (a chat template's tool role)."""
-
-    turn_prefix: str  # after the assistant's end-of-turn token, before the first result
-    response: str  # one result, with {content}
-    turn_suffix: str  # after the last result: opens the next assistant turn
-
-    @staticmethod
-    def of_template(template: Dict[str, str], name: str) -> "ToolFormat":
-        keys = ("tool_turn_prefix", "tool_response", "tool_turn_suffix")
-        missing = [k for k in keys if k not in template]
-        if missing:
-            raise ValueError(
-                f"prompt_type {name!r} has no tool role in configs/model/templates.json (missing {', '.join(missing)})"
-            )
-        return ToolFormat(*(template[k] for k in keys))
-
-    def render(self, contents: Sequence[str]) -> str:
-        return self.turn_prefix + "".join(self.response.format(content=c) for c in contents) + self.turn_suffix
 
 
 @dataclass

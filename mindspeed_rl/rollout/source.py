@@ -31,9 +31,10 @@ import torch
 from ..config_cls.generate_config import SamplingConfig
 from ..datasets.images import ImageEncoder
 from ..datasets.prompt_dataset import PromptBatch
+from ..datasets.templates import ToolFormat
 from ..protocol import Experience, RolloutOutput, build_experience
 from ..utils.clock import Clock
-from .agent_loop import AgentContext, RolloutFunction, ToolFormat, build_rollout_function
+from .agent_loop import AgentContext, RolloutFunction, build_rollout_function
 from .group_filter import DynamicSampling, GroupFilter, KeepAll
 from .legacy_state import legacy_source_state
 from .production import Produced, RolloutBatch, SeedStream, average

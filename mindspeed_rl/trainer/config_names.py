@@ -56,8 +56,8 @@ def check_model_family(model: ModelConfig, key: str) -> None:
 def check_agent_names(cfg: PPOConfig) -> None:
     """The rollout function resolves; a whole-batch function runs without partial rollout; the tool agent has
     tools that resolve and a template with a tool role."""
-    from ..datasets.templates import load_templates
-    from ..rollout.agent_loop import ToolFormat, is_whole_batch, rollout_function
+    from ..datasets.templates import ToolFormat, load_templates
+    from ..rollout.agent_loop import is_whole_batch, rollout_function
     from ..tools.registry import ToolConfigError, resolve_tools
 
     rl = cfg.rl

@@ -81,12 +81,13 @@ def train(cfg: StageConfig) -> List[Dict[str, float]]:
         )
     run_dir, log_dir = new_run_dir(rl)
     print(f"run directory: {run_dir} (metrics.jsonl, curves, report.html)", flush=True)
-    held_out = (
-        f"; held-out {unit}: {len(test_dataset)} from {m.test_data_path} ({test_dataset.dropped} over seq_length)"
-    )
+    held_out = ""
+    if test_dataset is not None:
+        held_out = (
+            f"; held-out {unit}: {len(test_dataset)} from {m.test_data_path} ({test_dataset.dropped} over seq_length)"
+        )
     print(
-        f"{unit}: {len(dataset)} from {m.data_path} ({dataset.dropped} over seq_length {m.seq_length})"
-        f"{held_out if test_dataset else ''}",
+        f"{unit}: {len(dataset)} from {m.data_path} ({dataset.dropped} over seq_length {m.seq_length}){held_out}",
         flush=True,
     )
     resolved = {k: v for k, v in to_plain(cfg).items() if k not in ("raw", "stage")}
