@@ -103,9 +103,7 @@ def prepare_judge(root: str, model, steps: int = 900, batch: int = 32, lr: float
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     rng = random.Random(seed + 11)
     prefix, save = os.path.join(root, "data", "judge_sft"), os.path.join(root, "ckpt", "judge_sft")
-    write_rows(
-        root, tokenizer_dir, prefix, lambda: judge_rows(tokenizer, make_rows(4000, seed + 11), rng), sft=True
-    )
+    write_rows(root, tokenizer_dir, prefix, lambda: judge_rows(tokenizer, make_rows(4000, seed + 11), rng), sft=True)
     fine_tune(
         "sft_tiny_cpu_judge",
         {
