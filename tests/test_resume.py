@@ -2,6 +2,8 @@
 run's (rewards, losses, final weights), when the run stopped between the actor's and the critic's save of iteration 3;
 a save killed half-way never becomes the latest checkpoint."""
 
+import glob
+import json
 import os
 import signal
 import subprocess
@@ -51,6 +53,24 @@ def cfg_for(root, paths, name, iters, **extra):
     return load_ppo_config("ppo_tiny_cpu", overrides)
 
 
+def check_profiles(folder):
+    """Traces of the chosen stages in the chosen iteration only, each with its top operators; the run report's
+    profiler section."""
+    actor, critic = os.path.join(folder, "actor", "rank0"), os.path.join(folder, "critic", "rank0")
+    traces = sorted(f for f in os.listdir(actor) if f.endswith(".json"))
+    assert "actor_update_iter2_1.json" in traces and all("_iter2_" in f for f in traces), traces
+    assert {f.split("_iter")[0] for f in traces} == {"actor_update", "actor_generate"}
+    assert sorted(f for f in os.listdir(critic) if f.endswith(".json")) == ["critic_update_iter2_1.json"]
+    with open(os.path.join(actor, "actor_update_iter2_1.json")) as fh:
+        assert json.load(fh)["traceEvents"]  # a Chrome trace with events
+    with open(os.path.join(actor, "summary.jsonl")) as fh:
+        rows = [json.loads(line) for line in fh]
+    assert len(rows) == len(traces) and all(r["top"] and r["top"][0]["self_ms"] > 0 for r in rows)
+    with open(os.path.join(os.path.dirname(folder), "report.html"), encoding="utf-8") as fh:
+        report = fh.read()
+    assert "Profiler: top operators per stage" in report and "critic critic_update: 1 traced call(s)" in report
+
+
 def weights(folder):
     return ml.load_rank(folder, 0, 0, mmap=False)["model"]
 
@@ -60,7 +80,18 @@ def test_resume_reproduces_the_straight_run(tmp_path, demo_assets):
     from mindspeed_rl.trainer.launch import train
 
     root, paths = str(tmp_path), demo_assets
-    straight = train(cfg_for(root, paths, "straight", 4, **{"megatron_training.save_interval": 1}))
+    profiled = {  # the straight run also profiles iteration 2's update and generation, and the critic's update
+        "+profiler_config.integrated.profile": "true",
+        "+profiler_config.integrated.stage": "[actor_update,actor_generate]",
+        "+profiler_config.integrated.profile_step_start": 2,
+        "+profiler_config.integrated.profile_step_end": 3,
+        "+profiler_config.critic.profile": "true",
+        "+profiler_config.critic.stage": "critic_update",
+        "+profiler_config.critic.profile_step_start": 2,
+        "+profiler_config.critic.profile_step_end": 3,
+    }
+    straight = train(cfg_for(root, paths, "straight", 4, **{"megatron_training.save_interval": 1, **profiled}))
+    check_profiles(glob.glob(f"{root}/logs/*/profiler")[0])
     # what a driver leaves when it dies after the actor committed iteration 3 and before the critic did: the
     # straight run's checkpoints up to iteration 3, the critic's iteration 3 still its staging folder and its
     # tracker at 2

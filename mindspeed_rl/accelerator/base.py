@@ -145,6 +145,35 @@ class Accelerator:
     def describe(self) -> str:
         return f"{self.kind} ({self.device_count()} device(s), backend {self.dist_backend})"
 
+    # ----- profiling (profiler_config) --------------------------------------------------------------------
+    profile_sort_key = "self_cpu_time_total"
+    """The key_averages() column a stage's top operators are ranked by."""
+
+    def profile_activities(self, settings: Any) -> list:
+        from torch.profiler import ProfilerActivity
+
+        return [ProfilerActivity.CPU]
+
+    def profiler(self, settings: Any, trace_dir: str) -> Any:
+        """A profiler for one profiled call (a context manager; ``settings``: a role's RoleProfilerConfig)."""
+        from torch.profiler import profile
+
+        return profile(
+            activities=self.profile_activities(settings),
+            record_shapes=settings.profile_record_shapes,
+            profile_memory=settings.profile_with_memory,
+            with_stack=settings.profile_with_module,
+        )
+
+    def export_trace(self, prof: Any, path: str) -> Optional[str]:
+        """Write ``prof``'s trace to ``path`` (a Chrome trace); returns the path written."""
+        prof.export_chrome_trace(path)
+        return path
+
+    def trace_range(self, name: str) -> Any:
+        """A named range around one of our phases, seen by whichever profiler records (profiler_config's mstx)."""
+        return torch.profiler.record_function(name)
+
 
 def host_rss_gib() -> float:
     try:

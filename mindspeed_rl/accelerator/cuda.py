@@ -96,3 +96,21 @@ class CudaAccelerator(Accelerator):
             masked_softmax_fusion=all(_importable(k) for k in SOFTMAX_KERNELS),
             ring_attention=te,  # Transformer Engine's attention with cp_comm_type p2p
         )
+
+    profile_sort_key = "self_device_time_total"
+
+    def profile_activities(self, settings) -> list:
+        from torch.profiler import ProfilerActivity
+
+        return [ProfilerActivity.CPU] * bool(settings.profile_with_cpu) + [ProfilerActivity.CUDA] * bool(
+            settings.profile_with_npu
+        ) or [ProfilerActivity.CPU]
+
+    def trace_range(self, name: str):
+        """An NVTX range (Nsight Systems) that torch.profiler also records."""
+        import contextlib
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch.cuda.nvtx.range(name))
+        stack.enter_context(torch.profiler.record_function(name))
+        return stack

@@ -14,6 +14,7 @@ from .generate_config import GenerateConfig, SamplingConfig
 from .judge_config import JudgeConfig
 from .megatron_config import MegatronConfig
 from .model_config import ModelConfig
+from .profiler_config import RoleProfilerConfig
 from .rl_config import IntegratedModeConfig, ResourceConfig, RLConfig, RolloutCorrectionConfig
 
 INTRO = """# Config reference
@@ -96,6 +97,7 @@ SECTIONS = [
     ("generate_config.sampling_config", SamplingConfig),
     ("judge_config (docs/rewards.md, Generative judge)", JudgeConfig),
     ("dpo_config (cli/train_dpo.py; docs/stages.md)", DPOConfig),
+    ("profiler_config.integrated (or .actor) / .critic (docs/profiling.md)", RoleProfilerConfig),
 ]
 
 

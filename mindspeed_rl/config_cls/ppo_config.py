@@ -14,6 +14,7 @@ from .generate_config import GenerateConfig
 from .judge_config import JudgeConfig
 from .megatron_config import MegatronConfig
 from .model_config import ModelConfig
+from .profiler_config import RoleProfilerConfig, build_profiler_config
 from .rl_config import RLConfig, build_rl_section
 from .rules import check_cross_fields
 from .yaml_guard import load_yaml
@@ -29,6 +30,7 @@ TOP_LEVEL_KEYS = (
     "reward_config",
     "teacher_config",
     "judge_config",
+    "profiler_config",
     "dry_run",
     "hydra",
 )
@@ -42,6 +44,7 @@ class RoleConfig:
     megatron: MegatronConfig
     model: ModelConfig
     num_devices: int
+    profiler: Optional[RoleProfilerConfig] = None  # profiler_config's settings for this role, if any
 
     @property
     def trains(self) -> bool:
@@ -219,6 +222,7 @@ def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) 
     judge = None
     if data.get("judge_config") is not None:
         judge = build_section(JudgeConfig, data["judge_config"], "judge_config")
+    profiler = build_profiler_config(data.get("profiler_config"))
     dry_run = data.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise ConfigError("dry_run", f"got {dry_run!r}, expected true or false")
@@ -239,6 +243,9 @@ def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) 
         dry_run=dry_run,
         raw=dict(data),
     )
+    profiler.check_ranks({role.name: role.num_devices for role in cfg.roles})
+    for role in cfg.roles:
+        role.profiler = profiler.of(role.name)
     derive(cfg)
     check_cross_fields(cfg)
     return cfg

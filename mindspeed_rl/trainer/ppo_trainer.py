@@ -4,6 +4,7 @@ registry (``cfg.algorithm``) decides which models take part and how advantages a
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from contextlib import contextmanager
 from typing import Dict, List
@@ -96,6 +97,7 @@ class PPOTrainer:
             started = time.time()
             version = self.rollout_service.version  # the policy that samples this iteration
             self.forward_metrics = {}
+            self.profile_at(self.iteration + 1)
             with self.timer("timing/all"):
                 waiting = time.perf_counter()
                 batch = self.source.next_batch(self.iteration)
@@ -138,6 +140,12 @@ class PPOTrainer:
             self.history.append(metrics)
             self.after_iteration(metrics)
         return self.history
+
+    def profile_at(self, iteration: int) -> None:
+        """The profiled roles (profiler_config) learn the iteration starting (1-based) and the run's trace folder."""
+        for role, group in ((self.cfg.actor, self.actor), (self.cfg.critic, self.critic)):
+            if role.profiler is not None and group is not None:
+                group.call("profile_at", iteration, os.path.join(self.logger.run_dir, "profiler"))
 
     def close(self) -> None:
         """Release the rollout source's threads and the judge's."""

@@ -22,6 +22,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .curves import read_metrics
+from .profile_summary import stage_tables
 from .report_html import page
 
 RUN_INFO = "run.json"
@@ -340,7 +341,7 @@ def render(run_dir: str) -> str:
         plots.append(timeline)
     iterations = len([r for r in rows if "timing/all" in r])
     summary = config_summary(resolved) if resolved else None
-    text = page(run_dir, info, iterations, final_numbers(rows), summary, plots)
+    text = page(run_dir, info, iterations, final_numbers(rows), summary, plots, stage_tables(run_dir))
     path = os.path.join(run_dir, REPORT)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as fh:

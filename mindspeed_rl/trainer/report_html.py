@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import json
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
 table{border-collapse:collapse;margin:.5em 0}th,td{border:1px solid #ccc;padding:3px 8px;text-align:left}
@@ -19,6 +19,15 @@ def table(rows: List[Tuple[str, str]]) -> str:
     return f"<table>{body}</table>"
 
 
+def operator_table(title: str, operators: List[Dict[str, Any]]) -> str:
+    head = "<tr><th>operator</th><th>calls</th><th>self ms</th></tr>"
+    body = "".join(
+        f"<tr><td>{html.escape(op['name'])}</td><td>{op['calls']}</td><td>{op['self_ms']:.3f}</td></tr>"
+        for op in operators
+    )
+    return f"<h3>{html.escape(title)}</h3><table>{head}{body}</table>"
+
+
 def page(
     run_dir: str,
     info: Dict[str, Any],
@@ -26,10 +35,11 @@ def page(
     final: List[Tuple[str, str]],
     summary: Optional[List[Tuple[str, str]]],
     plots: List[Tuple[str, str]],
+    profiles: Sequence[Tuple[str, List[Dict[str, Any]]]] = (),
 ) -> str:
     """The whole page. ``info``: run.json (started, command, batch plan, config as given); ``iterations``:
     how many were logged; ``final`` and ``summary`` (None without a resolved config): (label, value) rows;
-    ``plots``: (title, base64 PNG)."""
+    ``plots``: (title, base64 PNG); ``profiles``: (title, top operators) per profiled stage."""
     config = info.get("config") or {}
     parts = [
         f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>mindspeed_rl run report: "
@@ -53,6 +63,10 @@ def page(
                 for title, data in plots
             )
             + "</div>"
+        )
+    if profiles:
+        parts.append(
+            "<h2>Profiler: top operators per stage</h2>" + "".join(operator_table(t, ops) for t, ops in profiles)
         )
     if config:
         parts.append(

@@ -37,6 +37,7 @@ from ..protocol import (
     response_part,
 )
 from .base_worker import MegatronWorker, token_budget, train_on_mini_batches
+from .profiling import StageProfiler, profiled
 
 
 class IntegratedActorWorker(MegatronWorker):
@@ -94,6 +95,7 @@ class IntegratedActorWorker(MegatronWorker):
         self.engine_index, self.engine_rank = divmod(world.rank, self.engine_size) if with_engine else (-1, -1)
         self.engine_version: Optional[int] = None  # the policy version the engine holds (None: unknown)
         self.channel = None  # the weight channel to the rollout workers (disaggregated layout, rank 0)
+        self.profiling = StageProfiler(self.acc, "actor", world.rank, role.profiler)
 
     def layout(self) -> RankLayout:
         return dataclasses.replace(
@@ -162,6 +164,7 @@ class IntegratedActorWorker(MegatronWorker):
             host, port, 0, size, comm, backend, native_port, prepare=lambda piece: vllm_named(piece, model, dtype)
         )
 
+    @profiled("actor_resharding")
     def push_weights(self) -> Dict[str, float]:
         """Gather the full weights from every TP/PP/EP shard (all ranks) and stream them to the rollout
         workers (rank 0)."""
@@ -175,6 +178,7 @@ class IntegratedActorWorker(MegatronWorker):
         return {}
 
     # ----- rollout ---------------------------------------------------------------------------------
+    @profiled("actor_generate")
     def generate(self, request: RolloutRequest, version: Optional[int] = None) -> RolloutResult:
         """Sample the request's n responses per prompt (sample i seeded ``seed + i``) with the weights of policy
         ``version``:
@@ -220,6 +224,7 @@ class IntegratedActorWorker(MegatronWorker):
         )
 
     # ----- forward passes -----------------------------------------------------------------------------
+    @profiled(lambda rows, which="actor": "reference_compute_log_prob" if which == "ref" else "actor_compute_log_prob")
     def compute_log_prob(self, rows: Experience, which: str = "actor") -> ForwardAnswer:
         """Log-probs [B, R] of the response tokens under the actor ("old") or the reference."""
         temperature = self.gen.sampling_config.temperature or 1.0
@@ -265,6 +270,7 @@ class IntegratedActorWorker(MegatronWorker):
         return mismatch_metrics(counts.cpu())
 
     # ----- update ----------------------------------------------------------------------------------------
+    @profiled("actor_update")
     def update(self, mini_batches: List[MiniBatch], kl_coef: float) -> Dict[str, float]:
         """One optimizer step per mini-batch (this DP rank's share of it); averaged metrics.
 

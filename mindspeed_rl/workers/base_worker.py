@@ -12,6 +12,7 @@ from ..config_cls.megatron_config import MegatronConfig
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..protocol import Experience, LoadedState, MiniBatch, RankLayout, WorldSpec
+from .profiling import StageProfiler
 
 
 def start_worker_process(world: WorldSpec):
@@ -69,6 +70,11 @@ class MegatronWorker:
         self.is_output_rank = (
             self.tp_rank == 0 and ps.get_context_parallel_rank() == 0 and ps.is_pipeline_last_stage(ignore_virtual=True)
         )
+        self.profiling = StageProfiler(self.acc, "", self.rank, None)  # a role with profiler_config sets its own
+
+    def profile_at(self, iteration: int, save_dir: str) -> None:
+        """The iteration about to run and where profiled stages write (profiler_config)."""
+        self.profiling.at(iteration, save_dir)
 
     def layout(self) -> RankLayout:
         return RankLayout(

@@ -11,6 +11,7 @@ from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..protocol import Experience, ForwardAnswer, LoadedState, MiniBatch, WorldSpec, response_part
 from .base_worker import MegatronWorker, load_trainable, save_trainable, token_budget, train_on_mini_batches
+from .profiling import StageProfiler, profiled
 
 
 class CriticWorker(MegatronWorker):
@@ -34,6 +35,7 @@ class CriticWorker(MegatronWorker):
         )
         self.offloader = Offloader(self.critic)
         self.offload_when_idle = offload_when_idle
+        self.profiling = StageProfiler(self.acc, "critic", world.rank, role.profiler)
 
     def init_weights(
         self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool, iteration: Optional[int] = None
@@ -58,6 +60,7 @@ class CriticWorker(MegatronWorker):
         if self.offload_when_idle:
             self.offloader.offload()
 
+    @profiled("critic_compute_values")
     def compute_values(self, rows: Experience) -> ForwardAnswer:
         """Values [B, R] of the response positions."""
         t0 = time.perf_counter()
@@ -69,6 +72,7 @@ class CriticWorker(MegatronWorker):
         values = response_part(out["values"], rows.prompt_width, rows.response_width) if self.is_output_rank else None
         return ForwardAnswer(values, {"timing/critic_forward": time.perf_counter() - t0})
 
+    @profiled("critic_update")
     def update(self, mini_batches: List[MiniBatch]) -> Dict[str, float]:
         mode = self.loss_agg_mode
 
