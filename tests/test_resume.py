@@ -1,6 +1,7 @@
 """Exact resume with finetune=false: iterations 3 and 4 resumed from the checkpoints of iteration 2 == the straight
 run's (rewards, losses, final weights), when the run stopped between the actor's and the critic's save of iteration 3;
-a save killed half-way never becomes the latest checkpoint."""
+a save killed half-way never becomes the latest checkpoint. The straight run also profiles iteration 2
+(profiler_config): traces of the chosen stages only, and the report's top-operator tables."""
 
 import glob
 import json
