@@ -1,7 +1,10 @@
-"""metrics.jsonl, tensorboard scalars, wandb offline, PNG curves."""
+"""metrics.jsonl, tensorboard scalars, wandb and SwanLab offline, PNG curves."""
 
+import glob
 import json
 import os
+
+import pytest
 
 from mindspeed_rl.config_cls import RLConfig
 from mindspeed_rl.trainer import curves
@@ -32,9 +35,15 @@ def test_jsonl_tensorboard_wandb_and_curves(tmp_path, capsys, monkeypatch):
         wandb_project="p",
         wandb_exp_name="e",
         wandb_save_dir=str(tmp_path / "wandb"),
+        use_swanlab=True,
+        swanlab="offline",
+        swanlab_project="p",
+        swanlab_exp_name="e",
+        swanlab_save_dir=str(tmp_path / "swanlog"),
         console_metrics=True,
     )
-    logger = MetricsLogger(str(tmp_path / "run"), 3, rl)
+    monkeypatch.setenv("SWANLAB_SAVE_DIR", str(tmp_path / ".swanlab"))  # its settings folder, not ~/.swanlab
+    logger = MetricsLogger(str(tmp_path / "run"), 3, rl, config={"rl_config": {"n_samples_per_prompt": 8}})
     for row in rows():
         logger.log(dict(row))
     logger.close()
@@ -50,9 +59,39 @@ def test_jsonl_tensorboard_wandb_and_curves(tmp_path, capsys, monkeypatch):
     assert "critic/score/mean" in events.Tags()["scalars"]
     assert [round(e.value, 6) for e in events.Scalars("e2e_tps")] == [100.0, 200.0, 300.0]
     assert any(d.startswith("offline-run") for d in os.listdir(tmp_path / "wandb" / "wandb"))
+    assert swanlab_scalars(tmp_path / "swanlog")["e2e_tps"] == [(1, 100.0), (2, 200.0), (3, 300.0)]
     for name in ("reward.png", "response_length.png", "timing.png"):
         path = tmp_path / "run" / name
         assert path.is_file() and open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def swanlab_scalars(log_dir):
+    """{key: [(step, value)]} read back from the one SwanLab run under ``log_dir`` (its record file)."""
+    from swanlab.proto.swanlab.record.v1.record_pb2 import Record
+    from swanlab.sdk.internal.core_python.store import DataStoreReader
+
+    (path,) = glob.glob(os.path.join(log_dir, "run-*", "*.swanlab"))
+    reader, scalars = DataStoreReader(), {}
+    reader.open(path)
+    while (data := reader.scan()) is not None:
+        record = Record()
+        record.ParseFromString(data)
+        if record.WhichOneof("record_type") == "scalar":
+            scalars.setdefault(record.scalar.key, []).append((record.scalar.step, record.scalar.value.number))
+    return scalars
+
+
+def test_a_tracker_that_is_not_installed_is_refused_naming_its_key(monkeypatch):
+    import importlib.util
+
+    from mindspeed_rl.config_cls.base import ConfigError
+    from mindspeed_rl.config_cls.logging_config import check_logging_keys
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "swanlab" else real(name, *a))
+    check_logging_keys(RLConfig(use_wandb=True))
+    with pytest.raises(ConfigError, match="rl_config.use_swanlab: swanlab is not installed"):
+        check_logging_keys(RLConfig(use_swanlab=True))
 
 
 def test_curves_cli(tmp_path, capsys):

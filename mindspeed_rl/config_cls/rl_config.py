@@ -8,6 +8,7 @@ from typing import Any, List, Mapping, Optional
 from .agent_config import AgentConfig, SandboxConfig, deprecation_note, nest_flat_keys
 from .algorithm_choice import ADVANTAGE_ESTIMATORS, DISTILL_SIGNALS, LOSS_AGG_MODES, POLICY_LOSSES, kl_names
 from .base import build_section, opt
+from .logging_config import LoggingKeys
 
 
 @dataclass
@@ -49,7 +50,7 @@ class ValKwargsConfig:
 
 
 @dataclass
-class RLConfig:
+class RLConfig(LoggingKeys):
     """PPO iteration, advantage and loss settings, rewards, resources and logging."""
 
     # orchestration
@@ -357,25 +358,6 @@ class RLConfig:
         "Weight of the reward model's score (reward_config) in a response's score, beside the verifiers' "
         "(verifier_weight 0: a verifier measured, not rewarded).",
     )
-    # logging
-    console_metrics: bool = opt(
-        False,
-        "Print every metric on the console each iteration, after the compact line "
-        "(they always go to metrics.jsonl, tensorboard and wandb).",
-    )
-    library_logs: str = opt(
-        "file",
-        "Where vLLM, Ray, megatron-core and torch output goes: file (run_dir/logs/<role>_<rank>.log "
-        "and driver.log; errors and warnings that matter still reach the console) or "
-        "console (everything on the console, as the libraries print it).",
-        choices=("file", "console"),
-    )
-    use_tensorboard: bool = opt(False, "Write every metric to tensorboard.")
-    use_wandb: bool = opt(False, "Log to Weights & Biases (offline mode works without network).")
-    wandb_project: str = opt("mindspeed_rl", "wandb project.")
-    wandb_exp_name: str = opt("ppo", "wandb run name.")
-    wandb_save_dir: str = opt("./wandb", "wandb files folder.")
-    log_dir: str = opt("./logs", "Run folder root: metrics.jsonl, tensorboard, curves.")
 
 
 def build_rl_section(rl_data: Mapping[str, Any]) -> RLConfig:

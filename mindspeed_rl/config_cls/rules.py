@@ -19,6 +19,7 @@ from .feature_rules import (
     check_vision_keys,
     role_key,
 )
+from .logging_config import check_logging_keys
 from .megatron_config import STAGE_ENTRY_POINTS
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ def check_cross_fields(cfg: PPOConfig) -> None:
     check_kl_keys(cfg)
     check_validation_keys(cfg)
     check_save_folders(cfg)
+    check_logging_keys(cfg.rl)
 
 
 def check_batch_sizes(cfg: PPOConfig) -> None:

@@ -15,12 +15,13 @@ What a stage trains is what a PPO run loads in the same section (the same checkp
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .base import ConfigError, build_section, closest_key
 from .dpo_config import DPOConfig
 from .feature_rules import LORA_TARGETS, check_lora_rank
+from .logging_config import LoggingKeys, check_logging_keys
 from .megatron_config import MegatronConfig
 from .ppo_config import RoleConfig, _role, model_and_base
 from .rl_config import RLConfig, build_rl_section
@@ -61,15 +62,7 @@ RL_KEYS = (
     "val_before_train",
     "max_nonfinite_steps",
     "max_restarts",
-    "console_metrics",
-    "library_logs",
-    "use_tensorboard",
-    "use_wandb",
-    "wandb_project",
-    "wandb_exp_name",
-    "wandb_save_dir",
-    "log_dir",
-)
+) + tuple(f.name for f in fields(LoggingKeys))
 
 
 @dataclass
@@ -158,6 +151,7 @@ def check_stage_rules(cfg: StageConfig) -> None:
     check_role_parallelism(role)
     check_role_training(role)
     check_lora_rank(role)
+    check_logging_keys(cfg.rl)
     if m.lora_r and role.cp > 1 and m.context_parallel_algo == "megatron_cp_algo":
         raise ConfigError(f"{section}.context_parallel_algo", "use ulysses_cp_algo with lora_r")
     if cfg.dpo is not None and cfg.dpo.ref_model and m.lora_r:

@@ -1,5 +1,5 @@
 """Per-iteration output: one compact console line (every metric by name too with
-``rl_config.console_metrics``), one JSON line in metrics.jsonl, tensorboard and wandb."""
+``rl_config.console_metrics``), one JSON line in metrics.jsonl, tensorboard, wandb and SwanLab."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .metrics import CONSOLE_FIGURES, KEY_FIGURES
 
 
 class MetricsLogger:
-    """Console, metrics.jsonl, and optionally tensorboard (every metric as a scalar) and wandb."""
+    """Console, metrics.jsonl, and optionally tensorboard (every metric as a scalar), wandb and SwanLab."""
 
     def __init__(self, run_dir: str, total_iterations: int, rl=None, config: Dict = None):
         self.run_dir, self.total = run_dir, total_iterations
@@ -19,7 +19,7 @@ class MetricsLogger:
         self.step_seconds: list = []
         os.makedirs(run_dir, exist_ok=True)
         self.path = os.path.join(run_dir, "metrics.jsonl")
-        self.tensorboard = self.wandb = None
+        self.tensorboard = self.wandb = self.swanlab = None
         if rl is not None and rl.use_tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -32,6 +32,8 @@ class MetricsLogger:
             self.wandb = wandb.init(
                 project=rl.wandb_project, name=rl.wandb_exp_name, dir=rl.wandb_save_dir, mode=mode, config=config or {}
             )
+        if rl is not None and rl.use_swanlab:
+            self.swanlab = open_swanlab(rl, config)
 
     def log(self, metrics: Dict[str, float]) -> None:
         """One iteration: the console line (and every metric with console_metrics), then ``record``."""
@@ -57,6 +59,10 @@ class MetricsLogger:
             self.tensorboard.flush()
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in ordered.items() if k != "iteration"}, step=it)
+        if self.swanlab is not None:
+            self.swanlab.log(
+                {k: v for k, v in ordered.items() if k != "iteration" and isinstance(v, (int, float))}, step=it
+            )
         return ordered
 
     def timeline(self, iteration: int, start: float, end: float, spans) -> None:
@@ -86,6 +92,8 @@ class MetricsLogger:
             self.tensorboard.close()
         if self.wandb is not None:
             self.wandb.finish()
+        if self.swanlab is not None:
+            self.swanlab.finish()
         if os.path.isfile(self.path):
             from .curves import draw
             from .report import render
@@ -93,6 +101,22 @@ class MetricsLogger:
             for path in draw(self.run_dir):
                 print(f"curve: {path}", flush=True)
             print(f"report: {render(self.run_dir)}", flush=True)
+
+
+def open_swanlab(rl, config: Dict = None):
+    """A SwanLab run in ``rl.swanlab_save_dir``; its mode from ``rl_config.swanlab`` (cloud = online)."""
+    import swanlab
+
+    from ..config_cls.logging_config import SWANLAB_MODES
+
+    os.makedirs(rl.swanlab_save_dir, exist_ok=True)
+    return swanlab.init(
+        project=rl.swanlab_project,
+        experiment_name=rl.swanlab_exp_name,
+        logdir=rl.swanlab_save_dir,
+        mode=SWANLAB_MODES[rl.swanlab],
+        config=config or {},
+    )
 
 
 def readable_seconds(seconds: float) -> str:
