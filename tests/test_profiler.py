@@ -39,6 +39,27 @@ def test_the_actor_given_twice_or_a_critic_the_run_lacks_is_refused(capsys):
     assert_refused(["--config-name", "grpo_tiny_cpu", critic], "profiler_config.critic", "does not start", capsys)
 
 
+def test_every_stage_the_config_names_is_a_profiled_worker_method_and_none_else():
+    """ROLE_STAGES and the workers' @profiled(...) names are written in two places: they must not drift."""
+    import re
+
+    from mindspeed_rl.config_cls.profiler_config import ROLE_STAGES
+
+    root = os.path.join(os.path.dirname(__file__), "..", "mindspeed_rl", "workers")
+    decorated = set()
+    for role in ROLE_STAGES:
+        source = open(os.path.join(root, f"{role}_worker.py"), encoding="utf-8").read()
+        for line in re.findall(r"@profiled\((.*)\)", source):
+            decorated |= set(re.findall(r'"(\w+)"', line)) - {"actor", "ref"}
+    assert decorated == {stage for stages in ROLE_STAGES.values() for stage in stages}
+
+
+def test_a_relative_save_path_is_made_absolute_on_the_driver(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = build_profiler_config({"critic": {"profile": True, "profile_save_path": "traces"}})
+    assert config.roles["critic"].profile_save_path == str(tmp_path / "traces")
+
+
 def run_stages(profiler, root, iterations=(1, 2, 3)):
     for iteration in iterations:
         profiler.at(iteration, root)

@@ -17,6 +17,7 @@ CUDA, record_function on CPU), for a lightweight timeline in any profiler.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -137,5 +138,7 @@ def build_profiler_config(data: Any, path: str = "profiler_config") -> ProfilerC
             raise ConfigError(f"{path}.{key}", f"the {role} is given twice ({out.keys[role]} and {key})")
         settings = build_section(RoleProfilerConfig, section, f"{path}.{key}")
         settings.check_role(f"{path}.{key}", role)
+        if settings.profile_save_path:  # the driver's working directory, not each worker's
+            settings.profile_save_path = os.path.abspath(settings.profile_save_path)
         out.roles[role], out.keys[role] = settings, key
     return out

@@ -91,6 +91,7 @@ def conversation_tokens(
     check_turns(messages)
     template = load_templates()[prompt_type]
     separator = template.get("turn_separator", "")
+    tool_format = ToolFormat.of_template(template, prompt_type) if "tool_response" in template else None
     system: Optional[str] = None  # the template's default system prompt
     if messages[0][0] == "system":
         system, messages = messages[0][1], messages[1:]
@@ -109,9 +110,9 @@ def conversation_tokens(
             results.append(content)
             continue
         if results:
-            if "tool_response" not in template:
+            if tool_format is None:
                 raise BadConversation("no_tool_role")
-            text, results = ToolFormat.of_template(template, prompt_type).render(results), []
+            text, results = tool_format.render(results), []
         piece = tokenizer.encode(text, add_special_tokens=False)
         answer = tokenizer.encode(content, add_special_tokens=False) + ([eos] if eos is not None else [])
         ids += piece + answer
