@@ -2,6 +2,7 @@
 per family at a parallel layout, HF logits == Megatron's and vLLM greedy == HF greedy after in-place
 resharding; for Qwen3-MoE also one training step at EP 2 equal to EP 1."""
 
+import glob
 import json
 import os
 
@@ -306,6 +307,8 @@ def test_two_grpo_iterations_per_family(tmp_path, demo_assets):
                 "rl_config.actor_resource.num_npus": 2,
                 "actor_config.expert_model_parallel_size": 2,
                 "rl_config.router_replay": "R3" if replay else "null",
+                # EPLB's expert load, from the same captured routes
+                "generate_config.eplb_token_collects": "true" if replay else "false",
             },
         )  # validation once, before training
         results[family] = train(cfg)
@@ -321,6 +324,12 @@ def test_two_grpo_iterations_per_family(tmp_path, demo_assets):
         assert last["rollout/logprob_diff_max"] < limit and last["rollout/logprob_diff_mean"] < 0.01, (family, last)
         if replay:  # how often megatron's own routers chose otherwise (bf16: ~0.5% of tokens measured)
             assert 0 <= last["router_replay/mismatch_share"] < 0.05 and "router_replay/layer_share_max" in last
+        if replay:  # every routed token counted once per MoE layer and choice
+            (path,) = glob.glob(str(tmp_path / family / "logs" / "*" / "expert_load.json"))
+            load = json.load(open(path))
+            counts = torch.tensor(load["load"])
+            assert load["iterations"] == 2 and load["tokens"] > 0 and counts.shape == (load["num_moe_layers"], 4)
+            assert (counts.sum(1) == load["tokens"] * load["top_k"]).all(), load
         hf_dir = tmp_path / family / "ckpt" / "actor" / "iter_0000002_hf"
         assert AutoConfig.from_pretrained(str(hf_dir)).model_type == get_family(family).hf_model_types[0]
 

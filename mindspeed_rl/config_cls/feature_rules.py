@@ -218,16 +218,19 @@ def check_lora_rank(role: RoleConfig) -> None:
 
 
 def check_router_replay_keys(cfg: PPOConfig) -> None:
-    """Router replay needs an MoE actor whose every layer routes, routes from vLLM, and (with pipeline stages)
-    no recomputation, which would route a micro-batch again after the next one's routes are set."""
+    """Captured routes (router replay, the EPLB expert load) need an MoE actor, routes from vLLM, and (when
+    replayed with pipeline stages) no recomputation, which would route a micro-batch again after the next one's
+    routes are set."""
     rl, actor = cfg.rl, cfg.actor
-    if not rl.router_replay:
+    if not cfg.captures_routes:
         return
+    key, what = (
+        ("rl_config.router_replay", rl.router_replay)
+        if rl.router_replay
+        else ("generate_config.eplb_token_collects", "true")
+    )
     if not actor.model.num_experts:
-        model = actor.megatron.model
-        raise ConfigError(
-            "rl_config.router_replay", f"{rl.router_replay}, but the actor's model {model} has no experts"
-        )
+        raise ConfigError(key, f"{what}, but the actor's model {actor.megatron.model} has no experts")
     if cfg.generate.backend == "fallback" and not cfg.generate.batch_invariant:
         raise ConfigError(
             "generate_config.backend",
@@ -237,10 +240,10 @@ def check_router_replay_keys(cfg: PPOConfig) -> None:
     if not cfg.generate.enforce_eager:
         raise ConfigError(
             "generate_config.enforce_eager",
-            "false with router replay: the routes are captured by Python at each engine forward, which a captured "
+            f"false with {key}: the routes are captured by Python at each engine forward, which a captured "
             "CUDA graph would skip; set enforce_eager true",
         )
-    if actor.pp > 1 and actor.megatron.recompute_granularity:
+    if rl.router_replay and actor.pp > 1 and actor.megatron.recompute_granularity:
         raise ConfigError(
             "actor_config.recompute_granularity",
             f"{actor.megatron.recompute_granularity} with PP {actor.pp} and router replay: a recomputed layer would "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from .base import opt
 
@@ -69,5 +70,17 @@ class GenerateConfig:
         "with vllm-ascend, our gloo engine on CPU; off by default until checked on hardware). Where the "
         "installed vLLM has no such API the run keeps the channel and says so.",
         choices=("channel", "vllm_native"),
+    )
+    eplb_token_collects: bool = opt(
+        False,
+        "Count the tokens the rollout routes to each expert of each MoE layer (the routes captured as for router "
+        "replay), into eplb_token_save_path after every iteration: the input of cli/eplb_generate_map.py.",
+    )
+    eplb_token_save_path: str = opt("", "Where the expert load goes (default: the run folder's expert_load.json).")
+    expert_map_path: Optional[str] = opt(
+        None,
+        "An expert map (cli/eplb_generate_map.py; vllm-ascend's format) for the rollout engines: replicas of hot "
+        "experts placed over the engine's expert-parallel devices. Checked against the model, then refused where "
+        "the engine cannot load one (docs/models.md, Expert placement).",
     )
     sampling_config: SamplingConfig = opt(doc="Sampling settings.", factory=SamplingConfig)

@@ -96,6 +96,11 @@ class PPOConfig:
         return self.prompts_per_iteration * self.rl.n_samples_per_prompt
 
     @property
+    def captures_routes(self) -> bool:
+        """The rollout engine returns each token's experts: router replay, or the expert load EPLB counts."""
+        return self.rl.router_replay is not None or self.generate.eplb_token_collects
+
+    @property
     def uses_critic(self) -> bool:
         return self.algorithm.use_critic
 

@@ -80,7 +80,7 @@ def start_roles(cfg: PPOConfig, frame: RunFrame, tokenizer, run_dir: str) -> Rol
     rollout = None
     if rollout_devices:  # disaggregated layout: the rollout workers' bundles follow the actor's
         engines = dict(model=cfg.actor.model, gen=gen, bf16=cfg.actor.megatron.bf16, **ids)
-        engines["capture_routes"] = rl.router_replay is not None
+        engines["capture_routes"] = cfg.captures_routes
         engines["processor_dir"] = cfg.actor.megatron.tokenizer_name_or_path
         rollout = spawn("rollout", RolloutWorker, rollout_devices, whole, first_bundle=devices, **engines)
     if cfg.uses_critic:

@@ -19,6 +19,7 @@ from ..algorithms.rollout_correction import mismatch_metrics, truncated_is_weigh
 from ..config_cls.ppo_config import PPOConfig
 from ..datasets.prompt_dataset import PromptBatch
 from ..protocol import ACTOR_INPUTS, MODEL_INPUTS, Experience, ForwardAnswer, build_experience, mini_batch_plan
+from ..rollout.expert_load import ExpertLoad
 from ..rollout.service import DisaggregatedRollout
 from ..utils.cli import raise_if_terminated
 from ..utils.clock import Clock
@@ -79,6 +80,7 @@ class PPOTrainer:
         self.collapse_streak = 0  # iterations in a row with a collapsed policy (rl_config.max_collapsed_iterations)
         self.ref_from = None  # the original weights the reference was built from, for resumes
         self.forward_metrics: Dict[str, float] = {}  # an iteration's metrics from the actor's forwards
+        self.expert_load = ExpertLoad.of_run(cfg.generate, cfg.actor, logger.run_dir)  # None: not counted
 
     @contextmanager
     def timer(self, name: str):
@@ -104,6 +106,7 @@ class PPOTrainer:
                 self.clock.add("timing/trainer_idle", time.perf_counter() - waiting)
                 self.clock.merge(batch.clock)
                 exp, reward_metrics = batch.experience, dict(batch.metrics)
+                self.count_expert_load(exp)
                 if self.use_ref:
                     with self.timer("timing/reference_model"):
                         exp.set("ref_log_probs", self.log_probs(exp, "ref"))
@@ -140,6 +143,14 @@ class PPOTrainer:
             self.history.append(metrics)
             self.after_iteration(metrics)
         return self.history
+
+    def count_expert_load(self, exp: Experience) -> None:
+        """The rollout's tokens per expert (EPLB), saved each iteration; routes captured for these alone go."""
+        if self.expert_load is not None and exp.routed_experts is not None:
+            self.expert_load.add(exp.routed_experts)
+            self.expert_load.save()
+        if not self.rl.router_replay:
+            exp.routed_experts = None
 
     def profile_at(self, iteration: int) -> None:
         """The profiled roles (profiler_config) learn the iteration starting (1-based) and the run's trace folder."""
@@ -210,6 +221,8 @@ class PPOTrainer:
             "ref_from": self.ref_from,
         }
         state["rollout_source"] = self.source.state_dict()
+        if self.expert_load is not None:
+            state["expert_load"] = self.expert_load.state_dict()
         return state
 
     def load_trainer_state(self, state: Dict) -> None:
@@ -225,6 +238,8 @@ class PPOTrainer:
         if "kl_ctrl" in state:
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.source.load_state_dict(state)
+        if self.expert_load is not None:
+            self.expert_load.load_state_dict(state.get("expert_load"))
 
     def save(self) -> None:
         am, cm = self.cfg.actor.megatron, self.cfg.critic.megatron

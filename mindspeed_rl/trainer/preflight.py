@@ -277,17 +277,20 @@ def check_teacher_tokenizer(cfg: PPOConfig) -> None:
 
 
 def check_router_replay(cfg: PPOConfig) -> None:
-    """The installed vLLM returns routed experts (unless the megatron-core engine samples) and megatron-core
-    replays them (not the NPU sets' releases)."""
-    if not cfg.rl.router_replay:
+    """The installed vLLM returns routed experts (unless the megatron-core engine samples) and, for router
+    replay, megatron-core replays them (not the NPU sets' releases)."""
+    if not cfg.captures_routes:
         return
     from ..compat import vllm_routes
     from ..compat.megatron_core import router_replay_unavailable
 
     capture = vllm_routes.capture_unavailable() if cfg.generate.backend != "fallback" else None
-    reason = capture or router_replay_unavailable()
-    if reason:
-        raise UserError(f"rl_config.router_replay {cfg.rl.router_replay}: {reason}")
+    if cfg.rl.router_replay:
+        reason = capture or router_replay_unavailable()
+        if reason:
+            raise UserError(f"rl_config.router_replay {cfg.rl.router_replay}: {reason}")
+    elif capture:
+        raise UserError(f"generate_config.eplb_token_collects: {capture}")
 
 
 def preflight(cfg: PPOConfig) -> Optional[int]:

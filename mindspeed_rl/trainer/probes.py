@@ -74,7 +74,28 @@ def missing_paths(cfg: "PPOConfig | StageConfig") -> List[ConfigError]:
     for key, ref in refs:
         if ref and not os.path.exists(ref):
             problems.append(ConfigError(key, f"folder {ref!r} does not exist"))
+    gen = getattr(cfg, "generate", None)
+    if gen is not None and gen.expert_map_path:
+        problems.append(expert_map_problem(gen.expert_map_path, cfg.roles[0], gen.infer_expert_parallel_size))
     return problems
+
+
+def expert_map_problem(path: str, actor: "RoleConfig", infer_ep: int) -> ConfigError:
+    """generate_config.expert_map_path: what does not fit the actor's model, else why the engine cannot load it."""
+    import json
+
+    from ..compat.stack import expert_map_unavailable
+    from ..rollout.expert_placement import read_expert_map
+
+    key, model = "generate_config.expert_map_path", actor.model
+    if not model.num_experts:
+        return ConfigError(key, f"the actor's model {actor.megatron.model} has no experts")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            read_expert_map(json.load(fh), model.num_layers, model.num_experts)
+    except (OSError, ValueError) as exc:
+        return ConfigError(key, f"{path}: {getattr(exc, 'strerror', None) or exc}")
+    return ConfigError(key, expert_map_unavailable(infer_ep))
 
 
 def _demo_hint(path: str) -> str:

@@ -84,7 +84,7 @@ class IntegratedActorWorker(MegatronWorker):
                 pad_token_id,
                 seed=gen.sampling_config.seed,
                 bf16=m.bf16,
-                capture_routes=rl.router_replay is not None,
+                capture_routes=rl.router_replay is not None or gen.eplb_token_collects,
                 processor_dir=m.tokenizer_name_or_path,
             )
             if with_engine
