@@ -45,6 +45,13 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("--target-pipeline-parallel-size", type=int, default=1)
     p.add_argument("--num-layer-list", default=None, help="uneven layers per pipeline stage, e.g. 3,5")
     p.add_argument(
+        "--num-layers-per-virtual-pipeline-stage",
+        type=int,
+        default=None,
+        help="an interleaved pipeline (VPP): layers per model chunk (the run's virtual_pipeline_model_parallel_size "
+        "= layers / (PP x this))",
+    )
+    p.add_argument(
         "--model-type-hf",
         choices=FAMILY_NAMES,
         default=None,
@@ -128,6 +135,7 @@ def hf_to_mg_command(args: argparse.Namespace) -> None:
             args.orm,
             args.model_type_hf,
             ep=args.target_expert_parallel_size,
+            per_virtual_stage=args.num_layers_per_virtual_pipeline_stage,
         )
     where = args.save_dir
     ep = f", EP {args.target_expert_parallel_size}" if args.target_expert_parallel_size > 1 else ""
@@ -174,6 +182,7 @@ def mg_to_mg_command(args: argparse.Namespace) -> None:
             args.params_dtype,
             args.target_expert_parallel_size,
             args.weights_only,
+            per_virtual_stage=args.num_layers_per_virtual_pipeline_stage,
         )
     kept = (
         "weights"

@@ -9,7 +9,7 @@ import torch.distributed as torch_dist
 from mindspeed_rl.compat.megatron_core import destroy_model_parallel
 
 
-def start_rank(rank, world, port, tp=1, pp=1, ep=1, cp=1):
+def start_rank(rank, world, port, tp=1, pp=1, ep=1, cp=1, vpp=1):
     """One thread per process, the gloo world, megatron's TP x PP (x EP, x CP) groups seeded alike on every
     rank. Returns ``mindspeed_rl.utils.dist``."""
     os.environ["OMP_NUM_THREADS"] = "1"
@@ -17,7 +17,7 @@ def start_rank(rank, world, port, tp=1, pp=1, ep=1, cp=1):
     from mindspeed_rl.utils import dist
 
     dist.init_distributed(rank, world, master_port=port)  # (an earlier job of ``run_each``: already there)
-    dist.init_model_parallel(tp, pp, seed=5, ep=ep, cp=cp)
+    dist.init_model_parallel(tp, pp, seed=5, ep=ep, cp=cp, vpp=vpp)
     return dist
 
 
@@ -96,11 +96,15 @@ def run(rank, world, spec, workdir, port):
     from mindspeed_rl.models.engine import MegatronEngine
     from tests.helpers import make_batch, tiny_model_config, tiny_role
 
-    tp, pp, cp = spec["tp"], spec["pp"], spec.get("cp", 1)
-    start_rank(rank, world, port, tp, pp, cp=cp)
+    tp, pp, cp, vpp = spec["tp"], spec["pp"], spec.get("cp", 1), spec.get("vpp", 1)
+    start_rank(rank, world, port, tp, pp, cp=cp, vpp=vpp)
     model = tiny_model_config(num_layers=4)
     layer_list = spec.get("num_layer_list")
     counts = [int(x) for x in layer_list.split(",")] if layer_list else [model.num_layers // pp] * pp
+    if vpp > 1:  # an interleaved pipeline: each rank's layers, chunk by chunk
+        from mindspeed_rl.config_cls.megatron_config import pipeline_layers
+
+        counts = pipeline_layers(model.num_layers, pp, vpp)
     tp_rank, pp_rank = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
     dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
     cp_rank = ps.get_context_parallel_rank()
@@ -127,6 +131,7 @@ def run(rank, world, spec, workdir, port):
             context_parallel_size=cp,
             sequence_parallel=spec.get("sp", False),
             log_prob_chunk_size=spec.get("chunk", 1024),
+            virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
         )
         engine = MegatronEngine(role, head=head, total_steps=4, remove_padding=spec.get("packed", False))
         engine.load_weights(shard_state_dict(full, tp, tp_rank, counts, pp_rank))

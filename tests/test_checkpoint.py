@@ -48,14 +48,22 @@ def hf_model(tmp_path_factory):
     return folder
 
 
-@pytest.mark.parametrize("tp,pp,layers", [(1, 1, None), (2, 1, None), (1, 2, "1,3"), (2, 2, "3,1")])
+@pytest.mark.parametrize(
+    "tp,pp,layers", [(1, 1, None), (2, 1, None), (1, 2, "1,3"), (2, 2, "3,1"), (1, 2, "vpp1"), (2, 2, "vpp1")]
+)
 def test_hf_mg_hf_round_trip_is_bit_identical(hf_model, tmp_path, tp, pp, layers):
+    """Also with an interleaved pipeline (vpp1: one layer per model chunk, rank 0 holding layers 0 and 2)."""
     assert os.path.isfile(os.path.join(hf_model, "model.safetensors.index.json"))  # sharded input
     extra = ["--target-tensor-parallel-size", str(tp), "--target-pipeline-parallel-size", str(pp)]
-    extra += ["--num-layer-list", layers] if layers else []
+    if layers and layers.startswith("vpp"):
+        extra += ["--num-layers-per-virtual-pipeline-stage", layers[3:]]
+    elif layers:
+        extra += ["--num-layer-list", layers]
     assert to_mg(hf_model, str(tmp_path / "mg"), *extra) == 0
     assert ml.read_tracker(str(tmp_path / "mg")) == "release"
     assert ml.layout_of(str(tmp_path / "mg" / "release")) == (tp, pp)
+    stored = ml.load_rank(str(tmp_path / "mg"), 0, 0, expected=(tp, pp))["config"]
+    assert stored.get("stage_layers") == ([[0, 2], [1, 3]] if layers == "vpp1" else None)
     out_cfg = tmp_path / "out"
     out_cfg.mkdir()
     (out_cfg / "config.json").write_text(open(os.path.join(hf_model, "config.json")).read())

@@ -1,5 +1,5 @@
-"""TP=2, PP=2, DP=2 and CP=2 (alone, packed with DP 2, with TP 2) give the same log-probs, values, losses and
-updated weights as TP=1.
+"""TP=2, PP=2 (also interleaved: PP 2 x VPP 2), DP=2 and CP=2 (alone, packed with DP 2, with TP 2) give the same
+log-probs, values, losses and updated weights as TP=1.
 
 The layouts of one world size run one after another in one spawn of processes (gloo on CPU), each with megatron
 groups of its own; fp32, max abs diff <= 1e-5.
@@ -16,6 +16,8 @@ LAYOUTS = [
     dict(name="tp1", tp=1, pp=1, world=1),
     dict(name="tp2", tp=2, pp=1, world=2),
     dict(name="pp2", tp=1, pp=2, world=2, num_layer_list="1,3"),
+    # the interleaved pipeline: 2 model chunks per rank (rank 0 layers 0 and 2, rank 1 layers 1 and 3)
+    dict(name="pp2_vpp2", tp=1, pp=2, vpp=2, world=2),
     dict(name="dp2", tp=1, pp=1, world=2, dist_opt=True),
     # context parallelism (Ulysses): padded rows; packed rows in token-budget micro-batches with DP 2 and the
     # distributed optimizer; with TP 2 and sequence parallelism (2 heads, 1 query group per TP rank: the group
@@ -50,7 +52,7 @@ def _max_diff(a, b):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"] + CP_LAYOUTS)
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "pp2_vpp2", "dp2"] + CP_LAYOUTS)
 def test_outputs_and_losses_match_tp1(results, layout):
     ref, got = results["tp1"], results[layout]
     assert _max_diff(ref["lm"]["log_probs"], got["lm"]["log_probs"]) <= TOL
@@ -68,7 +70,7 @@ def test_outputs_and_losses_match_tp1(results, layout):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["tp2", "pp2", "dp2"] + CP_LAYOUTS)
+@pytest.mark.parametrize("layout", ["tp2", "pp2", "pp2_vpp2", "dp2"] + CP_LAYOUTS)
 def test_one_optimizer_step_gives_the_same_weights(results, layout):
     ref, got = results["tp1"], results[layout]
     for head in ("lm", "value"):

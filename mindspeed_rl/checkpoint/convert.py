@@ -16,6 +16,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 from tqdm import tqdm
 
+from ..config_cls.megatron_config import pipeline_layers
 from ..config_cls.model_config import ModelConfig
 from ..families import get_family
 from ..families.base import EMBED, FINAL_NORM, HF_LAYER, OUTPUT_MG
@@ -30,14 +31,27 @@ from .hf_io import (
     write_config_and_tokenizer,
 )
 from .megatron_reader import iter_mg_pieces, read_mg_config
-from .sharding import stage_starts
-from .tp_split import ep_owner, expert_number, layer_number, renumber_expert, shift_layer, split_tp
+from .sharding import to_local
+from .tp_split import ep_owner, expert_number, layer_number, renumber_expert, split_tp
 
 log = logging.getLogger(__name__)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def layer_counts(num_layers: int, pp: int, num_layer_list: Optional[str]) -> List[int]:
+def target_layers(
+    num_layers: int, pp: int, num_layer_list: Optional[str], per_virtual_stage: Optional[int] = None
+) -> List[List[int]]:
+    """Per pipeline rank, the global layers it will hold (``--num-layer-list``, or an interleaved pipeline of
+    ``--num-layers-per-virtual-pipeline-stage`` layers per model chunk)."""
+    if per_virtual_stage:
+        if num_layer_list:
+            raise ConversionError("--num-layer-list and --num-layers-per-virtual-pipeline-stage: give one")
+        if pp < 2 or num_layers % (pp * per_virtual_stage):
+            raise ConversionError(
+                f"--num-layers-per-virtual-pipeline-stage {per_virtual_stage}: needs PP > 1 and PP x it to divide "
+                f"the {num_layers} layers (PP {pp})"
+            )
+        return pipeline_layers(num_layers, pp, num_layers // (pp * per_virtual_stage))
     if num_layer_list:
         try:
             counts = [int(x) for x in num_layer_list.split(",")]
@@ -49,30 +63,33 @@ def layer_counts(num_layers: int, pp: int, num_layer_list: Optional[str]) -> Lis
             raise ConversionError(
                 f"--num-layer-list {num_layer_list}: needs {pp} positive counts summing to {num_layers}"
             )
-        return counts
+        return pipeline_layers(num_layers, pp, 1, counts)
     if num_layers % pp:
         raise ConversionError(f"{num_layers} layers do not split evenly into {pp} stages; give --num-layer-list")
-    return [num_layers // pp] * pp
+    return pipeline_layers(num_layers, pp)
 
 
 def checkpoint_config(
     cfg: ModelConfig,
     tp: int,
     pp: int,
-    counts: Sequence[int],
+    layers: Sequence[Sequence[int]],
     dtype: str,
     orm: bool,
     ep: int = 1,
     lora: Optional[dict] = None,
 ) -> dict:
-    """The config stored in every rank file; ``lora``: {"r", "alpha"} when the weights carry adapters."""
+    """The config stored in every rank file; ``layers``: each pipeline rank's global layers in its own order (an
+    interleaved pipeline's are recorded as they are); ``lora``: {"r", "alpha"} when the weights carry adapters."""
+    interleaved = any(list(stage) != list(range(stage[0], stage[0] + len(stage))) for stage in layers if stage)
     return {
         **({"lora": lora} if lora else {}),
         "model": dataclasses.asdict(cfg),
         "tensor_model_parallel_size": tp,
         "pipeline_model_parallel_size": pp,
         "expert_model_parallel_size": ep,
-        "num_layer_list": ",".join(map(str, counts)),
+        "num_layer_list": ",".join(str(len(stage)) for stage in layers),
+        **({"stage_layers": [list(stage) for stage in layers]} if interleaved else {}),
         "params_dtype": dtype,
         "orm": orm,
     }
@@ -99,12 +116,13 @@ class StageShards:
     """The TP x EP shards of one pipeline stage, filled tensor by tensor (the full tensor is not kept).
     An expert's tensors go to the EP rank that owns it, renumbered locally; the rest to every EP rank."""
 
-    def __init__(self, tp: int, start: int, swiglu: bool, ep: int = 1, num_experts: Optional[int] = None):
-        self.tp, self.start, self.swiglu, self.ep, self.num_experts = tp, start, swiglu, ep, num_experts
+    def __init__(self, tp: int, layers: Sequence[int], swiglu: bool, ep: int = 1, num_experts: Optional[int] = None):
+        self.tp, self.swiglu, self.ep, self.num_experts = tp, swiglu, ep, num_experts
+        self.index = {g: i for i, g in enumerate(layers)}  # global layer -> this stage's own number
         self.shards: List[List[Dict[str, torch.Tensor]]] = [[{} for _ in range(ep)] for _ in range(tp)]
 
     def add(self, name: str, tensor: torch.Tensor) -> None:
-        local = shift_layer(name, -self.start) if layer_number(name) >= 0 else name
+        local = to_local(name, self.index)
         expert = expert_number(name)
         if expert >= 0:
             owner, local_expert = ep_owner(expert, self.num_experts, self.ep)
@@ -163,6 +181,7 @@ def hf_to_mg(
     model_type_hf: Optional[str] = None,
     seed: int = 1234,
     ep: int = 1,
+    per_virtual_stage: Optional[int] = None,
 ) -> ModelConfig:
     """Convert a HF folder into a Megatron 'release' checkpoint with TP x PP (x EP) rank files."""
     raw = HFReader(load_dir)
@@ -172,21 +191,20 @@ def hf_to_mg(
     if cfg.add_qkv_bias and HF_LAYER.format(i=0) + "self_attn.q_proj.bias" not in reader:
         raise ConversionError(f"{load_dir}: {family.name} expects q/k/v biases, none found")
     check_parallel(cfg, tp, ep)
-    counts = layer_counts(cfg.num_layers, pp, num_layer_list)
-    starts = stage_starts(counts)
+    layers = target_layers(cfg.num_layers, pp, num_layer_list, per_virtual_stage)
     torch_dtype = DTYPES[dtype]
-    config = checkpoint_config(cfg, tp, pp, counts, dtype, orm, ep)
+    config = checkpoint_config(cfg, tp, pp, layers, dtype, orm, ep)
     head = _value_head(reader, cfg, orm, seed) if orm else None
     ml.begin_save(save_dir, "release")
     bar = tqdm(total=cfg.num_layers + 2, desc="hf -> mcore", unit="layer")
     for pp_rank in range(pp):
-        stage = StageShards(tp, starts[pp_rank], cfg.swiglu, ep, cfg.num_experts)
+        stage = StageShards(tp, layers[pp_rank], cfg.swiglu, ep, cfg.num_experts)
         if pp_rank == 0:
             stage.add(EMBED[1], reader.get(EMBED[0]).to(torch_dtype))
             for hf_name, mg_name in family.extra_hf_to_mcore(raw.weight_map).items():  # a vision tower
                 stage.add(mg_name, raw.get(hf_name).to(torch_dtype))
             bar.update(1)
-        for i in range(starts[pp_rank], starts[pp_rank] + counts[pp_rank]):
+        for i in layers[pp_rank]:
             hf_layer = {n: reader.get(n) for n in family.hf_layer_names(i, cfg)}
             for name, tensor in family.layer_hf_to_mcore(i, hf_layer, cfg).items():
                 stage.add(name, tensor.to(torch_dtype))

@@ -98,7 +98,7 @@ def _optimizer_state(engine) -> Optional[Dict[str, Any]]:
             "mains": [[s.main.detach().cpu().clone() for s in sub] for sub in all_slots],
         }
     else:
-        models = {id(p) for p in engine.unwrapped().parameters()}
+        models = {id(p) for p in engine.parameters()}
         state["optimizer"] = opt.state_dict()
         state["layout"] = layout
         # the fp32 copies of 16-bit weights (the same tensors as in the state dict: stored once)
@@ -150,7 +150,7 @@ def save_engine(
     optim = _optimizer_state(engine) if save_optim else None
     if writer:
         m = engine.megatron
-        counts = m.layers_per_stage(engine.role.model.num_layers)
+        layers = m.stage_layers(engine.role.model.num_layers)
         model, lora = _saved_model(engine, ckpt_dir, iteration)
         payload = {
             "model": model,
@@ -159,7 +159,7 @@ def save_engine(
                 engine.role.model,
                 tp,
                 pp,
-                counts,
+                layers,
                 "bf16" if m.bf16 else "fp16" if m.fp16 else "fp32",
                 engine.head == "value",
                 ep,

@@ -13,8 +13,8 @@ import torch
 from . import lora_base
 from . import megatron_layout as ml
 from .errors import ConversionError
-from .sharding import stage_starts
-from .tp_split import expert_number, fold_lora, layer_number, merge_tp, renumber_expert, shift_layer
+from .sharding import stored_stage_layers, to_global
+from .tp_split import expert_number, fold_lora, layer_number, merge_tp, renumber_expert
 
 
 def read_mg_config(load_dir: str) -> Tuple[dict, str, int, int]:
@@ -73,8 +73,7 @@ def iter_mg_stages(load_dir: str, fold: bool = True) -> Iterator[Tuple[int, Dict
     adapters merged into their weights unless ``fold`` is false."""
     config, iter_dir, tp, pp = read_mg_config(load_dir)
     scaling = lora_scaling(config) if fold else None
-    counts = [int(x) for x in config["num_layer_list"].split(",")]
-    starts = stage_starts(counts)
+    layers = stored_stage_layers(config)
     swiglu = config["model"].get("swiglu", True)
     experts, layout = config["model"].get("num_experts"), ml.full_layout_of(iter_dir)
     for pp_rank in range(pp):
@@ -83,7 +82,7 @@ def iter_mg_stages(load_dir: str, fold: bool = True) -> Iterator[Tuple[int, Dict
         for name in shards[0]:
             if name.endswith("_extra_state"):
                 continue
-            global_name = shift_layer(name, starts[pp_rank]) if layer_number(name) >= 0 else name
+            global_name = to_global(name, layers[pp_rank])
             merged[global_name] = merge_tp(global_name, [s[name] for s in shards], swiglu)
         yield pp_rank, fold_lora(merged, scaling) if scaling is not None else merged
         del shards, merged
@@ -97,8 +96,7 @@ def iter_mg_pieces(load_dir: str, fold: bool = True) -> Iterator[Dict[str, torch
     pages read stay out of the process's resident memory once a piece is merged.
     """
     config, iter_dir, tp, pp = read_mg_config(load_dir)
-    counts = [int(x) for x in config["num_layer_list"].split(",")]
-    starts = stage_starts(counts)
+    layers = stored_stage_layers(config)
     swiglu = config["model"].get("swiglu", True)
     experts, layout = config["model"].get("num_experts"), ml.full_layout_of(iter_dir)
     scaling = lora_scaling(config) if fold else None
@@ -109,14 +107,15 @@ def iter_mg_pieces(load_dir: str, fold: bool = True) -> Iterator[Dict[str, torch
         for name in shards[0]:
             if name.endswith("_extra_state") or not wanted(name):
                 continue
-            global_name = shift_layer(name, starts[pp_rank]) if layer_number(name) >= 0 else name
+            global_name = to_global(name, layers[pp_rank])
             out[global_name] = merge_tp(global_name, [s[name] for s in shards], swiglu).clone()
         del shards
         return fold_lora(out, scaling) if scaling is not None else out
 
     first = ("embedding.", "visual.")  # the first stage's own: the embedding and a vision tower
     yield merged(0, lambda n: n.startswith(first))
-    for pp_rank in range(pp):
-        for local in range(counts[pp_rank]):
-            yield merged(pp_rank, lambda n, i=local: layer_number(n) == i)
+    where = {g: (pp_rank, i) for pp_rank, stage in enumerate(layers) for i, g in enumerate(stage)}
+    for layer in sorted(where):  # in global order (with VPP the ranks' layers interleave)
+        pp_rank, local = where[layer]
+        yield merged(pp_rank, lambda n, i=local: layer_number(n) == i)
     yield merged(pp - 1, lambda n: layer_number(n) < 0 and not n.startswith(first))

@@ -83,7 +83,7 @@ def slots(sub, names: Dict[int, str]) -> List[Slot]:
 
 def engine_slots(engine) -> List[List[Slot]]:
     """Every sub-optimizer's slots (megatron chains one optimizer per parameter kind, e.g. experts)."""
-    names = {id(p): n for n, p in engine.unwrapped().named_parameters()}
+    names = {id(p): n for n, p in engine.named_parameters()}
     return [slots(sub, names) for sub in sub_optimizers(engine.optimizer)]
 
 

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..config_cls.model_config import ModelConfig
 from . import megatron_layout as ml
 from . import optimizer_state
-from .convert import DTYPES, StageShards, check_parallel, checkpoint_config, layer_counts
+from .convert import DTYPES, StageShards, check_parallel, checkpoint_config, target_layers
 from .errors import ConversionError
 from .megatron_reader import iter_mg_stages, read_mg_config, stage_rank_shards
-from .sharding import stage_starts
-from .tp_split import layer_number, merge_tp, shift_layer
+from .sharding import stored_stage_layers, to_global
+from .tp_split import layer_number, merge_tp
 
 KINDS = ("param",) + optimizer_state.MOMENTS
 
@@ -67,17 +67,20 @@ def _rank_named_optimizer(path: str) -> Dict[str, Dict[str, Any]]:
 
 
 def _optimizer_stages(
-    iter_dir: str, layout: Tuple[int, int, int], counts: List[int], swiglu: bool, num_experts: Optional[int]
+    iter_dir: str,
+    layout: Tuple[int, int, int],
+    layers: List[List[int]],
+    swiglu: bool,
+    num_experts: Optional[int],
 ) -> Tuple[Dict[str, Dict[str, torch.Tensor]], Dict[str, float]]:
     """{kind: {global name: full tensor}} for kind in param / exp_avg / exp_avg_sq, and the step per name."""
     pp = layout[1]
-    starts = stage_starts(counts)
     full: Dict[str, Dict[str, torch.Tensor]] = {k: {} for k in KINDS}
     steps: Dict[str, float] = {}
     for pp_rank in range(pp):
         per_tp = stage_rank_shards(iter_dir, pp_rank, layout, num_experts, read=_rank_named_optimizer)
         for name in per_tp[0]:
-            global_name = shift_layer(name, starts[pp_rank]) if layer_number(name) >= 0 else name
+            global_name = to_global(name, layers[pp_rank])
             steps[global_name] = per_tp[0][name].get("step")
             for kind in KINDS:
                 if kind in per_tp[0][name]:
@@ -85,10 +88,10 @@ def _optimizer_stages(
     return full, steps
 
 
-def _in_stage(name: str, pp_rank: int, pp: int, lo: int, hi: int) -> bool:
+def _in_stage(name: str, pp_rank: int, pp: int, layers: Sequence[int]) -> bool:
     layer = layer_number(name)
     if layer >= 0:
-        return lo <= layer < hi
+        return layer in layers
     return (pp_rank == 0) if name.startswith("embedding.") else (pp_rank == pp - 1)
 
 
@@ -101,6 +104,7 @@ def mg_to_mg(
     dtype: Optional[str] = None,
     ep: int = 1,
     weights_only: bool = False,
+    per_virtual_stage: Optional[int] = None,
 ) -> Tuple[Any, bool]:
     """Reshard ``load_dir``'s latest checkpoint to TP x PP x EP under ``save_dir``. Returns (the iteration
     written: the source's for a training checkpoint, else 'release'; whether optimizer state was kept)."""
@@ -112,20 +116,18 @@ def mg_to_mg(
     keep_optim = training and first.get("optimizer") is not None
     cfg = ModelConfig(**config["model"])
     check_parallel(cfg, tp, ep)
-    counts = layer_counts(cfg.num_layers, pp, num_layer_list)
-    starts = stage_starts(counts)
+    layers = target_layers(cfg.num_layers, pp, num_layer_list, per_virtual_stage)
     dtype_name = dtype or config.get("params_dtype", "fp32")
     # the new layout stores its whole model (an adapter-only source is completed from its base)
     lora = {k: v for k, v in config["lora"].items() if k != "base"} if config.get("lora") else None
-    out_config = checkpoint_config(cfg, tp, pp, counts, dtype_name, config.get("orm", False), ep, lora)
+    out_config = checkpoint_config(cfg, tp, pp, layers, dtype_name, config.get("orm", False), ep, lora)
     full: Dict[str, torch.Tensor] = {}
     for _, stage in iter_mg_stages(load_dir, fold=False):  # adapters stay adapters: the run goes on
         full.update({k: (v.to(DTYPES[dtype]) if dtype else v).clone() for k, v in stage.items()})
     optim_full, step = {}, None
     if keep_optim:
-        source_counts = [int(x) for x in config["num_layer_list"].split(",")]
         optim_full, steps = _optimizer_stages(
-            iter_dir, ml.full_layout_of(iter_dir), source_counts, cfg.swiglu, cfg.num_experts
+            iter_dir, ml.full_layout_of(iter_dir), stored_stage_layers(config), cfg.swiglu, cfg.num_experts
         )
         # Adam's step count: one per optimizer step, the same for every parameter
         step = max((s for s in steps.values() if s is not None), default=None)
@@ -135,11 +137,10 @@ def mg_to_mg(
         common["trainer_state"] = first["trainer_state"]
     ml.begin_save(save_dir, target)
     for pp_rank in range(pp):
-        lo, hi = starts[pp_rank], starts[pp_rank] + counts[pp_rank]
-        shard = functools.partial(StageShards, tp, lo, cfg.swiglu, ep, cfg.num_experts)
+        shard = functools.partial(StageShards, tp, layers[pp_rank], cfg.swiglu, ep, cfg.num_experts)
         model, kinds = shard(), {kind: shard() for kind in optim_full}
         for n, t in full.items():
-            if _in_stage(n, pp_rank, pp, lo, hi):
+            if _in_stage(n, pp_rank, pp, layers[pp_rank]):
                 model.add(n, t)
                 for kind, stage in kinds.items():
                     if n in optim_full[kind]:

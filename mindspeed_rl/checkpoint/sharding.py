@@ -1,38 +1,64 @@
-"""Full (TP=1, PP=1) megatron state dicts <-> the shard of one (TP rank, PP stage)."""
+"""Full (TP=1, PP=1) megatron state dicts <-> the shard of one (TP rank, PP stage).
+
+A stage numbers its layers from 0 in its own order; ``stage_layers[r]`` lists the global layer numbers of pipeline
+rank r in that order: a contiguous block, or with an interleaved pipeline (VPP) its model chunks' blocks.
+"""
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Union
 
 import torch
 
+from ..config_cls.megatron_config import pipeline_layers
 from .tp_split import layer_number, merge_tp, shift_layer, split_tp
 
 StateDict = Dict[str, torch.Tensor]
+# per pipeline rank: its layer count (a contiguous block) or its global layer numbers in its own order
+StageLayout = Union[Sequence[int], Sequence[Sequence[int]]]
 
 
-def stage_starts(layer_counts: Sequence[int]) -> List[int]:
-    starts, total = [], 0
-    for count in layer_counts:
-        starts.append(total)
-        total += count
-    return starts
+def stage_layers(layout: StageLayout) -> List[List[int]]:
+    """Per pipeline rank, its global layer numbers in its own order (layer counts: contiguous blocks)."""
+    if all(isinstance(x, int) for x in layout):
+        counts = [int(x) for x in layout]  # type: ignore[arg-type]
+        return pipeline_layers(sum(counts), len(counts), 1, counts)
+    return [list(layers) for layers in layout]  # type: ignore[arg-type]
+
+
+def stored_stage_layers(config: dict) -> List[List[int]]:
+    """The layout a checkpoint's stored config records (``stage_layers`` with VPP, else ``num_layer_list``)."""
+    if config.get("stage_layers"):
+        return [list(layers) for layers in config["stage_layers"]]
+    return stage_layers([int(x) for x in config["num_layer_list"].split(",")])
+
+
+def to_global(name: str, layers: Sequence[int]) -> str:
+    """A stage-local name under its global layer number (names without a layer unchanged)."""
+    local = layer_number(name)
+    return shift_layer(name, layers[local] - local) if local >= 0 else name
+
+
+def to_local(name: str, index: Dict[int, int]) -> str:
+    """A global name under the stage's own layer number; ``index``: global -> local of the stage."""
+    layer = layer_number(name)
+    return shift_layer(name, index[layer] - layer) if layer >= 0 else name
 
 
 def shard_state_dict(
-    full: StateDict, tp: int, tp_rank: int, layer_counts: Sequence[int], pp_rank: int, swiglu: bool = True
+    full: StateDict, tp: int, tp_rank: int, layout: StageLayout, pp_rank: int, swiglu: bool = True
 ) -> StateDict:
     """The weights one (TP rank, PP stage) holds, with stage-local layer numbers."""
-    pp = len(layer_counts)
-    start = stage_starts(layer_counts)[pp_rank]
-    end = start + layer_counts[pp_rank]
+    layers = stage_layers(layout)
+    pp = len(layers)
+    index = {g: i for i, g in enumerate(layers[pp_rank])}
     out: StateDict = {}
     for name, tensor in full.items():
         layer = layer_number(name)
         if layer >= 0:
-            if not start <= layer < end:
+            if layer not in index:
                 continue
-            local = shift_layer(name, -start)
+            local = to_local(name, index)
         elif name.startswith(("embedding.", "visual.")):  # a vision tower lives on the first stage too
             if pp_rank != 0:
                 continue
@@ -45,14 +71,12 @@ def shard_state_dict(
     return out
 
 
-def merge_state_dicts(
-    shards: Sequence[Sequence[StateDict]], layer_counts: Sequence[int], swiglu: bool = True
-) -> StateDict:
+def merge_state_dicts(shards: Sequence[Sequence[StateDict]], layout: StageLayout, swiglu: bool = True) -> StateDict:
     """Full weights from ``shards[pp_rank][tp_rank]`` (stage-local layer numbers)."""
-    starts = stage_starts(layer_counts)
+    layers = stage_layers(layout)
     full: StateDict = {}
     for pp_rank, tp_shards in enumerate(shards):
         for name in tp_shards[0]:
-            global_name = shift_layer(name, starts[pp_rank])
+            global_name = to_global(name, layers[pp_rank])
             full[global_name] = merge_tp(global_name, [s[name] for s in tp_shards], swiglu)
     return full

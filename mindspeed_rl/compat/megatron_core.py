@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import inspect
-from typing import Dict, List
+from typing import Dict, Iterator, List, Optional
 
 _APPLIED = False
 
@@ -119,3 +120,25 @@ def packed_positions_unavailable() -> str:
     if apply_thd is None or "cu_seqlens[-1]" not in inspect.getsource(apply_thd):
         return "this megatron-core's packed rotary restarts every segment at position 0 (per-token positions: 0.16)"
     return ""
+
+
+@contextlib.contextmanager
+def building_virtual_stage(vp_stage: Optional[int]) -> Iterator[Dict[str, object]]:
+    """GPTModel keyword arguments that build model chunk ``vp_stage`` of an interleaved pipeline (None: no
+    interleaving). megatron-core 0.13 and later take ``vp_stage``; 0.12 reads the chunk from parallel_state's
+    virtual rank while the layers are numbered, which is set for the construction only."""
+    if vp_stage is None:
+        yield {}
+        return
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+
+    if "vp_stage" in inspect.signature(GPTModel.__init__).parameters:
+        yield {"vp_stage": vp_stage}
+        return
+    previous = ps.get_virtual_pipeline_model_parallel_rank()
+    ps.set_virtual_pipeline_model_parallel_rank(vp_stage)
+    try:
+        yield {}
+    finally:
+        ps.set_virtual_pipeline_model_parallel_rank(previous)

@@ -243,6 +243,8 @@ def check_router_replay_keys(cfg: PPOConfig) -> None:
             f"false with {key}: the routes are captured by Python at each engine forward, which a captured "
             "CUDA graph would skip; set enforce_eager true",
         )
+    if rl.router_replay and actor.megatron.virtual_stages(actor.model.num_layers) > 1:
+        raise ConfigError("rl_config.router_replay", "with an interleaved pipeline (VPP): not supported yet")
     if rl.router_replay and actor.pp > 1 and actor.megatron.recompute_granularity:
         raise ConfigError(
             "actor_config.recompute_granularity",

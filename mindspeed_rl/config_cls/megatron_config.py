@@ -83,6 +83,15 @@ class MegatronConfig:
         ge=0,
     )
     num_layer_list: Optional[str] = opt(None, "Uneven layers per pipeline stage, e.g. '3,5'.")
+    virtual_pipeline_model_parallel_size: Optional[int] = opt(
+        None,
+        "Interleaved pipeline (VPP): model chunks per pipeline rank; rank r holds virtual stages r, r + PP, ... "
+        "of PP x VPP equal stages, and megatron-core's interleaved 1F1B schedule runs them (a smaller bubble).",
+        ge=1,
+    )
+    num_layers_per_virtual_pipeline_stage: Optional[int] = opt(
+        None, "The same as a layer count per virtual stage (VPP = num_layers / (PP x this)).", ge=1
+    )
     # batches and schedule
     global_batch_size: int = opt(1, "Prompts per PPO iteration.", ge=1)
     micro_batch_size: int = opt(1, "Samples per forward/backward micro-batch per data-parallel rank.", ge=1)
@@ -173,8 +182,34 @@ class MegatronConfig:
     def model_parallel_size(self) -> int:
         return self.tensor_model_parallel_size * self.pipeline_model_parallel_size
 
+    def virtual_stages(self, num_layers: int) -> int:
+        """Model chunks per pipeline rank (1: no interleaving)."""
+        if self.num_layers_per_virtual_pipeline_stage:
+            per_rank = num_layers // self.pipeline_model_parallel_size
+            return max(1, per_rank // self.num_layers_per_virtual_pipeline_stage)
+        return self.virtual_pipeline_model_parallel_size or 1
+
+    def stage_layers(self, num_layers: int) -> List[List[int]]:
+        """Per pipeline rank, the global layer numbers it holds in its own order (``pipeline_layers``)."""
+        counts = self.layers_per_stage(num_layers) if self.num_layer_list else None
+        return pipeline_layers(num_layers, self.pipeline_model_parallel_size, self.virtual_stages(num_layers), counts)
+
     def layers_per_stage(self, num_layers: int) -> List[int]:
         if self.num_layer_list:
             return [int(x) for x in self.num_layer_list.split(",")]
         pp = self.pipeline_model_parallel_size
         return [num_layers // pp] * pp
+
+
+def pipeline_layers(num_layers: int, pp: int, vpp: int = 1, counts: Optional[List[int]] = None) -> List[List[int]]:
+    """Per pipeline rank, the global layer numbers it holds in its own order: a contiguous block (``counts[r]``
+    layers, or an equal share), or with VPP > 1 its model chunks' blocks, chunk c of rank r being virtual stage
+    c x PP + r of PP x VPP equal stages."""
+    if vpp > 1:
+        per = num_layers // (pp * vpp)
+        return [[(c * pp + r) * per + i for c in range(vpp) for i in range(per)] for r in range(pp)]
+    out, start = [], 0
+    for count in counts or [num_layers // pp] * pp:
+        out.append(list(range(start, start + count)))
+        start += count
+    return out

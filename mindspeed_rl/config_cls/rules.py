@@ -21,6 +21,7 @@ from .feature_rules import (
 )
 from .logging_config import check_logging_keys
 from .megatron_config import STAGE_ENTRY_POINTS
+from .pipeline_rules import check_pipeline_layers
 
 if TYPE_CHECKING:
     from .ppo_config import PPOConfig, RoleConfig
@@ -156,22 +157,7 @@ def check_role_parallelism(role: RoleConfig) -> None:
             + (f" x CP {role.cp}" if role.cp > 1 else "")
             + "))",
         )
-    try:
-        layers = m.layers_per_stage(model.num_layers)
-    except ValueError:
-        layers = []
-    if m.num_layer_list:
-        if len(layers) != role.pp or sum(layers) != model.num_layers or min(layers) < 1:
-            raise ConfigError(
-                role_key(role, "num_layer_list"),
-                f"{m.num_layer_list!r} must list {role.pp} positive layer counts summing to "
-                f"num_layers {model.num_layers}",
-            )
-    elif model.num_layers % role.pp:
-        raise ConfigError(
-            role_key(role, "pipeline_model_parallel_size"),
-            f"PP {role.pp} does not divide num_layers {model.num_layers}; set num_layer_list",
-        )
+    check_pipeline_layers(role)
 
 
 def check_role_micro_batch(role: RoleConfig, mini_batch_size: int) -> None:
@@ -184,6 +170,13 @@ def check_role_micro_batch(role: RoleConfig, mini_batch_size: int) -> None:
                 role_key(role, "micro_batch_size"),
                 f"mini_batch_size {mini_batch_size} over DP {role.dp} gives {per_rank:g} "
                 f"samples per rank, not a multiple of micro_batch_size {m.micro_batch_size}",
+            )
+        micro = mini_batch_size // (m.micro_batch_size * role.dp)
+        if m.virtual_stages(role.model.num_layers) > 1 and micro % role.pp:
+            raise ConfigError(
+                role_key(role, "micro_batch_size"),
+                f"{micro} micro-batches per mini-batch and rank; an interleaved pipeline (VPP) runs a multiple of "
+                f"PP {role.pp}",
             )
 
 

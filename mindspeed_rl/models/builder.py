@@ -112,9 +112,22 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
         kwargs["context_parallel_size"] = megatron.context_parallel_size
         if megatron.context_parallel_algo == "megatron_cp_algo":
             kwargs["cp_comm_type"] = "p2p"  # ring attention (Transformer Engine on CUDA)
-    if megatron.num_layer_list:
-        kwargs.update(compat_megatron.uneven_pipeline_fields(megatron.layers_per_stage(model.num_layers)))
+    kwargs.update(pipeline_fields(model, megatron))
     return TransformerConfig(**kwargs)
+
+
+def pipeline_fields(model: ModelConfig, megatron: MegatronConfig) -> dict:
+    """TransformerConfig fields of the pipeline layout: uneven stages, or the interleaved schedule (VPP)."""
+    fields: dict = {}
+    if megatron.num_layer_list:
+        fields.update(compat_megatron.uneven_pipeline_fields(megatron.layers_per_stage(model.num_layers)))
+    vpp = megatron.virtual_stages(model.num_layers)
+    if vpp > 1:  # interleaved 1F1B over vpp model chunks per pipeline rank
+        fields["virtual_pipeline_model_parallel_size"] = vpp
+        # a batch of sends and receives between the same two ranks (PP 2: prev = next) can pair an activation
+        # with a gradient on gloo; the unbatched ops order them by rank parity
+        fields["batch_p2p_comm"] = False
+    return fields
 
 
 def layer_spec(model: ModelConfig, kind: Optional[str] = None, lora: bool = False, ulysses: bool = False):
@@ -159,25 +172,38 @@ def build_gpt_model(
     pre_process: Optional[bool] = None,
     post_process: Optional[bool] = None,
     vocab_size: Optional[int] = None,
+    vp_stage: Optional[int] = None,
+    config=None,
 ):
-    """A GPTModel for this pipeline stage (parallel_state must be initialised)."""
+    """A GPTModel for this pipeline stage, or its model chunk ``vp_stage`` of an interleaved pipeline
+    (parallel_state must be initialised); ``config``: the TransformerConfig the chunks of one model share."""
     from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt import GPTModel
 
     acc = get_accelerator()
     acc.prepare_megatron()
     compat_megatron.apply()
-    config = transformer_config(model, megatron, acc.kind)
+    config = config or transformer_config(model, megatron, acc.kind)
+    vpp = megatron.virtual_stages(model.num_layers)
+    first_chunk, last_chunk = vp_stage in (None, 0), vp_stage in (None, vpp - 1)
     if pre_process is None:
-        pre_process = ps.is_pipeline_first_stage(ignore_virtual=True)
+        pre_process = ps.is_pipeline_first_stage(ignore_virtual=True) and first_chunk
     if post_process is None:
-        post_process = ps.is_pipeline_last_stage(ignore_virtual=True)
+        post_process = ps.is_pipeline_last_stage(ignore_virtual=True) and last_chunk
     vocab = vocab_size or padded_vocab_size(model, None, megatron.tensor_model_parallel_size)
-    gpt = GPTModel(
+    with compat_megatron.building_virtual_stage(vp_stage) as stage_kwargs:
+        gpt = _gpt_model(model, megatron, config, acc.kind, vocab, pre_process, post_process, stage_kwargs)
+    get_family(model.model_type_hf).post_build(gpt, model)
+    return acc.place_model(gpt)
+
+
+def _gpt_model(model, megatron, config, kind, vocab, pre_process, post_process, stage_kwargs):
+    from megatron.core.models.gpt import GPTModel
+
+    return GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(
             model,
-            acc.kind,
+            kind,
             lora=bool(megatron.lora_r),
             ulysses=megatron.context_parallel_size > 1 and megatron.context_parallel_algo == "ulysses_cp_algo",
         ),
@@ -190,9 +216,8 @@ def build_gpt_model(
         position_embedding_type=model.position_embedding_type,
         rotary_percent=model.rotary_percent,
         rotary_base=int(model.rotary_base),
+        **stage_kwargs,
     )
-    get_family(model.model_type_hf).post_build(gpt, model)
-    return acc.place_model(gpt)
 
 
 def layer_range(megatron: MegatronConfig, num_layers: int, pp_rank: int) -> Tuple[int, int]:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -27,6 +27,7 @@ from ..config_cls.ppo_config import RoleConfig
 from .batch_invariant import batch_invariant
 from .builder import build_gpt_model
 from .cross_rank import broadcast_from_last_stage, reduce_metrics
+from .engine_weights import EngineWeights
 from .heads import attach_value_head, chunked_log_probs, output_weight, return_hidden_states
 from .optimizer import build_optimizer, wrap_ddp
 from .packing import ModelInput, pack, restore_order, round_up, token_budget_groups, trim
@@ -51,7 +52,7 @@ class StepResult:
     skipped: bool = False  # a non-finite loss or gradient: no optimizer step was taken
 
 
-class MegatronEngine:
+class MegatronEngine(EngineWeights):
     """One role's megatron-core model on this rank, trainable or frozen.
 
     head: "lm" (actor, reference) or "value" (critic, reward model); remove_padding: forwards and updates
@@ -79,7 +80,17 @@ class MegatronEngine:
         self.megatron = role.megatron
         self.acc = get_accelerator()
         self.device = self.acc.current_device()
-        gpt = build_gpt_model(role.model, role.megatron, vocab_size=vocab_size)
+        # interleaved pipeline (VPP): this rank's model chunks, its layers numbered across them in chunk order
+        vpp = role.megatron.virtual_stages(role.model.num_layers)
+        chunks: List = []
+        for c in range(vpp):  # the chunks share one config (the schedule reads the first chunk's)
+            config = chunks[0].config if chunks else None
+            stage = c if vpp > 1 else None
+            chunks.append(
+                build_gpt_model(role.model, role.megatron, vocab_size=vocab_size, vp_stage=stage, config=config)
+            )
+        self.chunk_offsets = [sum(len(ch.decoder.layers) for ch in chunks[:c]) for c in range(vpp)]
+        gpt = chunks[-1]  # the chunk with the head (on the last pipeline rank)
         if head == "value":
             attach_value_head(gpt, role.model.hidden_size, init_std=value_head_init_std)
         else:
@@ -109,13 +120,14 @@ class MegatronEngine:
         # generate_config.batch_invariant: forwards in models/batch_invariant.py's numerics
         self.batch_invariant = False
         if trainable:
-            self.model = [wrap_ddp(gpt, role.megatron.use_distributed_optimizer)]
+            self.model = [wrap_ddp(chunk, role.megatron.use_distributed_optimizer) for chunk in chunks]
             self.optimizer, self.scheduler = build_optimizer(self.model, self.config, role.megatron, total_steps)
         else:
-            gpt.eval()
-            for p in gpt.parameters():
-                p.requires_grad_(False)
-            self.model = [gpt]
+            for chunk in chunks:
+                chunk.eval()
+                for p in chunk.parameters():
+                    p.requires_grad_(False)
+            self.model = chunks
 
     # ----- forward / backward -------------------------------------------------------------
     def _head_outputs(
@@ -217,6 +229,16 @@ class MegatronEngine:
         order = torch.as_tensor(np.concatenate(groups))
         return [{k: v[torch.as_tensor(g)] for k, v in batch.items()} for g in groups], order
 
+    def _interleavable(self, micro: List[Batch], forward_only: bool) -> List[Batch]:
+        """VPP: megatron's interleaved schedule takes a multiple of PP micro-batches. A forward pass repeats its
+        last one (outputs dropped); an update must come whole (rl_config checks it)."""
+        pp = self.config.pipeline_model_parallel_size
+        if len(self.model) == 1 or len(micro) % pp == 0:
+            return micro
+        if not forward_only:
+            raise ValueError(f"{len(micro)} micro-batches: an interleaved pipeline (VPP) updates a multiple of PP {pp}")
+        return micro + [micro[-1]] * (pp - len(micro) % pp)
+
     def _run(
         self,
         batch: Batch,
@@ -232,22 +254,26 @@ class MegatronEngine:
 
         batch = {k: v.to(self.device) for k, v in batch.items()}
         micro, order = self._micro_batches(batch, micro_batch_size, token_budget)
+        count = len(micro)
+        micro = self._interleavable(micro, forward_only)
         # megatron divides each micro-batch's loss by their number, DP averages the gradients: undone here
         scale = float(len(micro) * (1 if forward_only else self.dp_size))
         fwd_bwd = get_forward_backward_func()
+        # the interleaved schedule reads the micro-batches once per model chunk
+        data = [iter(micro) for _ in self.model] if len(self.model) > 1 else iter(micro)
         with batch_invariant(self.batch_invariant):
             stores = fwd_bwd(
                 forward_step_func=partial(
                     self._forward_step, loss_fn, scale, temperature, with_entropy, with_logits, token_budget is not None
                 ),
-                data_iterator=iter(micro),
+                data_iterator=data,
                 model=self.model,
                 num_microbatches=len(micro),
                 seq_length=round_up(batch["input_ids"].shape[1], self._sequence_multiple()),  # what trim widens to
                 micro_batch_size=micro_batch_size,
                 forward_only=forward_only,
             )
-        return stores, order
+        return stores[:count], order
 
     @torch.no_grad()
     def forward(
@@ -338,60 +364,3 @@ class MegatronEngine:
 
     def _comm_device(self) -> torch.device:
         return self.acc.comm_device(self.device)
-
-    # ----- weights ---------------------------------------------------------------------------------
-    def unwrapped(self):
-        """The GPTModel of this rank (without the DDP wrapper)."""
-        chunk = self.model[0]
-        return getattr(chunk, "module", chunk)
-
-    def named_weights(self) -> Iterable[Tuple[str, torch.Tensor]]:
-        """Everything the model holds (with LoRA: the base weights and the adapters), as checkpoints store it."""
-        for name, tensor in self.unwrapped().state_dict().items():
-            if isinstance(tensor, torch.Tensor) and not name.endswith("_extra_state"):
-                yield name, tensor
-
-    def trainable_names(self) -> List[str]:
-        """The parameters the optimizer updates (with LoRA: the adapters, and a critic's value head)."""
-        return [n for n, p in self.unwrapped().named_parameters() if p.requires_grad]
-
-    def export_weight_sources(self) -> Dict[str, Callable[[], torch.Tensor]]:
-        """name -> a function giving that weight as a plain model of this shape has it (with LoRA: the adapter
-        merged in when called): what the rollout engines, the reference and HF export take, on demand."""
-        if self.lora is None:
-            return {n: partial(torch.Tensor.detach, t) for n, t in self.named_weights()}
-        from .lora import merged_weight_sources
-
-        return merged_weight_sources(self.unwrapped(), self.lora)
-
-    def export_weights(self) -> Iterable[Tuple[str, torch.Tensor]]:
-        """(name, weight) of ``export_weight_sources``, one weight at a time."""
-        for name, make in self.export_weight_sources().items():
-            yield name, make()
-
-    @torch.no_grad()
-    def load_weights(self, weights: Dict[str, torch.Tensor]) -> None:
-        """Copy this rank's shards into the model (and the optimizer's fp32 main copy). Weights without LoRA
-        adapters (a base model) leave the adapters as initialised."""
-        from .lora import ADAPTER_NAMES
-
-        model = self.unwrapped()
-        own = dict(model.named_parameters())
-        has_adapters = any(n.rsplit(".", 1)[-1] in ADAPTER_NAMES for n in weights)
-        if has_adapters and self.lora is None:
-            raise ValueError(
-                f"the weights for {self.role.name} carry LoRA adapters but {self.role.name}_config.lora_r is 0: "
-                "train with the same lora_r, or export merged weights (cli/convert_ckpt.py --save-model-type hf)"
-            )
-        if not has_adapters:
-            own = {n: p for n, p in own.items() if n.rsplit(".", 1)[-1] not in ADAPTER_NAMES}
-        missing = [n for n in own if n not in weights]
-        if missing:
-            raise KeyError(f"weights for {self.role.name} lack {missing[:3]}{'...' if len(missing) > 3 else ''}")
-        for name, param in own.items():
-            src = weights[name]
-            if tuple(src.shape) != tuple(param.shape):
-                raise ValueError(f"{name}: checkpoint shape {tuple(src.shape)} != model shape {tuple(param.shape)}")
-            param.copy_(src.to(param.dtype))
-        if self.optimizer is not None:
-            self.optimizer.reload_model_params()

@@ -75,15 +75,13 @@ class Offloader:
     def param_tensors(self) -> List[torch.Tensor]:
         tensors = [b.param_data for b in self._buffers() if getattr(b, "param_data", None) is not None]
         covered = {t.untyped_storage().data_ptr() for t in tensors}
-        tensors += [
-            p.data for p in self.engine.unwrapped().parameters() if p.data.untyped_storage().data_ptr() not in covered
-        ]
+        tensors += [p.data for p in self.engine.parameters() if p.data.untyped_storage().data_ptr() not in covered]
         return tensors
 
     def grad_tensors(self) -> List[torch.Tensor]:
         tensors = [b.grad_data for b in self._buffers() if getattr(b, "grad_data", None) is not None]
         if not tensors:
-            tensors = [p.grad for p in self.engine.unwrapped().parameters() if p.grad is not None]
+            tensors = [p.grad for p in self.engine.parameters() if p.grad is not None]
         return tensors
 
     def optimizer_tensors(self) -> List[torch.Tensor]:

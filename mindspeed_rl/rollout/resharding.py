@@ -17,18 +17,17 @@ from typing import Any, Dict, Iterator, List, Tuple
 import torch
 import torch.distributed as dist
 
-from ..checkpoint.sharding import stage_starts
-from ..checkpoint.tp_split import expert_number, layer_number, merge_tp, renumber_expert, shift_layer
+from ..checkpoint.sharding import to_global
+from ..checkpoint.tp_split import expert_number, layer_number, merge_tp, renumber_expert
 
 
-def _pieces(engine) -> List[Tuple[str, int, int]]:
-    """(kind, owning stage, local layer) for every piece, in load order."""
-    model = engine.role.model
-    counts = engine.megatron.layers_per_stage(model.num_layers)
+def _pieces(layers: List[List[int]]) -> List[Tuple[str, int, int]]:
+    """(kind, owning stage, local layer) for every piece, in load order (layers in global order; ``layers``:
+    each stage's global layers in its own order)."""
+    where = {g: (stage, i) for stage, held in enumerate(layers) for i, g in enumerate(held)}
     pieces = [("embedding", 0, -1)]
-    for stage, count in enumerate(counts):
-        pieces += [("layer", stage, i) for i in range(count)]
-    pieces.append(("final", len(counts) - 1, -1))
+    pieces += [("layer", *where[g]) for g in sorted(where)]
+    pieces.append(("final", len(layers) - 1, -1))
     return pieces
 
 
@@ -51,15 +50,14 @@ def iter_full_weights(engine) -> Iterator[Dict[str, torch.Tensor]]:
     ep = ps.get_expert_model_parallel_world_size()
     ep_group = ps.get_expert_model_parallel_group() if ep > 1 else None
     experts_per_rank = (engine.role.model.num_experts or ep) // ep
-    counts = engine.megatron.layers_per_stage(engine.role.model.num_layers)
-    starts = stage_starts(counts)
+    layers = engine.megatron.stage_layers(engine.role.model.num_layers)
     swiglu = engine.role.model.swiglu
     comm = engine.acc.comm_device(engine.device)
     sources = engine.export_weight_sources()  # with LoRA each weight is merged when read, not the whole rank
     by_piece: Dict[Tuple[str, int], List[str]] = {}
     for name in sources:
         by_piece.setdefault(_piece_of(name), []).append(name)
-    for kind, stage, local_layer in _pieces(engine):
+    for kind, stage, local_layer in _pieces(layers):
         full: Dict[str, torch.Tensor] = {}
         if pp_rank == stage:
             for name in sorted(by_piece.get((kind, local_layer), [])):
@@ -69,7 +67,7 @@ def iter_full_weights(engine) -> Iterator[Dict[str, torch.Tensor]]:
                     dist.all_gather(parts, shard.to(comm).contiguous(), group=tp_group)
                 else:
                     parts = [shard]
-                global_name = shift_layer(name, starts[stage]) if layer_number(name) >= 0 else name
+                global_name = to_global(name, layers[stage])
                 merged = merge_tp(global_name, parts, swiglu)
                 expert = expert_number(name)
                 if expert >= 0 and ep > 1:

@@ -23,6 +23,7 @@ def batch_plan(cfg: PPOConfig) -> str:
     lines += [role_split_line(role, cfg) for role in cfg.roles]
     lines += role_memory_lines(cfg)
     lines += parallel_group_lines(cfg.roles)
+    lines += [pipeline_line(role, cfg.rl.mini_batch_size) for role in cfg.roles if role.pp > 1 and role.trains]
     lines.append(
         f"  forward   : actor_forward_micro_batch_size {cfg.rl.actor_forward_micro_batch_size}, "
         f"ref_forward_micro_batch_size {cfg.rl.ref_forward_micro_batch_size}"
@@ -223,6 +224,22 @@ def parallel_group_lines(roles) -> List[str]:
                 + f" (ranks that split one sequence, {role.megatron.context_parallel_algo})"
             )
     return lines
+
+
+def pipeline_line(role, mini_batch_size: int) -> str:
+    """A pipelined role's stages (with VPP its virtual stages and the layers of each rank) and the 1F1B bubble of
+    one update step: (PP - 1) / (VPP x M) idle time per unit of compute for M micro-batches per rank."""
+    m, layers = role.megatron, role.model.num_layers
+    vpp, micro = m.virtual_stages(layers), mini_batch_size // role.dp // m.micro_batch_size
+    held = "; ".join(f"rank {r} layers {stage}" for r, stage in enumerate(m.stage_layers(layers)))
+    bubble = (role.pp - 1) / (vpp * micro)
+    text = f"  {role.name + ' PP':<10}: PP {role.pp}" + (
+        f" x VPP {vpp} = {role.pp * vpp} virtual stages" if vpp > 1 else ""
+    )
+    text += (
+        f" ({held}); bubble (PP-1)/(VPP x M) = {role.pp - 1}/({vpp} x {micro}) = {bubble:.1%} idle per unit of compute"
+    )
+    return text + (f" (1F1B without VPP: {(role.pp - 1) / micro:.1%})" if vpp > 1 else "")
 
 
 def placement_lines(cfg: PPOConfig) -> List[str]:

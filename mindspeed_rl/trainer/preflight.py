@@ -83,10 +83,10 @@ def check_stored_model(key: str, iter_dir: str, role: RoleConfig) -> None:
     """The model config stored in the checkpoint has the run's shape (hidden size, layers, heads, vocab)."""
     first = first_rank_file(iter_dir)
     try:
-        stored = (ml.safe_load(first, mmap=True).get("config") or {}).get("model") or {}
+        config = ml.safe_load(first, mmap=True).get("config") or {}
     except ml.CheckpointError as exc:
         raise UserError(f"{key}: {exc}") from None
-    run = dataclasses.asdict(role.model)
+    stored, run = config.get("model") or {}, dataclasses.asdict(role.model)
     differ = [
         f"{k} {stored[k]} (run: {run[k]})"
         for k in SHAPE_KEYS
@@ -96,6 +96,37 @@ def check_stored_model(key: str, iter_dir: str, role: RoleConfig) -> None:
         raise UserError(
             f"{key}: {os.path.dirname(iter_dir)} holds another model than {role.name}_config.model: {', '.join(differ)}"
         )
+    check_stored_layers(key, iter_dir, config, role)
+
+
+def check_stored_layers(key: str, iter_dir: str, config: dict, role: RoleConfig) -> None:
+    """Each pipeline rank's stored layers are the ones the run's layout gives it (num_layer_list, VPP): the same
+    shapes in another order would load silently into the wrong layers."""
+    from shlex import quote
+
+    from ..checkpoint.sharding import stored_stage_layers
+
+    if "num_layer_list" not in config:
+        return
+    m, layers = role.megatron, role.model.num_layers
+    stored, run = stored_stage_layers(config), m.stage_layers(layers)
+    if len(stored) != len(run) or stored == run:
+        return
+    vpp = m.virtual_stages(layers)
+    folder = os.path.dirname(iter_dir.rstrip("/"))
+    target = f"{folder}_vpp{vpp}" if vpp > 1 else f"{folder}_pp{role.pp}"
+    split = (
+        f" --num-layers-per-virtual-pipeline-stage {layers // (role.pp * vpp)}"
+        if vpp > 1
+        else (f" --num-layer-list {m.num_layer_list}" if m.num_layer_list else "")
+    )
+    raise UserError(
+        f"{key}: {folder} stores the pipeline ranks' layers as {stored}; the run's layout (num_layer_list, "
+        f"virtual_pipeline_model_parallel_size) gives {run}. Reshard it: python cli/convert_ckpt.py "
+        f"--load-model-type mg --save-model-type mg --load-dir {quote(folder)} --save-dir {quote(target)} "
+        f"--target-tensor-parallel-size {role.tp} --target-pipeline-parallel-size {role.pp}{split}"
+        + (f" --target-expert-parallel-size {m.expert_model_parallel_size}" if m.expert_model_parallel_size > 1 else "")
+    )
 
 
 def check_lora_base(section: str, iter_dir: str, override: Optional[str]) -> None:

@@ -66,9 +66,9 @@ def init_distributed(
     dist.init_process_group(acc.dist_backend, rank=rank, world_size=world_size)
 
 
-def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 1234, ep: int = 1, cp: int = 1) -> None:
-    """megatron parallel_state for TP x PP x CP (DP is what remains; EP splits the experts over DP ranks),
-    and the model-parallel RNG."""
+def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 1234, ep: int = 1, cp: int = 1, vpp: int = 1) -> None:
+    """megatron parallel_state for TP x PP x CP (DP is what remains; EP splits the experts over DP ranks; VPP
+    model chunks per pipeline rank), and the model-parallel RNG."""
     # the device's patches first: MindSpeed's adaptor must patch megatron-core before anything imports it
     get_accelerator().prepare_megatron()
     compat_megatron.apply()
@@ -81,6 +81,7 @@ def init_model_parallel(tp: int = 1, pp: int = 1, seed: int = 1234, ep: int = 1,
             pipeline_model_parallel_size=pp,
             expert_model_parallel_size=ep,
             context_parallel_size=cp,
+            virtual_pipeline_model_parallel_size=vpp if vpp > 1 else None,
         )
     # Every rank seeds identically first: with CPU initialisation megatron DDP does not
     # broadcast initial parameters, so replicas must build identical weights.

@@ -53,7 +53,7 @@ class IntegratedActorWorker(MegatronWorker):
         with_engine: bool = True,
     ):
         m = role.megatron
-        super().__init__(world, m)
+        super().__init__(world, role)
         from ..models.engine import MegatronEngine
         from ..models.offload import Offloader
         from ..rollout.factory import make_rollout_engine

@@ -8,7 +8,6 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..config_cls.megatron_config import MegatronConfig
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..protocol import Experience, LoadedState, MiniBatch, RankLayout, WorldSpec
@@ -47,18 +46,19 @@ class MegatronWorker:
     """One rank of a role's own torch.distributed world (own master port), with the role's model parallel
     groups; ``seed_offset`` keeps the roles' random streams apart."""
 
-    def __init__(self, world: WorldSpec, megatron: MegatronConfig, seed_offset: int = 0):
+    def __init__(self, world: WorldSpec, role: RoleConfig, seed_offset: int = 0):
         from ..utils import dist
 
         self.acc = start_worker_process(world)
         self.rank, self.world_size = world.rank, world.world_size
-        m = megatron
+        m = role.megatron
         dist.init_model_parallel(
             m.tensor_model_parallel_size,
             m.pipeline_model_parallel_size,
             seed=m.seed + seed_offset,
             ep=m.expert_model_parallel_size,
             cp=m.context_parallel_size,
+            vpp=m.virtual_stages(role.model.num_layers),
         )
         from megatron.core import parallel_state as ps
 
@@ -100,7 +100,7 @@ class FrozenModelWorker(MegatronWorker):
     seed_offset = 0
 
     def __init__(self, world: WorldSpec, role: RoleConfig, rl: RLConfig, offload_when_idle: bool = False):
-        super().__init__(world, role.megatron, self.seed_offset)
+        super().__init__(world, role, self.seed_offset)
         from ..models.engine import MegatronEngine
         from ..models.offload import Offloader
 

@@ -19,7 +19,7 @@ class CriticWorker(MegatronWorker):
         self, world: WorldSpec, role: RoleConfig, rl: RLConfig, total_steps: int, offload_when_idle: bool = False
     ):
         m = role.megatron
-        super().__init__(world, m, seed_offset=7)
+        super().__init__(world, role, seed_offset=7)
         from ..models.engine import MegatronEngine
         from ..models.offload import Offloader
 

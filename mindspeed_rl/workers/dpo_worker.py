@@ -28,7 +28,7 @@ def answer_logps(log_probs: torch.Tensor, answer_mask: torch.Tensor) -> Tuple[to
 
 class DPOWorker(StageWorker):
     def __init__(self, world: WorldSpec, role: RoleConfig, rl: RLConfig, total_steps: int, dpo: DPOConfig):
-        super().__init__(world, role.megatron)
+        super().__init__(world, role)
         from ..models.engine import MegatronEngine
 
         self.role, self.rl, self.dpo = role, rl, dpo

@@ -20,7 +20,7 @@ Batch = Dict[str, torch.Tensor]
 class RewardModelWorker(StageWorker):
     def __init__(self, world: WorldSpec, role: RoleConfig, rl: RLConfig, total_steps: int):
         m = role.megatron
-        super().__init__(world, m, seed_offset=13)
+        super().__init__(world, role, seed_offset=13)
         from ..models.engine import MegatronEngine
 
         self.role, self.rl = role, rl

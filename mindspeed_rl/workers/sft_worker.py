@@ -18,7 +18,7 @@ Batch = Dict[str, torch.Tensor]
 
 class SFTWorker(StageWorker):
     def __init__(self, world: WorldSpec, role: RoleConfig, rl: RLConfig, total_steps: int):
-        super().__init__(world, role.megatron)
+        super().__init__(world, role)
         from ..models.engine import MegatronEngine
 
         self.role, self.rl = role, rl
