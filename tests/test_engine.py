@@ -169,6 +169,8 @@ def test_value_head_engine_outputs_values():
     [
         dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1),
         dict(recompute_granularity="selective"),
+        dict(recompute_norm=True),  # megatron-core's layernorm recomputation off NPU
+        dict(recompute_granularity="selective", recompute_modules=["layernorm", "mlp"]),
     ],
 )
 def test_activation_recompute_gives_the_same_step(recompute):

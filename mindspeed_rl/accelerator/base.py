@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -23,12 +23,20 @@ class Accelerator:
     """megatron-core's use_cpu_initialization: initialise parameters on the CPU."""
     vllm_supports_sleep: bool = True
     """vLLM's sleep mode frees the engine's memory between rollouts."""
+    runs_mindspeed: bool = False
+    """MindSpeed's switches (swap_optimizer, reuse_fp32_param, recompute_norm, ...) reach MindSpeed here."""
     roles_start_together: bool = False
     """Build the roles' worker groups side by side. Not where vLLM sizes its KV cache from the device memory it
     finds free while it starts: another role loading its weights meanwhile would change that."""
 
     def device_count(self) -> int:
         raise NotImplementedError
+
+    def use_mindspeed_switches(self, argv: List[str]) -> None:
+        """Hand a role's MindSpeed flags to MindSpeed before megatron-core is patched (a device without MindSpeed
+        refuses them before start: trainer/preflight.py)."""
+        if argv:
+            raise ValueError(f"MindSpeed's switches {argv} do not run on {self.kind}")
 
     def device(self, local_rank: int = 0) -> torch.device:
         raise NotImplementedError

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import importlib
 import logging
-from typing import Dict, Optional
+import sys
+from typing import Dict, List, Optional
 
 import torch
 
@@ -17,6 +18,14 @@ class NpuAccelerator(Accelerator):
     kind = "npu"
     dist_backend = "hccl"
     ray_resource = "NPU"
+    runs_mindspeed = True
+
+    def use_mindspeed_switches(self, argv: List[str]) -> None:
+        """MindSpeed's adaptor reads its feature flags from the process's arguments when it is imported
+        (``prepare_megatron``): they are appended to sys.argv first (written from MindSpeed's documented flags,
+        not run on an NPU here)."""
+        if argv and argv[0] not in sys.argv:  # one role per worker process: once
+            sys.argv += argv
 
     def transfer_group(self, store, rank: int, size: int, timeout):
         # torch_npu's HCCL process group, built over its own store like gloo's (checked only on NPU hardware)

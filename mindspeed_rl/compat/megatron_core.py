@@ -19,6 +19,7 @@ def apply() -> None:
         return
     _no_fp8_shards_without_transformer_engine()
     _router_without_transformer_engine()
+    _recompute_without_transformer_engine()
     _APPLIED = True
 
 
@@ -38,6 +39,30 @@ def _no_fp8_shards_without_transformer_engine() -> None:
 
     quantize_param_shard.mindspeed_rl = True
     fp8_utils._quantize_param_shard_impl = quantize_param_shard
+
+
+class _NoFP8:
+    """Transformer Engine's FP8 state as it is without Transformer Engine: off."""
+
+    @staticmethod
+    def is_fp8_enabled() -> bool:
+        return False
+
+    @staticmethod
+    def get_fp8_recipe() -> None:
+        return None
+
+
+def _recompute_without_transformer_engine() -> None:
+    """megatron-core's ``CheckpointWithoutOutput`` (selective recomputation of layernorm, moe_act) sets
+    ``self.fp8 = fp8 is not None``, true for its default ``fp8=False``, and then calls Transformer Engine's FP8
+    state, absent without it (a NameError). Without TE that state is "no FP8" and its contexts do nothing."""
+    random = importlib.import_module("megatron.core.tensor_parallel.random")
+    if getattr(random, "HAVE_TE", True):
+        return
+    random.__dict__.setdefault("FP8GlobalStateManager", _NoFP8)
+    random.__dict__.setdefault("activation_recompute_forward", lambda **kwargs: contextlib.nullcontext())
+    random.__dict__.setdefault("fp8_autocast", lambda **kwargs: contextlib.nullcontext())
 
 
 def _router_without_transformer_engine() -> None:

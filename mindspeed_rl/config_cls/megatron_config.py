@@ -49,6 +49,23 @@ class MegatronConfig:
         None, "Which layers to recompute (full granularity).", choices=("uniform", "block")
     )
     recompute_num_layers: Optional[int] = opt(None, "Layers per recompute chunk.", ge=1)
+    recompute_modules: Optional[List[str]] = opt(
+        None,
+        "What selective recomputation recomputes (megatron-core's names): core_attn (the default), layernorm, "
+        "mlp, moe.",
+    )
+    # MindSpeed's memory and speed switches (docs/features.md): on NPU passed to MindSpeed as its flags; on CPU
+    # and CUDA recompute_norm is megatron-core's layernorm recomputation and the others are refused
+    recompute_norm: bool = opt(False, "Recompute the norms in the backward instead of keeping their outputs.")
+    recompute_norm_num_layers: Optional[int] = opt(None, "MindSpeed: recompute the norms of this many layers.", ge=1)
+    recompute_activation_function: bool = opt(False, "MindSpeed: recompute the MLP activation (NPU).")
+    recompute_activation_function_num_layers: Optional[int] = opt(
+        None, "MindSpeed: recompute the activation of this many layers (NPU).", ge=1
+    )
+    swap_optimizer: bool = opt(False, "MindSpeed: keep the distributed optimizer's fp32 state on host (NPU).")
+    reuse_fp32_param: bool = opt(False, "MindSpeed: bf16 weights share memory with their fp32 copies (NPU).")
+    swap_attention: bool = opt(False, "MindSpeed: swap attention activations to host (NPU).")
+    moe_hierarchical_alltoallv: bool = opt(False, "MindSpeed: two-level all-to-all for MoE dispatch (NPU).")
     attention_dropout: float = opt(0.0, "Attention dropout.", ge=0, lt=1)
     hidden_dropout: float = opt(0.0, "Hidden dropout.", ge=0, lt=1)
     init_method_std: float = opt(0.02, "Std of the normal init of fresh weights.", gt=0)
@@ -213,3 +230,30 @@ def pipeline_layers(num_layers: int, pp: int, vpp: int = 1, counts: Optional[Lis
         out.append(list(range(start, start + count)))
         start += count
     return out
+
+
+# MindSpeed's switches: key -> its command-line flag (the adaptor reads them from the process's arguments)
+MINDSPEED_SWITCHES = {
+    "recompute_norm": "--recompute-norm",
+    "recompute_norm_num_layers": "--recompute-norm-num-layers",
+    "recompute_activation_function": "--recompute-activation-function",
+    "recompute_activation_function_num_layers": "--recompute-activation-function-num-layers",
+    "swap_optimizer": "--swap-optimizer",
+    "reuse_fp32_param": "--reuse-fp32-param",
+    "swap_attention": "--swap-attention",
+    "moe_hierarchical_alltoallv": "--moe-hierarchical-alltoallv",
+}
+# what megatron-core itself recomputes selectively (of its modules, the ones our layer specs build)
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mlp", "moe")
+
+
+def mindspeed_argv(m: MegatronConfig) -> List[str]:
+    """The MindSpeed flags of a role's switches that are on (booleans as bare flags, counts with their value)."""
+    argv: List[str] = []
+    for key, flag in MINDSPEED_SWITCHES.items():
+        value = getattr(m, key)
+        if value is True:
+            argv.append(flag)
+        elif value not in (None, False):
+            argv += [flag, str(value)]
+    return argv

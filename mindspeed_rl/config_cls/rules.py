@@ -21,6 +21,7 @@ from .feature_rules import (
 )
 from .logging_config import check_logging_keys
 from .megatron_config import STAGE_ENTRY_POINTS
+from .memory_rules import check_memory_switches
 from .pipeline_rules import check_pipeline_layers
 
 if TYPE_CHECKING:
@@ -181,8 +182,9 @@ def check_role_micro_batch(role: RoleConfig, mini_batch_size: int) -> None:
 
 
 def check_role_training(role: RoleConfig) -> None:
-    """Precision, learning-rate floor and HF copies of checkpoints."""
+    """Precision, learning-rate floor, HF copies of checkpoints, recomputation and MindSpeed's switches."""
     m = role.megatron
+    check_memory_switches(role)
     if m.bf16 and m.fp16:
         raise ConfigError(role_key(role, "fp16"), "bf16 and fp16 are both true; pick one")
     if m.min_lr > m.lr:

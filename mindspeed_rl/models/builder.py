@@ -96,9 +96,7 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
         apply_rope_fusion=rope_fusion,
         gradient_accumulation_fusion=grad_acc_fusion,
         cross_entropy_loss_fusion=False,
-        recompute_granularity=megatron.recompute_granularity,
-        recompute_method=megatron.recompute_method if megatron.recompute_granularity == "full" else None,
-        recompute_num_layers=megatron.recompute_num_layers if megatron.recompute_granularity == "full" else None,
+        **recompute_fields(megatron, acc),
         deallocate_pipeline_outputs=False,
     )
     kwargs.update(get_family(model.model_type_hf).transformer_config_fields(model))
@@ -114,6 +112,22 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
             kwargs["cp_comm_type"] = "p2p"  # ring attention (Transformer Engine on CUDA)
     kwargs.update(pipeline_fields(model, megatron))
     return TransformerConfig(**kwargs)
+
+
+def recompute_fields(megatron: MegatronConfig, acc) -> dict:
+    """Recomputation: full (method, layers) or selective (recompute_modules); recompute_norm adds megatron-core's
+    layernorm module where MindSpeed does not run (on NPU MindSpeed recomputes the norms itself)."""
+    granularity, modules = megatron.recompute_granularity, megatron.recompute_modules
+    if megatron.recompute_norm and not acc.runs_mindspeed:
+        granularity = "selective"
+        modules = list(modules or (["core_attn"] if megatron.recompute_granularity == "selective" else []))
+        modules += [] if "layernorm" in modules else ["layernorm"]
+    fields: dict = {"recompute_granularity": granularity}
+    if granularity == "full":
+        fields.update(recompute_method=megatron.recompute_method, recompute_num_layers=megatron.recompute_num_layers)
+    if granularity == "selective" and modules is not None:
+        fields["recompute_modules"] = list(modules)
+    return fields
 
 
 def pipeline_fields(model: ModelConfig, megatron: MegatronConfig) -> dict:

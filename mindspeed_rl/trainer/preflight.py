@@ -263,11 +263,32 @@ def check_device_features(cfg: PPOConfig) -> None:
         reason = ring_attention_unavailable(role.megatron, kind)
         if reason:
             raise UserError(f"{role.name}_config.context_parallel_algo: {reason}")
+        check_mindspeed_switches(role, acc)
         if role.trains and role.model.num_experts and role.tp > 1 and not acc.fused_features()["sequence_parallel"]:
             raise UserError(
                 f"{role.name}_config.tensor_model_parallel_size: {role.tp} on the mixture-of-experts model "
                 f"{role.megatron.model}: megatron-core trains MoE layers under TP only with sequence parallelism, "
                 f"which {kind} lacks (torch norm); split the experts with expert_model_parallel_size instead"
+            )
+
+
+def check_mindspeed_switches(role: RoleConfig, acc) -> None:
+    """MindSpeed's switches run where MindSpeed does (NPU); elsewhere recompute_norm is megatron-core's layernorm
+    recomputation and the others are refused, naming the key."""
+    from ..config_cls.megatron_config import MINDSPEED_SWITCHES
+
+    if acc.runs_mindspeed:
+        return
+    for key in MINDSPEED_SWITCHES:
+        if key != "recompute_norm" and getattr(role.megatron, key):
+            raise UserError(
+                f"{role.name}_config.{key}: a MindSpeed switch (docs/features.md); nothing implements it on "
+                f"{acc.kind} (MindSpeed patches megatron-core on NPU): remove it"
+                + (
+                    "; megatron-core recomputes whole layers or modules: recompute_granularity / recompute_modules"
+                    if key.startswith("recompute")
+                    else ""
+                )
             )
 
 

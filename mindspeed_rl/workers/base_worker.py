@@ -8,6 +8,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from ..config_cls.megatron_config import mindspeed_argv
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..protocol import Experience, LoadedState, MiniBatch, RankLayout, WorldSpec
@@ -52,6 +53,8 @@ class MegatronWorker:
         self.acc = start_worker_process(world)
         self.rank, self.world_size = world.rank, world.world_size
         m = role.megatron
+        if self.acc.runs_mindspeed:  # before MindSpeed patches megatron-core (init_model_parallel imports it)
+            self.acc.use_mindspeed_switches(mindspeed_argv(m))
         dist.init_model_parallel(
             m.tensor_model_parallel_size,
             m.pipeline_model_parallel_size,
