@@ -80,7 +80,7 @@ class PPOTrainer:
         self.collapse_streak = 0  # iterations in a row with a collapsed policy (rl_config.max_collapsed_iterations)
         self.ref_from = None  # the original weights the reference was built from, for resumes
         self.forward_metrics: Dict[str, float] = {}  # an iteration's metrics from the actor's forwards
-        self.expert_load = ExpertLoad.of_run(cfg.generate, cfg.actor, logger.run_dir)  # None: not counted
+        self.expert_load = ExpertLoad.of_run(cfg.generate, cfg.actor, getattr(logger, "run_dir", "."))
 
     @contextmanager
     def timer(self, name: str):
