@@ -144,3 +144,13 @@ def test_with_vllm_ascend_the_refusal_names_the_engines_expert_parallelism(monke
     monkeypatch.setattr(stack, "installed_version", lambda *names: "0.13.0" if "vllm-ascend" in names else None)
     reason = stack.expert_map_unavailable(1)
     assert "additional_config.expert_map_path" in reason and "infer_expert_parallel_size 1" in reason
+
+
+def test_the_moe_recipe_and_its_eplb_variant_plan(capsys):
+    from cli import train_ppo
+
+    assert train_ppo.main(["--config-name", "grpo_qwen3_30b_a3b_eplb_A3", "dry_run=true"]) == 0
+    plan = capsys.readouterr().out
+    assert "128 experts over EP 4" in plan and "eplb      : tokens per expert and MoE layer counted into" in plan
+    assert train_ppo.main(["--config-name", "grpo_qwen3_30b_a3b_A3", "dry_run=true"]) == 0
+    assert "eplb" not in capsys.readouterr().out

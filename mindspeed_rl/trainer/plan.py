@@ -109,6 +109,9 @@ def rollout_feature_lines(cfg: PPOConfig) -> List[str]:
             f"with the next weights, finished within {split} iterations"
             + ("" if rl.require_max_age_all_finished else " when rounds run (require_max_age_all_finished false)")
         )
+    if gen.eplb_token_collects:
+        where = gen.eplb_token_save_path or "<run folder>/expert_load.json"
+        lines.append(f"  eplb      : tokens per expert and MoE layer counted into {where} (cli/eplb_generate_map.py)")
     return lines
 
 
