@@ -141,7 +141,7 @@ def test_the_eplb_keys_are_refused_where_they_cannot_work(tmp_path, capsys):
 def test_with_vllm_ascend_the_refusal_names_the_engines_expert_parallelism(monkeypatch):
     from mindspeed_rl.compat import stack
 
-    monkeypatch.setattr(stack, "installed_version", lambda *names: "0.13.0" if "vllm-ascend" in names else None)
+    monkeypatch.setattr(stack, "installed", lambda name: "0.13.0" if name == "vllm-ascend" else None)
     reason = stack.expert_map_unavailable(1)
     assert "additional_config.expert_map_path" in reason and "infer_expert_parallel_size 1" in reason
 

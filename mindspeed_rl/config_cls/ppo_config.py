@@ -97,8 +97,7 @@ class PPOConfig:
 
     @property
     def captures_routes(self) -> bool:
-        """The rollout engine returns each token's experts: router replay, or the expert load EPLB counts."""
-        return self.rl.router_replay is not None or self.generate.eplb_token_collects
+        return captures_routes(self.rl, self.generate)
 
     @property
     def uses_critic(self) -> bool:
@@ -280,3 +279,8 @@ def to_plain(obj: Any) -> Any:
     if isinstance(obj, list):
         return [to_plain(v) for v in obj]
     return obj
+
+
+def captures_routes(rl: RLConfig, gen: GenerateConfig) -> bool:
+    """The rollout engine returns each token's experts: router replay, or the expert load EPLB counts."""
+    return rl.router_replay is not None or gen.eplb_token_collects

@@ -8,7 +8,7 @@ place, to what the device supports (``Accelerator.fused_features``); each mappin
 from __future__ import annotations
 
 import logging
-from typing import List, Optional, Tuple
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -232,10 +232,3 @@ def _gpt_model(model, megatron, config, kind, vocab, pre_process, post_process, 
         rotary_base=int(model.rotary_base),
         **stage_kwargs,
     )
-
-
-def layer_range(megatron: MegatronConfig, num_layers: int, pp_rank: int) -> Tuple[int, int]:
-    """[first, last) global layer numbers held by pipeline stage ``pp_rank``."""
-    counts: List[int] = megatron.layers_per_stage(num_layers)
-    start = sum(counts[:pp_rank])
-    return start, start + counts[pp_rank]

@@ -92,7 +92,7 @@ def place_layer(load: Sequence[float], cluster: Cluster) -> List[List[int]]:
         members = [g * per_group + i for g in sorted(node_groups) for i in range(per_group)]
         replicas = replica_counts([load[e] for e in members], slots_per_node)
         slots = [e for e, r in zip(members, replicas) for _ in range(r)]
-        per_slot = [float(load[e]) / replicas[members.index(e)] for e in slots]
+        per_slot = [float(load[e]) / r for e, r in zip(members, replicas) for _ in range(r)]
         for device in balanced_packing(per_slot, devices_per_node):
             placement.append(sorted(slots[i] for i in device))
     return placement

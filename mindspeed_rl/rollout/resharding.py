@@ -17,16 +17,15 @@ from typing import Any, Dict, Iterator, List, Tuple
 import torch
 import torch.distributed as dist
 
-from ..checkpoint.sharding import to_global
+from ..checkpoint.sharding import layer_owners, to_global
 from ..checkpoint.tp_split import expert_number, layer_number, merge_tp, renumber_expert
 
 
 def _pieces(layers: List[List[int]]) -> List[Tuple[str, int, int]]:
     """(kind, owning stage, local layer) for every piece, in load order (layers in global order; ``layers``:
     each stage's global layers in its own order)."""
-    where = {g: (stage, i) for stage, held in enumerate(layers) for i, g in enumerate(held)}
     pieces = [("embedding", 0, -1)]
-    pieces += [("layer", *where[g]) for g in sorted(where)]
+    pieces += [("layer", stage, local) for stage, local in layer_owners(layers).values()]
     pieces.append(("final", len(layers) - 1, -1))
     return pieces
 

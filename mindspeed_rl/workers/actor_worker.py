@@ -21,7 +21,7 @@ from ..algorithms.kl import kl_penalty
 from ..algorithms.losses import Clip, LossScale, aggregate, entropy_loss, policy_loss
 from ..config_cls.algorithm_choice import resolve_algorithm
 from ..config_cls.generate_config import GenerateConfig
-from ..config_cls.ppo_config import RoleConfig
+from ..config_cls.ppo_config import RoleConfig, captures_routes
 from ..config_cls.rl_config import RLConfig
 from ..protocol import (
     ACTOR_INPUTS,
@@ -84,7 +84,7 @@ class IntegratedActorWorker(MegatronWorker):
                 pad_token_id,
                 seed=gen.sampling_config.seed,
                 bf16=m.bf16,
-                capture_routes=rl.router_replay is not None or gen.eplb_token_collects,
+                capture_routes=captures_routes(rl, gen),
                 processor_dir=m.tokenizer_name_or_path,
             )
             if with_engine
