@@ -344,15 +344,46 @@ def route_counts(engine, prompts, outputs):
     return router_replay.take_mismatch(engine.route_replays)
 
 
+def _family_rollout(engine, model, spec, workdir):
+    """Greedy responses of a vLLM engine updated in place from ``engine``'s weights (fp32), and for Qwen3-MoE the
+    route checks."""
+    from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+    from mindspeed_rl.protocol import RolloutRequest
+    from mindspeed_rl.rollout.factory import make_rollout_engine
+    from mindspeed_rl.rollout.resharding import iter_full_weights
+
+    out = {}
+    gen = GenerateConfig(
+        backend="vllm",
+        dtype="float32",
+        max_model_len=128,
+        max_num_seqs=16,
+        max_num_batched_tokens=1024,
+        gpu_memory_utilization=0.005,
+    )
+    moe = spec["family"] == "qwen3_moe" and route_replay_available()
+    rollout = make_rollout_engine(model, gen, "cpu", eos_token_id=0, capture_routes=moe)
+    rollout.update_weights(iter_full_weights(engine))
+    prompts = torch.load(os.path.join(workdir, "prompts.pt"))
+    outputs = rollout.generate(RolloutRequest.of(prompts, SamplingConfig(temperature=0, max_tokens=12)))
+    out["greedy"] = [o.response_ids for o in outputs]
+    if moe:  # the engine's routes against the training forward's own router on the same tokens and weights
+        out["route_counts"] = route_counts(engine, prompts, outputs)
+        # the rollout forced onto other experts: replayed, training matches it; not replayed, it does not
+        rollout.llm.collective_rpc(route_to_runners_up)
+        forced = rollout.generate(RolloutRequest.of(prompts, SamplingConfig(temperature=1.0, max_tokens=12), seed=5))
+        out["forced"] = replay_check(engine, prompts, forced)
+    rollout.shutdown()
+    return out
+
+
 def run_family(rank, world, spec, workdir, port):
     """One model family at TP x PP x EP from its converted checkpoint: logits, greedy rollout through an
     in-place updated vLLM engine, and (with ``spec["train"]``) one SFT step's loss, grad norm and weights."""
     from mindspeed_rl.checkpoint.engine_io import load_weights_only
     from mindspeed_rl.checkpoint.megatron_reader import read_mg_config
-    from mindspeed_rl.config_cls import GenerateConfig, ModelConfig, SamplingConfig
+    from mindspeed_rl.config_cls import ModelConfig
     from mindspeed_rl.models.engine import MegatronEngine
-    from mindspeed_rl.protocol import RolloutRequest
-    from mindspeed_rl.rollout.factory import make_rollout_engine
     from mindspeed_rl.rollout.resharding import iter_full_weights
     from tests.helpers import tiny_role
 
@@ -377,27 +408,8 @@ def run_family(rank, world, spec, workdir, port):
     engine = MegatronEngine(role(), trainable=False)
     load_weights_only(engine, mg_dir)
     out = {"logits": engine.forward(batch, micro_batch_size=2, with_logits=True)["logits"]}
-    gen = GenerateConfig(
-        backend="vllm",
-        dtype="float32",
-        max_model_len=128,
-        max_num_seqs=16,
-        max_num_batched_tokens=1024,
-        gpu_memory_utilization=0.005,
-    )
-    moe = spec["family"] == "qwen3_moe" and route_replay_available()
-    rollout = make_rollout_engine(model, gen, "cpu", eos_token_id=0, capture_routes=moe)
-    rollout.update_weights(iter_full_weights(engine))
-    prompts = torch.load(os.path.join(workdir, "prompts.pt"))
-    outputs = rollout.generate(RolloutRequest.of(prompts, SamplingConfig(temperature=0, max_tokens=12)))
-    out["greedy"] = [o.response_ids for o in outputs]
-    if moe:  # the engine's routes against the training forward's own router on the same tokens and weights
-        out["route_counts"] = route_counts(engine, prompts, outputs)
-        # the rollout forced onto other experts: replayed, training matches it; not replayed, it does not
-        rollout.llm.collective_rpc(route_to_runners_up)
-        forced = rollout.generate(RolloutRequest.of(prompts, SamplingConfig(temperature=1.0, max_tokens=12), seed=5))
-        out["forced"] = replay_check(engine, prompts, forced)
-    rollout.shutdown()
+    if spec.get("rollout", True):
+        out.update(_family_rollout(engine, model, spec, workdir))
     if spec.get("train"):
         from megatron.core import parallel_state as ps
 

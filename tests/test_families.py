@@ -43,7 +43,7 @@ def test_family_checks_name_the_key():
         tiny("qwen3_moe", moe_router_topk=8)
 
 
-@pytest.mark.parametrize("family", ["qwen25", "qwen3", "llama3", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["qwen25", "qwen3", "llama3", "qwen3_moe", "deepseek_v3"])
 def test_hf_config_read_back_gives_the_same_model_section(family, tmp_path):
     model = tiny(family)
     build_hf_model(str(tmp_path), model, seed=0)
@@ -62,8 +62,27 @@ def test_hf_config_read_back_gives_the_same_model_section(family, tmp_path):
         "head_dim",
         "kv_heads",
         "untie_embeddings_and_output_weights",
+        "multi_latent_attention",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_head_dim",
+        "qk_pos_emb_head_dim",
+        "v_head_dim",
+        "first_k_dense_replace",
+        "n_shared_experts",
+        "moe_router_score_function",
+        "moe_router_enable_expert_bias",
+        "moe_router_num_groups",
+        "moe_router_group_topk",
+        "moe_router_topk_scaling_factor",
+        "beta_fast",
+        "rope_scaling_mscale_all_dim",
     ):
         assert getattr(back, key) == getattr(model, key), key
+    # the parameter count (the dry-run plan's) is the HF model's own, buffers such as the expert bias included
+    hf_model = build_hf_model(str(tmp_path / "again"), model, seed=0)
+    stored = sum(t.numel() for t in hf_model.state_dict().values())
+    assert model.parameter_count() == stored
 
 
 def test_llama3_rope_scaling_is_read_and_written(tmp_path):
@@ -131,6 +150,8 @@ ROUND_TRIPS = [
     ("qwen3_moe", 1, 1, 2),
     ("qwen3_moe", 2, 1, 2),
     ("qwen3_moe", 1, 2, 4),
+    ("deepseek_v3", 2, 1, 2),
+    ("deepseek_v3", 1, 3, 4),
 ]
 
 
@@ -145,9 +166,9 @@ def test_hf_mg_hf_round_trip_is_bit_identical(family, tp, pp, ep, tmp_path):
             f"mp_rank_{tp - 1:02d}_{ep - 1:03d}" if pp == 1 else f"mp_rank_{tp - 1:02d}_{pp - 1:03d}_{ep - 1:03d}"
         )
         assert read_mg_config(str(tmp_path / "mg"))[2:] == (tp, pp)
-        first = torch.load(tmp_path / "mg" / "release" / files[0] / "model_optim_rng.pt", weights_only=True)
-        experts = {n.split("local_experts.")[1].split(".")[0] for n in first["model"] if "local_experts" in n}
-        assert experts == {str(e) for e in range(4 // ep)}
+        last = torch.load(tmp_path / "mg" / "release" / files[-1] / "model_optim_rng.pt", weights_only=True)
+        experts = {n.split("local_experts.")[1].split(".")[0] for n in last["model"] if "local_experts" in n}
+        assert experts == {str(e) for e in range(tiny(family).num_experts // ep)}
     mg_to_hf(str(tmp_path / "mg"), str(tmp_path / "hf"))
     before, after = HFReader(str(tmp_path / "hf")), HFReader(str(tmp_path / "hf" / "mg2hf"))
     assert set(before.weight_map) == set(after.weight_map)
@@ -189,6 +210,8 @@ LAYOUTS = [
     dict(name="llama3_pp2", family="llama3", tp=1, pp=2, world=2),
     dict(name="qwen3_moe_ep2", family="qwen3_moe", tp=1, pp=1, ep=2, world=2, train=True),
     dict(name="qwen3_moe_ep1", family="qwen3_moe", tp=1, pp=1, ep=1, world=1, train=True),
+    # MLA split over TP 2 (vLLM's CPU MLA runs bf16 only: its rollout is the GRPO run's below)
+    dict(name="deepseek_v3_tp2", family="deepseek_v3", tp=2, pp=1, world=2, rollout=False),
 ]
 
 
@@ -239,8 +262,9 @@ def test_each_family_matches_hf_after_conversion_and_in_place_resharding(tmp_pat
                 for p in prompts
             ]
         diff = (got["logits"] - want)[real].abs().max().item()
+        print(spec["name"], "largest logit difference from transformers (fp32):", diff)  # shown with -s
         assert diff <= 2e-5, f"{spec['name']}: logits differ by {diff}"
-        assert got["greedy"] == greedy, spec["name"]
+        assert spec.get("rollout") is False or got["greedy"] == greedy, spec["name"]
         if spec["family"] == "qwen3_moe" and parallel_worker.route_replay_available():
             # router replay: vLLM's routes are the training forward's own (fp32)
             compared = sum(len(p) + len(g) - 1 for p, g in zip(prompts, greedy))  # the last token: no route
@@ -270,7 +294,7 @@ def test_each_family_matches_hf_after_conversion_and_in_place_resharding(tmp_pat
 # Qwen3-MoE is the family whose training differs (router, experts, aux loss; its attention is Qwen3's
 # qk-layernorm). Qwen3's and Llama 3's differences are in the forward (qk-layernorm, scaled RoPE), which the
 # logits and rollout tests above check at TP 2 / PP 2; a training run each costs ~25-45 s of CI.
-TRAINED_FAMILIES = ["qwen3_moe"]
+TRAINED_FAMILIES = ["qwen3_moe", "deepseek_v3"]
 
 
 @pytest.mark.slow
@@ -316,6 +340,7 @@ def test_two_grpo_iterations_per_family(tmp_path, demo_assets):
         trained = [m for m in metrics if m["iteration"] >= 1]
         assert [m["iteration"] for m in trained] == [1, 2], family
         last = trained[-1]
+        print(family, {k: last[k] for k in sorted(last) if k.startswith(("rollout/logprob", "router_replay/"))})
         for key in ("actor/pg_loss", "grad_norm", "critic/score/mean"):
             assert torch.isfinite(torch.tensor(last[key])), (family, key)
         # vLLM (after in-place resharding) and megatron agree on the sampled tokens' log-probs (bf16 both sides;
@@ -328,7 +353,9 @@ def test_two_grpo_iterations_per_family(tmp_path, demo_assets):
             (path,) = glob.glob(str(tmp_path / family / "logs" / "*" / "expert_load.json"))
             load = json.load(open(path))
             counts = torch.tensor(load["load"])
-            assert load["iterations"] == 2 and load["tokens"] > 0 and counts.shape == (load["num_moe_layers"], 4)
+            model = tiny(family)  # DeepSeek-V3's dense first layer has no routes
+            assert load["num_moe_layers"] == model.moe_layers and load["iterations"] == 2 and load["tokens"] > 0
+            assert counts.shape == (model.moe_layers, model.num_experts)
             assert (counts.sum(1) == load["tokens"] * load["top_k"]).all(), load
         hf_dir = tmp_path / family / "ckpt" / "actor" / "iter_0000002_hf"
         assert AutoConfig.from_pretrained(str(hf_dir)).model_type == get_family(family).hf_model_types[0]

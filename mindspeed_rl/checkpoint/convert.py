@@ -207,7 +207,8 @@ def hf_to_mg(
         for i in layers[pp_rank]:
             hf_layer = {n: reader.get(n) for n in family.hf_layer_names(i, cfg)}
             for name, tensor in family.layer_hf_to_mcore(i, hf_layer, cfg).items():
-                stage.add(name, tensor.to(torch_dtype))
+                # megatron keeps the router's expert bias in fp32 whatever the weights' dtype
+                stage.add(name, tensor.to(torch.float32 if name.endswith(".expert_bias") else torch_dtype))
             del hf_layer
             bar.update(1)
         if pp_rank == pp - 1:
@@ -222,6 +223,11 @@ def hf_to_mg(
         stage.write(save_dir, "release", pp_rank, pp, config)
     bar.close()
     ml.commit_save(save_dir, "release", tp * pp * ep)
+    skipped = family.untrained_hf_names(raw.weight_map, cfg)
+    if skipped:
+        log.warning(
+            "%s: %d tensors of multi-token-prediction layers not converted (not trained)", load_dir, len(skipped)
+        )
     return cfg
 
 

@@ -3,7 +3,9 @@
 Rules: qkv, word embeddings, output layer and their biases chunk on dim 0 (whole
 query groups per rank, because megatron stores qkv grouped as [q of the group's heads; k; v]);
 linear_fc1 of a SwiGLU MLP is cat(gate, up), so rank r holds cat(gate chunk r, up chunk r);
-linear_proj and linear_fc2 chunk on dim 1; norms are replicated. A value head
+linear_proj and linear_fc2 chunk on dim 1; norms are replicated. Multi-latent attention's projections
+(linear_q_proj, linear_q_down_proj, linear_q_up_proj, linear_kv_down_proj, linear_kv_up_proj) are column-parallel in
+megatron's local spec: dim 0. A value head
 (``output_layer.weight`` with one row) is replicated. LoRA adapters (``<layer>.lora_A`` / ``lora_B``):
 on column-parallel layers A is replicated and B split like the weight's rows; on row-parallel layers A
 is split like the weight's columns and B replicated. A vision tower (``visual.*``) is replicated.
@@ -18,6 +20,7 @@ import torch
 
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
+_LATENT_PROJECTIONS = ("q", "q_down", "q_up", "kv_down", "kv_up")
 
 
 def tp_rule(name: str, shape: Sequence[int], swiglu: bool = True) -> str:
@@ -32,7 +35,7 @@ def tp_rule(name: str, shape: Sequence[int], swiglu: bool = True) -> str:
         return "dim1" if adapter == "lora_A" else "replicate"
     if "layernorm" in name or name.endswith("norm.weight") or name.endswith("norm.bias"):
         return "replicate"
-    if name.endswith("mlp.router.weight") or name.endswith("mlp.router.bias"):
+    if name.endswith(("mlp.router.weight", "mlp.router.bias", "mlp.router.expert_bias")):
         return "replicate"
     if name.startswith("output_layer.") and len(shape) == 2 and shape[0] == 1:
         return "replicate"  # value head: hidden -> 1
@@ -40,6 +43,8 @@ def tp_rule(name: str, shape: Sequence[int], swiglu: bool = True) -> str:
         return "swiglu" if swiglu else "dim0"
     if "linear_qkv" in name or "word_embeddings" in name or name.startswith("output_layer."):
         return "dim0"
+    if any(f"linear_{p}_proj." in name for p in _LATENT_PROJECTIONS):
+        return "dim0"  # MLA: column-parallel (the down projections are gathered before their norms)
     if ("linear_proj" in name or "linear_fc2" in name) and name.endswith("weight"):
         return "dim1"
     if "linear_proj" in name or "linear_fc2" in name:

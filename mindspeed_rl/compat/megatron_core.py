@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
+import importlib.util
 import inspect
 from typing import Dict, Iterator, List, Optional
 
@@ -20,6 +21,7 @@ def apply() -> None:
     _no_fp8_shards_without_transformer_engine()
     _router_without_transformer_engine()
     _recompute_without_transformer_engine()
+    _latent_attention_without_transformer_engine()
     _APPLIED = True
 
 
@@ -71,6 +73,19 @@ def _router_without_transformer_engine() -> None:
     moe_utils = importlib.import_module("megatron.core.transformer.moe.moe_utils")
     if not getattr(moe_utils, "HAVE_TE", False):
         moe_utils.__dict__.setdefault("te_general_gemm", None)
+
+
+def _latent_attention_without_transformer_engine() -> None:
+    """megatron-core 0.16's multi-latent attention imports its Transformer Engine classes from the extensions module,
+    which without TE defines them on a MagicMock (``HAVE_TE`` there ends up true), and then ``isinstance(linear_proj,
+    TELinear)`` raises a TypeError; without TE the module's own flag must say so. (0.12 has no such test.)"""
+    if importlib.util.find_spec("transformer_engine") is not None:
+        return
+    try:
+        mla = importlib.import_module("megatron.core.transformer.multi_latent_attention")
+    except ImportError:
+        return
+    mla.HAVE_TE = False
 
 
 def destroy_model_parallel() -> None:

@@ -30,6 +30,10 @@ FAMILY_NAMES = (
     "qwen3_vl_moe",
     "qwen3-vl-moe",
     "qwen3vlmoe",
+    "deepseek_v3",
+    "deepseekv3",
+    "deepseek-v3",
+    "kimi_k2",
 )
 
 
@@ -81,14 +85,28 @@ class ModelConfig:
     use_mcore_models: bool = opt(True, "Megatron-core GPTModel (the only implementation here).")
     qk_layernorm: bool = opt(False, "RMSNorm on each query and key head before RoPE (Qwen3 family).")
     rope_scaling_type: Optional[str] = opt(
-        None, "RoPE frequency scaling: none, or llama3 (Llama 3.1+).", choices=(None, "llama3")
+        None,
+        "RoPE frequency scaling: none, llama3 (Llama 3.1+) or yarn (DeepSeek-V3).",
+        choices=(None, "llama3", "yarn"),
     )
     rope_scaling_factor: float = opt(8.0, "llama3 rope scaling: factor.", gt=0)
     rope_scaling_low_freq_factor: float = opt(1.0, "llama3 rope scaling: low_freq_factor.", gt=0)
     rope_scaling_high_freq_factor: float = opt(4.0, "llama3 rope scaling: high_freq_factor.", gt=0)
     rope_scaling_original_max_position_embeddings: int = opt(
-        8192, "llama3 rope scaling: the context length the model was pre-trained with.", ge=1
+        8192, "llama3 / yarn rope scaling: the context length the model was pre-trained with.", ge=1
     )
+    beta_fast: float = opt(32.0, "yarn rope scaling: beta_fast.", gt=0)
+    beta_slow: float = opt(1.0, "yarn rope scaling: beta_slow.", gt=0)
+    rope_scaling_mscale: float = opt(1.0, "yarn rope scaling: mscale.", ge=0)
+    rope_scaling_mscale_all_dim: float = opt(0.0, "yarn rope scaling: mscale_all_dim (also scales the softmax).", ge=0)
+    multi_latent_attention: bool = opt(
+        False, "Multi-latent attention (MLA, DeepSeek-V3): low-rank q and kv projections."
+    )
+    q_lora_rank: Optional[int] = opt(None, "MLA: rank of the query projection (None: a full q projection).", ge=1)
+    kv_lora_rank: int = opt(512, "MLA: rank of the compressed key/value.", ge=1)
+    qk_head_dim: int = opt(128, "MLA: query/key head dimension without RoPE.", ge=1)
+    qk_pos_emb_head_dim: int = opt(64, "MLA: query/key head dimension with RoPE (one shared key head).", ge=1)
+    v_head_dim: int = opt(128, "MLA: value head dimension.", ge=1)
     num_experts: Optional[int] = opt(None, "Routed experts per MoE layer (None: a dense model).", ge=1)
     moe_router_topk: int = opt(2, "Experts each token is routed to.", ge=1)
     moe_ffn_hidden_size: Optional[int] = opt(None, "Inner dimension of one expert's MLP.", ge=1)
@@ -96,6 +114,27 @@ class ModelConfig:
     moe_aux_loss_coeff: float = opt(0.0, "Load-balancing auxiliary loss coefficient (0: no aux loss).", ge=0)
     moe_token_dispatcher_type: str = opt(
         "allgather", "How tokens reach their experts across expert-parallel ranks.", choices=("allgather", "alltoall")
+    )
+    first_k_dense_replace: int = opt(0, "The first k layers have a dense MLP, the rest MoE (DeepSeek-V3).", ge=0)
+    moe_layer_freq: int = opt(1, "An MoE layer every n layers after the dense ones (only 1 is supported).", ge=1, le=1)
+    n_shared_experts: Optional[int] = opt(
+        None, "Shared experts every token passes through (their MLP is n x moe_ffn_hidden_size).", ge=1
+    )
+    moe_router_score_function: str = opt(
+        "softmax", "Router scores: softmax (Qwen3-MoE) or sigmoid (DeepSeek-V3).", choices=("softmax", "sigmoid")
+    )
+    moe_router_enable_expert_bias: bool = opt(
+        False, "A per-expert bias added to the scores when choosing experts (aux-loss-free balancing)."
+    )
+    moe_router_bias_update_rate: float = opt(
+        0.0,
+        "How fast the expert bias follows the load during training (megatron's rule); 0 freezes it, the RL default.",
+        ge=0,
+    )
+    moe_router_num_groups: Optional[int] = opt(None, "Experts in groups; a token chooses among the best groups.", ge=1)
+    moe_router_group_topk: Optional[int] = opt(None, "Groups a token may choose experts from.", ge=1)
+    moe_router_topk_scaling_factor: Optional[float] = opt(
+        None, "The routing weights times this factor (DeepSeek-V3's routed_scaling_factor).", gt=0
     )
     model_type_hf: str = opt(
         "qwen25",
@@ -144,6 +183,12 @@ class ModelConfig:
                 )
             if self.moe_ffn_hidden_size is None:
                 raise ConfigError(f"{path}.moe_ffn_hidden_size", "required with num_experts")
+            if self.first_k_dense_replace >= self.num_layers:
+                raise ConfigError(
+                    f"{path}.first_k_dense_replace",
+                    f"{self.first_k_dense_replace} dense layers leave no MoE layer of {self.num_layers}",
+                )
+            self._check_expert_groups(path)
         if not self.use_mcore_models:
             raise ConfigError(f"{path}.use_mcore_models", "only megatron-core models are supported; set true")
         if self.position_embedding_type == "mrope" and (
@@ -154,21 +199,62 @@ class ModelConfig:
                 f"mrope needs three sections summing to head_dim / 2 = {self.head_dim // 2}, got {self.mrope_section}",
             )
 
+    def _check_expert_groups(self, path: str) -> None:
+        groups, chosen = self.moe_router_num_groups, self.moe_router_group_topk
+        if (groups is None) != (chosen is None):
+            raise ConfigError(f"{path}.moe_router_group_topk", "set with moe_router_num_groups (both or neither)")
+        if groups is None:
+            return
+        if self.num_experts % groups:
+            raise ConfigError(
+                f"{path}.moe_router_num_groups", f"{groups} groups do not divide num_experts {self.num_experts}"
+            )
+        if chosen > groups:
+            raise ConfigError(f"{path}.moe_router_group_topk", f"{chosen} exceeds moe_router_num_groups {groups}")
+        if self.moe_router_topk > chosen * (self.num_experts // groups):
+            raise ConfigError(
+                f"{path}.moe_router_topk",
+                f"{self.moe_router_topk} experts do not fit in {chosen} groups of {self.num_experts // groups}",
+            )
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with a mixture of experts (after the first_k_dense_replace dense ones)."""
+        return self.num_layers - self.first_k_dense_replace if self.num_experts else 0
+
+    def attention_parameter_count(self) -> int:
+        """Parameters of one layer's attention and its norms (MLA: the low-rank projections and their norms)."""
+        h, n = self.hidden_size, self.num_attention_heads
+        if self.multi_latent_attention:
+            qk, r = self.qk_head_dim + self.qk_pos_emb_head_dim, self.q_lora_rank
+            q = h * n * qk if r is None else h * r + r + r * n * qk
+            kv_rank = self.kv_lora_rank
+            kv = h * (kv_rank + self.qk_pos_emb_head_dim) + kv_rank + kv_rank * n * (self.qk_head_dim + self.v_head_dim)
+            return q + kv + n * self.v_head_dim * h
+        d = self.head_dim
+        q, kv = n * d, self.kv_heads * d
+        bias = q + 2 * kv if self.add_qkv_bias else 0
+        return h * (q + 2 * kv) + q * h + bias + (2 * d if self.qk_layernorm else 0)
+
+    def _mlp_parameter_count(self, inner: int) -> int:
+        return self.hidden_size * inner * (2 if self.swiglu else 1) + inner * self.hidden_size
+
     def parameter_count(self, vocab_size: Optional[int] = None) -> int:
         """Parameters of the GPT model (embedding, layers, final norm, output layer)."""
         vocab = vocab_size or self.padded_vocab_size or 0
-        h, f, d = self.hidden_size, self.ffn_hidden_size, self.head_dim
-        q, kv = self.num_attention_heads * d, self.kv_heads * d
-        attn = h * (q + 2 * kv) + q * h + (q + 2 * kv if self.add_qkv_bias else 0)
-        mlp = h * f * (2 if self.swiglu else 1) + f * h
+        h = self.hidden_size
+        dense = self._mlp_parameter_count(self.ffn_hidden_size)
+        moe = 0
         if self.num_experts:
             e = self.expert_ffn_hidden_size
-            mlp = self.num_experts * (h * e * (2 if self.swiglu else 1) + e * h) + h * self.num_experts
-        norms = 2 * h + (2 * d if self.qk_layernorm else 0)
-        per_layer = attn + mlp + norms
+            moe = self.num_experts * (self._mlp_parameter_count(e) + h)
+            moe += self.num_experts if self.moe_router_enable_expert_bias else 0
+            moe += self._mlp_parameter_count(e * self.n_shared_experts) if self.n_shared_experts else 0
+        layers = self.num_layers * (self.attention_parameter_count() + 2 * h)
+        layers += (self.num_layers - self.moe_layers) * dense + self.moe_layers * moe
         embed = vocab * h
         out = vocab * h if self.untie_embeddings_and_output_weights else 0
-        return embed + self.num_layers * per_layer + h + out + self.vision_parameter_count()
+        return embed + layers + h + out + self.vision_parameter_count()
 
     def vision_parameter_count(self, part: str = "all") -> int:
         """Parameters of a vision-language model's tower (0 for a text model): ``part`` "all", "tower" (patch and
@@ -237,4 +323,4 @@ class ModelConfig:
             return total
         e, mult = self.expert_ffn_hidden_size, 2 if self.swiglu else 1
         idle = (self.num_experts - self.moe_router_topk) * (self.hidden_size * e * mult + e * self.hidden_size)
-        return total - self.num_layers * idle
+        return total - self.moe_layers * idle

@@ -99,6 +99,9 @@ def build_hf_model(
                 p.normal_(0, 0.05)
             if name.endswith("mlp.gate.weight") and p.shape[0] == (model.num_experts or -1):
                 p.normal_(0, 0.5)  # decisive routing: top-k ties would make comparisons flaky
+        for name, buffer in hf.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's expert bias: a weight to convert too
+                buffer.normal_(0, 0.1)
     hf.save_pretrained(out_dir, max_shard_size=max_shard_size)
     if not safe_serialization:  # the legacy .bin layout (transformers 5 writes safetensors only)
         for f in os.listdir(out_dir):

@@ -1,4 +1,5 @@
-"""Model families by name: everything that differs between Qwen2.5, Qwen3, Llama 3 and Qwen3-MoE.
+"""Model families by name: everything that differs between Qwen2.5, Qwen3, Llama 3, Qwen3-MoE, DeepSeek-V3 and
+the vision-language families.
 
     from mindspeed_rl.families import get_family, family_of_hf_config
     fam = get_family(model.model_type_hf)      # a name or one of its aliases ("qwen25", "qwen2", "llama2", ...)
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 from .base import FamilyError, ModelFamily
+from .deepseek_v3 import DeepseekV3
 from .llama import Llama3
 from .qwen2 import Qwen25
 from .qwen2_5_vl import Qwen25VL
@@ -21,7 +23,7 @@ from .qwen3_moe import Qwen3Moe
 from .qwen3_vl import Qwen3VL, Qwen3VLMoe
 
 FAMILIES: Dict[str, ModelFamily] = {
-    f.name: f for f in (Qwen25(), Qwen3(), Llama3(), Qwen3Moe(), Qwen25VL(), Qwen3VL(), Qwen3VLMoe())
+    f.name: f for f in (Qwen25(), Qwen3(), Llama3(), Qwen3Moe(), Qwen25VL(), Qwen3VL(), Qwen3VLMoe(), DeepseekV3())
 }
 _BY_ALIAS: Dict[str, ModelFamily] = {alias: f for f in FAMILIES.values() for alias in (f.name,) + f.aliases}
 

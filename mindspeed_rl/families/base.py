@@ -157,6 +157,11 @@ class ModelFamily:
         ``lm_head``) may have in this family's HF checkpoints, the first found is read."""
         return (name,)
 
+    def untrained_hf_names(self, hf_names: Iterable[str], cfg: ModelConfig) -> List[str]:
+        """Tensors of a HF folder this family reads past on purpose (DeepSeek's multi-token-prediction layers);
+        the converters report how many."""
+        return []
+
     def extra_hf_to_mcore(self, hf_names: Iterable[str]) -> Dict[str, str]:
         """HF name -> megatron name of the tensors outside the language model (a vision tower), which live on
         the first pipeline stage, replicated over TP; none by default."""

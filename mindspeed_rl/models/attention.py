@@ -31,28 +31,32 @@ class PackedDotProductAttention(DotProductAttention):
             key = key.repeat_interleave(heads // groups, dim=1)
             value = value.repeat_interleave(heads // groups, dim=1)
         dropout = self.config.attention_dropout if self.training else 0.0
-        bounds = packed_seq_params.cu_seqlens_q.tolist()
-        sizes = [end - start for start, end in zip(bounds[:-1], bounds[1:])]
-        tail = query.shape[0] - bounds[-1]  # positions after the last row (padding to a multiple): zeros
-        # split, not slicing: the backward of a split is one concatenation, where each slice's would be a
-        # zero-filled gradient of the whole packed sequence, summed over rows (a memory-bound storm on GPU)
-        rows = zip(*(t.split(sizes + [tail] if tail else sizes) for t in (query, key, value)))
-        pieces = []
-        for q, k, v in rows:
-            if len(pieces) == len(sizes):
-                pieces.append(torch.zeros_like(q))
-            elif q.shape[0] == 0:
-                pieces.append(q)
-            else:
-                # [L, h, d] -> [1, h, L, d]: with a batch dimension torch picks its flash kernel (CPU too), whose
-                # memory grows with L, not L^2 (3-D inputs fall back to the math path)
-                q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-                ctx = F.scaled_dot_product_attention(
-                    q, k, v, dropout_p=dropout, is_causal=True, scale=self.softmax_scale
-                )
-                pieces.append(ctx[0].transpose(0, 1))
-        out = torch.cat(pieces)
+        out = packed_rows_attention(query, key, value, packed_seq_params.cu_seqlens_q, self.softmax_scale, dropout)
         return out.reshape(out.shape[0], self.hidden_size_per_partition)
+
+
+def packed_rows_attention(query, key, value, cu_seqlens, scale, dropout: float) -> torch.Tensor:
+    """Causal attention inside each packed row (query [t, h, dk], key [t, h, dk], value [t, h, dv], as many key/value
+    heads as query heads) -> [t, h, dv]; positions after the last row give zeros."""
+    bounds = cu_seqlens.tolist()
+    sizes = [end - start for start, end in zip(bounds[:-1], bounds[1:])]
+    tail = query.shape[0] - bounds[-1]  # positions after the last row (padding to a multiple): zeros
+    # split, not slicing: the backward of a split is one concatenation, where each slice's would be a
+    # zero-filled gradient of the whole packed sequence, summed over rows (a memory-bound storm on GPU)
+    rows = zip(*(t.split(sizes + [tail] if tail else sizes) for t in (query, key, value)))
+    pieces = []
+    for q, k, v in rows:
+        if len(pieces) == len(sizes):
+            pieces.append(q.new_zeros(*q.shape[:-1], v.shape[-1]))
+        elif q.shape[0] == 0:
+            pieces.append(v)
+        else:
+            # [L, h, d] -> [1, h, L, d]: with a batch dimension torch picks its flash kernel (CPU too), whose
+            # memory grows with L, not L^2 (3-D inputs fall back to the math path)
+            q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+            ctx = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scale)
+            pieces.append(ctx[0].transpose(0, 1))
+    return torch.cat(pieces)
 
 
 def packed_seq_params(cu_seqlens: torch.Tensor, max_seqlen: int):

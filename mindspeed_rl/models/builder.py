@@ -111,6 +111,10 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
         if megatron.context_parallel_algo == "megatron_cp_algo":
             kwargs["cp_comm_type"] = "p2p"  # ring attention (Transformer Engine on CUDA)
     kwargs.update(pipeline_fields(model, megatron))
+    if kwargs.get("multi_latent_attention"):
+        from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+        return MLATransformerConfig(**kwargs)
     return TransformerConfig(**kwargs)
 
 
@@ -144,18 +148,31 @@ def pipeline_fields(model: ModelConfig, megatron: MegatronConfig) -> dict:
     return fields
 
 
-def layer_spec(model: ModelConfig, kind: Optional[str] = None, lora: bool = False, ulysses: bool = False):
+def layer_spec(
+    model: ModelConfig, kind: Optional[str] = None, lora: bool = False, ulysses: bool = False, config=None, stage=None
+):
     """The fastest layer spec the device has: TE on CUDA (if installed), local otherwise.
 
     On NPU MindSpeed's adaptor patches the local spec's modules with its fused kernels. LoRA adapts the
     local spec's separate linear layers (TE fuses the input norm into the linear: its input is not x).
     ``ulysses``: the core attention wrapped in our Ulysses all-to-alls (context_parallel_algo
     ulysses_cp_algo); the ring (megatron_cp_algo) is the TE attention's own context parallelism.
+    Multi-latent attention, or dense layers before the MoE ones, take megatron's block spec (one spec per layer
+    of this stage, from ``config`` and ``stage``, the virtual-stage arguments) with our MLA core attention in the
+    local spec.
     """
     from megatron.core.models.gpt import gpt_layer_specs
 
+    te = accelerator_class(kind or get_accelerator().kind).fused_features()["transformer_engine"]
+    if model.multi_latent_attention or model.first_k_dense_replace:
+        from .latent_attention import with_latent_attention
+
+        block = gpt_layer_specs.get_gpt_decoder_block_spec(
+            config, use_transformer_engine=te, normalization=model.normalization, **(stage or {})
+        )
+        return block if te else with_latent_attention(block)
     family = dict(num_experts=model.num_experts, moe_grouped_gemm=False, qk_layernorm=model.qk_layernorm)
-    if not lora and accelerator_class(kind or get_accelerator().kind).fused_features()["transformer_engine"]:
+    if not lora and te:
         spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(**family)
     else:
         from .attention import with_packed_attention
@@ -220,6 +237,8 @@ def _gpt_model(model, megatron, config, kind, vocab, pre_process, post_process, 
             kind,
             lora=bool(megatron.lora_r),
             ulysses=megatron.context_parallel_size > 1 and megatron.context_parallel_algo == "ulysses_cp_algo",
+            config=config,
+            stage=stage_kwargs,
         ),
         vocab_size=vocab,
         max_sequence_length=model.max_position_embeddings,

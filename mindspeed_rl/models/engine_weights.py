@@ -82,6 +82,8 @@ class EngineWeights:
         missing = [n for n in own if n not in weights]
         if missing:
             raise KeyError(f"weights for {self.role.name} lack {missing[:3]}{'...' if len(missing) > 3 else ''}")
+        # persistent buffers (the MoE router's expert bias) load too when the weights carry them
+        own.update((n, t) for n, t in self.named_weights() if n not in own and n in weights)
         for name, param in own.items():
             src = weights[name]
             if tuple(src.shape) != tuple(param.shape):

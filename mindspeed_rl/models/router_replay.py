@@ -55,18 +55,27 @@ class LayerReplay:
         return scores.gather(1, chosen), chosen
 
 
+def moe_layer_numbers(config) -> List[int]:
+    """The global layer numbers (1-based) of the MoE layers, in order (DeepSeek-V3: after its dense layers)."""
+    pattern = config.moe_layer_freq
+    if not isinstance(pattern, list):
+        pattern = [1 if i % pattern == 0 else 0 for i in range(config.num_layers)]
+    return [i + 1 for i, moe in enumerate(pattern) if moe]
+
+
 def moe_routers(chunks) -> Dict[int, object]:
-    """{global layer number (1-based): its router} of the MoE layers in this rank's model chunks."""
+    """{MoE layer number (1-based, the routes' layer axis): its router} of the MoE layers in this rank's chunks."""
     routers = {}
     for chunk in chunks:
+        ordinal = {number: i + 1 for i, number in enumerate(moe_layer_numbers(chunk.config))}
         for module in chunk.modules():
             if hasattr(module, "router_replay") and hasattr(module, "layer_number"):
-                routers[int(module.layer_number)] = module
+                routers[ordinal[int(module.layer_number)]] = module
     return routers
 
 
 def install(chunks, record: bool = False) -> Dict[int, LayerReplay]:
-    """A :class:`LayerReplay` on every MoE router of ``chunks``, by global layer number."""
+    """A :class:`LayerReplay` on every MoE router of ``chunks``, by MoE layer number."""
     replays = {}
     for number, router in moe_routers(chunks).items():
         router.router_replay = replays[number] = LayerReplay(record)
@@ -106,15 +115,15 @@ def routes_in_computed_layout(
 
 
 def set_targets(replays: Dict[int, LayerReplay], routes: Optional[torch.Tensor], replay: bool = True) -> None:
-    """Each local MoE layer's target from ``routes`` [tokens, L, k], whose layer axis lists every transformer
-    layer (Qwen3-MoE: each one is an MoE layer); None: the routers choose on their own."""
+    """Each local MoE layer's target from ``routes`` [tokens, L, k], whose layer axis lists the MoE layers (Qwen3-MoE:
+    every layer; DeepSeek-V3: those after the dense ones); None: the routers choose on their own."""
     for number, layer in replays.items():
         layer.target = None if routes is None else routes[:, number - 1]
         layer.replay = replay
 
 
 def take_mismatch(replays: Dict[int, LayerReplay]) -> List[List[int]]:
-    """[layer number, tokens whose own top-k differed, tokens compared] per layer since the last call."""
+    """[MoE layer number, tokens whose own top-k differed, tokens compared] per layer since the last call."""
     counts = [[number, layer.differ, layer.tokens] for number, layer in sorted(replays.items())]
     for layer in replays.values():
         layer.differ = layer.tokens = 0

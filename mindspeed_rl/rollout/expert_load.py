@@ -36,7 +36,7 @@ class ExpertLoad:
             return None
         path = gen.eplb_token_save_path or os.path.join(run_dir, "expert_load.json")
         model = actor.model
-        return cls(model.num_layers, model.num_experts, path, actor.megatron.model, model.moe_router_topk)
+        return cls(model.moe_layers, model.num_experts, path, actor.megatron.model, model.moe_router_topk)
 
     def add(self, routes: torch.Tensor) -> None:
         """One batch's routes, [B, S, L, K] expert ids (-1: no route)."""

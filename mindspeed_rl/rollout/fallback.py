@@ -16,7 +16,7 @@ import torch
 from ..datasets.padding import left_pad
 from ..models.batch_invariant import batch_invariant as batch_invariant_numerics
 from ..models.packing import megatron_attention_mask, pack, position_ids_from_mask
-from ..models.router_replay import LayerReplay, recorded_routes
+from ..models.router_replay import LayerReplay, moe_layer_numbers, recorded_routes
 from .sampling import sample_next
 
 
@@ -47,7 +47,7 @@ class _Step:
         logits = out.new_zeros(ids.shape[0], out.shape[-1])
         logits[inp.rows[last]] = out.reshape(-1, out.shape[-1])[inp.flat[last]]
         if self.recorders:
-            self.routes = recorded_routes(self.recorders, inp, self.model.config.num_layers)
+            self.routes = recorded_routes(self.recorders, inp, len(moe_layer_numbers(self.model.config)))
         return logits
 
 
