@@ -256,6 +256,26 @@ class ModelConfig:
         out = vocab * h if self.untie_embeddings_and_output_weights else 0
         return embed + layers + h + out + self.vision_parameter_count()
 
+    def parameters_per_rank(self, tp: int, ep: int = 1, layers: Optional[int] = None) -> Tuple[int, int]:
+        """About the most parameters one rank holds, as (replicated over EP, routed experts): ``layers`` layers
+        (its pipeline stage, each counted with the larger of the dense and the MoE layer) split over TP, the routed
+        experts also over EP (megatron's expert tensor parallelism defaults to TP), and the embedding and output
+        layer split over TP."""
+        layers = self.num_layers if layers is None else layers
+        h, e = self.hidden_size, self.expert_ffn_hidden_size
+        shared, routed = 0, 0
+        if self.num_experts:
+            shared = h * self.num_experts + (self.num_experts if self.moe_router_enable_expert_bias else 0)
+            shared += self._mlp_parameter_count(e * self.n_shared_experts) if self.n_shared_experts else 0
+            routed = self.num_experts * self._mlp_parameter_count(e) // ep
+        dense = self._mlp_parameter_count(self.ffn_hidden_size) if self.moe_layers < self.num_layers else 0
+        moe_layers = min(layers, self.moe_layers) if routed else 0
+        layer = self.attention_parameter_count() + 2 * h
+        vocab = (self.padded_vocab_size or 0) * h * (2 if self.untie_embeddings_and_output_weights else 1)
+        ends = vocab + h + self.vision_parameter_count()  # embedding, output layer, final norm, a vision tower
+        rest = layers * layer + (layers - moe_layers) * dense + moe_layers * shared + ends
+        return rest // tp, moe_layers * routed // tp
+
     def vision_parameter_count(self, part: str = "all") -> int:
         """Parameters of a vision-language model's tower (0 for a text model): ``part`` "all", "tower" (patch and
         position embeddings, blocks) or "projector" (the patch merger, and Qwen3-VL's DeepStack mergers)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Optional
 
+from .architecture_rules import check_architecture_features
 from .base import ConfigError
 from .feature_rules import (
     check_agent_keys,
@@ -159,6 +160,7 @@ def check_role_parallelism(role: RoleConfig) -> None:
             + "))",
         )
     check_pipeline_layers(role)
+    check_architecture_features(role)
 
 
 def check_role_micro_batch(role: RoleConfig, mini_batch_size: int) -> None:

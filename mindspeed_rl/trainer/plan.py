@@ -258,7 +258,7 @@ def trainable_memory(role) -> str:
     """What trains and the optimizer state it needs per rank: Adam's two moments (fp32) and, with bf16/fp16
     weights, the fp32 main copy; divided over the DP x CP ranks by the distributed optimizer (megatron's)."""
     m, model = role.megatron, role.model
-    total = model.parameter_count()
+    total, experts = model.parameter_count(), 0
     if m.lora_r:
         stage = max(m.layers_per_stage(model.num_layers))
         trainable, per_rank = model.lora_parameter_count(
@@ -270,6 +270,9 @@ def trainable_memory(role) -> str:
         frozen = model.vision_parameter_count("tower") if m.freeze_vision_tower else 0
         frozen += model.vision_parameter_count("projector") if m.freeze_projector else 0
         trainable, per_rank = total - frozen, (total - frozen) // (role.tp * role.pp)
+        if model.num_experts:  # the largest stage; the experts split over EP, their state over DP x CP / EP
+            stage = max(m.layers_per_stage(model.num_layers))
+            per_rank, experts = model.parameters_per_rank(role.tp, m.expert_model_parallel_size, stage)
         what = (
             f"all {readable_count(total)} params train"
             if not frozen
@@ -278,10 +281,12 @@ def trainable_memory(role) -> str:
                 f"{readable_count(frozen)} frozen)"
             )
         )
-    state_bytes = per_rank * (8 + (4 if m.bf16 or m.fp16 else 0))
-    if m.use_distributed_optimizer:
-        state_bytes //= role.dp * role.cp
-    return f"{what}; optimizer state about {state_bytes / 2**30:.2f} GiB per rank"
+    state = 8 + (4 if m.bf16 or m.fp16 else 0)
+    shards = role.dp * role.cp if m.use_distributed_optimizer else 1
+    state_bytes = per_rank * state // shards + experts * state // max(1, shards // m.expert_model_parallel_size)
+    weights = (per_rank + experts if not m.lora_r else total // (role.tp * role.pp)) * (2 if m.bf16 or m.fp16 else 4)
+    gib = 2**30
+    return f"{what}; optimizer state about {state_bytes / gib:.2f} GiB per rank (weights about {weights / gib:.2f} GiB)"
 
 
 def sequence_memory(role, tokens: int) -> str:
