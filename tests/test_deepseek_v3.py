@@ -130,3 +130,22 @@ def test_the_deepseek_r1_recipes_plan(recipe, expected, capsys):
     out = capsys.readouterr().out
     for text in expected + ["optimizer state about", "weights about"]:
         assert text in out, (text, out)
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ({"moe_router_num_groups": 3}, "moe_router_num_groups"),
+        ({"moe_router_group_topk": None}, "moe_router_group_topk"),
+        ({"moe_router_group_topk": 3}, "moe_router_group_topk"),
+        ({"moe_router_topk": 5}, "moe_router_topk"),
+        ({"first_k_dense_replace": 3}, "first_k_dense_replace"),
+        ({"multi_latent_attention": False}, "multi_latent_attention"),
+        ({"moe_router_score_function": "softmax"}, "moe_router_score_function"),
+    ],
+)
+def test_a_model_section_that_contradicts_the_family_names_the_key(override, key):
+    from mindspeed_rl.config_cls import ConfigError
+
+    with pytest.raises(ConfigError, match=key):
+        tiny("deepseek_v3", **override)

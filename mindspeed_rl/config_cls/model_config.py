@@ -200,21 +200,21 @@ class ModelConfig:
             )
 
     def _check_expert_groups(self, path: str) -> None:
-        groups, chosen = self.moe_router_num_groups, self.moe_router_group_topk
-        if (groups is None) != (chosen is None):
-            raise ConfigError(f"{path}.moe_router_group_topk", "set with moe_router_num_groups (both or neither)")
-        if groups is None:
+        groups, chosen, experts = self.moe_router_num_groups, self.moe_router_group_topk, self.num_experts or 0
+        if groups is None or chosen is None:
+            if groups != chosen:
+                raise ConfigError(f"{path}.moe_router_group_topk", "set with moe_router_num_groups (both or neither)")
             return
-        if self.num_experts % groups:
+        if experts % groups:
             raise ConfigError(
                 f"{path}.moe_router_num_groups", f"{groups} groups do not divide num_experts {self.num_experts}"
             )
         if chosen > groups:
             raise ConfigError(f"{path}.moe_router_group_topk", f"{chosen} exceeds moe_router_num_groups {groups}")
-        if self.moe_router_topk > chosen * (self.num_experts // groups):
+        if self.moe_router_topk > chosen * (experts // groups):
             raise ConfigError(
                 f"{path}.moe_router_topk",
-                f"{self.moe_router_topk} experts do not fit in {chosen} groups of {self.num_experts // groups}",
+                f"{self.moe_router_topk} experts do not fit in {chosen} groups of {experts // groups}",
             )
 
     @property
