@@ -88,6 +88,18 @@ def _latent_attention_without_transformer_engine() -> None:
     mla.HAVE_TE = False
 
 
+def latent_attention_config(fields: Dict[str, object]):
+    """megatron-core's MLATransformerConfig of ``fields`` (0.16's names): 0.12 calls YaRN's original context
+    ``max_position_embeddings``."""
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
+
+    names = {f.name for f in dataclasses.fields(MLATransformerConfig)}
+    if "original_max_position_embeddings" not in names and "original_max_position_embeddings" in fields:
+        fields = dict(fields)
+        fields["max_position_embeddings"] = fields.pop("original_max_position_embeddings")
+    return MLATransformerConfig(**fields)
+
+
 def destroy_model_parallel() -> None:
     """megatron's parallel state destroyed as if the process were new, ready for another layout.
 

@@ -217,3 +217,19 @@ def shut_down_engine(llm: Any) -> None:
     llm.llm_engine.engine_core.shutdown()
     if parallel_state.model_parallel_is_initialized():
         parallel_state.cleanup_dist_env_and_memory()
+
+
+def cpu_mla_unavailable() -> str:
+    """Why this vLLM's CPU build cannot run multi-latent attention ("" when it can): the CPU MLA backend arrived
+    after 0.18 (0.18: "MLA is not supported on CPU"; 0.32 has ``v1/attention/backends/mla/cpu_mla.py``)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("vllm.v1.attention.backends.mla.cpu_mla") is not None
+    except ImportError:
+        found = False
+    if found:
+        return ""
+    import vllm
+
+    return f"vLLM {vllm.__version__} has no CPU backend for multi-latent attention"

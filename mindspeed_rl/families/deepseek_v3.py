@@ -188,8 +188,13 @@ class DeepseekV3(ModelFamily):
 
     def vllm_unusable_reason(self, model: ModelConfig) -> Optional[str]:
         from ..accelerator import get_accelerator
+        from ..compat.vllm import cpu_mla_unavailable
 
-        if get_accelerator().kind == "cpu" and (model.kv_lora_rank, model.qk_pos_emb_head_dim) != (512, 64):
+        if get_accelerator().kind != "cpu":
+            return None
+        if cpu_mla_unavailable():
+            return cpu_mla_unavailable()
+        if (model.kv_lora_rank, model.qk_pos_emb_head_dim) != (512, 64):
             return (
                 "vLLM's CPU MLA decode kernel takes a latent of 512 plus a RoPE key of 64 only "
                 f"(this model: kv_lora_rank {model.kv_lora_rank}, qk_pos_emb_head_dim {model.qk_pos_emb_head_dim})"

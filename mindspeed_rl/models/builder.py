@@ -112,9 +112,7 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
             kwargs["cp_comm_type"] = "p2p"  # ring attention (Transformer Engine on CUDA)
     kwargs.update(pipeline_fields(model, megatron))
     if kwargs.get("multi_latent_attention"):
-        from megatron.core.transformer.transformer_config import MLATransformerConfig
-
-        return MLATransformerConfig(**kwargs)
+        return compat_megatron.latent_attention_config(kwargs)
     return TransformerConfig(**kwargs)
 
 
