@@ -26,7 +26,7 @@ TESTS=(
   tests/test_engine.py tests/test_packing.py tests/test_parallel_equivalence.py
   tests/test_rollout.py tests/test_checkpoint.py tests/test_converted_logits.py tests/test_save_hf.py
   tests/test_generate_cli.py tests/test_families.py tests/test_lora.py tests/test_reshard.py
-  tests/test_native_weight_transfer.py
+  tests/test_native_weight_transfer.py tests/test_memory_switches.py
 )
 # every multi-process test job in a spawned world of its own (tests/parallel_worker.py FRESH_WORLDS): these
 # releases keep state across a re-initialisation in one process, which the main stage's shared worlds rely on

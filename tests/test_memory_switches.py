@@ -87,3 +87,27 @@ def test_each_recomputation_keeps_less_activation_memory():
     none, norm, attn, both, mlp, full = (kept[label] for label, _ in SETTINGS)
     assert norm < none and attn < none and both < min(norm, attn) and mlp < none and full < min(both, mlp)
     assert full < 0.5 * none  # the layers keep their inputs only (the head and the loss keep theirs)
+
+
+def test_on_npu_a_switch_the_installed_mindspeed_release_does_not_define_exits_2_naming_it(monkeypatch):
+    """The flags recorded per pinned MindSpeed release (compat/mindspeed.py) cover every switch, the branches are
+    the ones the NPU sets pin, and a switch whose flag the installed release lacks is refused on NPU."""
+    import os
+
+    from mindspeed_rl.compat import mindspeed
+    from mindspeed_rl.compat.stack import REQUIREMENTS_DIR
+    from mindspeed_rl.config_cls.megatron_config import MINDSPEED_SWITCHES
+    from mindspeed_rl.trainer.preflight import check_mindspeed_switches
+
+    pins = "".join(open(os.path.join(REQUIREMENTS_DIR, f)).read() for f in ("npu.txt", "npu-current.txt"))
+    assert all(f"branch {branch}" in pins for branch in mindspeed.BRANCHES.values())
+    defined = {flag for flags in mindspeed.FLAGS.values() for flag in flags}
+    assert set(MINDSPEED_SWITCHES.values()) - defined == {"--moe-hierarchical-alltoallv"}
+    npu = NpuAccelerator.__new__(NpuAccelerator)
+    for version in mindspeed.BRANCHES:
+        monkeypatch.setattr(mindspeed, "installed_version", lambda v=version: v)
+        check_mindspeed_switches(tiny_role(bf16=True, reuse_fp32_param=True), npu)
+        with pytest.raises(UserError, match=f"actor_config.moe_hierarchical_alltoallv: .*MindSpeed {version}"):
+            check_mindspeed_switches(tiny_role(moe_hierarchical_alltoallv=True), npu)
+    monkeypatch.setattr(mindspeed, "installed_version", lambda: "0.20.0")  # a release nothing is recorded for
+    check_mindspeed_switches(tiny_role(moe_hierarchical_alltoallv=True), npu)

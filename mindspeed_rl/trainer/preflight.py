@@ -273,23 +273,23 @@ def check_device_features(cfg: PPOConfig) -> None:
 
 
 def check_mindspeed_switches(role: RoleConfig, acc) -> None:
-    """MindSpeed's switches run where MindSpeed does (NPU); elsewhere recompute_norm is megatron-core's layernorm
-    recomputation and the others are refused, naming the key."""
+    """MindSpeed's switches run where MindSpeed does (NPU), each if the installed release defines its flag;
+    elsewhere recompute_norm is megatron-core's layernorm recomputation and the others are refused, naming the key."""
+    from ..compat import mindspeed
     from ..config_cls.megatron_config import MINDSPEED_SWITCHES
 
-    if acc.runs_mindspeed:
-        return
-    for key in MINDSPEED_SWITCHES:
-        if key != "recompute_norm" and getattr(role.megatron, key):
-            raise UserError(
-                f"{role.name}_config.{key}: a MindSpeed switch (docs/features.md); nothing implements it on "
-                f"{acc.kind} (MindSpeed patches megatron-core on NPU): remove it"
-                + (
-                    "; megatron-core recomputes whole layers or modules: recompute_granularity / recompute_modules"
-                    if key.startswith("recompute")
-                    else ""
-                )
-            )
+    version = mindspeed.installed_version() if acc.runs_mindspeed else None
+    for key, flag in MINDSPEED_SWITCHES.items():
+        if not getattr(role.megatron, key) or (key == "recompute_norm" and not acc.runs_mindspeed):
+            continue
+        if acc.runs_mindspeed:
+            reason = mindspeed.flag_unavailable(flag, version)
+        else:
+            reason = f"nothing implements it on {acc.kind} (MindSpeed patches megatron-core on NPU)"
+            if key.startswith("recompute"):
+                reason += "; megatron-core recomputes layers or modules: recompute_granularity / recompute_modules"
+        if reason:
+            raise UserError(f"{role.name}_config.{key}: a MindSpeed switch (docs/features.md); {reason}; remove it")
 
 
 def tokenizer_difference(student, teacher) -> Optional[str]:
