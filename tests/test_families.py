@@ -212,6 +212,8 @@ LAYOUTS = [
     dict(name="qwen3_moe_ep1", family="qwen3_moe", tp=1, pp=1, ep=1, world=1, train=True),
     # MLA split over TP 2 (vLLM's CPU MLA runs bf16 only: its rollout is the GRPO run's below)
     dict(name="deepseek_v3_tp2", family="deepseek_v3", tp=2, pp=1, world=2, rollout=False),
+    # the dense layer and one MoE layer on stage 0, the other MoE layer on stage 1
+    dict(name="deepseek_v3_pp2", family="deepseek_v3", tp=1, pp=2, world=2, rollout=False, num_layer_list="2,1"),
 ]
 
 
@@ -245,6 +247,7 @@ def test_each_family_matches_hf_after_conversion_and_in_place_resharding(tmp_pat
                     "--target-expert-parallel-size",
                     str(spec.get("ep", 1)),
                 ]
+                + (["--num-layer-list", spec["num_layer_list"]] if "num_layer_list" in spec else [])
             )
             == 0
         )

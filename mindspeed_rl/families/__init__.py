@@ -28,6 +28,20 @@ FAMILIES: Dict[str, ModelFamily] = {
 _BY_ALIAS: Dict[str, ModelFamily] = {alias: f for f in FAMILIES.values() for alias in (f.name,) + f.aliases}
 
 
+# config.json model types recognised but not trained here yet, and what stops them (docs/models.md)
+_GATED_DELTANET = (
+    "its Gated DeltaNet layers do not build on this stack: megatron-core 0.16's GatedDeltaNet raises ImportError "
+    "without flash-linear-attention (Triton kernels; its torch reference torch_chunk_gated_delta_rule runs only "
+    "under deterministic_mode), its hybrid block spec takes Transformer Engine's fused norm + linear only, and its "
+    "forward refuses packed sequences and ignores the padding mask"
+)
+NOT_YET = {
+    "qwen3_next": f"Qwen3-Next: {_GATED_DELTANET}",
+    "qwen3_5": f"Qwen3.5: {_GATED_DELTANET}; vLLM's qwen3_5 also imports torchvision",
+    "qwen3_5_moe": f"Qwen3.5-MoE: {_GATED_DELTANET}; vLLM's qwen3_5 also imports torchvision",
+}
+
+
 def family_names() -> tuple:
     """Every accepted name: family names and their aliases."""
     return tuple(_BY_ALIAS)
@@ -49,6 +63,8 @@ def family_of_hf_config(hf: dict, source: str = "config.json") -> ModelFamily:
     for family in FAMILIES.values():
         if model_type in family.hf_model_types:
             return family
+    if model_type in NOT_YET:
+        raise FamilyError(f"{source}: model_type {model_type!r} is not supported yet: {NOT_YET[model_type]}")
     arch = (hf.get("architectures") or [""])[0]
     for family in FAMILIES.values():
         if arch and arch.replace("ForSequenceClassification", "ForCausalLM") == family.architecture:
