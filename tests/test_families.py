@@ -213,7 +213,16 @@ LAYOUTS = [
     # MLA split over TP 2 (vLLM's CPU MLA runs bf16 only: its rollout is the GRPO run's below)
     dict(name="deepseek_v3_tp2", family="deepseek_v3", tp=2, pp=1, world=2, rollout=False),
     # the dense layer and one MoE layer on stage 0, the other MoE layer on stage 1
-    dict(name="deepseek_v3_pp2", family="deepseek_v3", tp=1, pp=2, world=2, rollout=False, num_layer_list="2,1"),
+    dict(
+        name="deepseek_v3_pp2",
+        family="deepseek_v3",
+        tp=1,
+        pp=2,
+        world=2,
+        rollout=False,
+        num_layer_list="2,1",
+        train=True,
+    ),
 ]
 
 
@@ -278,6 +287,15 @@ def test_each_family_matches_hf_after_conversion_and_in_place_resharding(tmp_pat
             print(spec["name"], "routes forced onto the runners-up:", forced)  # shown with -s
             assert all(differ > 0.9 * tokens for _, differ, tokens in forced["counts"]), forced
             assert forced["own"] > 0.1 and forced["replayed"] < 1e-4, forced
+    # DeepSeek-V3 trains at PP 2 with the expert bias frozen (moe_router_bias_update_rate 0) and saved with the weights
+    deepseek = torch.load(tmp_path / "family_deepseek_v3_pp2.pt", weights_only=False)
+    assert torch.isfinite(torch.tensor(deepseek["loss"])) and deepseek["reload_equal"]
+    assert deepseek["ckpt_files"] == ["mp_rank_00_000", "mp_rank_00_001"]
+    bias = HFReader(str(tmp_path / "hf_deepseek_v3")).get("model.layers.2.mlp.gate.e_score_correction_bias")
+    assert torch.equal(deepseek["weights"]["decoder.layers.2.mlp.router.expert_bias"], bias)
+    shared = deepseek["weights"]["decoder.layers.2.mlp.shared_experts.linear_fc2.weight"]  # every token's
+    before = HFReader(str(tmp_path / "hf_deepseek_v3")).get("model.layers.2.mlp.shared_experts.down_proj.weight")
+    assert shared.shape == before.shape and (shared - before).abs().max() > 1e-6
     ep2, ep1 = (torch.load(tmp_path / f"family_qwen3_moe_ep{e}.pt", weights_only=False) for e in (2, 1))
     assert abs(ep2["loss"] - ep1["loss"]) <= 1e-6 and abs(ep2["grad_norm"] - ep1["grad_norm"]) <= 1e-5
     assert ep2["weights"].keys() == ep1["weights"].keys()
