@@ -158,3 +158,37 @@ def test_a_qwen3_next_folder_is_refused_with_what_stops_it(tmp_path, capsys):
     assert _convert(folder, tmp_path / "mg") == 2
     err = capsys.readouterr().err
     assert "'qwen3_next' is not supported yet" in err and "flash-linear-attention" in err and "Traceback" not in err
+
+
+def test_the_hubs_fp8_block_quantized_weights_are_dequantized_by_the_converter(tmp_path):
+    """DeepSeek-V3's Hub checkpoint stores its linear weights in FP8 with one fp32 factor per 128 x 128 block
+    (``weight_scale_inv``); the converter reads them as q * s (here 64 x 64 blocks, the config's weight_block_size)."""
+    import torch
+
+    from mindspeed_rl.checkpoint.hf_io import HFReader
+    from mindspeed_rl.checkpoint.megatron_reader import iter_mg_pieces
+
+    folder = _hf(tmp_path)
+    name = "model.layers.1.self_attn.kv_b_proj.weight"  # [4 x (32 + 32), 512]: 4 x 8 blocks
+    original = HFReader(str(folder)).get(name)
+
+    def quantize(tensors):
+        w = tensors[name]
+        scale = w.abs().reshape(4, 64, 8, 64).amax(dim=(1, 3)) / 448.0
+        tensors[name] = (w / scale.repeat_interleave(64, 0).repeat_interleave(64, 1)).to(torch.float8_e4m3fn)
+        tensors[name + "_scale_inv"] = scale
+
+    _edit_tensors(folder, quantize)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [64, 64]}
+    (folder / "config.json").write_text(json.dumps(config))
+    hf_to_mg(str(folder), str(tmp_path / "mg"))
+    converted = {}
+    for piece in iter_mg_pieces(str(tmp_path / "mg")):
+        converted.update(piece)
+    got = converted["decoder.layers.1.self_attention.linear_kv_up_proj.weight"]
+    assert got.dtype == torch.float32 and (got - original).abs().max() <= 0.07 * original.abs().max()
+    assert 0 < (got - original).abs().max()  # really the FP8 values, not the originals
+    _edit_tensors(folder, lambda t: t.pop(name + "_scale_inv"))
+    with pytest.raises(Exception, match="kv_b_proj.weight_scale_inv"):
+        hf_to_mg(str(folder), str(tmp_path / "mg2"))

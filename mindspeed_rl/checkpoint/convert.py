@@ -23,8 +23,10 @@ from ..families.base import EMBED, FINAL_NORM, HF_LAYER, OUTPUT_MG
 from . import megatron_layout as ml
 from .errors import ConversionError
 from .hf_io import (
+    FP8_DTYPES,
     HFReader,
     SafetensorsShardWriter,
+    dequantize_fp8_blocks,
     read_hf_config,
     read_hf_model_config,
     special_token_ids,
@@ -159,6 +161,8 @@ class FamilyNames:
 
     def __init__(self, reader: HFReader, family):
         self.reader, self.family, self.folder = reader, family, reader.folder
+        quantization = read_hf_config(reader.folder).get("quantization_config") or {}
+        self.fp8_block = quantization.get("weight_block_size") or [128, 128]  # DeepSeek-V3's FP8 Hub weights
 
     def stored(self, name: str) -> str:
         return next((n for n in self.family.hf_name_aliases(name) if n in self.reader), name)
@@ -167,7 +171,14 @@ class FamilyNames:
         return self.stored(name) in self.reader
 
     def get(self, name: str) -> torch.Tensor:
-        return self.reader.get(self.stored(name))
+        """The tensor; an FP8 weight dequantized with its ``weight_scale_inv`` blocks (fp32)."""
+        stored = self.stored(name)
+        tensor = self.reader.get(stored)
+        if tensor.dtype not in FP8_DTYPES:
+            return tensor
+        if stored + "_scale_inv" not in self.reader:
+            raise ConversionError(f"{self.folder}: {stored} is FP8 but {stored}_scale_inv, its scales, is missing")
+        return dequantize_fp8_blocks(tensor, self.reader.get(stored + "_scale_inv"), self.fp8_block)
 
 
 def hf_to_mg(

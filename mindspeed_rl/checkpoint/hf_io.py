@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -184,3 +184,14 @@ def write_config_and_tokenizer(folder: str, hf_config: dict, tokenizer_dir: Opti
         src = os.path.join(tokenizer_dir, name)
         if os.path.isfile(src):
             shutil.copy2(src, os.path.join(folder, name))
+
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor, block: Sequence[int]) -> torch.Tensor:
+    """A block-quantized FP8 weight in fp32 (DeepSeek-V3's Hub format: ``weight_scale_inv`` holds one factor per
+    ``block`` tile of the weight, the last tiles cut at the edges): w[i, j] = q[i, j] * s[i // b0, j // b1]."""
+    rows, cols = weight.shape
+    scale = scale_inv.float().repeat_interleave(block[0], 0)[:rows].repeat_interleave(block[1], 1)[:, :cols]
+    return weight.float() * scale
