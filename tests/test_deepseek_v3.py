@@ -192,3 +192,18 @@ def test_the_hubs_fp8_block_quantized_weights_are_dequantized_by_the_converter(t
     _edit_tensors(folder, lambda t: t.pop(name + "_scale_inv"))
     with pytest.raises(Exception, match="kv_b_proj.weight_scale_inv"):
         hf_to_mg(str(folder), str(tmp_path / "mg2"))
+
+
+def test_vllm_on_cpu_is_refused_for_latent_sizes_its_mla_kernel_does_not_take():
+    from mindspeed_rl.accelerator.cpu import CpuAccelerator
+    from mindspeed_rl.compat.vllm import cpu_mla_unavailable
+    from mindspeed_rl.rollout.vllm_engine import vllm_unusable_reason
+
+    reason = vllm_unusable_reason(tiny("deepseek_v3", kv_lora_rank=256), None, "cpu")
+    assert reason == (
+        cpu_mla_unavailable()
+        or "vLLM's CPU MLA takes kv_lora_rank + qk_pos_emb_head_dim = 512 + 64 only; the model has 320"
+    )
+    assert vllm_unusable_reason(tiny("deepseek_v3"), None, "cpu") == (cpu_mla_unavailable() or None)
+    assert vllm_unusable_reason(tiny("deepseek_v3", kv_lora_rank=256), None, "cuda") is None
+    assert CpuAccelerator.vllm_unusable_reason(576) is not None  # not a standard attention head size

@@ -112,8 +112,9 @@ class Accelerator:
         }
 
     @classmethod
-    def vllm_unusable_reason(cls, head_dim: int) -> Optional[str]:
-        """Why vLLM's attention on this kind cannot run heads of ``head_dim``; None when it can."""
+    def vllm_unusable_reason(cls, head_dim: int, latent: bool = False) -> Optional[str]:
+        """Why vLLM's attention on this kind cannot run heads of ``head_dim`` (``latent``: multi-latent attention's
+        latent + RoPE head); None when it can."""
         return None
 
     @classmethod

@@ -65,7 +65,15 @@ class CpuAccelerator(Accelerator):
         return dict.fromkeys(super().fused_features(), False)
 
     @classmethod
-    def vllm_unusable_reason(cls, head_dim: int) -> Optional[str]:
+    def vllm_unusable_reason(cls, head_dim: int, latent: bool = False) -> Optional[str]:
+        if latent:  # MLA: vLLM 0.32's CPU backend, whose decode kernel takes a 512 latent + a 64 RoPE key only
+            if compat_vllm.cpu_mla_unavailable():
+                return compat_vllm.cpu_mla_unavailable()
+            if head_dim != 576:
+                return (
+                    f"vLLM's CPU MLA takes kv_lora_rank + qk_pos_emb_head_dim = 512 + 64 only; the model has {head_dim}"
+                )
+            return None
         if head_dim not in VLLM_HEAD_DIMS:
             return f"vLLM's CPU attention supports head_dim {VLLM_HEAD_DIMS}; the model has {head_dim}"
         return None

@@ -18,7 +18,7 @@ converters read past them and say how many tensors they left.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List
 
 from ..config_cls.model_config import ModelConfig
 from .base import EXPERT_MG, HF_LAYER, MG_LAYER, FamilyError, LayerNames, ModelFamily, rope_parameters
@@ -186,20 +186,9 @@ class DeepseekV3(ModelFamily):
                 f"{path}.moe_router_score_function", "deepseek_v3 routes by sigmoid scores, normalised (norm_topk_prob)"
             )
 
-    def vllm_unusable_reason(self, model: ModelConfig) -> Optional[str]:
-        from ..accelerator import get_accelerator
-        from ..compat.vllm import cpu_mla_unavailable
-
-        if get_accelerator().kind != "cpu":
-            return None
-        if cpu_mla_unavailable():
-            return cpu_mla_unavailable()
-        if (model.kv_lora_rank, model.qk_pos_emb_head_dim) != (512, 64):
-            return (
-                "vLLM's CPU MLA decode kernel takes a latent of 512 plus a RoPE key of 64 only "
-                f"(this model: kv_lora_rank {model.kv_lora_rank}, qk_pos_emb_head_dim {model.qk_pos_emb_head_dim})"
-            )
-        return None
+    def vllm_head_dim(self, model: ModelConfig) -> int:
+        """vLLM's MLA attends over the latent and the RoPE key: one head of kv_lora_rank + qk_pos_emb_head_dim."""
+        return model.kv_lora_rank + model.qk_pos_emb_head_dim
 
     def untrained_hf_names(self, hf_names, cfg: ModelConfig) -> List[str]:
         """Tensors of multi-token-prediction layers (numbered after the last decoder layer): not trained here."""

@@ -41,7 +41,7 @@ def vllm_unusable_reason(model: ModelConfig, gen: GenerateConfig, kind: str) -> 
 
     family = get_family(model.model_type_hf)
     return family.vllm_unusable_reason(model) or accelerator_class(kind).vllm_unusable_reason(
-        family.vllm_head_dim(model)
+        family.vllm_head_dim(model), latent=model.multi_latent_attention
     )
 
 
