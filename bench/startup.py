@@ -43,15 +43,15 @@ def config_for(name: str, root: str):
 def start_once(cfg, one_at_a_time: bool) -> dict:
     """Seconds of each start-up phase of ``cfg`` (the workers stopped afterwards)."""
     from mindspeed_rl.accelerator import get_accelerator
-    from mindspeed_rl.trainer import launch
+    from mindspeed_rl.trainer import launch, ray_run
     from mindspeed_rl.utils.hf_tokenizer import load_tokenizer
-    from mindspeed_rl.workers.launcher import create_placement_group
+    from mindspeed_rl.workers.launcher import RunFrame, create_placement_group
 
-    acc, env = get_accelerator(), launch.runtime_env_vars()
+    frame = RunFrame(get_accelerator(), ray_run.runtime_env_vars(), None)
     if one_at_a_time:
-        acc.roles_start_together = False
+        frame.acc.roles_start_together = False
     tokenizer = load_tokenizer(cfg.actor.megatron.tokenizer_name_or_path, "tokenizer")
-    phases, workers, pg = {}, [], None
+    phases = {}
     mark = time.perf_counter()
 
     def lap(name):
@@ -60,17 +60,17 @@ def start_once(cfg, one_at_a_time: bool) -> dict:
         phases[name], mark = now - mark, now
 
     try:
-        launch.init_ray(env)
+        ray_run.init_ray(frame.env)
         lap("ray")
-        bundles = cfg.actor.num_devices + cfg.rollout_devices
-        pg = create_placement_group(acc, bundles, acc.bundle_cpus(bundles)[0], "bench")
+        bundles = cfg.world_size
+        frame.pg = create_placement_group(frame.acc, bundles, frame.acc.bundle_cpus(bundles)[0], "bench")
         lap("placement")
-        roles = launch.start_roles(cfg, acc, pg, env, workers, None, tokenizer)
+        roles = launch.start_roles(cfg, frame, tokenizer, cfg.rl.log_dir)
         lap("roles")
         launch.load_models(cfg, roles, None)
         lap("weights")
     finally:
-        launch.stop_all(workers, pg)
+        ray_run.stop_all(frame.workers, frame.pg)
     phases["total"] = sum(phases.values())
     return phases
 
