@@ -13,8 +13,10 @@ from mindspeed_rl.algorithms import (
     Clip,
     LossScale,
     aggregate,
+    cispo_policy_loss,
     dr_grpo_advantages,
     entropy_loss,
+    gmpo_policy_loss,
     grpo_advantages,
     gspo_policy_loss,
     informative_groups,
@@ -24,6 +26,7 @@ from mindspeed_rl.algorithms import (
     reinforce_plus_plus_advantages,
     reinforce_plus_plus_baseline_advantages,
     rloo_advantages,
+    sapo_policy_loss,
     sequence_rewards,
     token_level_rewards,
     truncated_is_weights,
@@ -175,7 +178,7 @@ def test_nan_and_inf_on_masked_positions_never_reach_loss_or_gradient(mode):
     old = T([[0.1, float("nan"), float("inf")], [0.0, float("-inf"), float("nan")]])
     adv = T([[1.0, float("nan"), float("inf")], [-1.0, float("inf"), 0.0]])
     mask = T([[1, 0, 0], [1, 0, 0]])
-    for fn in (vanilla_policy_loss, gspo_policy_loss):
+    for fn in (getattr(losses_module, spec.function) for spec in POLICY_LOSSES.values()):
         loss, metrics = fn(log_prob, old, adv, mask, Clip(0.2, 0.28, 3.0), mode)
         loss.backward()
         assert torch.isfinite(loss) and all(torch.isfinite(v) for v in metrics.values()), fn.__name__
@@ -235,6 +238,85 @@ def test_gspo_uses_the_geometric_mean_ratio_of_each_sequence():
     assert lp.grad[1].abs().sum() == 0  # clipped: no gradient
 
 
+def test_cispo_keeps_the_gradient_of_tokens_whose_weight_is_clipped():
+    old, mask = torch.zeros(1, 3), torch.ones(1, 3)
+    lp = T([[math.log(1.1), math.log(1.5), math.log(0.5)]]).requires_grad_()
+    adv = T([[1.0, 1.0, -2.0]])
+    loss, m = cispo_policy_loss(lp, old, adv, mask, Clip(0.2, 0.28))
+    weights = T([1.1, 1.28, 0.8])  # sg(clip(ratio)): 1.5 -> 1.28, 0.5 -> 0.8
+    want = -(weights * adv[0] * lp[0].detach()).sum() / 3
+    assert loss.item() == pytest.approx(want.item(), rel=1e-6)
+    assert m["pg_clipfrac"].item() == pytest.approx(2 / 3) and m["pg_clipfrac_lower"].item() == pytest.approx(1 / 3)
+    loss.backward()
+    assert torch.allclose(lp.grad[0], -weights * adv[0] / 3, atol=1e-6)  # every token moves, clipped ones too
+    ppo_lp = lp.detach().clone().requires_grad_()
+    vanilla_policy_loss(ppo_lp, old, adv, mask, Clip(0.2, 0.28))[0].backward()
+    assert ppo_lp.grad[0, 1] == 0 and ppo_lp.grad[0, 2] == 0  # PPO's clip zeroes both
+    assert ppo_lp.grad[0, 0].item() == pytest.approx(lp.grad[0, 0].item())  # inside the range: PPO's gradient
+
+
+def test_sapo_gate_has_ppos_slope_on_policy_and_decays_softly_off_it():
+    mask, adv = torch.ones(1, 2), T([[1.0, -1.0]])
+    on = torch.zeros(1, 2, requires_grad=True)
+    loss, _ = sapo_policy_loss(on, torch.zeros(1, 2), adv, mask, Clip(tau_pos=1.0, tau_neg=1.05))
+    assert loss.item() == pytest.approx((-4 / 1.0 * 0.5 + 4 / 1.05 * 0.5) / 2, rel=1e-5)  # f(1) = 2 / tau
+    loss.backward()
+    ppo = torch.zeros(1, 2, requires_grad=True)
+    vanilla_policy_loss(ppo, torch.zeros(1, 2), adv, mask, Clip(), "seq-mean-token-mean")[0].backward()
+    assert torch.allclose(on.grad, ppo.grad, atol=1e-6)  # f'(1) = 1: PPO's on-policy gradient
+    # ratio 1.5 with A > 0, beyond PPO's clip: f'(r) r = 4 s (1 - s) r with s = sigmoid(tau (r - 1))
+    far = T([[math.log(1.5)]]).requires_grad_()
+    grads = {}
+    for tau in (1.0, 4.0):
+        far.grad = None
+        sapo_policy_loss(far, torch.zeros(1, 1), T([[1.0]]), torch.ones(1, 1), Clip(tau_pos=tau))[0].backward()
+        s = 1 / (1 + math.exp(-tau * 0.5))
+        assert far.grad.item() == pytest.approx(-4 * s * (1 - s) * 1.5, rel=1e-5)
+        grads[tau] = far.grad.item()
+    assert grads[1.0] < grads[4.0] < 0  # a hotter gate (tau 4) lets less through, never nothing
+
+
+def test_gmpo_takes_the_geometric_mean_of_token_ratios_clipped_in_log_space():
+    old = torch.zeros(3, 2)
+    l1, l2 = math.log(1.1), math.log(1.5)  # 0.095 inside [-0.2, 0.2], 0.405 outside
+    lp = T([[l1, l2], [l2, 0.0], [l2, -l2]]).requires_grad_()
+    adv, mask = T([[1.0, 1.0], [1.0, 1.0], [-1.0, -1.0]]), T([[1, 1], [1, 0], [1, 1]])
+    loss, m = gmpo_policy_loss(lp, old, adv, mask, Clip(0.2, 0.2))
+    r0 = math.exp((l1 + 0.2) / 2)  # A > 0: log ratios above 0.2 are cut to 0.2
+    r1 = math.exp(0.2)
+    r2 = math.exp((l2 - 0.2) / 2)  # A < 0: only the lower bound binds (0.405 stays, -0.405 -> -0.2)
+    assert loss.item() == pytest.approx((-r0 - r1 + r2) / 3, rel=1e-6)
+    assert m["pg_clipfrac"].item() == pytest.approx(2 / 5) and m["pg_clipfrac_lower"].item() == pytest.approx(1 / 5)
+    loss.backward()
+    # d L_i / d lp_t = -A_i r_i / |o_i| on unclipped tokens, / 3 sequences
+    assert lp.grad[0].tolist() == pytest.approx([-r0 / 2 / 3, 0.0], abs=1e-6)
+    assert lp.grad[1].abs().sum() == 0
+    assert lp.grad[2].tolist() == pytest.approx([r2 / 2 / 3, 0.0], abs=1e-6)
+    # rollout-correction weights enter as their geometric mean per sequence
+    weighted, _ = gmpo_policy_loss(lp.detach()[:1], old[:1], adv[:1], mask[:1], Clip(0.2, 0.2), weights=T([[0.5, 2.0]]))
+    assert weighted.item() == pytest.approx(-r0, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(POLICY_LOSSES))
+def test_each_policy_loss_is_independent_of_the_micro_batch_split(name):
+    fn = getattr(losses_module, POLICY_LOSSES[name].function)
+    torch.manual_seed(2)
+    old = torch.randn(8, 6, dtype=torch.float64) * 0.1
+    lp = old + torch.randn(8, 6, dtype=torch.float64) * 0.3
+    adv = torch.randn(8, 1, dtype=torch.float64).expand(8, 6).contiguous()
+    mask = (torch.rand(8, 6) > 0.3).long()
+    for mode in LOSS_AGG_MODES:
+        scale = LossScale.of(mask, horizon=16)
+        whole = fn(lp, old, adv, mask, Clip(0.2, 0.28), mode, scale)[0]
+        for splits in ([4, 4], [1, 3, 2, 2]):
+            bounds = torch.tensor([0] + splits).cumsum(0).tolist()
+            parts = [
+                fn(lp[a:b], old[a:b], adv[a:b], mask[a:b], Clip(0.2, 0.28), mode, scale)[0]
+                for a, b in zip(bounds, bounds[1:])
+            ]
+            assert sum(parts).item() == pytest.approx(whole.item(), rel=1e-12), (mode, splits)
+
+
 # ----- KL ----------------------------------------------------------------------------------------------------
 def test_verl_kl_names_and_straight_through_variants():
     lp, ref = T([-1.0]), T([-1.5])
@@ -291,6 +373,8 @@ def rl(**kw):
         clip_ratio_high=None,
         clip_ratio=0.2,
         clip_ratio_c=None,
+        tau_pos=None,
+        tau_neg=None,
         init_kl_coef=0.0,
         kl_ctrl_type="fixed",
         use_kl_in_reward=False,
@@ -324,6 +408,17 @@ def test_plan_decides_critic_reference_and_kl_once():
     )
     assert (dapo.clip_low, dapo.clip_high, dapo.loss_agg_mode) == (0.2, 0.28, "token-mean")
     assert resolve_algorithm(rl(policy_loss="gspo")).loss_agg_mode == "seq-mean-token-mean"
+    assert resolve_algorithm(rl(policy_loss="cispo")).loss_agg_mode == "token-mean"
+    sapo = resolve_algorithm(rl(policy_loss="sapo", tau_neg=2.0))
+    assert (sapo.loss_agg_mode, sapo.tau_pos, sapo.tau_neg) == ("seq-mean-token-mean", 1.0, 2.0)
+    assert "gate tau 1 (A > 0) / 2 (A <= 0)" in sapo.describe()
+    assert "log-ratio clip [-0.2, 0.2]" in resolve_algorithm(rl(policy_loss="gmpo")).describe()
+    with pytest.raises(AlgorithmChoiceError, match="rl_config.clip_ratio_c: the dual clip bounds vanilla and gspo"):
+        resolve_algorithm(rl(policy_loss="cispo", clip_ratio_c=3.0))
+    with pytest.raises(
+        AlgorithmChoiceError, match="rl_config.tau_pos: is SAPO's gate temperature; policy_loss is gmpo"
+    ):
+        resolve_algorithm(rl(policy_loss="gmpo", tau_pos=1.0))
     assert resolve_algorithm(rl(token_level_loss=False)).loss_agg_mode == "seq-mean-token-mean"
     with pytest.raises(AlgorithmChoiceError, match="n_samples_per_prompt"):
         resolve_algorithm(rl(adv_estimator="dr_grpo"))

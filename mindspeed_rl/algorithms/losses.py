@@ -77,11 +77,14 @@ def aggregate_token_mean(values: torch.Tensor, mask: torch.Tensor, normaliser: O
 
 @dataclass(frozen=True)
 class Clip:
-    """The ratio clip range [1 - low, 1 + high] and the optional dual-clip bound c for A < 0."""
+    """How the importance ratio is bounded: the clip range [1 - low, 1 + high] (GMPO: [-low, high] in log
+    space), the optional dual-clip bound c for A < 0, and SAPO's gate temperatures for A > 0 and A <= 0."""
 
     low: float = 0.2
     high: float = 0.2
     dual: Optional[float] = None
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
 
 
 def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip: Clip) -> Tuple[torch.Tensor, ...]:
@@ -168,6 +171,120 @@ def gspo_policy_loss(
         "ppo_kl": aggregate(-log_ratio, m, "token-mean", LossScale(scale.tokens, 1.0)).detach(),
     }
     return aggregate(loss, m, mode, scale), metrics
+
+
+def _ratio_metrics(log_ratio: torch.Tensor, m: torch.Tensor, scale: Optional[LossScale], **shares) -> Metrics:
+    """ppo_kl = mean(log pi_old - log pi) and each named 0/1 share, as token means over the mini-batch."""
+    tokens = LossScale((scale or LossScale.of(m)).tokens, 1.0)
+    metrics = {name: aggregate(share.float(), m, "token-mean", tokens).detach() for name, share in shares.items()}
+    metrics["ppo_kl"] = aggregate(-log_ratio, m, "token-mean", tokens).detach()
+    return metrics
+
+
+def cispo_policy_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: Clip,
+    mode: str = "token-mean",
+    scale: Optional[LossScale] = None,
+    weights: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, Metrics]:
+    """CISPO (MiniMax-M1, arXiv:2506.13585; verl's ``cispo``): the importance weight is clipped and detached,
+    so every token keeps a gradient (PPO's clip zeroes it outside the range).
+
+        ratio_t = exp(log pi_t - log pi_old_t)
+        r_t     = sg(clip(ratio_t, 1 - eps_low, 1 + eps_high))
+        L_t     = -w_t r_t A_t log pi_t             grad L_t = -w_t r_t A_t grad log pi_t
+        loss    = aggregate(L, loss_agg_mode)
+    pg_clipfrac: the share of tokens whose weight is clipped (pg_clipfrac_lower: those below 1 - eps_low).
+    """
+    m = mask.bool()
+    log_ratio = _select(log_prob - old_log_prob, m).clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    weight = ratio.clamp(1.0 - clip.low, 1.0 + clip.high).detach()
+    loss = -weight * _select(advantages, m) * _select(log_prob, m)
+    if weights is not None:
+        loss = loss * _select(weights, m)
+    low = ratio < 1.0 - clip.low
+    metrics = _ratio_metrics(log_ratio, m, scale, pg_clipfrac=low | (ratio > 1.0 + clip.high), pg_clipfrac_lower=low)
+    return aggregate(loss, m, mode, scale), metrics
+
+
+def sapo_policy_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: Clip,
+    mode: str = "seq-mean-token-mean",
+    scale: Optional[LossScale] = None,
+    weights: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, Metrics]:
+    """SAPO (Qwen, arXiv:2511.20347; verl's ``sapo``): a soft gate of temperature tau in place of the hard
+    clip; its slope is 1 on policy (PPO's gradient) and decays smoothly as the ratio moves away.
+
+        ratio_t = exp(log pi_t - log pi_old_t)
+        tau_t   = tau_pos if A_t > 0 else tau_neg
+        f(r)    = (4 / tau_t) sigmoid(tau_t (r - 1))         f'(1) = 1
+        L_t     = -w_t f(ratio_t) A_t
+        loss    = aggregate(L, loss_agg_mode)                (published with seq-mean-token-mean)
+    pg_clipfrac: the share of tokens whose ratio is outside [1 - eps_low, 1 + eps_high] (gated, not clipped).
+    """
+    m = mask.bool()
+    log_ratio = _select(log_prob - old_log_prob, m).clamp(-20.0, 20.0)
+    ratio = log_ratio.exp()
+    advantages = _select(advantages, m)
+    tau = torch.where(advantages > 0, clip.tau_pos, clip.tau_neg).to(ratio.dtype)
+    loss = -(4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)) * advantages
+    if weights is not None:
+        loss = loss * _select(weights, m)
+    low = ratio < 1.0 - clip.low
+    metrics = _ratio_metrics(log_ratio, m, scale, pg_clipfrac=low | (ratio > 1.0 + clip.high), pg_clipfrac_lower=low)
+    return aggregate(loss, m, mode, scale), metrics
+
+
+def gmpo_policy_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: Clip,
+    mode: str = "seq-mean-token-mean",
+    scale: Optional[LossScale] = None,
+    weights: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, Metrics]:
+    """GMPO (arXiv:2507.20673; verl's ``geo_mean``): one ratio per sequence, the geometric mean of its token
+    ratios, each clipped in log space first (the bound on the side its advantage pushes towards).
+
+        l_t    = log pi_t - log pi_old_t,   s = sign(A_i)
+        l^_t   = s min(s l_t, s clip(l_t, -eps_low, eps_high))      (the paper: eps = 0.4)
+        r_i    = exp(mean_t l^_t),   A_i = mean_t A_t,   w_i = exp(mean_t log w_t)
+        L_i    = -w_i A_i r_i, on every token of sequence i
+        loss   = aggregate(L, loss_agg_mode)      (seq-mean-token-mean: sum_i L_i / N_seqs, as published)
+    pg_clipfrac / pg_clipfrac_lower: the share of tokens clipped with A > 0 / A < 0.
+    """
+    m = mask.bool()
+    log_ratio = _select(log_prob - old_log_prob, m)
+    advantages = _select(advantages, m)
+    sign = torch.sign(advantages)
+    bounded = log_ratio.clamp(-clip.low, clip.high)
+    clipped = sign * torch.minimum(sign * log_ratio, sign * bounded)
+    lengths = m.sum(1).clamp(min=1).to(log_ratio.dtype)
+    ratio = (_select(clipped, m).sum(1) / lengths).clamp(max=20.0).exp()
+    loss = -(advantages.sum(1) / lengths) * ratio
+    if weights is not None:
+        loss = loss * (_select(weights.clamp(min=1e-10).log(), m).sum(1) / lengths).exp()
+    was_clipped = clipped != log_ratio  # the bound on the side of its advantage binds
+    metrics = _ratio_metrics(
+        log_ratio,
+        m,
+        scale,
+        pg_clipfrac=was_clipped & (advantages > 0),
+        pg_clipfrac_lower=was_clipped & (advantages < 0),
+    )
+    return aggregate(loss.unsqueeze(1).expand_as(log_ratio), m, mode, scale), metrics
 
 
 def value_loss(

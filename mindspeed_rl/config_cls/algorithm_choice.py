@@ -42,6 +42,8 @@ class PolicyLoss:
     function: str  # its function in algorithms/losses.py
     default_agg_mode: str  # the aggregation the method was published with
     summary: str
+    dual_clip: bool = True  # takes rl_config.clip_ratio_c
+    gate: bool = False  # SAPO's soft gate: takes rl_config.tau_pos / tau_neg
 
 
 @dataclass(frozen=True)
@@ -76,10 +78,18 @@ def register_advantage(
         ADVANTAGE_ESTIMATORS[key] = spec
 
 
-def register_policy_loss(name: str, function: str, *, default_agg_mode: str = "token-mean", summary: str = "") -> None:
+def register_policy_loss(
+    name: str,
+    function: str,
+    *,
+    default_agg_mode: str = "token-mean",
+    summary: str = "",
+    dual_clip: bool = True,
+    gate: bool = False,
+) -> None:
     if name in POLICY_LOSSES:
         raise ValueError(f"policy loss {name!r} is registered twice")
-    POLICY_LOSSES[name] = PolicyLoss(name, function, default_agg_mode, summary)
+    POLICY_LOSSES[name] = PolicyLoss(name, function, default_agg_mode, summary, dual_clip, gate)
 
 
 def register_distillation(name: str, function: str, *, summary: str = "") -> None:
@@ -132,6 +142,27 @@ register_policy_loss(
     default_agg_mode="seq-mean-token-mean",
     summary="GSPO: sequence-level ratio (geometric mean of token ratios), clipped",
 )
+register_policy_loss(
+    "cispo",
+    "cispo_policy_loss",
+    dual_clip=False,
+    summary="CISPO: clipped, stop-gradient importance weight on every token's log-prob",
+)
+register_policy_loss(
+    "sapo",
+    "sapo_policy_loss",
+    default_agg_mode="seq-mean-token-mean",
+    dual_clip=False,
+    gate=True,
+    summary="SAPO: soft sigmoid gate of temperature tau_pos / tau_neg in place of the clip",
+)
+register_policy_loss(
+    "gmpo",
+    "gmpo_policy_loss",
+    default_agg_mode="seq-mean-token-mean",
+    dual_clip=False,
+    summary="GMPO: geometric mean of token ratios per sequence, clipped in log space",
+)
 
 
 register_distillation(
@@ -181,6 +212,8 @@ class AlgorithmPlan:
     clip_low: float
     clip_high: float
     clip_dual: Optional[float]
+    tau_pos: float  # SAPO's gate temperatures (read by sapo only)
+    tau_neg: float
     kl_in_reward: bool  # -beta * KL_t in the token rewards (verl's use_kl_in_reward)
     kl_in_loss: bool  # + beta * KL in the actor loss (MindSpeed-RL's GRPO)
     rollout_is: Optional[str]  # None, "token" or "sequence"
@@ -196,12 +229,16 @@ class AlgorithmPlan:
 
     def describe(self) -> str:
         kl = "in the reward" if self.kl_in_reward else "in the actor loss" if self.kl_in_loss else "off"
-        clip = f"[1 - {self.clip_low:g}, 1 + {self.clip_high:g}]" + (
+        clip = f"clip [1 - {self.clip_low:g}, 1 + {self.clip_high:g}]" + (
             f", dual clip {self.clip_dual:g}" if self.clip_dual is not None else ""
         )
+        if self.policy_loss.gate:
+            clip = f"gate tau {self.tau_pos:g} (A > 0) / {self.tau_neg:g} (A <= 0)"
+        elif self.policy_loss.name == "gmpo":
+            clip = f"log-ratio clip [-{self.clip_low:g}, {self.clip_high:g}]"
         return (
             f"advantages {self.estimator.name} ({self.estimator.summary}); policy loss {self.policy_loss.name}, "
-            f"clip {clip}, {self.loss_agg_mode}; KL {kl}; critic {'yes' if self.use_critic else 'no'}, "
+            f"{clip}, {self.loss_agg_mode}; KL {kl}; critic {'yes' if self.use_critic else 'no'}, "
             f"reference {'yes' if self.use_reference else 'no'}"
             + (f"; rollout correction: {self.rollout_is}-level truncated IS" if self.rollout_is else "")
             + (f"; distillation {self.distill.name} ({self.distill.summary})" if self.distill else "")
@@ -219,6 +256,18 @@ def resolve_loss_agg_mode(loss_agg_mode: Optional[str], token_level_loss: Option
             f"{loss_agg_mode}; set only one of them",
         )
     return loss_agg_mode or from_flag or policy.default_agg_mode
+
+
+def check_loss_keys(rl: Any, policy: PolicyLoss) -> None:
+    """Keys a policy loss would ignore are refused: the dual clip outside the clipped surrogates, SAPO's
+    temperatures outside SAPO."""
+    if rl.clip_ratio_c is not None and not policy.dual_clip:
+        raise AlgorithmChoiceError(
+            "rl_config.clip_ratio_c", f"the dual clip bounds vanilla and gspo; policy_loss {policy.name} has none"
+        )
+    for key in ("tau_pos", "tau_neg"):
+        if getattr(rl, key) is not None and not policy.gate:
+            raise AlgorithmChoiceError(f"rl_config.{key}", f"is SAPO's gate temperature; policy_loss is {policy.name}")
 
 
 def resolve_algorithm(rl: Any) -> AlgorithmPlan:
@@ -240,6 +289,7 @@ def resolve_algorithm(rl: Any) -> AlgorithmPlan:
         )
     if rl.clip_higher_enable and rl.clip_ratio_high is None:
         raise AlgorithmChoiceError("rl_config.clip_ratio_high", "required when clip_higher_enable is true (DAPO: 0.28)")
+    check_loss_keys(rl, policy)
     low = rl.clip_ratio_low if rl.clip_ratio_low is not None else rl.clip_ratio
     high = rl.clip_ratio_high if rl.clip_ratio_high is not None else rl.clip_ratio
     beta_used = rl.init_kl_coef > 0 or rl.kl_ctrl_type == "adaptive"
@@ -257,6 +307,8 @@ def resolve_algorithm(rl: Any) -> AlgorithmPlan:
         clip_low=low,
         clip_high=high,
         clip_dual=rl.clip_ratio_c,
+        tau_pos=1.0 if rl.tau_pos is None else rl.tau_pos,
+        tau_neg=1.05 if rl.tau_neg is None else rl.tau_neg,
         kl_in_reward=bool(rl.use_kl_in_reward),
         kl_in_loss=bool(beta_used and not rl.use_kl_in_reward),
         rollout_is=correction,

@@ -74,7 +74,8 @@ Names: MindSpeed-RL's where it has them, verl's where it does not, and both wher
 | `clip_higher_enable`, `clip_ratio_low`, `clip_ratio_high` | same | `clip_ratio_low`, `clip_ratio_high` |
 | `overlong_buffer_enable`, `overlong_buffer`, `overlong_buffer_penalty_factor`, `rollout_max_tokens` | same | `reward_model.overlong_buffer.{enable,len,penalty_factor}` |
 | `filter_groups_enable`, `filter_groups_metric`, `filter_groups_max_batches`, `filter_groups_train_batch_size` | same | `algorithm.filter_groups.{enable,metric,max_num_gen_batches}`, `data.train_batch_size` |
-| `policy_loss: vanilla / gspo` | - | `actor.policy_loss.loss_mode` |
+| `policy_loss: vanilla / gspo / cispo / sapo / gmpo` | - | `actor.policy_loss.loss_mode` (`geo_mean` for gmpo) |
+| `tau_pos`, `tau_neg` (SAPO) | - | `actor.tau_pos`, `actor.tau_neg` |
 | `rollout_correction.rollout_is`, `rollout_is_threshold` | - | `algorithm.rollout_correction.*` |
 | `use_kl_in_reward`, `init_kl_coef`, `kl_ctrl_type` | same | `algorithm.use_kl_in_reward`, `algorithm.kl_ctrl.*` |
 

@@ -221,7 +221,8 @@ class RLConfig(LoggingKeys):
     # losses
     policy_loss: str = opt(
         "vanilla",
-        "Policy loss: vanilla (PPO clip per token) or gspo (sequence-level ratio).",
+        "Policy loss: vanilla (PPO clip per token), gspo (sequence-level ratio), cispo (clipped stop-gradient "
+        "weight), sapo (soft gate) or gmpo (geometric mean of token ratios): docs/algorithms.md.",
         choices=tuple(POLICY_LOSSES),
     )
     loss_agg_mode: Optional[str] = opt(
@@ -243,6 +244,8 @@ class RLConfig(LoggingKeys):
     clip_ratio_c: Optional[float] = opt(
         None, "Dual-clip bound for negative advantages (e.g. 3.0); off when null.", gt=1
     )
+    tau_pos: Optional[float] = opt(None, "SAPO's gate temperature for A > 0 (null: 1.0; verl's actor tau_pos).", gt=0)
+    tau_neg: Optional[float] = opt(None, "SAPO's gate temperature for A <= 0 (null: 1.05; verl's actor tau_neg).", gt=0)
     cliprange_value: float = opt(0.5, "Value-function clip range.", gt=0)
     entropy_coeff: float = opt(0.0, "Entropy bonus coefficient.", ge=0)
     router_replay: Optional[str] = opt(

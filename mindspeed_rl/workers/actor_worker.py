@@ -278,7 +278,7 @@ class IntegratedActorWorker(MegatronWorker):
                + beta x KL(actor || reference)   (when the KL is in the loss, not in the reward)
         """
         rl, plan = self.rl, self.algorithm
-        clip = Clip(plan.clip_low, plan.clip_high, plan.clip_dual)
+        clip = Clip(plan.clip_low, plan.clip_high, plan.clip_dual, plan.tau_pos, plan.tau_neg)
         mode = plan.loss_agg_mode
 
         def make_loss(rows: Experience, scale: LossScale):
