@@ -1,12 +1,15 @@
-"""Rollout throughput: vLLM (in-process, CPU) vs the megatron-core fallback, and weight-sync time.
+"""Rollout throughput: vLLM (in-process, CPU) in fp32, bf16 or FP8 vs the megatron-core fallback, and weight-sync
+time.
 
-    .venv/bin/python bench/rollout.py [--prompts 64] [--n 4] [--new-tokens 128] [--fallback-prompts 8]
+    PYTHONPATH=. .venv/bin/python bench/rollout.py [--prompts 64] [--n 4] [--new-tokens 128] [--fallback-prompts 8]
+        [--engines vllm:float32,fallback] [--models 12M,50M]
 
-Random prompts of 32 tokens on randomly initialised ~12M and ~50M Qwen2-shaped models (fp32).
-tokens/s counts generated tokens. The fallback re-runs the whole sequence every step (no KV
-cache), so it is timed on --fallback-prompts prompts to keep the run short; its tokens/s is
-comparable, its total time is not. Weight sync = megatron shards -> full pieces -> vLLM's
-in-place layer-wise reload (+ prefix-cache reset).
+Random prompts of 32 tokens on randomly initialised ~12M and ~50M Qwen2-shaped models. ``--engines`` lists
+``vllm:<dtype>`` (float32, bfloat16), ``vllm:fp8`` (generate_config.rollout_quantization fp8 on a bf16 engine) and
+``fallback``. tokens/s counts generated tokens. The fallback re-runs the whole sequence every step (no KV cache), so
+it is timed on --fallback-prompts prompts to keep the run short; its tokens/s is comparable, its total time is not.
+Weight sync = megatron shards -> full pieces -> vLLM's in-place layer-wise reload (+ prefix-cache reset; FP8: the
+weights quantized again).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ def main() -> None:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--fallback-prompts", type=int, default=8)
     p.add_argument("--models", default="12M,50M")
+    p.add_argument("--engines", default="vllm:float32,fallback")
     args = p.parse_args()
     dist.init_distributed()
     dist.init_model_parallel(seed=1)
@@ -51,18 +55,20 @@ def main() -> None:
         actor = MegatronEngine(role, trainable=False)
         n_params = sum(p.numel() for p in actor.unwrapped().parameters())
         g = torch.Generator().manual_seed(0)
-        for backend, count in (("vllm", args.prompts), ("fallback", args.fallback_prompts)):
+        for variant in args.engines.split(","):
+            backend, _, precision = variant.partition(":")
+            count = args.fallback_prompts if backend == "fallback" else args.prompts
+            quantized = precision == "fp8"
             gen = GenerateConfig(
                 backend=backend,
-                dtype="float32",
+                dtype="bfloat16" if quantized else precision or "float32",
+                rollout_quantization="fp8" if quantized else "none",
                 max_model_len=32 + args.new_tokens,
                 max_num_seqs=256,
                 max_num_batched_tokens=8192,
                 gpu_memory_utilization=0.05,
             )
-            engine = make_rollout_engine(
-                model, gen, "cpu", eos_token_id=None if backend == "fallback" else 0, vocab_size=model.padded_vocab_size
-            )
+            engine = make_rollout_engine(model, gen, "cpu", eos_token_id=None if backend == "fallback" else 0)
             t0 = time.perf_counter()
             engine.update_weights(iter_full_weights(actor))
             sync = time.perf_counter() - t0
@@ -76,7 +82,7 @@ def main() -> None:
             elapsed = time.perf_counter() - t0
             tokens = sum(len(o.response_ids) for o in outs)
             print(
-                f"| {name} | {n_params / 1e6:.1f}M | {engine.name} | {len(outs)} | {tokens} | {elapsed:.1f} | "
+                f"| {name} | {n_params / 1e6:.1f}M | {variant} | {len(outs)} | {tokens} | {elapsed:.1f} | "
                 f"{tokens / elapsed:,.0f} | {sync:.3f} |",
                 flush=True,
             )

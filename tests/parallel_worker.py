@@ -569,6 +569,76 @@ def run_updated_engine(rank, world, spec, workdir, port):
     engine.shutdown()
 
 
+def teacher_forced_logprobs(llm, sequences):
+    """vLLM's log-prob of every token after the first of each sequence (prompt log-probs of the whole sequence)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0, detokenize=False)
+    outs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+    return [[entry[tok].logprob for entry, tok in zip(o.prompt_logprobs[1:], s[1:])] for o, s in zip(outs, sequences)]
+
+
+def run_quantized_engine(rank, world, spec, workdir, port):
+    """rollout_quantization fp8: a dummy-weight engine updated in place from the actor (twice), a bf16 engine of
+    the same weights, and a fresh FP8 engine loaded from the HF folder (vLLM's own load-time quantization): the
+    log-probs of the FP8 engine's samples under each, saved."""
+    from vllm import LLM
+
+    from mindspeed_rl.compat.vllm import WEIGHT_LOAD_ENV, online_quantization_unavailable
+    from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.protocol import RolloutRequest
+    from mindspeed_rl.rollout.factory import make_rollout_engine
+    from mindspeed_rl.rollout.resharding import iter_full_weights
+    from tests.helpers import tiny_model_config, tiny_role
+
+    missing = online_quantization_unavailable("fp8_per_channel")
+    if missing:  # vLLM 0.18 / 0.23 (the NPU sets' releases)
+        torch.save({"unavailable": missing}, os.path.join(workdir, "quantized.pt"))
+        return
+    start_rank(rank, world, port)
+    os.environ[WEIGHT_LOAD_ENV] = "auto"  # run_updated_engine, before it in this process, may have forced a path
+    model = tiny_model_config(num_layers=4, hidden_size=128, ffn_hidden_size=256, padded_vocab_size=512)
+    actor = MegatronEngine(tiny_role(model=model), trainable=False)
+    actor.load_weights(torch.load(os.path.join(workdir, "actor_full.pt"), weights_only=True))
+    prompts = torch.load(os.path.join(workdir, "prompts.pt"))
+    logprobs, method = {}, None
+    for name in ("fp8", "bf16"):
+        gen = GenerateConfig(
+            backend="vllm",
+            dtype="bfloat16",
+            rollout_quantization="fp8" if name == "fp8" else "none",
+            max_model_len=128,
+            max_num_seqs=16,
+            max_num_batched_tokens=1024,
+            gpu_memory_utilization=0.005,
+        )
+        engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
+        engine.update_weights([{k: v * 0.5 for k, v in piece.items()} for piece in iter_full_weights(actor)])
+        engine.update_weights(iter_full_weights(actor))
+        if name == "fp8":  # the sequences every forward scores: the FP8 engine's own samples
+            sampled = engine.generate(RolloutRequest.of(prompts, SamplingConfig(temperature=1.0, max_tokens=12)))
+            sequences = [prompts[o.prompt_index] + o.response_ids for o in sampled]
+            logprobs["sampled"] = [o.logprobs for o in sampled]
+            method = engine.weight_load_method
+        logprobs[name] = teacher_forced_logprobs(engine.llm, sequences)
+        engine.shutdown()
+    hf = os.path.join(workdir, "hf")
+    fresh = LLM(
+        model=hf,
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype="bfloat16",
+        max_model_len=128,
+        kv_cache_memory_bytes=32 * 2**20,
+        seed=1,
+        quantization="fp8_per_channel",
+    )
+    logprobs["fresh_fp8"] = teacher_forced_logprobs(fresh, sequences)
+    fresh.llm_engine.engine_core.shutdown()
+    torch.save({"logprobs": logprobs, "sequences": sequences, "method": method}, os.path.join(workdir, "quantized.pt"))
+
+
 def run_reward_worker(rank, world, spec, workdir, port):
     """The ORM worker (outside Ray) scores sequences from a converted --orm checkpoint."""
     os.environ["OMP_NUM_THREADS"] = "1"

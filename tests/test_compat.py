@@ -101,6 +101,25 @@ def _version_tests(path):
     return found
 
 
+def test_fp8_rollout_is_offered_where_the_installed_vllm_quantizes_online():
+    """generate_config.rollout_quantization fp8 maps to vLLM's fp8_per_channel on CPU and CUDA, which vLLM 0.32
+    has and 0.18 / 0.23 (the NPU sets' releases) do not: the engine's error names the version; NPU says why not."""
+    import vllm
+
+    from mindspeed_rl.accelerator.cpu import CpuAccelerator
+    from mindspeed_rl.accelerator.npu import NpuAccelerator
+
+    missing = compat_vllm.online_quantization_unavailable("fp8_per_channel")
+    if missing:
+        assert vllm.__version__ in missing
+        with pytest.raises(ValueError, match=f"rollout_quantization fp8: vLLM {vllm.__version__} has no online"):
+            CpuAccelerator.vllm_quantization("fp8")
+    else:
+        assert CpuAccelerator.vllm_quantization("fp8") == "fp8_per_channel"
+    with pytest.raises(ValueError, match="Ascend A2/A3 have no FP8"):
+        NpuAccelerator.vllm_quantization("fp8")
+
+
 def test_no_library_version_tests_outside_compat():
     """mindspeed_rl/ only: cli/check_env.py prints the installed versions, which is no version test."""
     offenders = [

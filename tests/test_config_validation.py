@@ -50,6 +50,19 @@ MALFORMED = [
     (["generate_config.dtype=float64"], "generate_config.dtype", "bfloat16"),
     (["generate_config.weight_transfer=nccl"], "generate_config.weight_transfer", "vllm_native"),
     (["generate_config.weight_transfer=vllm_native"], "generate_config.weight_transfer", "rl_config.rollout_resource"),
+    (["generate_config.rollout_quantization=int8"], "generate_config.rollout_quantization", "fp8"),
+    (
+        ["generate_config.rollout_quantization=fp8", "generate_config.dtype=float32"],
+        "generate_config.dtype",
+        "runs a bfloat16 or float16 engine",
+    ),
+    (
+        ["generate_config.rollout_quantization=fp8", "generate_config.backend=fallback"],
+        "generate_config.rollout_quantization",
+        "backend fallback (megatron-core) runs the trained weights as they are",
+    ),
+    (["rl_config.policy_loss=cispo", "rl_config.clip_ratio_c=3"], "rl_config.clip_ratio_c", "cispo has none"),
+    (["rl_config.tau_pos=2"], "rl_config.tau_pos", "is SAPO's gate temperature"),
     (["rl_config.kl_penalty=kll"], "rl_config.kl_penalty", "did you mean 'kl'"),
     (["rl_config.adv_estimator=grpoo"], "rl_config.adv_estimator", "did you mean 'grpo'"),
     (
@@ -286,6 +299,18 @@ def test_reward_model_config_needs_load_and_resource(capsys, tmp_path):
     assert "rl_config.reward_resource.num_npus" in capsys.readouterr().err
     assert train_ppo.main(base + ["+rl_config.reward_resource.num_npus=32", f"+reward_config.load={tmp_path}"]) == 0
     assert "reward    : 32 devices" in capsys.readouterr().out
+
+
+def test_a_quantized_rollout_turns_the_correction_on_unless_it_is_off(capsys):
+    fp8 = ["--config-name", "grpo_tiny_cpu_async", "dry_run=true", "generate_config.rollout_quantization=fp8"]
+    assert train_ppo.main(fp8 + ["generate_config.dtype=bfloat16"]) == 0
+    out = capsys.readouterr().out
+    assert "rollout correction: token-level truncated IS" in out and "; fp8 weights and activations" in out
+    assert train_ppo.main(fp8 + ["generate_config.dtype=bfloat16", "rl_config.rollout_correction.rollout_is=off"]) == 0
+    assert "rollout correction" not in capsys.readouterr().out
+    assert train_ppo.main(fp8 + ["generate_config.dtype=bfloat16", "generate_config.weight_transfer=vllm_native"]) == 2
+    err = capsys.readouterr().err
+    assert "generate_config.weight_transfer: vllm_native with rollout_quantization fp8 is not checked" in err, err
 
 
 def test_native_weight_transfer_needs_the_vllm_engine(capsys):

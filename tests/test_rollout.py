@@ -38,17 +38,20 @@ WEIGHT_LOADS = ["auto", "load_weights"]
 
 @pytest.fixture(scope="module")
 def updated_and_fresh(tmp_path_factory):
-    """Both weight-update paths and the fresh engine they are compared with, one after another in one spawned
-    process (one start-up and one set of imports): {weight_load: updated outputs, "fresh": greedy ids}."""
+    """Both weight-update paths and the fresh engine they are compared with, then the FP8 engines, one after another
+    in one spawned process (one start-up and one set of imports): {weight_load: updated outputs, "fresh": greedy
+    ids, "fp8": run_quantized_engine's log-probs}."""
     workdir = tmp_path_factory.mktemp("updated")
     model, full = random_full_weights()
     torch.save(full, workdir / "actor_full.pt")
     torch.save(PROMPTS, workdir / "prompts.pt")
     write_hf_folder(workdir / "hf", model, full)
     updated = [("run_updated_engine", {"weight_load": w, "out": f"updated_{w}.pt"}) for w in WEIGHT_LOADS]
-    parallel_worker.spawn_each(1, updated + [("run_fresh_engine", {})], workdir)
+    quantized = [("run_quantized_engine", {})]
+    parallel_worker.spawn_each(1, updated + [("run_fresh_engine", {})] + quantized, workdir)
     results = {w: torch.load(workdir / f"updated_{w}.pt") for w in WEIGHT_LOADS}
-    return {**results, "fresh": torch.load(workdir / "fresh.pt")}
+    fp8 = torch.load(workdir / "quantized.pt", weights_only=False)
+    return {**results, "fresh": torch.load(workdir / "fresh.pt"), "fp8": fp8}
 
 
 @pytest.mark.slow
@@ -62,6 +65,27 @@ def test_vllm_updated_in_place_equals_a_fresh_engine_and_seeds_repeat(updated_an
     assert updated["runs"][0] == updated["runs"][1]  # same seed, same samples
     assert updated["runs"][0] != updated["other_seed"]  # another seed, other samples
     assert len(updated["runs"][0]) == 3 * len(PROMPTS)
+
+
+@pytest.mark.slow
+def test_fp8_rollout_samples_from_the_requantized_weights(updated_and_fresh):
+    """generate_config.rollout_quantization fp8: after two in-place updates the engine's log-probs of its own
+    samples equal those of a fresh FP8 engine loaded from the same weights (the reload quantized them again), and
+    differ from a bf16 engine's on the same tokens: the behaviour log-probs are the quantized policy's."""
+    result = updated_and_fresh["fp8"]
+    if "unavailable" in result:
+        pytest.skip(result["unavailable"])
+    logprobs, sequences = result["logprobs"], result["sequences"]
+    assert result["method"] == "reload_weights" and len(sequences) == len(PROMPTS)
+
+    def gaps(a, b):
+        return [abs(x - y) for row_a, row_b in zip(logprobs[a], logprobs[b]) for x, y in zip(row_a, row_b)]
+
+    assert max(gaps("fp8", "fresh_fp8")) < 1e-5  # measured 0.0: the same quantized weights
+    to_bf16 = gaps("fp8", "bf16")
+    assert sum(to_bf16) / len(to_bf16) > 1e-3, max(to_bf16)  # measured mean 0.074 (bf16 vs HF bf16: 0.008)
+    for sampled, scored, seq in zip(logprobs["sampled"], logprobs["fp8"], sequences):
+        assert scored[-len(sampled) :] == pytest.approx(sampled, abs=1e-3)  # the samples' own log-probs
 
 
 ROLLOUT_LAYOUTS = [dict(name="tp2", tp=2, pp=1), dict(name="pp2", tp=1, pp=2)]

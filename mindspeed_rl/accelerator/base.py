@@ -117,6 +117,24 @@ class Accelerator:
         latent + RoPE head); None when it can."""
         return None
 
+    # generate_config.rollout_quantization -> vLLM's online quantization method on this kind (none: not here)
+    VLLM_QUANTIZATION: Dict[str, str] = {}
+    VLLM_QUANTIZATION_MISSING = "no online rollout quantization is set up for this device"
+
+    @classmethod
+    def vllm_quantization(cls, precision: str) -> str:
+        """vLLM's ``quantization`` argument for ``generate_config.rollout_quantization`` on this kind; ValueError
+        with the reason where it has none (or the installed vLLM lacks it)."""
+        method = cls.VLLM_QUANTIZATION.get(precision)
+        if method is None:
+            raise ValueError(f"rollout_quantization {precision}: {cls.VLLM_QUANTIZATION_MISSING}")
+        from ..compat.vllm import online_quantization_unavailable
+
+        missing = online_quantization_unavailable(method)
+        if missing:
+            raise ValueError(f"rollout_quantization {precision}: {missing}")
+        return method
+
     @classmethod
     def vllm_engine_kwargs(cls, gen: Any) -> Dict[str, Any]:
         """vLLM ``LLM(...)`` arguments for this kind's memory, from a GenerateConfig."""

@@ -64,6 +64,9 @@ class CpuAccelerator(Accelerator):
     def fused_features(cls) -> Dict[str, bool]:
         return dict.fromkeys(super().fused_features(), False)
 
+    # per-output-channel FP8 weights, per-token dynamic FP8 activations (vLLM 0.32's CPU scaled-mm kernel)
+    VLLM_QUANTIZATION = {"fp8": "fp8_per_channel"}
+
     @classmethod
     def vllm_unusable_reason(cls, head_dim: int, latent: bool = False) -> Optional[str]:
         if latent:  # MLA: vLLM 0.32's CPU backend, whose decode kernel takes a 512 latent + a 64 RoPE key only

@@ -24,6 +24,8 @@ class CudaAccelerator(Accelerator):
     kind = "cuda"
     dist_backend = "nccl"
     ray_resource = "GPU"
+    # the same scheme as on CPU: FP8 weights per output channel, activations per token (Hopper and later)
+    VLLM_QUANTIZATION = {"fp8": "fp8_per_channel"}
 
     def transfer_group(self, store, rank: int, size: int, timeout):
         import torch.distributed as dist

@@ -233,3 +233,14 @@ def cpu_mla_unavailable() -> str:
     import vllm
 
     return f"vLLM {vllm.__version__} has no CPU backend for multi-latent attention"
+
+
+def online_quantization_unavailable(method: str) -> str:
+    """Why this vLLM cannot quantize a model online with ``method`` (its ``LLM(quantization=...)`` name; "" when it
+    can): the per-channel FP8 shorthand arrived after 0.23 (0.32 lists it in ``QUANTIZATION_METHODS``)."""
+    import vllm
+    from vllm.model_executor.layers import quantization
+
+    if method in getattr(quantization, "QUANTIZATION_METHODS", ()):
+        return ""
+    return f"vLLM {vllm.__version__} has no online quantization method {method!r}"

@@ -300,6 +300,7 @@ def resolve_algorithm(rl: Any) -> AlgorithmPlan:
             "> 0, or use_kl_in_reward false",
         )
     correction = rl.rollout_correction.rollout_is
+    correction = None if correction == "off" else correction
     return AlgorithmPlan(
         estimator=estimator,
         policy_loss=policy,

@@ -59,6 +59,15 @@ class GenerateConfig:
     max_model_len: int = opt(4096, "Longest prompt + response the engine accepts.", ge=1)
     max_num_batched_tokens: int = opt(8192, "Token budget of one engine step.", ge=1)
     dtype: str = opt("bfloat16", "Engine weights dtype.", choices=("bfloat16", "float16", "float32", "auto"))
+    rollout_quantization: str = opt(
+        "none",
+        "Run the rollout engines quantized (docs/rollout.md, Low-precision rollout): fp8 = FP8 weights per output "
+        "channel and FP8 activations per token (vLLM's online quantization; CPU with vLLM 0.32, NVIDIA Hopper and "
+        "later), re-quantized from the trained weights at every weight sync. Training stays in bf16 / fp32; "
+        "rollout_correction.rollout_is defaults to token-level truncated IS. Needs a vLLM engine of dtype "
+        "bfloat16 or float16.",
+        choices=("none", "fp8"),
+    )
     gpu_memory_utilization: float = opt(
         0.5, "Fraction of device memory for the engine (CPU: of host memory, as a KV-cache byte budget).", gt=0, le=1
     )

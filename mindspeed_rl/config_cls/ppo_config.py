@@ -14,6 +14,7 @@ from .generate_config import GenerateConfig
 from .judge_config import JudgeConfig
 from .megatron_config import MegatronConfig
 from .model_config import ModelConfig
+from .precision_rules import derive_rollout_correction
 from .profiler_config import RoleProfilerConfig, build_profiler_config
 from .rl_config import RLConfig, build_rl_section
 from .rules import check_cross_fields
@@ -230,6 +231,7 @@ def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) 
     dry_run = data.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise ConfigError("dry_run", f"got {dry_run!r}, expected true or false")
+    derive_rollout_correction(rl, generate)  # before the algorithm: it decides the importance weights
     try:
         algorithm = resolve_algorithm(rl)
     except AlgorithmChoiceError as exc:

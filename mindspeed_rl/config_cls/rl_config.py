@@ -34,8 +34,9 @@ class RolloutCorrectionConfig:
     rollout_is: Optional[str] = opt(
         None,
         "Reweight the policy loss by min(pi_old / pi_rollout, threshold): per "
-        "token, per sequence (the product of its token ratios), or off (null).",
-        choices=("token", "sequence"),
+        "token, per sequence (the product of its token ratios), or off (off; null: token under "
+        "generate_config.rollout_quantization, else off).",
+        choices=("token", "sequence", "off"),
     )
     rollout_is_threshold: float = opt(2.0, "The cap of the importance weights.", gt=0)
 

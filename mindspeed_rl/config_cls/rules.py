@@ -24,6 +24,7 @@ from .logging_config import check_logging_keys
 from .megatron_config import STAGE_ENTRY_POINTS
 from .memory_rules import check_memory_switches
 from .pipeline_rules import check_pipeline_layers
+from .precision_rules import check_rollout_precision_keys
 
 if TYPE_CHECKING:
     from .ppo_config import PPOConfig, RoleConfig
@@ -70,6 +71,7 @@ def check_cross_fields(cfg: PPOConfig) -> None:
     check_router_replay_keys(cfg)
     check_vision_keys(cfg)
     check_batch_invariant_keys(cfg)
+    check_rollout_precision_keys(cfg)
     check_batch_sizes(cfg)
     check_packing_keys(cfg)
     check_sampling_keys(cfg)

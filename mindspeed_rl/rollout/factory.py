@@ -33,10 +33,14 @@ def make_rollout_engine(
     reason = vllm_unusable_reason(model, gen, kind) if gen.backend in ("auto", "vllm") else "backend: fallback"
     if gen.backend == "vllm" and reason:
         raise RolloutUnavailable(f"generate_config.backend: vllm, but {reason}")
+    precision = gen.rollout_quantization
+    if precision != "none" and reason:  # the fallback engine runs the trained weights as they are
+        raise RolloutUnavailable(f"generate_config.rollout_quantization: {precision} needs vLLM, but {reason}")
     if reason is None:
         from .vllm_engine import VllmEngine
 
-        log.warning("rollout engine: vLLM (%s, infer TP %d)", kind, gen.infer_tensor_parallel_size)
+        quantized = "" if precision == "none" else f", {precision} weights and activations"
+        log.warning("rollout engine: vLLM (%s, infer TP %d%s)", kind, gen.infer_tensor_parallel_size, quantized)
         eos = eos_token_id if eos_token_id is not None else 0
         return VllmEngine(model, gen, kind, eos, pad_token_id, seed, capture_routes, processor_dir)
     from .fallback_engine import FallbackEngine

@@ -45,6 +45,14 @@ def vllm_unusable_reason(model: ModelConfig, gen: GenerateConfig, kind: str) -> 
     )
 
 
+def quantization_method(acc, precision: str) -> str:
+    """vLLM's online quantization method for ``precision`` on ``acc``; RuntimeError naming the key where none."""
+    try:
+        return acc.vllm_quantization(precision)
+    except ValueError as exc:
+        raise RuntimeError(f"generate_config.{exc}") from None
+
+
 def write_hf_config(folder: str, model: ModelConfig, eos_token_id: int, pad_token_id: int) -> str:
     from ..families import get_family
 
@@ -182,8 +190,16 @@ class VllmEngine(RolloutEngine):
             if self.weight_transfer_unavailable is None:
                 self.weight_transfer_backend = get_accelerator().vllm_weight_transfer_backend()
                 kwargs["weight_transfer_config"] = {"backend": self.weight_transfer_backend}
+        if gen.rollout_quantization != "none":  # quantized when the (dummy) weights load, again at every reload
+            kwargs["quantization"] = quantization_method(acc, gen.rollout_quantization)
         self.llm = LLM(**kwargs)
         self.weight_load_method = compat_vllm.weight_load_method(self.llm)
+        if "quantization" in kwargs and self.weight_load_method != "reload_weights":
+            raise RuntimeError(
+                f"generate_config.rollout_quantization: weight updates would go through load_weights (no "
+                f"reload_weights in this vLLM worker, or {compat_vllm.WEIGHT_LOAD_ENV} asks for it), which copies "
+                "trained weights into the quantized parameters without quantizing them"
+            )
         self.capture_routes = capture_routes and vllm_routes.install_route_capture(self.llm) > 0
         self.tensor_parallel_size = gen.infer_tensor_parallel_size
         self._asleep = False

@@ -71,7 +71,8 @@ def iteration_lines(cfg: PPOConfig) -> List[str]:
         f"{cfg.rl.use_integrated_worker}, throughput world_size={cfg.world_size}",
         f"  rollout   : infer TP {itp} x PP {gen.infer_pipeline_parallel_size}, "
         f"{infer_dp} engine(s), {gbs / infer_dp:g} prompts = {samples / infer_dp:g} responses each, up to "
-        f"{gen.sampling_config.max_tokens} new tokens",
+        f"{gen.sampling_config.max_tokens} new tokens"
+        + ("" if gen.rollout_quantization == "none" else f"; {gen.rollout_quantization} weights and activations"),
         f"  engines   : {describe_blocks(engine_blocks(rollout_devices or devices, itp), 'engine')}"
         + (
             f" (rollout workers on {rollout_devices} devices of their own after the actor's {devices}: disaggregated, "
