@@ -118,6 +118,8 @@ def test_fp8_rollout_is_offered_where_the_installed_vllm_quantizes_online():
         assert CpuAccelerator.vllm_quantization("fp8") == "fp8_per_channel"
     with pytest.raises(ValueError, match="Ascend A2/A3 have no FP8"):
         NpuAccelerator.vllm_quantization("fp8")
+    with pytest.raises(ValueError, match="CPU build has no FP8 kernel for MoE experts"):  # measured at EP 2
+        CpuAccelerator.vllm_quantization("fp8", moe=True)
 
 
 def test_no_library_version_tests_outside_compat():

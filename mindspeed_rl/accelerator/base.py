@@ -122,9 +122,9 @@ class Accelerator:
     VLLM_QUANTIZATION_MISSING = "no online rollout quantization is set up for this device"
 
     @classmethod
-    def vllm_quantization(cls, precision: str) -> str:
-        """vLLM's ``quantization`` argument for ``generate_config.rollout_quantization`` on this kind; ValueError
-        with the reason where it has none (or the installed vLLM lacks it)."""
+    def vllm_quantization(cls, precision: str, moe: bool = False) -> str:
+        """vLLM's ``quantization`` argument for ``generate_config.rollout_quantization`` on this kind (``moe``: the
+        model has routed experts); ValueError with the reason where it has none (or the installed vLLM lacks it)."""
         method = cls.VLLM_QUANTIZATION.get(precision)
         if method is None:
             raise ValueError(f"rollout_quantization {precision}: {cls.VLLM_QUANTIZATION_MISSING}")

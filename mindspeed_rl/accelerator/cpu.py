@@ -68,6 +68,15 @@ class CpuAccelerator(Accelerator):
     VLLM_QUANTIZATION = {"fp8": "fp8_per_channel"}
 
     @classmethod
+    def vllm_quantization(cls, precision: str, moe: bool = False) -> str:
+        if moe:  # vLLM 0.32's FP8 MoE quantizes activations with an op its CPU build does not compile
+            raise ValueError(
+                f"rollout_quantization {precision}: vLLM's CPU build has no FP8 kernel for MoE experts "
+                "(_C::dynamic_per_token_scaled_fp8_quant is not compiled for CPU)"
+            )
+        return super().vllm_quantization(precision)
+
+    @classmethod
     def vllm_unusable_reason(cls, head_dim: int, latent: bool = False) -> Optional[str]:
         if latent:  # MLA: vLLM 0.32's CPU backend, whose decode kernel takes a 512 latent + a 64 RoPE key only
             if compat_vllm.cpu_mla_unavailable():

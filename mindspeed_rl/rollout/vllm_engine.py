@@ -45,10 +45,10 @@ def vllm_unusable_reason(model: ModelConfig, gen: GenerateConfig, kind: str) -> 
     )
 
 
-def quantization_method(acc, precision: str) -> str:
+def quantization_method(acc, precision: str, model: ModelConfig) -> str:
     """vLLM's online quantization method for ``precision`` on ``acc``; RuntimeError naming the key where none."""
     try:
-        return acc.vllm_quantization(precision)
+        return acc.vllm_quantization(precision, moe=bool(model.num_experts))
     except ValueError as exc:
         raise RuntimeError(f"generate_config.{exc}") from None
 
@@ -191,7 +191,7 @@ class VllmEngine(RolloutEngine):
                 self.weight_transfer_backend = get_accelerator().vllm_weight_transfer_backend()
                 kwargs["weight_transfer_config"] = {"backend": self.weight_transfer_backend}
         if gen.rollout_quantization != "none":  # quantized when the (dummy) weights load, again at every reload
-            kwargs["quantization"] = quantization_method(acc, gen.rollout_quantization)
+            kwargs["quantization"] = quantization_method(acc, gen.rollout_quantization, model)
         self.llm = LLM(**kwargs)
         self.weight_load_method = compat_vllm.weight_load_method(self.llm)
         if "quantization" in kwargs and self.weight_load_method != "reload_weights":
