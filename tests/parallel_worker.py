@@ -497,22 +497,30 @@ def run_rollout(rank, world, spec, workdir, port):
     engine.shutdown()
 
 
+def fresh_hf_llm(workdir, dtype: str = "float32", kv_mib: int = 32, **extra):
+    """A vLLM engine loaded the ordinary way from ``workdir``/hf (the reference of the in-place updates)."""
+    from vllm import LLM
+
+    return LLM(
+        model=os.path.join(workdir, "hf"),
+        skip_tokenizer_init=True,
+        enforce_eager=True,
+        dtype=dtype,
+        max_model_len=128,
+        kv_cache_memory_bytes=kv_mib * 2**20,
+        seed=1,
+        **extra,
+    )
+
+
 def run_fresh_engine(rank, world, spec, workdir, port):
     """A vLLM engine loaded the ordinary way from a HF folder; greedy outputs saved."""
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     prompts = torch.load(os.path.join(workdir, "prompts.pt"))
-    llm = LLM(
-        model=os.path.join(workdir, "hf"),
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        dtype="float32",
-        max_model_len=128,
-        kv_cache_memory_bytes=64 * 2**20,
-        seed=1,
-    )
+    llm = fresh_hf_llm(workdir, kv_mib=64)
     outs = llm.generate(
         [{"prompt_token_ids": p} for p in prompts],
         SamplingParams(temperature=0, max_tokens=10, detokenize=False),
@@ -582,8 +590,6 @@ def run_quantized_engine(rank, world, spec, workdir, port):
     """rollout_quantization fp8: a dummy-weight engine updated in place from the actor (twice), a bf16 engine of
     the same weights, and a fresh FP8 engine loaded from the HF folder (vLLM's own load-time quantization): the
     log-probs of the FP8 engine's samples under each, saved."""
-    from vllm import LLM
-
     from mindspeed_rl.compat.vllm import WEIGHT_LOAD_ENV, online_quantization_unavailable
     from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
     from mindspeed_rl.models.engine import MegatronEngine
@@ -623,17 +629,7 @@ def run_quantized_engine(rank, world, spec, workdir, port):
             method = engine.weight_load_method
         logprobs[name] = teacher_forced_logprobs(engine.llm, sequences)
         engine.shutdown()
-    hf = os.path.join(workdir, "hf")
-    fresh = LLM(
-        model=hf,
-        skip_tokenizer_init=True,
-        enforce_eager=True,
-        dtype="bfloat16",
-        max_model_len=128,
-        kv_cache_memory_bytes=32 * 2**20,
-        seed=1,
-        quantization="fp8_per_channel",
-    )
+    fresh = fresh_hf_llm(workdir, dtype="bfloat16", quantization="fp8_per_channel")
     logprobs["fresh_fp8"] = teacher_forced_logprobs(fresh, sequences)
     fresh.llm_engine.engine_core.shutdown()
     torch.save({"logprobs": logprobs, "sequences": sequences, "method": method}, os.path.join(workdir, "quantized.pt"))
@@ -681,7 +677,7 @@ def run_reshard_relations(rank, world, spec, workdir, port):
     engines (one per infer-TP block of ranks), greedy ids; then a fresh engine of the same infer TP
     loaded from the HF folder, greedy ids. Saves {case: (updated, fresh)} per rank."""
     from megatron.core import parallel_state as ps
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     from mindspeed_rl.accelerator import get_accelerator
     from mindspeed_rl.checkpoint.sharding import shard_state_dict
@@ -726,17 +722,7 @@ def run_reshard_relations(rank, world, spec, workdir, port):
         engine.shutdown()
         if itp not in fresh:  # one fresh engine per infer TP serves every case with that TP
             get_accelerator().prepare_vllm()
-            llm = LLM(
-                model=os.path.join(workdir, "hf"),
-                skip_tokenizer_init=True,
-                enforce_eager=True,
-                dtype="float32",
-                max_model_len=128,
-                kv_cache_memory_bytes=32 * 2**20,
-                seed=1,
-                tensor_parallel_size=itp,
-                distributed_executor_backend="external_launcher",
-            )
+            llm = fresh_hf_llm(workdir, tensor_parallel_size=itp, distributed_executor_backend="external_launcher")
             outs = llm.generate(
                 [{"prompt_token_ids": p} for p in prompts],
                 SamplingParams(temperature=0, max_tokens=10, detokenize=False),

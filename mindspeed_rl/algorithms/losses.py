@@ -100,6 +100,26 @@ def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip: Clip
     return loss, clipped_frac, lower_frac
 
 
+def _log_ratio(log_prob: torch.Tensor, old_log_prob: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """log pi - log pi_old on valid tokens (0 elsewhere), clamped to [-20, 20] against overflow in exp."""
+    return _select(log_prob - old_log_prob, m).clamp(-20.0, 20.0)
+
+
+def _outside_band(ratio: torch.Tensor, clip: Clip) -> Dict[str, torch.Tensor]:
+    """pg_clipfrac / pg_clipfrac_lower shares of a loss without a hard clip: the ratio outside
+    [1 - eps_low, 1 + eps_high] / below 1 - eps_low."""
+    low = ratio < 1.0 - clip.low
+    return {"pg_clipfrac": low | (ratio > 1.0 + clip.high), "pg_clipfrac_lower": low}
+
+
+def _ratio_metrics(log_ratio: torch.Tensor, m: torch.Tensor, scale: Optional[LossScale], **shares) -> Metrics:
+    """ppo_kl = mean(log pi_old - log pi) and each named 0/1 share, as token means over the mini-batch."""
+    tokens = LossScale((scale or LossScale.of(m)).tokens, 1.0)
+    metrics = {name: aggregate(share.float(), m, "token-mean", tokens).detach() for name, share in shares.items()}
+    metrics["ppo_kl"] = aggregate(-log_ratio, m, "token-mean", tokens).detach()
+    return metrics
+
+
 def vanilla_policy_loss(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
@@ -121,17 +141,12 @@ def vanilla_policy_loss(
     ppo_kl = mean(log pi_old - log pi).
     """
     m = mask.bool()
-    log_ratio = _select(log_prob - old_log_prob, m).clamp(-20.0, 20.0)
+    log_ratio = _log_ratio(log_prob, old_log_prob, m)
     advantages = _select(advantages, m)
     loss, clipped_frac, lower_frac = _clipped_surrogate(log_ratio.exp(), advantages, clip)
     if weights is not None:
         loss = loss * _select(weights, m)
-    tokens = LossScale((scale or LossScale.of(mask)).tokens, 1.0)
-    metrics = {
-        "pg_clipfrac": aggregate(clipped_frac, m, "token-mean", tokens).detach(),
-        "pg_clipfrac_lower": aggregate(lower_frac, m, "token-mean", tokens).detach(),
-        "ppo_kl": aggregate(-log_ratio, m, "token-mean", tokens).detach(),
-    }
+    metrics = _ratio_metrics(log_ratio, m, scale, pg_clipfrac=clipped_frac, pg_clipfrac_lower=lower_frac)
     return aggregate(loss, m, mode, scale), metrics
 
 
@@ -173,14 +188,6 @@ def gspo_policy_loss(
     return aggregate(loss, m, mode, scale), metrics
 
 
-def _ratio_metrics(log_ratio: torch.Tensor, m: torch.Tensor, scale: Optional[LossScale], **shares) -> Metrics:
-    """ppo_kl = mean(log pi_old - log pi) and each named 0/1 share, as token means over the mini-batch."""
-    tokens = LossScale((scale or LossScale.of(m)).tokens, 1.0)
-    metrics = {name: aggregate(share.float(), m, "token-mean", tokens).detach() for name, share in shares.items()}
-    metrics["ppo_kl"] = aggregate(-log_ratio, m, "token-mean", tokens).detach()
-    return metrics
-
-
 def cispo_policy_loss(
     log_prob: torch.Tensor,
     old_log_prob: torch.Tensor,
@@ -201,15 +208,13 @@ def cispo_policy_loss(
     pg_clipfrac: the share of tokens whose weight is clipped (pg_clipfrac_lower: those below 1 - eps_low).
     """
     m = mask.bool()
-    log_ratio = _select(log_prob - old_log_prob, m).clamp(-20.0, 20.0)
+    log_ratio = _log_ratio(log_prob, old_log_prob, m)
     ratio = log_ratio.exp()
     weight = ratio.clamp(1.0 - clip.low, 1.0 + clip.high).detach()
     loss = -weight * _select(advantages, m) * _select(log_prob, m)
     if weights is not None:
         loss = loss * _select(weights, m)
-    low = ratio < 1.0 - clip.low
-    metrics = _ratio_metrics(log_ratio, m, scale, pg_clipfrac=low | (ratio > 1.0 + clip.high), pg_clipfrac_lower=low)
-    return aggregate(loss, m, mode, scale), metrics
+    return aggregate(loss, m, mode, scale), _ratio_metrics(log_ratio, m, scale, **_outside_band(ratio, clip))
 
 
 def sapo_policy_loss(
@@ -233,16 +238,14 @@ def sapo_policy_loss(
     pg_clipfrac: the share of tokens whose ratio is outside [1 - eps_low, 1 + eps_high] (gated, not clipped).
     """
     m = mask.bool()
-    log_ratio = _select(log_prob - old_log_prob, m).clamp(-20.0, 20.0)
+    log_ratio = _log_ratio(log_prob, old_log_prob, m)
     ratio = log_ratio.exp()
     advantages = _select(advantages, m)
     tau = torch.where(advantages > 0, clip.tau_pos, clip.tau_neg).to(ratio.dtype)
     loss = -(4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0)) * advantages
     if weights is not None:
         loss = loss * _select(weights, m)
-    low = ratio < 1.0 - clip.low
-    metrics = _ratio_metrics(log_ratio, m, scale, pg_clipfrac=low | (ratio > 1.0 + clip.high), pg_clipfrac_lower=low)
-    return aggregate(loss, m, mode, scale), metrics
+    return aggregate(loss, m, mode, scale), _ratio_metrics(log_ratio, m, scale, **_outside_band(ratio, clip))
 
 
 def gmpo_policy_loss(
