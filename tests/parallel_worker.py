@@ -497,12 +497,12 @@ def run_rollout(rank, world, spec, workdir, port):
     engine.shutdown()
 
 
-def fresh_hf_llm(workdir, dtype: str = "float32", kv_mib: int = 32, **extra):
-    """A vLLM engine loaded the ordinary way from ``workdir``/hf (the reference of the in-place updates)."""
+def fresh_hf_llm(workdir, dtype: str = "float32", kv_mib: int = 32, folder: str = "hf", **extra):
+    """A vLLM engine loaded the ordinary way from ``workdir``/``folder`` (the reference of the in-place updates)."""
     from vllm import LLM
 
     return LLM(
-        model=os.path.join(workdir, "hf"),
+        model=os.path.join(workdir, folder),
         skip_tokenizer_init=True,
         enforce_eager=True,
         dtype=dtype,
@@ -586,10 +586,30 @@ def teacher_forced_logprobs(llm, sequences):
     return [[entry[tok].logprob for entry, tok in zip(o.prompt_logprobs[1:], s[1:])] for o, s in zip(outs, sequences)]
 
 
+def write_int8_folder(workdir) -> str:
+    """``workdir``/hf as a W8A8 INT8 compressed-tensors checkpoint (``hf_int8``), quantized from its bf16 weights."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    from mindspeed_rl.rollout.quantize import int8_named, int8_quantization_config
+
+    source, target = os.path.join(workdir, "hf"), os.path.join(workdir, "hf_int8")
+    os.makedirs(target, exist_ok=True)
+    with open(os.path.join(source, "config.json")) as fh:
+        config = {**json.load(fh), "quantization_config": int8_quantization_config(), "torch_dtype": "bfloat16"}
+    with open(os.path.join(target, "config.json"), "w") as fh:
+        json.dump(config, fh)
+    weights = {k: v.to(torch.bfloat16) for k, v in load_file(os.path.join(source, "model.safetensors")).items()}
+    save_file({k: v.contiguous() for k, v in int8_named(weights.items())}, os.path.join(target, "model.safetensors"))
+    return "hf_int8"
+
+
 def run_quantized_engine(rank, world, spec, workdir, port):
-    """rollout_quantization fp8: a dummy-weight engine updated in place from the actor (twice), a bf16 engine of
-    the same weights, and a fresh FP8 engine loaded from the HF folder (vLLM's own load-time quantization): the
-    log-probs of the FP8 engine's samples under each, saved."""
+    """rollout_quantization ``spec["precision"]``: a dummy-weight engine updated in place from the actor (twice), a
+    bf16 engine of the same weights, and a fresh quantized engine loaded from the HF folder (FP8: vLLM's own
+    load-time quantization; INT8: a compressed-tensors checkpoint of the same weights): the log-probs of the
+    quantized engine's samples under each, saved."""
     from mindspeed_rl.compat.vllm import WEIGHT_LOAD_ENV, online_quantization_unavailable
     from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
     from mindspeed_rl.models.engine import MegatronEngine
@@ -598,9 +618,11 @@ def run_quantized_engine(rank, world, spec, workdir, port):
     from mindspeed_rl.rollout.resharding import iter_full_weights
     from tests.helpers import tiny_model_config, tiny_role
 
-    missing = online_quantization_unavailable("fp8_per_channel")
+    precision = spec["precision"]
+    out = os.path.join(workdir, f"quantized_{precision}.pt")
+    missing = online_quantization_unavailable("fp8_per_channel") if precision == "fp8" else ""
     if missing:  # vLLM 0.18 / 0.23 (the NPU sets' releases)
-        torch.save({"unavailable": missing}, os.path.join(workdir, "quantized.pt"))
+        torch.save({"unavailable": missing}, out)
         return
     start_rank(rank, world, port)
     os.environ[WEIGHT_LOAD_ENV] = "auto"  # run_updated_engine, before it in this process, may have forced a path
@@ -609,30 +631,37 @@ def run_quantized_engine(rank, world, spec, workdir, port):
     actor.load_weights(torch.load(os.path.join(workdir, "actor_full.pt"), weights_only=True))
     prompts = torch.load(os.path.join(workdir, "prompts.pt"))
     logprobs, method = {}, None
-    for name in ("fp8", "bf16"):
+    for name in (precision, "bf16"):
         gen = GenerateConfig(
             backend="vllm",
             dtype="bfloat16",
-            rollout_quantization="fp8" if name == "fp8" else "none",
+            rollout_quantization=precision if name == precision else "none",
             max_model_len=128,
             max_num_seqs=16,
             max_num_batched_tokens=1024,
             gpu_memory_utilization=0.005,
         )
-        engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
+        try:
+            engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
+        except RuntimeError as exc:  # a release whose worker has no layer-wise reload
+            torch.save({"unavailable": str(exc)}, out)
+            return
         engine.update_weights([{k: v * 0.5 for k, v in piece.items()} for piece in iter_full_weights(actor)])
         engine.update_weights(iter_full_weights(actor))
-        if name == "fp8":  # the sequences every forward scores: the FP8 engine's own samples
+        if name == precision:  # the sequences every forward scores: the quantized engine's own samples
             sampled = engine.generate(RolloutRequest.of(prompts, SamplingConfig(temperature=1.0, max_tokens=12)))
             sequences = [prompts[o.prompt_index] + o.response_ids for o in sampled]
             logprobs["sampled"] = [o.logprobs for o in sampled]
             method = engine.weight_load_method
         logprobs[name] = teacher_forced_logprobs(engine.llm, sequences)
         engine.shutdown()
-    fresh = fresh_hf_llm(workdir, dtype="bfloat16", quantization="fp8_per_channel")
-    logprobs["fresh_fp8"] = teacher_forced_logprobs(fresh, sequences)
+    if precision == "fp8":
+        fresh = fresh_hf_llm(workdir, dtype="bfloat16", quantization="fp8_per_channel")
+    else:
+        fresh = fresh_hf_llm(workdir, dtype="bfloat16", folder=write_int8_folder(workdir))
+    logprobs["fresh"] = teacher_forced_logprobs(fresh, sequences)
     fresh.llm_engine.engine_core.shutdown()
-    torch.save({"logprobs": logprobs, "sequences": sequences, "method": method}, os.path.join(workdir, "quantized.pt"))
+    torch.save({"logprobs": logprobs, "sequences": sequences, "method": method}, out)
 
 
 def run_reward_worker(rank, world, spec, workdir, port):

@@ -120,6 +120,10 @@ def test_fp8_rollout_is_offered_where_the_installed_vllm_quantizes_online():
         NpuAccelerator.vllm_quantization("fp8")
     with pytest.raises(ValueError, match="CPU build has no FP8 kernel for MoE experts"):  # measured at EP 2
         CpuAccelerator.vllm_quantization("fp8", moe=True)
+    # INT8: a checkpoint format every release serves (the experts stay bf16, so MoE models take it too)
+    assert CpuAccelerator.vllm_quantization("int8", moe=True) == "compressed-tensors"
+    with pytest.raises(ValueError, match="vllm-ascend's W8A8 INT8"):
+        NpuAccelerator.vllm_quantization("int8")
 
 
 def test_no_library_version_tests_outside_compat():

@@ -50,7 +50,7 @@ MALFORMED = [
     (["generate_config.dtype=float64"], "generate_config.dtype", "bfloat16"),
     (["generate_config.weight_transfer=nccl"], "generate_config.weight_transfer", "vllm_native"),
     (["generate_config.weight_transfer=vllm_native"], "generate_config.weight_transfer", "rl_config.rollout_resource"),
-    (["generate_config.rollout_quantization=int8"], "generate_config.rollout_quantization", "fp8"),
+    (["generate_config.rollout_quantization=int4"], "generate_config.rollout_quantization", "int8"),
     (
         ["generate_config.rollout_quantization=fp8", "generate_config.dtype=float32"],
         "generate_config.dtype",

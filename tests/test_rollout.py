@@ -34,24 +34,25 @@ def write_hf_folder(folder, model, full):
 
 
 WEIGHT_LOADS = ["auto", "load_weights"]
+QUANTIZED = ["fp8", "int8"]
 
 
 @pytest.fixture(scope="module")
 def updated_and_fresh(tmp_path_factory):
     """Both weight-update paths and the fresh engine they are compared with, then the FP8 engines, one after another
     in one spawned process (one start-up and one set of imports): {weight_load: updated outputs, "fresh": greedy
-    ids, "fp8": run_quantized_engine's log-probs}."""
+    ids, "fp8" / "int8": run_quantized_engine's log-probs}."""
     workdir = tmp_path_factory.mktemp("updated")
     model, full = random_full_weights()
     torch.save(full, workdir / "actor_full.pt")
     torch.save(PROMPTS, workdir / "prompts.pt")
     write_hf_folder(workdir / "hf", model, full)
     updated = [("run_updated_engine", {"weight_load": w, "out": f"updated_{w}.pt"}) for w in WEIGHT_LOADS]
-    quantized = [("run_quantized_engine", {})]
+    quantized = [("run_quantized_engine", {"precision": p}) for p in QUANTIZED]
     parallel_worker.spawn_each(1, updated + [("run_fresh_engine", {})] + quantized, workdir)
     results = {w: torch.load(workdir / f"updated_{w}.pt") for w in WEIGHT_LOADS}
-    fp8 = torch.load(workdir / "quantized.pt", weights_only=False)
-    return {**results, "fresh": torch.load(workdir / "fresh.pt"), "fp8": fp8}
+    results.update({p: torch.load(workdir / f"quantized_{p}.pt", weights_only=False) for p in QUANTIZED})
+    return {**results, "fresh": torch.load(workdir / "fresh.pt")}
 
 
 @pytest.mark.slow
@@ -68,11 +69,13 @@ def test_vllm_updated_in_place_equals_a_fresh_engine_and_seeds_repeat(updated_an
 
 
 @pytest.mark.slow
-def test_fp8_rollout_samples_from_the_requantized_weights(updated_and_fresh):
-    """generate_config.rollout_quantization fp8: after two in-place updates the engine's log-probs of its own
-    samples equal those of a fresh FP8 engine loaded from the same weights (the reload quantized them again), and
-    differ from a bf16 engine's on the same tokens: the behaviour log-probs are the quantized policy's."""
-    result = updated_and_fresh["fp8"]
+@pytest.mark.parametrize("precision", QUANTIZED)
+def test_quantized_rollout_samples_from_the_requantized_weights(updated_and_fresh, precision):
+    """generate_config.rollout_quantization: after two in-place updates the engine's log-probs of its own samples
+    equal those of a fresh quantized engine loaded from the same weights (FP8: vLLM quantized them again at the
+    reload; INT8: we did, before the transfer), and differ from a bf16 engine's on the same tokens: the
+    behaviour log-probs are the quantized policy's."""
+    result = updated_and_fresh[precision]
     if "unavailable" in result:
         pytest.skip(result["unavailable"])
     logprobs, sequences = result["logprobs"], result["sequences"]
@@ -81,11 +84,43 @@ def test_fp8_rollout_samples_from_the_requantized_weights(updated_and_fresh):
     def gaps(a, b):
         return [abs(x - y) for row_a, row_b in zip(logprobs[a], logprobs[b]) for x, y in zip(row_a, row_b)]
 
-    assert max(gaps("fp8", "fresh_fp8")) < 1e-5  # measured 0.0: the same quantized weights
-    to_bf16 = gaps("fp8", "bf16")
-    assert sum(to_bf16) / len(to_bf16) > 1e-3, max(to_bf16)  # measured mean 0.074 (bf16 vs HF bf16: 0.008)
-    for sampled, scored, seq in zip(logprobs["sampled"], logprobs["fp8"], sequences):
+    assert max(gaps(precision, "fresh")) < 1e-5  # measured 0.0: the same quantized weights
+    to_bf16 = gaps(precision, "bf16")
+    assert sum(to_bf16) / len(to_bf16) > 1e-3, max(to_bf16)  # measured mean fp8 0.074, int8 0.026 (bf16 vs HF 0.008)
+    for sampled, scored, seq in zip(logprobs["sampled"], logprobs[precision], sequences):
         assert scored[-len(sampled) :] == pytest.approx(sampled, abs=1e-3)  # the samples' own log-probs
+
+
+def test_int8_rollout_weights_are_compressed_tensors_own():
+    """The INT8 engine's weights, quantized on the training side, equal what the compressed-tensors library makes of
+    the same weights with the scheme the engine's config declares; only the decoder projections are quantized."""
+    args = pytest.importorskip("compressed_tensors.quantization").QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import quantize
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    from mindspeed_rl.rollout.quantize import int8_named, int8_quantization_config, is_int8_target
+
+    scheme = int8_quantization_config()["config_groups"]["rollout_int8"]["weights"]
+    weight = torch.randn(48, 64, generator=torch.Generator().manual_seed(0)) * torch.linspace(0.01, 3, 48)[:, None]
+    weight[5] = 0.0  # an all-zero channel
+    named = dict(int8_named([("model.layers.3.self_attn.q_proj.weight", weight), ("model.norm.weight", weight[0])]))
+    quantized, scale = (
+        named["model.layers.3.self_attn.q_proj.weight"],
+        named["model.layers.3.self_attn.q_proj.weight_scale"],
+    )
+    ct_scale, zero = calculate_qparams(
+        weight.amin(dim=1, keepdim=True), weight.amax(dim=1, keepdim=True), args(**scheme)
+    )
+    assert quantized.dtype == torch.int8 and scale.shape == (48, 1)
+    assert torch.equal(scale, ct_scale)
+    assert torch.equal(quantized, quantize(weight, scale, zero, args(**scheme), dtype=torch.int8))
+    assert (quantized.float() * scale - weight).abs().max() <= scale.max() / 2 + 1e-6  # half a step at most
+    assert torch.equal(named["model.norm.weight"], weight[0])
+    assert [is_int8_target(n) for n in ("model.layers.0.mlp.down_proj", "model.layers.0.mlp.experts.3.up_proj")] == [
+        True,
+        False,
+    ]
+    assert not is_int8_target("lm_head") and not is_int8_target("model.visual.blocks.0.mlp.gate_proj")
 
 
 ROLLOUT_LAYOUTS = [dict(name="tp2", tp=2, pp=1), dict(name="pp2", tp=1, pp=2)]

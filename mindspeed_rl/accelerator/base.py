@@ -117,7 +117,8 @@ class Accelerator:
         latent + RoPE head); None when it can."""
         return None
 
-    # generate_config.rollout_quantization -> vLLM's online quantization method on this kind (none: not here)
+    # generate_config.rollout_quantization -> vLLM's quantization method on this kind (none: not here):
+    # "compressed-tensors" means weights quantized before the transfer (INT8), any other an online method
     VLLM_QUANTIZATION: Dict[str, str] = {}
     VLLM_QUANTIZATION_MISSING = "no online rollout quantization is set up for this device"
 

@@ -64,12 +64,15 @@ class CpuAccelerator(Accelerator):
     def fused_features(cls) -> Dict[str, bool]:
         return dict.fromkeys(super().fused_features(), False)
 
-    # per-output-channel FP8 weights, per-token dynamic FP8 activations (vLLM 0.32's CPU scaled-mm kernel)
-    VLLM_QUANTIZATION = {"fp8": "fp8_per_channel"}
+    # per-output-channel weights, per-token dynamic activations: FP8 (vLLM 0.32's CPU scaled-mm kernel, quantized
+    # online by vLLM) and INT8 (its oneDNN W8A8 kernel, weights quantized by us in the compressed-tensors format)
+    VLLM_QUANTIZATION = {"fp8": "fp8_per_channel", "int8": "compressed-tensors"}
 
     @classmethod
     def vllm_quantization(cls, precision: str, moe: bool = False) -> str:
-        if moe:  # vLLM 0.32's FP8 MoE quantizes activations with an op its CPU build does not compile
+        if (
+            moe and precision == "fp8"
+        ):  # vLLM 0.32's FP8 MoE quantizes activations with an op its CPU build does not compile
             raise ValueError(
                 f"rollout_quantization {precision}: vLLM's CPU build has no FP8 kernel for MoE experts "
                 "(_C::dynamic_per_token_scaled_fp8_quant is not compiled for CPU)"
@@ -137,6 +140,7 @@ class CpuAccelerator(Accelerator):
         torch._dynamo.config.disable = True
         compat_vllm.repack_cpu_moe_experts_on_weight_update()
         compat_vllm.cpu_moe_activation_without_config()
+        compat_vllm.keep_cpu_int8_scales_on_reload()
         compat_vllm.no_cpu_thread_binding()
         compat_vllm.cpu_kv_cache_from_engine_argument()
         compat_vllm.keep_external_launcher_on_cpu()

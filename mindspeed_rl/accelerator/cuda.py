@@ -24,8 +24,8 @@ class CudaAccelerator(Accelerator):
     kind = "cuda"
     dist_backend = "nccl"
     ray_resource = "GPU"
-    # the same scheme as on CPU: FP8 weights per output channel, activations per token (Hopper and later)
-    VLLM_QUANTIZATION = {"fp8": "fp8_per_channel"}
+    # the same schemes as on CPU: FP8 (Hopper and later) and INT8 W8A8 (vLLM's CUTLASS kernels, Turing and later)
+    VLLM_QUANTIZATION = {"fp8": "fp8_per_channel", "int8": "compressed-tensors"}
 
     def transfer_group(self, store, rank: int, size: int, timeout):
         import torch.distributed as dist

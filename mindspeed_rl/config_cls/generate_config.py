@@ -61,12 +61,14 @@ class GenerateConfig:
     dtype: str = opt("bfloat16", "Engine weights dtype.", choices=("bfloat16", "float16", "float32", "auto"))
     rollout_quantization: str = opt(
         "none",
-        "Run the rollout engines quantized (docs/rollout.md, Low-precision rollout): fp8 = FP8 weights per output "
-        "channel and FP8 activations per token (vLLM's online quantization; CPU with vLLM 0.32, NVIDIA Hopper and "
-        "later), re-quantized from the trained weights at every weight sync. Training stays in bf16 / fp32; "
+        "Run the rollout engines quantized (docs/rollout.md, Low-precision rollout), re-quantized from the trained "
+        "weights at every weight sync: int8 = W8A8 INT8 of the decoder layers' projections, weights per output "
+        "channel quantized before the transfer, activations per token (vLLM's compressed-tensors kernels; CPU, "
+        "NVIDIA Turing and later); fp8 = FP8 weights per output channel and activations per token (vLLM's online "
+        "quantization; CPU with vLLM 0.32, NVIDIA Hopper and later). Training stays in bf16 / fp32; "
         "rollout_correction.rollout_is defaults to token-level truncated IS. Needs a vLLM engine of dtype "
         "bfloat16 or float16.",
-        choices=("none", "fp8"),
+        choices=("none", "int8", "fp8"),
     )
     gpu_memory_utilization: float = opt(
         0.5, "Fraction of device memory for the engine (CPU: of host memory, as a KV-cache byte budget).", gt=0, le=1

@@ -24,7 +24,7 @@ def derive_rollout_correction(rl: RLConfig, gen: GenerateConfig) -> None:
 
 def check_rollout_precision_keys(cfg: PPOConfig) -> None:
     """A quantized rollout needs a vLLM engine of a 16-bit dtype, fed by our weight channel (its updates go
-    through vLLM's reload, which quantizes them again)."""
+    through vLLM's reload, which processes them again: FP8 quantized there, INT8 before the transfer)."""
     gen = cfg.generate
     precision = gen.rollout_quantization
     if precision == "none":
@@ -38,8 +38,8 @@ def check_rollout_precision_keys(cfg: PPOConfig) -> None:
     if gen.dtype not in QUANTIZED_DTYPES:
         raise ConfigError(
             "generate_config.dtype",
-            f"{gen.dtype}, but rollout_quantization {precision} runs a bfloat16 or float16 engine (vLLM's FP8 "
-            "kernels take no float32 activations)",
+            f"{gen.dtype}, but rollout_quantization {precision} runs a bfloat16 or float16 engine (vLLM "
+            "refuses float32 with FP8; INT8 is measured in bfloat16)",
         )
     if gen.weight_transfer == "vllm_native":
         raise ConfigError(

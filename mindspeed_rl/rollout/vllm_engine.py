@@ -26,6 +26,7 @@ from ..config_cls.generate_config import GenerateConfig
 from ..config_cls.model_config import ModelConfig
 from .base import Pieces, RolloutEngine, RolloutOutput, RolloutRequest
 from .convert_names import hf_named
+from .quantize import COMPRESSED_TENSORS, int8_named, int8_quantization_config
 from .weight_transfer import Meta
 
 log = logging.getLogger(__name__)
@@ -53,12 +54,18 @@ def quantization_method(acc, precision: str, model: ModelConfig) -> str:
         raise RuntimeError(f"generate_config.{exc}") from None
 
 
-def write_hf_config(folder: str, model: ModelConfig, eos_token_id: int, pad_token_id: int) -> str:
+def write_hf_config(
+    folder: str, model: ModelConfig, eos_token_id: int, pad_token_id: int, quantization: Optional[Dict] = None
+) -> str:
+    """The model's HF config.json in ``folder`` (with ``quantization`` as its ``quantization_config``)."""
     from ..families import get_family
 
     os.makedirs(folder, exist_ok=True)
+    config = get_family(model.model_type_hf).hf_config(model, eos_token_id, pad_token_id)
+    if quantization is not None:
+        config["quantization_config"] = quantization
     with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as fh:
-        json.dump(get_family(model.model_type_hf).hf_config(model, eos_token_id, pad_token_id), fh, indent=2)
+        json.dump(config, fh, indent=2)
     return folder
 
 
@@ -168,8 +175,15 @@ class VllmEngine(RolloutEngine):
         acc = accelerator_class(kind)
         self.can_sleep = acc.vllm_supports_sleep
         self.eos_token_id = eos_token_id
+        method = (
+            None if gen.rollout_quantization == "none" else quantization_method(acc, gen.rollout_quantization, model)
+        )
+        # INT8: quantized here before every transfer, into an engine whose config declares the format
+        self.quantize_on_send = method == COMPRESSED_TENSORS
         self._dir = tempfile.mkdtemp(prefix="mindspeed_rl_vllm_")
-        write_hf_config(self._dir, model, eos_token_id, pad_token_id)
+        write_hf_config(
+            self._dir, model, eos_token_id, pad_token_id, int8_quantization_config() if self.quantize_on_send else None
+        )
         if model.vision_config:  # vLLM turns images into pixels and placeholders with the model's processor
             copy_processor(processor_dir, self._dir)
         compat_vllm.keep_buffers_in_dummy_load()
@@ -190,15 +204,15 @@ class VllmEngine(RolloutEngine):
             if self.weight_transfer_unavailable is None:
                 self.weight_transfer_backend = get_accelerator().vllm_weight_transfer_backend()
                 kwargs["weight_transfer_config"] = {"backend": self.weight_transfer_backend}
-        if gen.rollout_quantization != "none":  # quantized when the (dummy) weights load, again at every reload
-            kwargs["quantization"] = quantization_method(acc, gen.rollout_quantization, model)
+        if method is not None:  # FP8: quantized by vLLM when the (dummy) weights load, again at every reload
+            kwargs["quantization"] = method
         self.llm = LLM(**kwargs)
         self.weight_load_method = compat_vllm.weight_load_method(self.llm)
-        if "quantization" in kwargs and self.weight_load_method != "reload_weights":
+        if method is not None and self.weight_load_method != "reload_weights":
             raise RuntimeError(
                 f"generate_config.rollout_quantization: weight updates would go through load_weights (no "
-                f"reload_weights in this vLLM worker, or {compat_vllm.WEIGHT_LOAD_ENV} asks for it), which copies "
-                "trained weights into the quantized parameters without quantizing them"
+                f"reload_weights in this vLLM worker, or {compat_vllm.WEIGHT_LOAD_ENV} asks for it), which writes "
+                "into the kernels' quantized parameters without processing them again"
             )
         self.capture_routes = capture_routes and vllm_routes.install_route_capture(self.llm) > 0
         self.tensor_parallel_size = gen.infer_tensor_parallel_size
@@ -266,7 +280,8 @@ class VllmEngine(RolloutEngine):
 
         def counted():
             for piece in weights:
-                for name, tensor in vllm_named(piece, self.model, self.gen.dtype):
+                named = vllm_named(piece, self.model, self.gen.dtype)
+                for name, tensor in int8_named(named) if self.quantize_on_send else named:
                     count["tensors"] += 1
                     count["bytes"] += tensor.numel() * tensor.element_size()
                     yield name, tensor
