@@ -36,6 +36,14 @@ MODELS = {
         num_query_groups=2,
         padded_vocab_size=8192,
     ),
+    "170M": dict(  # rollout benchmarks only (bench/rollout.py): where weight traffic starts to weigh
+        num_layers=12,
+        hidden_size=1024,
+        ffn_hidden_size=2816,
+        num_attention_heads=16,
+        num_query_groups=2,
+        padded_vocab_size=16384,
+    ),
 }
 
 

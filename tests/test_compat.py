@@ -126,6 +126,30 @@ def test_fp8_rollout_is_offered_where_the_installed_vllm_quantizes_online():
         NpuAccelerator.vllm_quantization("int8")
 
 
+def test_a_rollout_quantization_the_device_lacks_is_refused_before_start(monkeypatch):
+    """The preflight asks the device kind for the quantization (exit 2 naming the key before Ray starts), not the
+    engine once the workers are up."""
+    import mindspeed_rl.accelerator as accelerator
+    from mindspeed_rl.accelerator.cpu import CpuAccelerator
+    from mindspeed_rl.accelerator.cuda import CudaAccelerator
+    from mindspeed_rl.accelerator.npu import NpuAccelerator
+    from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.trainer.preflight import check_rollout_engine
+    from mindspeed_rl.utils.cli import UserError
+
+    cfg = load_ppo_config("grpo_tiny_cpu", ["generate_config.rollout_quantization=int8"])  # a float32 engine
+    monkeypatch.setattr(accelerator, "get_accelerator", lambda: CpuAccelerator)
+    check_rollout_engine(cfg)
+    monkeypatch.setattr(accelerator, "get_accelerator", lambda: CudaAccelerator)
+    with pytest.raises(UserError, match="rollout_quantization int8: vLLM's int8 kernels on cuda write bfloat16"):
+        check_rollout_engine(cfg)
+    cfg.generate.dtype = "bfloat16"
+    check_rollout_engine(cfg)
+    monkeypatch.setattr(accelerator, "get_accelerator", lambda: NpuAccelerator)
+    with pytest.raises(UserError, match="generate_config.rollout_quantization int8: Ascend A2/A3"):
+        check_rollout_engine(cfg)
+
+
 def test_no_library_version_tests_outside_compat():
     """mindspeed_rl/ only: cli/check_env.py prints the installed versions, which is no version test."""
     offenders = [

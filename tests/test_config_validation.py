@@ -54,7 +54,7 @@ MALFORMED = [
     (
         ["generate_config.rollout_quantization=fp8", "generate_config.dtype=float32"],
         "generate_config.dtype",
-        "runs a bfloat16 or float16 engine",
+        "fp8 runs an engine of dtype bfloat16 or float16",
     ),
     (
         ["generate_config.rollout_quantization=fp8", "generate_config.backend=fallback"],

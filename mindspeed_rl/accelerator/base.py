@@ -121,14 +121,22 @@ class Accelerator:
     # "compressed-tensors" means weights quantized before the transfer (INT8), any other an online method
     VLLM_QUANTIZATION: Dict[str, str] = {}
     VLLM_QUANTIZATION_MISSING = "no online rollout quantization is set up for this device"
+    # the precisions whose kernels here also take float32 activations (else bfloat16 / float16 engines only)
+    QUANTIZED_FLOAT32: Tuple[str, ...] = ()
 
     @classmethod
-    def vllm_quantization(cls, precision: str, moe: bool = False) -> str:
+    def vllm_quantization(cls, precision: str, moe: bool = False, dtype: str = "bfloat16") -> str:
         """vLLM's ``quantization`` argument for ``generate_config.rollout_quantization`` on this kind (``moe``: the
-        model has routed experts); ValueError with the reason where it has none (or the installed vLLM lacks it)."""
+        model has routed experts; ``dtype``: the engine's); ValueError with the reason where it has none (or the
+        installed vLLM lacks it)."""
         method = cls.VLLM_QUANTIZATION.get(precision)
         if method is None:
             raise ValueError(f"rollout_quantization {precision}: {cls.VLLM_QUANTIZATION_MISSING}")
+        if dtype == "float32" and precision not in cls.QUANTIZED_FLOAT32:
+            raise ValueError(
+                f"rollout_quantization {precision}: vLLM's {precision} kernels on {cls.kind} write bfloat16 or "
+                "float16: set generate_config.dtype bfloat16"
+            )
         from ..compat.vllm import online_quantization_unavailable
 
         missing = online_quantization_unavailable(method)

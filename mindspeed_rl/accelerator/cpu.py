@@ -67,9 +67,10 @@ class CpuAccelerator(Accelerator):
     # per-output-channel weights, per-token dynamic activations: FP8 (vLLM 0.32's CPU scaled-mm kernel, quantized
     # online by vLLM) and INT8 (its oneDNN W8A8 kernel, weights quantized by us in the compressed-tensors format)
     VLLM_QUANTIZATION = {"fp8": "fp8_per_channel", "int8": "compressed-tensors"}
+    QUANTIZED_FLOAT32 = ("int8",)  # oneDNN's int8 GEMM writes float32 too (measured: a float32 engine runs)
 
     @classmethod
-    def vllm_quantization(cls, precision: str, moe: bool = False) -> str:
+    def vllm_quantization(cls, precision: str, moe: bool = False, dtype: str = "bfloat16") -> str:
         if (
             moe and precision == "fp8"
         ):  # vLLM 0.32's FP8 MoE quantizes activations with an op its CPU build does not compile
@@ -77,7 +78,7 @@ class CpuAccelerator(Accelerator):
                 f"rollout_quantization {precision}: vLLM's CPU build has no FP8 kernel for MoE experts "
                 "(_C::dynamic_per_token_scaled_fp8_quant is not compiled for CPU)"
             )
-        return super().vllm_quantization(precision)
+        return super().vllm_quantization(precision, dtype=dtype)
 
     @classmethod
     def vllm_unusable_reason(cls, head_dim: int, latent: bool = False) -> Optional[str]:

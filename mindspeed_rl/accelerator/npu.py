@@ -20,8 +20,8 @@ class NpuAccelerator(Accelerator):
     ray_resource = "NPU"
     runs_mindspeed = True
     VLLM_QUANTIZATION_MISSING = (
-        "Ascend A2/A3 have no FP8 arithmetic, and vllm-ascend's W8A8 INT8 reads weights quantized ahead "
-        "(msModelSlim), not re-quantized at every weight sync: not set up yet"
+        "Ascend A2/A3 have no FP8 arithmetic, and vllm-ascend's W8A8 INT8 has a format of its own "
+        "(quant_model_description.json) whose in-place reload has not been run on a device: not set up yet"
     )
 
     def use_mindspeed_switches(self, argv: List[str]) -> None:

@@ -146,7 +146,7 @@ def keep_cpu_int8_scales_on_reload() -> None:
     keeps a pointer to the layer's ``weight_scale`` without owning it. A layer-wise ``reload_weights`` processes
     fresh tensors, then copies them into the layer's original storage and frees them: the new handler reads freed
     scales (log-probs NaN after the first update). Keep the tensors each handler was built from alive with it.
-    Releases without the kernel class (0.18, 0.23) have nothing to patch."""
+    The same kernel is in 0.18 and 0.23; a release without it has nothing to patch."""
     try:
         from vllm.model_executor.kernels.linear.scaled_mm.cpu import CPUInt8ScaledMMLinearKernel as kernel
     except ImportError:

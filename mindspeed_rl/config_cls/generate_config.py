@@ -66,8 +66,8 @@ class GenerateConfig:
         "channel quantized before the transfer, activations per token (vLLM's compressed-tensors kernels; CPU, "
         "NVIDIA Turing and later); fp8 = FP8 weights per output channel and activations per token (vLLM's online "
         "quantization; CPU with vLLM 0.32, NVIDIA Hopper and later). Training stays in bf16 / fp32; "
-        "rollout_correction.rollout_is defaults to token-level truncated IS. Needs a vLLM engine of dtype "
-        "bfloat16 or float16.",
+        "rollout_correction.rollout_is defaults to token-level truncated IS. Needs a vLLM engine, of dtype "
+        "bfloat16 or float16 (int8 on CPU: float32 too).",
         choices=("none", "int8", "fp8"),
     )
     gpu_memory_utilization: float = opt(

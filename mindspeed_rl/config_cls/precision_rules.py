@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from .ppo_config import PPOConfig
     from .rl_config import RLConfig
 
-QUANTIZED_DTYPES = ("bfloat16", "float16")
+# the engine dtypes each precision runs (vLLM refuses float32 with FP8; INT8 takes it where the device's kernel does)
+QUANTIZED_DTYPES = {"fp8": ("bfloat16", "float16"), "int8": ("bfloat16", "float16", "float32")}
 
 
 def derive_rollout_correction(rl: RLConfig, gen: GenerateConfig) -> None:
@@ -23,8 +24,9 @@ def derive_rollout_correction(rl: RLConfig, gen: GenerateConfig) -> None:
 
 
 def check_rollout_precision_keys(cfg: PPOConfig) -> None:
-    """A quantized rollout needs a vLLM engine of a 16-bit dtype, fed by our weight channel (its updates go
-    through vLLM's reload, which processes them again: FP8 quantized there, INT8 before the transfer)."""
+    """A quantized rollout needs a vLLM engine (FP8: of a 16-bit dtype; INT8: the device decides, in the
+    preflight) fed by our weight channel (its updates go through vLLM's reload, which processes them again: FP8
+    quantized there, INT8 before the transfer)."""
     gen = cfg.generate
     precision = gen.rollout_quantization
     if precision == "none":
@@ -35,11 +37,11 @@ def check_rollout_precision_keys(cfg: PPOConfig) -> None:
             f"{precision} quantizes vLLM engines; backend fallback (megatron-core) runs the trained weights as "
             "they are: set backend auto or vllm",
         )
-    if gen.dtype not in QUANTIZED_DTYPES:
+    if gen.dtype not in QUANTIZED_DTYPES[precision]:
         raise ConfigError(
             "generate_config.dtype",
-            f"{gen.dtype}, but rollout_quantization {precision} runs a bfloat16 or float16 engine (vLLM "
-            "refuses float32 with FP8; INT8 is measured in bfloat16)",
+            f"{gen.dtype}, but rollout_quantization {precision} runs an engine of dtype "
+            f"{' or '.join(QUANTIZED_DTYPES[precision])}",
         )
     if gen.weight_transfer == "vllm_native":
         raise ConfigError(

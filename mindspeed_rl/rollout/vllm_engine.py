@@ -46,10 +46,11 @@ def vllm_unusable_reason(model: ModelConfig, gen: GenerateConfig, kind: str) -> 
     )
 
 
-def quantization_method(acc, precision: str, model: ModelConfig) -> str:
-    """vLLM's online quantization method for ``precision`` on ``acc``; RuntimeError naming the key where none."""
+def quantization_method(acc, gen: GenerateConfig, model: ModelConfig) -> str:
+    """vLLM's quantization method for ``gen.rollout_quantization`` on ``acc``; RuntimeError naming the key where
+    none."""
     try:
-        return acc.vllm_quantization(precision, moe=bool(model.num_experts))
+        return acc.vllm_quantization(gen.rollout_quantization, moe=bool(model.num_experts), dtype=gen.dtype)
     except ValueError as exc:
         raise RuntimeError(f"generate_config.{exc}") from None
 
@@ -175,9 +176,7 @@ class VllmEngine(RolloutEngine):
         acc = accelerator_class(kind)
         self.can_sleep = acc.vllm_supports_sleep
         self.eos_token_id = eos_token_id
-        method = (
-            None if gen.rollout_quantization == "none" else quantization_method(acc, gen.rollout_quantization, model)
-        )
+        method = None if gen.rollout_quantization == "none" else quantization_method(acc, gen, model)
         # INT8: quantized here before every transfer, into an engine whose config declares the format
         self.quantize_on_send = method == COMPRESSED_TENSORS
         self._dir = tempfile.mkdtemp(prefix="mindspeed_rl_vllm_")

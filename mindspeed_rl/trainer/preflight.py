@@ -292,28 +292,11 @@ def check_mindspeed_switches(role: RoleConfig, acc) -> None:
             raise UserError(f"{role.name}_config.{key}: a MindSpeed switch (docs/features.md); {reason}; remove it")
 
 
-def tokenizer_difference(student, teacher) -> Optional[str]:
-    """Why two tokenizers do not map text to the same ids (None when they do): the teacher scores the student's
-    token ids, which must mean the same text to both."""
-    for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
-        if getattr(student, name, None) != getattr(teacher, name, None):
-            return f"{name} {getattr(teacher, name, None)} (the student's: {getattr(student, name, None)})"
-    mine, theirs = student.get_vocab(), teacher.get_vocab()
-    if mine != theirs:
-        differing = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda item: item[1])
-        token, index = differing[0]
-        return (
-            f"vocabularies differ: {len(theirs)} tokens (the student's: {len(mine)}), "
-            f"{len(differing)} (token, id) pairs in one but not the other, e.g. {token!r} -> {index}"
-        )
-    return None
-
-
 def check_teacher_tokenizer(cfg: PPOConfig) -> None:
     """The distillation teacher reads the student's token ids: its tokenizer must be the student's."""
     if cfg.teacher is None:
         return
-    from ..utils.hf_tokenizer import load_tokenizer
+    from ..utils.hf_tokenizer import load_tokenizer, tokenizer_difference
 
     mine, theirs = cfg.actor.megatron.tokenizer_name_or_path, cfg.teacher.megatron.tokenizer_name_or_path
     if os.path.abspath(mine) == os.path.abspath(theirs):
@@ -328,14 +311,24 @@ def check_teacher_tokenizer(cfg: PPOConfig) -> None:
         )
 
 
-def check_router_replay(cfg: PPOConfig) -> None:
-    """The installed vLLM returns routed experts (unless the megatron-core engine samples) and, for router
-    replay, megatron-core replays them (not the NPU sets' releases)."""
-    if not cfg.captures_routes:
-        return
+def check_rollout_engine(cfg: PPOConfig) -> None:
+    """What the run asks of the rollout engine, this device kind and the installed vLLM have: its quantization,
+    the routed experts it returns (unless the megatron-core engine samples) and, for router replay, megatron-core's
+    replay of them (not the NPU sets' releases)."""
+    from ..accelerator import get_accelerator
     from ..compat import vllm_routes
     from ..compat.megatron_core import router_replay_unavailable
 
+    gen = cfg.generate
+    if gen.rollout_quantization != "none" and gen.backend != "fallback":
+        try:
+            get_accelerator().vllm_quantization(gen.rollout_quantization, bool(cfg.actor.model.num_experts), gen.dtype)
+        except ValueError as exc:
+            raise UserError(f"generate_config.{exc}") from None
+        except ImportError:
+            pass  # no vLLM here: the engine's start names it
+    if not cfg.captures_routes:
+        return
     capture = vllm_routes.capture_unavailable() if cfg.generate.backend != "fallback" else None
     if cfg.rl.router_replay:
         reason = capture or router_replay_unavailable()
@@ -351,7 +344,7 @@ def preflight(cfg: PPOConfig) -> Optional[int]:
     check_device_features(cfg)
     check_tool_isolation(cfg)
     check_teacher_tokenizer(cfg)
-    check_router_replay(cfg)
+    check_rollout_engine(cfg)
     iteration = resume_iteration(cfg)
     problems = []
     for role in cfg.roles:  # every role's problem at once: a resharded actor next to an unresharded critic

@@ -1,6 +1,9 @@
-"""Loading a HF tokenizer folder the one way every command does: never its own code, errors naming the key."""
+"""Loading a HF tokenizer folder the one way every command does (never its own code, errors naming the key), and
+whether two tokenizers agree."""
 
 from __future__ import annotations
+
+from typing import Optional
 
 from .cli import UserError
 
@@ -19,3 +22,20 @@ def load_tokenizer(path: str, key: str):
                 "which is never run here: use a tokenizer folder without it"
             ) from None
         raise UserError(f"{key} {path}: cannot load a tokenizer ({exc})") from None
+
+
+def tokenizer_difference(student, teacher) -> Optional[str]:
+    """Why two tokenizers do not map text to the same ids (None when they do): the teacher scores the student's
+    token ids, which must mean the same text to both."""
+    for name in ("eos_token_id", "pad_token_id", "bos_token_id"):
+        if getattr(student, name, None) != getattr(teacher, name, None):
+            return f"{name} {getattr(teacher, name, None)} (the student's: {getattr(student, name, None)})"
+    mine, theirs = student.get_vocab(), teacher.get_vocab()
+    if mine != theirs:
+        differing = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda item: item[1])
+        token, index = differing[0]
+        return (
+            f"vocabularies differ: {len(theirs)} tokens (the student's: {len(mine)}), "
+            f"{len(differing)} (token, id) pairs in one but not the other, e.g. {token!r} -> {index}"
+        )
+    return None
