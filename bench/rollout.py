@@ -4,12 +4,12 @@ weight-sync time.
     PYTHONPATH=. .venv/bin/python bench/rollout.py [--prompts 64] [--n 4] [--new-tokens 128] [--fallback-prompts 8]
         [--engines vllm:float32,fallback] [--models 12M,50M]
 
-Random prompts of 32 tokens on randomly initialised ~12M and ~50M Qwen2-shaped models. ``--engines`` lists
+Random prompts of 32 tokens on randomly initialised Qwen2-shaped models (12M, 50M, 170M). ``--engines`` lists
 ``vllm:<dtype>`` (float32, bfloat16), ``vllm:int8`` / ``vllm:fp8`` (generate_config.rollout_quantization on a
-bf16 engine) and ``fallback``. tokens/s counts generated tokens. The fallback re-runs the whole sequence every step (no KV cache), so
-it is timed on --fallback-prompts prompts to keep the run short; its tokens/s is comparable, its total time is not.
-Weight sync = megatron shards -> full pieces -> vLLM's in-place layer-wise reload (+ prefix-cache reset; INT8 / FP8:
-the weights quantized again).
+bf16 engine) and ``fallback``. tokens/s counts generated tokens. The fallback re-runs the whole sequence every step
+(no KV cache), so it is timed on --fallback-prompts prompts to keep the run short; its tokens/s is comparable, its
+total time is not. Weight sync = megatron shards -> full pieces -> vLLM's in-place layer-wise reload (+ prefix-cache
+reset; INT8 / FP8: the weights quantized again).
 """
 
 from __future__ import annotations
