@@ -239,17 +239,21 @@ class ModelConfig:
     def _mlp_parameter_count(self, inner: int) -> int:
         return self.hidden_size * inner * (2 if self.swiglu else 1) + inner * self.hidden_size
 
+    def _moe_layer_parameter_counts(self) -> Tuple[int, int]:
+        """(router, its expert bias and the shared experts; the routed experts) of one MoE layer, (0, 0) without."""
+        if not self.num_experts:
+            return 0, 0
+        e = self.expert_ffn_hidden_size
+        shared = self.hidden_size * self.num_experts + (self.num_experts if self.moe_router_enable_expert_bias else 0)
+        shared += self._mlp_parameter_count(e * self.n_shared_experts) if self.n_shared_experts else 0
+        return shared, self.num_experts * self._mlp_parameter_count(e)
+
     def parameter_count(self, vocab_size: Optional[int] = None) -> int:
         """Parameters of the GPT model (embedding, layers, final norm, output layer)."""
         vocab = vocab_size or self.padded_vocab_size or 0
         h = self.hidden_size
         dense = self._mlp_parameter_count(self.ffn_hidden_size)
-        moe = 0
-        if self.num_experts:
-            e = self.expert_ffn_hidden_size
-            moe = self.num_experts * (self._mlp_parameter_count(e) + h)
-            moe += self.num_experts if self.moe_router_enable_expert_bias else 0
-            moe += self._mlp_parameter_count(e * self.n_shared_experts) if self.n_shared_experts else 0
+        moe = sum(self._moe_layer_parameter_counts())
         layers = self.num_layers * (self.attention_parameter_count() + 2 * h)
         layers += (self.num_layers - self.moe_layers) * dense + self.moe_layers * moe
         embed = vocab * h
@@ -262,12 +266,9 @@ class ModelConfig:
         experts also over EP (megatron's expert tensor parallelism defaults to TP), and the embedding and output
         layer split over TP."""
         layers = self.num_layers if layers is None else layers
-        h, e = self.hidden_size, self.expert_ffn_hidden_size
-        shared, routed = 0, 0
-        if self.num_experts:
-            shared = h * self.num_experts + (self.num_experts if self.moe_router_enable_expert_bias else 0)
-            shared += self._mlp_parameter_count(e * self.n_shared_experts) if self.n_shared_experts else 0
-            routed = self.num_experts * self._mlp_parameter_count(e) // ep
+        h = self.hidden_size
+        shared, routed = self._moe_layer_parameter_counts()
+        routed //= ep
         dense = self._mlp_parameter_count(self.ffn_hidden_size) if self.moe_layers < self.num_layers else 0
         moe_layers = min(layers, self.moe_layers) if routed else 0
         layer = self.attention_parameter_count() + 2 * h
@@ -341,6 +342,5 @@ class ModelConfig:
         total = self.parameter_count(vocab_size)
         if not self.num_experts:
             return total
-        e, mult = self.expert_ffn_hidden_size, 2 if self.swiglu else 1
-        idle = (self.num_experts - self.moe_router_topk) * (self.hidden_size * e * mult + e * self.hidden_size)
+        idle = (self.num_experts - self.moe_router_topk) * self._mlp_parameter_count(self.expert_ffn_hidden_size)
         return total - self.moe_layers * idle

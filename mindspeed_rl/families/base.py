@@ -237,6 +237,20 @@ class ModelFamily:
         return {name: t.contiguous() for name, t in out.items()}
 
 
+def moe_transformer_fields(model: ModelConfig) -> dict:
+    """The TransformerConfig fields of a mixture-of-experts model that every family sets alike (each adds its
+    router's own: score function, pre-softmax, load balancing, shared experts)."""
+    return {
+        "num_moe_experts": model.num_experts,
+        "moe_router_topk": model.moe_router_topk,
+        "moe_ffn_hidden_size": model.moe_ffn_hidden_size,
+        "moe_aux_loss_coeff": model.moe_aux_loss_coeff,
+        "moe_token_dispatcher_type": model.moe_token_dispatcher_type,
+        "moe_grouped_gemm": False,  # the local spec's SequentialMLP (grouped GEMMs need TE)
+        "moe_permute_fusion": False,
+    }
+
+
 def rope_theta(hf: dict) -> float:
     """RoPE base of a HF config (transformers 5 moved it into ``rope_parameters``)."""
     if "rope_theta" in hf:

@@ -21,7 +21,16 @@ from __future__ import annotations
 from typing import List
 
 from ..config_cls.model_config import ModelConfig
-from .base import EXPERT_MG, HF_LAYER, MG_LAYER, FamilyError, LayerNames, ModelFamily, rope_parameters
+from .base import (
+    EXPERT_MG,
+    HF_LAYER,
+    MG_LAYER,
+    FamilyError,
+    LayerNames,
+    ModelFamily,
+    moe_transformer_fields,
+    rope_parameters,
+)
 
 _ATTENTION = [
     ("self_attn.kv_a_proj_with_mqa.weight", "self_attention.linear_kv_down_proj.weight"),
@@ -152,10 +161,8 @@ class DeepseekV3(ModelFamily):
             "beta_slow": model.beta_slow,
             "mscale": model.rope_scaling_mscale if yarn else 1.0,
             "mscale_all_dim": model.rope_scaling_mscale_all_dim if yarn else 0.0,
-            "num_moe_experts": model.num_experts,
+            **moe_transformer_fields(model),
             "moe_layer_freq": [0] * dense + [1] * (model.num_layers - dense),
-            "moe_router_topk": model.moe_router_topk,
-            "moe_ffn_hidden_size": model.moe_ffn_hidden_size,
             "moe_shared_expert_intermediate_size": (
                 model.moe_ffn_hidden_size * model.n_shared_experts if model.n_shared_experts else None
             ),
@@ -167,10 +174,6 @@ class DeepseekV3(ModelFamily):
             "moe_router_topk_scaling_factor": model.moe_router_topk_scaling_factor,
             "moe_router_pre_softmax": False,
             "moe_router_load_balancing_type": "seq_aux_loss" if model.moe_aux_loss_coeff > 0 else "none",
-            "moe_aux_loss_coeff": model.moe_aux_loss_coeff,
-            "moe_token_dispatcher_type": model.moe_token_dispatcher_type,
-            "moe_grouped_gemm": False,
-            "moe_permute_fusion": False,
         }
 
     def check(self, model: ModelConfig, path: str = "model") -> None:

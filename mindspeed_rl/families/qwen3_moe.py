@@ -6,7 +6,7 @@ false) is exactly that renormalised form; without renormalisation it takes the s
 """
 
 from ..config_cls.model_config import ModelConfig
-from .base import FamilyError, ModelFamily
+from .base import FamilyError, ModelFamily, moe_transformer_fields
 
 
 class Qwen3Moe(ModelFamily):
@@ -50,14 +50,8 @@ class Qwen3Moe(ModelFamily):
     def transformer_config_fields(self, model: ModelConfig) -> dict:
         return {
             **super().transformer_config_fields(model),
-            "num_moe_experts": model.num_experts,
-            "moe_router_topk": model.moe_router_topk,
-            "moe_ffn_hidden_size": model.moe_ffn_hidden_size,
+            **moe_transformer_fields(model),
             "moe_router_pre_softmax": not model.norm_topk_prob,
             "moe_router_score_function": "softmax",
             "moe_router_load_balancing_type": "aux_loss" if model.moe_aux_loss_coeff > 0 else "none",
-            "moe_aux_loss_coeff": model.moe_aux_loss_coeff,
-            "moe_token_dispatcher_type": model.moe_token_dispatcher_type,
-            "moe_grouped_gemm": False,
-            "moe_permute_fusion": False,
         }
