@@ -89,6 +89,21 @@ def seq_mean_token_mean_loss(scale):
     return loss_fn
 
 
+def small_rollout_config(**changes):
+    """The rollout settings of the tests' small engines: vLLM in float32 on a 128-token context, a small KV cache."""
+    from mindspeed_rl.config_cls import GenerateConfig
+
+    settings = dict(
+        backend="vllm",
+        dtype="float32",
+        max_model_len=128,
+        max_num_seqs=16,
+        max_num_batched_tokens=1024,
+        gpu_memory_utilization=0.005,
+    )
+    return GenerateConfig(**{**settings, **changes})
+
+
 def run(rank, world, spec, workdir, port):
     from megatron.core import parallel_state as ps
 
@@ -347,20 +362,13 @@ def route_counts(engine, prompts, outputs):
 def _family_rollout(engine, model, spec, workdir):
     """Greedy responses of a vLLM engine updated in place from ``engine``'s weights (fp32), and for Qwen3-MoE the
     route checks."""
-    from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+    from mindspeed_rl.config_cls import SamplingConfig
     from mindspeed_rl.protocol import RolloutRequest
     from mindspeed_rl.rollout.factory import make_rollout_engine
     from mindspeed_rl.rollout.resharding import iter_full_weights
 
     out = {}
-    gen = GenerateConfig(
-        backend="vllm",
-        dtype="float32",
-        max_model_len=128,
-        max_num_seqs=16,
-        max_num_batched_tokens=1024,
-        gpu_memory_utilization=0.005,
-    )
+    gen = small_rollout_config()
     moe = spec["family"] == "qwen3_moe" and route_replay_available()
     rollout = make_rollout_engine(model, gen, "cpu", eos_token_id=0, capture_routes=moe)
     rollout.update_weights(iter_full_weights(engine))
@@ -445,7 +453,7 @@ def run_rollout(rank, world, spec, workdir, port):
 
     Saves (prompts, outputs of every rank, the actor's log-probs of those tokens) on rank 0.
     """
-    from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+    from mindspeed_rl.config_cls import SamplingConfig
     from mindspeed_rl.datasets.padding import left_pad
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.protocol import RolloutRequest
@@ -467,14 +475,7 @@ def run_rollout(rank, world, spec, workdir, port):
             full, tp, ps.get_tensor_model_parallel_rank(), [4 // pp] * pp, ps.get_pipeline_model_parallel_rank()
         )
     )
-    gen = GenerateConfig(
-        backend=spec["backend"],
-        dtype="float32",
-        max_model_len=128,
-        max_num_seqs=16,
-        max_num_batched_tokens=1024,
-        gpu_memory_utilization=0.005,
-    )
+    gen = small_rollout_config(backend=spec["backend"])
     engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
     stats = engine.update_weights(iter_full_weights(actor))
     prompts = [[5 + rank, 6, 7, 8], [9, 10 + rank, 11]]
@@ -533,7 +534,7 @@ def run_fresh_engine(rank, world, spec, workdir, port):
 def run_updated_engine(rank, world, spec, workdir, port):
     """A dummy-weight vLLM engine updated in place from a megatron actor; greedy and seeded outputs."""
     from mindspeed_rl.compat.vllm import WEIGHT_LOAD_ENV
-    from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+    from mindspeed_rl.config_cls import SamplingConfig
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.protocol import RolloutRequest
     from mindspeed_rl.rollout.factory import make_rollout_engine
@@ -544,14 +545,7 @@ def run_updated_engine(rank, world, spec, workdir, port):
     model = tiny_model_config(num_layers=4, hidden_size=128, ffn_hidden_size=256, padded_vocab_size=512)
     actor = MegatronEngine(tiny_role(model=model), trainable=False)
     actor.load_weights(torch.load(os.path.join(workdir, "actor_full.pt"), weights_only=True))
-    gen = GenerateConfig(
-        backend="vllm",
-        dtype="float32",
-        max_model_len=128,
-        max_num_seqs=16,
-        max_num_batched_tokens=1024,
-        gpu_memory_utilization=0.005,
-    )
+    gen = small_rollout_config()
     os.environ[WEIGHT_LOAD_ENV] = spec.get("weight_load", "auto")
     engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
     # a first update with other weights, then the actor's: the second must replace the first everywhere
@@ -611,7 +605,7 @@ def run_quantized_engine(rank, world, spec, workdir, port):
     load-time quantization; INT8: a compressed-tensors checkpoint of the same weights): the log-probs of the
     quantized engine's samples under each, saved."""
     from mindspeed_rl.compat.vllm import WEIGHT_LOAD_ENV, online_quantization_unavailable
-    from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+    from mindspeed_rl.config_cls import SamplingConfig
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.protocol import RolloutRequest
     from mindspeed_rl.rollout.factory import make_rollout_engine
@@ -632,15 +626,7 @@ def run_quantized_engine(rank, world, spec, workdir, port):
     prompts = torch.load(os.path.join(workdir, "prompts.pt"))
     logprobs, method = {}, None
     for name in (precision, "bf16"):
-        gen = GenerateConfig(
-            backend="vllm",
-            dtype="bfloat16",
-            rollout_quantization=precision if name == precision else "none",
-            max_model_len=128,
-            max_num_seqs=16,
-            max_num_batched_tokens=1024,
-            gpu_memory_utilization=0.005,
-        )
+        gen = small_rollout_config(dtype="bfloat16", rollout_quantization=precision if name == precision else "none")
         try:
             engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
         except RuntimeError as exc:  # a release whose worker has no layer-wise reload
@@ -710,7 +696,7 @@ def run_reshard_relations(rank, world, spec, workdir, port):
 
     from mindspeed_rl.accelerator import get_accelerator
     from mindspeed_rl.checkpoint.sharding import shard_state_dict
-    from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
+    from mindspeed_rl.config_cls import SamplingConfig
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.protocol import RolloutRequest
     from mindspeed_rl.rollout.factory import make_rollout_engine
@@ -733,15 +719,7 @@ def run_reshard_relations(rank, world, spec, workdir, port):
                 full, tp, ps.get_tensor_model_parallel_rank(), [4 // pp] * pp, ps.get_pipeline_model_parallel_rank()
             )
         )
-        gen = GenerateConfig(
-            backend="vllm",
-            dtype="float32",
-            max_model_len=128,
-            max_num_seqs=16,
-            max_num_batched_tokens=1024,
-            gpu_memory_utilization=0.005,
-            infer_tensor_parallel_size=itp,
-        )
+        gen = small_rollout_config(infer_tensor_parallel_size=itp)
         engine = make_rollout_engine(model, gen, "cpu", eos_token_id=0)
         engine.update_weights(iter_full_weights(actor))
         updated = [
