@@ -69,6 +69,8 @@ def test_driver_routing_is_undone(tmp_path, capsys):
     undo()
     assert root.handlers == before
     err = capsys.readouterr().err
-    assert "Token authentication" not in err and "ERROR ray.autoscaler: node died" in err
+    # (the formatted lines: a handler Ray attached at import to a stream pytest has since closed may print its
+    # "Logging error" report, message included, when the suite runs in another order)
+    assert "ray._private.authentication: Token" not in err and "ERROR ray.autoscaler: node died" in err
     text = (tmp_path / "driver.log").read_text()
     assert "Token authentication is enabled" in text and "node died" in text
