@@ -71,9 +71,8 @@ class CpuAccelerator(Accelerator):
 
     @classmethod
     def vllm_quantization(cls, precision: str, moe: bool = False, dtype: str = "bfloat16") -> str:
-        if (
-            moe and precision == "fp8"
-        ):  # vLLM 0.32's FP8 MoE quantizes activations with an op its CPU build does not compile
+        # vLLM 0.32's FP8 MoE quantizes activations with an op its CPU build does not compile
+        if moe and precision == "fp8":
             raise ValueError(
                 f"rollout_quantization {precision}: vLLM's CPU build has no FP8 kernel for MoE experts "
                 "(_C::dynamic_per_token_scaled_fp8_quant is not compiled for CPU)"
