@@ -5,7 +5,9 @@ query groups per rank, because megatron stores qkv grouped as [q of the group's 
 linear_fc1 of a SwiGLU MLP is cat(gate, up), so rank r holds cat(gate chunk r, up chunk r);
 linear_proj and linear_fc2 chunk on dim 1; norms are replicated. Multi-latent attention's projections
 (linear_q_proj, linear_q_down_proj, linear_q_up_proj, linear_kv_down_proj, linear_kv_up_proj) are column-parallel in
-megatron's local spec: dim 0. A value head
+megatron's local spec: dim 0. Gated DeltaNet (Qwen3-Next) keeps whole key-head groups per rank: its input
+projections, conv1d, dt_bias and A_log on dim 0, out_proj on dim 1, the gated norm and the shared expert's gate
+replicated. A value head
 (``output_layer.weight`` with one row) is replicated. LoRA adapters (``<layer>.lora_A`` / ``lora_B``):
 on column-parallel layers A is replicated and B split like the weight's rows; on row-parallel layers A
 is split like the weight's columns and B replicated. A vision tower (``visual.*``) is replicated.
@@ -21,6 +23,9 @@ import torch
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
 _LATENT_PROJECTIONS = ("q", "q_down", "q_up", "kv_down", "kv_up")
+_GATED_DELTANET_COLUMNS = tuple(
+    f"self_attention.{n}" for n in ("in_proj_qkvz.weight", "in_proj_ba.weight", "conv1d.weight", "dt_bias", "A_log")
+)
 
 
 def tp_rule(name: str, shape: Sequence[int], swiglu: bool = True) -> str:
@@ -35,7 +40,7 @@ def tp_rule(name: str, shape: Sequence[int], swiglu: bool = True) -> str:
         return "dim1" if adapter == "lora_A" else "replicate"
     if "layernorm" in name or name.endswith("norm.weight") or name.endswith("norm.bias"):
         return "replicate"
-    if name.endswith(("mlp.router.weight", "mlp.router.bias", "mlp.router.expert_bias")):
+    if name.endswith(("mlp.router.weight", "mlp.router.bias", "mlp.router.expert_bias", "shared_experts.gate_weight")):
         return "replicate"
     if name.startswith("output_layer.") and len(shape) == 2 and shape[0] == 1:
         return "replicate"  # value head: hidden -> 1
@@ -45,6 +50,10 @@ def tp_rule(name: str, shape: Sequence[int], swiglu: bool = True) -> str:
         return "dim0"
     if any(f"linear_{p}_proj." in name for p in _LATENT_PROJECTIONS):
         return "dim0"  # MLA: column-parallel (the down projections are gathered before their norms)
+    if name.endswith(_GATED_DELTANET_COLUMNS):
+        return "dim0"  # whole key-head groups per rank (models/gated_delta_net.py)
+    if name.endswith("self_attention.out_proj.weight"):
+        return "dim1"
     if ("linear_proj" in name or "linear_fc2" in name) and name.endswith("weight"):
         return "dim1"
     if "linear_proj" in name or "linear_fc2" in name:

@@ -34,6 +34,9 @@ FAMILY_NAMES = (
     "deepseekv3",
     "deepseek-v3",
     "kimi_k2",
+    "qwen3_next",
+    "qwen3-next",
+    "qwen3next",
 )
 
 
@@ -107,6 +110,16 @@ class ModelConfig:
     qk_head_dim: int = opt(128, "MLA: query/key head dimension without RoPE.", ge=1)
     qk_pos_emb_head_dim: int = opt(64, "MLA: query/key head dimension with RoPE (one shared key head).", ge=1)
     v_head_dim: int = opt(128, "MLA: value head dimension.", ge=1)
+    linear_attention_freq: Optional[int] = opt(
+        None, "Hybrid linear attention (Qwen3-Next): every n-th layer full attention, the others Gated DeltaNet.", ge=1
+    )
+    linear_conv_kernel_dim: int = opt(4, "Gated DeltaNet: causal convolution width over q, k and v.", ge=1)
+    linear_key_head_dim: int = opt(128, "Gated DeltaNet: query/key head dimension.", ge=1)
+    linear_value_head_dim: int = opt(128, "Gated DeltaNet: value head dimension.", ge=1)
+    linear_num_key_heads: int = opt(16, "Gated DeltaNet: query/key heads.", ge=1)
+    linear_num_value_heads: int = opt(32, "Gated DeltaNet: value heads (a multiple of the key heads).", ge=1)
+    attention_output_gate: bool = opt(False, "Full attention's output times sigmoid(a gate from q_proj) (Qwen3-Next).")
+    layernorm_zero_centered_gamma: bool = opt(False, "Norm weights stored as w and applied as 1 + w (Qwen3-Next).")
     num_experts: Optional[int] = opt(None, "Routed experts per MoE layer (None: a dense model).", ge=1)
     moe_router_topk: int = opt(2, "Experts each token is routed to.", ge=1)
     moe_ffn_hidden_size: Optional[int] = opt(None, "Inner dimension of one expert's MLP.", ge=1)
@@ -120,6 +133,10 @@ class ModelConfig:
     n_shared_experts: Optional[int] = opt(
         None, "Shared experts every token passes through (their MLP is n x moe_ffn_hidden_size).", ge=1
     )
+    moe_shared_expert_intermediate_size: Optional[int] = opt(
+        None, "Inner dimension of the shared expert (Qwen3-Next; DeepSeek-V3 says n_shared_experts).", ge=1
+    )
+    moe_shared_expert_gate: bool = opt(False, "The shared expert's output times sigmoid(a learned gate) (Qwen3-Next).")
     moe_router_score_function: str = opt(
         "softmax", "Router scores: softmax (Qwen3-MoE) or sigmoid (DeepSeek-V3).", choices=("softmax", "sigmoid")
     )
@@ -234,7 +251,21 @@ class ModelConfig:
         d = self.head_dim
         q, kv = n * d, self.kv_heads * d
         bias = q + 2 * kv if self.add_qkv_bias else 0
-        return h * (q + 2 * kv) + q * h + bias + (2 * d if self.qk_layernorm else 0)
+        gate = h * q if self.attention_output_gate else 0
+        return h * (q + 2 * kv) + gate + q * h + bias + (2 * d if self.qk_layernorm else 0)
+
+    @property
+    def linear_attention_layers(self) -> int:
+        """Gated DeltaNet layers (all but every linear_attention_freq-th)."""
+        freq = self.linear_attention_freq
+        return self.num_layers - self.num_layers // freq if freq else 0
+
+    def linear_attention_parameter_count(self) -> int:
+        """Parameters of one Gated DeltaNet layer: in_proj_qkvz, in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj."""
+        k = self.linear_key_head_dim * self.linear_num_key_heads
+        v, heads = self.linear_value_head_dim * self.linear_num_value_heads, self.linear_num_value_heads
+        projections = self.hidden_size * (2 * k + 2 * v + 2 * heads) + v * self.hidden_size
+        return projections + (2 * k + v) * self.linear_conv_kernel_dim + 2 * heads + self.linear_value_head_dim
 
     def _mlp_parameter_count(self, inner: int) -> int:
         return self.hidden_size * inner * (2 if self.swiglu else 1) + inner * self.hidden_size
@@ -246,6 +277,9 @@ class ModelConfig:
         e = self.expert_ffn_hidden_size
         shared = self.hidden_size * self.num_experts + (self.num_experts if self.moe_router_enable_expert_bias else 0)
         shared += self._mlp_parameter_count(e * self.n_shared_experts) if self.n_shared_experts else 0
+        if self.moe_shared_expert_intermediate_size:
+            shared += self._mlp_parameter_count(self.moe_shared_expert_intermediate_size)
+            shared += self.hidden_size if self.moe_shared_expert_gate else 0
         return shared, self.num_experts * self._mlp_parameter_count(e)
 
     def parameter_count(self, vocab_size: Optional[int] = None) -> int:
@@ -254,7 +288,9 @@ class ModelConfig:
         h = self.hidden_size
         dense = self._mlp_parameter_count(self.ffn_hidden_size)
         moe = sum(self._moe_layer_parameter_counts())
-        layers = self.num_layers * (self.attention_parameter_count() + 2 * h)
+        linear = self.linear_attention_layers
+        layers = (self.num_layers - linear) * self.attention_parameter_count() + 2 * h * self.num_layers
+        layers += linear * self.linear_attention_parameter_count()
         layers += (self.num_layers - self.moe_layers) * dense + self.moe_layers * moe
         embed = vocab * h
         out = vocab * h if self.untie_embeddings_and_output_weights else 0
@@ -271,7 +307,8 @@ class ModelConfig:
         routed //= ep
         dense = self._mlp_parameter_count(self.ffn_hidden_size) if self.moe_layers < self.num_layers else 0
         moe_layers = min(layers, self.moe_layers) if routed else 0
-        layer = self.attention_parameter_count() + 2 * h
+        linear = self.linear_attention_parameter_count() if self.linear_attention_layers else 0
+        layer = max(self.attention_parameter_count(), linear) + 2 * h
         vocab = (self.padded_vocab_size or 0) * h * (2 if self.untie_embeddings_and_output_weights else 1)
         ends = vocab + h + self.vision_parameter_count()  # embedding, output layer, final norm, a vision tower
         rest = layers * layer + (layers - moe_layers) * dense + moe_layers * shared + ends

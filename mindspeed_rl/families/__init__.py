@@ -1,5 +1,5 @@
-"""Model families by name: everything that differs between Qwen2.5, Qwen3, Llama 3, Qwen3-MoE, DeepSeek-V3 and
-the vision-language families.
+"""Model families by name: everything that differs between Qwen2.5, Qwen3, Llama 3, Qwen3-MoE, DeepSeek-V3,
+Qwen3-Next and the vision-language families.
 
     from mindspeed_rl.families import get_family, family_of_hf_config
     fam = get_family(model.model_type_hf)      # a name or one of its aliases ("qwen25", "qwen2", "llama2", ...)
@@ -20,25 +20,21 @@ from .qwen2 import Qwen25
 from .qwen2_5_vl import Qwen25VL
 from .qwen3 import Qwen3
 from .qwen3_moe import Qwen3Moe
+from .qwen3_next import Qwen3Next
 from .qwen3_vl import Qwen3VL, Qwen3VLMoe
 
 FAMILIES: Dict[str, ModelFamily] = {
-    f.name: f for f in (Qwen25(), Qwen3(), Llama3(), Qwen3Moe(), Qwen25VL(), Qwen3VL(), Qwen3VLMoe(), DeepseekV3())
+    f.name: f for f in (Qwen25(), Qwen3(), Llama3(), Qwen3Moe(), Qwen25VL(), Qwen3VL(), Qwen3VLMoe(), DeepseekV3(), Qwen3Next())
 }
 _BY_ALIAS: Dict[str, ModelFamily] = {alias: f for f in FAMILIES.values() for alias in (f.name,) + f.aliases}
 
 
 # config.json model types recognised but not trained here yet, and what stops them (docs/models.md)
-_GATED_DELTANET = (
-    "its Gated DeltaNet layers do not build on this stack: megatron-core 0.16's GatedDeltaNet raises ImportError "
-    "without flash-linear-attention (Triton kernels; its torch reference torch_chunk_gated_delta_rule runs only "
-    "under deterministic_mode), its hybrid block spec takes Transformer Engine's fused norm + linear only, and its "
-    "forward refuses packed sequences and ignores the padding mask"
-)
 NOT_YET = {
-    "qwen3_next": f"Qwen3-Next: {_GATED_DELTANET}",
-    "qwen3_5": f"Qwen3.5: {_GATED_DELTANET}; vLLM's qwen3_5 also imports torchvision",
-    "qwen3_5_moe": f"Qwen3.5-MoE: {_GATED_DELTANET}; vLLM's qwen3_5 also imports torchvision",
+    "qwen3_5": "Qwen3.5 is a vision-language model whose text layers are Qwen3-Next's (family qwen3_next); its vision "
+    "tower and multimodal rotary positions are not mapped here yet",
+    "qwen3_5_moe": "Qwen3.5-MoE is a vision-language model whose text layers are Qwen3-Next's (family qwen3_next); its "
+    "vision tower and multimodal rotary positions are not mapped here yet",
 }
 
 

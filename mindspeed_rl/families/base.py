@@ -218,11 +218,18 @@ class ModelFamily:
             + [n for pair, _ in names.fc1 for n in pair]
         )
 
+    def qkv_to_mcore(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+        """megatron's linear_qkv from q_proj, k_proj and v_proj (a family with an output gate in q_proj overrides)."""
+        return qkv_to_mcore(q, k, v, cfg)
+
+    def qkv_from_mcore(self, qkv: torch.Tensor, cfg: ModelConfig):
+        return qkv_from_mcore(qkv, cfg)
+
     def layer_hf_to_mcore(self, i: int, hf: Tensors, cfg: ModelConfig) -> Tensors:
         """Megatron weights of layer ``i`` (global layer and expert numbers) from its HF tensors."""
         names = self.layer_names(i, cfg)
         out = {mg: hf[name] for name, mg in names.renamed}
-        out.update({mg: qkv_to_mcore(*(hf[n] for n in triple), cfg) for triple, mg in names.qkv})
+        out.update({mg: self.qkv_to_mcore(*(hf[n] for n in triple), cfg) for triple, mg in names.qkv})
         out.update({mg: torch.cat([hf[gate], hf[up]]) for (gate, up), mg in names.fc1})
         return out
 
@@ -231,7 +238,7 @@ class ModelFamily:
         names = self.layer_names(i, cfg)
         out = {name: mg[m] for name, m in names.renamed}
         for triple, m in names.qkv:
-            out.update(zip(triple, qkv_from_mcore(mg[m], cfg)))
+            out.update(zip(triple, self.qkv_from_mcore(mg[m], cfg)))
         for pair, m in names.fc1:
             out.update(zip(pair, mg[m].chunk(2, dim=0)))
         return {name: t.contiguous() for name, t in out.items()}

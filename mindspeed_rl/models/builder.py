@@ -162,6 +162,10 @@ def layer_spec(
     from megatron.core.models.gpt import gpt_layer_specs
 
     te = accelerator_class(kind or get_accelerator().kind).fused_features()["transformer_engine"]
+    if model.linear_attention_freq:  # Qwen3-Next: Gated DeltaNet and gated attention, local modules on every device
+        from .gated_delta_net import hybrid_block_spec
+
+        return hybrid_block_spec(config, model, stage)
     if model.multi_latent_attention or model.first_k_dense_replace:
         from .latent_attention import with_latent_attention
 
