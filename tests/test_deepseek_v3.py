@@ -151,13 +151,13 @@ def test_a_model_section_that_contradicts_the_family_names_the_key(override, key
         tiny("deepseek_v3", **override)
 
 
-def test_a_qwen3_next_folder_is_refused_with_what_stops_it(tmp_path, capsys):
+def test_a_qwen3_5_folder_is_refused_with_what_stops_it(tmp_path, capsys):
     folder = _hf(tmp_path)
     config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "model_type": "qwen3_next"}))
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "qwen3_5"}))
     assert _convert(folder, tmp_path / "mg") == 2
     err = capsys.readouterr().err
-    assert "'qwen3_next' is not supported yet" in err and "flash-linear-attention" in err and "Traceback" not in err
+    assert "'qwen3_5' is not supported yet" in err and "vision tower" in err and "Traceback" not in err
 
 
 def test_the_hubs_fp8_block_quantized_weights_are_dequantized_by_the_converter(tmp_path):

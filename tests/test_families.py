@@ -43,7 +43,7 @@ def test_family_checks_name_the_key():
         tiny("qwen3_moe", moe_router_topk=8)
 
 
-@pytest.mark.parametrize("family", ["qwen25", "qwen3", "llama3", "qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["qwen25", "qwen3", "llama3", "qwen3_moe", "deepseek_v3", "qwen3_next"])
 def test_hf_config_read_back_gives_the_same_model_section(family, tmp_path):
     model = tiny(family)
     build_hf_model(str(tmp_path), model, seed=0)
@@ -77,6 +77,17 @@ def test_hf_config_read_back_gives_the_same_model_section(family, tmp_path):
         "moe_router_topk_scaling_factor",
         "beta_fast",
         "rope_scaling_mscale_all_dim",
+        "rotary_percent",
+        "attention_output_gate",
+        "layernorm_zero_centered_gamma",
+        "linear_attention_freq",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_conv_kernel_dim",
+        "moe_shared_expert_intermediate_size",
+        "moe_shared_expert_gate",
     ):
         assert getattr(back, key) == getattr(model, key), key
     # the parameter count (the dry-run plan's) is the HF model's own, buffers such as the expert bias included
@@ -152,6 +163,8 @@ ROUND_TRIPS = [
     ("qwen3_moe", 1, 2, 4),
     ("deepseek_v3", 2, 1, 2),
     ("deepseek_v3", 1, 3, 4),
+    ("qwen3_next", 2, 1, 2),
+    ("qwen3_next", 1, 2, 1),
 ]
 
 
@@ -212,6 +225,8 @@ LAYOUTS = [
     dict(name="qwen3_moe_ep1", family="qwen3_moe", tp=1, pp=1, ep=1, world=1, train=True),
     # MLA split over TP 2 (vLLM's CPU MLA runs bf16 only: its rollout is the GRPO run's below)
     dict(name="deepseek_v3_tp2", family="deepseek_v3", tp=2, pp=1, world=2, rollout=False),
+    # Gated DeltaNet's key-head groups split over TP 2 (vLLM's CPU Gated DeltaNet runs bf16 only: the GRPO run below)
+    dict(name="qwen3_next_tp2", family="qwen3_next", tp=2, pp=1, world=2, rollout=False),
     # the dense layer and one MoE layer on stage 0, the other MoE layer on stage 1
     dict(
         name="deepseek_v3_pp2",
@@ -315,7 +330,7 @@ def test_each_family_matches_hf_after_conversion_and_in_place_resharding(tmp_pat
 # Qwen3-MoE is the family whose training differs (router, experts, aux loss; its attention is Qwen3's
 # qk-layernorm). Qwen3's and Llama 3's differences are in the forward (qk-layernorm, scaled RoPE), which the
 # logits and rollout tests above check at TP 2 / PP 2; a training run each costs ~25-45 s of CI.
-TRAINED_FAMILIES = ["qwen3_moe", "deepseek_v3"]
+TRAINED_FAMILIES = ["qwen3_moe", "deepseek_v3", "qwen3_next"]
 
 
 @pytest.mark.slow

@@ -80,7 +80,13 @@ class CpuAccelerator(Accelerator):
         return super().vllm_quantization(precision, dtype=dtype)
 
     @classmethod
-    def vllm_unusable_reason(cls, head_dim: int, latent: bool = False) -> Optional[str]:
+    def vllm_unusable_reason(
+        cls, head_dim: int, latent: bool = False, linear_head_dims: Optional[Tuple[int, int]] = None, dtype=None
+    ) -> Optional[str]:
+        if linear_head_dims and set(linear_head_dims) != {128}:  # vLLM 0.32's CPU Gated DeltaNet kernel
+            return f"vLLM's CPU Gated DeltaNet takes key and value heads of 128 only; the model has {linear_head_dims}"
+        if linear_head_dims and dtype not in (None, "bfloat16"):
+            return f"vLLM's CPU Gated DeltaNet runs in bfloat16 only (generate_config.dtype is {dtype})"
         if latent:  # MLA: vLLM 0.32's CPU backend, whose decode kernel takes a 512 latent + a 64 RoPE key only
             if compat_vllm.cpu_mla_unavailable():
                 return compat_vllm.cpu_mla_unavailable()

@@ -163,6 +163,19 @@ def router_replay_unavailable() -> str:
     return ""
 
 
+def gated_delta_net_unavailable() -> str:
+    """Why this megatron-core cannot build Qwen3-Next's layers ("" when it can): gated attention
+    (``attention_output_gate``) and the Gated DeltaNet sizes (``linear_*``) are TransformerConfig fields from
+    0.16 on."""
+    import dataclasses
+
+    config = importlib.import_module("megatron.core.transformer.transformer_config").TransformerConfig
+    fields = {f.name for f in dataclasses.fields(config)}
+    if not {"attention_output_gate", "linear_num_key_heads"} <= fields:
+        return "this megatron-core has no gated attention or Gated DeltaNet sizes (attention_output_gate: 0.16)"
+    return ""
+
+
 def packed_positions_unavailable() -> str:
     """Why this megatron-core's packed (thd) rotary cannot take one position per packed token ("" when it can):
     0.16 maps rotary frequencies given for every packed token onto them; older releases restart every segment at

@@ -1,6 +1,7 @@
-"""Features a model's architecture does not run with here: multi-latent attention (DeepSeek-V3) with LoRA (our
-adapters wrap the q/k/v and MLP layers of the standard attention) or with context parallelism (our Ulysses and
-the ring wrap that attention's core, not MLA's)."""
+"""Features a model's architecture does not run with here: multi-latent attention (DeepSeek-V3) or Gated DeltaNet
+layers (Qwen3-Next) with LoRA (our adapters wrap the q/k/v and MLP layers of the standard attention) or with context
+parallelism (our Ulysses and the ring wrap the standard attention's core; a Gated DeltaNet state runs along the whole
+sequence); Gated DeltaNet's key heads split whole over TP."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
 
 def check_architecture_features(role: "RoleConfig") -> None:
     m, model = role.megatron, role.model
+    if model.linear_attention_freq:
+        _check_linear_attention(role)
     if not model.multi_latent_attention:
         return
     if m.lora_r:
@@ -29,3 +32,25 @@ def check_architecture_features(role: "RoleConfig") -> None:
             f"{role.cp} on {m.model}: context parallelism wraps the standard attention's core, not multi-latent "
             "attention's; use context_parallel_size 1",
         )
+
+
+def _check_linear_attention(role: "RoleConfig") -> None:
+    m, model = role.megatron, role.model
+    if m.lora_r:
+        raise ConfigError(
+            role_key(role, "lora_r"),
+            f"{m.lora_r} on {m.model}: LoRA adapts the standard attention's linear_qkv, which Gated DeltaNet layers do "
+            "not have; train it in full (lora_r 0)",
+        )
+    if role.cp > 1:
+        raise ConfigError(
+            role_key(role, "context_parallel_size"),
+            f"{role.cp} on {m.model}: Gated DeltaNet carries a state along the whole sequence, which context "
+            "parallelism would split; use context_parallel_size 1",
+        )
+    for key, heads in (("linear_num_key_heads", model.linear_num_key_heads), ("num_query_groups", model.kv_heads)):
+        if heads % role.tp:
+            raise ConfigError(
+                role_key(role, "tensor_model_parallel_size"),
+                f"{role.tp} does not divide {m.model}'s {key} {heads} (a rank holds whole key heads)",
+            )

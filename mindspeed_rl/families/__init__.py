@@ -23,9 +23,8 @@ from .qwen3_moe import Qwen3Moe
 from .qwen3_next import Qwen3Next
 from .qwen3_vl import Qwen3VL, Qwen3VLMoe
 
-FAMILIES: Dict[str, ModelFamily] = {
-    f.name: f for f in (Qwen25(), Qwen3(), Llama3(), Qwen3Moe(), Qwen25VL(), Qwen3VL(), Qwen3VLMoe(), DeepseekV3(), Qwen3Next())
-}
+_ALL = (Qwen25(), Qwen3(), Llama3(), Qwen3Moe(), Qwen25VL(), Qwen3VL(), Qwen3VLMoe(), DeepseekV3(), Qwen3Next())
+FAMILIES: Dict[str, ModelFamily] = {f.name: f for f in _ALL}
 _BY_ALIAS: Dict[str, ModelFamily] = {alias: f for f in FAMILIES.values() for alias in (f.name,) + f.aliases}
 
 

@@ -125,17 +125,9 @@ class Qwen3Next(Qwen3Moe):
         if model.linear_num_value_heads % model.linear_num_key_heads:
             raise ConfigError(
                 f"{path}.linear_num_value_heads",
-                f"{model.linear_num_value_heads} is not a multiple of linear_num_key_heads {model.linear_num_key_heads}",
+                f"{model.linear_num_value_heads} is not a multiple of linear_num_key_heads "
+                f"{model.linear_num_key_heads}",
             )
-
-    def vllm_unusable_reason(self, model: ModelConfig):
-        dims = {model.linear_key_head_dim, model.linear_value_head_dim}
-        if dims != {128}:
-            return (
-                f"vLLM's CPU Gated DeltaNet takes linear_key_head_dim and linear_value_head_dim 128 only (got "
-                f"{sorted(dims)})"
-            )
-        return None
 
     def untrained_hf_names(self, hf_names, cfg: ModelConfig) -> List[str]:
         """Multi-token-prediction tensors (``mtp.*``): not trained here."""
@@ -155,7 +147,9 @@ class Qwen3Next(Qwen3Moe):
             (shared_hf + "down_proj.weight", shared_mg + "linear_fc2.weight"),
             (h + "mlp.shared_expert_gate.weight", shared_mg + "gate_weight"),
         ]
-        fc1 = names.fc1 + [((shared_hf + "gate_proj.weight", shared_hf + "up_proj.weight"), shared_mg + "linear_fc1.weight")]
+        fc1 = names.fc1 + [
+            ((shared_hf + "gate_proj.weight", shared_hf + "up_proj.weight"), shared_mg + "linear_fc1.weight")
+        ]
         return LayerNames(renamed, qkv, fc1)
 
     def qkv_to_mcore(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:

@@ -81,9 +81,7 @@ class GatedDeltaNetAttention(MegatronModule):
         self.groups = config.linear_num_key_heads // tp  # this rank's key heads
         key, value = config.linear_key_head_dim * config.linear_num_key_heads, self.dv * config.linear_num_value_heads
         linear = dict(config=config, init_method=config.init_method, bias=False, skip_bias_add=True, tp_group=tp_group)
-        self.in_proj_qkvz = ColumnParallelLinear(
-            config.hidden_size, 2 * key + 2 * value, gather_output=False, **linear
-        )
+        self.in_proj_qkvz = ColumnParallelLinear(config.hidden_size, 2 * key + 2 * value, gather_output=False, **linear)
         self.in_proj_ba = ColumnParallelLinear(
             config.hidden_size, 2 * config.linear_num_value_heads, gather_output=False, **linear
         )
@@ -99,7 +97,10 @@ class GatedDeltaNetAttention(MegatronModule):
             set_tensor_model_parallel_attributes(param, True, 0, 1)
         self.out_norm = GatedRMSNorm(self.dv, config.layernorm_epsilon, config.params_dtype)
         self.out_proj = RowParallelLinear(
-            value, config.hidden_size, input_is_parallel=True, **{**linear, "init_method": config.output_layer_init_method}
+            value,
+            config.hidden_size,
+            input_is_parallel=True,
+            **{**linear, "init_method": config.output_layer_init_method},
         )
 
     def forward(self, hidden_states, attention_mask, packed_seq_params=None, **_):

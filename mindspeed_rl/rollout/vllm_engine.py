@@ -41,8 +41,12 @@ def vllm_unusable_reason(model: ModelConfig, gen: GenerateConfig, kind: str) -> 
     from ..families import get_family
 
     family = get_family(model.model_type_hf)
+    linear = (model.linear_key_head_dim, model.linear_value_head_dim) if model.linear_attention_freq else None
     return family.vllm_unusable_reason(model) or accelerator_class(kind).vllm_unusable_reason(
-        family.vllm_head_dim(model), latent=model.multi_latent_attention
+        family.vllm_head_dim(model),
+        latent=model.multi_latent_attention,
+        linear_head_dims=linear,
+        dtype=gen.dtype if gen is not None else None,
     )
 
 
@@ -192,8 +196,9 @@ class VllmEngine(RolloutEngine):
             skip_tokenizer_init=not model.vision_config,
             load_format="dummy",
             logprobs_mode="processed_logprobs",
-            # router replay needs every prompt position forwarded (a prefix-cache hit has no route)
-            enable_prefix_caching=not capture_routes,
+            # router replay needs every prompt position forwarded (a prefix-cache hit has no route); vLLM caches the
+            # prefixes of a hybrid linear-attention model (Qwen3-Next) only with chunked prefill, which CPU runs lack
+            enable_prefix_caching=not capture_routes and not model.linear_attention_freq,
         )
         # vLLM's weight-transfer engine, when new weights arrive through it (rollout workers of their own)
         self.weight_transfer_backend: Optional[str] = None

@@ -252,14 +252,17 @@ def check_tool_isolation(cfg: PPOConfig) -> None:
 
 
 def check_device_features(cfg: PPOConfig) -> None:
-    """What a role asks of this device kind exists here (ring attention for megatron_cp_algo; sequence
-    parallelism for a trained MoE model under TP)."""
+    """What a role asks of this device kind and libraries exists here (ring attention for megatron_cp_algo;
+    sequence parallelism for a trained MoE model under TP; Qwen3-Next's layers in megatron-core)."""
     from ..accelerator import get_accelerator
+    from ..compat.megatron_core import gated_delta_net_unavailable
     from ..models.context_parallel import ring_attention_unavailable
 
     acc = get_accelerator()
     kind = acc.kind
     for role in cfg.roles:
+        if role.model.linear_attention_freq and gated_delta_net_unavailable():
+            raise UserError(f"{role.name}_config.model: {role.megatron.model}: {gated_delta_net_unavailable()}")
         reason = ring_attention_unavailable(role.megatron, kind)
         if reason:
             raise UserError(f"{role.name}_config.context_parallel_algo: {reason}")
