@@ -14,6 +14,7 @@ from mindspeed_rl.checkpoint.convert import hf_to_mg, mg_to_hf
 from mindspeed_rl.checkpoint.errors import ConversionError
 from mindspeed_rl.checkpoint.hf_io import HFReader, read_hf_model_config
 from mindspeed_rl.checkpoint.megatron_reader import read_mg_config
+from mindspeed_rl.compat.megatron_core import gated_delta_net_unavailable
 from mindspeed_rl.config_cls import ConfigError
 from mindspeed_rl.config_cls.model_config import FAMILY_NAMES
 from mindspeed_rl.datasets.templates import load_templates
@@ -275,9 +276,10 @@ def test_each_family_matches_hf_after_conversion_and_in_place_resharding(tmp_pat
             )
             == 0
         )
-    parallel_worker.spawn_layouts("run_family", LAYOUTS, tmp_path)  # one spawn per world size
+    layouts = [spec for spec in LAYOUTS if not (spec["family"] == "qwen3_next" and gated_delta_net_unavailable())]
+    parallel_worker.spawn_layouts("run_family", layouts, tmp_path)  # one spawn per world size
     real = batch["attention_mask"].bool()
-    for spec in LAYOUTS:
+    for spec in layouts:
         hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / f"hf_{spec['family']}"), dtype=torch.float32).eval()
         got = torch.load(tmp_path / f"family_{spec['name']}.pt", weights_only=False)
         with torch.no_grad():
@@ -351,6 +353,8 @@ def test_two_grpo_iterations_per_family(tmp_path, demo_assets):
     from mindspeed_rl.rollout.vllm_engine import vllm_unusable_reason
 
     unusable = {f: vllm_unusable_reason(tiny(f), None, "cpu") for f in TRAINED_FAMILIES}
+    if gated_delta_net_unavailable():  # megatron-core 0.12 (the NPU set's) cannot build Qwen3-Next's layers
+        unusable["qwen3_next"] = gated_delta_net_unavailable()
     print("not run on this stack:", {f: why for f, why in unusable.items() if why})  # shown with -s
     for family in [f for f in TRAINED_FAMILIES if not unusable[f]]:
         name = f"tiny_{family}"

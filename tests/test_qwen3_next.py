@@ -109,3 +109,28 @@ def test_vllm_on_cpu_is_refused_in_float32_and_for_other_head_sizes():
     assert "bfloat16 only" in CpuAccelerator.vllm_unusable_reason(64, linear_head_dims=(128, 128), dtype="float32")
     assert "128 only" in CpuAccelerator.vllm_unusable_reason(64, linear_head_dims=(64, 128), dtype="bfloat16")
     assert CpuAccelerator.vllm_unusable_reason(64, linear_head_dims=(128, 128), dtype="bfloat16") is None
+
+
+def test_the_80b_recipe_plans_its_layout(capsys):
+    from cli import train_ppo
+
+    assert train_ppo.main(["--config-name", "grpo_qwen3_next_80b_a3b_A3", "dry_run=true"]) == 0
+    out = capsys.readouterr().out
+    assert "model qwen3_next_80b_a3b (79.7B params, 3.87B active; 512 experts over EP 8)" in out, out
+    assert "infer TP 8 x PP 1, 8 engine(s)" in out and "TP 2 x PP 4 x DP 8" in out
+
+
+def test_infer_tp_may_replicate_query_groups_but_must_split_the_linear_heads(capsys):
+    recipe = ["--config-name", "grpo_qwen3_next_80b_a3b_A3", "dry_run=true"]
+    assert_refused(
+        recipe + ["generate_config.infer_tensor_parallel_size=32"],
+        "generate_config.infer_tensor_parallel_size",
+        "does not divide the heads (16)",
+        capsys,
+    )
+    assert_refused(
+        recipe + ["generate_config.infer_tensor_parallel_size=32", "model.qwen3_next_80b_a3b.num_attention_heads=32"],
+        "generate_config.infer_tensor_parallel_size",
+        "Gated DeltaNet key and value heads (16, 32)",
+        capsys,
+    )

@@ -239,6 +239,23 @@ def shut_down_engine(llm: Any) -> None:
         parallel_state.cleanup_dist_env_and_memory()
 
 
+def cpu_gated_deltanet_unavailable() -> str:
+    """Why this vLLM's CPU build cannot run Gated DeltaNet layers (Qwen3-Next) ("" when it can): its CPU kernels
+    (``model_executor/layers/mamba/ops/cpu/gdn_attention.py``, in 0.23 and 0.32) are not in 0.18, whose Gated DeltaNet
+    reaches flash-linear-attention's Triton kernels."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("vllm.model_executor.layers.mamba.ops.cpu.gdn_attention") is not None
+    except ImportError:
+        found = False
+    if found:
+        return ""
+    import vllm
+
+    return f"vLLM {vllm.__version__} has no CPU kernels for Gated DeltaNet"
+
+
 def cpu_mla_unavailable() -> str:
     """Why this vLLM's CPU build cannot run multi-latent attention ("" when it can): the CPU MLA backend arrived
     after 0.18 (0.18: "MLA is not supported on CPU"; 0.32 has ``v1/attention/backends/mla/cpu_mla.py``)."""

@@ -11,6 +11,7 @@ from .base import ConfigError
 from .feature_rules import role_key
 
 if TYPE_CHECKING:
+    from .model_config import ModelConfig
     from .ppo_config import RoleConfig
 
 
@@ -54,3 +55,19 @@ def _check_linear_attention(role: "RoleConfig") -> None:
                 role_key(role, "tensor_model_parallel_size"),
                 f"{role.tp} does not divide {m.model}'s {key} {heads} (a rank holds whole key heads)",
             )
+
+
+def check_infer_heads(model: "ModelConfig", itp: int) -> None:
+    """vLLM at infer TP ``itp`` splits the query heads (and Gated DeltaNet's key and value heads) evenly; a query group
+    is split too, or replicated on itp / groups ranks when there are fewer groups than ranks."""
+    key = "generate_config.infer_tensor_parallel_size"
+    heads, groups = model.num_attention_heads, model.kv_heads
+    if heads % itp or (groups % itp and itp % groups):
+        raise ConfigError(
+            key,
+            f"{itp} does not divide the heads ({heads}) of the actor's model, or neither divides nor is a multiple of "
+            f"its query groups ({groups})",
+        )
+    linear = (model.linear_num_key_heads, model.linear_num_value_heads) if model.linear_attention_freq else ()
+    if any(n % itp for n in linear):
+        raise ConfigError(key, f"{itp} does not divide the Gated DeltaNet key and value heads {linear}")

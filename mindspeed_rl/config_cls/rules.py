@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Optional
 
-from .architecture_rules import check_architecture_features
+from .architecture_rules import check_architecture_features, check_infer_heads
 from .base import ConfigError
 from .feature_rules import (
     check_agent_keys,
@@ -297,12 +297,7 @@ def check_rollout_layout(cfg: PPOConfig) -> None:
                 "generate_config.weight_transfer",
                 "vllm_native needs the vLLM engine, but generate_config.backend is fallback",
             )
-    if cfg.actor.model.num_attention_heads % itp or cfg.actor.model.kv_heads % itp:
-        raise ConfigError(
-            "generate_config.infer_tensor_parallel_size",
-            f"{itp} does not divide the heads ({cfg.actor.model.num_attention_heads}) and "
-            f"query groups ({cfg.actor.model.kv_heads}) of the actor's model",
-        )
+    check_infer_heads(cfg.actor.model, itp)
 
 
 def check_sequence_lengths(cfg: PPOConfig) -> None:

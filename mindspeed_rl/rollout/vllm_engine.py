@@ -208,6 +208,10 @@ class VllmEngine(RolloutEngine):
             if self.weight_transfer_unavailable is None:
                 self.weight_transfer_backend = get_accelerator().vllm_weight_transfer_backend()
                 kwargs["weight_transfer_config"] = {"backend": self.weight_transfer_backend}
+        if model.linear_attention_freq:
+            # Gated DeltaNet's recurrent state in fp32, as training computes it (vLLM 0.23's CPU kernel refuses a bf16
+            # state: "Input tensor dtype mismatch")
+            kwargs["mamba_ssm_cache_dtype"] = "float32"
         if method is not None:  # FP8: quantized by vLLM when the (dummy) weights load, again at every reload
             kwargs["quantization"] = method
         self.llm = LLM(**kwargs)
