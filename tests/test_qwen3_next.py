@@ -1,5 +1,6 @@
-"""Qwen3-Next (Gated DeltaNet linear attention, gated full attention, a gated shared expert, zero-centred norms):
-transformers' logits through our engine (fp32, left-padded rows and packed rows), the refusals with their keys.
+"""Qwen3-Next (Gated DeltaNet linear attention, gated full attention, a gated shared expert, zero-centred norms) and
+Qwen3.5 (text: the same layers over a dense MLP, separate Gated DeltaNet projections): transformers' logits through our
+engine (fp32, left-padded rows and packed rows), the refusals with their keys.
 The exact round trips at TP / PP / EP, TP 2 parity and the GRPO run are in tests/test_families.py."""
 
 import json
@@ -30,10 +31,11 @@ def rows_of_every_length(rows=6, width=24, seed=0):
     return {"input_ids": ids * mask, "attention_mask": mask}
 
 
-def test_logits_equal_transformers_and_packed_rows_equal_padded(tmp_path):
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+def test_logits_equal_transformers_and_packed_rows_equal_padded(family, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    model = tiny("qwen3_next")
+    model = tiny(family)
     build_hf_model(str(tmp_path / "hf"), model, seed=5)
     hf_to_mg(str(tmp_path / "hf"), str(tmp_path / "mg"))
     engine = MegatronEngine(tiny_role(model=model), trainable=False)
@@ -45,7 +47,7 @@ def test_logits_equal_transformers_and_packed_rows_equal_padded(tmp_path):
         want = hf(**batch).logits
     padded = engine.forward(batch, micro_batch_size=3, with_logits=True)
     diff = (padded["logits"] - want)[real].abs().max().item()
-    print("qwen3_next largest logit difference from transformers (fp32):", diff)  # shown with -s
+    print(family, "largest logit difference from transformers (fp32):", diff)  # shown with -s
     assert diff <= 2e-5
     engine.remove_padding = True  # each packed row restarts the conv window and the recurrent state
     packed = engine.forward(batch, micro_batch_size=3)

@@ -37,6 +37,9 @@ FAMILY_NAMES = (
     "qwen3_next",
     "qwen3-next",
     "qwen3next",
+    "qwen3_5",
+    "qwen3.5",
+    "qwen35",
 )
 
 

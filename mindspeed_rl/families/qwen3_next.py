@@ -22,7 +22,7 @@ from typing import List
 import torch
 
 from ..config_cls.model_config import ModelConfig
-from .base import HF_LAYER, MG_LAYER, FamilyError, LayerNames, rope_parameters
+from .base import HF_LAYER, MG_LAYER, FamilyError, LayerNames, ModelFamily, rope_parameters
 from .qwen3_moe import Qwen3Moe
 
 _LINEAR = [
@@ -53,12 +53,12 @@ def attention_period(hf: dict) -> int:
     return period
 
 
-class Qwen3Next(Qwen3Moe):
-    name = "qwen3_next"
-    aliases = ("qwen3-next", "qwen3next")
-    hf_model_types = ("qwen3_next",)
-    architecture = "Qwen3NextForCausalLM"
+class GatedDeltaNetHybrid(ModelFamily):
+    """What Qwen3-Next and Qwen3.5 share: the layer pattern, Gated DeltaNet, gated attention with partial RoPE,
+    zero-centred norms (mixed in before the family's dense or MoE base)."""
+
     chat_template = "qwen3"
+    qk_layernorm = True
 
     def extra_model_fields(self, hf: dict) -> dict:
         rope = rope_parameters(hf)
@@ -74,8 +74,6 @@ class Qwen3Next(Qwen3Moe):
             "attention_output_gate": True,
             "layernorm_zero_centered_gamma": True,
             "rotary_percent": float(ratio),
-            "moe_shared_expert_intermediate_size": int(hf["shared_expert_intermediate_size"]),
-            "moe_shared_expert_gate": True,
         }
 
     def extra_hf_fields(self, model: ModelConfig) -> dict:
@@ -92,15 +90,12 @@ class Qwen3Next(Qwen3Moe):
             "linear_num_key_heads": model.linear_num_key_heads,
             "linear_num_value_heads": model.linear_num_value_heads,
             "partial_rotary_factor": model.rotary_percent,
-            "shared_expert_intermediate_size": model.moe_shared_expert_intermediate_size,
         }
 
     def transformer_config_fields(self, model: ModelConfig) -> dict:
         return {
             **super().transformer_config_fields(model),
             "attention_output_gate": True,
-            "moe_shared_expert_intermediate_size": model.moe_shared_expert_intermediate_size,
-            "moe_shared_expert_gate": model.moe_shared_expert_gate,
             "linear_conv_kernel_dim": model.linear_conv_kernel_dim,
             "linear_key_head_dim": model.linear_key_head_dim,
             "linear_value_head_dim": model.linear_value_head_dim,
@@ -108,20 +103,22 @@ class Qwen3Next(Qwen3Moe):
             "linear_num_value_heads": model.linear_num_value_heads,
         }
 
+    def required_keys(self, model: ModelConfig) -> dict:
+        return {
+            "linear_attention_freq": bool(model.linear_attention_freq),
+            "attention_output_gate": model.attention_output_gate,
+            "layernorm_zero_centered_gamma": model.layernorm_zero_centered_gamma,
+        }
+
     def check(self, model: ModelConfig, path: str = "model") -> None:
         from ..config_cls.base import ConfigError
 
         super().check(model, path)
-        required = {
-            "linear_attention_freq": bool(model.linear_attention_freq),
-            "attention_output_gate": model.attention_output_gate,
-            "layernorm_zero_centered_gamma": model.layernorm_zero_centered_gamma,
-            "moe_shared_expert_intermediate_size": bool(model.moe_shared_expert_intermediate_size),
-            "moe_shared_expert_gate": model.moe_shared_expert_gate,
-        }
-        for key, given in required.items():
+        for key, given in self.required_keys(model).items():
             if not given:
-                raise ConfigError(f"{path}.{key}", "qwen3_next models need it (Gated DeltaNet hybrid, gated attention)")
+                raise ConfigError(
+                    f"{path}.{key}", f"{self.name} models need it (Gated DeltaNet hybrid, gated attention)"
+                )
         if model.linear_num_value_heads % model.linear_num_key_heads:
             raise ConfigError(
                 f"{path}.linear_num_value_heads",
@@ -142,6 +139,8 @@ class Qwen3Next(Qwen3Moe):
             renamed = [(hf, mg) for hf, mg in renamed if ".self_attn." not in hf]
             renamed += [(h + hf, m + mg) for hf, mg in _LINEAR]
             qkv = []
+        if not cfg.moe_shared_expert_intermediate_size:
+            return LayerNames(renamed, qkv, names.fc1)
         shared_hf, shared_mg = h + "mlp.shared_expert.", m + "mlp.shared_experts."
         renamed += [
             (shared_hf + "down_proj.weight", shared_mg + "linear_fc2.weight"),
@@ -191,3 +190,37 @@ def _conv_blocks(cfg: ModelConfig):
     """The checkpoint's conv1d channel blocks: [q (all key heads); k; v (all value heads)]."""
     key = cfg.linear_key_head_dim * cfg.linear_num_key_heads
     return [key, key, cfg.linear_value_head_dim * cfg.linear_num_value_heads]
+
+
+class Qwen3Next(GatedDeltaNetHybrid, Qwen3Moe):
+    name = "qwen3_next"
+    aliases = ("qwen3-next", "qwen3next")
+    hf_model_types = ("qwen3_next",)
+    architecture = "Qwen3NextForCausalLM"
+
+    def extra_model_fields(self, hf: dict) -> dict:
+        return {
+            **super().extra_model_fields(hf),
+            "moe_shared_expert_intermediate_size": int(hf["shared_expert_intermediate_size"]),
+            "moe_shared_expert_gate": True,
+        }
+
+    def extra_hf_fields(self, model: ModelConfig) -> dict:
+        return {
+            **super().extra_hf_fields(model),
+            "shared_expert_intermediate_size": model.moe_shared_expert_intermediate_size,
+        }
+
+    def transformer_config_fields(self, model: ModelConfig) -> dict:
+        return {
+            **super().transformer_config_fields(model),
+            "moe_shared_expert_intermediate_size": model.moe_shared_expert_intermediate_size,
+            "moe_shared_expert_gate": model.moe_shared_expert_gate,
+        }
+
+    def required_keys(self, model: ModelConfig) -> dict:
+        return {
+            **super().required_keys(model),
+            "moe_shared_expert_intermediate_size": bool(model.moe_shared_expert_intermediate_size),
+            "moe_shared_expert_gate": model.moe_shared_expert_gate,
+        }
