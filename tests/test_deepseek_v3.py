@@ -158,6 +158,7 @@ def test_a_qwen3_5_folder_is_refused_with_what_stops_it(tmp_path, capsys):
     assert _convert(folder, tmp_path / "mg") == 2
     err = capsys.readouterr().err
     assert "'qwen3_5' is not supported yet" in err and "vision tower" in err and "Traceback" not in err
+    assert "trains as family qwen3_5" in err
 
 
 def test_the_hubs_fp8_block_quantized_weights_are_dequantized_by_the_converter(tmp_path):

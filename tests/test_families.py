@@ -44,7 +44,9 @@ def test_family_checks_name_the_key():
         tiny("qwen3_moe", moe_router_topk=8)
 
 
-@pytest.mark.parametrize("family", ["qwen25", "qwen3", "llama3", "qwen3_moe", "deepseek_v3", "qwen3_next", "qwen3_5"])
+@pytest.mark.parametrize(
+    "family", ["qwen25", "qwen3", "llama3", "qwen3_moe", "deepseek_v3", "qwen3_next", "qwen3_5", "qwen3_5_moe"]
+)
 def test_hf_config_read_back_gives_the_same_model_section(family, tmp_path):
     model = tiny(family)
     build_hf_model(str(tmp_path), model, seed=0)
@@ -167,6 +169,7 @@ ROUND_TRIPS = [
     ("qwen3_next", 2, 1, 2),
     ("qwen3_next", 1, 2, 1),
     ("qwen3_5", 2, 2, 1),
+    ("qwen3_5_moe", 2, 1, 2),
 ]
 
 

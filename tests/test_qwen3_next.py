@@ -31,7 +31,7 @@ def rows_of_every_length(rows=6, width=24, seed=0):
     return {"input_ids": ids * mask, "attention_mask": mask}
 
 
-@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5"])
+@pytest.mark.parametrize("family", ["qwen3_next", "qwen3_5", "qwen3_5_moe"])
 def test_logits_equal_transformers_and_packed_rows_equal_padded(family, tmp_path):
     from transformers import AutoModelForCausalLM
 

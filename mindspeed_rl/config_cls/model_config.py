@@ -40,6 +40,9 @@ FAMILY_NAMES = (
     "qwen3_5",
     "qwen3.5",
     "qwen35",
+    "qwen3_5_moe",
+    "qwen3.5-moe",
+    "qwen35moe",
 )
 
 

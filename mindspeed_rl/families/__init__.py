@@ -19,7 +19,7 @@ from .llama import Llama3
 from .qwen2 import Qwen25
 from .qwen2_5_vl import Qwen25VL
 from .qwen3 import Qwen3
-from .qwen3_5 import Qwen35
+from .qwen3_5 import Qwen35, Qwen35Moe
 from .qwen3_moe import Qwen3Moe
 from .qwen3_next import Qwen3Next
 from .qwen3_vl import Qwen3VL, Qwen3VLMoe
@@ -35,6 +35,7 @@ _ALL = (
     DeepseekV3(),
     Qwen3Next(),
     Qwen35(),
+    Qwen35Moe(),
 )
 FAMILIES: Dict[str, ModelFamily] = {f.name: f for f in _ALL}
 _BY_ALIAS: Dict[str, ModelFamily] = {alias: f for f in FAMILIES.values() for alias in (f.name,) + f.aliases}
@@ -44,10 +45,8 @@ _BY_ALIAS: Dict[str, ModelFamily] = {alias: f for f in FAMILIES.values() for ali
 NOT_YET = {
     "qwen3_5": "the vision-language Qwen3.5 (its vision tower and multimodal rotary positions) is not mapped here yet; "
     "its text model (Qwen3_5ForCausalLM, model_type qwen3_5_text) trains as family qwen3_5",
-    "qwen3_5_moe": "Qwen3.5-MoE (vision-language, and its fused experts) is not mapped here yet; the dense text model "
-    "(model_type qwen3_5_text) trains as family qwen3_5",
-    "qwen3_5_moe_text": "Qwen3.5-MoE's text model (its fused experts) is not mapped here yet; the dense one "
-    "(model_type qwen3_5_text) trains as family qwen3_5",
+    "qwen3_5_moe": "the vision-language Qwen3.5-MoE (its vision tower and multimodal rotary positions) is not mapped "
+    "here yet; its text model (Qwen3_5MoeForCausalLM, model_type qwen3_5_moe_text) trains as family qwen3_5_moe",
 }
 
 

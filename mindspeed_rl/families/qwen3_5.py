@@ -1,5 +1,6 @@
 """Qwen3.5 (text, ``Qwen3_5ForCausalLM``): Qwen3-Next's hybrid layers (Gated DeltaNet in three of every four layers,
-gated full attention with partial RoPE in the fourth, zero-centred norms) over a dense SwiGLU MLP.
+gated full attention with partial RoPE in the fourth, zero-centred norms) over a dense SwiGLU MLP; Qwen3.5-MoE
+(``Qwen3_5MoeForCausalLM``) over Qwen3-Next's MoE.
 
 Its Gated DeltaNet keeps the input projections apart: ``in_proj_qkv`` ([q; k; v], each over all heads), ``in_proj_z``,
 ``in_proj_b`` and ``in_proj_a``. The map regroups them per key head g into megatron's ``in_proj_qkvz``
@@ -15,7 +16,7 @@ import torch
 
 from ..config_cls.model_config import ModelConfig
 from .base import HF_LAYER
-from .qwen3_next import GatedDeltaNetHybrid
+from .qwen3_next import GatedDeltaNetHybrid, Qwen3Next
 
 _SEPARATE = ("qkv", "z", "b", "a")
 
@@ -86,3 +87,13 @@ def separate_per_block(qkvz: torch.Tensor, ba: torch.Tensor, cfg: ModelConfig):
     b, a = ba.reshape(groups, 2 * ratio, *tail).split([ratio, ratio], dim=1)
     qkv = torch.cat([t.reshape(-1, *tail) for t in (q, k, v)])
     return qkv, z.reshape(-1, *tail), b.reshape(-1, *tail), a.reshape(-1, *tail)
+
+
+class Qwen35Moe(Qwen35, Qwen3Next):
+    """Qwen3.5-MoE (text, ``Qwen3_5MoeForCausalLM``): Qwen3.5's separate Gated DeltaNet projections, Qwen3-Next's
+    MoE (routed experts, per expert in the checkpoint, plus a gated shared expert)."""
+
+    name = "qwen3_5_moe"
+    aliases = ("qwen3.5-moe", "qwen35moe")
+    hf_model_types = ("qwen3_5_moe_text",)
+    architecture = "Qwen3_5MoeForCausalLM"
