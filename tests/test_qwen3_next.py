@@ -136,3 +136,32 @@ def test_infer_tp_may_replicate_query_groups_but_must_split_the_linear_heads(cap
         "Gated DeltaNet key and value heads (16, 32)",
         capsys,
     )
+
+
+def test_a_vision_language_qwen3_5_checkpoint_trains_as_its_text_model(tmp_path, caplog):
+    """The Hub's Qwen3.5 is a vision-language model (``model.language_model.*``, ``model.visual.*``, text_config): it
+    converts as the text model (the tower counted, not converted), whose logits on text are the VL model's."""
+    import logging
+
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from mindspeed_rl.checkpoint.hf_io import read_hf_model_config
+
+    text = get_family("qwen3_5").hf_config(tiny("qwen3_5"), 0, 0)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=128, patch_size=8)
+    config = AutoConfig.for_model("qwen3_5", text_config=text, vision_config=vision)
+    torch.manual_seed(0)
+    vl = AutoModelForImageTextToText.from_config(config).float().eval()
+    vl.save_pretrained(str(tmp_path / "vl"))
+    assert read_hf_model_config(str(tmp_path / "vl")).model_type_hf == "qwen3_5"
+    with caplog.at_level(logging.WARNING):
+        hf_to_mg(str(tmp_path / "vl"), str(tmp_path / "mg"))
+    towers = sum(n.startswith("model.visual.") for n in vl.state_dict())
+    assert f"{towers} tensors of multi-token-prediction layers or the vision tower not converted" in caplog.text
+    engine = MegatronEngine(tiny_role(model=tiny("qwen3_5")), trainable=False)
+    load_weights_only(engine, str(tmp_path / "mg"))
+    batch = rows_of_every_length(rows=3, width=12)
+    with torch.no_grad():
+        want = vl(**batch).logits
+    got = engine.forward(batch, micro_batch_size=3, with_logits=True)["logits"]
+    assert (got - want)[batch["attention_mask"].bool()].abs().max().item() <= 2e-5

@@ -236,9 +236,7 @@ def hf_to_mg(
     ml.commit_save(save_dir, "release", tp * pp * ep)
     skipped = family.untrained_hf_names(raw.weight_map, cfg)
     if skipped:
-        log.warning(
-            "%s: %d tensors of multi-token-prediction layers not converted (not trained)", load_dir, len(skipped)
-        )
+        log.warning("%s: %d tensors of %s not converted (not trained)", load_dir, len(skipped), family.untrained_what)
     return cfg
 
 

@@ -41,15 +41,6 @@ FAMILIES: Dict[str, ModelFamily] = {f.name: f for f in _ALL}
 _BY_ALIAS: Dict[str, ModelFamily] = {alias: f for f in FAMILIES.values() for alias in (f.name,) + f.aliases}
 
 
-# config.json model types recognised but not trained here yet, and what stops them (docs/models.md)
-NOT_YET = {
-    "qwen3_5": "the vision-language Qwen3.5 (its vision tower and multimodal rotary positions) is not mapped here yet; "
-    "its text model (Qwen3_5ForCausalLM, model_type qwen3_5_text) trains as family qwen3_5",
-    "qwen3_5_moe": "the vision-language Qwen3.5-MoE (its vision tower and multimodal rotary positions) is not mapped "
-    "here yet; its text model (Qwen3_5MoeForCausalLM, model_type qwen3_5_moe_text) trains as family qwen3_5_moe",
-}
-
-
 def family_names() -> tuple:
     """Every accepted name: family names and their aliases."""
     return tuple(_BY_ALIAS)
@@ -71,8 +62,6 @@ def family_of_hf_config(hf: dict, source: str = "config.json") -> ModelFamily:
     for family in FAMILIES.values():
         if model_type in family.hf_model_types:
             return family
-    if model_type in NOT_YET:
-        raise FamilyError(f"{source}: model_type {model_type!r} is not supported yet: {NOT_YET[model_type]}")
     arch = (hf.get("architectures") or [""])[0]
     for family in FAMILIES.values():
         if arch and arch.replace("ForSequenceClassification", "ForCausalLM") == family.architecture:

@@ -157,6 +157,9 @@ class ModelFamily:
         ``lm_head``) may have in this family's HF checkpoints, the first found is read."""
         return (name,)
 
+    #: what untrained_hf_names reads past, as the converters report it
+    untrained_what = "multi-token-prediction layers"
+
     def untrained_hf_names(self, hf_names: Iterable[str], cfg: ModelConfig) -> List[str]:
         """Tensors of a HF folder this family reads past on purpose (DeepSeek's multi-token-prediction layers);
         the converters report how many."""

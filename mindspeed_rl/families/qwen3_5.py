@@ -10,7 +10,7 @@ is Qwen3-Next's map.
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Tuple
 
 import torch
 
@@ -19,13 +19,30 @@ from .base import HF_LAYER
 from .qwen3_next import GatedDeltaNetHybrid, Qwen3Next
 
 _SEPARATE = ("qkv", "z", "b", "a")
+_LANGUAGE_MODEL = "model.language_model."
 
 
 class Qwen35(GatedDeltaNetHybrid):
     name = "qwen3_5"
     aliases = ("qwen3.5", "qwen35")
-    hf_model_types = ("qwen3_5_text",)
+    # the second: a vision-language checkpoint (the Hub's Qwen3.5), read as its text model, as transformers'
+    # Qwen3_5ForCausalLM reads it; its vision tower is not converted (counted) and HF exports are text models
+    hf_model_types = ("qwen3_5_text", "qwen3_5")
     architecture = "Qwen3_5ForCausalLM"
+    untrained_what = "multi-token-prediction layers or the vision tower"
+
+    def model_config_from_hf(self, hf: dict) -> ModelConfig:
+        text = dict(hf.get("text_config") or hf)
+        if "tie_word_embeddings" in hf:  # a vision-language config keeps it at the top level
+            text["tie_word_embeddings"] = hf["tie_word_embeddings"]
+        return super().model_config_from_hf(text)
+
+    def hf_name_aliases(self, name: str) -> Tuple[str, ...]:
+        return (name, _LANGUAGE_MODEL + name[len("model.") :]) if name.startswith("model.") else (name,)
+
+    def untrained_hf_names(self, hf_names, cfg: ModelConfig) -> List[str]:
+        names = list(hf_names)
+        return super().untrained_hf_names(names, cfg) + [n for n in names if n.startswith("model.visual.")]
 
     def hf_layer_names(self, i: int, cfg: ModelConfig) -> List[str]:
         names = super().hf_layer_names(i, cfg)
@@ -95,5 +112,5 @@ class Qwen35Moe(Qwen35, Qwen3Next):
 
     name = "qwen3_5_moe"
     aliases = ("qwen3.5-moe", "qwen35moe")
-    hf_model_types = ("qwen3_5_moe_text",)
+    hf_model_types = ("qwen3_5_moe_text", "qwen3_5_moe")
     architecture = "Qwen3_5MoeForCausalLM"
