@@ -87,6 +87,19 @@ def _weight_map(folder):
         return {name: "model.safetensors" for name in f.keys()}
 
 
+def test_configs_as_the_hub_writes_them_route_as_transformers_does():
+    """Qwen3-Next's config may omit norm_topk_prob (transformers' default: true); Qwen3.5-MoE's text config has neither
+    it (its router always renormalises) nor a dense intermediate_size."""
+    nxt = get_family("qwen3_next").hf_config(tiny("qwen3_next"), 0, 0)
+    del nxt["norm_topk_prob"]
+    assert family_of_hf_config(nxt).model_config_from_hf(nxt).norm_topk_prob is True
+    moe = get_family("qwen3_5_moe").hf_config(tiny("qwen3_5_moe"), 0, 0)
+    for key in ("norm_topk_prob", "intermediate_size"):
+        del moe[key]
+    model = family_of_hf_config(moe).model_config_from_hf(moe)
+    assert model.norm_topk_prob is True and model.ffn_hidden_size == moe["moe_intermediate_size"]
+
+
 MODEL = ["megatron_training.model=tiny_qwen3_next", "actor_config.model=tiny_qwen3_next"]
 
 

@@ -83,8 +83,9 @@ class CpuAccelerator(Accelerator):
     def vllm_unusable_reason(
         cls, head_dim: int, latent: bool = False, linear_head_dims: Optional[Tuple[int, int]] = None, dtype=None
     ) -> Optional[str]:
-        if linear_head_dims and compat_vllm.cpu_gated_deltanet_unavailable():
-            return compat_vllm.cpu_gated_deltanet_unavailable()
+        missing = compat_vllm.cpu_gated_deltanet_unavailable() if linear_head_dims else ""
+        if missing:
+            return missing
         if linear_head_dims and set(linear_head_dims) != {128}:  # vLLM 0.32's CPU Gated DeltaNet kernel
             return f"vLLM's CPU Gated DeltaNet takes key and value heads of 128 only; the model has {linear_head_dims}"
         if linear_head_dims and dtype not in (None, "bfloat16"):

@@ -103,6 +103,11 @@ def check_parallel(cfg: ModelConfig, tp: int, ep: int = 1) -> None:
             f"--target-tensor-parallel-size {tp} does not divide the {cfg.num_attention_heads} heads "
             f"/ {cfg.kv_heads} query groups"
         )
+    if cfg.linear_attention_freq and cfg.linear_num_key_heads % tp:
+        raise ConversionError(
+            f"--target-tensor-parallel-size {tp} does not divide the {cfg.linear_num_key_heads} Gated DeltaNet key "
+            "heads"
+        )
     if (cfg.padded_vocab_size or 0) % tp:
         raise ConversionError(f"--target-tensor-parallel-size {tp} does not divide the vocab {cfg.padded_vocab_size}")
     if ep > 1 and not cfg.num_experts:

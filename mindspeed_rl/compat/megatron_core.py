@@ -173,6 +173,10 @@ def gated_delta_net_unavailable() -> str:
     fields = {f.name for f in dataclasses.fields(config)}
     if not {"attention_output_gate", "linear_num_key_heads"} <= fields:
         return "this megatron-core has no gated attention or Gated DeltaNet sizes (attention_output_gate: 0.16)"
+    try:  # the torch reference of the gated delta rule the layer computes with
+        importlib.import_module("megatron.core.ssm.gated_delta_net").torch_chunk_gated_delta_rule
+    except (ImportError, AttributeError) as exc:
+        return f"this megatron-core lacks the torch gated delta rule ({exc})"
     return ""
 
 

@@ -49,12 +49,12 @@ def _check_linear_attention(role: "RoleConfig") -> None:
             f"{role.cp} on {m.model}: Gated DeltaNet carries a state along the whole sequence, which context "
             "parallelism would split; use context_parallel_size 1",
         )
-    for key, heads in (("linear_num_key_heads", model.linear_num_key_heads), ("num_query_groups", model.kv_heads)):
-        if heads % role.tp:
-            raise ConfigError(
-                role_key(role, "tensor_model_parallel_size"),
-                f"{role.tp} does not divide {m.model}'s {key} {heads} (a rank holds whole key heads)",
-            )
+    if model.linear_num_key_heads % role.tp:
+        raise ConfigError(
+            role_key(role, "tensor_model_parallel_size"),
+            f"{role.tp} does not divide {m.model}'s linear_num_key_heads {model.linear_num_key_heads} (a rank holds "
+            "whole Gated DeltaNet key heads)",
+        )
 
 
 def check_infer_heads(model: "ModelConfig", itp: int) -> None:

@@ -263,8 +263,11 @@ class ModelConfig:
     @property
     def linear_attention_layers(self) -> int:
         """Gated DeltaNet layers (all but every linear_attention_freq-th)."""
-        freq = self.linear_attention_freq
-        return self.num_layers - self.num_layers // freq if freq else 0
+        return sum(map(self.is_linear_attention_layer, range(self.num_layers)))
+
+    def is_linear_attention_layer(self, i: int) -> bool:
+        """Layer ``i`` (from 0) is Gated DeltaNet: the model is hybrid and i + 1 is no multiple of the period."""
+        return bool(self.linear_attention_freq and (i + 1) % self.linear_attention_freq)
 
     def linear_attention_parameter_count(self) -> int:
         """Parameters of one Gated DeltaNet layer: in_proj_qkvz, in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj."""

@@ -46,27 +46,23 @@ class Qwen35(GatedDeltaNetHybrid):
 
     def hf_layer_names(self, i: int, cfg: ModelConfig) -> List[str]:
         names = super().hf_layer_names(i, cfg)
-        if not _linear(i, cfg):
+        if not cfg.is_linear_attention_layer(i):
             return names
         grouped = set(_grouped_names(i))
         return [n for n in names if n not in grouped] + _separate_names(i)
 
     def layer_hf_to_mcore(self, i: int, hf, cfg: ModelConfig):
-        if _linear(i, cfg):
+        if cfg.is_linear_attention_layer(i):
             qkv, z, b, a = (hf[n] for n in _separate_names(i))
             hf = {**hf, **dict(zip(_grouped_names(i), group_per_key_head(qkv, z, b, a, cfg)))}
         return super().layer_hf_to_mcore(i, hf, cfg)
 
     def layer_mcore_to_hf(self, i: int, mg, cfg: ModelConfig):
         out = super().layer_mcore_to_hf(i, mg, cfg)
-        if _linear(i, cfg):
+        if cfg.is_linear_attention_layer(i):
             qkvz, ba = (out.pop(n) for n in _grouped_names(i))
             out.update(zip(_separate_names(i), (t.contiguous() for t in separate_per_block(qkvz, ba, cfg))))
         return out
-
-
-def _linear(i: int, cfg: ModelConfig) -> bool:
-    return bool((i + 1) % cfg.linear_attention_freq)
 
 
 def _grouped_names(i: int) -> List[str]:
@@ -114,3 +110,13 @@ class Qwen35Moe(Qwen35, Qwen3Next):
     aliases = ("qwen3.5-moe", "qwen35moe")
     hf_model_types = ("qwen3_5_moe_text", "qwen3_5_moe")
     architecture = "Qwen3_5MoeForCausalLM"
+
+    def model_config_from_hf(self, hf: dict) -> ModelConfig:
+        text = dict(hf.get("text_config") or hf)
+        # transformers' Qwen3_5MoeTextConfig has no dense MLP size (every layer is MoE; megatron still wants one)
+        text.setdefault("intermediate_size", text["moe_intermediate_size"])
+        return super().model_config_from_hf({**hf, "text_config": text} if hf.get("text_config") else text)
+
+    def extra_model_fields(self, hf: dict) -> dict:
+        # its router always renormalises the top-k weights (transformers' Qwen3_5MoeTopKRouter; no norm_topk_prob key)
+        return {**super().extra_model_fields(hf), "norm_topk_prob": True}

@@ -37,7 +37,7 @@ _LINEAR = [
 _CONV = "self_attention.conv1d.weight"
 
 
-def attention_period(hf: dict) -> int:
+def attention_period(hf: dict, family: str) -> int:
     """n such that every n-th layer (and only those) is full attention, from ``layer_types`` or
     ``full_attention_interval``; FamilyError for another pattern."""
     layers = int(hf["num_hidden_layers"])
@@ -48,14 +48,14 @@ def attention_period(hf: dict) -> int:
     period = full[0] + 1 if full else 0
     if not period or [i for i in range(layers) if (i + 1) % period == 0] != full:
         raise FamilyError(
-            f"qwen3_next layer_types with full attention at layers {full}: only every n-th layer is supported"
+            f"{family} layer_types with full attention at layers {full}: only every n-th layer is supported"
         )
     return period
 
 
 class GatedDeltaNetHybrid(ModelFamily):
     """What Qwen3-Next and Qwen3.5 share: the layer pattern, Gated DeltaNet, gated attention with partial RoPE,
-    zero-centred norms (mixed in before the family's dense or MoE base)."""
+    zero-centred norms (mixed in before Qwen3-MoE for the MoE families; on its own for dense Qwen3.5)."""
 
     chat_template = "qwen3"
     qk_layernorm = True
@@ -65,7 +65,7 @@ class GatedDeltaNetHybrid(ModelFamily):
         ratio = hf.get("partial_rotary_factor", rope.get("partial_rotary_factor", 0.25))
         return {
             **super().extra_model_fields(hf),
-            "linear_attention_freq": attention_period(hf),
+            "linear_attention_freq": attention_period(hf, self.name),
             "linear_conv_kernel_dim": int(hf["linear_conv_kernel_dim"]),
             "linear_key_head_dim": int(hf["linear_key_head_dim"]),
             "linear_value_head_dim": int(hf["linear_value_head_dim"]),
@@ -81,7 +81,8 @@ class GatedDeltaNetHybrid(ModelFamily):
         return {
             **super().extra_hf_fields(model),
             "layer_types": [
-                "full_attention" if (i + 1) % freq == 0 else "linear_attention" for i in range(model.num_layers)
+                "linear_attention" if model.is_linear_attention_layer(i) else "full_attention"
+                for i in range(model.num_layers)
             ],
             "full_attention_interval": freq,
             "linear_conv_kernel_dim": model.linear_conv_kernel_dim,
@@ -117,7 +118,7 @@ class GatedDeltaNetHybrid(ModelFamily):
         for key, given in self.required_keys(model).items():
             if not given:
                 raise ConfigError(
-                    f"{path}.{key}", f"{self.name} models need it (Gated DeltaNet hybrid, gated attention)"
+                    f"{path}.{key}", f"{self.name} models need it set (true, or the size config.json gives)"
                 )
         if model.linear_num_value_heads % model.linear_num_key_heads:
             raise ConfigError(
@@ -135,7 +136,7 @@ class GatedDeltaNetHybrid(ModelFamily):
         h, m = HF_LAYER.format(i=i), MG_LAYER.format(i=i)
         names = super().layer_names(i, cfg)
         renamed, qkv = list(names.renamed), list(names.qkv)
-        if (i + 1) % cfg.linear_attention_freq:  # a Gated DeltaNet layer in the place of attention
+        if cfg.is_linear_attention_layer(i):  # a Gated DeltaNet layer in the place of attention
             renamed = [(hf, mg) for hf, mg in renamed if ".self_attn." not in hf]
             renamed += [(h + hf, m + mg) for hf, mg in _LINEAR]
             qkv = []
@@ -201,6 +202,7 @@ class Qwen3Next(GatedDeltaNetHybrid, Qwen3Moe):
     def extra_model_fields(self, hf: dict) -> dict:
         return {
             **super().extra_model_fields(hf),
+            "norm_topk_prob": bool(hf.get("norm_topk_prob", True)),  # transformers' Qwen3-Next default
             "moe_shared_expert_intermediate_size": int(hf["shared_expert_intermediate_size"]),
             "moe_shared_expert_gate": True,
         }

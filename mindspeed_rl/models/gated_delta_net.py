@@ -49,9 +49,9 @@ class ZeroCenteredRMSNorm(torch.nn.Module):
 class GatedRMSNorm(torch.nn.Module):
     """y = rmsnorm(x) * w * silu(gate) over the last dimension (one value head); w's gradient summed over TP."""
 
-    def __init__(self, size: int, eps: float, dtype: torch.dtype):
+    def __init__(self, size: int, eps: float, dtype: torch.dtype, tp_group):
         super().__init__()
-        self.eps = eps
+        self.eps, self.tp_group = eps, tp_group
         self.weight = torch.nn.Parameter(torch.ones(size, dtype=dtype))
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
@@ -60,14 +60,14 @@ class GatedRMSNorm(torch.nn.Module):
         dtype = x.dtype
         y = x.float()
         y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.eps)
-        weight = copy_to_tensor_model_parallel_region(self.weight)  # identity forward, all-reduce backward
+        weight = copy_to_tensor_model_parallel_region(self.weight, group=self.tp_group)  # all-reduce backward
         return (weight * y.to(dtype) * F.silu(gate.float())).to(dtype)
 
 
 class GatedDeltaNetAttention(MegatronModule):
     """The token mixer of a linear-attention layer, in the place of a TransformerLayer's ``self_attention``."""
 
-    def __init__(self, config, layer_number: int = 1, pg_collection=None, **_):
+    def __init__(self, config, pg_collection=None, **_):
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
         from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
@@ -75,7 +75,11 @@ class GatedDeltaNetAttention(MegatronModule):
         super().__init__(config=config)
         tp_group = pg_collection.tp if pg_collection is not None else ps.get_tensor_model_parallel_group()
         tp = tp_group.size()
-        self.layer_number = layer_number
+        if config.linear_num_key_heads % tp or config.linear_num_value_heads % config.linear_num_key_heads:
+            raise ValueError(
+                f"linear_num_key_heads {config.linear_num_key_heads} must split whole over TP {tp} and divide "
+                f"linear_num_value_heads {config.linear_num_value_heads}"
+            )
         self.dk, self.dv = config.linear_key_head_dim, config.linear_value_head_dim
         self.ratio = config.linear_num_value_heads // config.linear_num_key_heads
         self.groups = config.linear_num_key_heads // tp  # this rank's key heads
@@ -95,7 +99,7 @@ class GatedDeltaNetAttention(MegatronModule):
         self.A_log = torch.nn.Parameter(torch.empty(heads, dtype=config.params_dtype).uniform_(1, 16).log())
         for param in (self.conv1d.weight, self.dt_bias, self.A_log):
             set_tensor_model_parallel_attributes(param, True, 0, 1)
-        self.out_norm = GatedRMSNorm(self.dv, config.layernorm_epsilon, config.params_dtype)
+        self.out_norm = GatedRMSNorm(self.dv, config.layernorm_epsilon, config.params_dtype, tp_group)
         self.out_proj = RowParallelLinear(
             value,
             config.hidden_size,
@@ -130,14 +134,15 @@ class GatedDeltaNetAttention(MegatronModule):
         x = mixed.reshape(s, b, -1).permute(1, 2, 0)  # [b, channels, s], channels grouped per key head
         x = F.silu(F.conv1d(F.pad(x, (self.kernel - 1, 0)), self.conv1d.weight, groups=x.shape[1]))
         q, k, v = x.permute(2, 0, 1).reshape(s, b, groups, -1).split([dk, dk, r * dv], dim=-1)
-        q, k = (l2norm(t.repeat_interleave(r, dim=2)) for t in (q, k))  # one copy per value head
+        # normalised in fp32 (the rule computes in fp32), then one copy per value head
+        q, k = (l2norm(t.float()).repeat_interleave(r, dim=2) for t in (q, k))
         v = v.reshape(s, b, groups * r, dv)
         beta_raw, a = ba.view(s, b, groups, 2 * r).split([r, r], dim=-1)
         beta = beta_raw.reshape(s, b, -1).sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.reshape(s, b, -1).float() + self.dt_bias)
         batch_first = (t.transpose(0, 1) for t in (q, k, v, g, beta))
         out, _ = torch_chunk_gated_delta_rule(*batch_first, use_qk_l2norm_in_kernel=False)
-        out = self.out_norm(out.transpose(0, 1), z.reshape(s, b, groups * r, dv))
+        out = self.out_norm(out.transpose(0, 1).to(v.dtype), z.reshape(s, b, groups * r, dv))
         return out.reshape(s, b, -1)
 
 
@@ -147,11 +152,10 @@ def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 
 
 def real_positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """[b, s] True at real tokens, from megatron's [b, 1, s, s] mask (True = masked): the keys the last query may
-    see; the last position itself counts as real (a right pad there reaches no earlier position)."""
-    real = ~attention_mask[:, 0, -1, :]
-    real[:, -1] = True
-    return real
+    """[b, s] True at real tokens, from the engine's [b, 1, s, s] mask (models/packing.megatron_attention_mask: True =
+    masked; causal and key padding, the diagonal kept): the keys the last query may see. The last position always
+    counts as real: a right pad there reaches no earlier position."""
+    return ~attention_mask[:, 0, -1, :]
 
 
 def hybrid_block_spec(config, model, stage=None):
@@ -173,7 +177,7 @@ def hybrid_block_spec(config, model, stage=None):
         spec = with_packed_attention(copy.deepcopy(spec))
         spec.submodules.input_layernorm = spec.submodules.pre_mlp_layernorm = ZeroCenteredRMSNorm
         attention = spec.submodules.self_attention.submodules
-        if (i + 1) % model.linear_attention_freq:
+        if model.is_linear_attention_layer(i):
             spec.submodules.self_attention = ModuleSpec(module=GatedDeltaNetAttention)
         else:
             attention.q_layernorm = attention.k_layernorm = ZeroCenteredRMSNorm
@@ -190,9 +194,4 @@ def hybrid_block_spec(config, model, stage=None):
     return TransformerBlockSubmodules(layer_specs=local, layer_norm=ZeroCenteredRMSNorm)
 
 
-def linear_attention_layers(num_layers: int, freq: int):
-    """Indices of the Gated DeltaNet layers (all but every ``freq``-th)."""
-    return [i for i in range(num_layers) if (i + 1) % freq]
-
-
-__all__ = ["GatedDeltaNetAttention", "ZeroCenteredRMSNorm", "hybrid_block_spec", "linear_attention_layers"]
+__all__ = ["GatedDeltaNetAttention", "ZeroCenteredRMSNorm", "hybrid_block_spec"]

@@ -197,8 +197,9 @@ class VllmEngine(RolloutEngine):
             load_format="dummy",
             logprobs_mode="processed_logprobs",
             # router replay needs every prompt position forwarded (a prefix-cache hit has no route); vLLM caches the
-            # prefixes of a hybrid linear-attention model (Qwen3-Next) only with chunked prefill, which CPU runs lack
-            enable_prefix_caching=not capture_routes and not model.linear_attention_freq,
+            # prefixes of a hybrid linear-attention model (Qwen3-Next) only with chunked prefill (off on CPU)
+            enable_prefix_caching=not capture_routes
+            and not (model.linear_attention_freq and kwargs.get("enable_chunked_prefill") is False),
         )
         # vLLM's weight-transfer engine, when new weights arrive through it (rollout workers of their own)
         self.weight_transfer_backend: Optional[str] = None
