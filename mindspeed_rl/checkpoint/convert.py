@@ -221,7 +221,7 @@ def hf_to_mg(
                 stage.add(mg_name, raw.get(hf_name).to(torch_dtype))
             bar.update(1)
         for i in layers[pp_rank]:
-            hf_layer = {n: reader.get(n) for n in family.hf_layer_names(i, cfg)}
+            hf_layer = family.read_hf_layer(i, cfg, reader)
             for name, tensor in family.layer_hf_to_mcore(i, hf_layer, cfg).items():
                 # megatron keeps the router's expert bias in fp32 whatever the weights' dtype
                 stage.add(name, tensor.to(torch.float32 if name.endswith(".expert_bias") else torch_dtype))
@@ -386,6 +386,6 @@ def vl_state_to_mcore(state: Dict[str, torch.Tensor], cfg: ModelConfig) -> Dict[
     if cfg.untie_embeddings_and_output_weights:
         weights[OUTPUT_MG] = text["lm_head.weight"]
     for i in range(cfg.num_layers):
-        weights.update(family.layer_hf_to_mcore(i, text, cfg))
+        weights.update(family.layer_hf_to_mcore(i, family.read_hf_layer(i, cfg, text), cfg))
     weights.update({"visual." + name: tensor for name, tensor in vision.items()})
     return weights

@@ -213,6 +213,10 @@ class ModelFamily:
         renamed += [(hp + "down_proj.weight", mp + "linear_fc2.weight") for hp, mp in mlps]
         return LayerNames(renamed, qkv, fc1)
 
+    def read_hf_layer(self, i: int, cfg: ModelConfig, reader) -> Tensors:
+        """Layer ``i``'s HF tensors under the maps' names, from ``reader`` (``get(name)``, ``name in reader``)."""
+        return {n: reader.get(n) for n in self.hf_layer_names(i, cfg)}
+
     def hf_layer_names(self, i: int, cfg: ModelConfig) -> List[str]:
         names = self.layer_names(i, cfg)
         return (

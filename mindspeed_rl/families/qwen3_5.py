@@ -16,6 +16,7 @@ import torch
 
 from ..config_cls.model_config import ModelConfig
 from .base import HF_LAYER
+from .fused_experts import FusedExperts
 from .qwen3_next import GatedDeltaNetHybrid, Qwen3Next
 
 _SEPARATE = ("qkv", "z", "b", "a")
@@ -102,9 +103,11 @@ def separate_per_block(qkvz: torch.Tensor, ba: torch.Tensor, cfg: ModelConfig):
     return qkv, z.reshape(-1, *tail), b.reshape(-1, *tail), a.reshape(-1, *tail)
 
 
-class Qwen35Moe(Qwen35, Qwen3Next):
+class Qwen35Moe(FusedExperts, Qwen35, Qwen3Next):
     """Qwen3.5-MoE (text, ``Qwen3_5MoeForCausalLM``): Qwen3.5's separate Gated DeltaNet projections, Qwen3-Next's
-    MoE (routed experts, per expert in the checkpoint, plus a gated shared expert)."""
+    MoE (routed experts plus a gated shared expert). The Hub's checkpoints fuse each layer's experts in the module
+    layout (``mlp.experts.gate_up_proj`` [E, 2F, H], ``down_proj`` [E, H, F]); per-expert folders are read too
+    (``families/fused_experts.py``)."""
 
     name = "qwen3_5_moe"
     aliases = ("qwen3.5-moe", "qwen35moe")

@@ -8,12 +8,11 @@ those are read and written (vLLM's Qwen3-VL loader maps only these).
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
-
-import torch
+from typing import Optional
 
 from ..config_cls.model_config import ModelConfig
-from .base import HF_LAYER, ModelFamily
+from .base import ModelFamily
+from .fused_experts import FusedExperts
 from .qwen2_5_vl import LM_PREFIX, SAVED_VISION_PREFIX, VISION_PREFIX, Qwen25VL
 from .qwen3_moe import Qwen3Moe
 
@@ -61,57 +60,20 @@ class Qwen3VL(Qwen25VL):
         return VISION_PREFIX + name[len(SAVED_VISION_PREFIX) :] if name.startswith(SAVED_VISION_PREFIX) else None
 
 
-class Qwen3VLMoe(Qwen3VL, Qwen3Moe):
+class Qwen3VLMoe(FusedExperts, Qwen3VL, Qwen3Moe):
     """Qwen3-VL's MoE variant: Qwen3-MoE's layers (every layer routed, top-k renormalised) under Qwen3-VL's tower
-    and rotary. Its checkpoints fuse each layer's experts: the Hub's ``mlp.experts.gate_up_proj`` [E, hidden,
-    2 x ffn] (gate columns first) and ``mlp.experts.down_proj`` [E, ffn, hidden], the transposes of linear
-    weights, are written (vLLM's loader transposes them back); transformers 5 saves its modules' layout, [E, 2 x
-    ffn, hidden] and [E, hidden, ffn], and both are read (told apart by shape; when hidden = 2 x ffn, as the
-    Hub's). vLLM gets one tensor per expert (its loader takes both)."""
+    and rotary. Its checkpoints fuse each layer's experts (``families/fused_experts.py``): the Hub's
+    ``mlp.experts.gate_up_proj`` [E, hidden, 2 x ffn] (gate columns first) and ``mlp.experts.down_proj`` [E, ffn,
+    hidden], the transposes of linear weights, are written (vLLM's loader transposes them back); transformers 5 saves
+    its modules' layout, [E, 2 x ffn, hidden] and [E, hidden, ffn], and both are read (told apart by shape; when
+    hidden = 2 x ffn, as the Hub's)."""
 
     name = "qwen3_vl_moe"
     aliases = ("qwen3-vl-moe", "qwen3vlmoe")
     hf_model_types = ("qwen3_vl_moe",)
     architecture = "Qwen3VLMoeForConditionalGeneration"
+    hub_experts_transposed = True
 
     def extra_model_fields(self, hf: dict) -> dict:
         moe = dict(Qwen3Moe.extra_model_fields(self, hf), norm_topk_prob=True)  # its router always renormalises
         return dict(Qwen3VL.extra_model_fields(self, hf), **moe)
-
-    def hf_layer_names(self, i: int, cfg: ModelConfig) -> List[str]:
-        per_expert = set(self.expert_names(i, cfg))
-        fused = [HF_LAYER.format(i=i) + f"mlp.experts.{kind}" for kind in ("gate_up_proj", "down_proj")]
-        return [n for n in super().hf_layer_names(i, cfg) if n not in per_expert] + fused
-
-    def layer_hf_to_mcore(self, i: int, hf: Dict[str, torch.Tensor], cfg: ModelConfig) -> Dict[str, torch.Tensor]:
-        prefix = HF_LAYER.format(i=i) + "mlp.experts."
-        gate_up, down = hf[prefix + "gate_up_proj"], hf[prefix + "down_proj"]
-        h, f = cfg.hidden_size, cfg.moe_ffn_hidden_size
-        if tuple(gate_up.shape[1:]) == (h, 2 * f):  # the Hub's layout (also when the shapes cannot tell)
-            gate_up = gate_up.transpose(1, 2)
-        if tuple(down.shape[1:]) == (f, h):
-            down = down.transpose(1, 2)
-        per_expert = dict(hf)
-        for e in range(cfg.num_experts):
-            gate, up = gate_up[e].chunk(2, dim=0)
-            per_expert.update({f"{prefix}{e}.gate_proj.weight": gate, f"{prefix}{e}.up_proj.weight": up})
-            per_expert[f"{prefix}{e}.down_proj.weight"] = down[e]
-        return super().layer_hf_to_mcore(i, per_expert, cfg)
-
-    def hf_tensors_to_save(self, tensors: Dict[str, torch.Tensor], cfg: ModelConfig) -> Dict[str, torch.Tensor]:
-        """A layer's HF tensors (one per expert) with its experts fused as the checkpoints store them."""
-        out = {n: t for n, t in tensors.items() if ".mlp.experts." not in n}
-        layers = sorted({int(n.split(".")[2]) for n in tensors if ".mlp.experts." in n})
-        for i in layers:
-            prefix = HF_LAYER.format(i=i) + "mlp.experts."
-            take = lambda e, kind: tensors[f"{prefix}{e}.{kind}_proj.weight"]  # noqa: E731
-            out[prefix + "gate_up_proj"] = torch.stack(
-                [torch.cat([take(e, "gate"), take(e, "up")]).t() for e in range(cfg.num_experts)]
-            ).contiguous()
-            out[prefix + "down_proj"] = torch.stack([take(e, "down").t() for e in range(cfg.num_experts)]).contiguous()
-        return out
-
-    def expert_names(self, i: int, cfg: ModelConfig) -> List[str]:
-        prefix = HF_LAYER.format(i=i) + "mlp.experts."
-        kinds = ("gate_proj", "up_proj", "down_proj")
-        return [f"{prefix}{e}.{kind}.weight" for e in range(cfg.num_experts) for kind in kinds]
