@@ -243,33 +243,28 @@ def cpu_gated_deltanet_unavailable() -> str:
     """Why this vLLM's CPU build cannot run Gated DeltaNet layers (Qwen3-Next) ("" when it can): its CPU kernels
     (``model_executor/layers/mamba/ops/cpu/gdn_attention.py``, in 0.23 and 0.32) are not in 0.18, whose Gated DeltaNet
     reaches flash-linear-attention's Triton kernels."""
-    import importlib.util
-
-    try:
-        found = importlib.util.find_spec("vllm.model_executor.layers.mamba.ops.cpu.gdn_attention") is not None
-    except ImportError:
-        found = False
-    if found:
-        return ""
-    import vllm
-
-    return f"vLLM {vllm.__version__} has no CPU kernels for Gated DeltaNet"
+    return _missing("vllm.model_executor.layers.mamba.ops.cpu.gdn_attention", "CPU kernels for Gated DeltaNet")
 
 
 def cpu_mla_unavailable() -> str:
     """Why this vLLM's CPU build cannot run multi-latent attention ("" when it can): the CPU MLA backend arrived
     after 0.18 (0.18: "MLA is not supported on CPU"; 0.32 has ``v1/attention/backends/mla/cpu_mla.py``)."""
+    return _missing("vllm.v1.attention.backends.mla.cpu_mla", "CPU backend for multi-latent attention")
+
+
+def _missing(module: str, what: str) -> str:
+    """An empty reason when this vLLM has ``module``, else "vLLM <version> has no <what>"."""
     import importlib.util
 
     try:
-        found = importlib.util.find_spec("vllm.v1.attention.backends.mla.cpu_mla") is not None
+        found = importlib.util.find_spec(module) is not None
     except ImportError:
         found = False
     if found:
         return ""
     import vllm
 
-    return f"vLLM {vllm.__version__} has no CPU backend for multi-latent attention"
+    return f"vLLM {vllm.__version__} has no {what}"
 
 
 def online_quantization_unavailable(method: str) -> str:

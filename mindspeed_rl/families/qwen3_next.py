@@ -35,6 +35,18 @@ _LINEAR = [
     ("linear_attn.out_proj.weight", "self_attention.out_proj.weight"),
 ]
 _CONV = "self_attention.conv1d.weight"
+# Gated DeltaNet's sizes: one name in config.json, the model section and megatron-core's TransformerConfig
+LINEAR_SIZES = (
+    "linear_conv_kernel_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+)
+
+
+def linear_sizes(model: ModelConfig) -> dict:
+    return {key: getattr(model, key) for key in LINEAR_SIZES}
 
 
 def attention_period(hf: dict, family: str) -> int:
@@ -66,11 +78,7 @@ class GatedDeltaNetHybrid(ModelFamily):
         return {
             **super().extra_model_fields(hf),
             "linear_attention_freq": attention_period(hf, self.name),
-            "linear_conv_kernel_dim": int(hf["linear_conv_kernel_dim"]),
-            "linear_key_head_dim": int(hf["linear_key_head_dim"]),
-            "linear_value_head_dim": int(hf["linear_value_head_dim"]),
-            "linear_num_key_heads": int(hf["linear_num_key_heads"]),
-            "linear_num_value_heads": int(hf["linear_num_value_heads"]),
+            **{key: int(hf[key]) for key in LINEAR_SIZES},
             "attention_output_gate": True,
             "layernorm_zero_centered_gamma": True,
             "rotary_percent": float(ratio),
@@ -85,11 +93,7 @@ class GatedDeltaNetHybrid(ModelFamily):
                 for i in range(model.num_layers)
             ],
             "full_attention_interval": freq,
-            "linear_conv_kernel_dim": model.linear_conv_kernel_dim,
-            "linear_key_head_dim": model.linear_key_head_dim,
-            "linear_value_head_dim": model.linear_value_head_dim,
-            "linear_num_key_heads": model.linear_num_key_heads,
-            "linear_num_value_heads": model.linear_num_value_heads,
+            **linear_sizes(model),
             "partial_rotary_factor": model.rotary_percent,
         }
 
@@ -97,11 +101,7 @@ class GatedDeltaNetHybrid(ModelFamily):
         return {
             **super().transformer_config_fields(model),
             "attention_output_gate": True,
-            "linear_conv_kernel_dim": model.linear_conv_kernel_dim,
-            "linear_key_head_dim": model.linear_key_head_dim,
-            "linear_value_head_dim": model.linear_value_head_dim,
-            "linear_num_key_heads": model.linear_num_key_heads,
-            "linear_num_value_heads": model.linear_num_value_heads,
+            **linear_sizes(model),
         }
 
     def required_keys(self, model: ModelConfig) -> dict:
