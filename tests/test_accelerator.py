@@ -121,6 +121,26 @@ def test_cpu_rng_tracker_forks_and_restores():
     assert torch.equal(first, torch.rand(3, generator=gen))
 
 
+def test_megatron_core_on_cpu_is_imported_without_compiled_fusers():
+    """A fresh process: megatron-core's jit_fuser is the identity (its fused functions run as written), dynamo and
+    inductor are not imported, and torch.compile is torch's own again."""
+    import subprocess
+
+    code = (
+        "import sys, torch\n"
+        "compile_ = torch.compile\n"
+        "from mindspeed_rl.accelerator.megatron_cpu_compat import apply\n"
+        "apply()\n"
+        "from megatron.core.jit import jit_fuser\n"
+        "from megatron.core.activations import quick_gelu\n"
+        "fn = lambda x: x\n"
+        "print(jit_fuser(fn) is fn, type(quick_gelu).__name__, 'torch._inductor.compile_fx' in sys.modules,\n"
+        "      'torch._dynamo' in sys.modules, torch.compile is compile_)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.getcwd())
+    assert out.stdout.split() == ["True", "function", "False", "False", "True"], out.stderr[-2000:]
+
+
 def test_megatron_gpt_forward_backward_on_cpu():
     """A local-spec GPTModel trains a step on CPU once the accelerator has prepared megatron."""
     from mindspeed_rl.config_cls import MegatronConfig

@@ -220,7 +220,7 @@ def test_sampling_filters():
 
 
 SMALL_VLLM_RUNS = textwrap.dedent("""
-    import sys, traceback
+    import os, sys, traceback
     sys.path.insert(0, ".")
     from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
     from mindspeed_rl.protocol import RolloutRequest
@@ -257,7 +257,9 @@ SMALL_VLLM_RUNS = textwrap.dedent("""
         prompts = [[(7 * i + j) % 500 + 1 for j in range(40)] for i in range(24)]   # 960 distinct prompt tokens
         outs = e.generate(RolloutRequest.of(prompts, SamplingConfig(temperature=1.0, max_tokens=4, seed=5), n=1))
         print("DONE", len(outs), sum(len(o.response_ids) for o in outs), flush=True)
-        e.shutdown()
+        folder = e._dir
+        e.release_at_exit()   # the end of a worker's run: its folder goes, vLLM's own teardown is left to the exit
+        print("RELEASED", os.path.isdir(folder), e.llm is not None, flush=True)
 
     for run in (distinct_samples, eos_and_budgets, long_prompts):  # a failure leaves the next runs to report
         try:
@@ -385,3 +387,11 @@ def test_vllm_on_cpu_samples_many_distinct_long_prompts_with_seeds(small_vllm_ru
     out, err = small_vllm_runs
     line = [x for x in out.splitlines() if x.startswith("DONE")]
     assert line and line[0].split()[1] == "24", err[-2000:]
+
+
+def test_an_engine_released_at_the_end_of_a_run_leaves_no_folder_and_skips_vllms_teardown(small_vllm_runs):
+    """A worker's engine at the end of its run (the process is killed next): its config folder removed, the LLM
+    kept (vLLM's teardown, ~0.9 s per engine, would free nothing the exit does not)."""
+    out, err = small_vllm_runs
+    line = [x for x in out.splitlines() if x.startswith("RELEASED")]
+    assert line and line[0].split()[1:] == ["False", "True"], err[-2000:]

@@ -36,4 +36,8 @@ class RolloutEngine(ABC):
         """Undo offload before the next generation."""
 
     def shutdown(self) -> None:
-        """Release the engine (before the process group it may share is destroyed)."""
+        """Release the engine (before the process group it may share is destroyed); the process goes on."""
+
+    def release_at_exit(self) -> None:
+        """The process ends next (a worker at the end of its run): free only what would outlive it."""
+        self.shutdown()

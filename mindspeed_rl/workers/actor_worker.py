@@ -334,7 +334,8 @@ class IntegratedActorWorker(MegatronWorker):
         return metrics
 
     def shutdown(self) -> None:
+        """The run's end: the process is killed next."""
         if self.rollout is not None:
-            self.rollout.shutdown()
+            self.rollout.release_at_exit()
         self.channel = None
         super().shutdown()

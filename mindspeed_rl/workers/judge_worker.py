@@ -70,8 +70,8 @@ class JudgeWorker:
         return replies if self.engine_rank == 0 else None
 
     def shutdown(self) -> None:
-        from ..rollout.vllm_engine import stop_llm
+        from ..rollout.vllm_engine import release_at_exit
         from ..utils import dist
 
-        stop_llm(self.llm)
+        release_at_exit()  # the run's end: the process is killed next, the engine with it
         dist.destroy()

@@ -114,6 +114,6 @@ class RolloutWorker:
     def shutdown(self) -> None:
         from ..utils import dist
 
-        self.engine.shutdown()
+        self.engine.release_at_exit()  # the run's end: the process is killed next
         self.channel = None
         dist.destroy()
