@@ -73,3 +73,9 @@ def shared_ray():
 def without_shared_ray():
     """Ray of the in-process runs stopped before this module (its runs start their own clusters)."""
     _stop_ray()
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """The tests without the shared Ray last (in their order): the shared one then stops once, not once per such
+    module with a restart after each (~5 s a time)."""
+    items.sort(key=lambda item: "without_shared_ray" in getattr(item, "fixturenames", ()))
