@@ -16,8 +16,11 @@ demo: $(STAMP)
 	$(PYTHON) cli/prepare_demo.py
 	$(PYTHON) cli/train_ppo.py --config-name ppo_tiny_cpu
 
+# Two streams of tests on the two cores (pytest-xdist; grouping and order in tests/conftest.py), then the
+# `serial` module alone.
 test: $(STAMP)
-	$(PYTHON) -m pytest tests
+	$(PYTHON) -m pytest -n 2 --dist loadgroup -m "not serial" tests
+	$(PYTHON) -m pytest -m serial tests
 
 # The edit-test loop: everything but the multi-process and end-to-end runs (pytest.ini's `slow` marker).
 test-fast: $(STAMP)

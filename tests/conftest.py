@@ -3,6 +3,11 @@ import sys
 
 import pytest
 
+# OpenMP threads that wait for work sleep instead of spinning: the suite runs two streams of tests on two
+# cores (``make test``), and a spinning team that loses a core to another process turns a 26 s SFT run
+# into 210 s (26 -> 30 s with this set). Set before the first torch import; Ray workers and CLI runs inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 PYTHON = sys.executable
@@ -75,7 +80,28 @@ def without_shared_ray():
     _stop_ray()
 
 
+SHARES_THE_DEMO_RUNS = ("learned_run", "control_run")
+
+
 def pytest_collection_modifyitems(items) -> None:
-    """The tests without the shared Ray last (in their order): the shared one then stops once, not once per such
-    module with a restart after each (~5 s a time)."""
-    items.sort(key=lambda item: "without_shared_ray" in getattr(item, "fixturenames", ()))
+    """Order and grouping for ``make test``'s two streams (pytest-xdist, ``--dist loadgroup``): a module is one
+    group, run by one stream, except that the modules using the session's demo runs share one group (the runs
+    are made once) and so do the modules that stop the shared Ray (it stops once). Modules with ``slow`` tests
+    come first, so that no long module starts last; the ones without the shared Ray last among their kind (run
+    without xdist, its stop then happens once). ``serial`` modules (tests/test_faults.py: it counts Ray's
+    processes and kills workers by name) run after the streams, alone."""
+    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        group = item.module.__name__
+        if any(n in names for n in SHARES_THE_DEMO_RUNS):
+            group = "demo_runs"
+        elif "without_shared_ray" in names:
+            group = "own_ray"
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(
+        key=lambda item: (
+            item.module.__name__ not in slow_modules,
+            "without_shared_ray" in getattr(item, "fixturenames", ()),
+        )
+    )

@@ -210,12 +210,23 @@ def _host_ids_of_calls(stop) -> set:
                     continue
                 with open(f"/proc/{pid}/status") as fh:
                     fields = dict(line.split(":", 1) for line in fh if ":" in line)
+                if not _descends_from_this_process(int(fields["PPid"])):
+                    continue  # a call of another test running beside this one
             except OSError:
                 continue
             uids, gids = fields["Uid"].split(), fields["Gid"].split()
             seen.add((int(uids[0]), int(uids[1]), int(gids[0]), int(gids[1])))
         time.sleep(0.02)
     return seen
+
+
+def _descends_from_this_process(pid: int) -> bool:
+    while pid > 1:
+        if pid == os.getpid():
+            return True
+        with open(f"/proc/{pid}/status") as fh:
+            pid = int(next(line for line in fh if line.startswith("PPid:")).split()[1])
+    return False
 
 
 @needs_bwrap
