@@ -3,10 +3,12 @@ import sys
 
 import pytest
 
-# OpenMP threads that wait for work sleep instead of spinning: the suite runs two streams of tests on two
-# cores (``make test``), and a spinning team that loses a core to another process turns a 26 s SFT run
-# into 210 s (26 -> 30 s with this set). Set before the first torch import; Ray workers and CLI runs inherit it.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# In make test's two streams (pytest-xdist workers), OpenMP threads that wait for work sleep instead of spinning:
+# a spinning team that loses a core to the other stream stalls (a 26 s SFT run took 210 s beside a busy core, 30 s
+# with this). Alone on the cores spinning is faster (the compatibility stages, the serial module). Set before the
+# first torch import; Ray workers and CLI runs inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
