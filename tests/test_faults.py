@@ -23,8 +23,8 @@ from mindspeed_rl.demo.tiny_hf import build_hf_model, build_tokenizer
 from tests.helpers import tiny_model_config, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# no Ray of earlier runs: its processes are counted; and alone, after make test's two streams (it counts the
-# machine's Ray processes and kills a worker by name)
+# it counts the machine's Ray processes and kills a worker by name: no Ray of earlier runs, and alone, after make
+# test's two streams
 pytestmark = [pytest.mark.usefixtures("without_shared_ray"), pytest.mark.serial]
 
 
