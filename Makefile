@@ -16,11 +16,9 @@ demo: $(STAMP)
 	$(PYTHON) cli/prepare_demo.py
 	$(PYTHON) cli/train_ppo.py --config-name ppo_tiny_cpu
 
-# Two streams of tests on the two cores (pytest-xdist; grouping and order in tests/conftest.py), then the
-# `serial` module alone.
+# Two streams of tests on the two cores (pytest-xdist; grouping and order in tests/conftest.py).
 test: $(STAMP)
-	$(PYTHON) -m pytest -n 2 --dist loadgroup -m "not serial" tests
-	$(PYTHON) -m pytest -m serial tests
+	$(PYTHON) -m pytest -n 2 --dist loadgroup tests
 
 # The edit-test loop: everything but the multi-process and end-to-end runs (pytest.ini's `slow` marker).
 test-fast: $(STAMP)

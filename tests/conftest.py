@@ -5,7 +5,7 @@ import pytest
 
 # In make test's two streams (pytest-xdist workers), OpenMP threads that wait for work sleep instead of spinning:
 # a spinning team that loses a core to the other stream stalls (a 26 s SFT run took 210 s beside a busy core, 30 s
-# with this). Alone on the cores spinning is faster (the compatibility stages, the serial module). Set before the
+# with this). Alone on the cores spinning is faster (the compatibility stages). Set before the
 # first torch import; Ray workers and CLI runs inherit it.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -88,19 +88,13 @@ SHARES_THE_DEMO_RUNS = ("learned_run", "control_run")
 def pytest_collection_modifyitems(items) -> None:
     """Order and grouping for ``make test``'s two streams (pytest-xdist, ``--dist loadgroup``): a module is one
     group, run by one stream, except that the modules using the session's demo runs share one group (the runs
-    are made once) and so do the modules that stop the shared Ray (it stops once). Modules with ``slow`` tests
-    come first, so that no long module starts last; the ones without the shared Ray last among their kind (run
-    without xdist, its stop then happens once). ``serial`` modules (tests/test_faults.py: it counts Ray's
-    processes and kills workers by name) run after the streams, alone."""
+    are made once). Modules with ``slow`` tests come first, so that no long module starts last; the ones that
+    stop the shared Ray last among their kind (fewer restarts of it)."""
     slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
     for item in items:
         names = getattr(item, "fixturenames", ())
-        group = item.module.__name__
-        if any(n in names for n in SHARES_THE_DEMO_RUNS):
-            group = "demo_runs"
-        elif "without_shared_ray" in names:
-            group = "own_ray"
-        item.add_marker(pytest.mark.xdist_group(group))
+        shares = any(n in names for n in SHARES_THE_DEMO_RUNS)
+        item.add_marker(pytest.mark.xdist_group("demo_runs" if shares else item.module.__name__))
     items.sort(
         key=lambda item: (
             item.module.__name__ not in slow_modules,

@@ -23,9 +23,8 @@ from mindspeed_rl.demo.tiny_hf import build_hf_model, build_tokenizer
 from tests.helpers import tiny_model_config, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# it counts the machine's Ray processes and kills a worker by name: no Ray of earlier runs, and alone, after make
-# test's two streams
-pytestmark = [pytest.mark.usefixtures("without_shared_ray"), pytest.mark.serial]
+# its own Ray clusters (a test starts one in this process)
+pytestmark = pytest.mark.usefixtures("without_shared_ray")
 
 
 @pytest.fixture(scope="module")
@@ -682,23 +681,62 @@ def test_non_utf8_rows_are_counted_and_a_zero_row_rerun_loses_nothing(tmp_path, 
 
 
 # ----- signals and dead workers (end to end) ---------------------------------------------------------------------
-def ray_processes():
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
-    names = ("raylet", "gcs_server", "ray::", "dashboard", "log_monitor")
-    return {line.split()[0] for line in out[1:] if any(n in line for n in names)}
+# A training run started here carries this variable with a value of its own; Ray's processes inherit it from the
+# driver, so a test counts and kills the processes of its own runs only (another stream of make test runs beside).
+RUN_MARK = "MINDSPEED_RL_TEST_RUN"
 
 
-def orphaned_after(before, seconds=2.0):
-    """The Ray processes not in ``before`` still alive after ``seconds`` (looked at every 0.2 s, returning as
-    soon as there are none)."""
+def _read(pid, name):
+    with open(f"/proc/{pid}/{name}", "rb") as fh:
+        return fh.read()
+
+
+def ray_processes(mark):
+    """Ray's processes (daemons and workers) of the runs started with ``mark``, as (pid, start time): the ones
+    carrying it, and their children (Ray's agents start without it)."""
+    names = (b"raylet", b"gcs_server", b"ray::", b"dashboard", b"log_monitor")
+    tag = f"{RUN_MARK}={mark}".encode()
+    ray, marked = {}, set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if any(n in _read(pid, "cmdline") for n in names):
+                stat = _read(pid, "stat").rsplit(b")", 1)[1].split()
+                ray[pid] = (stat[1].decode(), stat[19].decode())  # parent, start time
+                if tag in _read(pid, "environ").split(b"\0"):
+                    marked.add(pid)
+        except OSError:  # gone meanwhile
+            continue
+    return {(pid, start) for pid, (parent, start) in ray.items() if pid in marked or parent in marked}
+
+
+def orphaned_after(mark, seen, seconds=2.0):
+    """The Ray processes of ``mark``'s runs, and those of ``seen`` (a census taken while they ran), still alive
+    after ``seconds`` (looked at every 0.2 s, returning as soon as there are none)."""
     deadline = time.monotonic() + seconds
-    while (left := ray_processes() - before) and time.monotonic() < deadline:
+    while True:
+        left = ray_processes(mark) | {(pid, start) for pid, start in seen if _alive(pid, start)}
+        if not left or time.monotonic() >= deadline:
+            return left
         time.sleep(0.2)
-    return left
+
+
+def _alive(pid, start):
+    try:
+        return _read(pid, "stat").rsplit(b")", 1)[1].split()[19].decode() == start
+    except OSError:
+        return False
+
+
+def kill_workers(mark, name):
+    """SIGKILL the Ray workers named ``name`` (``ray::CriticWorker``) of ``mark``'s runs."""
+    for pid, _ in ray_processes(mark):
+        if _read(pid, "cmdline").startswith(name.encode()):
+            os.kill(int(pid), signal.SIGKILL)
 
 
 def start_training(root, paths, *extra):
     env = dict(os.environ, PYTHONWARNINGS="ignore")
+    env[RUN_MARK] = str(root)
     cmd = [
         sys.executable,
         os.path.join(ROOT, "cli", "train_ppo.py"),
@@ -710,9 +748,10 @@ def start_training(root, paths, *extra):
 @pytest.mark.slow
 def test_sigterm_stops_cleanly_and_a_dead_worker_restarts_the_run_which_ends_as_if_uninterrupted(assets, tmp_path):
     root, paths = assets
-    before = ray_processes()
     proc = start_training(tmp_path / "term", paths, "megatron_training.train_iters=4")
     term_seen = wait_for(proc, "saved iteration 2")
+    seen = ray_processes(tmp_path / "term")
+    assert len(seen) >= 4  # raylet, gcs, the two workers at least: the census sees the run
     proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=120)[0]
     term_out = "".join(term_seen) + out
@@ -721,7 +760,7 @@ def test_sigterm_stops_cleanly_and_a_dead_worker_restarts_the_run_which_ends_as_
     saved = ml.read_tracker(str(tmp_path / "term" / "ckpt" / "actor"))
     assert isinstance(saved, int) and saved >= 2
     ml.load_rank(str(tmp_path / "term" / "ckpt" / "actor"), 0, 0)  # intact and loadable
-    assert orphaned_after(before) == set()  # nothing orphaned
+    assert orphaned_after(tmp_path / "term", seen) == set()  # nothing orphaned
 
     # a dead worker with rl_config.max_restarts=1: the restart line is the one paragraph exit 4 would print
     # (who died, the last checkpoint, the resume overrides); the run resumes from the last checkpoint both
@@ -736,9 +775,10 @@ def test_sigterm_stops_cleanly_and_a_dead_worker_restarts_the_run_which_ends_as_
             return [m for m in map(json.loads, fh) if m["iteration"] == iteration][-1]
 
     proc = start_training(tmp_path / "dead", paths, "megatron_training.train_iters=4", "rl_config.max_restarts=1")
-    seen = wait_for(proc, "saved iteration 1")
-    subprocess.run(["pkill", "-9", "-f", "ray::CriticWorker"])
-    out = "".join(seen) + proc.communicate(timeout=400)[0]
+    lines = wait_for(proc, "saved iteration 1")
+    seen = ray_processes(tmp_path / "dead")
+    kill_workers(tmp_path / "dead", "ray::CriticWorker")
+    out = "".join(lines) + proc.communicate(timeout=400)[0]
     assert proc.returncode == 0, out[-3000:]
     message = [line for line in out.splitlines() if line.startswith("restart 1 of 1 (rl_config.max_restarts): ")]
     assert len(message) == 1 and "the critic worker of rank 0 died" in message[0], out[-3000:]
@@ -752,7 +792,7 @@ def test_sigterm_stops_cleanly_and_a_dead_worker_restarts_the_run_which_ends_as_
     a, b = metrics_of(term_out, 2), metrics_of(out, 2)
     for key in ("critic/score/mean", "actor/pg_loss", "critic/vf_loss", "grad_norm", "response_length/mean"):
         assert a[key] == pytest.approx(b[key], abs=1e-6), key
-    assert orphaned_after(before) == set()
+    assert orphaned_after(tmp_path / "dead", seen) == set()
 
 
 def test_a_dead_worker_without_restarts_left_stops_with_exit_4_and_one_paragraph(monkeypatch, capsys):
@@ -933,10 +973,10 @@ def test_a_worker_exception_arrives_as_its_type_and_message(tmp_path):
 
 def test_sigterm_during_worker_start_up_exits_143_with_a_message_within_30_s(assets, tmp_path):
     root, paths = assets
-    before = ray_processes()
     proc = start_training(tmp_path / "early", paths)
     wait_for(proc, "placement group:")  # Ray is up; the workers start (vLLM, megatron, weights)
     time.sleep(1)
+    seen = ray_processes(tmp_path / "early")
     proc.send_signal(signal.SIGTERM)
     sent = time.perf_counter()
     out = proc.communicate(timeout=120)[0]
@@ -945,7 +985,7 @@ def test_sigterm_during_worker_start_up_exits_143_with_a_message_within_30_s(ass
     assert time.perf_counter() - sent < 15, out[-3000:]
     assert proc.returncode == 143, out[-3000:]
     assert "stopped by SIGTERM" in out and "Traceback (most recent" not in out
-    assert orphaned_after(before) == set()
+    assert orphaned_after(tmp_path / "early", seen) == set()
 
 
 def test_sigterm_maps_to_143_whatever_ray_makes_of_the_interrupt(tmp_path, monkeypatch, capsys):
