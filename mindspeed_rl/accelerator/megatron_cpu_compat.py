@@ -10,7 +10,9 @@ megatron-core assumes CUDA in a few places (measured with megatron-core 0.12 and
 - optimizer wrappers, grad clipping, the pipeline schedules and ``broadcast_data`` build
   tensors with ``device='cuda'``, call ``.cuda()`` or test ``.type() == 'torch.cuda.FloatTensor'``:
   they run inside :class:`CudaToCpuMode`, a torch-function mode that maps CUDA to the CPU,
-  scoped to those calls only so the hot path pays nothing.
+  scoped to those calls only. Inside the schedules, the per-micro-batch ``forward_step`` and ``backward_step``
+  (the model's own operations) run with the mode set aside: under it every tensor operation pays a Python
+  dispatch, which doubled a small model's training step.
 - ``jit_fuser`` (``torch.compile`` on its fused element-wise functions, fixed when megatron-core is imported):
   megatron-core is imported with ``torch.compile`` as the identity (``import_without_compiled_fusers``).
 Everything is idempotent and refuses to run when CUDA is actually available.
@@ -25,7 +27,8 @@ import logging
 from typing import Any, Callable, Iterator
 
 import torch
-from torch.overrides import TorchFunctionMode
+from torch.overrides import TorchFunctionMode, _pop_mode_temporarily
+from torch.overrides import _get_current_function_mode as _current_function_mode
 
 from ..compat.megatron_core import reset_rng_tracker
 
@@ -70,6 +73,19 @@ def on_cpu(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
 
     wrapper._mindspeed_rl_on_cpu = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def off_cpu_mode(fn: Callable) -> Callable:
+    """Run ``fn`` with :class:`CudaToCpuMode` set aside where it is the innermost mode."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if isinstance(_current_function_mode(), CudaToCpuMode):
+            with _pop_mode_temporarily():
+                return fn(*args, **kwargs)
+        return fn(*args, **kwargs)
+
     return wrapper
 
 
@@ -255,6 +271,9 @@ def apply() -> None:
 
     for module_name, attr in SCOPED:
         _wrap(module_name, attr)
+    schedules = importlib.import_module("megatron.core.pipeline_parallel.schedules")
+    for name in ("forward_step", "backward_step"):  # looked up by the schedules as module globals
+        setattr(schedules, name, off_cpu_mode(getattr(schedules, name)))
     _rebind_imported_names()
     _APPLIED = True
     log.info("megatron-core: CPU compatibility applied (gloo, CPU RNG tracker, CUDA->CPU in optimizer/schedules)")
