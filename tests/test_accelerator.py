@@ -104,6 +104,26 @@ def test_cpu_compat_mode_maps_cuda_requests():
     assert torch.ones(1).type() == "torch.FloatTensor"
 
 
+def test_the_micro_batch_steps_run_outside_the_cpu_compat_mode():
+    """Megatron's schedules run in the mode (their own CUDA tensors); the forward and backward steps inside them
+    (the model's operations) do not pay its per-operation dispatch, and the mode is back after them."""
+    from torch.overrides import _get_current_function_mode
+
+    from mindspeed_rl.accelerator.megatron_cpu_compat import CudaToCpuMode, apply, off_cpu_mode
+
+    apply()
+    from megatron.core.pipeline_parallel import schedules
+
+    assert all(hasattr(getattr(schedules, name), "__wrapped__") for name in ("forward_step", "backward_step"))
+    seen = []
+    step = off_cpu_mode(lambda: seen.append(_get_current_function_mode()))
+    step()  # outside any mode: nothing to set aside
+    with CudaToCpuMode() as mode:
+        step()
+        assert _get_current_function_mode() is mode and torch.zeros(1, device="cuda").device.type == "cpu"
+    assert seen == [None, None]
+
+
 def test_cpu_rng_tracker_forks_and_restores():
     from mindspeed_rl.accelerator.megatron_cpu_compat import CpuRNGStatesTracker
 
