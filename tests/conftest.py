@@ -5,8 +5,8 @@ import pytest
 
 # In make test's two streams (pytest-xdist workers), OpenMP threads that wait for work sleep instead of spinning:
 # a spinning team that loses a core to the other stream stalls (a 26 s SFT run took 210 s beside a busy core, 30 s
-# with this). Alone on the cores spinning is faster (the compatibility stages). Set before the
-# first torch import; Ray workers and CLI runs inherit it.
+# with this). Alone on the cores spinning is faster (the compatibility stages). Set before the first torch import;
+# Ray workers and CLI runs inherit it.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
