@@ -691,6 +691,11 @@ def _read(pid, name):
         return fh.read()
 
 
+def _parent_and_start(pid):
+    fields = _read(pid, "stat").rsplit(b")", 1)[1].split()
+    return fields[1].decode(), fields[19].decode()
+
+
 def ray_processes(mark):
     """Ray's processes (daemons and workers) of the runs started with ``mark``, as (pid, start time): the ones
     carrying it, and their children (Ray's agents start without it)."""
@@ -700,8 +705,7 @@ def ray_processes(mark):
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             if any(n in _read(pid, "cmdline") for n in names):
-                stat = _read(pid, "stat").rsplit(b")", 1)[1].split()
-                ray[pid] = (stat[1].decode(), stat[19].decode())  # parent, start time
+                ray[pid] = _parent_and_start(pid)
                 if tag in _read(pid, "environ").split(b"\0"):
                     marked.add(pid)
         except OSError:  # gone meanwhile
@@ -722,7 +726,7 @@ def orphaned_after(mark, seen, seconds=2.0):
 
 def _alive(pid, start):
     try:
-        return _read(pid, "stat").rsplit(b")", 1)[1].split()[19].decode() == start
+        return _parent_and_start(pid)[1] == start
     except OSError:
         return False
 

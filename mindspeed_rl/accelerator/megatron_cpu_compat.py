@@ -96,8 +96,8 @@ def off_cpu_mode(fn: Callable) -> Callable:
     return wrapper
 
 
-def _wrap(module_name: str, attr: str) -> None:
-    """Wrap ``module.attr`` (a function, or ``Class.method``) with :func:`on_cpu`."""
+def _wrap(module_name: str, attr: str, wrapper: Callable[[Callable], Callable] = on_cpu) -> None:
+    """Wrap ``module.attr`` (a function, or ``Class.method``) with ``wrapper`` (:func:`on_cpu`)."""
     try:
         module = importlib.import_module(module_name)
     except ImportError:
@@ -107,7 +107,7 @@ def _wrap(module_name: str, attr: str) -> None:
     if not hasattr(target, name):
         log.debug("megatron cpu compat: %s.%s not found", module_name, attr)
         return
-    setattr(target, name, on_cpu(getattr(target, name)))
+    setattr(target, name, wrapper(getattr(target, name)))
 
 
 class CpuRNGStatesTracker:
@@ -206,6 +206,13 @@ SCOPED = [
 ]
 
 
+# inside the scoped schedules, the model's own operations (module globals the schedules look up at each call)
+SET_ASIDE = [
+    ("megatron.core.pipeline_parallel.schedules", "forward_step"),
+    ("megatron.core.pipeline_parallel.schedules", "backward_step"),
+]
+
+
 def _replace_where_defined(name: str, replacement: Callable, module_names) -> None:
     """``module.name = replacement`` in each of these modules that defines ``name`` (modules that did
     ``from x import name`` hold their own reference); a module the release lacks is skipped."""
@@ -278,9 +285,8 @@ def apply() -> None:
 
     for module_name, attr in SCOPED:
         _wrap(module_name, attr)
-    schedules = importlib.import_module("megatron.core.pipeline_parallel.schedules")
-    for name in ("forward_step", "backward_step"):  # looked up by the schedules as module globals
-        setattr(schedules, name, off_cpu_mode(getattr(schedules, name)))
+    for module_name, attr in SET_ASIDE:
+        _wrap(module_name, attr, off_cpu_mode)
     _rebind_imported_names()
     _APPLIED = True
     log.info("megatron-core: CPU compatibility applied (gloo, CPU RNG tracker, CUDA->CPU in optimizer/schedules)")
