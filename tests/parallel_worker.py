@@ -38,15 +38,23 @@ def run_each(rank, world, jobs, workdir, port):
 FRESH_WORLDS = os.environ.get("MINDSPEED_RL_TEST_FRESH_WORLDS") == "1"
 
 
-def spawn_each(world, jobs, workdir):
-    """``run_each`` of ``jobs`` in ``world`` spawned processes (joined); a spawn per job with FRESH_WORLDS."""
+def start_world(fn, args, nprocs):
+    """``fn(rank, *args)`` in ``nprocs`` fresh processes (joined). They fork from a server that imported the
+    heavy modules once (tests/spawn_preload.py; 4-6 s of CPU per process otherwise): the server lives as long
+    as this process, with this process's environment as it was when the server started."""
     import torch.multiprocessing as mp
 
+    mp.set_forkserver_preload(["tests.spawn_preload"])  # (nothing once a server runs)
+    mp.start_processes(fn, args=args, nprocs=nprocs, start_method="forkserver")
+
+
+def spawn_each(world, jobs, workdir):
+    """``run_each`` of ``jobs`` in ``world`` fresh processes (joined); a world per job with FRESH_WORLDS."""
     from mindspeed_rl.utils.dist import free_port
 
     jobs = list(jobs)
     for group in [[job] for job in jobs] if FRESH_WORLDS else [jobs]:
-        mp.start_processes(run_each, args=(world, group, str(workdir), free_port()), nprocs=world, start_method="spawn")
+        start_world(run_each, (world, group, str(workdir), free_port()), world)
 
 
 def spawn(name, world, spec, workdir):

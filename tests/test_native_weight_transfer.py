@@ -6,7 +6,6 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from mindspeed_rl.compat import vllm_weight_transfer as native
 from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
@@ -128,7 +127,7 @@ def test_native_transfer_gives_the_engine_of_a_fresh_load(tmp_path):
     ports = [free_port(), free_port()]
     while ports[1] == ports[0]:
         ports[1] = free_port()
-    mp.start_processes(run_transfer, args=(2, ports, str(tmp_path)), nprocs=2, start_method="spawn")
+    parallel_worker.start_world(run_transfer, (2, ports, str(tmp_path)), 2)
     got, sent = torch.load(tmp_path / "got.pt"), torch.load(tmp_path / "sent.pt")
     assert got["backend"] == native.GLOO_BACKEND
     assert got["greedy"] == torch.load(tmp_path / "fresh.pt")

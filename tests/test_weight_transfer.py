@@ -4,9 +4,9 @@ tensors piece by piece from the actor's sender to every rollout rank, bit for bi
 import os
 
 import torch
-import torch.multiprocessing as mp
 
 from mindspeed_rl.utils.dist import free_port
+from tests import parallel_worker
 
 
 def pieces():
@@ -34,7 +34,7 @@ def run(rank, size, port, workdir):
 
 
 def test_every_receiver_gets_every_piece_exactly(tmp_path):
-    mp.start_processes(run, args=(3, free_port(), str(tmp_path)), nprocs=3, start_method="spawn")
+    parallel_worker.start_world(run, (3, free_port(), str(tmp_path)), 3)
     want = pieces()  # an empty piece (a stage with nothing to send) is not the end
     sent = torch.load(tmp_path / "sent.pt")
     assert sent["tensors"] == 4 and sent["bytes"] == 7 * 4 * 4 + 6 * 4 * 2 + 12 * 4 + 4 * 8
