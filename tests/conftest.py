@@ -85,6 +85,19 @@ def without_shared_ray():
 SHARES_THE_DEMO_RUNS = ("learned_run", "control_run")
 
 
+def pytest_configure(config) -> None:
+    """tests/parallel_worker.py's worlds and the in-process runs' rule-reward pools fork from multiprocessing's
+    forkserver, which imports the heavy modules once (tests/spawn_preload.py). The server reads its preload list
+    when it starts and the reward runner names a list of its own: in make test's streams, where both come, the
+    server starts here, first."""
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    multiprocessing.set_forkserver_preload(["tests.spawn_preload"])
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        forkserver.ensure_running()
+
+
 def pytest_collection_modifyitems(items) -> None:
     """Order and grouping for ``make test``'s two streams (pytest-xdist, ``--dist loadgroup``): a module is one
     group, run by one stream, except that the modules using the session's demo runs share one group (the runs
