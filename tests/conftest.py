@@ -85,17 +85,34 @@ def without_shared_ray():
 SHARES_THE_DEMO_RUNS = ("learned_run", "control_run")
 
 
-def pytest_configure(config) -> None:
-    """tests/parallel_worker.py's worlds and the in-process runs' rule-reward pools fork from multiprocessing's
-    forkserver, which imports the heavy modules once (tests/spawn_preload.py). The server reads its preload list
-    when it starts and the reward runner names a list of its own: in make test's streams, where both come, the
-    server starts here, first."""
+def start_forkserver() -> None:
+    """Start multiprocessing's forkserver, unless it runs, with the heavy modules imported once
+    (tests/spawn_preload.py) and its output to /dev/null: what forks from it writes where the server does, not into
+    the test that forked it (a rank's failure still reaches the test as an exception with its traceback)."""
     import multiprocessing
     from multiprocessing import forkserver
 
     multiprocessing.set_forkserver_preload(["tests.spawn_preload"])
-    if os.environ.get("PYTEST_XDIST_WORKER"):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved, null = [os.dup(1), os.dup(2)], os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        os.dup2(null, 2)
         forkserver.ensure_running()
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, null):
+            os.close(fd)
+
+
+def pytest_configure(config) -> None:
+    """tests/parallel_worker.py's worlds and the in-process runs' rule-reward pools fork from the forkserver. The
+    reward runner names a preload list of its own, read only when the server starts: in make test's streams, where
+    both come, the server starts here, first."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        start_forkserver()
 
 
 def pytest_collection_modifyitems(items) -> None:

@@ -40,10 +40,13 @@ FRESH_WORLDS = os.environ.get("MINDSPEED_RL_TEST_FRESH_WORLDS") == "1"
 
 def start_world(fn, args, nprocs):
     """``fn(rank, *args)`` in ``nprocs`` fresh processes (joined). They fork from a server that imported the
-    heavy modules once (tests/spawn_preload.py, named in tests/conftest.py; 4-6 s of CPU per process otherwise):
-    the server lives as long as this process, with this process's environment as it was when the server started."""
+    heavy modules once (``start_forkserver``; 4-6 s of CPU per process otherwise): the server lives as long as
+    this process, with this process's environment as it was when the server started."""
     import torch.multiprocessing as mp
 
+    from tests.conftest import start_forkserver
+
+    start_forkserver()
     mp.start_processes(fn, args=args, nprocs=nprocs, start_method="forkserver")
 
 
