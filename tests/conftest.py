@@ -83,6 +83,8 @@ def without_shared_ray():
 
 
 SHARES_THE_DEMO_RUNS = ("learned_run", "control_run")
+# the modules whose tests use them: one unit of work in make test's streams, so the runs are made once
+DEMO_RUN_MODULES = ("tests/test_algorithms_e2e.py", "tests/test_distill_e2e.py", "tests/test_ppo_e2e.py")
 
 
 def start_forkserver() -> None:
@@ -115,16 +117,35 @@ def pytest_configure(config) -> None:
         start_forkserver()
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``make test``'s two streams (``-n 2 --dist loadgroup``): a module is one unit of work, run by one stream (its
+    module-scoped fixtures made once), the demo-run modules one unit together; units in collection order (below),
+    not by size. pytest-xdist 3.8's own loadgroup cannot group under pytest 9 (it renames test ids through an
+    attribute pytest 9 no longer reads), so every test was a unit of its own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "demo_runs" if module in DEMO_RUN_MODULES else module
+
+    config.option.loadscopereorder = False
+    return ModuleUnits(config, log)
+
+
 def pytest_collection_modifyitems(items) -> None:
-    """Order and grouping for ``make test``'s two streams (pytest-xdist, ``--dist loadgroup``): a module is one
-    group, run by one stream, except that the modules using the session's demo runs share one group (the runs
-    are made once). Modules with ``slow`` tests come first, so that no long module starts last; the ones that
-    stop the shared Ray last among their kind (fewer restarts of it)."""
+    """The order of ``make test``'s units: modules with ``slow`` tests first, so that no long module starts last;
+    the ones that stop the shared Ray last among their kind (fewer restarts of it). A test that uses the demo runs
+    outside DEMO_RUN_MODULES would make them again in the other stream: refused."""
     slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
     for item in items:
         names = getattr(item, "fixturenames", ())
-        shares = any(n in names for n in SHARES_THE_DEMO_RUNS)
-        item.add_marker(pytest.mark.xdist_group("demo_runs" if shares else item.module.__name__))
+        module = item.nodeid.split("::", 1)[0]
+        if any(n in names for n in SHARES_THE_DEMO_RUNS) and module not in DEMO_RUN_MODULES:
+            raise pytest.UsageError(f"{module} uses the session's demo runs: add it to DEMO_RUN_MODULES (conftest.py)")
     items.sort(
         key=lambda item: (
             item.module.__name__ not in slow_modules,
