@@ -87,6 +87,12 @@ SHARES_THE_DEMO_RUNS = ("learned_run", "control_run")
 DEMO_RUN_MODULES = ("tests/test_algorithms_e2e.py", "tests/test_distill_e2e.py", "tests/test_ppo_e2e.py")
 
 
+def unit_of(nodeid: str) -> str:
+    """The unit of make test's streams a test belongs to: its module, or ``demo_runs`` for DEMO_RUN_MODULES."""
+    module = nodeid.split("::", 1)[0]
+    return "demo_runs" if module in DEMO_RUN_MODULES else module
+
+
 def start_forkserver() -> None:
     """Start multiprocessing's forkserver, unless it runs, with the heavy modules imported once
     (tests/spawn_preload.py) and its output to /dev/null: what forks from it writes where the server does, not into
@@ -129,8 +135,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ModuleUnits(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0]
-            return "demo_runs" if module in DEMO_RUN_MODULES else module
+            return unit_of(nodeid)
 
     config.option.loadscopereorder = False
     return ModuleUnits(config, log)
@@ -143,8 +148,8 @@ def pytest_collection_modifyitems(items) -> None:
     slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
     for item in items:
         names = getattr(item, "fixturenames", ())
-        module = item.nodeid.split("::", 1)[0]
-        if any(n in names for n in SHARES_THE_DEMO_RUNS) and module not in DEMO_RUN_MODULES:
+        if any(n in names for n in SHARES_THE_DEMO_RUNS) and unit_of(item.nodeid) != "demo_runs":
+            module = item.module.__name__
             raise pytest.UsageError(f"{module} uses the session's demo runs: add it to DEMO_RUN_MODULES (conftest.py)")
     items.sort(
         key=lambda item: (
