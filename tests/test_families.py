@@ -397,8 +397,9 @@ def test_two_grpo_iterations_per_family(tmp_path, demo_assets):
                 "actor_config.model": name,
                 "actor_config.save_hf": "true",
                 "rl_config.test_freq": 0,
-                # bf16 on both sides, where routes differ without replay (~0.5% of tokens)
-                "megatron_training.bf16": "true",
+                # vLLM in bf16 (its CPU MLA and Gated DeltaNet take nothing else), the actor in bf16 where this CPU
+                # runs it natively, else fp32; routes differ without replay (~0.5% of tokens)
+                "megatron_training.bf16": "auto",
                 "generate_config.dtype": "bfloat16",
                 # at EP 2: the actor's two ranks hold two experts each (and route as vLLM did, where the
                 # libraries can replay routes: not the NPU sets')

@@ -7,6 +7,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
+from ..config_cls.precision_rules import HostPrecision
+
 
 class Accelerator:
     """One device kind: torch device, distributed backend, Ray resource, memory, and every decision
@@ -180,6 +182,14 @@ class Accelerator:
             ids = []
         noset = any(k.startswith("RAY_EXPERIMENTAL_NOSET_") and v not in ("", "0") for k, v in os.environ.items())
         return int(ids[0]) if ids and noset else 0
+
+    def host_precision(self) -> HostPrecision:
+        """Whether this device runs bf16 natively, and why in a clause (``megatron_training.bf16: auto``)."""
+        raise NotImplementedError(f"{self.kind} does not say whether it runs bf16 natively")
+
+    def bf16_slowdown(self) -> Optional[float]:
+        """bf16 matmul time over fp32's here, measured (None where not measured)."""
+        return None
 
     def describe(self) -> str:
         return f"{self.kind} ({self.device_count()} device(s), backend {self.dist_backend})"

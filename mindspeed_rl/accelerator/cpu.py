@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import gc
 import os
-from typing import Any, Dict, Optional, Tuple
+import platform
+import time
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
 from ..compat import vllm as compat_vllm
+from ..config_cls.precision_rules import HostPrecision
 from .base import Accelerator, host_rss_gib
 
 VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -35,6 +38,18 @@ class CpuAccelerator(Accelerator):
 
     def synchronize(self) -> None:
         return None
+
+    def host_precision(self) -> HostPrecision:
+        """Native bf16 where oneDNN computes bf16 (its answer honours ONEDNN_MAX_CPU_ISA) and, on x86, the CPU has
+        the instructions for it (AVX512-BF16 or AMX): oneDNN also takes plain AVX-512, emulating bf16 there."""
+        capability, onednn, units = cpu_bf16_facts()
+        if onednn and (units or platform.machine().lower() not in ("x86_64", "amd64")):
+            return HostPrecision(True, f"this CPU runs bf16 natively: {capability} with {' and '.join(units) or 'bf16'}")
+        emulated = " (oneDNN emulates bf16 on it)" if onednn else ""
+        return HostPrecision(False, f"this CPU has no native bf16: {capability}{emulated}")
+
+    def bf16_slowdown(self) -> Optional[float]:
+        return matmul_slowdown(torch.bfloat16)
 
     def empty_cache(self) -> None:
         gc.collect()
@@ -181,6 +196,32 @@ class CpuAccelerator(Accelerator):
 
 
 SHM_IDENT = "MINDSPEED_RL_VLLM_SHM_IDENT"
+# (what the plan calls it, torch.cpu's probe of the instructions)
+BF16_UNITS = (("AMX", "_is_amx_tile_supported"), ("AVX512-BF16", "_is_avx512_bf16_supported"))
+
+
+def cpu_bf16_facts() -> Tuple[str, bool, List[str]]:
+    """(ATen's vector ISA, e.g. AVX2; whether oneDNN computes bf16; the bf16 instruction sets the CPU has), as
+    torch reports them (ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA lower the first two)."""
+    units = [name for name, probe in BF16_UNITS if getattr(torch.cpu, probe, lambda: False)()]
+    return torch.backends.cpu.get_cpu_capability(), bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()), units
+
+
+def matmul_slowdown(dtype: torch.dtype, size: int = 256) -> float:
+    """How many times longer a size^3 matmul takes in ``dtype`` than in fp32 here (the best of a few; well
+    under a second even where bf16 is emulated, ~0.7 GFLOP/s)."""
+
+    def best(kind: torch.dtype, repeats: int) -> float:
+        a = torch.randn(size, size).to(kind)
+        a @ a  # the first call sets up oneDNN's kernel
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            a @ a
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    return best(dtype, 3) / best(torch.float32, 10)
 
 
 def vllm_kv_cache_bytes(gen: Any) -> int:

@@ -7,6 +7,7 @@ from typing import Dict, Optional
 
 import torch
 
+from ..config_cls.precision_rules import HostPrecision
 from .base import Accelerator, host_rss_gib
 
 SOFTMAX_KERNELS = ("scaled_upper_triang_masked_softmax_cuda", "scaled_masked_softmax_cuda")
@@ -39,6 +40,18 @@ class CudaAccelerator(Accelerator):
 
     def device_count(self) -> int:
         return torch.cuda.device_count()
+
+    def host_precision(self) -> HostPrecision:
+        """bf16 tensor cores from Ampere (compute capability 8.0) on; torch's own answer, emulation not counted."""
+        major, minor = torch.cuda.get_device_capability()
+        name = f"{torch.cuda.get_device_name()} (compute capability {major}.{minor})"
+        try:
+            native = torch.cuda.is_bf16_supported(including_emulation=False)
+        except TypeError:  # a torch without the keyword answers for the hardware alone
+            native = torch.cuda.is_bf16_supported()
+        if native:
+            return HostPrecision(True, f"{name} runs bf16 natively")
+        return HostPrecision(False, f"{name} has no native bf16 (it needs compute capability 8.0)")
 
     def device(self, local_rank: int = 0) -> torch.device:
         return torch.device("cuda", local_rank % max(1, self.device_count()))

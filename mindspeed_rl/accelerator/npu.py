@@ -9,6 +9,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from ..config_cls.precision_rules import HostPrecision
 from .base import Accelerator, host_rss_gib
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,9 @@ class NpuAccelerator(Accelerator):
 
     def device_count(self) -> int:
         return self._npu.device_count()
+
+    def host_precision(self) -> HostPrecision:
+        return HostPrecision(True, "Ascend NPUs compute in bf16 natively")
 
     def device(self, local_rank: int = 0) -> torch.device:
         return torch.device("npu", local_rank % max(1, self.device_count()))

@@ -122,9 +122,10 @@ def _check_rules(value: Any, meta: Mapping[str, Any], key: str) -> None:
         return
     choices = meta.get("choices")
     if choices is not None and value not in choices:
-        hint = closest_key(str(value), [str(c) for c in choices])
+        spelled = [yaml_spelling(c) for c in choices]
+        hint = closest_key(str(value), spelled)
         extra = f"; did you mean {hint!r}?" if hint else ""
-        raise ConfigError(key, f"got {value!r}, allowed: {', '.join(map(str, choices))}{extra}")
+        raise ConfigError(key, f"got {value!r}, allowed: {', '.join(spelled)}{extra}")
     for rule, test, words in (
         ("ge", lambda v, b: v >= b, ">="),
         ("gt", lambda v, b: v > b, ">"),
@@ -134,6 +135,11 @@ def _check_rules(value: Any, meta: Mapping[str, Any], key: str) -> None:
         bound = meta.get(rule)
         if bound is not None and isinstance(value, (int, float)) and not test(value, bound):
             raise ConfigError(key, f"got {value!r}, must be {words} {bound}")
+
+
+def yaml_spelling(value: Any) -> str:
+    """A choice as YAML writes it (true / false for booleans)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def field_names(cls: type) -> list[str]:

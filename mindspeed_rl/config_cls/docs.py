@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from .base import _type_name
+from .base import _type_name, yaml_spelling
 from .dpo_config import DPOConfig
 from .generate_config import GenerateConfig, SamplingConfig
 from .judge_config import JudgeConfig
@@ -115,7 +115,7 @@ def _rules(f: dataclasses.Field) -> str:
     m = f.metadata
     parts = []
     if m.get("choices"):
-        parts.append("one of " + ", ".join(f"`{c}`" for c in m["choices"]))
+        parts.append("one of " + ", ".join(f"`{yaml_spelling(c)}`" for c in m["choices"]))
     for key, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
         if m.get(key) is not None:
             parts.append(f"{sym} {m[key]}")

@@ -58,7 +58,11 @@ class GenerateConfig:
     max_num_seqs: int = opt(256, "Most sequences the engine runs at once.", ge=1)
     max_model_len: int = opt(4096, "Longest prompt + response the engine accepts.", ge=1)
     max_num_batched_tokens: int = opt(8192, "Token budget of one engine step.", ge=1)
-    dtype: str = opt("bfloat16", "Engine weights dtype.", choices=("bfloat16", "float16", "float32", "auto"))
+    dtype: str = opt(
+        "auto",
+        "Engine weights dtype; auto: the actor's trained precision (bf16 -> bfloat16, fp16 -> float16, else float32).",
+        choices=("bfloat16", "float16", "float32", "auto"),
+    )
     rollout_quantization: str = opt(
         "none",
         "Run the rollout engines quantized (docs/rollout.md, Low-precision rollout), re-quantized from the trained "

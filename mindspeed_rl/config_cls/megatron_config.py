@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import List, Optional, Union
 
 from .base import opt
 
@@ -33,7 +33,12 @@ class MegatronConfig:
     tokenizer_name_or_path: Optional[str] = opt(None, "Folder holding the HF tokenizer files.")
     use_mcore_models: bool = opt(True, "Use megatron-core models (always true here).")
     # numerics and kernels: accepted everywhere, mapped to what the device has
-    bf16: bool = opt(False, "Train in bfloat16 (params fp32 in the optimizer).")
+    bf16: Union[bool, str] = opt(
+        False,
+        "Train in bfloat16 (params fp32 in the optimizer); auto: bf16 where the device runs it natively (NPU, CUDA "
+        "with bf16, a CPU with AVX512-BF16 or AMX), else fp32 (the batch plan says which and why).",
+        choices=(False, True, "auto"),
+    )
     fp16: bool = opt(False, "Train in float16 with loss scaling.")
     use_fused_rmsnorm: bool = opt(False, "Fused RMSNorm kernel (NPU: MindSpeed; CUDA: TE; CPU: torch).")
     use_fused_swiglu: bool = opt(False, "Fused SwiGLU kernel where the device has one.")

@@ -14,7 +14,7 @@ from .generate_config import GenerateConfig
 from .judge_config import JudgeConfig
 from .megatron_config import MegatronConfig
 from .model_config import ModelConfig
-from .precision_rules import derive_rollout_correction
+from .precision_rules import PrecisionChoice, derive_rollout_correction
 from .profiler_config import RoleProfilerConfig, build_profiler_config
 from .rl_config import RLConfig, build_rl_section
 from .rules import check_cross_fields
@@ -82,6 +82,8 @@ class PPOConfig:
     judge: Optional[JudgeConfig] = None  # the generative judge (rewards/judge.py)
     dry_run: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+    # bf16 / dtype auto settled with the device's answer (precision_rules.settle_precision); None until then
+    precision: Optional[PrecisionChoice] = None
 
     @property
     def prompts_per_iteration(self) -> int:

@@ -1,17 +1,173 @@
-"""Low-precision rollout (``generate_config.rollout_quantization``): what it derives and what it refuses. The
-engines run the policy quantized, so the trainer samples from a policy other than the one it trains: the
-rollout correction is on unless the config says ``off``."""
+"""Precision: what each role trains in (``bf16: auto`` settled with the device's answer), what the rollout engines
+run in (``generate_config.dtype: auto`` follows the actor), and low-precision rollout
+(``generate_config.rollout_quantization``): the derived values and refusals of both. Nothing here asks the device:
+the accelerator answers with a :class:`HostPrecision` and :func:`settle_precision` applies it; until then a
+config that says ``auto`` is unsettled and nothing may build a model from it."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, List, Optional
 
 from .base import ConfigError
 
 if TYPE_CHECKING:
     from .generate_config import GenerateConfig
-    from .ppo_config import PPOConfig
+    from .ppo_config import PPOConfig, RoleConfig
     from .rl_config import RLConfig
+
+AUTO = "auto"
+# the vLLM dtype of each trained precision (generate_config.dtype: auto follows the actor)
+ENGINE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+@dataclass
+class HostPrecision:
+    """The device's answer (``Accelerator.host_precision``): does it run bf16 natively, and why (one clause for
+    the plan: "this CPU has no native bf16: AVX2"). ``bf16_slowdown``: bf16 matmul time over fp32's, measured
+    (filled in only where bf16 is not native and a role asks for it)."""
+
+    native_bf16: bool
+    why: str
+    bf16_slowdown: Optional[float] = None
+
+
+@dataclass
+class PrecisionChoice:
+    """What a run trains and generates in, settled once (``PPOConfig.precision``, in run.json and the report)."""
+
+    trained: str  # the actor's: bf16, fp16 or fp32
+    engine_dtype: str  # the rollout engines' vLLM dtype ("" without engines)
+    summary: str  # the plan's line and the report's row: "fp32 (this CPU has no native bf16: AVX2)"
+    warning: Optional[str] = None  # bf16 asked for explicitly where the device only emulates it
+    rollout_note: Optional[str] = None  # what a family whose engine kernels need bf16 does under this choice
+
+
+def precision_lines(cfg: Any) -> List[str]:
+    """The batch plan's lines: what the run trains and generates in, and why."""
+    choice = getattr(cfg, "precision", None)
+    if choice is None:  # a config built in code: its run settles it
+        return [f"  precision : bf16 {_given_bf16(cfg)} (settled from the device when the run starts)"]
+    return [f"  precision : {choice.summary}"] + ([f"  rollout   : {choice.rollout_note}"] if choice.rollout_note else [])
+
+
+def trained_precision(m: Any) -> str:
+    """bf16, fp16 or fp32 of a settled MegatronConfig."""
+    if m.bf16 == AUTO:
+        raise ValueError("megatron bf16 is still auto: settle_precision() decides it from the device first")
+    return "bf16" if m.bf16 else "fp16" if m.fp16 else "fp32"
+
+
+def check_training_precision_keys(role: RoleConfig) -> None:
+    """``bf16`` and ``fp16`` are not both on, and ``auto`` (bf16 where the device runs it natively, else fp32)
+    does not sit beside ``fp16: true``."""
+    m = role.megatron
+    if m.bf16 == AUTO and m.fp16:
+        raise ConfigError(
+            f"{role.name}_config.bf16",
+            "auto together with fp16: true; auto picks bf16 or fp32 from the device: set fp16 false, or bf16 false "
+            "to train in fp16",
+        )
+    if m.bf16 is True and m.fp16:
+        raise ConfigError(f"{role.name}_config.fp16", "bf16 and fp16 are both true; pick one")
+
+
+def settled(cfg: Any) -> bool:
+    return getattr(cfg, "precision", None) is not None
+
+
+def needs_answer(cfg: Any) -> bool:
+    """Whether settling needs the device's answer: a role's bf16 is auto. (A role that trains in bf16 as set takes
+    one too where it can be had: the device may only emulate bf16, which earns one warning.)"""
+    return any(m.bf16 == AUTO for m in [cfg.megatron_training] + [role.megatron for role in roles_of(cfg)])
+
+
+def roles_of(cfg: Any) -> List[RoleConfig]:
+    """Every role a run builds a precision for: its roles, and a PPO run's critic even where it starts none."""
+    critic = getattr(cfg, "critic", None)
+    return list(cfg.roles) + ([critic] if critic is not None and critic not in cfg.roles else [])
+
+
+def settle_precision(cfg: Any, host: Optional[HostPrecision]) -> PrecisionChoice:
+    """Every ``bf16: auto`` becomes the device's answer (bf16 where it runs bf16 natively, else fp32), the engines'
+    ``dtype: auto`` the actor's precision, and the choice with its reason is recorded as ``cfg.precision``.
+    ``host``: the device's answer (None only where :func:`needs_answer` is false)."""
+    if settled(cfg):
+        return cfg.precision
+    if needs_answer(cfg) and host is None:
+        raise ValueError("settle_precision needs the device's answer (HostPrecision) for this config")
+    set_bf16 = []
+    for m in [cfg.megatron_training] + [role.megatron for role in roles_of(cfg)]:
+        if m.bf16 == AUTO:
+            m.bf16 = host.native_bf16
+        elif m.bf16 is True and m is not cfg.megatron_training:
+            set_bf16.append(m)
+    actor = cfg.roles[0]
+    trained = trained_precision(actor.megatron)
+    gen = getattr(cfg, "generate", None)
+    engine_dtype = ""
+    if gen is not None:
+        engine_dtype = gen.dtype = ENGINE_DTYPES[trained] if gen.dtype == AUTO else gen.dtype
+    choice = PrecisionChoice(trained, engine_dtype, summary(cfg, host, gen), bf16_warning(cfg, host, set_bf16))
+    if gen is not None:
+        check_rollout_precision_keys(cfg)  # the engines' dtype is known now
+    cfg.precision = choice
+    return choice
+
+
+def summary(cfg: Any, host: Optional[HostPrecision], gen: Optional[GenerateConfig]) -> str:
+    """"fp32 (bf16: auto; this CPU has no native bf16: AVX2); rollout engines float32 (dtype auto: the actor's)"."""
+    given = _given_bf16(cfg)
+    per_role = {role.name: trained_precision(role.megatron) for role in cfg.roles}
+    text = (
+        next(iter(per_role.values()))
+        if len(set(per_role.values())) == 1
+        else ", ".join(f"{name} {p}" for name, p in per_role.items())
+    )
+    why = [f"bf16: {given}"]
+    if host is not None and (given == AUTO or "bf16" in per_role.values()):
+        why.append(host.why + (f", bf16 matmuls {host.bf16_slowdown:.0f}x slower than fp32" if _slow(host) else ""))
+    text += f" ({'; '.join(why)})"
+    if gen is not None:
+        how = "dtype auto: the actor's" if gen_was_auto(cfg) else "as set"
+        text += f"; rollout engines {gen.dtype} ({how})"
+    return text
+
+
+def bf16_warning(cfg: Any, host: Optional[HostPrecision], set_bf16: list) -> Optional[str]:
+    """One warning where a role trains in bf16 as set and the device only emulates it (the measured cost)."""
+    if not set_bf16 or host is None or host.native_bf16:
+        return None
+    cost = f"; bf16 matmuls measured {host.bf16_slowdown:.0f}x slower than fp32 here" if _slow(host) else ""
+    return f"warning: {_bf16_key(cfg)} is true, but {host.why}{cost}; bf16: auto would train in fp32 here"
+
+
+def _slow(host: HostPrecision) -> bool:
+    return host.bf16_slowdown is not None and host.bf16_slowdown >= 1.5
+
+
+def _given_bf16(cfg: Any) -> str:
+    """The bf16 value the config gave the actor (auto, true or false), as written."""
+    raw = cfg.raw or {}
+    for section in (f"{cfg.roles[0].name}_config", "megatron_training"):
+        value = (raw.get(section) or {}).get("bf16")
+        if value is not None:
+            return str(value).lower()
+    return "false"
+
+
+def _bf16_key(cfg: Any) -> str:
+    raw = cfg.raw or {}
+    for role in roles_of(cfg):
+        if "bf16" in (raw.get(f"{role.name}_config") or {}):
+            return f"{role.name}_config.bf16"
+    return "megatron_training.bf16"
+
+
+def gen_was_auto(cfg: Any) -> bool:
+    """generate_config.dtype is auto as given, or by default."""
+    return str((cfg.raw.get("generate_config") or {}).get("dtype", AUTO)).lower() == AUTO
+
 
 # the engine dtypes each precision runs (vLLM refuses float32 with FP8; INT8 takes it where the device's kernel does)
 QUANTIZED_DTYPES = {"fp8": ("bfloat16", "float16"), "int8": ("bfloat16", "float16", "float32")}
@@ -37,10 +193,11 @@ def check_rollout_precision_keys(cfg: PPOConfig) -> None:
             f"{precision} quantizes vLLM engines; backend fallback (megatron-core) runs the trained weights as "
             "they are: set backend auto or vllm",
         )
-    if gen.dtype not in QUANTIZED_DTYPES[precision]:
+    if gen.dtype != AUTO and gen.dtype not in QUANTIZED_DTYPES[precision]:  # auto: checked once settled
+        given = f"auto ({gen.dtype}: the actor trains in {trained_precision(cfg.actor.megatron)})" if gen_was_auto(cfg) else gen.dtype
         raise ConfigError(
             "generate_config.dtype",
-            f"{gen.dtype}, but rollout_quantization {precision} runs an engine of dtype "
+            f"{given}, but rollout_quantization {precision} runs an engine of dtype "
             f"{' or '.join(QUANTIZED_DTYPES[precision])}",
         )
     if gen.weight_transfer == "vllm_native":

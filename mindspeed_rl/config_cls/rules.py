@@ -24,7 +24,7 @@ from .logging_config import check_logging_keys
 from .megatron_config import STAGE_ENTRY_POINTS
 from .memory_rules import check_memory_switches
 from .pipeline_rules import check_pipeline_layers
-from .precision_rules import check_rollout_precision_keys
+from .precision_rules import check_rollout_precision_keys, check_training_precision_keys
 
 if TYPE_CHECKING:
     from .ppo_config import PPOConfig, RoleConfig
@@ -189,8 +189,7 @@ def check_role_training(role: RoleConfig) -> None:
     """Precision, learning-rate floor, HF copies of checkpoints, recomputation and MindSpeed's switches."""
     m = role.megatron
     check_memory_switches(role)
-    if m.bf16 and m.fp16:
-        raise ConfigError(role_key(role, "fp16"), "bf16 and fp16 are both true; pick one")
+    check_training_precision_keys(role)
     if m.min_lr > m.lr:
         raise ConfigError(role_key(role, "min_lr"), f"{m.min_lr} is above lr {m.lr}")
     if m.save_hf and not m.save:

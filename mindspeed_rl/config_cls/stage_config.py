@@ -23,6 +23,7 @@ from .dpo_config import DPOConfig
 from .feature_rules import LORA_TARGETS, check_lora_rank
 from .logging_config import LoggingKeys, check_logging_keys
 from .megatron_config import MegatronConfig
+from .precision_rules import PrecisionChoice
 from .ppo_config import RoleConfig, _role, model_and_base
 from .rl_config import RLConfig, build_rl_section
 from .rules import check_role_parallelism, check_role_training
@@ -74,6 +75,7 @@ class StageConfig:
     dry_run: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
     dpo: Optional[DPOConfig] = None  # the dpo stage's dpo_config
+    precision: Optional[PrecisionChoice] = None  # bf16 auto settled (precision_rules.settle_precision)
 
     @property
     def roles(self) -> List[RoleConfig]:

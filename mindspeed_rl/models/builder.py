@@ -17,6 +17,7 @@ from ..accelerator import accelerator_class, get_accelerator
 from ..compat import megatron_core as compat_megatron
 from ..config_cls.megatron_config import MegatronConfig
 from ..config_cls.model_config import ModelConfig
+from ..config_cls.precision_rules import trained_precision
 from ..families import get_family
 
 log = logging.getLogger(__name__)
@@ -30,11 +31,8 @@ def _say_once(message: str) -> None:
 
 
 def params_dtype(megatron: MegatronConfig) -> torch.dtype:
-    if megatron.bf16:
-        return torch.bfloat16
-    if megatron.fp16:
-        return torch.float16
-    return torch.float32
+    """The weights' dtype (ValueError while bf16 is still auto: the run settles it from the device first)."""
+    return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[trained_precision(megatron)]
 
 
 def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optional[str] = None):

@@ -18,16 +18,18 @@ from ..config_cls.feature_rules import agent_rollout_function
 from ..config_cls.loader import load_ppo_config
 from ..config_cls.model_config import ModelConfig
 from ..config_cls.ppo_config import PPOConfig, build_model_section
+from .precision import settle_run_precision
 
 if TYPE_CHECKING:
     from ..tools.registry import ToolSpec
 
 
 def load_run_config(config_name: str, overrides: Sequence[str] = (), config_dir: Optional[str] = None) -> PPOConfig:
-    """The run config loaded and checked (load_ppo_config), then its names resolved."""
+    """The run config loaded and checked (load_ppo_config), then its names resolved and its precision settled."""
     cfg = load_ppo_config(config_name, overrides, config_dir)
     check_run_names(cfg)
     forced_device_kind()  # MINDSPEED_RL_DEVICE names a kind (its device is checked when the run starts)
+    settle_run_precision(cfg)
     return cfg
 
 

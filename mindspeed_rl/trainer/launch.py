@@ -156,9 +156,11 @@ def placement_keys(cfg: PPOConfig) -> str:
 def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     from ..config_cls.ppo_config import to_plain
     from .plan import batch_plan
+    from .precision import settle_run_precision
     from .preflight import preflight
     from .report import write_run_info
 
+    settle_run_precision(cfg)  # settled by the entry point already; a config built in code settles here
     tokenizer = load_tokenizer(cfg.actor.megatron.tokenizer_name_or_path, "megatron_training.tokenizer_name_or_path")
     dataset, test_dataset = open_prompts(cfg)
     run_dir, log_dir = new_run_dir(cfg.rl)

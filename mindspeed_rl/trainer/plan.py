@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING, List
 
 from ..config_cls.feature_rules import agent_rollout_function, filter_metric_name, partial_chunk
+from ..config_cls.precision_rules import precision_lines
 from ..config_cls.rules import VALIDATION_OFF, validates
 from .layout import cp_groups, describe_blocks, dp_groups, engine_blocks, layout_diagram
 from .probes import devices_per_node
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
 
 def batch_plan(cfg: PPOConfig) -> str:
     """A human-readable account of how one iteration's samples are split."""
-    lines = iteration_lines(cfg) + rollout_feature_lines(cfg) + distillation_lines(cfg) + judge_lines(cfg)
+    lines = iteration_lines(cfg) + precision_lines(cfg) + rollout_feature_lines(cfg) + distillation_lines(cfg)
+    lines += judge_lines(cfg)
     if cfg.actor.megatron.test_data_path and not validates(cfg):
         lines.append(f"  validation: {VALIDATION_OFF.format(path=cfg.actor.megatron.test_data_path)}")
     lines += [role_split_line(role, cfg) for role in cfg.roles]
@@ -382,7 +384,7 @@ def stage_plan(cfg: "StageConfig") -> str:
         f"of {m.micro_batch_size} {unit}",
         f"  sequences : up to seq_length {m.seq_length} tokens; "
         + ("packed (use_remove_padding)" if cfg.rl.use_remove_padding else "padded"),
-    ]
+    ] + precision_lines(cfg)
     head_note = "; the value head trains with the adapters" if m.lora_r and spec.name == "rm" else ""
     lines.append(f"  memory    : {trainable_memory(role)}{head_note}")
     measured = {"rm": "pair accuracy", "sft": "loss and perplexity", "dpo": "loss and reward accuracy"}[spec.name]

@@ -88,7 +88,7 @@ SUMMARY_KEYS = (
             "actor.megatron.pipeline_model_parallel_size",
         ),
     ),
-    ("bf16", "megatron_training.bf16"),
+    ("precision", "precision.summary"),
     ("rollout backend / infer TP", ("generate.backend", "generate.infer_tensor_parallel_size")),
     ("temperature / top_p", ("generate.sampling_config.temperature", "generate.sampling_config.top_p")),
     ("max new tokens", "generate.sampling_config.max_tokens"),

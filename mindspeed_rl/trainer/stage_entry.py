@@ -10,6 +10,7 @@ from ..config_cls.loader import load_stage_config
 from ..utils.cli import parse_run_args, validated_only
 from .config_names import check_model_family
 from .plan import stage_plan
+from .precision import settle_run_precision
 from .probes import missing_paths
 
 
@@ -18,6 +19,7 @@ def run_stage(stage: str, argv: Optional[Sequence[str]], doc: Optional[str]) -> 
     cfg = load_stage_config(stage, args.config_name, args.overrides, args.config_dir)
     check_model_family(cfg.role.model, f"model.{cfg.role.megatron.model}")
     forced_device_kind()  # MINDSPEED_RL_DEVICE names a kind (its device is checked when the run starts)
+    settle_run_precision(cfg)
     print(stage_plan(cfg), flush=True)
     if validated_only(cfg.dry_run, args.check, missing_paths(cfg)):
         return 0

@@ -69,8 +69,10 @@ def train(cfg: StageConfig) -> List[Dict[str, float]]:
     from ..config_cls.ppo_config import to_plain
     from ..datasets.prompt_dataset import PromptSampler
     from .loggers import MetricsLogger
+    from .precision import settle_run_precision
     from .report import write_run_info
 
+    settle_run_precision(cfg)  # settled by the entry point already; a config built in code settles here
     m, rl, unit = cfg.role.megatron, cfg.rl, cfg.stage.unit
     worker_cls, trainer_cls = stage_parts(cfg)
     dataset, test_dataset = open_datasets(cfg, trainer_cls)
