@@ -23,9 +23,10 @@ sys.path.insert(0, ROOT)
 def config_for(name: str, root: str):
     from mindspeed_rl.config_cls import load_ppo_config
     from mindspeed_rl.demo.assets import prepare
+    from mindspeed_rl.trainer.config_names import load_run_config
 
     paths = prepare(os.path.join(root, "assets"), load_ppo_config(name).actor.model.padded_vocab_size)
-    return load_ppo_config(
+    return load_run_config(  # precision settled as a run's is
         name,
         [
             f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",

@@ -100,19 +100,29 @@ def test_auto_beside_fp16_and_auto_on_a_device_that_is_not_here_exit_2_naming_th
         reset_accelerator()
 
 
-def test_the_plan_says_what_a_family_with_bf16_only_engine_kernels_does_in_fp32(monkeypatch):
-    monkeypatch.setattr(cpu_accelerator, "cpu_bf16_facts", lambda: ("AVX2", False, []))
-    name = "tiny_qwen3_next"
-    cfg = load_ppo_config("grpo_tiny_cpu", [f"megatron_training.model={name}", f"actor_config.model={name}"])
-    cfg.actor.megatron.bf16 = cfg.megatron_training.bf16 = "auto"
-    cfg.generate.dtype = "auto"
-    choice = settle_run_precision(cfg)
+@pytest.mark.parametrize(
+    "facts,dtype,says",
+    [
+        (("AVX2", False, []), "auto", "Gated DeltaNet runs in bfloat16 only"),  # fp32 engines where bf16 is emulated
+        (("AVX2", False, []), "bfloat16", "Gated DeltaNet kernel needs native bf16, and this CPU has no native bf16"),
+        (("AVX512", True, ["AVX512-BF16"]), "float32", "generate_config.dtype bfloat16 keeps vLLM"),
+        (("AVX512", True, ["AVX512-BF16"]), "bfloat16", None),  # vLLM runs it
+    ],
+)
+def test_the_plan_says_what_a_family_whose_engine_kernels_need_bf16_does(monkeypatch, facts, dtype, says):
     if cpu_accelerator.compat_vllm.cpu_gated_deltanet_unavailable():
         pytest.skip(cpu_accelerator.compat_vllm.cpu_gated_deltanet_unavailable())
-    assert choice.trained == "fp32" and choice.rollout_note, choice
-    assert "Gated DeltaNet runs in bfloat16 only" in choice.rollout_note
-    assert "the megatron-core engine generates instead" in choice.rollout_note
-    assert f"  rollout   : {choice.rollout_note}" in batch_plan(cfg)
+    monkeypatch.setattr(cpu_accelerator, "cpu_bf16_facts", lambda: facts)
+    name = "tiny_qwen3_next"
+    model = [f"megatron_training.model={name}", f"actor_config.model={name}", "megatron_training.bf16=auto"]
+    cfg = load_ppo_config("grpo_tiny_cpu", model + [f"generate_config.dtype={dtype}"])
+    choice = settle_run_precision(cfg)
+    assert choice.trained == ("bf16" if facts[1] else "fp32"), choice
+    if says is None:
+        assert choice.rollout_note is None and "  kernels   :" not in batch_plan(cfg)
+        return
+    assert says in choice.rollout_note and "the megatron-core engine generates instead" in choice.rollout_note
+    assert f"  kernels   : {choice.rollout_note}" in batch_plan(cfg)
 
 
 def test_the_bf16_cost_probe_is_quick_and_measures():

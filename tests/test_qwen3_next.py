@@ -123,7 +123,12 @@ def test_vllm_on_cpu_is_refused_in_float32_and_for_other_head_sizes():
 
     assert "bfloat16 only" in CpuAccelerator.vllm_unusable_reason(64, linear_head_dims=(128, 128), dtype="float32")
     assert "128 only" in CpuAccelerator.vllm_unusable_reason(64, linear_head_dims=(64, 128), dtype="bfloat16")
-    assert CpuAccelerator.vllm_unusable_reason(64, linear_head_dims=(128, 128), dtype="bfloat16") is None
+    assert (
+        CpuAccelerator.vllm_unusable_reason(64, linear_head_dims=(128, 128), dtype="bfloat16", native_bf16=True) is None
+    )
+    # its kernel stops on a CPU without native bf16 (AVX2)
+    without = CpuAccelerator.vllm_unusable_reason(64, linear_head_dims=(128, 128), dtype="bfloat16", native_bf16=False)
+    assert "needs native bf16" in without
 
 
 def test_the_80b_recipe_plans_its_layout(capsys):

@@ -115,11 +115,16 @@ class Accelerator:
 
     @classmethod
     def vllm_unusable_reason(
-        cls, head_dim: int, latent: bool = False, linear_head_dims: Optional[Tuple[int, int]] = None, dtype=None
+        cls,
+        head_dim: int,
+        latent: bool = False,
+        linear_head_dims: Optional[Tuple[int, int]] = None,
+        dtype=None,
+        native_bf16: Optional[bool] = None,
     ) -> Optional[str]:
         """Why vLLM's attention on this kind cannot run heads of ``head_dim`` (``latent``: multi-latent attention's
-        latent + RoPE head; ``linear_head_dims``: Gated DeltaNet's key and value heads, in an engine of ``dtype``);
-        None when it can."""
+        latent + RoPE head; ``linear_head_dims``: Gated DeltaNet's key and value heads, in an engine of ``dtype``;
+        ``native_bf16``: answer for a device with or without native bf16, None: this one); None when it can."""
         return None
 
     # generate_config.rollout_quantization -> vLLM's quantization method on this kind (none: not here):

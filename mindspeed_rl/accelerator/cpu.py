@@ -44,7 +44,8 @@ class CpuAccelerator(Accelerator):
         the instructions for it (AVX512-BF16 or AMX): oneDNN also takes plain AVX-512, emulating bf16 there."""
         capability, onednn, units = cpu_bf16_facts()
         if onednn and (units or platform.machine().lower() not in ("x86_64", "amd64")):
-            return HostPrecision(True, f"this CPU runs bf16 natively: {capability} with {' and '.join(units) or 'bf16'}")
+            with_units = " and ".join(units) or "bf16"
+            return HostPrecision(True, f"this CPU runs bf16 natively: {capability} with {with_units}")
         emulated = " (oneDNN emulates bf16 on it)" if onednn else ""
         return HostPrecision(False, f"this CPU has no native bf16: {capability}{emulated}")
 
@@ -96,7 +97,12 @@ class CpuAccelerator(Accelerator):
 
     @classmethod
     def vllm_unusable_reason(
-        cls, head_dim: int, latent: bool = False, linear_head_dims: Optional[Tuple[int, int]] = None, dtype=None
+        cls,
+        head_dim: int,
+        latent: bool = False,
+        linear_head_dims: Optional[Tuple[int, int]] = None,
+        dtype=None,
+        native_bf16: Optional[bool] = None,
     ) -> Optional[str]:
         missing = compat_vllm.cpu_gated_deltanet_unavailable() if linear_head_dims else ""
         if missing:
@@ -105,6 +111,10 @@ class CpuAccelerator(Accelerator):
             return f"vLLM's CPU Gated DeltaNet takes key and value heads of 128 only; the model has {linear_head_dims}"
         if linear_head_dims and dtype not in (None, "bfloat16"):
             return f"vLLM's CPU Gated DeltaNet runs in bfloat16 only (generate_config.dtype is {dtype})"
+        # its chunked kernel packs bf16 for oneDNN's brgemm, which AVX2 lacks (measured with oneDNN capped at AVX2:
+        # "BFloat16 Brgemm VNNI format is only supported on X64 when oneDNN ukernel is enabled and `amx` is supported")
+        if linear_head_dims and not (cls().host_precision().native_bf16 if native_bf16 is None else native_bf16):
+            return f"vLLM's CPU Gated DeltaNet kernel needs native bf16, and {cls().host_precision().why}"
         if latent:  # MLA: vLLM 0.32's CPU backend, whose decode kernel takes a 512 latent + a 64 RoPE key only
             if compat_vllm.cpu_mla_unavailable():
                 return compat_vllm.cpu_mla_unavailable()

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional
 
-from .base import ConfigError
+from .base import ConfigError, yaml_spelling
 
 if TYPE_CHECKING:
     from .generate_config import GenerateConfig
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 AUTO = "auto"
 # the vLLM dtype of each trained precision (generate_config.dtype: auto follows the actor)
 ENGINE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+HOW_DTYPE = {True: "dtype auto: the actor's", False: "as set"}
 
 
 @dataclass
@@ -47,8 +48,10 @@ def precision_lines(cfg: Any) -> List[str]:
     """The batch plan's lines: what the run trains and generates in, and why."""
     choice = getattr(cfg, "precision", None)
     if choice is None:  # a config built in code: its run settles it
-        return [f"  precision : bf16 {_given_bf16(cfg)} (settled from the device when the run starts)"]
-    return [f"  precision : {choice.summary}"] + ([f"  rollout   : {choice.rollout_note}"] if choice.rollout_note else [])
+        given = yaml_spelling(cfg.roles[0].megatron.bf16)
+        return [f"  precision : bf16 {given} (settled from the device when the run starts)"]
+    note = [f"  kernels   : {choice.rollout_note}"] if choice.rollout_note else []
+    return [f"  precision : {choice.summary}"] + note
 
 
 def trained_precision(m: Any) -> str:
@@ -95,29 +98,31 @@ def settle_precision(cfg: Any, host: Optional[HostPrecision]) -> PrecisionChoice
     if settled(cfg):
         return cfg.precision
     if needs_answer(cfg) and host is None:
-        raise ValueError("settle_precision needs the device's answer (HostPrecision) for this config")
+        raise ValueError("settle_precision needs the device's answer (HostPrecision) for bf16: auto")
+    actor, gen = cfg.roles[0], getattr(cfg, "generate", None)
+    given, gen_auto = yaml_spelling(actor.megatron.bf16), gen is not None and gen.dtype == AUTO
     set_bf16 = []
     for m in [cfg.megatron_training] + [role.megatron for role in roles_of(cfg)]:
         if m.bf16 == AUTO:
-            m.bf16 = host.native_bf16
+            m.bf16 = host is not None and host.native_bf16
         elif m.bf16 is True and m is not cfg.megatron_training:
             set_bf16.append(m)
-    actor = cfg.roles[0]
     trained = trained_precision(actor.megatron)
-    gen = getattr(cfg, "generate", None)
     engine_dtype = ""
     if gen is not None:
-        engine_dtype = gen.dtype = ENGINE_DTYPES[trained] if gen.dtype == AUTO else gen.dtype
-    choice = PrecisionChoice(trained, engine_dtype, summary(cfg, host, gen), bf16_warning(cfg, host, set_bf16))
-    if gen is not None:
-        check_rollout_precision_keys(cfg)  # the engines' dtype is known now
+        engine_dtype = gen.dtype = ENGINE_DTYPES[trained] if gen_auto else gen.dtype
+        check_rollout_precision_keys(cfg, gen_auto)  # the engines' dtype is known now
+    engines = f"{engine_dtype} ({HOW_DTYPE[gen_auto]})" if gen is not None else ""
+    choice = PrecisionChoice(
+        trained, engine_dtype, summary(cfg, host, given, engines), bf16_warning(cfg, host, set_bf16)
+    )
     cfg.precision = choice
     return choice
 
 
-def summary(cfg: Any, host: Optional[HostPrecision], gen: Optional[GenerateConfig]) -> str:
-    """"fp32 (bf16: auto; this CPU has no native bf16: AVX2); rollout engines float32 (dtype auto: the actor's)"."""
-    given = _given_bf16(cfg)
+def summary(cfg: Any, host: Optional[HostPrecision], given: str, engines: str) -> str:
+    """ "fp32 (bf16: auto; this CPU has no native bf16: AVX2); rollout engines float32 (dtype auto: the actor's)"
+    (``given``: the actor's bf16 as the config gave it; ``engines``: the engines' dtype and why, "" without)."""
     per_role = {role.name: trained_precision(role.megatron) for role in cfg.roles}
     text = (
         next(iter(per_role.values()))
@@ -127,11 +132,7 @@ def summary(cfg: Any, host: Optional[HostPrecision], gen: Optional[GenerateConfi
     why = [f"bf16: {given}"]
     if host is not None and (given == AUTO or "bf16" in per_role.values()):
         why.append(host.why + (f", bf16 matmuls {host.bf16_slowdown:.0f}x slower than fp32" if _slow(host) else ""))
-    text += f" ({'; '.join(why)})"
-    if gen is not None:
-        how = "dtype auto: the actor's" if gen_was_auto(cfg) else "as set"
-        text += f"; rollout engines {gen.dtype} ({how})"
-    return text
+    return f"{text} ({'; '.join(why)})" + (f"; rollout engines {engines}" if engines else "")
 
 
 def bf16_warning(cfg: Any, host: Optional[HostPrecision], set_bf16: list) -> Optional[str]:
@@ -146,27 +147,13 @@ def _slow(host: HostPrecision) -> bool:
     return host.bf16_slowdown is not None and host.bf16_slowdown >= 1.5
 
 
-def _given_bf16(cfg: Any) -> str:
-    """The bf16 value the config gave the actor (auto, true or false), as written."""
-    raw = cfg.raw or {}
-    for section in (f"{cfg.roles[0].name}_config", "megatron_training"):
-        value = (raw.get(section) or {}).get("bf16")
-        if value is not None:
-            return str(value).lower()
-    return "false"
-
-
 def _bf16_key(cfg: Any) -> str:
+    """Where the config sets bf16: a role's section, else megatron_training."""
     raw = cfg.raw or {}
     for role in roles_of(cfg):
         if "bf16" in (raw.get(f"{role.name}_config") or {}):
             return f"{role.name}_config.bf16"
     return "megatron_training.bf16"
-
-
-def gen_was_auto(cfg: Any) -> bool:
-    """generate_config.dtype is auto as given, or by default."""
-    return str((cfg.raw.get("generate_config") or {}).get("dtype", AUTO)).lower() == AUTO
 
 
 # the engine dtypes each precision runs (vLLM refuses float32 with FP8; INT8 takes it where the device's kernel does)
@@ -179,7 +166,7 @@ def derive_rollout_correction(rl: RLConfig, gen: GenerateConfig) -> None:
         rl.rollout_correction.rollout_is = "token"
 
 
-def check_rollout_precision_keys(cfg: PPOConfig) -> None:
+def check_rollout_precision_keys(cfg: PPOConfig, settled_from_auto: bool = False) -> None:
     """A quantized rollout needs a vLLM engine (FP8: of a 16-bit dtype; INT8: the device decides, in the
     preflight) fed by our weight channel (its updates go through vLLM's reload, which processes them again: FP8
     quantized there, INT8 before the transfer)."""
@@ -194,7 +181,9 @@ def check_rollout_precision_keys(cfg: PPOConfig) -> None:
             "they are: set backend auto or vllm",
         )
     if gen.dtype != AUTO and gen.dtype not in QUANTIZED_DTYPES[precision]:  # auto: checked once settled
-        given = f"auto ({gen.dtype}: the actor trains in {trained_precision(cfg.actor.megatron)})" if gen_was_auto(cfg) else gen.dtype
+        given = gen.dtype
+        if settled_from_auto:
+            given = f"auto ({gen.dtype}: the actor trains in {trained_precision(cfg.actor.megatron)})"
         raise ConfigError(
             "generate_config.dtype",
             f"{given}, but rollout_quantization {precision} runs an engine of dtype "

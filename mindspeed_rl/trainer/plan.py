@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING, List
 
 from ..config_cls.feature_rules import agent_rollout_function, filter_metric_name, partial_chunk
+from ..config_cls.judge_config import judge_plan_lines
 from ..config_cls.precision_rules import precision_lines
 from ..config_cls.rules import VALIDATION_OFF, validates
 from .layout import cp_groups, describe_blocks, dp_groups, engine_blocks, layout_diagram
@@ -19,7 +20,7 @@ if TYPE_CHECKING:
 def batch_plan(cfg: PPOConfig) -> str:
     """A human-readable account of how one iteration's samples are split."""
     lines = iteration_lines(cfg) + precision_lines(cfg) + rollout_feature_lines(cfg) + distillation_lines(cfg)
-    lines += judge_lines(cfg)
+    lines += judge_plan_lines(cfg)
     if cfg.actor.megatron.test_data_path and not validates(cfg):
         lines.append(f"  validation: {VALIDATION_OFF.format(path=cfg.actor.megatron.test_data_path)}")
     lines += [role_split_line(role, cfg) for role in cfg.roles]
@@ -129,28 +130,6 @@ def distillation_lines(cfg: PPOConfig) -> List[str]:
         f"  distill   : teacher {teacher.megatron.model} from {teacher.megatron.load} ({where}) scores every sampled "
         f"token; A = A_reward + {rl.distill_coef:g} x {rl.distill_loss} ({clip})"
     ]
-
-
-def judge_lines(cfg: PPOConfig) -> List[str]:
-    """How the generative judge is served and weighted."""
-    j = cfg.judge
-    if j is None:
-        return []
-    if j.serve == "http":
-        where = (
-            f"{j.base_url} model {j.model_name!r} ({j.api}), {j.concurrency} requests in flight, timeout {j.timeout:g}s"
-        )
-    else:
-        engines = cfg.judge_devices // j.infer_tensor_parallel_size
-        where = (
-            f"{engines} engine(s) of infer TP {j.infer_tensor_parallel_size} on {cfg.judge_devices} device(s) of "
-            f"its own, {j.load}"
-        )
-    when = "finished groups judged while the batch generates" if j.overlap else "after each scoring call"
-    lines = [f"  judge     : weight {j.weight:g}; {where}; {when}"]
-    if j.unused:
-        lines.append(f"  judge keys: not used with serve {j.serve}: {', '.join(j.unused)}")
-    return lines
 
 
 def role_split_line(role, cfg: PPOConfig) -> str:

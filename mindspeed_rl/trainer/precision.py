@@ -67,11 +67,11 @@ def device_answer(cfg: Any) -> Optional[HostPrecision]:
 
 
 def rollout_note(cfg: Any, host: Optional[HostPrecision]) -> Optional[str]:
-    """Where this device's vLLM kernels for the actor's model run in bf16 only and the engines are not bf16: what
-    happens instead (the megatron-core engine under backend auto) and why, for the plan."""
+    """Where this device's vLLM kernels for the actor's model need bf16 and the engines are not bf16, or need native
+    bf16 and the device has none: what happens instead (the megatron-core engine under backend auto) and why."""
     gen = getattr(cfg, "generate", None)
     kind = device_kind()
-    if gen is None or kind is None or gen.backend == "fallback" or gen.dtype == "bfloat16":
+    if gen is None or kind is None or gen.backend == "fallback":
         return None
     from ..families import get_family
 
@@ -79,14 +79,19 @@ def rollout_note(cfg: Any, host: Optional[HostPrecision]) -> Optional[str]:
     family = get_family(model.model_type_hf)
     linear = (model.linear_key_head_dim, model.linear_value_head_dim) if model.linear_attention_freq else None
 
-    def reason(dtype: str) -> Optional[str]:
+    def reason(dtype: str, native_bf16: Optional[bool] = None) -> Optional[str]:
         return accelerator_class(kind).vllm_unusable_reason(
-            family.vllm_head_dim(model), latent=model.multi_latent_attention, linear_head_dims=linear, dtype=dtype
+            family.vllm_head_dim(model),
+            latent=model.multi_latent_attention,
+            linear_head_dims=linear,
+            dtype=dtype,
+            native_bf16=native_bf16,
         )
 
     now = reason(gen.dtype)
-    if not now or reason("bfloat16"):
-        return None
+    if not now or reason("bfloat16", native_bf16=True):
+        return None  # vLLM runs it here, or cannot for a reason that is not the precision
     then = "the megatron-core engine generates instead" if gen.backend == "auto" else "backend vllm is refused"
-    cost = f", emulated: {host.why}" if host is not None and not host.native_bf16 else ""
-    return f"{now}: {then}; generate_config.dtype bfloat16 keeps vLLM (in bf16{cost})"
+    if host is not None and not host.native_bf16:
+        return f"{now}: {then}"
+    return f"{now}: {then}; generate_config.dtype bfloat16 keeps vLLM"
