@@ -6,11 +6,13 @@ import re
 
 from mindspeed_rl.config_cls import load_ppo_config
 from mindspeed_rl.config_cls.ppo_config import to_plain
+from mindspeed_rl.config_cls.precision_rules import HostPrecision, settle_precision
 from mindspeed_rl.trainer import report
 
 
 def write_run(run_dir, iterations=4):
     cfg = load_ppo_config("ppo_tiny_cpu", [])
+    settle_precision(cfg, HostPrecision(False, "this CPU has no native bf16: AVX2"))  # as a run settles it
     resolved = {k: v for k, v in to_plain(cfg).items() if k != "raw"}
     report.write_run_info(
         str(run_dir),
@@ -56,6 +58,7 @@ def test_report_is_self_contained_with_summary_plan_curves_and_final_numbers(tmp
     # config summary from the resolved config, the batch plan, the command
     assert "<th>model</th><td>tiny_qwen25</td>" in text
     assert "<th>samples per prompt</th><td>8</td>" in text
+    assert "<th>precision</th><td>fp32 (bf16: auto; this CPU has no native bf16: AVX2); rollout engines" in text
     assert "<th>advantages / policy loss / aggregation</th><td>gae / vanilla / token-mean</td>" in text
     assert "16 prompts x 8 samples" in text and "--config-name ppo_tiny_cpu" in text
     # the final numbers: last iteration, first -> last score, validation first -> last and best
