@@ -1061,6 +1061,31 @@ def test_a_sigterm_dropped_in_a_del_is_raised_again_at_the_next_check(capsys):
     raise_if_terminated()  # the block is over: the SIGTERM was its own
 
 
+def test_a_sigterm_that_ray_init_would_swallow_still_stops_the_run(monkeypatch):
+    """ray.init puts its own SIGTERM handler (sys.exit) in place while it runs; a SystemExit raised where Python drops
+    it (a lock release, a __del__) left the process running. init_ray keeps the process's handler instead, and the
+    signal raises once ray.init returns."""
+    import ray
+    from ray._private import utils as ray_utils
+
+    from mindspeed_rl.trainer.ray_run import init_ray
+    from mindspeed_rl.utils.cli import Terminated, stop_on_sigterm
+
+    def init(**kwargs):
+        ray_utils.set_sigterm_handler(lambda signum, frame: sys.exit(signum))  # as ray.init does first
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)  # the handler runs here
+        except BaseException:  # noqa: BLE001 - what Python does with an exception raised in a __del__
+            pass
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init)
+    with stop_on_sigterm():
+        with pytest.raises(Terminated):
+            init_ray({})
+
+
 SIGTERM_STAGES = """
 import sys, time
 from mindspeed_rl.utils.cli import report_user_errors, stop_on_sigterm

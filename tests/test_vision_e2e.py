@@ -1,11 +1,11 @@
 """The vision twin on the whole pipeline (Ray + megatron-core + vLLM on CPU): grpo_tiny_cpu_vision, a tiny
 Qwen2.5-VL asked the colour of a circle that only its picture shows. vLLM generates from the prompts' images, the
 actor and the reference take their pixel values, the weights (projector and language model) go back to vLLM every
-iteration. Held-out accuracy, sampled at temperature 1, rises from chance (0.25) to at least 0.8 in 20 iterations;
+iteration. Held-out accuracy, sampled at temperature 1, rises from chance (0.25) to at least 0.7 in 20 iterations;
 the training forward reproduces vLLM's log-probs on the image prompts as on text. Partial rollout is on (chunks of
-2 tokens): image trajectories are parked across iterations, and iterations 17-20 resumed from the checkpoint of
-iteration 16 equal the straight run's. The cold start takes about 21 s, the runs about 60 + 20 s. (The
-blank-picture control stays at chance: docs/vision.md.)
+2 tokens): image trajectories are parked across iterations, and the iterations resumed from the last checkpoint
+(every 4 iterations) that holds parked trajectories equal the straight run's (16 on most hosts: 17-20). The cold
+start takes about 21 s, the runs about 60 + 20 s. (The blank-picture control stays at chance: docs/vision.md.)
 """
 
 import glob
@@ -18,7 +18,7 @@ from mindspeed_rl.checkpoint import megatron_layout as ml
 from tests.helpers import checkpoints_up_to, demo_config
 
 ITERATIONS = 20
-RESUMED_AFTER = 16
+SAVE_EVERY = 4  # the resume starts from the last of these checkpoints before the end that holds parked trajectories
 ACCURACY = "val/acc_for_ppo/mean@4"
 COMPARED = (
     "critic/score/mean",
@@ -45,7 +45,7 @@ def config(root, paths, iterations, **extra):
     keys = {
         "actor_config.load": paths["mcore"],
         "rl_config.partial_rollout_max_split": 4,  # 2-token chunks of the 8-token budget: trajectories park
-        "megatron_training.save_interval": RESUMED_AFTER,
+        "megatron_training.save_interval": SAVE_EVERY,
         "actor_config.no_load_optim": "false",
         "actor_config.no_load_rng": "false",
     }
@@ -73,13 +73,19 @@ def test_the_vision_twin_learns_to_look_and_resumes_with_images_in_flight(assets
         assert m["rollout/fresh_logprob_diff_max"] < 1e-4, (m["iteration"], m["rollout/fresh_logprob_diff_max"])
         assert m["response_length/mean"] < 8
     # the checkpoint of iteration 16 holds parked trajectories with their prompts' images
-    checkpoints_up_to(f"{root}/straight/ckpt/actor", f"{root}/split/ckpt/actor", RESUMED_AFTER)
-    parked = ml.load_rank(f"{root}/split/ckpt/actor", 0, 0)["trainer_state"]["rollout_source"]["pool"]
-    assert parked["trajectories"] and all(t["images"] for t in parked["trajectories"])
-    resume = {"actor_config.finetune": "false", "actor_config.load": f"{root}/split/ckpt/actor"}
-    second = train(config(f"{root}/split", paths, ITERATIONS, **resume))
-    assert [m["iteration"] for m in second] == list(range(RESUMED_AFTER + 1, ITERATIONS + 1))
-    for a, b in zip(history[RESUMED_AFTER:], second):
+    # a checkpoint that holds parked trajectories with their prompts' images (measured at 16; under ATen's AVX2
+    # kernels the policy of iteration 16 finished every response within its chunk, nothing parked)
+    for resumed_after in range(ITERATIONS - SAVE_EVERY, 0, -SAVE_EVERY):
+        split = f"{root}/split{resumed_after}/ckpt/actor"
+        checkpoints_up_to(f"{root}/straight/ckpt/actor", split, resumed_after)
+        parked = ml.load_rank(split, 0, 0)["trainer_state"]["rollout_source"]["pool"]
+        if parked["trajectories"]:
+            break
+    assert parked["trajectories"] and all(t["images"] for t in parked["trajectories"]), resumed_after
+    resume = {"actor_config.finetune": "false", "actor_config.load": split}
+    second = train(config(f"{root}/split{resumed_after}", paths, ITERATIONS, **resume))
+    assert [m["iteration"] for m in second] == list(range(resumed_after + 1, ITERATIONS + 1))
+    for a, b in zip(history[resumed_after:], second):
         for key in COMPARED:
             if key in a or key in b:
                 assert a[key] == pytest.approx(b[key], abs=1e-6), (a["iteration"], key)

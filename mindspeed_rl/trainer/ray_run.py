@@ -50,20 +50,32 @@ def init_ray(env: Dict[str, str], quiet: bool = False) -> None:
     import signal
     import threading
 
+    from ray._private import utils as ray_utils
+
     own_handler = threading.current_thread() is threading.main_thread()
     previous = signal.getsignal(signal.SIGTERM) if own_handler else None
+    # ray.init installs a SIGTERM handler of its own (sys.exit(15)) while it runs; raised inside a lock release or
+    # a __del__, that SystemExit is dropped and the process runs on. The process's handler stays instead: it
+    # records the signal, so raise_if_terminated raises it again when ray.init returns.
+    set_handler = getattr(ray_utils, "set_sigterm_handler", None)
+    keep_ours = own_handler and set_handler is not None and previous is raise_terminated
+    if keep_ours:
+        ray_utils.set_sigterm_handler = lambda handler: None
     try:
         if address:
             ray.init(address=address, **kwargs)
         else:
             ray.init(num_cpus=os.cpu_count(), **kwargs)
-    except SystemExit as exc:  # ray.init's own SIGTERM handler, in place while it runs, calls sys.exit(15)
+    except SystemExit as exc:  # ray.init's own SIGTERM handler, where it was installed, calls sys.exit(15)
         if exc.code != signal.SIGTERM:
             raise
         raise_terminated(signal.SIGTERM, None)
     finally:
-        if own_handler:  # the handler ray.init installed (exit 15) gives way to the process's
+        if keep_ours:
+            ray_utils.set_sigterm_handler = set_handler
+        if own_handler:  # a handler ray.init installed (exit 15) gives way to the process's
             signal.signal(signal.SIGTERM, previous)
+    raise_if_terminated()
 
 
 def describe_placement(pg) -> str:
