@@ -10,17 +10,6 @@ import pytest
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-# Models are built in the test processes too: megatron-core is imported as the CPU accelerator imports it (its
-# jit_fuser functions left uncompiled) before any test module imports it. A first import by a test module kept
-# torch.compile on them; once dynamo ran, inductor's kernel for Qwen3-Next's gated-attention output gave wrong
-# values under ATen's AVX2 kernels (logits off by 1.4 against transformers, depending on the tests before).
-from mindspeed_rl.accelerator import detect_device_kind  # noqa: E402
-
-if detect_device_kind() == "cpu":
-    from mindspeed_rl.accelerator.megatron_cpu_compat import import_without_compiled_fusers
-
-    import_without_compiled_fusers()
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 PYTHON = sys.executable

@@ -5,16 +5,9 @@ still applies the accelerator's patches and builds its own state."""
 
 import importlib
 
-from mindspeed_rl.accelerator import detect_device_kind
+import transformers  # noqa: F401
 
-if detect_device_kind() == "cpu":  # megatron-core as the CPU accelerator imports it (no compiled fusers)
-    from mindspeed_rl.accelerator.megatron_cpu_compat import import_without_compiled_fusers
-
-    import_without_compiled_fusers()
-
-import transformers  # noqa: E402,F401
-
-import mindspeed_rl.models.engine  # noqa: E402,F401
+import mindspeed_rl.models.engine  # noqa: F401 - megatron-core as the device kind runs it (models/__init__.py)
 import mindspeed_rl.rewards.pool_worker  # noqa: E402,F401
 import mindspeed_rl.rewards.verifiers  # noqa: E402,F401
 import tests.helpers  # noqa: E402,F401

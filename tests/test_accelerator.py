@@ -161,6 +161,22 @@ def test_megatron_core_on_cpu_is_imported_without_compiled_fusers():
     assert out.stdout.split() == ["True", "function", "False", "False", "True"], out.stderr[-2000:]
 
 
+def test_megatron_core_imported_first_by_a_model_module_has_no_compiled_fusers_either():
+    """A process whose first megatron-core import is one of our model modules (a test module, a CLI tool building a
+    model in-process) gets the CPU accelerator's import: no inductor kernels beside the workers' uncompiled ones."""
+    import subprocess
+
+    code = (
+        "import sys, torch\n"
+        "import mindspeed_rl.models.attention\n"
+        "from megatron.core.jit import jit_fuser\n"
+        "fn = lambda x: x\n"
+        "print(jit_fuser(fn) is fn, 'torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.getcwd())
+    assert out.stdout.split() == ["True", "False"], out.stderr[-2000:]
+
+
 def test_megatron_gpt_forward_backward_on_cpu():
     """A local-spec GPTModel trains a step on CPU once the accelerator has prepared megatron."""
     from mindspeed_rl.config_cls import MegatronConfig

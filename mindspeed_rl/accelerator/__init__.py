@@ -58,6 +58,19 @@ def get_accelerator() -> Accelerator:
     return _ACCELERATOR
 
 
+def import_megatron_core() -> None:
+    """megatron-core imported as this process's device kind runs it (CPU: its jit_fuser functions uncompiled); as it
+    is where the kind MINDSPEED_RL_DEVICE names is not usable here (its run says so when it starts)."""
+    try:
+        kind = detect_device_kind()
+    except DeviceUnavailable:
+        import importlib
+
+        importlib.import_module("megatron.core")
+        return
+    accelerator_class(kind).import_megatron()
+
+
 def reset_accelerator() -> None:
     """Forget the detected device (tests)."""
     global _ACCELERATOR
@@ -73,6 +86,7 @@ __all__ = [
     "detect_device_kind",
     "forced_device_kind",
     "get_accelerator",
+    "import_megatron_core",
     "make_accelerator",
     "reset_accelerator",
 ]

@@ -59,6 +59,13 @@ class Accelerator:
         """Memory in GiB: allocated, reserved, max_allocated (device), and host rss."""
         raise NotImplementedError
 
+    @classmethod
+    def import_megatron(cls) -> None:
+        """Import megatron-core as this kind runs it (here: as it is)."""
+        import importlib
+
+        importlib.import_module("megatron.core")
+
     def prepare_vllm(self) -> None:
         """Device-specific adjustments to vLLM before an in-process engine starts (none by default)."""
 

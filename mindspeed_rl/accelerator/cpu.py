@@ -59,6 +59,12 @@ class CpuAccelerator(Accelerator):
         rss = host_rss_gib()
         return {"allocated_gib": rss, "reserved_gib": rss, "max_allocated_gib": rss, "host_rss_gib": rss}
 
+    @classmethod
+    def import_megatron(cls) -> None:
+        from .megatron_cpu_compat import import_without_compiled_fusers
+
+        import_without_compiled_fusers()
+
     def prepare_megatron(self) -> None:
         from .megatron_cpu_compat import apply
 
