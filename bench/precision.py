@@ -18,25 +18,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-def gflops(dtype, size: int, repeats: int = 3) -> float:
-    import torch
-
-    a = torch.randn(size, size).to(dtype)
-    a @ a
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ a
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best / 1e9
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", type=int, default=1024)
     args = parser.parse_args(argv)
     import torch
 
+    from bench.engine import matmul_peak
     from mindspeed_rl.accelerator.cpu import CpuAccelerator, cpu_bf16_facts
 
     capability, onednn, units = cpu_bf16_facts()
@@ -44,7 +32,7 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     slowdown = CpuAccelerator().bf16_slowdown()
     probe = time.perf_counter() - start
-    fp32, bf16 = gflops(torch.float32, args.size), gflops(torch.bfloat16, args.size)
+    fp32, bf16 = (matmul_peak(dtype, args.size, reps=3) / 1e9 for dtype in (torch.float32, torch.bfloat16))
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"ATen capability {capability}; oneDNN bf16 {onednn}; bf16 instructions {', '.join(units) or 'none'}")
     print(f"bf16: auto -> {'bf16' if host.native_bf16 else 'fp32'} ({host.why})")

@@ -119,8 +119,10 @@ class CpuAccelerator(Accelerator):
             return f"vLLM's CPU Gated DeltaNet runs in bfloat16 only (generate_config.dtype is {dtype})"
         # its chunked kernel packs bf16 for oneDNN's brgemm, which AVX2 lacks (measured with oneDNN capped at AVX2:
         # "BFloat16 Brgemm VNNI format is only supported on X64 when oneDNN ukernel is enabled and `amx` is supported")
-        if linear_head_dims and not (cls().host_precision().native_bf16 if native_bf16 is None else native_bf16):
-            return f"vLLM's CPU Gated DeltaNet kernel needs native bf16, and {cls().host_precision().why}"
+        if linear_head_dims and native_bf16 is not True:
+            host = cls().host_precision()
+            if not (host.native_bf16 if native_bf16 is None else native_bf16):
+                return f"vLLM's CPU Gated DeltaNet kernel needs native bf16, and {host.why}"
         if latent:  # MLA: vLLM 0.32's CPU backend, whose decode kernel takes a 512 latent + a 64 RoPE key only
             if compat_vllm.cpu_mla_unavailable():
                 return compat_vllm.cpu_mla_unavailable()
@@ -223,21 +225,23 @@ def cpu_bf16_facts() -> Tuple[str, bool, List[str]]:
     return torch.backends.cpu.get_cpu_capability(), bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()), units
 
 
+def matmul_seconds(dtype: torch.dtype, size: int, repeats: int) -> float:
+    """The best of ``repeats`` timings of one size^3 matmul in ``dtype``, after a first call that sets up oneDNN's
+    kernel."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def matmul_slowdown(dtype: torch.dtype, size: int = 256) -> float:
-    """How many times longer a size^3 matmul takes in ``dtype`` than in fp32 here (the best of a few; well
-    under a second even where bf16 is emulated, ~0.7 GFLOP/s)."""
-
-    def best(kind: torch.dtype, repeats: int) -> float:
-        a = torch.randn(size, size).to(kind)
-        a @ a  # the first call sets up oneDNN's kernel
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            a @ a
-            times.append(time.perf_counter() - start)
-        return min(times)
-
-    return best(dtype, 3) / best(torch.float32, 10)
+    """How many times longer a size^3 matmul takes in ``dtype`` than in fp32 here (well under a second even where
+    bf16 is emulated, ~0.7 GFLOP/s)."""
+    return matmul_seconds(dtype, size, 3) / matmul_seconds(torch.float32, size, 10)
 
 
 def vllm_kv_cache_bytes(gen: Any) -> int:

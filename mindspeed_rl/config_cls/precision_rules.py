@@ -82,13 +82,18 @@ def settled(cfg: Any) -> bool:
 def needs_answer(cfg: Any) -> bool:
     """Whether settling needs the device's answer: a role's bf16 is auto. (A role that trains in bf16 as set takes
     one too where it can be had: the device may only emulate bf16, which earns one warning.)"""
-    return any(m.bf16 == AUTO for m in [cfg.megatron_training] + [role.megatron for role in roles_of(cfg)])
+    return any(m.bf16 == AUTO for m in megatron_sections(cfg))
 
 
 def roles_of(cfg: Any) -> List[RoleConfig]:
     """Every role a run builds a precision for: its roles, and a PPO run's critic even where it starts none."""
     critic = getattr(cfg, "critic", None)
     return list(cfg.roles) + ([critic] if critic is not None and critic not in cfg.roles else [])
+
+
+def megatron_sections(cfg: Any) -> List[Any]:
+    """megatron_training and every role's merged section: where a bf16 is auto, true or false."""
+    return [cfg.megatron_training] + [role.megatron for role in roles_of(cfg)]
 
 
 def settle_precision(cfg: Any, host: Optional[HostPrecision]) -> PrecisionChoice:
@@ -101,12 +106,10 @@ def settle_precision(cfg: Any, host: Optional[HostPrecision]) -> PrecisionChoice
         raise ValueError("settle_precision needs the device's answer (HostPrecision) for bf16: auto")
     actor, gen = cfg.roles[0], getattr(cfg, "generate", None)
     given, gen_auto = yaml_spelling(actor.megatron.bf16), gen is not None and gen.dtype == AUTO
-    set_bf16 = []
-    for m in [cfg.megatron_training] + [role.megatron for role in roles_of(cfg)]:
+    set_bf16 = any(role.megatron.bf16 is True for role in roles_of(cfg))  # before auto becomes true or false
+    for m in megatron_sections(cfg):
         if m.bf16 == AUTO:
             m.bf16 = host is not None and host.native_bf16
-        elif m.bf16 is True and m is not cfg.megatron_training:
-            set_bf16.append(m)
     trained = trained_precision(actor.megatron)
     engine_dtype = ""
     if gen is not None:
@@ -135,7 +138,7 @@ def summary(cfg: Any, host: Optional[HostPrecision], given: str, engines: str) -
     return f"{text} ({'; '.join(why)})" + (f"; rollout engines {engines}" if engines else "")
 
 
-def bf16_warning(cfg: Any, host: Optional[HostPrecision], set_bf16: list) -> Optional[str]:
+def bf16_warning(cfg: Any, host: Optional[HostPrecision], set_bf16: bool) -> Optional[str]:
     """One warning where a role trains in bf16 as set and the device only emulates it (the measured cost)."""
     if not set_bf16 or host is None or host.native_bf16:
         return None

@@ -13,6 +13,7 @@ from ..config_cls.precision_rules import (
     AUTO,
     HostPrecision,
     PrecisionChoice,
+    megatron_sections,
     roles_of,
     settle_precision,
     settled,
@@ -44,7 +45,7 @@ def device_answer(cfg: Any) -> Optional[HostPrecision]:
     """The accelerator's answer where a role's bf16 is auto or true (None when nothing asks, or when only a set
     bf16 asks and the device cannot be found here: its launch names that); with the measured cost of bf16 where
     it is emulated and a role sets it."""
-    values = [role.megatron.bf16 for role in roles_of(cfg)] + [cfg.megatron_training.bf16]
+    values = [m.bf16 for m in megatron_sections(cfg)]
     auto = AUTO in values
     if not auto and True not in values:
         return None
@@ -88,7 +89,7 @@ def rollout_note(cfg: Any, host: Optional[HostPrecision]) -> Optional[str]:
             native_bf16=native_bf16,
         )
 
-    now = reason(gen.dtype)
+    now = reason(gen.dtype, host.native_bf16 if host is not None else None)
     if not now or reason("bfloat16", native_bf16=True):
         return None  # vLLM runs it here, or cannot for a reason that is not the precision
     then = "the megatron-core engine generates instead" if gen.backend == "auto" else "backend vllm is refused"
