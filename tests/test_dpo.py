@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from mindspeed_rl.algorithms.preference import dpo_loss, dpo_metrics, ipo_loss, simpo_loss
+from mindspeed_rl.config_cls.dpo_config import DPOConfig
 from mindspeed_rl.datasets.pairs import dpo_rows
+from mindspeed_rl.workers.dpo_worker import pair_losses
 
 
 def sigmoid(x):
@@ -29,6 +31,44 @@ def test_each_loss_is_its_papers_formula():
     expected = -math.log(sigmoid(2.0 * (-0.5 + 0.9) - 0.3))  # Meng et al. eq. 6
     assert float(simpo_loss(mean_c, mean_r, 2.0, 0.3)[0]) == pytest.approx(expected)
     assert float(dpo_loss(pc, pr, pc, pr, beta)[0]) == pytest.approx(math.log(2))  # the policy is the reference
+
+
+# Two pairs at beta 0.5 (target gap 1 / (2 beta) = 1): summed answer log-probs of the policy and the reference, and
+# the answers' token counts. Pair 0: log-ratios +2 over 4 tokens, -3 over 3; pair 1: -1 over 2, +1 over 5.
+IPO_PAIRS = dict(pc=[-6.0, -2.0], rc=[-8.0, -1.0], pr=[-9.0, -10.0], rr=[-6.0, -11.0], nc=[4, 2], nr=[3, 5])
+IPO_AVERAGED = [(2 / 4 + 3 / 3 - 1) ** 2, (-1 / 2 - 1 / 5 - 1) ** 2]  # (0.5)^2 = 0.25, (-1.7)^2 = 2.89
+IPO_SUMMED = [(2 + 3 - 1) ** 2, (-1 - 1 - 1) ** 2]  # 16, 9
+
+
+def test_ipo_on_average_log_likelihoods_is_azar_et_al_and_trl():
+    t = {k: torch.tensor(v, dtype=torch.float32) for k, v in IPO_PAIRS.items()}
+    averaged = ipo_loss(t["pc"], t["pr"], t["rc"], t["rr"], 0.5, t["nc"], t["nr"])
+    assert averaged.tolist() == pytest.approx(IPO_AVERAGED) and IPO_AVERAGED == pytest.approx([0.25, 2.89])
+    assert ipo_loss(t["pc"], t["pr"], t["rc"], t["rr"], 0.5).tolist() == pytest.approx(IPO_SUMMED)
+
+
+def ipo_rows():
+    """The pairs as the worker gets them: rows chosen, rejected side by side, each answer's log-probs spread over its
+    answer tokens after a prompt whose log-probs must not count."""
+    width, rows, masks = 7, [], []
+    for total, tokens in zip([-6.0, -9.0, -2.0, -10.0], [4, 3, 2, 5]):
+        rows.append([-7.0] * (width - tokens) + [total / tokens] * tokens)
+        masks.append([0] * (width - tokens) + [1] * tokens)
+    return torch.tensor(rows), {
+        "answer_mask": torch.tensor(masks),
+        "ref_logps": torch.tensor([-8.0, -6.0, -1.0, -11.0]),
+    }
+
+
+def test_ipo_averages_each_answers_log_ratio_over_its_answer_tokens_by_default():
+    log_probs, rows = ipo_rows()
+    loss, sums = pair_losses(DPOConfig(dpo_loss_type="ipo", dpo_beta=0.5), log_probs, rows)
+    assert loss.tolist() == pytest.approx(IPO_AVERAGED)  # the summed form gives 16 and 9
+    assert float(sums["rewards/margins"]) == pytest.approx(0.5 * ((0.5 + 1.0) + (-0.5 - 0.2)))  # TRL: averages
+    summed = DPOConfig(dpo_loss_type="ipo", dpo_beta=0.5, ipo_length_normalized=False)
+    loss, sums = pair_losses(summed, log_probs, rows)
+    assert loss.tolist() == pytest.approx(IPO_SUMMED)
+    assert float(sums["rewards/margins"]) == pytest.approx(0.5 * ((2 + 3) + (-1 - 1)))
 
 
 def test_trl_metrics_are_the_implicit_rewards():
@@ -56,6 +96,7 @@ def test_dpo_rows_mark_each_answer_after_its_left_padded_prompt():
         (["dpo_config.dpo_loss_type=simpo", "dpo_config.ref_model=./x"], "dpo_config.ref_model"),
         (["actor_config.lora_r=8", "dpo_config.ref_model=./x"], "dpo_config.ref_model"),
         (["dpo_config.dpo_beta=0"], "dpo_config.dpo_beta"),
+        (["+dpo_config.ipo_length_normalized=false"], "dpo_config.ipo_length_normalized"),
         (["+dpo_config.beta=0.1"], "dpo_config.beta"),
         (["rl_config.use_dynamic_bsz=true"], "rl_config.use_dynamic_bsz"),
     ],

@@ -75,13 +75,24 @@ def ipo_loss(
     ref_chosen: torch.Tensor,
     ref_rejected: torch.Tensor,
     beta: float,
+    chosen_tokens: Optional[torch.Tensor] = None,
+    rejected_tokens: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Identity preference optimisation (Azar et al. 2023), per pair: the log-ratio gap regressed to 1 / (2 beta)
-    instead of pushed without bound,
+    """Identity preference optimisation (Azar et al. 2023, eq. 17), per pair: the log-ratio gap regressed to
+    1 / (2 beta) instead of pushed without bound. With the answers' token counts |y_c|, |y_r| each answer's log-ratio
+    is averaged over its tokens (the paper's average log-likelihoods, TRL's ``loss_type="ipo"``):
 
-        loss_i = (h_i - 1 / (2 beta))^2        (h_i: ``log_ratio_gap``)"""
-    h = log_ratio_gap(policy_chosen, policy_rejected, ref_chosen, ref_rejected)
-    return (h - 1.0 / (2.0 * beta)) ** 2
+        h_i = (log pi(y_c|x) - log ref(y_c|x)) / |y_c| - (log pi(y_r|x) - log ref(y_r|x)) / |y_r|
+        loss_i = (h_i - 1 / (2 beta))^2
+
+    without them h_i is ``log_ratio_gap`` of the summed log-probabilities."""
+    if (chosen_tokens is None) != (rejected_tokens is None):
+        raise ValueError("ipo_loss: give the token counts of both answers or of neither")
+    chosen = policy_chosen.float() - ref_chosen.float()
+    rejected = policy_rejected.float() - ref_rejected.float()
+    if chosen_tokens is not None:
+        chosen, rejected = chosen / chosen_tokens.float(), rejected / rejected_tokens.float()
+    return (chosen - rejected - 1.0 / (2.0 * beta)) ** 2
 
 
 def simpo_loss(

@@ -24,6 +24,11 @@ class DPOConfig:
     dpo_label_smoothing: float = opt(
         0.0, "sigmoid: the probability that a pair's preference is wrong (conservative DPO).", ge=0, lt=0.5
     )
+    ipo_length_normalized: bool = opt(
+        True,
+        "ipo: each answer's log-ratio averaged over its tokens before the square (Azar et al.'s and TRL's IPO); false: "
+        "summed over them.",
+    )
     simpo_gamma: float = opt(0.5, "simpo: the reward margin the chosen answer must win by.", ge=0)
     ref_model: str = opt(
         "", "The reference's checkpoint (default: the starting model, actor_config.load; with LoRA the base model)."
@@ -37,6 +42,10 @@ class DPOConfig:
         if self.dpo_label_smoothing and self.dpo_loss_type != "sigmoid":
             raise ConfigError(
                 f"{path}.dpo_label_smoothing", f"applies to dpo_loss_type sigmoid, not {self.dpo_loss_type}"
+            )
+        if "ipo_length_normalized" in given and self.dpo_loss_type != "ipo":
+            raise ConfigError(
+                f"{path}.ipo_length_normalized", f"applies to dpo_loss_type ipo, not {self.dpo_loss_type}"
             )
         if self.ref_model and not self.uses_reference:
             raise ConfigError(f"{path}.ref_model", "simpo has no reference model; remove it")

@@ -26,6 +26,25 @@ def answer_logps(log_probs: torch.Tensor, answer_mask: torch.Tensor) -> Tuple[to
     return sums, sums / mask.sum(1).clamp(min=1)
 
 
+def pair_losses(d: DPOConfig, log_probs: torch.Tensor, rows: Batch) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """Per-pair losses of rows (chosen, rejected side by side) and the sums behind TRL's metrics. The length-normalised
+    IPO averages each answer's log-ratio over its answer tokens, and its metrics are of those averages (as TRL's)."""
+    sums, means = answer_logps(log_probs, rows["answer_mask"])
+    if d.dpo_loss_type == "simpo":
+        loss = simpo_loss(means[0::2], means[1::2], d.dpo_beta, d.simpo_gamma)
+        return loss, dpo_metrics(means[0::2], means[1::2], None, None, d.dpo_beta)
+    ref = rows["ref_logps"]
+    pair = (sums[0::2], sums[1::2], ref[0::2], ref[1::2])
+    if d.dpo_loss_type == "sigmoid":
+        return dpo_loss(*pair, d.dpo_beta, d.dpo_label_smoothing), dpo_metrics(*pair, d.dpo_beta)
+    if not d.ipo_length_normalized:
+        return ipo_loss(*pair, d.dpo_beta), dpo_metrics(*pair, d.dpo_beta)
+    tokens = rows["answer_mask"].float().sum(1).clamp(min=1)
+    loss = ipo_loss(*pair, d.dpo_beta, tokens[0::2], tokens[1::2])
+    averaged = [x / tokens[k::2] for x, k in zip(pair, (0, 1, 0, 1))]
+    return loss, dpo_metrics(*averaged, d.dpo_beta)
+
+
 class DPOWorker(StageWorker):
     def __init__(self, world: WorldSpec, role: RoleConfig, rl: RLConfig, total_steps: int, dpo: DPOConfig):
         super().__init__(world, role)
@@ -69,28 +88,13 @@ class DPOWorker(StageWorker):
             out = engine.forward(rows, 2 * self.role.megatron.micro_batch_size)
         return {**rows, "ref_logps": answer_logps(out["log_probs"], rows["answer_mask"])[0]}
 
-    def losses(self, log_probs: torch.Tensor, rows: Batch) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
-        """Per-pair losses of rows (chosen, rejected side by side) and the sums behind TRL's metrics."""
-        d = self.dpo
-        sums, means = answer_logps(log_probs, rows["answer_mask"])
-        if d.dpo_loss_type == "simpo":
-            loss = simpo_loss(means[0::2], means[1::2], d.dpo_beta, d.simpo_gamma)
-            return loss, dpo_metrics(means[0::2], means[1::2], None, None, d.dpo_beta)
-        ref = rows["ref_logps"]
-        pair = (sums[0::2], sums[1::2], ref[0::2], ref[1::2])
-        if d.dpo_loss_type == "ipo":
-            loss = ipo_loss(*pair, d.dpo_beta)
-        else:
-            loss = dpo_loss(*pair, d.dpo_beta, d.dpo_label_smoothing)
-        return loss, dpo_metrics(*pair, d.dpo_beta)
-
     def train_pairs(self, rows: Batch, pairs_in_step: int) -> Dict[str, float]:
         """One optimizer step on this DP rank's pairs (``dpo_rows``); ``pairs_in_step``: the pairs of the whole step
         on every DP rank. dpo/loss is the step's mean; the TRL metrics are means over its pairs."""
         rows = self.with_reference(rows)
 
         def loss_fn(outputs, micro):  # each micro-batch's share of the step's means
-            loss, sums = self.losses(outputs["log_probs"], micro)
+            loss, sums = pair_losses(self.dpo, outputs["log_probs"], micro)
             return loss.sum() / pairs_in_step, {k: float(v) / pairs_in_step for k, v in sums.items()}
 
         return self.step_metrics(self.model.train_step(rows, loss_fn, 2 * self.role.megatron.micro_batch_size), "dpo")
@@ -101,5 +105,5 @@ class DPOWorker(StageWorker):
         out = self.model.forward(rows, 2 * self.role.megatron.micro_batch_size)
         if not self.is_output_rank:
             return None
-        loss, sums = self.losses(out["log_probs"], rows)
+        loss, sums = pair_losses(self.dpo, out["log_probs"], rows)
         return float(loss.sum()), {k: float(v) for k, v in sums.items()}
