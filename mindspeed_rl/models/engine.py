@@ -34,6 +34,7 @@ from .packing import ModelInput, pack, restore_order, round_up, token_budget_gro
 from .vision.vl_model import freeze_vision, vision_of
 
 Batch = Dict[str, torch.Tensor]
+FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 LossFn = Callable[[Dict[str, torch.Tensor], Batch], Tuple[torch.Tensor, Dict[str, float]]]
 
 
@@ -49,7 +50,7 @@ class StepResult:
     lr: float
     update_successful: bool
     metrics: Dict[str, float]
-    skipped: bool = False  # a non-finite loss or gradient: no optimizer step was taken
+    skipped: bool = False  # a non-finite loss, gradient or gradient norm: the step's gradient was dropped
 
 
 class MegatronEngine(EngineWeights):
@@ -331,28 +332,38 @@ class MegatronEngine(EngineWeights):
                 metrics=metrics,
                 skipped=True,
             )
-        self.nonfinite_streak = 0
         update_successful, grad_norm, _ = self.optimizer.step()
+        grad_norm = float(grad_norm or 0.0)
+        # the norm over all ranks can overflow where no rank's own share does (all_finite): megatron then clipped
+        # the gradient to zero, so the step counts as non-finite
+        finite_norm = math.isfinite(grad_norm)
+        self.nonfinite_streak = 0 if finite_norm else self.nonfinite_streak + 1
+        update_successful = bool(update_successful) and finite_norm
         if update_successful:
             self.scheduler.step(increment=1)
         metrics = reduce_metrics(stores, self.pp_last, self.dp_size, self._comm_device())
         return StepResult(
             loss=metrics.pop("loss", 0.0),
-            grad_norm=float(grad_norm or 0.0),
+            grad_norm=grad_norm,
             lr=self.current_lr(),
-            update_successful=bool(update_successful),
+            update_successful=update_successful,
             metrics=metrics,
+            skipped=not finite_norm,
         )
 
     def all_finite(self, stores: Optional[List[Dict]] = None) -> bool:
-        """Whether this step's losses and gradients (or, without ``stores``, the weights) are finite on every
-        rank of the role's world."""
+        """Whether this step's losses, gradients and gradient norm (or, without ``stores``, the weights) are
+        finite on every rank of the role's world. The optimizer computes the squared norm in float32: finite
+        gradients can overflow it (e.g. a loss scaled by 1e30), and megatron would then clip them to zero."""
         finite = True
         if stores is not None:
             finite = all(math.isfinite(float(s["loss"])) for s in stores if "loss" in s)
+            squares = 0.0  # this rank's share of the squared norm, in float64 (NaN or Inf when a value is)
             for chunk in self.model:  # megatron DDP's gradient buffers (after the DP reduction)
                 for buffer in getattr(chunk, "buffers", []) + getattr(chunk, "expert_parallel_buffers", []):
-                    finite = finite and bool(torch.isfinite(buffer.grad_data).all())
+                    norm = float(torch.linalg.vector_norm(buffer.grad_data))
+                    squares += norm * norm
+            finite = finite and squares <= FLOAT32_MAX
         else:
             finite = all(bool(torch.isfinite(t).all()) for _, t in self.named_weights() if t.is_floating_point())
         flag = torch.tensor([0.0 if finite else 1.0], device=self._comm_device())

@@ -1,0 +1,51 @@
+"""A gradient whose every value is finite but whose norm overflows float32 (where the optimizer computes it) is
+a non-finite step like a NaN loss: skipped, counted, and a streak of them stops the run (exit 3)."""
+
+import pytest
+import torch
+
+
+def test_a_gradient_norm_that_overflows_is_a_skipped_counted_step_and_its_streak_stops_the_run():
+    """Before the fix the optimizer clipped such a gradient to nothing and the step counted as a good one: DPO at
+    beta 1e30 trained nothing, saved the start's weights and exited 0."""
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.protocol import Experience, MiniBatch
+    from mindspeed_rl.trainer.guards import NonFiniteStop, stop_on_nonfinite_steps
+    from mindspeed_rl.utils import dist
+    from mindspeed_rl.workers.base_worker import train_on_mini_batches
+    from tests.helpers import make_batch, sft_loss, tiny_role
+
+    dist.init_distributed()
+    try:
+        dist.init_model_parallel(seed=1)
+        engine = MegatronEngine(tiny_role(), head="lm", trainable=True, total_steps=10)
+        before = {k: v.clone() for k, v in engine.named_weights()}
+        batch = make_batch(4, 12)
+        rows = Experience(
+            prompt_width=4,
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            response_mask=batch["attention_mask"][:, 4:],
+        )
+
+        def huge_loss(rows, normaliser):
+            return lambda outputs, mb: (sft_loss(outputs, mb)[0] * 1e30, {})
+
+        metrics = train_on_mini_batches(engine, [MiniBatch(rows, 1.0)] * 3, huge_loss, 2, "dpo")
+        assert metrics["dpo/skipped_steps"] == 3 and metrics["dpo/nonfinite_streak"] == 3, metrics
+        assert all(torch.equal(before[k], v) for k, v in engine.named_weights())  # no step was taken
+        with pytest.raises(NonFiniteStop, match="model's last 3 optimizer steps had a NaN/Inf loss or gradient"):
+            stop_on_nonfinite_steps(metrics, 3, 1)
+        # where each rank's share of the norm fits but their sum does not, the optimizer's norm tells
+        engine.all_finite = lambda stores=None: True
+        metrics = train_on_mini_batches(engine, [MiniBatch(rows, 1.0)], huge_loss, 2, "dpo")
+        assert metrics["dpo/skipped_steps"] == 1 and metrics["dpo/nonfinite_streak"] == 4, metrics
+        assert metrics["dpo/grad_norm"] == float("inf")
+        del engine.all_finite
+        metrics = train_on_mini_batches(
+            engine, [MiniBatch(rows, 1.0)], lambda r, n: lambda o, mb: sft_loss(o, mb), 2, "dpo"
+        )
+        assert metrics["dpo/skipped_steps"] == 0 and metrics["dpo/nonfinite_streak"] == 0
+        assert 0 < metrics["dpo/grad_norm"] < float("inf")
+    finally:
+        dist.destroy()
