@@ -3,10 +3,12 @@ on the loopback interface: down, slow, erroring once, answering garbage or witho
 scored on_failure and counted; nothing waits past its timeout. In the rollout source, groups that finish early are
 judged while the rest generates, and score exactly as when judged at once."""
 
+import functools
 import json
 import os
 import threading
 import time
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -49,6 +51,10 @@ class Judge(BaseHTTPRequestHandler):
         text = body["messages"][0]["content"]
         if "ENDLESS" in text or "HUGE" in text:
             return self._flood(declared="HUGE" in text)
+        if "INFLATES" in text:
+            return self._inflating()
+        if "DRIP" in text:
+            return self._drip()
         busy = "BUSY" in text  # counted in flight (the slow test's requests may still sleep here)
         with Judge.lock:
             Judge.calls[text] = Judge.calls.get(text, 0) + 1
@@ -69,7 +75,8 @@ class Judge(BaseHTTPRequestHandler):
             reply = {"id": "1", "object": "chat.completion", "created": 0, "model": body["model"],
                      "choices": [{"index": 0, "finish_reason": "stop",
                                   "message": {"role": "assistant", "content": content}}]}  # fmt: skip
-            self._send(200, json.dumps(reply).encode())
+            coding = next((c for c in ("gzip", "deflate") if c.upper() in text), None)
+            self._send(200, json.dumps(reply).encode(), coding)
         finally:
             with Judge.lock:
                 Judge.in_flight -= busy
@@ -91,12 +98,53 @@ class Judge(BaseHTTPRequestHandler):
         except OSError:  # the client stopped reading: what it should do
             pass
 
-    def _send(self, code, payload):
+    def _inflating(self):
+        """A gzip body of 200 KB that inflates to 200 MB (the start of a JSON answer, then zeros)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(zeros_gzip())))
+        self.end_headers()
+        try:
+            self.wfile.write(zeros_gzip())
+        except OSError:  # the client stopped reading
+            pass
+
+    def _drip(self):
+        """A body of a byte every 0.1 s (no socket timeout fires), for 20 s at most."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", "200")
+        self.end_headers()
+        try:
+            for _ in range(200):
+                self.wfile.write(b" ")
+                self.wfile.flush()
+                time.sleep(0.1)
+        except OSError:
+            pass
+
+    def _send(self, code, payload, coding=None):
+        if coding:
+            packer = zlib.compressobj(wbits=zlib.MAX_WBITS | 16 if coding == "gzip" else zlib.MAX_WBITS)
+            payload = packer.compress(payload) + packer.flush()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
+        if coding:
+            self.send_header("Content-Encoding", coding)
         self.end_headers()
         self.wfile.write(payload)
+
+
+@functools.lru_cache(maxsize=1)
+def zeros_gzip(megabytes: int = 200) -> bytes:
+    """'{"choices": [{"message": {"content": "' and ``megabytes`` MB of zeros, gzipped a megabyte at a time."""
+    packer = zlib.compressobj(1, wbits=zlib.MAX_WBITS | 16)
+    parts = [packer.compress(b'{"choices": [{"message": {"content": "')]
+    zeros = b"0" * (1 << 20)
+    parts += [packer.compress(zeros) for _ in range(megabytes)]
+    return b"".join(parts) + packer.flush()
 
 
 class QuietServer(ThreadingHTTPServer):
@@ -182,6 +230,44 @@ def test_an_endless_or_huge_answer_is_read_up_to_the_cap_and_counted(server, kin
     assert metrics["judge/request_failures"] == 1
     tight = HttpJudge(server, "judge", template="{response}", max_response_bytes=100)
     assert [v.failure for v in tight.grade(["q"], ["GOOD"], [""])[0]] == ["oversized"]  # the cap is the key's
+
+
+@pytest.mark.parametrize("coding", ["GZIP", "DEFLATE"])
+def test_a_compressed_answer_under_the_cap_is_decoded_and_scored(server, coding):
+    judge = HttpJudge(server, "judge", template="{response}", timeout=5, retries=0, max_response_bytes=1024)
+    verdicts, metrics = judge.grade(["q"] * 2, [coding, f"{coding} NOSCORE"], [""] * 2)
+    assert [v.failure for v in verdicts] == [None, "no_score"] and verdicts[0].score == 0.8
+    assert verdicts[1].reply == "I cannot tell."
+
+
+def test_a_gzip_answer_that_inflates_past_the_cap_is_stopped_there_and_counted(server):
+    """200 KB of gzip inflating to 200 MB: the cap counts the inflated bytes as they come (a body that inflated
+    to 8 GB grew the driver past 5 GB and outlasted its deadline before)."""
+    import tracemalloc
+
+    assert len(zeros_gzip()) < 1 << 20  # compressed before the clock and the memory count start
+    cap = 1 << 20  # over the compressed body, far under what it inflates to
+    judge = HttpJudge(server, "judge", template="{response}", timeout=5, retries=1, deadline=10, max_response_bytes=cap)
+    judge.grade(["q"], ["GOOD"], [""])  # the client's modules imported before memory is traced
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        verdicts, metrics = judge.grade(["q"] * 2, ["INFLATES", "GOOD"], [""] * 2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert time.perf_counter() - start < 3
+    assert peak < 16 << 20, peak
+    assert [v.failure for v in verdicts] == ["oversized", None] and verdicts[1].score == 0.8
+    assert metrics["judge/request_failures"] == 1
+
+
+def test_a_body_that_drips_fails_at_the_requests_timeout_though_no_socket_timeout_fires(server):
+    judge = HttpJudge(server, "judge", template="{response}", timeout=1.0, retries=1, deadline=None)
+    start = time.perf_counter()
+    verdicts, metrics = judge.grade(["q"] * 2, ["DRIP", "GOOD"], [""] * 2)
+    assert time.perf_counter() - start < 2 * 1.0 + 1.5  # two tries of 1 s (and the retry's wait), not 20 s
+    assert [v.failure for v in verdicts] == ["request_failed", None] and metrics["judge/request_failures"] == 1
 
 
 def test_a_judge_that_is_down_fails_fast_and_concurrency_is_bounded(server):

@@ -8,7 +8,8 @@ answer. A failed request (down, slow, an HTTP error after the retries) or an ans
 Nothing a judge sends can stall or exhaust the driver: the score is looked for in the last ``PARSE_WINDOW``
 characters of an answer, the built-in patterns run in linear time, a user's ``score_pattern`` gets at most
 ``PARSE_SECONDS`` (and no more than the call's deadline leaves), and an HTTP answer is read as a stream that
-stops at ``max_response_bytes``.
+stops at ``max_response_bytes`` as decoded (a gzip body inflated a bounded step at a time) or at the request's
+``timeout`` in wall-clock time (http_body.py).
 
 Serving: :class:`HttpJudge` talks to any OpenAI-compatible endpoint (vLLM's server, a hosted API) with
 ``concurrency`` requests in flight; :class:`EngineJudge` asks the judge's own vLLM engines (workers/judge_worker.py).
@@ -22,9 +23,11 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import regex  # re's twin with a time limit per search (a dependency of transformers)
+
+from .http_body import bounded_transport, too_large
 
 DEFAULT_TEMPLATE = (
     "You grade answers to questions.\n\n"
@@ -175,64 +178,14 @@ class Judge:
         """Release what the serving way holds (nothing here)."""
 
 
-class ResponseTooLarge(Exception):
-    """The endpoint sent more than the judge reads of one answer."""
-
-
-def _too_large(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what it was raised from: the client wraps transport errors) is ResponseTooLarge."""
-    seen: Optional[BaseException] = exc
-    for _ in range(8):
-        if seen is None or isinstance(seen, ResponseTooLarge):
-            return seen is not None
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def capped_transport(cap: int) -> Any:
-    """An httpx transport whose response bodies raise ResponseTooLarge once more than ``cap`` bytes arrived (a
-    declared Content-Length over the cap before any byte is read): an endless or huge body costs ``cap``."""
-    import httpx
-
-    class CappedStream(httpx.AsyncByteStream):
-        def __init__(self, inner: Any):
-            self.inner = inner
-
-        async def __aiter__(self):
-            read = 0
-            async for chunk in self.inner:
-                read += len(chunk)
-                if read > cap:
-                    raise ResponseTooLarge(f"more than {cap} bytes")
-                yield chunk
-
-        async def aclose(self) -> None:
-            await self.inner.aclose()
-
-    class CappedTransport(httpx.AsyncHTTPTransport):
-        async def handle_async_request(self, request: Any) -> Any:
-            response = await super().handle_async_request(request)
-            if int(response.headers.get("content-length") or 0) > cap:
-                await response.aclose()
-                raise ResponseTooLarge(f"Content-Length over {cap} bytes")
-            return httpx.Response(
-                response.status_code,
-                headers=response.headers,
-                stream=CappedStream(response.stream),
-                extensions=response.extensions,
-                request=request,
-            )
-
-    return CappedTransport()
-
-
 class HttpJudge(Judge):
     """An OpenAI-compatible endpoint as the judge: ``base_url`` (…/v1), ``model``, ``api`` chat (the server applies
     the model's chat template) or completions (the text as it is), at most ``concurrency`` requests in flight,
-    each given ``timeout`` seconds and ``retries`` more tries, all of one call given ``deadline`` seconds (a hung
-    server would otherwise cost timeout x (retries + 1) per wave of requests); at most ``max_response_bytes`` of
-    each answer is read (None: 16 bytes per max_tokens + 64 KiB of JSON around them), a longer one is a failed
-    request; the API key from the environment variable ``api_key_env`` (a local server takes any)."""
+    each given ``timeout`` seconds (its body too, in wall-clock time) and ``retries`` more tries, all of one call
+    given ``deadline`` seconds (a hung server would otherwise cost timeout x (retries + 1) per wave of requests); at
+    most ``max_response_bytes`` of each answer is read, counted as decoded (None: 16 bytes per max_tokens + 64 KiB
+    of JSON around them), a longer one is a failed request; the API key from the environment variable
+    ``api_key_env`` (a local server takes any)."""
 
     def __init__(
         self,
@@ -279,18 +232,19 @@ class HttpJudge(Judge):
                 )
                 return reply.choices[0].message.content or ""
             except Exception as exc:  # the endpoint's failures of every kind (openai's, httpx's, a malformed body)
-                return Failed(OVERSIZED) if _too_large(exc) else None
+                return Failed(OVERSIZED) if too_large(exc) else None
 
     async def _ask_all(self, texts: Sequence[str], until: Optional[float]) -> List[Verdict]:
         import httpx
         from openai import AsyncOpenAI
 
+        transport = bounded_transport(self.max_response_bytes, self.timeout, until)
         client = AsyncOpenAI(
             base_url=self.base_url,
             api_key=self.api_key,
             timeout=self.timeout,
             max_retries=self.retries,
-            http_client=httpx.AsyncClient(transport=capped_transport(self.max_response_bytes), timeout=self.timeout),
+            http_client=httpx.AsyncClient(transport=transport, timeout=self.timeout),
         )
         gate = asyncio.Semaphore(self.concurrency)
         tasks = [asyncio.ensure_future(self._ask(client, gate, t, until)) for t in texts]
