@@ -123,6 +123,24 @@ def test_the_cli_writes_a_map_and_prints_the_imbalance_before_and_after(tmp_path
         assert text in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "value, shown", [("NaN", "nan"), ("Infinity", "inf"), ("1e400", "inf"), ("-3", "-3"), ("true", "True")]
+)
+def test_the_cli_refuses_a_count_that_is_not_a_finite_number_naming_the_file_layer_and_expert(
+    tmp_path, capsys, value, shown
+):
+    """NaN and Infinity are valid to Python's json reader; before the fix a NaN count made a map."""
+    path = tmp_path / "expert_load.json"
+    rows = "[[5, 1, 1, 1], [2, 2, %s, 2]]" % value
+    path.write_text('{"format": "mindspeed_rl.expert_load/1", "load": %s}' % rows)
+    out = tmp_path / "expert_map.json"
+    args = ["--load-path", str(path), "--save-path", str(out), "--num-devices", "2"]
+    assert eplb_generate_map.main(args) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said == [f"error: --load-path {path}: load[1][2] (MoE layer 1, expert 2) is {shown}, not a token count"]
+    assert not out.exists()
+
+
 def test_the_eplb_keys_are_refused_where_they_cannot_work(tmp_path, capsys):
     base = ["--config-name", "grpo_tiny_cpu", "dry_run=true"]
     moe = ["megatron_training.model=tiny_qwen3_moe", "actor_config.model=tiny_qwen3_moe"]

@@ -11,6 +11,7 @@ not forward, such as the last sampled token, have no route).
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Dict, List, Optional
 
@@ -83,8 +84,17 @@ def read_expert_load(path: str) -> List[List[float]]:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ValueError(f"not an expert-load file ({FORMAT}): written by generate_config.eplb_token_collects")
     load = data.get("load")
-    if not isinstance(load, list) or not load or len({len(row) for row in load}) != 1:
+    if not isinstance(load, list) or not load or not all(isinstance(row, list) and row for row in load):
         raise ValueError("its load table is not [layers][experts]")
-    if any(not isinstance(x, (int, float)) or x < 0 for row in load for x in row):
-        raise ValueError("its load table holds a value that is not a count")
-    return [[float(x) for x in row] for row in load]
+    if len({len(row) for row in load}) != 1:
+        raise ValueError("its load table is not [layers][experts]: the layers have different numbers of experts")
+    return [[_token_count(x, layer, expert) for expert, x in enumerate(row)] for layer, row in enumerate(load)]
+
+
+def _token_count(value, layer: int, expert: int) -> float:
+    """``value`` as a count: a finite number >= 0 (json reads NaN and Infinity; a bool is an int to Python)."""
+    count = float(value) if type(value) in (int, float) and abs(value) < 1e300 else math.nan
+    if not math.isfinite(count) or count < 0:
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}..."
+        raise ValueError(f"load[{layer}][{expert}] (MoE layer {layer}, expert {expert}) is {shown}, not a token count")
+    return count
