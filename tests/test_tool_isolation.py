@@ -387,6 +387,38 @@ def test_no_network(bwrap):
     assert "refused" in out, out
 
 
+@needs_bwrap
+def test_no_vsock_socket_opens(bwrap):
+    """vsock is outside every network namespace: from a VM's guest it reaches the host. Before the fix the
+    socket opened in the sandbox (on a host without vsock it fails with EAFNOSUPPORT, not EPERM); a raw syscall
+    with the family's upper 32 bits set is refused too (the kernel reads an int)."""
+    out = program(
+        bwrap,
+        """
+        import ctypes, errno, socket
+        from mindspeed_rl.tools.syscall_filter import _library
+        for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_SEQPACKET):
+            try:
+                socket.socket(socket.AF_VSOCK, kind).close()
+                print("opened", kind)
+            except OSError as exc:
+                print("socket", kind, errno.errorcode[exc.errno])
+        try:
+            socket.socketpair(socket.AF_VSOCK)
+            print("opened a pair")
+        except OSError as exc:
+            print("socketpair", errno.errorcode[exc.errno])
+        libc = ctypes.CDLL(None, use_errno=True)
+        number = _library()[0].seccomp_syscall_resolve_name(b"socket")
+        fd = libc.syscall(ctypes.c_long(number), ctypes.c_long(socket.AF_VSOCK | 1 << 32), ctypes.c_long(1), 0)
+        print("raw", fd, errno.errorcode.get(ctypes.get_errno()))
+        """,
+    )
+    lines = out.strip().splitlines()
+    assert lines[:4] == ["socket 1 EPERM", "socket 2 EPERM", "socket 5 EPERM", "socketpair EPERM"], out
+    assert lines[4] == "raw -1 EPERM", out
+
+
 # ----- the answer --------------------------------------------------------------------------------------------
 FLOOD = """
 import os, stat

@@ -9,7 +9,9 @@ EPERM (clone3 with ENOSYS, so that threads fall back to clone, whose flags can b
 - nothing that reaches other processes or the kernel's global state: ptrace, process_vm_*, pidfd_getfd,
   prlimit64 on another process, mount and the new mount API, namespaces (unshare, setns), bpf, perf events,
   userfaultfd, keyrings, io_uring (its requests would bypass this filter), kernel modules, kexec, reboot, swap,
-  clocks, quotas, the kernel log, file handles (open_by_handle_at), chroot.
+  clocks, quotas, the kernel log, file handles (open_by_handle_at), chroot;
+- no vsock sockets (socket and socketpair with AF_VSOCK): network namespaces do not cover them, so a call
+  could reach the host or other VMs (or listen for them) through one.
 
 Syscalls of another ABI than the interpreter's (e.g. 32-bit calls on x86_64) kill the process (libseccomp's
 default for a foreign architecture).
@@ -28,6 +30,8 @@ SONAMES = ("libseccomp.so.2", "libseccomp.so")
 ALLOW = 0x7FFF0000  # SCMP_ACT_ALLOW
 CMP_NE, CMP_MASKED_EQ = 1, 7  # enum scmp_compare
 CLONE_THREAD = 0x00010000
+AF_VSOCK = 40
+INT_BITS = 0xFFFFFFFF  # an int argument: the kernel reads its low 32 bits only, whatever the register's upper half
 
 DENIED = (
     "fork",
@@ -156,6 +160,8 @@ def load() -> None:
         _rule(lib, ctx, eperm, "clone", [(0, CMP_MASKED_EQ, CLONE_THREAD, 0)])  # flags & CLONE_THREAD == 0
         _rule(lib, ctx, _errno_action(errno.ENOSYS), "clone3")
         _rule(lib, ctx, eperm, "prlimit64", [(0, CMP_NE, 0, 0)])  # pid != 0: another process
+        for name in ("socket", "socketpair"):
+            _rule(lib, ctx, eperm, name, [(0, CMP_MASKED_EQ, INT_BITS, AF_VSOCK)])  # domain == AF_VSOCK
         rc = lib.seccomp_load(ctx)  # sets no_new_privs first (libseccomp's default)
         if rc < 0:
             raise OSError(-rc, f"seccomp_load: {os.strerror(-rc)}")
