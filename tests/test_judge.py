@@ -166,6 +166,7 @@ def server():
 def test_every_failure_is_scored_as_configured_and_counted(server):
     judge = HttpJudge(server, "judge", template="{response}", timeout=0.5, retries=1, on_failure=-1.0)
     responses = ["GOOD", "SLOW", "FLAKY", "GARBAGE", "NOSCORE", "GOOD too"]
+    judge.grade(["q"], ["GOOD"], [""])  # the client's modules imported before the clock starts (4 s under load)
     start = time.perf_counter()
     verdicts, metrics = judge.grade(["q"] * 6, responses, [""] * 6)
     took = time.perf_counter() - start
