@@ -395,3 +395,36 @@ def test_an_engine_released_at_the_end_of_a_run_leaves_no_folder_and_skips_vllms
     out, err = small_vllm_runs
     line = [x for x in out.splitlines() if x.startswith("RELEASED")]
     assert line and line[0].split()[1:] == ["False", "True"], err[-2000:]
+
+
+def test_the_megatron_core_engine_is_refused_before_start_at_actor_tp_or_ep_above_one():
+    """The fallback engine inside the actor is an unsharded copy built under the actor's megatron groups: at EP 2
+    its MoE layers held only the rank's experts (KeyError at the first weight update, after the whole start-up),
+    at TP 2 its layers were TP shards. Refused before Ray starts, naming the key and why the fallback runs."""
+    from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.trainer.rollout_checks import check_fallback_layout
+    from mindspeed_rl.utils.cli import UserError
+
+    moe = ["megatron_training.model=tiny_qwen3_moe", "actor_config.model=tiny_qwen3_moe"]
+    ep2 = moe + ["actor_config.expert_model_parallel_size=2", "rl_config.actor_resource.num_npus=2"]
+    with pytest.raises(UserError, match=r"actor_config.expert_model_parallel_size 2: .*backend is fallback"):
+        check_fallback_layout(load_ppo_config("grpo_tiny_cpu", ep2 + ["generate_config.backend=fallback"]))
+    check_fallback_layout(load_ppo_config("grpo_tiny_cpu", ep2))  # auto: vLLM runs tiny Qwen3-MoE here
+    # auto on a model vLLM's CPU attention cannot run (head_dim 16): the fallback, so TP 2 is refused with that reason
+    tp2 = ["actor_config.tensor_model_parallel_size=2", "rl_config.actor_resource.num_npus=2"]
+    narrow = load_ppo_config("grpo_tiny_cpu", tp2 + ["model.tiny_qwen25.hidden_size=64"])
+    with pytest.raises(UserError, match=r"tensor_model_parallel_size 2: .*backend auto takes it because .*head_dim"):
+        check_fallback_layout(narrow)
+
+
+def test_the_megatron_core_engine_refuses_to_build_under_sharded_groups(monkeypatch):
+    """A config built in code skips the preflight: the engine itself says why instead of a KeyError later."""
+    from megatron.core import parallel_state as ps
+
+    from mindspeed_rl.rollout.fallback_engine import FallbackEngine
+
+    monkeypatch.setattr(ps, "model_parallel_is_initialized", lambda: True)
+    monkeypatch.setattr(ps, "get_tensor_model_parallel_world_size", lambda: 1)
+    monkeypatch.setattr(ps, "get_expert_model_parallel_world_size", lambda: 2)
+    with pytest.raises(ValueError, match="TP 1 x EP 2: build it at actor TP 1 and EP 1"):
+        FallbackEngine(tiny_model_config(), eos_token_id=0)

@@ -24,9 +24,18 @@ class FallbackEngine(RolloutEngine):
         batch_invariant: bool = False,
         capture_routes: bool = False,
     ):
+        from megatron.core import parallel_state as ps
+
         from ..models import router_replay
         from ..models.builder import build_gpt_model
 
+        if ps.model_parallel_is_initialized():  # its layers take their TP and EP sizes from megatron's groups
+            tp, ep = ps.get_tensor_model_parallel_world_size(), ps.get_expert_model_parallel_world_size()
+            if tp > 1 or ep > 1:
+                raise ValueError(
+                    f"the megatron-core rollout engine is one whole copy of the model, but this process's megatron "
+                    f"groups are TP {tp} x EP {ep}: build it at actor TP 1 and EP 1, or in a rollout worker"
+                )
         self.model_cfg = model
         self.eos_token_id, self.pad_token_id = eos_token_id, pad_token_id
         # one full copy, no TP/PP: built without parallel_state's stage checks

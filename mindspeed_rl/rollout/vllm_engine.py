@@ -32,12 +32,19 @@ from .weight_transfer import Meta
 log = logging.getLogger(__name__)
 
 
-def vllm_unusable_reason(model: ModelConfig, gen: GenerateConfig, kind: str) -> Optional[str]:
-    """Why vLLM cannot run this model on device ``kind`` (None when it can)."""
-    try:
-        import vllm  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - any import failure means no vLLM
-        return f"vLLM is not importable ({type(exc).__name__}: {exc})"
+def vllm_unusable_reason(model: ModelConfig, gen: GenerateConfig, kind: str, import_vllm: bool = True) -> Optional[str]:
+    """Why vLLM cannot run this model on device ``kind`` (None when it can). ``import_vllm`` False only looks
+    vLLM up (seconds cheaper, for checks on the driver; a vLLM that is installed but broken passes)."""
+    if not import_vllm:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            return "vLLM is not installed"
+    else:
+        try:
+            import vllm  # noqa: F401
+        except Exception as exc:  # noqa: BLE001 - any import failure means no vLLM
+            return f"vLLM is not importable ({type(exc).__name__}: {exc})"
     from ..families import get_family
 
     family = get_family(model.model_type_hf)

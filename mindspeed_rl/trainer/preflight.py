@@ -18,6 +18,7 @@ from ..compat import vllm as compat_vllm
 from ..config_cls.ppo_config import PPOConfig, RoleConfig
 from ..config_cls.stage_config import StageConfig
 from ..utils.cli import UserError
+from .rollout_checks import check_rollout_engine
 
 
 def check_writable(key: str, folder: str) -> None:
@@ -312,33 +313,6 @@ def check_teacher_tokenizer(cfg: PPOConfig) -> None:
             f"teacher_config.tokenizer_name_or_path {theirs}: not the student's tokenizer ({mine}): {reason}; "
             "on-policy distillation scores the student's token ids, so teacher and student must share a tokenizer"
         )
-
-
-def check_rollout_engine(cfg: PPOConfig) -> None:
-    """What the run asks of the rollout engine, this device kind and the installed vLLM have: its quantization,
-    the routed experts it returns (unless the megatron-core engine samples) and, for router replay, megatron-core's
-    replay of them (not the NPU sets' releases)."""
-    from ..accelerator import get_accelerator
-    from ..compat import vllm_routes
-    from ..compat.megatron_core import router_replay_unavailable
-
-    gen = cfg.generate
-    if gen.rollout_quantization != "none" and gen.backend != "fallback":
-        try:
-            get_accelerator().vllm_quantization(gen.rollout_quantization, bool(cfg.actor.model.num_experts), gen.dtype)
-        except ValueError as exc:
-            raise UserError(f"generate_config.{exc}") from None
-        except ImportError:
-            pass  # no vLLM here: the engine's start names it
-    if not cfg.captures_routes:
-        return
-    capture = vllm_routes.capture_unavailable() if cfg.generate.backend != "fallback" else None
-    if cfg.rl.router_replay:
-        reason = capture or router_replay_unavailable()
-        if reason:
-            raise UserError(f"rl_config.router_replay {cfg.rl.router_replay}: {reason}")
-    elif capture:
-        raise UserError(f"generate_config.eplb_token_collects: {capture}")
 
 
 def preflight(cfg: PPOConfig) -> Optional[int]:
