@@ -251,6 +251,72 @@ def test_the_call_never_runs_as_host_root(bwrap):
         assert all(four[0] == os.geteuid() for four in ids), ids  # the driver's own uid behind the namespace
 
 
+class _HeldCalls:
+    """Tool-call processes of a root driver that run until released: each records the uid setpriv gives it."""
+
+    def __init__(self, monkeypatch):
+        import threading
+
+        from mindspeed_rl.tools import isolation, sandbox
+
+        self.lock, self.running, self.clashes, self.release = threading.Lock(), {}, [], threading.Event()
+        monkeypatch.setattr(isolation, "as_root", lambda: True)
+        monkeypatch.setattr(sandbox, "require", lambda isolation: None)
+        monkeypatch.setattr(sandbox.subprocess, "Popen", self.start)
+        monkeypatch.setattr(sandbox, "_exchange", self.exchange)
+
+    def start(self, argv, **_):
+        uid = int(argv[argv.index("--reuid") + 1])
+        with self.lock:
+            if uid in self.running.values():
+                self.clashes.append(uid)
+            proc = type("Proc", (), {"returncode": 0, "pid": 0})()
+            self.running[id(proc)] = uid
+        return proc
+
+    def exchange(self, proc, request, cap, timeout):
+        self.release.wait(30)
+        with self.lock:
+            del self.running[id(proc)]
+        return frame("done", "ok"), b"", False, False
+
+
+def test_a_running_calls_uid_is_never_given_to_another_call(monkeypatch):
+    """Before the fix the uid was a counter modulo 64: the 65th call shared the 1st's uid (and thread limit)
+    while both ran."""
+    import threading
+
+    UID_SLOTS = 64  # isolation.UID_SLOTS: the uids of one driver process
+    held = _HeldCalls(monkeypatch)
+    sandbox = Sandbox(SandboxLimits(timeout_s=0.5), "bwrap")
+    results = []
+
+    def start(count: int) -> list:
+        calls = [threading.Thread(target=lambda: results.append(sandbox.run(PYTHON_TOOL, {}))) for _ in range(count)]
+        for call in calls:
+            call.start()
+        return calls
+
+    try:
+        first = start(UID_SLOTS)
+        while len(held.running) < UID_SLOTS:
+            time.sleep(0.01)
+        more = start(UID_SLOTS)  # they wait for a free uid: none comes within the timeout + UID_WAIT_S
+        time.sleep(0.5)
+        assert len(held.running) == UID_SLOTS and not held.clashes, held.clashes
+        for call in more:
+            call.join()
+    finally:
+        held.release.set()
+    refused = [r for r in results if r.status == "crash"]
+    assert len(refused) == UID_SLOTS, [r.status for r in results]
+    assert refused[0].content == "Error: the tool could not start: too many tool calls are running", refused[0]
+    assert "all 64 tool-call uids of this process are held by running calls" in refused[0].detail
+    for call in first + start(8):  # the uids are free again once their calls ended
+        call.join()
+    assert not held.clashes and [r.status for r in results].count("ok") == UID_SLOTS + 8
+
+
 @needs_bwrap
 def test_no_proc_sys_file_or_host_control_file_opens_for_writing(bwrap):
     """The attack of the report: the audit hook switched off, then /proc/sys written (core_pattern is a way from

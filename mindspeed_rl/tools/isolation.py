@@ -11,7 +11,7 @@ no capabilities, no new privileges, in a session of its own, killed with the dri
 - a driver that runs as root (as training containers do) would make that mapping ``nobody -> host root``,
   and the kernel lets host root write ``/proc/sys`` without any capability and exempts it from RLIMIT_NPROC.
   So bubblewrap builds the namespaces with root's rights and ``setpriv`` then drops the call's process to a
-  uid and gid of its own (``call_uid``: unique per running call, in a range no account uses) with no
+  uid and gid of its own (``call_uid``: held by one running call at a time, in a range no account uses) with no
   supplementary groups, no capabilities in any set and no_new_privs, before the interpreter starts.
 
 Its file system is built from nothing:
@@ -32,14 +32,16 @@ process it started dies.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import importlib.util
-import itertools
 import os
 import shutil
 import subprocess
 import sys
+import threading
 from functools import lru_cache
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 ISOLATIONS = ("bwrap", "none")
 CODE_ROOT = "/sandbox/code"
@@ -131,7 +133,40 @@ _PROC_FILES = (  # /dev/null, read-only
     "mtrr",
 )
 UID_BASE = 1 << 30  # the host uids of a root driver's calls: [2^30, 2^30 + 2^28), a range no account uses
-_CALLS = itertools.count()
+UID_SLOTS = 64  # uids of one driver process: at most this many of its calls run at once
+
+
+class NoFreeUid(RuntimeError):
+    """Every uid of this driver process is held by a running call."""
+
+
+class _UidSlots:
+    """The uid slots of this driver process not held by a running call, the longest free first (so that a
+    slot whose call's last processes may still be exiting is taken last)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        """Every slot free: a forked child has a pid, so uids, of its own (and no lock held by another thread)."""
+        self._free = collections.deque(range(UID_SLOTS))
+        self._changed = threading.Condition()
+
+    def take(self, wait_s: float) -> int:
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._free, timeout=wait_s):
+                raise NoFreeUid(f"all {UID_SLOTS} tool-call uids of this process are held by running calls")
+            return self._free.popleft()
+
+    def give_back(self, slot: int) -> None:
+        with self._changed:
+            if slot not in self._free:  # taken before a fork: free in the child already
+                self._free.append(slot)
+                self._changed.notify()
+
+
+_uid_slots = _UidSlots()
+os.register_at_fork(after_in_child=_uid_slots.reset)
 
 
 def as_root() -> bool:
@@ -139,19 +174,30 @@ def as_root() -> bool:
     return os.geteuid() == 0
 
 
-def call_uid() -> int:
-    """The host uid and gid of one call of a root driver: the driver's pid and a per-process counter make it
-    unique among the calls running in one PID namespace, so that RLIMIT_NPROC counts the call's own threads."""
-    return UID_BASE + (os.getpid() << 6) + next(_CALLS) % 64
+@contextlib.contextmanager
+def call_uid(wait_s: float) -> Iterator[Optional[int]]:
+    """The host uid and gid of one call of a root driver (None for another driver), held until the block ends:
+    the driver's pid and a slot no running call of this process holds make it unique among the calls running
+    in one PID namespace, so that RLIMIT_NPROC counts the call's own threads. NoFreeUid when no slot frees
+    within ``wait_s`` seconds."""
+    if not as_root():
+        yield None
+        return
+    slot = _uid_slots.take(wait_s)
+    try:
+        yield UID_BASE + os.getpid() * UID_SLOTS + slot
+    finally:
+        _uid_slots.give_back(slot)
 
 
-def drop_privileges(argv: List[str]) -> List[str]:
-    """``argv`` as the sandbox runs it: under a root driver ``setpriv`` first drops to ``call_uid()`` (no
+def drop_privileges(argv: List[str], uid: Optional[int]) -> List[str]:
+    """``argv`` as the sandbox runs it: under a root driver ``setpriv`` first drops to ``uid`` (``call_uid``; no
     supplementary groups, every capability set emptied, no_new_privs), so the interpreter never runs as root."""
     if not as_root():
         return argv
-    uid = str(call_uid())
-    setpriv = ["setpriv", "--reuid", uid, "--regid", uid, "--clear-groups", "--inh-caps=-all"]
+    if uid is None:
+        raise ValueError("a root driver's tool call needs a uid of its own (call_uid)")
+    setpriv = ["setpriv", "--reuid", str(uid), "--regid", str(uid), "--clear-groups", "--inh-caps=-all"]
     return setpriv + ["--bounding-set=-all", "--no-new-privs", "--", *argv]
 
 
@@ -218,9 +264,11 @@ def bwrap_prefix(mounts: Dict[str, str], env: Dict[str, str], scratch_mb: int) -
     return args + ["--"]
 
 
-def bwrap_command(mounts: Dict[str, str], env: Dict[str, str], scratch_mb: int, argv: List[str]) -> List[str]:
-    """The whole command line that runs ``argv`` isolated."""
-    return bwrap_prefix(mounts, env, scratch_mb) + drop_privileges(argv)
+def bwrap_command(
+    mounts: Dict[str, str], env: Dict[str, str], scratch_mb: int, argv: List[str], uid: Optional[int]
+) -> List[str]:
+    """The whole command line that runs ``argv`` isolated (as ``uid`` under a root driver)."""
+    return bwrap_prefix(mounts, env, scratch_mb) + drop_privileges(argv, uid)
 
 
 @lru_cache(maxsize=1)
@@ -231,10 +279,11 @@ def bwrap_unavailable() -> str:
         return "bubblewrap (bwrap) is not installed"
     if as_root() and not os.path.realpath(shutil.which("setpriv") or "/nonexistent").startswith("/usr/"):
         return "setpriv (util-linux) is not installed in /usr: it drops a root driver's tool calls to another uid"
-    command = bwrap_command(code_mounts(()), {"LANG": "C.UTF-8"}, 1, [sys.executable, "-S", "-c", "pass"])
     try:
-        done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, cwd="/")
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        with call_uid(30.0) as uid:
+            command = bwrap_command(code_mounts(()), {"LANG": "C.UTF-8"}, 1, [sys.executable, "-S", "-c", "pass"], uid)
+            done = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=30, cwd="/")
+    except (OSError, subprocess.TimeoutExpired, NoFreeUid) as exc:
         return f"bwrap did not run ({exc})"
     if done.returncode != 0:
         said = done.stderr.decode("utf-8", "replace").strip().splitlines()

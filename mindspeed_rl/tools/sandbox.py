@@ -26,11 +26,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .isolation import CODE_ROOT, SCRATCH, bwrap_prefix, code_mounts, drop_privileges, require
+from .isolation import CODE_ROOT, SCRATCH, NoFreeUid, bwrap_prefix, call_uid, code_mounts, drop_privileges, require
 from .tool_process import HEADER_MAX, STATUSES, frame_length
 
 CHILD = "import sys; from mindspeed_rl.tools.tool_process import main; sys.exit(main())"
 STDERR_KEPT = 4096  # bytes of the child's stderr kept for the run's logs (ToolResult.detail)
+# beyond the call timeout, how long a root driver's call waits for a uid to free: a running call ends within its
+# timeout and the second _exchange gives it before killing
+UID_WAIT_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -72,8 +75,8 @@ class Sandbox:
             os.makedirs(scratch_root, exist_ok=True)
         self._prefixes: Dict[str, List[str]] = {}  # the bubblewrap part of the command line, per function
 
-    def _command(self, function: str, scratch: str) -> Tuple[List[str], Dict[str, str]]:
-        """(argv, environment) of the call's process."""
+    def _command(self, function: str, scratch: str, uid: Optional[int]) -> Tuple[List[str], Dict[str, str]]:
+        """(argv, environment) of the call's process (``uid``: its own under a root driver, else None)."""
         env = {
             "LANG": "C.UTF-8",
             "PYTHONHASHSEED": "0",
@@ -90,9 +93,19 @@ class Sandbox:
         if function not in self._prefixes:  # the same for every call of the function: built once
             env.update(PATH="/usr/bin:/bin", PYTHONPATH=CODE_ROOT)
             self._prefixes[function] = bwrap_prefix(code_mounts([function]), env, self.limits.scratch_mb)
-        return self._prefixes[function] + drop_privileges(argv), {}  # a root driver's call: a uid of its own
+        return self._prefixes[function] + drop_privileges(argv, uid), {}
 
     def run(self, function: str, arguments: Dict[str, Any]) -> ToolResult:
+        if self.isolation == "none":
+            return self._call(function, arguments, None)
+        try:  # a root driver's call holds a uid of its own until its bubblewrap has exited
+            with call_uid(self.limits.timeout_s + UID_WAIT_S) as uid:
+                return self._call(function, arguments, uid)
+        except NoFreeUid as exc:
+            busy = "Error: the tool could not start: too many tool calls are running"
+            return ToolResult(busy, "crash", 0.0, str(exc))
+
+    def _call(self, function: str, arguments: Dict[str, Any], uid: Optional[int]) -> ToolResult:
         isolated = self.isolation == "bwrap"
         scratch = SCRATCH if isolated else tempfile.mkdtemp(prefix="tool-", dir=self.scratch_root)
         request = json.dumps(
@@ -104,7 +117,7 @@ class Sandbox:
                 "isolated": isolated,
             }
         ).encode()
-        argv, env = self._command(function, scratch)
+        argv, env = self._command(function, scratch, uid)
         start = time.perf_counter()
         try:
             try:
