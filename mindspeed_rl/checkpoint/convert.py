@@ -33,6 +33,7 @@ from .hf_io import (
     write_config_and_tokenizer,
 )
 from .megatron_reader import iter_mg_pieces, read_mg_config
+from .shape_check import check_tensor_shapes
 from .sharding import to_local
 from .tp_split import ep_owner, expert_number, layer_number, renumber_expert, split_tp
 
@@ -206,6 +207,7 @@ def hf_to_mg(
     reader = FamilyNames(raw, family)
     if cfg.add_qkv_bias and HF_LAYER.format(i=0) + "self_attn.q_proj.bias" not in reader:
         raise ConversionError(f"{load_dir}: {family.name} expects q/k/v biases, none found")
+    check_tensor_shapes(family, cfg, read_hf_config(load_dir), raw, reader.stored, orm)
     check_parallel(cfg, tp, ep)
     layers = target_layers(cfg.num_layers, pp, num_layer_list, per_virtual_stage)
     torch_dtype = DTYPES[dtype]

@@ -18,6 +18,7 @@ from ..config_cls.base import ConfigError
 from ..config_cls.model_config import ModelConfig
 from ..families import FamilyError, resolve_family
 from .errors import ConversionError
+from .shape_check import check_hf_sizes
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -92,6 +93,27 @@ class HFReader:
                 ) from None
         return self._open(filename)[name]
 
+    def shapes(self) -> Dict[str, Tuple[int, ...]]:
+        """Every tensor's shape, from the files' headers (a .bin file is memory-mapped): no weight is read."""
+        by_file: Dict[str, List[str]] = {}
+        for name, filename in self.weight_map.items():
+            by_file.setdefault(filename, []).append(name)
+        shapes: Dict[str, Tuple[int, ...]] = {}
+        for filename, names in by_file.items():
+            path = os.path.join(self.folder, filename)
+            try:
+                if filename.endswith(".safetensors"):
+                    with self._open(filename) as handle:
+                        shapes.update((name, tuple(handle.get_slice(name).get_shape())) for name in names)
+                else:
+                    tensors = self._open(filename)
+                    shapes.update((name, tuple(tensors[name].shape)) for name in names)
+            except ConversionError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a name the index gives that the file lacks, a corrupt header
+                raise ConversionError(f"{path}: cannot read the tensors the index names ({exc})") from None
+        return shapes
+
 
 def read_hf_config(folder: str) -> dict:
     path = os.path.join(folder, "config.json")
@@ -113,12 +135,14 @@ def read_hf_model_config(load_dir: str, model_type_hf: Optional[str] = None) -> 
     path = os.path.join(load_dir, "config.json")
     hf = read_hf_config(load_dir)
     try:
-        return resolve_family(hf, model_type_hf, path).model_config_from_hf(hf)
+        family = resolve_family(hf, model_type_hf, path)
+        check_hf_sizes(hf, family, path)
+        return family.model_config_from_hf(hf)
     except KeyError as exc:
         raise ConversionError(f"{path}: lacks {exc.args[0]!r}") from None
     except ConfigError as exc:
         raise ConversionError(f"{path}: {exc}") from None
-    except (FamilyError, TypeError, ValueError) as exc:
+    except (FamilyError, TypeError, ValueError, ArithmeticError) as exc:
         raise ConversionError(str(exc) if str(exc).startswith(("--", path)) else f"{path}: {exc}") from None
 
 
