@@ -19,6 +19,8 @@ MAP_KEYS = ("prompt", "query", "response", "system", "history", "messages", "cho
 PAIRWISE = "AlpacaStylePairwiseHandler"
 SFT_HANDLERS = ("AlpacaStyleSFTHandler", "MessagesStyleSFTHandler")
 VISION = "R1VisionInstructionHandler"
+MAX_IMAGE_PIXELS = 40_000_000  # about 300 MB to decode the largest image a row may hold
+PIL_REFUSES = 2 * 89_478_485  # Pillow refuses larger images itself (DecompressionBombError)
 
 
 @dataclass
@@ -52,6 +54,14 @@ class DatasetConfig:
         28 * 28 * 1280,
         "R1VisionInstructionHandler: images larger than this are shrunk (Qwen2-VL's resizing rule).",
         ge=1,
+    )
+    max_image_pixels: int = opt(
+        MAX_IMAGE_PIXELS,
+        "R1VisionInstructionHandler: an image whose header gives more pixels than this is skipped (image_too_large) "
+        f"before it is decoded: one row's memory stays within the limit (about 8 bytes a pixel). At most {PIL_REFUSES} "
+        "(Pillow refuses larger images itself).",
+        ge=1,
+        le=PIL_REFUSES,
     )
     tools: List[str] = opt(
         doc="Tools listed in every prompt's system turn (the template's tools_format): "

@@ -242,7 +242,8 @@ class R1VisionInstructionHandler(R1AlpacaStyleInstructionHandler):
         them. The images, fitted to min_pixels / max_pixels as the model's processor fits them (its patch and merge
     sizes, from the tokenizer folder's processor; Qwen2.5-VL's 14 x 2 without one), are stored as PNG in the
         ``images`` field (datasets/images.py). Skipped and counted: a missing, unreadable or 200:1 image, a field that
-        is not an image or a list of them, and a prompt whose ``<image>`` count differs from its images."""
+        is not an image or a list of them, and a prompt whose ``<image>`` count differs from its images; an image over
+        max_image_pixels is skipped from its header, undecoded."""
 
     binary_fields = ("images",)
     MARKER = "<image>"
@@ -277,7 +278,8 @@ class R1VisionInstructionHandler(R1AlpacaStyleInstructionHandler):
         out = []
         for value in values:
             try:
-                png, height, width = fitted_png(read_image(value, self.base_dir), self.budget)
+                image = read_image(value, self.base_dir, self.cfg.max_image_pixels)
+                png, height, width = fitted_png(image, self.budget)
             except BadImage as exc:
                 return None, exc.reason
             out.append((png, self.budget.tokens(height, width)))

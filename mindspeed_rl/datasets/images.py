@@ -19,6 +19,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
+from ..config_cls.dataset_config import MAX_IMAGE_PIXELS
+
 
 class BadImage(ValueError):
     """A row's image that cannot be used; ``reason`` is the skip reason counted in the summary."""
@@ -51,10 +53,10 @@ class PixelBudget:
         return (height // self.patch) * (width // self.patch) // self.merge**2
 
 
-def read_image(value, base_dir: str):
-    """A PIL image (RGB) from a path (relative to the input file's folder), bytes, or a {"bytes", "path"} record."""
-    from PIL import Image, UnidentifiedImageError
-
+def read_image(value, base_dir: str, max_image_pixels: int = MAX_IMAGE_PIXELS):
+    """A PIL image (RGB) from a path (relative to the input file's folder), bytes, or a {"bytes", "path"} record.
+    Its size is read from the header first: over ``max_image_pixels`` pixels it is refused undecoded
+    (``image_too_large``), so a row's memory is bounded by the limit whatever the file claims."""
     if isinstance(value, dict):
         value = value.get("bytes") or value.get("path")
     if isinstance(value, str):
@@ -66,12 +68,32 @@ def read_image(value, base_dir: str):
         source = io.BytesIO(value)
     else:
         raise BadImage("image_not_a_path_or_bytes")
-    try:
-        with Image.open(source) as image:
+    return decoded(source, max_image_pixels)
+
+
+def decoded(source, max_image_pixels: int):
+    """The RGB image of a file or stream whose header gives at most ``max_image_pixels`` pixels (else
+    ``image_too_large``, before any decoding); ``image_unreadable`` for one that does not open or decode."""
+    import warnings
+
+    from PIL import Image
+
+    with warnings.catch_warnings():  # the limit is ours: Pillow's warning between its two thresholds is not news
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            image = Image.open(source)  # the header only
+        except Image.DecompressionBombError:
+            raise BadImage("image_too_large") from None
+        except Exception:  # noqa: BLE001 - a broken file fails in Pillow's plugins in many ways (SyntaxError too)
+            raise BadImage("image_unreadable") from None
+    with image:
+        if image.width * image.height > max_image_pixels:
+            raise BadImage("image_too_large")
+        try:
             image.load()
             return image.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError):
-        raise BadImage("image_unreadable") from None
+        except Exception:  # noqa: BLE001 - truncated data, a broken zlib stream, a bad chunk, ...
+            raise BadImage("image_unreadable") from None
 
 
 def fitted_png(image, budget: PixelBudget) -> Tuple[bytes, int, int]:
