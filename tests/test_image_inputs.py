@@ -1,5 +1,6 @@
-"""Hostile images at preprocessing: decompression bombs and broken files are skipped and counted, never a
-traceback, and an image over max_image_pixels is refused from its header before any decoding."""
+"""Hostile images. At preprocessing: decompression bombs and broken files are skipped and counted, never a
+traceback, and an image over max_image_pixels is refused from its header before any decoding. In a prepared
+dataset: a stored image damaged afterwards skips its row where it is drawn (counted in the batch's metrics)."""
 
 import io
 import json
@@ -11,7 +12,7 @@ import pytest
 from PIL import Image
 
 from mindspeed_rl.config_cls.dataset_config import DatasetConfig
-from mindspeed_rl.datasets.preprocess import preprocess
+from mindspeed_rl.datasets.preprocess import field_prefix, preprocess
 from mindspeed_rl.demo.tiny_hf import build_tokenizer
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]
@@ -117,3 +118,72 @@ def test_max_image_pixels_is_the_limit_and_is_bounded_by_pillows_own(tmp_path, t
     assert build_section(DatasetConfig, section, "dataset").max_image_pixels == 40_000_000
     with pytest.raises(ConfigError, match="max_image_pixels"):
         build_section(DatasetConfig, dict(section, max_image_pixels=200_000_000), "dataset")
+
+
+def prepared(tmp_path, tokenizer_dir, count=3) -> str:
+    """A vision dataset of ``count`` rows, each a different noise picture; returns its prefix."""
+    write_rows(tmp_path, {f"p{k}.png": png(56, 56, seed=10 + k) for k in range(count)})
+    cfg = config(tmp_path, tokenizer_dir)
+    assert preprocess(cfg, progress=False)["kept"] == count
+    return cfg.output_prefix
+
+
+def damage(prefix: str, png_bytes: bytes) -> None:
+    """Overwrite the middle of a stored picture's compressed pixels in the .bin (its length unchanged)."""
+    path = field_prefix(prefix, "images") + ".bin"
+    data = bytearray(open(path, "rb").read())
+    at = data.index(png_bytes) + len(png_bytes) // 2
+    data[at : at + 64] = b"\xff" * 64
+    open(path, "wb").write(bytes(data))
+
+
+def test_a_picture_damaged_after_preprocessing_skips_its_row_where_it_is_drawn(tmp_path, tokenizer_dir, capsys):
+    from mindspeed_rl.datasets.images import ImageEncoder, unpack_images
+    from mindspeed_rl.datasets.prompt_dataset import PromptBatch, PromptDataset, PromptSampler, draw_prompts
+
+    prefix = prepared(tmp_path, tokenizer_dir)
+    (stored,) = unpack_images(PromptDataset(prefix)[1]["images"])
+    damage(prefix, stored)
+    dataset = PromptDataset(prefix)
+    with pytest.raises(OSError, match="data stream"):  # what stopped the run in a rollout worker
+        ImageEncoder().encode(dataset[1]["images"])
+    batch = PromptBatch.of(dataset, range(3))
+    assert (len(batch.input_ids), batch.skipped, len(batch.images)) == (2, 1, 2)
+    assert "data_path" in capsys.readouterr().out  # the damaged row is named once on the console
+    sampler = PromptSampler(len(dataset), 2, seed=0, shuffle=False)
+    first = draw_prompts(dataset, sampler)  # rows 0 and 2: row 1's place taken by the next position
+    assert first.images == [dataset[0]["images"], dataset[2]["images"]] and first.skipped == 1
+    assert sampler.consumed_samples == 3
+    second = draw_prompts(dataset, sampler)  # epoch 1: rows 0, 1 -> 0, 2
+    assert second.skipped == 1 and second.images == first.images
+    for row in (0, 2):
+        dataset.bad[row] = "image_unreadable"
+    from mindspeed_rl.datasets.prompt_dataset import DatasetMissing
+
+    with pytest.raises(DatasetMissing, match="no row's stored images decode"):
+        draw_prompts(dataset, sampler)
+
+
+def test_the_rollout_source_fills_its_batch_past_a_damaged_row_and_counts_it(tmp_path, tokenizer_dir):
+    """The trainer's path: RolloutSource.from_config's draw, the batch's images encoded on the driver."""
+    from mindspeed_rl.datasets.images import ImageEncoder, unpack_images
+    from mindspeed_rl.datasets.prompt_dataset import PromptDataset, PromptSampler, draw_prompts
+    from mindspeed_rl.rollout.agent_loop import AgentContext, SingleTurn
+    from mindspeed_rl.rollout.group_filter import KeepAll
+    from mindspeed_rl.rollout.schedules import Synchronous
+    from mindspeed_rl.rollout.source import RolloutSource
+    from tests.rollout_fakes import TOK, ScriptedService, score
+
+    prefix = prepared(tmp_path, tokenizer_dir, count=4)
+    (stored,) = unpack_images(PromptDataset(prefix)[1]["images"])
+    damage(prefix, stored)
+    dataset, sampler = PromptDataset(prefix), PromptSampler(4, 2, seed=0, shuffle=False)
+    service = ScriptedService(script=lambda context, seed: "#### red<eos>")
+    function, draw = SingleTurn(AgentContext(None, TOK)), lambda: draw_prompts(dataset, sampler)
+    images = ImageEncoder()
+    source = RolloutSource(service, function, KeepAll(2), Synchronous(8), draw, score, 2, 8, 7, 0, images=images)
+    batch = source.next_batch(0)
+    assert batch.metrics["rollout/skipped_prompts"] == 1.0
+    assert batch.experience.num_rows == 4 and batch.experience.image_grid_thw.shape[0] == 4
+    assert all(request.images and all(request.images) for request in service.requests)
+    assert source.next_batch(1).metrics["rollout/skipped_prompts"] == 0.0  # rows 3 and 0

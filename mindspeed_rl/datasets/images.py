@@ -115,10 +115,29 @@ def pack_images(pngs: Sequence[bytes]) -> bytes:
 def unpack_images(blob: bytes) -> List[bytes]:
     out, at = [], 0
     while at < len(blob):
+        if at + 4 > len(blob):
+            raise ValueError("a row's stored images end inside a length")
         (size,) = struct.unpack_from("<I", blob, at)
+        if at + 4 + size > len(blob):
+            raise ValueError("a row's stored image runs past the row's bytes")
         out.append(bytes(blob[at + 4 : at + 4 + size]))
         at += 4 + size
     return out
+
+
+def stored_images_problem(blob: bytes, max_image_pixels: int = MAX_IMAGE_PIXELS) -> Optional[str]:
+    """Why a row's stored images cannot be used (a dataset damaged after preprocessing: bytes that do not unpack,
+    an image that does not decode or is over ``max_image_pixels``), or None. Decodes every image."""
+    try:
+        pngs = unpack_images(blob)
+    except ValueError:
+        return "image_unreadable"
+    for png in pngs:
+        try:
+            decoded(io.BytesIO(png), max_image_pixels)
+        except BadImage as exc:
+            return exc.reason
+    return None
 
 
 def image_grid(png: bytes, patch: int = 14) -> Tuple[int, int, int]:
@@ -226,5 +245,6 @@ __all__ = [
     "image_grid",
     "pack_images",
     "read_image",
+    "stored_images_problem",
     "unpack_images",
 ]

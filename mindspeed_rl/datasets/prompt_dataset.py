@@ -56,10 +56,12 @@ class PromptDataset:
 
     Prompts longer than ``max_prompt_length`` tokens, and rows whose prompt and longest token field together
     are longer than ``max_length``, are left out (their count is in ``dropped``). A vision dataset's ``images``
-    field is read whenever the files hold one, as the bytes datasets/images.py stored.
+    field is read whenever the files hold one, as the bytes datasets/images.py stored; ``unusable`` decodes a
+    row's images (once a run) so that a row damaged after preprocessing is skipped where it is drawn.
     """
 
     BINARY_FIELDS = ("images",)
+    SHOW_FIRST = 5  # skipped rows named on the console; the others are only counted
 
     def __init__(
         self,
@@ -70,7 +72,7 @@ class PromptDataset:
         token_fields: Sequence[str] = (),
         max_length: Optional[int] = None,
     ):
-        self.prefix = output_prefix
+        self.prefix, self.key = output_prefix, key
         self.token_fields = ("input_ids", *token_fields)
         fields = {name: field_prefix(output_prefix, name) for name in self.token_fields}
         fields.update({k: field_prefix(output_prefix, k) for k in additional_keys})
@@ -94,6 +96,9 @@ class PromptDataset:
             keep &= longest <= max_length
         self.indices = np.nonzero(keep & (lengths > 0))[0]
         self.dropped = int(len(lengths) - len(self.indices))
+        # a vision dataset's rows whose images were decoded, and those that did not decode, with the reason
+        self.checked = np.zeros(len(lengths), dtype=bool) if "images" in self.fields else None
+        self.bad: Dict[int, str] = {}
         if len(self.indices) == 0:
             limit = f"max_prompt_length {max_prompt_length}" if max_length is None else f"max length {max_length}"
             raise DatasetMissing(f"{key} {output_prefix}: no row fits {limit}")
@@ -123,6 +128,27 @@ class PromptDataset:
             else:
                 item[name] = ds[row].tobytes().decode("utf-8")
         return item
+
+    def unusable(self, i: int) -> Optional[str]:
+        """Why prompt ``i`` cannot be used (its stored images do not decode: datasets/images.py's reason), or
+        None. A row's images are decoded the first time it is asked about (a bad row is named on the console)."""
+        if self.checked is None:
+            return None
+        from .images import stored_images_problem
+
+        row = int(self.indices[i])
+        if not self.checked[row]:
+            self._check_bin("images", row)
+            why = stored_images_problem(self.fields["images"][row].tobytes())
+            self.checked[row] = True
+            if why is not None:
+                self.bad[row] = why
+                if len(self.bad) <= self.SHOW_FIRST:
+                    print(f"{self.key} {self.prefix}: row {row} skipped: its stored images do not decode ({why})")
+        return self.bad.get(row)
+
+    def all_unusable(self) -> bool:
+        return len(self.bad) == len(self.indices)
 
     def __del__(self) -> None:
         for fd in getattr(self, "bins", {}).values():
@@ -167,10 +193,13 @@ class PromptSampler:
         return self.consumed_samples // self.size
 
     def next_batch(self) -> List[int]:
+        return self.next_positions(self.global_batch_size)
+
+    def next_positions(self, count: int) -> List[int]:
         start = self.consumed_samples
-        batch = [self.position(k) for k in range(start, start + self.global_batch_size)]
-        self.consumed_samples += self.global_batch_size
-        return batch
+        positions = [self.position(k) for k in range(start, start + count)]
+        self.consumed_samples += count
+        return positions
 
     def state_dict(self) -> Dict:
         return {"consumed_samples": self.consumed_samples, "seed": self.seed, "shuffle": self.shuffle}
@@ -188,19 +217,48 @@ class PromptBatch:
     max_new_tokens: Optional[List[int]] = None  # per-prompt response budgets (dataset key max_new_tokens)
     tools: Optional[List[Optional[List[str]]]] = None  # per-prompt tool names (dataset key tools); None: all
     images: Optional[List[bytes]] = None  # per-prompt images as stored (datasets/images.py; b"" for none)
+    skipped: int = 0  # rows of the draw left out: their stored images do not decode
 
     @staticmethod
     def of(dataset, indices) -> "PromptBatch":
         """The prompts (labels, and budgets, tools, images when the dataset has those keys) of rows
-        ``indices`` of a PromptDataset."""
-        items = [dataset[i] for i in indices]
-        has = set(items[0]) if items else set()
+        ``indices`` of a PromptDataset; rows whose stored images do not decode are left out (``skipped``)."""
+        unusable = getattr(dataset, "unusable", None)  # (a list of rows stands in for a dataset in tests)
+        indices = list(indices)
+        items = [dataset[i] for i in indices if unusable is None or unusable(i) is None]
+        has = set(items[0]) if items else set(getattr(dataset, "fields", ()))
         budgets = [int(it["max_new_tokens"]) for it in items] if "max_new_tokens" in has else None
         tools = [json.loads(it["tools"]) for it in items] if "tools" in has else None
         images = [it["images"] for it in items] if "images" in has else None
+        ids, labels = [list(it["input_ids"]) for it in items], [it.get("labels", "") for it in items]
+        return PromptBatch(ids, labels, budgets, tools, images, len(indices) - len(items))
+
+    def __add__(self, other: "PromptBatch") -> "PromptBatch":
+        def cat(a, b):
+            return None if a is None or b is None else a + b
+
         return PromptBatch(
-            [list(it["input_ids"]) for it in items], [it.get("labels", "") for it in items], budgets, tools, images
+            self.input_ids + other.input_ids,
+            self.labels + other.labels,
+            cat(self.max_new_tokens, other.max_new_tokens),
+            cat(self.tools, other.tools),
+            cat(self.images, other.images),
+            self.skipped + other.skipped,
         )
+
+
+def draw_prompts(dataset, sampler) -> PromptBatch:
+    """The sampler's next global batch of ``dataset``'s prompts, whole: each row left out (its stored images do not
+    decode) is counted in ``skipped`` and the sampler's next position takes its place."""
+    batch = PromptBatch.of(dataset, sampler.next_batch())
+    while len(batch.input_ids) < sampler.global_batch_size:
+        if dataset.all_unusable():
+            raise DatasetMissing(
+                f"{dataset.key} {dataset.prefix}: no row's stored images decode; rerun cli/preprocess_data.py"
+            )
+        more = sampler.next_positions(sampler.global_batch_size - len(batch.input_ids))
+        batch = batch + PromptBatch.of(dataset, more)
+    return batch
 
 
 def collate_prompts(items: Sequence[Dict], pad_id: int) -> Dict:

@@ -30,7 +30,7 @@ import torch
 
 from ..config_cls.generate_config import SamplingConfig
 from ..datasets.images import ImageEncoder
-from ..datasets.prompt_dataset import PromptBatch
+from ..datasets.prompt_dataset import PromptBatch, draw_prompts
 from ..datasets.templates import ToolFormat
 from ..protocol import Experience, RolloutOutput, build_experience
 from ..utils.clock import Clock
@@ -108,7 +108,7 @@ class RolloutSource:
         started, clock = time.perf_counter(), Clock()
         pool, flt, schedule, scoring = self.pool, self.filter, self.schedule, self.scoring
         version = self.service.version
-        draws = rounds = tokens = drawn = 0
+        draws = rounds = tokens = drawn = skipped = 0
         scored: RewardMetrics = []
         while True:
             if not schedule.holds_back(pool):
@@ -126,7 +126,7 @@ class RolloutSource:
             if wanted and not may_fill:  # groups being scored that could fill the batch want no prompts
                 prompts = self.draw()
                 pool.add(prompts)
-                draws, drawn = draws + 1, drawn + len(prompts.input_ids)
+                draws, drawn, skipped = draws + 1, drawn + len(prompts.input_ids), skipped + prompts.skipped
                 continue
             if not pool.unfinished():
                 if scoring.pending:
@@ -147,6 +147,8 @@ class RolloutSource:
         metrics.update(scoring.metrics(clock))
         metrics.update(self.function.metrics([t for g in groups for t in g]))
         metrics.update(schedule_metrics(schedule, pool, groups, rounds, tokens, drawn))
+        if self.images is not None:  # rows of a vision dataset whose stored images do not decode
+            metrics["rollout/skipped_prompts"] = float(skipped)
         line = flt.summary(iteration, metrics, draws)
         if line:
             print(line, flush=True)
@@ -257,7 +259,7 @@ class RolloutSource:
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
         def draw() -> PromptBatch:
-            return PromptBatch.of(dataset, sampler.next_batch())
+            return draw_prompts(dataset, sampler)
 
         overlap = cfg.judge is not None and cfg.judge.overlap
         images = ImageEncoder(cfg.actor.megatron.tokenizer_name_or_path) if cfg.actor.model.vision_config else None
