@@ -1,6 +1,7 @@
 """Hostile images. At preprocessing: decompression bombs and broken files are skipped and counted, never a
 traceback, and an image over max_image_pixels is refused from its header before any decoding. In a prepared
-dataset: a stored image damaged afterwards skips its row where it is drawn (counted in the batch's metrics)."""
+dataset: a stored image damaged afterwards skips its row where it is drawn (counted in the batch's metrics). At
+start: a dataset with images for a model that reads text only is refused before anything starts."""
 
 import io
 import json
@@ -187,3 +188,47 @@ def test_the_rollout_source_fills_its_batch_past_a_damaged_row_and_counts_it(tmp
     assert batch.experience.num_rows == 4 and batch.experience.image_grid_thw.shape[0] == 4
     assert all(request.images and all(request.images) for request in service.requests)
     assert source.next_batch(1).metrics["rollout/skipped_prompts"] == 0.0  # rows 3 and 0
+
+
+def text_prefix(tmp_path, tokenizer_dir) -> str:
+    (tmp_path / "text.jsonl").write_text(json.dumps({"problem": "what colour?", "answer": "red"}) + "\n")
+    cfg = DatasetConfig(
+        input=str(tmp_path / "text.jsonl"),
+        tokenizer_name_or_path=tokenizer_dir,
+        output_prefix=str(tmp_path / "out" / "text"),
+        prompt_type="empty",
+        map_keys={"prompt": "problem", "response": "answer"},
+    )
+    assert preprocess(cfg, progress=False)["kept"] == 1
+    return cfg.output_prefix
+
+
+def test_images_for_a_text_model_are_refused_before_anything_starts_and_text_for_a_vision_model_is_not(
+    tmp_path, tokenizer_dir, capsys
+):
+    from cli import train_ppo
+
+    images = prepared(tmp_path, tokenizer_dir, count=1)
+    run = ["--config-name", "grpo_tiny_cpu", "--check", f"megatron_training.tokenizer_name_or_path={tokenizer_dir}"]
+    assert train_ppo.main(run + [f"megatron_training.data_path={images}"]) == 2
+    err = capsys.readouterr().err
+    assert "megatron_training.data_path" in err and images in err and "holds images" in err, err
+    assert "tiny_qwen25 (qwen25) reads text only" in err and "Traceback" not in err, err
+    # the reverse is legitimate: a vision-language model trains on text rows (its prompts carry no images)
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from mindspeed_rl.demo.vision_task import save_processor
+
+    vl_tokenizer = tmp_path / "vl_tok"
+    shutil.copytree(tokenizer_dir, vl_tokenizer)
+    save_processor(str(vl_tokenizer), AutoTokenizer.from_pretrained(tokenizer_dir), 56 * 56, 112 * 112, "qwen2_5_vl")
+    text = text_prefix(tmp_path, tokenizer_dir)
+    vision_run = [
+        "--config-name", "grpo_tiny_cpu_vision", "--check", f"megatron_training.tokenizer_name_or_path={vl_tokenizer}",
+        f"megatron_training.data_path={text}", f"megatron_training.test_data_path={text}",
+        f"actor_config.load={tmp_path}",
+    ]  # fmt: skip
+    assert train_ppo.main(vision_run) == 0, capsys.readouterr().err
+    assert "check: the config and its paths are valid" in capsys.readouterr().out

@@ -26,16 +26,13 @@ from tqdm import tqdm
 from ..config_cls.dataset_config import DatasetConfig
 from ..utils.hf_tokenizer import load_tokenizer
 from .handlers import HANDLERS
+from .indexed_files import field_prefix
 from .readers import BadEncoding, iter_rows
 
 log = logging.getLogger(__name__)
 CHUNK = 256
 SHOW_FIRST = 5
 _WORKER = {}
-
-
-def field_prefix(output_prefix: str, field: str) -> str:
-    return f"{output_prefix}_packed_{field}_document"
 
 
 def _init_worker(cfg: DatasetConfig, tools: Mapping[str, Any], tokenizer=None) -> None:

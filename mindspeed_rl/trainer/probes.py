@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, List, Mapping
 from ..config_cls.base import ConfigError
 from ..config_cls.feature_rules import role_key
 from ..datasets.images import has_image_processor
+from ..datasets.indexed_files import field_prefix, holds_images
 
 DEMO_ASSETS = "demo_assets"
 
@@ -53,6 +54,8 @@ def missing_paths(cfg: "PPOConfig | StageConfig") -> List[ConfigError]:
                         f"folder holds it){_demo_hint(value)}",
                     )
                 )
+            elif what == "dataset prefix" and not role.model.vision_config and holds_images(value):
+                problems.append(images_for_a_text_model(full, value, role))
     judge = getattr(cfg, "judge", None)
     if judge is not None and judge.serve == "engines" and judge.load and not os.path.exists(judge.load):
         problems.append(
@@ -78,6 +81,17 @@ def missing_paths(cfg: "PPOConfig | StageConfig") -> List[ConfigError]:
     if gen is not None and gen.expert_map_path:
         problems.append(expert_map_problem(gen.expert_map_path, cfg.roles[0], gen.infer_expert_parallel_size))
     return problems
+
+
+def images_for_a_text_model(key: str, prefix: str, role: "RoleConfig") -> ConfigError:
+    """A dataset with images for a model without a vision tower (vLLM would refuse the first request). The reverse,
+    a vision-language model on text rows, is legitimate: its prompts simply carry no images."""
+    return ConfigError(
+        key,
+        f"{prefix!r} holds images ({field_prefix(prefix, 'images')}.bin) and the {role.name}'s model "
+        f"{role.megatron.model} ({role.model.model_type_hf}) reads text only: use a vision-language model "
+        "(docs/vision.md), or a dataset preprocessed without map_keys.image",
+    )
 
 
 def expert_map_problem(path: str, actor: "RoleConfig", infer_ep: int) -> ConfigError:
