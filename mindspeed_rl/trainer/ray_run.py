@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional
 
 from ..config_cls.loader import CONFIG_DIR
-from ..utils.cli import raise_if_terminated, raise_terminated
+from ..utils.cli import UserError, raise_if_terminated, raise_terminated
 from .failures import WorkerDied, describe_dead_worker, describe_worker_error
 
 if TYPE_CHECKING:
@@ -30,9 +30,80 @@ def runtime_env_vars() -> Dict[str, str]:
     return env
 
 
+RAY_JOIN_TIMEOUT_S = 10.0  # seconds the cluster at RAY_ADDRESS has to accept a connection
+JOIN_TIMEOUT_ENV = "MINDSPEED_RL_RAY_JOIN_TIMEOUT"  # overrides it
+JOIN_HINT = (
+    "start the cluster with `ray start --head` and set RAY_ADDRESS to the address it prints, or unset RAY_ADDRESS "
+    "to start Ray inside this run"
+)
+
+
+def join_timeout() -> float:
+    """The seconds a cluster at RAY_ADDRESS has to answer: MINDSPEED_RL_RAY_JOIN_TIMEOUT, else 10."""
+    given = os.environ.get(JOIN_TIMEOUT_ENV, "")
+    try:
+        seconds = float(given) if given else RAY_JOIN_TIMEOUT_S
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise UserError(f"{JOIN_TIMEOUT_ENV}={given!r}: not a positive number of seconds")
+    return seconds
+
+
+def check_ray_address(address: str, seconds: float) -> None:
+    """Refuse an ``address`` (RAY_ADDRESS: host:port, or ray://host:port) where no Ray cluster answers within
+    ``seconds``: ray.init would retry there for many minutes. Nothing may accept a TCP connection there, and at
+    host:port a Ray GCS must tell its cluster id (an intercepting proxy accepts any connection, and a server of
+    another kind may listen). "auto" and "local" are Ray's to settle."""
+    if address in ("auto", "local"):
+        return
+    host, sep, port = address.split("://", 1)[-1].rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise UserError(f"RAY_ADDRESS={address!r} is not host:port (e.g. 10.0.0.1:6379): {JOIN_HINT}")
+    import socket
+
+    waited = f"no answer within {seconds:g} s; {JOIN_TIMEOUT_ENV} sets how long"
+    until = time.monotonic() + seconds
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=seconds):
+            pass
+        why = None if "://" in address else gcs_silence(address, max(0.1, until - time.monotonic()), waited)
+    except (OSError, OverflowError) as exc:
+        why = waited if isinstance(exc, socket.timeout) else (getattr(exc, "strerror", None) or str(exc)).lower()
+    if why:
+        raise UserError(f"RAY_ADDRESS={address}: no Ray cluster answers there ({why}): {JOIN_HINT}")
+
+
+def gcs_silence(address: str, seconds: float, waited: str) -> Optional[str]:
+    """None when the Ray GCS at ``address`` tells its cluster id within ``seconds`` (over Ray's own channel: its
+    TLS and token settings), else why not (``waited`` when out of time)."""
+    try:
+        import grpc
+        from ray._private.gcs_utils import create_gcs_channel
+        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+    except ImportError:  # a Ray laid out otherwise: the TCP connection was the check
+        return None
+    channel = create_gcs_channel(address)
+    try:
+        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
+        stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=seconds)
+        return None
+    except grpc.RpcError as exc:
+        code = exc.code()
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return waited
+        if code == grpc.StatusCode.UNAVAILABLE:
+            return "unavailable"
+        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+            return None  # a GCS that wants Ray's token: ray.init says so
+        return f"something answers, but not as a Ray GCS: {code.name}"
+    finally:
+        channel.close()
+
+
 def init_ray(env: Dict[str, str], quiet: bool = False) -> None:
-    """Start (or join, with RAY_ADDRESS) Ray; ``quiet`` leaves Ray's driver logger to the handlers of
-    ``library_logs.route_driver_logs``."""
+    """Start (or join, with RAY_ADDRESS: refused in seconds where nothing answers) Ray; ``quiet`` leaves Ray's
+    driver logger to the handlers of ``library_logs.route_driver_logs``."""
     import ray
 
     if ray.is_initialized():
@@ -40,6 +111,8 @@ def init_ray(env: Dict[str, str], quiet: bool = False) -> None:
     if not sys.stdout.isatty():
         os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # no ANSI colour in the worker-log prefix of a log file
     address = os.environ.get("RAY_ADDRESS")
+    if address:
+        check_ray_address(address, join_timeout())
     kwargs = dict(
         runtime_env={"env_vars": env},
         include_dashboard=False,
@@ -70,6 +143,10 @@ def init_ray(env: Dict[str, str], quiet: bool = False) -> None:
         if exc.code != signal.SIGTERM:
             raise
         raise_terminated(signal.SIGTERM, None)
+    except ConnectionError as exc:  # e.g. RAY_ADDRESS=auto and no cluster on this machine
+        if not address:
+            raise
+        raise UserError(f"RAY_ADDRESS={address}: {str(exc).rstrip('.')}; {JOIN_HINT}") from None
     finally:
         if keep_ours:
             ray_utils.set_sigterm_handler = set_handler
