@@ -11,6 +11,7 @@ import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Dict, Iterator, List, Optional
 
+from ..compat import ray_gcs
 from ..config_cls.loader import CONFIG_DIR
 from ..utils.cli import UserError, raise_if_terminated, raise_terminated
 from .failures import WorkerDied, describe_dead_worker, describe_worker_error
@@ -67,38 +68,11 @@ def check_ray_address(address: str, seconds: float) -> None:
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=seconds):
             pass
-        why = None if "://" in address else gcs_silence(address, max(0.1, until - time.monotonic()), waited)
+        why = None if "://" in address else ray_gcs.gcs_silence(address, max(0.1, until - time.monotonic()), waited)
     except (OSError, OverflowError) as exc:
         why = waited if isinstance(exc, socket.timeout) else (getattr(exc, "strerror", None) or str(exc)).lower()
     if why:
         raise UserError(f"RAY_ADDRESS={address}: no Ray cluster answers there ({why}): {JOIN_HINT}")
-
-
-def gcs_silence(address: str, seconds: float, waited: str) -> Optional[str]:
-    """None when the Ray GCS at ``address`` tells its cluster id within ``seconds`` (over Ray's own channel: its
-    TLS and token settings), else why not (``waited`` when out of time)."""
-    try:
-        import grpc
-        from ray._private.gcs_utils import create_gcs_channel
-        from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
-    except ImportError:  # a Ray laid out otherwise: the TCP connection was the check
-        return None
-    channel = create_gcs_channel(address)
-    try:
-        stub = gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel)
-        stub.GetClusterId(gcs_service_pb2.GetClusterIdRequest(), timeout=seconds)
-        return None
-    except grpc.RpcError as exc:
-        code = exc.code()
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            return waited
-        if code == grpc.StatusCode.UNAVAILABLE:
-            return "unavailable"
-        if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
-            return None  # a GCS that wants Ray's token: ray.init says so
-        return f"something answers, but not as a Ray GCS: {code.name}"
-    finally:
-        channel.close()
 
 
 def init_ray(env: Dict[str, str], quiet: bool = False) -> None:
