@@ -79,7 +79,7 @@ class JudgeConfig:
         choices=("chat", "completions"),
     )
     concurrency: int = opt(8, "http: most requests in flight.", ge=1)
-    timeout: float = opt(60.0, "http: seconds a request may take before it is retried or fails.", gt=0)
+    timeout: float = opt(60.0, "http: wall-clock seconds a request may take before it is retried or fails.", gt=0)
     retries: int = opt(2, "http: further tries of a failed request.", ge=0)
     deadline: Optional[float] = opt(
         900.0,
@@ -92,7 +92,8 @@ class JudgeConfig:
     )
     max_response_bytes: Optional[int] = opt(
         None,
-        "http: most bytes read of one answer (streamed; a longer one fails, counted in judge/request_failures). "
+        "http: most bytes of one answer, counted after gzip / deflate decoding as they stream (a longer one fails, "
+        "counted in judge/request_failures). "
         "None: 16 bytes per max_tokens + 64 KiB.",
         ge=1024,
     )
