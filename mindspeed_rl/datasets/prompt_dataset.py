@@ -250,13 +250,14 @@ class PromptBatch:
 def draw_prompts(dataset, sampler) -> PromptBatch:
     """The sampler's next global batch of ``dataset``'s prompts, whole: each row left out (its stored images do not
     decode) is counted in ``skipped`` and the sampler's next position takes its place."""
-    batch = PromptBatch.of(dataset, sampler.next_batch())
-    while len(batch.input_ids) < sampler.global_batch_size:
+    positions = sampler.next_batch()
+    batch = PromptBatch.of(dataset, positions)
+    while len(batch.input_ids) < len(positions):  # (only a vision dataset leaves rows out)
         if dataset.all_unusable():
             raise DatasetMissing(
                 f"{dataset.key} {dataset.prefix}: no row's stored images decode; rerun cli/preprocess_data.py"
             )
-        more = sampler.next_positions(sampler.global_batch_size - len(batch.input_ids))
+        more = sampler.next_positions(len(positions) - len(batch.input_ids))
         batch = batch + PromptBatch.of(dataset, more)
     return batch
 
