@@ -86,12 +86,12 @@ def ipo_loss(
         loss_i = (h_i - 1 / (2 beta))^2
 
     without them h_i is ``log_ratio_gap`` of the summed log-probabilities."""
-    if (chosen_tokens is None) != (rejected_tokens is None):
-        raise ValueError("ipo_loss: give the token counts of both answers or of neither")
     chosen = policy_chosen.float() - ref_chosen.float()
     rejected = policy_rejected.float() - ref_rejected.float()
-    if chosen_tokens is not None:
+    if chosen_tokens is not None and rejected_tokens is not None:
         chosen, rejected = chosen / chosen_tokens.float(), rejected / rejected_tokens.float()
+    elif chosen_tokens is not None or rejected_tokens is not None:
+        raise ValueError("ipo_loss: give the token counts of both answers or of neither")
     return (chosen - rejected - 1.0 / (2.0 * beta)) ** 2
 
 
