@@ -42,9 +42,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from bench import device_steps  # noqa: E402
+from bench import device_algorithms, device_steps, device_training  # noqa: E402
 
-STEPS = ("environment", "parity", "training", "head", "algorithms", "generation", "profile")
+STEP_FUNCTIONS: Dict[str, Callable] = {  # in the order they run
+    "environment": device_steps.step_environment,
+    "parity": device_steps.step_parity,
+    "training": device_training.training_rows,
+    "head": device_training.head_rows,
+    "algorithms": device_algorithms.algorithm_rows,
+    "generation": device_steps.step_generation,
+    "profile": device_training.profile_rows,
+}
+STEPS = tuple(STEP_FUNCTIONS)
 
 
 class Results:
@@ -97,7 +106,6 @@ def cell(value) -> str:
 def run_steps(steps: Sequence[str], ctx: "device_steps.Context", results: Results, deadline: float) -> int:
     """Run ``steps`` in order, each recorded when it ends; returns the number that failed."""
     failed = 0
-    functions: Dict[str, Callable] = {s: getattr(device_steps, f"step_{s}") for s in STEPS}
     for step in steps:
         if time.monotonic() > deadline:
             results.record(step, "skipped", 0.0, error="out of time (--minutes)")
@@ -106,7 +114,7 @@ def run_steps(steps: Sequence[str], ctx: "device_steps.Context", results: Result
         ctx.deadline = deadline
         start = time.monotonic()
         try:
-            result = functions[step](ctx)
+            result = STEP_FUNCTIONS[step](ctx)
         except Exception as exc:  # recorded and reported; the next step still runs
             failed += 1
             tail = "".join(traceback.format_exception(exc)[-6:])

@@ -231,30 +231,6 @@ def step_parity(ctx: Context) -> List[Dict]:
     return out
 
 
-def step_training(ctx: Context) -> List[Dict]:
-    from bench.device_training import training_rows
-
-    return training_rows(ctx)
-
-
-def step_head(ctx: Context) -> List[Dict]:
-    from bench.device_training import head_rows
-
-    return head_rows(ctx)
-
-
-def step_profile(ctx: Context) -> List[Dict]:
-    from bench.device_training import profile_rows
-
-    return profile_rows(ctx)
-
-
-def step_algorithms(ctx: Context) -> List[Dict]:
-    from bench.device_algorithms import algorithm_rows
-
-    return algorithm_rows(ctx)
-
-
 def step_generation(ctx: Context) -> List[Dict]:
     """The fallback engine (full forward per new token, no KV cache) sampling ``new`` tokens per prompt."""
     from mindspeed_rl.rollout.fallback import generate

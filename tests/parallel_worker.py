@@ -227,7 +227,7 @@ def run_sp_splice(rank, world, spec, workdir, port):
     from megatron.core.models.common.embeddings.language_model_embedding import LanguageModelEmbedding
     from megatron.core.transformer import TransformerConfig
 
-    from mindspeed_rl.models.vision.vl_model import deepstack_added, embed_with_images
+    from mindspeed_rl.families.vision.vl_model import deepstack_added, embed_with_images
 
     start_rank(rank, world, port, tp=world)
     config = TransformerConfig(

@@ -1,7 +1,7 @@
 """The size budget beside the layer rule (tests/test_layers.py), with an empty allow-list: no module over 400
-lines, no function over 80, no import circle among the modules of one layer (deferred imports count; imports
-only for type checkers do not), and ``# fmt: skip`` only on tables (a name bound to a literal tuple, list, set or
-dict), never to squeeze a call or a message past the formatter."""
+lines, no function over 80, no import circle among the modules of one layer, that is of one package (deferred
+imports count; imports only for type checkers do not), and ``# fmt: skip`` only on tables (a name bound to a
+literal tuple, list, set or dict), never to squeeze a call or a message past the formatter."""
 
 import ast
 import pathlib

@@ -1,11 +1,14 @@
-"""The layer table of docs/architecture.md held against the package's imports (top-level and deferred):
-a module imports only its own layer and the layers below. The table is read from the document itself, so
-the map and the code cannot drift apart."""
+"""The layer table of docs/architecture.md held against the package's imports (top-level and deferred): one
+package a row, and a module imports only its own package and the packages below, so no two folders import each
+other. The table is read from the document itself, so the map and the code cannot drift apart. The scripts
+beside the package (``cli/``, ``bench/``) hold no import circle among their modules either."""
 
 import ast
 import pathlib
 import re
-from typing import Dict, List, Tuple
+from typing import Dict, List, Set, Tuple
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -17,10 +20,11 @@ ALLOWED: Dict[Tuple[str, str], str] = {}
 
 
 def layer_table() -> Dict[str, int]:
-    """Package folder -> layer, from the table rows ``| <n> <name> | `a/`, `b/` | ... |``."""
+    """Package folder -> layer, from the table rows ``| <n> <name> | `a/` | ... |`` (the entry points' row names the
+    folders outside the package: ``cli/``, ``examples/``)."""
     text = (pathlib.Path(ROOT) / "docs" / "architecture.md").read_text(encoding="utf-8")
     table = {}
-    for number, packages in re.findall(r"^\| (\d) [^|]+\| ([^|]+) \|", text, flags=re.M):
+    for number, packages in re.findall(r"^\| (\d+) [^|]+\| ([^|]+) \|", text, flags=re.M):
         for name in re.findall(r"`([a-z_]+)/`", packages):
             table[name] = int(number)
     return table
@@ -61,11 +65,56 @@ def violations(table: Dict[str, int], package: pathlib.Path = PACKAGE) -> Dict[T
     return found
 
 
-def test_every_package_has_a_layer():
+def test_every_package_has_a_layer_of_its_own():
     table = layer_table()
     packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
     assert packages <= set(table), f"not in docs/architecture.md's layer table: {sorted(packages - set(table))}"
-    assert table["algorithms"] == 1 and table["trainer"] == 5 and table["config_cls"] == 0
+    shared = {n: sorted(p for p in packages if table[p] == n) for n in {table[p] for p in packages}}
+    assert all(len(names) == 1 for names in shared.values()), f"packages sharing a layer: {shared}"
+    assert table["config_cls"] == 0 and table["algorithms"] < table["models"] < table["rollout"] < table["trainer"]
+
+
+def script_circles(folder: str) -> List[List[str]]:
+    """Import circles (top-level or deferred) among the modules of a script folder beside the package."""
+    from tests.test_budget import modules, runtime_imports
+
+    known = modules(pathlib.Path(ROOT) / folder)
+    graph = {m: runtime_imports(m, p, known) for m, p in known.items()}
+    reachable = {m: reach(graph, m) for m in graph}
+    circles = {tuple(sorted({m} | {n for n in reachable[m] if m in reachable[n]})) for m in graph if m in reachable[m]}
+    return sorted(map(list, circles))
+
+
+def reach(graph: Dict[str, Set[str]], start: str) -> Set[str]:
+    """The modules ``start`` imports, directly or through others."""
+    seen: Set[str] = set()
+    todo = list(graph[start])
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo.extend(graph[node])
+    return seen
+
+
+@pytest.mark.parametrize("folder", ["cli", "bench"])
+def test_no_import_circle_among_the_scripts(folder):
+    assert script_circles(folder) == []
+
+
+def test_the_package_never_imports_the_scripts():
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{node.lineno}"
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        and any(
+            name.split(".")[0] in ("cli", "bench")
+            for name in ([a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""])
+        )
+        and not getattr(node, "level", 0)
+    ]
+    assert not found, f"mindspeed_rl imports cli/ or bench/: {found}"
 
 
 def test_each_layer_imports_only_its_own_and_the_layers_below():

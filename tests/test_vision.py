@@ -7,8 +7,8 @@ import torch
 from mindspeed_rl.checkpoint.convert import vl_state_to_mcore
 from mindspeed_rl.families import get_family
 from mindspeed_rl.families.qwen2_5_vl import split_hf_state
-from mindspeed_rl.models.vision.positions import mrope_positions, window_order
-from mindspeed_rl.models.vision.qwen25_vit import Qwen25VisionTower
+from mindspeed_rl.families.vision.positions import mrope_positions, window_order
+from mindspeed_rl.families.vision.qwen25_vit import Qwen25VisionTower
 from tests.helpers import hf_vl_logits, single_process_world_fixture
 
 single_process_world = single_process_world_fixture(seed=5)
@@ -286,7 +286,7 @@ def test_weight_sync_names_include_the_tower(hf_model):
 def test_a_sampled_placeholder_is_a_word_and_pixel_rows_follow_their_rows():
     """A response that samples the image token holds it as a word (vLLM embeds it so): only the prompt's image
     runs take features and 3D positions. The experience keeps each row's pixels through select and cat."""
-    from mindspeed_rl.models.vision.positions import image_layout
+    from mindspeed_rl.families.vision.positions import image_layout
     from mindspeed_rl.protocol.experience import Experience
     from mindspeed_rl.protocol.experience_rows import image_fields
 

@@ -10,7 +10,7 @@ import torch
 from mindspeed_rl.checkpoint.convert import vl_state_to_mcore
 from mindspeed_rl.families import get_family
 from mindspeed_rl.families.qwen2_5_vl import split_hf_state
-from mindspeed_rl.models.vision.positions import interleaved_mrope, mrope_positions
+from mindspeed_rl.families.vision.positions import interleaved_mrope, mrope_positions
 from tests.helpers import hf_vl_logits, single_process_world_fixture
 
 single_process_world = single_process_world_fixture(seed=5)

@@ -6,7 +6,7 @@ import torch
 
 from mindspeed_rl.checkpoint.convert import vl_state_to_mcore
 from mindspeed_rl.families import get_family
-from mindspeed_rl.models.vision.positions import mrope_positions
+from mindspeed_rl.families.vision.positions import mrope_positions
 from tests.helpers import hf_vl_logits, single_process_world_fixture
 from tests.test_vision_qwen3 import GRIDS, IMAGE, prompts
 

@@ -31,7 +31,7 @@ _GATED_DELTANET_COLUMNS = tuple(
 def tp_rule(name: str, shape: Sequence[int], swiglu: bool = True) -> str:
     """How parameter ``name`` is laid out across TP ranks: replicate | dim0 | dim1 | swiglu."""
     if name.endswith("_extra_state") or name.startswith("visual."):
-        return "replicate"  # a vision tower is replicated over TP (models/vision)
+        return "replicate"  # a vision tower is replicated over TP (families/vision)
     if name.endswith((".lora_A", ".lora_B")):  # LoRA: the split side follows the layer's weight
         layer, adapter = name.rsplit(".", 1)
         column = "linear_qkv" in layer or "linear_fc1" in layer
@@ -118,11 +118,14 @@ def ep_owner(expert: int, num_experts: int, ep: int):
     return expert // per, expert % per
 
 
+def merge(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
+    """W + scaling * B A in fp32, returned in W's dtype (a rank's shards line up for both layer kinds)."""
+    return (weight.float() + scaling * (b.float() @ a.float())).to(weight.dtype)
+
+
 def fold_lora(weights: Dict[str, torch.Tensor], scaling: float) -> Dict[str, torch.Tensor]:
     """Full weights with every ``<layer>.lora_A`` / ``lora_B`` pair merged into ``<layer>.weight``:
     W + scaling * B A (the adapters themselves dropped)."""
-    from ..models.lora import merge
-
     out = {n: t for n, t in weights.items() if not n.endswith((".lora_A", ".lora_B"))}
     for name in weights:
         if name.endswith(".lora_A"):

@@ -95,7 +95,7 @@ class _GlooGroup:
         self.group = dist.ProcessGroupGloo(dist.PrefixStore("vllm-weights", self.store), rank, size, timeout)
 
     def broadcast(self, tensor: torch.Tensor, src: int, stream: Any = None) -> None:
-        from ..utils.group_ops import broadcast_from
+        from .group_ops import broadcast_from
 
         broadcast_from(self.group, tensor, src)
 

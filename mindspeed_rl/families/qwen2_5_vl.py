@@ -1,5 +1,5 @@
 """Qwen2.5-VL: Qwen2.5's language model with 3D multimodal rotary positions (mrope), fed image tokens by a
-window-attention ViT (models/vision/qwen25_vit.py).
+window-attention ViT (families/vision/qwen25_vit.py).
 
 The Hub's checkpoints (and transformers' ``save_pretrained``) hold the language model in Qwen2's layout
 (``model.layers.*``, ``lm_head``) and the tower under ``visual.``; transformers' modules, and some folders saved
@@ -47,13 +47,13 @@ class Qwen25VL(Qwen25):
         )
 
     def post_build(self, gpt, model: ModelConfig) -> None:
-        from ..models.vision.vl_model import attach_vision_tower
+        from .vision.vl_model import attach_vision_tower
 
         if model.vision_config:
             attach_vision_tower(gpt, self.build_tower(model.vision_config), model.image_token_id)
 
     def build_tower(self, vision: dict):
-        from ..models.vision.qwen25_vit import Qwen25VisionTower
+        from .vision.qwen25_vit import Qwen25VisionTower
 
         return Qwen25VisionTower(self.vision_config({"vision_config": vision}))
 
@@ -96,7 +96,7 @@ class Qwen25VL(Qwen25):
 
     def vision_config(self, hf: dict):
         """The tower's config from a HF config's ``vision_config``."""
-        from ..models.vision.qwen25_vit import VisionConfig
+        from .vision.qwen25_vit import VisionConfig
 
         return VisionConfig.from_hf(hf["vision_config"])
 

@@ -1,6 +1,6 @@
 """Qwen3-VL (dense): Qwen3's language model (q/k norms, no q/k/v bias) with interleaved multimodal rotary
 positions, fed by a ViT without windows whose DeepStack mergers add image features to the outputs of the
-first language-model layers (models/vision/qwen3_vit.py).
+first language-model layers (families/vision/qwen3_vit.py).
 
 Its checkpoints keep transformers' module names: ``model.language_model.*``, ``model.visual.*``, ``lm_head``;
 those are read and written (vLLM's Qwen3-VL loader maps only these).
@@ -34,18 +34,18 @@ class Qwen3VL(Qwen25VL):
         return None
 
     def vision_config(self, hf: dict):
-        from ..models.vision.qwen3_vit import Qwen3VisionConfig
+        from .vision.qwen3_vit import Qwen3VisionConfig
 
         return Qwen3VisionConfig.from_hf(hf["vision_config"])
 
     def build_tower(self, vision: dict):
-        from ..models.vision.qwen3_vit import Qwen3VisionTower
+        from .vision.qwen3_vit import Qwen3VisionTower
 
         return Qwen3VisionTower(self.vision_config({"vision_config": vision}))
 
     def post_build(self, gpt, model: ModelConfig) -> None:
         """The tower, and megatron's contiguous mrope sections replaced by Qwen3-VL's interleaved layout."""
-        from ..models.vision.positions import interleaved_mrope
+        from .vision.positions import interleaved_mrope
 
         super().post_build(gpt, model)
         rotary = gpt.rotary_pos_emb

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from ..accelerator import get_accelerator
 from ..config_cls.ppo_config import RoleConfig
+from ..families.vision.vl_model import freeze_vision, vision_of
 from .batch_invariant import batch_invariant
 from .builder import build_gpt_model
 from .cross_rank import broadcast_from_last_stage, reduce_metrics
@@ -31,7 +32,6 @@ from .engine_weights import EngineWeights
 from .heads import attach_value_head, chunked_log_probs, output_weight, return_hidden_states
 from .optimizer import build_optimizer, wrap_ddp
 from .packing import ModelInput, pack, restore_order, round_up, token_budget_groups, trim
-from .vision.vl_model import freeze_vision, vision_of
 
 Batch = Dict[str, torch.Tensor]
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
@@ -175,7 +175,7 @@ class MegatronEngine(EngineWeights):
         rows without all-padding columns (``trimmed``) or the padded rows; then this CP rank's positions."""
         ids, mask = mb["input_ids"], mb["attention_mask"]
         if self.vision is not None:  # packed or the rows as they are, 3D positions, the micro-batch's images
-            from .vision.positions import micro_batch_images
+            from ..families.vision.positions import micro_batch_images
 
             if self.remove_padding:
                 inp = pack(ids, mask, multiple=self._sequence_multiple())

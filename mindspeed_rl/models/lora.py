@@ -40,6 +40,7 @@ from typing import Callable, Dict, Optional, Sequence
 
 import torch
 
+from ..checkpoint.tp_split import merge
 from ..config_cls.feature_rules import LORA_TARGETS
 
 ADAPTER_NAMES = ("lora_A", "lora_B")
@@ -206,11 +207,6 @@ def apply_lora(
 
 def adapter_parameters(model: torch.nn.Module) -> Dict[str, torch.nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if n.rsplit(".", 1)[-1] in ADAPTER_NAMES}
-
-
-def merge(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
-    """W + scaling * B A in fp32, returned in W's dtype (a rank's shards line up for both layer kinds)."""
-    return (weight.float() + scaling * (b.float() @ a.float())).to(weight.dtype)
 
 
 def merged_weight(layer: torch.nn.Module, state: LoRAState) -> torch.Tensor:

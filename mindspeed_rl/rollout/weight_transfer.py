@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 from ..accelerator import get_accelerator
-from ..utils.group_ops import broadcast_from
+from ..compat.group_ops import broadcast_from
 
 Meta = List[Tuple[str, Tuple[int, ...], torch.dtype]]
 Named = List[Tuple[str, torch.Tensor]]

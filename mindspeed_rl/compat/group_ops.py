@@ -1,5 +1,6 @@
-"""Collectives over a process-group object of its own (outside the default world, e.g. built over a TCP store):
-torch alone, so that the library adapters (compat/) use them without the device layer."""
+"""Collectives over a process-group object of its own (outside the default world, e.g. built over a TCP store),
+through torch's ProcessGroup object API (its options structs), which torch.distributed's functions do not take for
+an unregistered group. Torch alone: vLLM's weight-transfer adapter here and the rollout's weight channel use it."""
 
 from __future__ import annotations
 
