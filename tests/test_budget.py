@@ -12,6 +12,26 @@ from tests.test_layers import PACKAGE, layer_table
 
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
+SOFT_MODULE_LINES = 350  # past this a module names why it is still one module, and what would split it
+
+# module (relative to mindspeed_rl/) -> why it stands over SOFT_MODULE_LINES
+LONG_MODULES = {
+    "trainer/ppo_trainer.py": "the single controller: fit() and every phase of an iteration in reading order; "
+    "checkpointing and validation would move out with trainer/ split by job",
+    "checkpoint/convert.py": "both converter directions with their per-family steps; one module per direction would "
+    "split it",
+    "config_cls/rules.py": "cross-key rules not yet moved into their features' modules (check_cross_fields' hand list)",
+    "config_cls/model_config.py": "the model section's keys and derived counts; the parameter count belongs to "
+    "ModelFamily",
+    "config_cls/feature_rules.py": "one block of keys, checks and derived values per feature: one module per feature "
+    "would split it",
+    "trainer/plan.py": "the batch plan, one block per feature: the features' own plan lines would split it",
+    "models/engine.py": "the megatron-core engine's forward, train step, micro-batching and non-finite guard",
+    "rollout/vllm_engine.py": "the vLLM engine: start, generate, in-place weight update, routes and quantization",
+    "config_cls/rl_config.py": "rl_config's flat keys under MindSpeed-RL's names, each with its bounds and doc",
+    "trainer/preflight.py": "the checkpoint, path and device checks before Ray, one function each",
+    "trainer/report.py": "the run report's sections (config, plan, curves, final numbers)",
+}
 
 
 def modules(package: pathlib.Path = PACKAGE) -> Dict[str, pathlib.Path]:
@@ -100,6 +120,16 @@ def test_no_module_is_over_the_budget():
     sizes = {str(p): len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.rglob("*.py")}
     over = {path: lines for path, lines in sizes.items() if lines > MAX_MODULE_LINES}
     assert not over, f"modules over {MAX_MODULE_LINES} lines: {over}"
+
+
+def test_a_module_over_the_soft_line_names_its_reason():
+    sizes = {
+        str(p.relative_to(PACKAGE)): len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.rglob("*.py")
+    }
+    unexplained = {path: n for path, n in sizes.items() if n > SOFT_MODULE_LINES and not LONG_MODULES.get(path)}
+    assert not unexplained, f"over {SOFT_MODULE_LINES} lines with no reason in LONG_MODULES: {unexplained}"
+    stale = sorted(path for path in LONG_MODULES if sizes.get(path, 0) <= SOFT_MODULE_LINES)
+    assert not stale, f"at or under {SOFT_MODULE_LINES} lines now (remove from LONG_MODULES): {stale}"
 
 
 def test_no_function_is_over_the_budget():
