@@ -43,13 +43,16 @@ def modules(package: pathlib.Path = PACKAGE) -> Dict[str, pathlib.Path]:
     return found
 
 
-def runtime_imports(name: str, path: pathlib.Path, known: Dict[str, pathlib.Path]) -> Set[str]:
-    """The package's modules ``name`` imports when it runs (top-level or deferred; not under TYPE_CHECKING)."""
+def runtime_imports(
+    name: str, path: pathlib.Path, known: Dict[str, pathlib.Path], typing_too: bool = False
+) -> Set[str]:
+    """The package's modules ``name`` imports when it runs (top-level or deferred; not under TYPE_CHECKING, unless
+    ``typing_too``)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     typing_only = {
         id(inner)
         for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        if not typing_too and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
         for branch in node.body
         for inner in ast.walk(branch)
     }
@@ -145,6 +148,18 @@ def test_no_function_is_over_the_budget():
 
 def test_no_import_circle_within_a_layer():
     assert circles() == []
+
+
+def test_no_import_circle_in_config_cls_type_only_imports_included():
+    """The config types live apart from the rules (config_cls/run_config.py): no rule module names a type of the
+    module that runs it, not even for the type checker."""
+    from tests.test_layers import reach
+
+    known = modules()
+    config = {m: p for m, p in known.items() if m.startswith("mindspeed_rl.config_cls")}
+    graph = {m: runtime_imports(m, p, known, typing_too=True) & set(config) for m, p in config.items()}
+    circular = sorted(m for m in graph if m in reach(graph, m))
+    assert not circular, f"config_cls modules in an import circle (type-only imports included): {circular}"
 
 
 def test_fmt_skip_only_on_tables():

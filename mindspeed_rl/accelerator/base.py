@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from ..config_cls.precision_rules import HostPrecision
+from ..config_cls.run_config import HostPrecision
 
 
 class Accelerator:

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..compat import vllm as compat_vllm
-from ..config_cls.precision_rules import HostPrecision
+from ..config_cls.run_config import HostPrecision
 from .base import Accelerator, host_rss_gib
 
 VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)

@@ -7,7 +7,7 @@ from typing import Dict, Optional
 
 import torch
 
-from ..config_cls.precision_rules import HostPrecision
+from ..config_cls.run_config import HostPrecision
 from .base import Accelerator, host_rss_gib
 
 SOFTMAX_KERNELS = ("scaled_upper_triang_masked_softmax_cuda", "scaled_masked_softmax_cuda")

@@ -9,7 +9,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ..config_cls.precision_rules import HostPrecision
+from ..config_cls.run_config import HostPrecision
 from .base import Accelerator, host_rss_gib
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,9 @@ from .generate_config import GenerateConfig, SamplingConfig
 from .loader import compose, load_ppo_config
 from .megatron_config import MegatronConfig
 from .model_config import ModelConfig
-from .ppo_config import PPOConfig, RoleConfig, build_ppo_config
+from .ppo_config import build_ppo_config
 from .rl_config import RLConfig
+from .run_config import PPOConfig, RoleConfig
 
 __all__ = [
     "ConfigError",

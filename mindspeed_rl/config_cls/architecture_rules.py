@@ -12,7 +12,7 @@ from .feature_rules import role_key
 
 if TYPE_CHECKING:
     from .model_config import ModelConfig
-    from .ppo_config import RoleConfig
+    from .run_config import RoleConfig
 
 
 def check_architecture_features(role: "RoleConfig") -> None:

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 from .base import ConfigError
 
 if TYPE_CHECKING:
-    from .ppo_config import PPOConfig, RoleConfig
     from .rl_config import RLConfig
+    from .run_config import PPOConfig, RoleConfig
 
 
 def role_key(role: RoleConfig, name: str) -> str:

@@ -10,7 +10,7 @@ from .feature_rules import role_key
 from .megatron_config import RECOMPUTE_MODULES
 
 if TYPE_CHECKING:
-    from .ppo_config import RoleConfig
+    from .run_config import RoleConfig
 
 
 def check_memory_switches(role: "RoleConfig") -> None:

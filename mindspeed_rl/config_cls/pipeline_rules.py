@@ -9,7 +9,7 @@ from .base import ConfigError
 from .feature_rules import role_key
 
 if TYPE_CHECKING:
-    from .ppo_config import RoleConfig
+    from .run_config import RoleConfig
 
 
 def check_pipeline_layers(role: "RoleConfig") -> None:

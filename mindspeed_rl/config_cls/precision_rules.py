@@ -6,42 +6,20 @@ config that says ``auto`` is unsettled and nothing may build a model from it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional
 
 from .base import ConfigError, yaml_spelling
+from .run_config import HostPrecision, PrecisionChoice
 
 if TYPE_CHECKING:
     from .generate_config import GenerateConfig
-    from .ppo_config import PPOConfig, RoleConfig
     from .rl_config import RLConfig
+    from .run_config import PPOConfig, RoleConfig
 
 AUTO = "auto"
 # the vLLM dtype of each trained precision (generate_config.dtype: auto follows the actor)
 ENGINE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 HOW_DTYPE = {True: "dtype auto: the actor's", False: "as set"}
-
-
-@dataclass
-class HostPrecision:
-    """The device's answer (``Accelerator.host_precision``): does it run bf16 natively, and why (one clause for
-    the plan: "this CPU has no native bf16: AVX2"). ``bf16_slowdown``: bf16 matmul time over fp32's, measured
-    (filled in only where bf16 is not native and a role asks for it)."""
-
-    native_bf16: bool
-    why: str
-    bf16_slowdown: Optional[float] = None
-
-
-@dataclass
-class PrecisionChoice:
-    """What a run trains and generates in, settled once (``PPOConfig.precision``, in run.json and the report)."""
-
-    trained: str  # the actor's: bf16, fp16 or fp32
-    engine_dtype: str  # the rollout engines' vLLM dtype ("" without engines)
-    summary: str  # the plan's line and the report's row: "fp32 (this CPU has no native bf16: AVX2)"
-    warning: Optional[str] = None  # bf16 asked for explicitly where the device only emulates it
-    rollout_note: Optional[str] = None  # what a family whose engine kernels need bf16 does under this choice
 
 
 def precision_lines(cfg: Any) -> List[str]:

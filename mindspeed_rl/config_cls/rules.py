@@ -27,7 +27,7 @@ from .pipeline_rules import check_pipeline_layers
 from .precision_rules import check_rollout_precision_keys, check_training_precision_keys
 
 if TYPE_CHECKING:
-    from .ppo_config import PPOConfig, RoleConfig
+    from .run_config import PPOConfig, RoleConfig
 
 
 def ulysses_layout(heads: int, groups: int, cp: int) -> Optional[str]:

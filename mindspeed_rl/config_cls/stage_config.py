@@ -24,9 +24,9 @@ from .feature_rules import LORA_TARGETS, check_lora_rank
 from .logging_config import LoggingKeys, check_logging_keys
 from .megatron_config import MegatronConfig
 from .ppo_config import RoleConfig, _role, model_and_base
-from .precision_rules import PrecisionChoice
 from .rl_config import RLConfig, build_rl_section
 from .rules import check_role_parallelism, check_role_training
+from .run_config import PrecisionChoice
 
 
 @dataclass(frozen=True)
