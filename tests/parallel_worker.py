@@ -614,7 +614,7 @@ def run_quantized_engine(rank, world, spec, workdir, port):
     bf16 engine of the same weights, and a fresh quantized engine loaded from the HF folder (FP8: vLLM's own
     load-time quantization; INT8: a compressed-tensors checkpoint of the same weights): the log-probs of the
     quantized engine's samples under each, saved."""
-    from mindspeed_rl.compat.vllm import WEIGHT_LOAD_ENV, online_quantization_unavailable
+    from mindspeed_rl.compat.vllm import WEIGHT_LOAD_ENV, cpu_int8_kernel_unavailable, online_quantization_unavailable
     from mindspeed_rl.config_cls import SamplingConfig
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.protocol import RolloutRequest
@@ -624,8 +624,10 @@ def run_quantized_engine(rank, world, spec, workdir, port):
 
     precision = spec["precision"]
     out = os.path.join(workdir, f"quantized_{precision}.pt")
-    missing = online_quantization_unavailable("fp8_per_channel") if precision == "fp8" else ""
-    if missing:  # vLLM 0.18 / 0.23 (the NPU sets' releases)
+    missing = (
+        online_quantization_unavailable("fp8_per_channel") if precision == "fp8" else cpu_int8_kernel_unavailable()
+    )
+    if missing:  # vLLM 0.18 / 0.23 (the NPU sets' releases); INT8: a CPU build without oneDNN's scaled mm
         torch.save({"unavailable": missing}, out)
         return
     start_rank(rank, world, port)

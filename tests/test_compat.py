@@ -122,7 +122,13 @@ def test_fp8_rollout_is_offered_where_the_installed_vllm_quantizes_online():
     with pytest.raises(ValueError, match="CPU build has no FP8 kernel for MoE experts"):  # measured at EP 2
         CpuAccelerator.vllm_quantization("fp8", moe=True)
     # INT8: a checkpoint format every release serves (the experts stay bf16, so MoE models take it too)
-    assert CpuAccelerator.vllm_quantization("int8", moe=True) == "compressed-tensors"
+    from mindspeed_rl.compat.vllm import cpu_int8_kernel_unavailable
+
+    if cpu_int8_kernel_unavailable():  # a vLLM CPU build without oneDNN's INT8 ops: refused, naming the op
+        with pytest.raises(ValueError, match="rollout_quantization int8: .*create_onednn_scaled_mm_handler"):
+            CpuAccelerator.vllm_quantization("int8", moe=True)
+    else:
+        assert CpuAccelerator.vllm_quantization("int8", moe=True) == "compressed-tensors"
     with pytest.raises(ValueError, match="vllm-ascend's W8A8 INT8"):
         NpuAccelerator.vllm_quantization("int8")
 
@@ -134,11 +140,13 @@ def test_a_rollout_quantization_the_device_lacks_is_refused_before_start(monkeyp
     from mindspeed_rl.accelerator.cpu import CpuAccelerator
     from mindspeed_rl.accelerator.cuda import CudaAccelerator
     from mindspeed_rl.accelerator.npu import NpuAccelerator
+    from mindspeed_rl.compat import vllm as compat_vllm
     from mindspeed_rl.config_cls import load_ppo_config
     from mindspeed_rl.trainer.rollout_checks import check_rollout_engine
     from mindspeed_rl.utils.cli import UserError
 
     cfg = load_ppo_config("grpo_tiny_cpu", ["generate_config.rollout_quantization=int8"])  # a float32 engine
+    monkeypatch.setattr(compat_vllm, "cpu_int8_kernel_unavailable", lambda: "")  # (this CPU build's ops: above)
     monkeypatch.setattr(accelerator, "get_accelerator", lambda: CpuAccelerator)
     check_rollout_engine(cfg)
     monkeypatch.setattr(accelerator, "get_accelerator", lambda: CudaAccelerator)

@@ -99,6 +99,9 @@ class CpuAccelerator(Accelerator):
                 f"rollout_quantization {precision}: vLLM's CPU build has no FP8 kernel for MoE experts "
                 "(_C::dynamic_per_token_scaled_fp8_quant is not compiled for CPU)"
             )
+        missing = compat_vllm.cpu_int8_kernel_unavailable() if precision == "int8" else ""
+        if missing:
+            raise ValueError(f"rollout_quantization {precision}: {missing}")
         return super().vllm_quantization(precision, dtype=dtype)
 
     @classmethod

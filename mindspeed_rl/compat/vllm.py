@@ -285,6 +285,20 @@ def _missing(module: str, what: str) -> str:
     return f"vLLM {vllm.__version__} has no {what}"
 
 
+def cpu_int8_kernel_unavailable() -> str:
+    """Why this vLLM's CPU build cannot run INT8 (W8A8) linear layers here ("" when it can): its oneDNN scaled-mm ops
+    (``_C::create_onednn_scaled_mm_handler``) are compiled into some builds only: 0.32's has them on an AVX2-only
+    host, 0.18's does not (measured 2026-12-02: AttributeError at the engine's weight processing)."""
+    try:
+        import vllm
+        import vllm._custom_ops  # noqa: F401 - loads the _C ops
+    except Exception:  # noqa: BLE001 - no usable vLLM: the engine's start names it
+        return ""
+    if hasattr(torch.ops._C, "create_onednn_scaled_mm_handler"):
+        return ""
+    return f"vLLM {vllm.__version__}'s CPU build here has no oneDNN INT8 kernel (_C::create_onednn_scaled_mm_handler)"
+
+
 def online_quantization_unavailable(method: str) -> str:
     """Why this vLLM cannot quantize a model online with ``method`` (its ``LLM(quantization=...)`` name; "" when it
     can): the per-channel FP8 shorthand arrived after 0.23 (0.32 lists it in ``QUANTIZATION_METHODS``)."""
