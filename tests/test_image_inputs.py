@@ -15,6 +15,7 @@ from PIL import Image
 from mindspeed_rl.config_cls.dataset_config import DatasetConfig
 from mindspeed_rl.datasets.preprocess import field_prefix, preprocess
 from mindspeed_rl.demo.tiny_hf import build_tokenizer
+from tests.test_vision_data import config
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>"]
 
@@ -60,25 +61,6 @@ def tokenizer_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("vl_tok")
     build_tokenizer(str(folder), ["what colour is the circle? how many squares? " * 20], 400, special_tokens=SPECIAL)
     return str(folder)
-
-
-def config(tmp_path, tokenizer_dir, **overrides) -> DatasetConfig:
-    values = dict(
-        input=str(tmp_path / "rows.jsonl"),
-        tokenizer_name_or_path=tokenizer_dir,
-        output_prefix=str(tmp_path / "out" / "vl"),
-        handler_name="R1VisionInstructionHandler",
-        prompt_type="empty",
-        map_keys={"prompt": "problem", "query": "", "response": "answer", "system": "", "image": "images"},
-        dataset_additional_keys=["labels"],
-        min_pixels=56 * 56,
-        max_pixels=112 * 112,
-        seq_length=200,
-    )
-    values.update(overrides)
-    cfg = DatasetConfig(**values)
-    cfg.check()
-    return cfg
 
 
 def write_rows(tmp_path, pictures) -> None:
