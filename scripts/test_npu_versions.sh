@@ -32,4 +32,5 @@ TESTS=(
 # releases keep state across a re-initialisation in one process, which the main stage's shared worlds rely on
 export MINDSPEED_RL_TEST_FRESH_WORLDS=1
 echo "[npu-$SET] $("$VENV/bin/python" -c 'import megatron.core, torch, vllm, transformers; print(f"torch {torch.__version__}, megatron-core {megatron.core.__version__}, vllm {vllm.__version__}, transformers {transformers.__version__}")')"
-exec "$VENV/bin/python" -m pytest -p no:cacheprovider "${TESTS[@]}" "$@"
+# two streams of tests on the two cores, grouped as in make test (tests/conftest.py)
+exec "$VENV/bin/python" -m pytest -p no:cacheprovider -n 2 --dist loadgroup "${TESTS[@]}" "$@"
