@@ -26,7 +26,7 @@ LORA = {"actor_config.lora_r": 8, "actor_config.lora_alpha": 16, "critic_config.
 
 
 def config(root: str, paths: dict, name: str, iterations: int, **extra):
-    from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.features import load_ppo_config
 
     overrides = [
         f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
@@ -57,8 +57,8 @@ def main() -> None:
 
     from mindspeed_rl.checkpoint import megatron_layout as ml
     from mindspeed_rl.checkpoint.megatron_reader import iter_mg_stages
-    from mindspeed_rl.config_cls import load_ppo_config
     from mindspeed_rl.demo.assets import prepare
+    from mindspeed_rl.features import load_ppo_config
     from mindspeed_rl.trainer.launch import train
 
     paths = prepare(os.path.join(root, "assets"), load_ppo_config("ppo_tiny_cpu").actor.model.padded_vocab_size)

@@ -111,7 +111,7 @@ def variable_dataset(work: str, rows: int, longest: int, seed: int = 3) -> str:
     import math
     import random
 
-    from mindspeed_rl.config_cls.dataset_config import DatasetConfig
+    from mindspeed_rl.datasets.dataset_config import DatasetConfig
     from mindspeed_rl.datasets.preprocess import preprocess
     from mindspeed_rl.demo.assets import make_rows
 

@@ -94,8 +94,8 @@ def main() -> None:
     p.add_argument("--long-tokens", type=int, default=32)
     p.add_argument("--split", type=int, default=4, help="partial_rollout_max_split of the partial mode")
     args = p.parse_args()
-    from mindspeed_rl.config_cls import load_ppo_config
     from mindspeed_rl.demo.assets import prepare, prepare_long_tail
+    from mindspeed_rl.features import load_ppo_config
 
     with tempfile.TemporaryDirectory(prefix="bench_rollout_modes_") as work:
         vocab = load_ppo_config("grpo_tiny_cpu").actor.model.padded_vocab_size

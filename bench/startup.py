@@ -21,8 +21,8 @@ sys.path.insert(0, ROOT)
 
 
 def config_for(name: str, root: str):
-    from mindspeed_rl.config_cls import load_ppo_config
     from mindspeed_rl.demo.assets import prepare
+    from mindspeed_rl.features import load_ppo_config
     from mindspeed_rl.trainer.config_names import load_run_config
 
     paths = prepare(os.path.join(root, "assets"), load_ppo_config(name).actor.model.padded_vocab_size)

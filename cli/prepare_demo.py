@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import sys
 
-from mindspeed_rl.config_cls import load_ppo_config
 from mindspeed_rl.demo.assets import prepare
+from mindspeed_rl.features import load_ppo_config
 
 
 def main() -> int:

@@ -25,8 +25,8 @@ def demo_assets(tmp_path_factory) -> dict:
     """The demo's tokenizer and prompt sets (``mindspeed_rl.demo.assets.prepare`` for ppo_tiny_cpu's
     vocabulary, which every tiny CPU config shares), made once for the session (~5 s each time); runs write
     their logs and checkpoints elsewhere."""
-    from mindspeed_rl.config_cls import load_ppo_config
     from mindspeed_rl.demo.assets import prepare
+    from mindspeed_rl.features import load_ppo_config
 
     vocab = load_ppo_config("ppo_tiny_cpu").actor.model.padded_vocab_size
     return prepare(str(tmp_path_factory.mktemp("demo_assets")), vocab)

@@ -135,7 +135,7 @@ def random_full_weights(model, seed: int = 0, scale: float = 0.05):
 def demo_config(name: str, root: str, paths: dict, iterations: int, **extra):
     """A demo config (ppo_tiny_cpu, ppo_tiny_cpu_x4, distill_tiny_cpu) on the assets of ``demo.assets.prepare``,
     with its logs and checkpoints under ``root``; ``extra``: more key=value overrides."""
-    from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.features import load_ppo_config
 
     given = load_ppo_config(name)
     validates = given.actor.megatron.test_data_path is not None  # the demo's held-out set

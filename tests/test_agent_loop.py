@@ -245,7 +245,7 @@ def test_truncate_keeps_the_chosen_side():
 def test_preprocessing_lists_the_tools_in_the_system_turn(tmp_path):
     """The dataset config's tools go into every prompt (the template's tools_format); a row's own 'tools'
     narrows them and is stored for the agent; an unknown name skips the row."""
-    from mindspeed_rl.config_cls.dataset_config import DatasetConfig
+    from mindspeed_rl.datasets.dataset_config import DatasetConfig
     from mindspeed_rl.datasets.handlers import AlpacaStyleInstructionHandler
     from mindspeed_rl.datasets.templates import apply_template, tools_block
     from mindspeed_rl.trainer.config_names import check_dataset_names

@@ -41,8 +41,8 @@ from mindspeed_rl.config_cls.algorithm_choice import (
     POLICY_LOSSES,
     AlgorithmChoiceError,
     kl_names,
-    resolve_algorithm,
 )
+from mindspeed_rl.features.algorithm import resolve_algorithm
 
 T = torch.tensor
 MASK = T([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]])

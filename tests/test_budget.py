@@ -20,16 +20,11 @@ LONG_MODULES = {
     "checkpointing and validation would move out with trainer/ split by job",
     "checkpoint/convert.py": "both converter directions with their per-family steps; one module per direction would "
     "split it",
-    "config_cls/rules.py": "cross-key rules not yet moved into their features' modules (check_cross_fields' hand list)",
     "config_cls/model_config.py": "the model section's keys and derived counts; the parameter count belongs to "
     "ModelFamily",
-    "config_cls/feature_rules.py": "one block of keys, checks and derived values per feature: one module per feature "
-    "would split it",
-    "trainer/plan.py": "the batch plan, one block per feature: the features' own plan lines would split it",
     "models/engine.py": "the megatron-core engine's forward, train step, micro-batching and non-finite guard",
     "rollout/vllm_engine.py": "the vLLM engine: start, generate, in-place weight update, routes and quantization",
     "config_cls/rl_config.py": "rl_config's flat keys under MindSpeed-RL's names, each with its bounds and doc",
-    "trainer/preflight.py": "the checkpoint, path and device checks before Ray, one function each",
     "trainer/report.py": "the run report's sections (config, plan, curves, final numbers)",
 }
 
@@ -151,8 +146,8 @@ def test_no_import_circle_within_a_layer():
 
 
 def test_no_import_circle_in_config_cls_type_only_imports_included():
-    """The config types live apart from the rules (config_cls/run_config.py): no rule module names a type of the
-    module that runs it, not even for the type checker."""
+    """The config types live apart from the rules (config_cls/run_config.py; the rules are features/'): no module
+    names a type of a module that imports it back, not even for the type checker."""
     from tests.test_layers import reach
 
     known = modules()
@@ -160,6 +155,28 @@ def test_no_import_circle_in_config_cls_type_only_imports_included():
     graph = {m: runtime_imports(m, p, known, typing_too=True) & set(config) for m, p in config.items()}
     circular = sorted(m for m in graph if m in reach(graph, m))
     assert not circular, f"config_cls modules in an import circle (type-only imports included): {circular}"
+
+
+CONFIG_CLS_LINES = 3000  # the typed sections and their assembly; a rule across keys is a feature's (features/)
+
+
+def test_config_cls_holds_the_types_and_no_rule_across_keys():
+    lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in (PACKAGE / "config_cls").glob("*.py"))
+    assert lines <= CONFIG_CLS_LINES, f"config_cls is {lines} lines (at most {CONFIG_CLS_LINES})"
+
+
+def test_every_feature_module_is_in_the_loop_and_speaks_its_protocol():
+    """A module of features/ is run by the loops (FEATURES) and defines at least one of their functions; the loops,
+    the loaders and the stages' rules are the package's own."""
+    from mindspeed_rl.features import loop
+
+    listed = {m.__name__.rsplit(".", 1)[1] for m in loop.FEATURES}
+    own = {"__init__", "loop", "load", "stages"}
+    found = {p.stem for p in (PACKAGE / "features").glob("*.py")} - own
+    assert found == listed, f"features/ modules not in FEATURES: {sorted(found - listed)}"
+    protocol = ("derive", "check_role", "check", "plan_lines", "preflight")
+    silent = [m.__name__ for m in loop.FEATURES if not any(hasattr(m, name) for name in protocol)]
+    assert not silent, f"feature modules defining none of {protocol}: {silent}"
 
 
 def test_fmt_skip_only_on_tables():

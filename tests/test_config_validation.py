@@ -361,7 +361,8 @@ def test_test_freq_0_alone_turns_validation_off_with_one_line(name, cli, capsys)
 def test_the_agents_and_sandboxs_flat_spellings_are_read_into_their_sections_with_one_note(capsys):
     """rl_config.max_turns, rl_config.tool_timeout, ... of the release before: read as rl_config.agent.* and
     rl_config.sandbox.*, said in one line; a flat key beside its nested one (a command-line override) wins."""
-    from mindspeed_rl.config_cls import ConfigError, load_ppo_config
+    from mindspeed_rl.config_cls import ConfigError
+    from mindspeed_rl.features import load_ppo_config
 
     flat = ["rl_config.max_turns=3", "rl_config.tool_timeout=2.5", "rl_config.tool_isolation=none"]
     cfg = load_ppo_config("grpo_tiny_cpu_tools", flat)

@@ -5,8 +5,8 @@ The multi-rank equivalence (CP 2 == CP 1, CP 2 x TP 2 == TP 1) is in tests/test_
 import pytest
 import torch
 
-from mindspeed_rl.config_cls.rules import ulysses_layout
-from mindspeed_rl.models.context_parallel import rank_positions, ring_attention_unavailable
+from mindspeed_rl.features.context_parallel import ring_attention_unavailable, ulysses_layout
+from mindspeed_rl.models.context_parallel import rank_positions
 from mindspeed_rl.models.heads import chunked_log_probs
 from mindspeed_rl.models.packing import pack, trim
 from tests.helpers import make_batch, single_process_world_fixture, tiny_role
@@ -114,7 +114,7 @@ def test_ulysses_head_rule_and_the_ring_on_a_device_without_it():
 
 
 def test_the_batch_plan_shows_cp_groups_and_tokens_per_rank():
-    from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.features import load_ppo_config
     from mindspeed_rl.trainer.plan import batch_plan
 
     cfg = load_ppo_config(
@@ -127,7 +127,7 @@ def test_the_batch_plan_shows_cp_groups_and_tokens_per_rank():
 
 
 def test_the_long_context_recipe_plan_and_the_optimizer_over_dp_x_cp():
-    from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.features import load_ppo_config
     from mindspeed_rl.trainer.plan import batch_plan
 
     plan = batch_plan(load_ppo_config("grpo_qwen25_7b_long_A3"))

@@ -218,7 +218,7 @@ def test_a_huge_row_is_skipped_as_too_long_without_being_tokenised(tokenizer_dir
 
     from transformers import AutoTokenizer
 
-    from mindspeed_rl.config_cls.dataset_config import DatasetConfig
+    from mindspeed_rl.datasets.dataset_config import DatasetConfig
     from mindspeed_rl.datasets.handlers import HANDLERS, longest_token
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)

@@ -139,7 +139,7 @@ def test_a_teacher_with_another_tokenizer_is_refused_with_the_difference(demo_as
 
     from transformers import AutoTokenizer
 
-    from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.features import load_ppo_config
     from mindspeed_rl.trainer.preflight import check_teacher_tokenizer
     from mindspeed_rl.utils.cli import UserError
 

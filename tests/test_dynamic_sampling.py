@@ -5,7 +5,7 @@ metrics, and the seeds of the generation rounds."""
 
 import torch
 
-from mindspeed_rl.config_cls import load_ppo_config
+from mindspeed_rl.features import load_ppo_config
 from mindspeed_rl.protocol import GeneratedBatch, RolloutOutput
 from mindspeed_rl.rollout.source import SeedStream
 from mindspeed_rl.trainer.batches import build_batches

@@ -18,8 +18,8 @@ import torch
 
 from cli import convert_ckpt, preprocess_data, train_ppo
 from mindspeed_rl.checkpoint import megatron_layout as ml
-from mindspeed_rl.config_cls import load_ppo_config
 from mindspeed_rl.demo.tiny_hf import build_hf_model, build_tokenizer
+from mindspeed_rl.features import load_ppo_config
 from tests.helpers import tiny_model_config, wait_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -136,7 +136,7 @@ def test_rollout_mode_keys_that_do_not_fit_together_are_refused(capsys, override
 
 def test_the_async_lag_bound_accepts_up_to_8_below_train_iters():
     from mindspeed_rl.config_cls.base import ConfigError
-    from mindspeed_rl.config_cls.feature_rules import MAX_HEAD_OFFPOLICYNESS, check_async_lag
+    from mindspeed_rl.features.async_rollout import MAX_HEAD_OFFPOLICYNESS, check_async_lag
 
     check_async_lag(MAX_HEAD_OFFPOLICYNESS, MAX_HEAD_OFFPOLICYNESS + 1)  # the largest accepted
     check_async_lag(1, 2)

@@ -12,7 +12,7 @@ import zlib
 import pytest
 from PIL import Image
 
-from mindspeed_rl.config_cls.dataset_config import DatasetConfig
+from mindspeed_rl.datasets.dataset_config import DatasetConfig
 from mindspeed_rl.datasets.preprocess import field_prefix, preprocess
 from mindspeed_rl.demo.tiny_hf import build_tokenizer
 from tests.test_vision_data import config

@@ -22,8 +22,8 @@ PATTERN = r"(\d)"  # the first digit of the judge's reply: 0..9
 
 @pytest.fixture(scope="module")
 def judge_model(demo_assets, tmp_path_factory):
-    from mindspeed_rl.config_cls import load_ppo_config
     from mindspeed_rl.demo.tiny_hf import build_hf_model
+    from mindspeed_rl.features import load_ppo_config
 
     out = str(tmp_path_factory.mktemp("judge") / "hf")
     build_hf_model(out, load_ppo_config("grpo_tiny_cpu").actor.model, seed=3, tokenizer_dir=demo_assets["tokenizer"])

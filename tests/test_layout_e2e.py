@@ -9,7 +9,7 @@ log-probs over the split sequences still equal vLLM's, and the resume loads thos
 import pytest
 
 from mindspeed_rl.checkpoint import megatron_layout as ml
-from mindspeed_rl.config_cls import load_ppo_config
+from mindspeed_rl.features import load_ppo_config
 from mindspeed_rl.workers.worker_group import WorkerGroup
 from tests.helpers import demo_config
 

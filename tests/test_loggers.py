@@ -85,7 +85,7 @@ def test_a_tracker_that_is_not_installed_is_refused_naming_its_key(monkeypatch):
     import importlib.util
 
     from mindspeed_rl.config_cls.base import ConfigError
-    from mindspeed_rl.config_cls.logging_config import check_logging_keys
+    from mindspeed_rl.features.tracking import check_trackers as check_logging_keys
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "swanlab" else real(name, *a))

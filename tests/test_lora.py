@@ -240,7 +240,7 @@ def test_the_plan_counts_the_adapters_the_engine_builds():
 def test_a_rank_above_a_target_layers_smaller_dimension_is_refused():
     """lora_r is bounded by min(in, out) of the un-sharded weight of every target, expert layers included."""
     from mindspeed_rl.config_cls import ConfigError
-    from mindspeed_rl.config_cls.feature_rules import check_lora_rank
+    from mindspeed_rl.features.lora import check_rank as check_lora_rank
 
     dense = tiny_family_model("qwen25")  # hidden 256: every dense target allows 256
     check_lora_rank(tiny_role(model=dense, lora_r=256))

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from bench.recompute_memory import SETTINGS, measure
+from mindspeed_rl.accelerator import get_accelerator
 from mindspeed_rl.accelerator.cpu import CpuAccelerator
 from mindspeed_rl.accelerator.npu import NpuAccelerator
-from mindspeed_rl.config_cls import load_ppo_config
 from mindspeed_rl.config_cls.megatron_config import mindspeed_argv
+from mindspeed_rl.features import load_ppo_config, preflight
 from mindspeed_rl.models.builder import recompute_fields
-from mindspeed_rl.trainer.preflight import check_device_features
 from mindspeed_rl.utils.cli import UserError
 from tests.helpers import assert_refused, single_process_world_fixture, tiny_model_config, tiny_role
 
@@ -53,8 +53,8 @@ def test_switches_that_need_other_keys_exit_2_naming_the_key(overrides, key, tex
 def test_cpu_refuses_what_only_mindspeed_implements_and_runs_recompute_norm_with_megatron_core():
     swap = ["actor_config.use_distributed_optimizer=true", "+actor_config.swap_optimizer=true"]
     with pytest.raises(UserError, match="actor_config.swap_optimizer: a MindSpeed switch .* on cpu"):
-        check_device_features(load_ppo_config("ppo_tiny_cpu", swap))
-    check_device_features(load_ppo_config("ppo_tiny_cpu", ["+actor_config.recompute_norm=true"]))
+        preflight(load_ppo_config("ppo_tiny_cpu", swap), get_accelerator())
+    preflight(load_ppo_config("ppo_tiny_cpu", ["+actor_config.recompute_norm=true"]), get_accelerator())
     norm = tiny_role(recompute_norm=True).megatron
     assert recompute_fields(norm, CpuAccelerator) == {
         "recompute_granularity": "selective",
@@ -97,7 +97,7 @@ def test_on_npu_a_switch_the_installed_mindspeed_release_does_not_define_exits_2
     from mindspeed_rl.compat import mindspeed
     from mindspeed_rl.compat.stack import REQUIREMENTS_DIR
     from mindspeed_rl.config_cls.megatron_config import MINDSPEED_SWITCHES
-    from mindspeed_rl.trainer.preflight import check_mindspeed_switches
+    from mindspeed_rl.features.memory import check_mindspeed_switches
 
     pins = "".join(open(os.path.join(REQUIREMENTS_DIR, f)).read() for f in ("npu.txt", "npu-current.txt"))
     assert all(f"branch {branch}" in pins for branch in mindspeed.BRANCHES.values())

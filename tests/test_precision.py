@@ -11,9 +11,10 @@ import torch
 from cli import train_ppo
 from mindspeed_rl.accelerator import cpu as cpu_accelerator
 from mindspeed_rl.accelerator import reset_accelerator
-from mindspeed_rl.config_cls import ConfigError, load_ppo_config
+from mindspeed_rl.config_cls import ConfigError
 from mindspeed_rl.config_cls.megatron_config import MegatronConfig
-from mindspeed_rl.config_cls.precision_rules import HostPrecision, settle_precision
+from mindspeed_rl.features import load_ppo_config
+from mindspeed_rl.features.precision import HostPrecision, settle_precision
 from mindspeed_rl.models.builder import params_dtype
 from mindspeed_rl.trainer.plan import batch_plan
 from mindspeed_rl.trainer.precision import settle_run_precision

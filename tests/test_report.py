@@ -4,9 +4,9 @@ import base64
 import json
 import re
 
-from mindspeed_rl.config_cls import load_ppo_config
 from mindspeed_rl.config_cls.ppo_config import to_plain
-from mindspeed_rl.config_cls.precision_rules import HostPrecision, settle_precision
+from mindspeed_rl.features import load_ppo_config
+from mindspeed_rl.features.precision import HostPrecision, settle_precision
 from mindspeed_rl.trainer import report
 
 

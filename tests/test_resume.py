@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from mindspeed_rl.checkpoint import megatron_layout as ml
-from mindspeed_rl.config_cls import load_ppo_config
+from mindspeed_rl.features import load_ppo_config
 from tests.helpers import checkpoints_up_to
 
 COMPARED = (

@@ -95,7 +95,7 @@ def test_a_ppo_config_with_the_rm_stage_points_to_train_rm(capsys):
 
 
 def rm_config(root, pairs, tokenizer, iterations, **extra):
-    from mindspeed_rl.config_cls.loader import load_stage_config
+    from mindspeed_rl.features import load_stage_config
 
     overrides = {
         "megatron_training.tokenizer_name_or_path": tokenizer,
@@ -115,8 +115,8 @@ def rm_config(root, pairs, tokenizer, iterations, **extra):
 @pytest.mark.slow
 def test_train_rm_trains_resumes_exactly_and_the_ppo_reward_model_scores_with_it(demo_assets, tmp_path):
     from mindspeed_rl.checkpoint.engine_io import load_weights_only
-    from mindspeed_rl.config_cls import load_ppo_config
     from mindspeed_rl.demo.assets import prepare_pairs
+    from mindspeed_rl.features import load_ppo_config
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.trainer.stage_launch import train
 

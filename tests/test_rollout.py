@@ -401,7 +401,7 @@ def test_the_megatron_core_engine_is_refused_before_start_at_actor_tp_or_ep_abov
     """The fallback engine inside the actor is an unsharded copy built under the actor's megatron groups: at EP 2
     its MoE layers held only the rank's experts (KeyError at the first weight update, after the whole start-up),
     at TP 2 its layers were TP shards. Refused before Ray starts, naming the key and why the fallback runs."""
-    from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.features import load_ppo_config
     from mindspeed_rl.trainer.rollout_checks import check_fallback_layout
     from mindspeed_rl.utils.cli import UserError
 

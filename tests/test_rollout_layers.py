@@ -225,7 +225,7 @@ def test_reward_model_scores_rows_that_do_not_split_over_its_ranks():
     with a repeat, and the repeat's score dropped."""
     import torch
 
-    from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.features import load_ppo_config
     from mindspeed_rl.protocol import ForwardAnswer, RolloutOutput, build_experience
     from mindspeed_rl.trainer.scoring import Scorer
 

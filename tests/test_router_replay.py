@@ -140,11 +140,11 @@ def test_router_replay_is_refused_where_it_cannot_work(capsys):
         assert_refused(base + overrides, key, text, capsys)
     assert train_ppo.main(base + moe) == 0
     # on a device without sequence parallelism (CPU) a trained MoE model cannot use TP: refused before start
-    from mindspeed_rl.config_cls import load_ppo_config
-    from mindspeed_rl.trainer.preflight import check_device_features
+    from mindspeed_rl.accelerator import get_accelerator
+    from mindspeed_rl.features import load_ppo_config, preflight
     from mindspeed_rl.utils.cli import UserError
 
     tp2 = ["rl_config.actor_resource.num_npus=2", "actor_config.tensor_model_parallel_size=2"]
     cfg = load_ppo_config("grpo_tiny_cpu", moe + tp2 + ["actor_config.sequence_parallel=true"])
     with pytest.raises(UserError, match="actor_config.tensor_model_parallel_size: 2 .* which cpu lacks"):
-        check_device_features(cfg)
+        preflight(cfg, get_accelerator())

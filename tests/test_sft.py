@@ -107,7 +107,7 @@ def test_tool_turns_are_rendered_as_the_agent_loop_appends_tool_results_and_neve
 
 
 def test_bad_rows_are_skipped_and_counted_by_both_handlers(demo_assets, tmp_path):
-    from mindspeed_rl.config_cls.dataset_config import DatasetConfig
+    from mindspeed_rl.datasets.dataset_config import DatasetConfig
     from mindspeed_rl.datasets.preprocess import preprocess
     from mindspeed_rl.datasets.prompt_dataset import PromptDataset
 
@@ -177,7 +177,7 @@ def test_a_bad_sft_config_exits_2_naming_the_key(override, key, capsys):
 
 
 def stage_config(stage, config, root, data, tokenizer, iterations, **extra):
-    from mindspeed_rl.config_cls.loader import load_stage_config
+    from mindspeed_rl.features import load_stage_config
 
     overrides = {
         "megatron_training.tokenizer_name_or_path": tokenizer,
@@ -210,8 +210,8 @@ def test_sft_then_dpo_learn_resume_exactly_and_ppo_loads_the_actor(demo_assets, 
     shares, with DPO's reference on top); a PPO run's actor loads the SFT save."""
     from transformers import AutoModelForCausalLM
 
-    from mindspeed_rl.config_cls import load_ppo_config
     from mindspeed_rl.demo.assets import prepare_pairs, prepare_sft
+    from mindspeed_rl.features import load_ppo_config
     from mindspeed_rl.trainer.preflight import check_role, resume_iteration
     from mindspeed_rl.trainer.stage_launch import train
 

@@ -579,7 +579,7 @@ def test_tools_that_run_model_code_are_refused_without_isolation(monkeypatch):
 def test_preflight_refuses_model_code_without_isolation_and_warns_for_none(monkeypatch, capsys):
     """A run's start: exit-2 error naming the key and the tools, a note for the calculator alone, a warning for
     tool_isolation none; all before Ray (preflight)."""
-    from mindspeed_rl.config_cls.loader import load_ppo_config
+    from mindspeed_rl.features import load_ppo_config
     from mindspeed_rl.tools import isolation
     from mindspeed_rl.trainer.preflight import check_tool_isolation
     from mindspeed_rl.utils.cli import UserError

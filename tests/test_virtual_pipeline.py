@@ -11,9 +11,9 @@ import torch
 from cli import convert_ckpt
 from mindspeed_rl.checkpoint import megatron_layout as ml
 from mindspeed_rl.checkpoint.megatron_reader import iter_mg_stages
-from mindspeed_rl.config_cls import load_ppo_config
 from mindspeed_rl.config_cls.megatron_config import pipeline_layers
 from mindspeed_rl.demo.tiny_hf import build_hf_model
+from mindspeed_rl.features import load_ppo_config
 from tests.helpers import assert_refused, tiny_model_config, tiny_role
 
 VPP = [

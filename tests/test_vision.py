@@ -313,7 +313,7 @@ def test_the_7b_and_32b_recipes_plan_their_images_and_their_tower(capsys, monkey
     """grpo_qwen25vl_7b_A3 and _32b_A3 validate on their A3 layouts; the plan counts the tower (Qwen2.5-VL-7B: 8.29B
     parameters, 0.68B of them the vision tower and projector) and what the images cost."""
     from cli import train_ppo
-    from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.features import load_ppo_config
 
     model = load_ppo_config("grpo_qwen25vl_7b_A3").actor.model
     assert (round(model.parameter_count() / 1e9, 2), round(model.vision_parameter_count() / 1e9, 2)) == (8.29, 0.68)

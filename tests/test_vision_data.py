@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from mindspeed_rl.config_cls import ConfigError
-from mindspeed_rl.config_cls.dataset_config import DatasetConfig
+from mindspeed_rl.datasets.dataset_config import DatasetConfig
 from mindspeed_rl.datasets.images import image_grid, unpack_images
 from mindspeed_rl.datasets.preprocess import field_prefix, preprocess
 from mindspeed_rl.demo.tiny_hf import build_tokenizer

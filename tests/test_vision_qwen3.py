@@ -172,7 +172,7 @@ def test_the_8b_recipe_plans_and_the_rules_refuse_what_deepstack_cannot_do(capsy
     parameters, 576,388,336 of them the tower and its projectors); full recompute and a first pipeline stage
     shorter than DeepStack's layers are refused before anything starts."""
     from cli import train_ppo
-    from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.features import load_ppo_config
     from tests.helpers import assert_refused
 
     model = load_ppo_config("grpo_qwen3vl_8b_A3").actor.model
@@ -191,8 +191,8 @@ def test_the_8b_recipe_plans_and_the_rules_refuse_what_deepstack_cannot_do(capsy
 
 
 def test_the_twin_counts_as_transformers_does():
-    from mindspeed_rl.config_cls import load_ppo_config
     from mindspeed_rl.demo.tiny_hf import hf_config_for
+    from mindspeed_rl.features import load_ppo_config
 
     model = load_ppo_config("grpo_tiny_cpu_vision_qwen3").actor.model
     with torch.device("meta"):

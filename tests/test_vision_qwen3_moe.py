@@ -105,7 +105,7 @@ def test_the_30b_a3b_recipe_plans_with_experts_and_sequence_parallelism(capsys):
     """grpo_qwen3vl_30b_a3b_A3 validates on its A3 layout (TP 4 with sequence parallelism, EP 4); its counts are
     transformers' (Qwen3-VL-30B-A3B: 31,070,754,032 parameters, 538,631,408 of them the tower and projectors)."""
     from cli import train_ppo
-    from mindspeed_rl.config_cls import load_ppo_config
+    from mindspeed_rl.features import load_ppo_config
 
     model = load_ppo_config("grpo_qwen3vl_30b_a3b_A3").actor.model
     assert (model.parameter_count(), model.vision_parameter_count()) == (31_070_754_032, 538_631_408)

@@ -1,11 +1,12 @@
-"""Typed, validated configuration (no torch import: fails fast on bad input)."""
+"""Typed configuration: each section checked on its own (no torch import: fails fast on bad input). The rules across
+keys and the derived values are the features' (mindspeed_rl/features/), whose loaders every entry point uses."""
 
 from .base import ConfigError
 from .generate_config import GenerateConfig, SamplingConfig
-from .loader import compose, load_ppo_config
+from .loader import compose
 from .megatron_config import MegatronConfig
 from .model_config import ModelConfig
-from .ppo_config import build_ppo_config
+from .ppo_config import assemble_ppo_config
 from .rl_config import RLConfig
 from .run_config import PPOConfig, RoleConfig
 
@@ -18,7 +19,6 @@ __all__ = [
     "RLConfig",
     "PPOConfig",
     "RoleConfig",
-    "build_ppo_config",
+    "assemble_ppo_config",
     "compose",
-    "load_ppo_config",
 ]

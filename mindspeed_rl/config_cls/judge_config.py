@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AbstractSet, Any, List, Optional
+from typing import AbstractSet, List, Optional
 
 from .base import ConfigError, opt
 
@@ -129,25 +129,3 @@ class JudgeConfig:
                     raise ConfigError(f"judge_config.{key}", "required with serve http")
             if not str(self.base_url).startswith(("http://", "https://")):
                 raise ConfigError("judge_config.base_url", f"{self.base_url!r} is not an http(s) URL")
-
-
-def judge_plan_lines(cfg: Any) -> List[str]:
-    """The batch plan's lines on the judge: how it is served and weighted (a PPOConfig's ``judge``)."""
-    j = cfg.judge
-    if j is None:
-        return []
-    if j.serve == "http":
-        where = (
-            f"{j.base_url} model {j.model_name!r} ({j.api}), {j.concurrency} requests in flight, timeout {j.timeout:g}s"
-        )
-    else:
-        engines = cfg.judge_devices // j.infer_tensor_parallel_size
-        where = (
-            f"{engines} engine(s) of infer TP {j.infer_tensor_parallel_size} on {cfg.judge_devices} device(s) of "
-            f"its own, {j.load}"
-        )
-    when = "finished groups judged while the batch generates" if j.overlap else "after each scoring call"
-    lines = [f"  judge     : weight {j.weight:g}; {where}; {when}"]
-    if j.unused:
-        lines.append(f"  judge keys: not used with serve {j.serve}: {', '.join(j.unused)}")
-    return lines

@@ -12,14 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .base import ConfigError
-from .ppo_config import PPOConfig, build_ppo_config
 from .yaml_guard import MAX_BYTES, MAX_DEPTH, check_interpolations, check_yaml_file, yaml_error
-
-if TYPE_CHECKING:
-    from .stage_config import StageConfig
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs")
 GROUPS = ("model",)
@@ -181,21 +177,3 @@ def compose(config_name: str, overrides: Sequence[str] = (), config_dir: Optiona
         raise ConfigError(getattr(exc, "full_key", "") or name, f"cannot resolve: {_first_line(exc)}") from None
     data.pop("hydra", None)
     return data, config_dir
-
-
-def load_ppo_config(config_name: str, overrides: Sequence[str] = (), config_dir: Optional[str] = None) -> PPOConfig:
-    data, resolved_dir = compose(config_name, overrides, config_dir)
-    data.pop("defaults", None)
-    return build_ppo_config(data, resolved_dir)
-
-
-def load_stage_config(
-    stage: str, config_name: str, overrides: Sequence[str] = (), config_dir: Optional[str] = None
-) -> "StageConfig":
-    """A single-role stage's config (``stage``: rm for cli/train_rm.py, sft for cli/train_sft.py), composed as a
-    PPO config is."""
-    from .stage_config import build_stage_config
-
-    data, resolved_dir = compose(config_name, overrides, config_dir)
-    data.pop("defaults", None)
-    return build_stage_config(data, stage, resolved_dir)

@@ -3,10 +3,9 @@ folder, and the experiment trackers (TensorBoard, Weights & Biases, SwanLab)."""
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 
-from .base import ConfigError, opt
+from .base import opt
 
 # rl_config.swanlab -> swanlab.init's mode
 SWANLAB_MODES = {"local": "local", "offline": "offline", "cloud": "online"}
@@ -44,20 +43,3 @@ class LoggingKeys:
     swanlab_exp_name: str = opt("ppo", "SwanLab experiment name.")
     swanlab_save_dir: str = opt("./swanlog", "SwanLab's log folder.")
     log_dir: str = opt("./logs", "Run folder root: metrics.jsonl, tensorboard, curves.")
-
-
-# the trackers a switch needs: (switch, importable module, what to install)
-TRACKERS = (
-    ("use_tensorboard", "tensorboard", "tensorboard"),
-    ("use_wandb", "wandb", "wandb"),
-    ("use_swanlab", "swanlab", "swanlab (requirements/cpu.txt has the pin)"),
-)
-
-
-def check_logging_keys(rl: LoggingKeys, section: str = "rl_config") -> None:
-    """A tracker switched on must be installed: refused before anything starts, not at the first iteration."""
-    for key, module, package in TRACKERS:
-        if getattr(rl, key) and importlib.util.find_spec(module) is None:
-            raise ConfigError(
-                f"{section}.{key}", f"{module} is not installed here: pip install {package}, or set false"
-            )

@@ -1,6 +1,6 @@
-"""The whole PPO run config: its sections composed into PPOConfig (roles merged with
-megatron_training; the types themselves in run_config.py), the derived values (derive), then the cross-key
-rules (rules.py)."""
+"""The whole PPO run config: its sections composed into PPOConfig (roles merged with megatron_training; the types
+themselves in run_config.py), each section checked on its own. The derived values and the rules across keys are
+the features' (mindspeed_rl/features/: ``features.build_ppo_config`` runs them)."""
 
 from __future__ import annotations
 
@@ -8,16 +8,13 @@ import dataclasses
 import os
 from typing import Any, Mapping, Optional, Tuple
 
-from .algorithm_choice import AlgorithmChoiceError, resolve_algorithm
 from .base import ConfigError, build_section, closest_key
 from .generate_config import GenerateConfig
 from .judge_config import JudgeConfig
 from .megatron_config import MegatronConfig
 from .model_config import ModelConfig
-from .precision_rules import derive_rollout_correction
 from .profiler_config import build_profiler_config
 from .rl_config import build_rl_section
-from .rules import check_cross_fields
 from .run_config import PPOConfig, RoleConfig
 from .yaml_guard import load_yaml
 
@@ -94,8 +91,9 @@ def model_and_base(data: Mapping[str, Any]) -> Tuple[Mapping, Mapping]:
     return models, base
 
 
-def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) -> PPOConfig:
-    """Validate the composed config mapping and return the typed config (raises ConfigError)."""
+def assemble_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) -> PPOConfig:
+    """The typed config of a composed mapping, each section checked on its own (raises ConfigError); nothing
+    derived yet and no rule across keys run: ``features.build_ppo_config`` does both."""
     if not isinstance(data, Mapping):
         raise ConfigError("", "the config must be a mapping of sections")
     for key in data:
@@ -125,12 +123,7 @@ def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) 
     dry_run = data.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise ConfigError("dry_run", f"got {dry_run!r}, expected true or false")
-    derive_rollout_correction(rl, generate)  # before the algorithm: it decides the importance weights
-    try:
-        algorithm = resolve_algorithm(rl)
-    except AlgorithmChoiceError as exc:
-        raise ConfigError(exc.key, exc.message) from None
-    cfg = PPOConfig(
+    return PPOConfig(
         megatron_training=megatron_training,
         actor=actor,
         critic=critic,
@@ -139,34 +132,10 @@ def build_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = None) 
         judge=judge,
         rl=rl,
         generate=generate,
-        algorithm=algorithm,
         dry_run=dry_run,
         raw=dict(data),
+        profiler=profiler,
     )
-    profiler.check_ranks({role.name: role.num_devices for role in cfg.roles})
-    for role in cfg.roles:
-        role.profiler = profiler.of(role.name)
-    derive(cfg)
-    check_cross_fields(cfg)
-    return cfg
-
-
-def derive(cfg: PPOConfig) -> None:
-    """Every value computed from others, before the rules (which only read; the algorithm is resolved when
-    the config is built): with use_dynamic_bsz, the unset packing budgets (forward or update micro-batch x the
-    longest sequence)."""
-    rl = cfg.rl
-    if rl.use_dynamic_bsz:
-        longest = rl.max_prompt_length + cfg.generate.sampling_config.max_tokens
-        update_mbs = max(role.megatron.micro_batch_size for role in cfg.training_roles)
-        defaults = {
-            "ref_max_packing_token_size": rl.ref_forward_micro_batch_size * longest,
-            "actor_max_packing_token_size": rl.actor_forward_micro_batch_size * longest,
-            "update_max_packing_token_size": update_mbs * longest,
-        }
-        for key, default in defaults.items():
-            if getattr(rl, key) is None:
-                setattr(rl, key, default)
 
 
 def to_plain(obj: Any) -> Any:

@@ -12,7 +12,7 @@ from .generate_config import GenerateConfig
 from .judge_config import JudgeConfig
 from .megatron_config import MegatronConfig
 from .model_config import ModelConfig
-from .profiler_config import RoleProfilerConfig
+from .profiler_config import ProfilerConfig, RoleProfilerConfig
 from .rl_config import RLConfig
 
 
@@ -78,13 +78,14 @@ class PPOConfig:
     reward: Optional[RoleConfig]
     rl: RLConfig
     generate: GenerateConfig
-    algorithm: AlgorithmPlan  # resolved from rl_config (resolve_algorithm) when the config is built
+    algorithm: Optional[AlgorithmPlan] = None  # resolved from rl_config first of all derived values
     teacher: Optional[RoleConfig] = None  # on-policy distillation's frozen teacher
     judge: Optional[JudgeConfig] = None  # the generative judge (rewards/judge.py)
     dry_run: bool = False
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
     # bf16 / dtype auto settled with the device's answer (precision_rules.settle_precision); None until then
     precision: Optional[PrecisionChoice] = None
+    profiler: Optional[ProfilerConfig] = None  # profiler_config; each role's share is its RoleConfig.profiler
 
     @property
     def prompts_per_iteration(self) -> int:
@@ -105,6 +106,8 @@ class PPOConfig:
 
     @property
     def uses_critic(self) -> bool:
+        if self.algorithm is None:
+            raise ValueError("the algorithm is not resolved yet: features.derive(cfg) resolves it first")
         return self.algorithm.use_critic
 
     @property
@@ -150,3 +153,8 @@ class PPOConfig:
 def captures_routes(rl: RLConfig, gen: GenerateConfig) -> bool:
     """The rollout engine returns each token's experts: router replay, or the expert load EPLB counts."""
     return rl.router_replay is not None or gen.eplb_token_collects
+
+
+def role_key(role: RoleConfig, name: str) -> str:
+    """The key ``name`` of ``role``'s own section, as an error names it: ``actor_config.micro_batch_size``."""
+    return f"{role.name}_config.{name}"

@@ -20,13 +20,11 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .base import ConfigError, build_section, closest_key
 from .dpo_config import DPOConfig
-from .feature_rules import LORA_TARGETS, check_lora_rank
-from .logging_config import LoggingKeys, check_logging_keys
+from .logging_config import LoggingKeys
 from .megatron_config import MegatronConfig
-from .ppo_config import RoleConfig, _role, model_and_base
+from .ppo_config import _role, model_and_base
 from .rl_config import RLConfig, build_rl_section
-from .rules import check_role_parallelism, check_role_training
-from .run_config import PrecisionChoice
+from .run_config import PrecisionChoice, RoleConfig
 
 
 @dataclass(frozen=True)
@@ -95,8 +93,9 @@ class StageConfig:
         return self.rl.test_freq > 0
 
 
-def build_stage_config(data: Mapping[str, Any], stage: str, config_dir: Optional[str] = None) -> StageConfig:
-    """Validate the composed mapping of a single-role stage's config (raises ConfigError naming the key)."""
+def assemble_stage_config(data: Mapping[str, Any], stage: str, config_dir: Optional[str] = None) -> StageConfig:
+    """A single-role stage's typed config from its composed mapping, each section checked on its own (ConfigError
+    naming the key); the rules across keys are the features' (features.build_stage_config runs them)."""
     spec = STAGES[stage]
     top_level: Tuple[str, ...] = (
         "defaults",
@@ -142,55 +141,4 @@ def build_stage_config(data: Mapping[str, Any], stage: str, config_dir: Optional
         raise ConfigError("dry_run", f"got {dry_run!r}, expected true or false")
     dpo = build_section(DPOConfig, data.get("dpo_config") or {}, "dpo_config", require=False) if spec.options else None
     cfg = StageConfig(spec, megatron_training, role, rl, dry_run=dry_run, raw=dict(data), dpo=dpo)
-    check_stage_rules(cfg)
     return cfg
-
-
-def check_stage_rules(cfg: StageConfig) -> None:
-    """The role's layout and training keys as in a PPO run, then the batches and the held-out set."""
-    role, m, spec = cfg.role, cfg.role.megatron, cfg.stage
-    section = spec.section
-    check_role_parallelism(role)
-    check_role_training(role)
-    check_lora_rank(role)
-    check_logging_keys(cfg.rl)
-    if m.lora_r and role.cp > 1 and m.context_parallel_algo == "megatron_cp_algo":
-        raise ConfigError(f"{section}.context_parallel_algo", "use ulysses_cp_algo with lora_r")
-    if cfg.dpo is not None and cfg.dpo.ref_model and m.lora_r:
-        raise ConfigError(
-            "dpo_config.ref_model", "with lora_r the reference is the base model (adapters off); remove it"
-        )
-    if m.stage != spec.name and "stage" in (cfg.raw.get("megatron_training") or {}):
-        raise ConfigError("megatron_training.stage", f"{m.stage!r} is not {spec.title}, whose stage is {spec.name}")
-    if cfg.rl.use_remove_padding and role.pp > 1:
-        raise ConfigError(
-            "rl_config.use_remove_padding", f"needs pipeline_model_parallel_size 1; the {spec.role} has PP {role.pp}"
-        )
-    unknown = [t for t in m.lora_target_modules if t not in LORA_TARGETS]
-    if m.lora_r and (unknown or not m.lora_target_modules):
-        raise ConfigError(
-            f"{section}.lora_target_modules", f"{unknown or 'empty'}: choose among {', '.join(LORA_TARGETS)}"
-        )
-    limit = role.model.max_position_embeddings
-    if limit and m.seq_length > limit:
-        raise ConfigError(
-            "megatron_training.seq_length", f"{m.seq_length} is above the model's max_position_embeddings {limit}"
-        )
-    if not m.data_path:
-        raise ConfigError("megatron_training.data_path", f"required: the preprocessed {spec.data}")
-    if m.global_batch_size % (m.micro_batch_size * role.dp):
-        raise ConfigError(
-            f"{section}.micro_batch_size",
-            f"global_batch_size {m.global_batch_size} {spec.unit} over DP {role.dp} gives "
-            f"{m.global_batch_size / role.dp:g} {spec.unit} per rank, not a multiple of micro_batch_size "
-            f"{m.micro_batch_size}",
-        )
-    if cfg.validates and not m.test_data_path:
-        raise ConfigError(
-            "megatron_training.test_data_path", f"required by rl_config.test_freq: the held-out {spec.data}"
-        )
-    if m.dataset_additional_keys:
-        raise ConfigError(
-            "megatron_training.dataset_additional_keys",
-            f"{m.dataset_additional_keys}: {spec.data} carry their own fields; remove it",
-        )

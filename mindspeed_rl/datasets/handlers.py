@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from ..config_cls.dataset_config import DatasetConfig
+from .dataset_config import DatasetConfig
 from .templates import apply_template
 
 Sample = Dict[str, Any]

@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
-from ..config_cls.dataset_config import MAX_IMAGE_PIXELS
+from .dataset_config import MAX_IMAGE_PIXELS
 
 
 class BadImage(ValueError):

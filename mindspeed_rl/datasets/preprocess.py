@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from ..config_cls.dataset_config import DatasetConfig
 from ..utils.hf_tokenizer import load_tokenizer
+from .dataset_config import DatasetConfig
 from .handlers import HANDLERS
 from .indexed_files import field_prefix
 from .readers import BadEncoding, iter_rows

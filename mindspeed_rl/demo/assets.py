@@ -203,7 +203,7 @@ def _preprocess(
     pairwise: bool = False,
     sft: bool = False,
 ) -> None:
-    from ..config_cls.dataset_config import DatasetConfig
+    from ..datasets.dataset_config import DatasetConfig
     from ..datasets.preprocess import preprocess
 
     if pairwise:

@@ -100,8 +100,8 @@ def prepare_tool_task(
 ) -> Dict[str, str]:
     """Write the task's assets under ``root`` (idempotent) and return their paths: tokenizer, data_prefix,
     test_prefix, mcore (the cold-start model for ``load``) and hf (its HF copy)."""
-    from ..config_cls import load_ppo_config
     from ..datasets.templates import ToolFormat, load_templates
+    from ..features import load_ppo_config
     from .fine_tune import fine_tune
     from .tiny_hf import build_tokenizer
 
@@ -155,7 +155,7 @@ def prepare_tool_task(
 def preprocess_rows(root: str, tokenizer_dir: str, parts: Dict[str, List[dict]], sft: bool = False) -> None:
     """Each set of rows as ``<root>/raw/<name>.jsonl``, preprocessed into ``<root>/data/<name>`` with the
     calculator in the system line: prompts with their labels, or (``sft``) conversations for the SFT stage."""
-    from ..config_cls.dataset_config import DatasetConfig
+    from ..datasets.dataset_config import DatasetConfig
     from ..datasets.preprocess import preprocess
     from ..tools.registry import BUILTIN_TOOLS
 

@@ -93,7 +93,7 @@ def save_processor(folder: str, tokenizer, min_pixels: int, max_pixels: int, fam
 
 def write_prompt_sets(root: str, tokenizer_dir: str, parts: Dict[str, List[dict]]) -> None:
     """Each set of rows as ``<root>/raw/<name>.jsonl``, preprocessed into ``<root>/data/<name>``."""
-    from ..config_cls.dataset_config import DatasetConfig
+    from ..datasets.dataset_config import DatasetConfig
     from ..datasets.preprocess import preprocess
 
     for name, part in parts.items():
@@ -183,7 +183,7 @@ def prepare_vision_task(
     (the same with a value head).
     ``blank``: the control's assets (pictures without their circle), beside the task's."""
     from ..checkpoint.convert import hf_to_mg
-    from ..config_cls import load_ppo_config
+    from ..features import load_ppo_config
     from .tiny_hf import build_hf_model, build_tokenizer
 
     model = load_ppo_config(config_name).actor.model

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .base import ConfigError
-from .feature_rules import role_key
+from ..config_cls.base import ConfigError
+from ..config_cls.run_config import role_key
+from ..utils.cli import UserError
 
 if TYPE_CHECKING:
-    from .model_config import ModelConfig
-    from .run_config import RoleConfig
+    from ..config_cls.model_config import ModelConfig
+    from ..config_cls.run_config import PPOConfig, RoleConfig
 
 
-def check_architecture_features(role: "RoleConfig") -> None:
+def check_role(role: "RoleConfig") -> None:
     m, model = role.megatron, role.model
     if model.linear_attention_freq:
         _check_linear_attention(role)
@@ -71,3 +72,16 @@ def check_infer_heads(model: "ModelConfig", itp: int) -> None:
     linear = (model.linear_num_key_heads, model.linear_num_value_heads) if model.linear_attention_freq else ()
     if any(n % itp for n in linear):
         raise ConfigError(key, f"{itp} does not divide the Gated DeltaNet key and value heads {linear}")
+
+
+def check(cfg: PPOConfig) -> None:
+    check_infer_heads(cfg.actor.model, cfg.generate.infer_tensor_parallel_size)
+
+
+def preflight(cfg: PPOConfig, accelerator) -> None:
+    """Qwen3-Next's Gated DeltaNet layers exist in the installed megatron-core."""
+    from ..compat.megatron_core import gated_delta_net_unavailable
+
+    for role in cfg.roles:
+        if role.model.linear_attention_freq and gated_delta_net_unavailable():
+            raise UserError(f"{role_key(role, 'model')}: {role.megatron.model}: {gated_delta_net_unavailable()}")

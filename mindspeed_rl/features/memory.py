@@ -1,19 +1,20 @@
 """Recomputation and MindSpeed's memory switches of a role: the keys that need each other (device-independent; what
-a device runs is checked before start, trainer/preflight.py)."""
+a device runs: preflight)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .base import ConfigError
-from .feature_rules import role_key
-from .megatron_config import RECOMPUTE_MODULES
+from ..config_cls.base import ConfigError
+from ..config_cls.megatron_config import MINDSPEED_SWITCHES, RECOMPUTE_MODULES
+from ..config_cls.run_config import role_key
+from ..utils.cli import UserError
 
 if TYPE_CHECKING:
-    from .run_config import RoleConfig
+    from ..config_cls.run_config import PPOConfig, RoleConfig
 
 
-def check_memory_switches(role: "RoleConfig") -> None:
+def check_role(role: "RoleConfig") -> None:
     m = role.megatron
     if m.recompute_modules is not None:
         if m.recompute_granularity != "selective":
@@ -50,3 +51,27 @@ def check_memory_switches(role: "RoleConfig") -> None:
         raise ConfigError(
             role_key(role, "moe_hierarchical_alltoallv"), "needs an MoE model split by expert_model_parallel_size > 1"
         )
+
+
+def check_mindspeed_switches(role: RoleConfig, accelerator) -> None:
+    """MindSpeed's switches run where MindSpeed does (NPU), each if the installed release defines its flag;
+    elsewhere recompute_norm is megatron-core's layernorm recomputation and the others are refused, naming the key."""
+    from ..compat import mindspeed
+
+    version = mindspeed.installed_version() if accelerator.runs_mindspeed else None
+    for key, flag in MINDSPEED_SWITCHES.items():
+        if not getattr(role.megatron, key) or (key == "recompute_norm" and not accelerator.runs_mindspeed):
+            continue
+        if accelerator.runs_mindspeed:
+            reason = mindspeed.flag_unavailable(flag, version)
+        else:
+            reason = f"nothing implements it on {accelerator.kind} (MindSpeed patches megatron-core on NPU)"
+            if key.startswith("recompute"):
+                reason += "; megatron-core recomputes layers or modules: recompute_granularity / recompute_modules"
+        if reason:
+            raise UserError(f"{role_key(role, key)}: a MindSpeed switch (docs/features.md); {reason}; remove it")
+
+
+def preflight(cfg: PPOConfig, accelerator) -> None:
+    for role in cfg.roles:
+        check_mindspeed_switches(role, accelerator)

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .base import ConfigError
-from .feature_rules import role_key
+from ..config_cls.base import ConfigError
+from ..config_cls.run_config import role_key
 
 if TYPE_CHECKING:
-    from .run_config import RoleConfig
+    from ..config_cls.run_config import RoleConfig
 
 
-def check_pipeline_layers(role: "RoleConfig") -> None:
+def check_role(role: "RoleConfig") -> None:
     """num_layer_list lists the ranks' layers, or PP divides them; then the interleaved pipeline's rules."""
     m, model = role.megatron, role.model
     try:

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, List, Optional
 
-from .base import ConfigError, yaml_spelling
-from .run_config import HostPrecision, PrecisionChoice
+from ..config_cls.base import ConfigError, yaml_spelling
+from ..config_cls.run_config import HostPrecision, PrecisionChoice, role_key
 
 if TYPE_CHECKING:
-    from .generate_config import GenerateConfig
-    from .rl_config import RLConfig
-    from .run_config import PPOConfig, RoleConfig
+    from ..config_cls.run_config import PPOConfig, RoleConfig
 
 AUTO = "auto"
 # the vLLM dtype of each trained precision (generate_config.dtype: auto follows the actor)
@@ -22,7 +20,7 @@ ENGINE_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 HOW_DTYPE = {True: "dtype auto: the actor's", False: "as set"}
 
 
-def precision_lines(cfg: Any) -> List[str]:
+def plan_lines(cfg: Any) -> List[str]:
     """The batch plan's lines: what the run trains and generates in, and why."""
     choice = getattr(cfg, "precision", None)
     if choice is None:  # a config built in code: its run settles it
@@ -39,18 +37,18 @@ def trained_precision(m: Any) -> str:
     return "bf16" if m.bf16 else "fp16" if m.fp16 else "fp32"
 
 
-def check_training_precision_keys(role: RoleConfig) -> None:
+def check_role(role: RoleConfig) -> None:
     """``bf16`` and ``fp16`` are not both on, and ``auto`` (bf16 where the device runs it natively, else fp32)
     does not sit beside ``fp16: true``."""
     m = role.megatron
     if m.bf16 == AUTO and m.fp16:
         raise ConfigError(
-            f"{role.name}_config.bf16",
+            role_key(role, "bf16"),
             "auto together with fp16: true; auto picks bf16 or fp32 from the device: set fp16 false, or bf16 false "
             "to train in fp16",
         )
     if m.bf16 is True and m.fp16:
-        raise ConfigError(f"{role.name}_config.fp16", "bf16 and fp16 are both true; pick one")
+        raise ConfigError(role_key(role, "fp16"), "bf16 and fp16 are both true; pick one")
 
 
 def settled(cfg: Any) -> bool:
@@ -92,7 +90,7 @@ def settle_precision(cfg: Any, host: Optional[HostPrecision]) -> PrecisionChoice
     engine_dtype = ""
     if gen is not None:
         engine_dtype = gen.dtype = ENGINE_DTYPES[trained] if gen_auto else gen.dtype
-        check_rollout_precision_keys(cfg, gen_auto)  # the engines' dtype is known now
+        check(cfg, gen_auto)  # the engines' dtype is known now
     engines = f"{engine_dtype} ({HOW_DTYPE[gen_auto]})" if gen is not None else ""
     choice = PrecisionChoice(
         trained, engine_dtype, summary(cfg, host, given, engines), bf16_warning(cfg, host, set_bf16)
@@ -133,7 +131,7 @@ def _bf16_key(cfg: Any) -> str:
     raw = cfg.raw or {}
     for role in roles_of(cfg):
         if "bf16" in (raw.get(f"{role.name}_config") or {}):
-            return f"{role.name}_config.bf16"
+            return role_key(role, "bf16")
     return "megatron_training.bf16"
 
 
@@ -141,13 +139,14 @@ def _bf16_key(cfg: Any) -> str:
 QUANTIZED_DTYPES = {"fp8": ("bfloat16", "float16"), "int8": ("bfloat16", "float16", "float32")}
 
 
-def derive_rollout_correction(rl: RLConfig, gen: GenerateConfig) -> None:
-    """Under a quantized rollout an unset ``rollout_correction.rollout_is`` is token-level truncated IS."""
-    if gen.rollout_quantization != "none" and rl.rollout_correction.rollout_is is None:
-        rl.rollout_correction.rollout_is = "token"
+def derive(cfg: PPOConfig) -> None:
+    """Under a quantized rollout an unset ``rollout_correction.rollout_is`` is token-level truncated IS (before the
+    algorithm is resolved: it decides the importance weights)."""
+    if cfg.generate.rollout_quantization != "none" and cfg.rl.rollout_correction.rollout_is is None:
+        cfg.rl.rollout_correction.rollout_is = "token"
 
 
-def check_rollout_precision_keys(cfg: PPOConfig, settled_from_auto: bool = False) -> None:
+def check(cfg: PPOConfig, settled_from_auto: bool = False) -> None:
     """A quantized rollout needs a vLLM engine (FP8: of a 16-bit dtype; INT8: the device decides, in the
     preflight) fed by our weight channel (its updates go through vLLM's reload, which processes them again: FP8
     quantized there, INT8 before the transfer)."""

@@ -17,8 +17,8 @@ from ..accelerator import accelerator_class, get_accelerator
 from ..compat import megatron_core as compat_megatron
 from ..config_cls.megatron_config import MegatronConfig
 from ..config_cls.model_config import ModelConfig
-from ..config_cls.precision_rules import trained_precision
 from ..families import get_family
+from ..features.precision import trained_precision
 
 log = logging.getLogger(__name__)
 _LOGGED: set = set()
@@ -100,7 +100,7 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
     kwargs.update(get_family(model.model_type_hf).transformer_config_fields(model))
     kwargs["expert_model_parallel_size"] = megatron.expert_model_parallel_size
     if megatron.context_parallel_size > 1:
-        from .context_parallel import ring_attention_unavailable
+        from ..features.context_parallel import ring_attention_unavailable
 
         reason = ring_attention_unavailable(megatron, kind)
         if reason:

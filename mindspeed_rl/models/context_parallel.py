@@ -19,13 +19,13 @@ rank computes identically on the gathered tensor back-propagates once per token.
 from __future__ import annotations
 
 import copy
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 from megatron.core.transformer.module import MegatronModule
 
-from ..config_cls.rules import ulysses_layout
+from ..features.context_parallel import ulysses_layout
 from .attention import PackedDotProductAttention
 
 
@@ -176,20 +176,6 @@ class UlyssesAttention(MegatronModule):
         return out.reshape(*out.shape[:-2], -1)
 
 
-def ring_attention_unavailable(megatron, kind: str) -> Optional[str]:
-    """Why ``megatron_cp_algo`` (ring attention) cannot run on device ``kind``, or None (also when not asked)."""
-    from ..accelerator import accelerator_class
-
-    if megatron.context_parallel_size == 1 or megatron.context_parallel_algo != "megatron_cp_algo":
-        return None
-    if accelerator_class(kind).fused_features()["ring_attention"]:
-        return None
-    return (
-        f"megatron_cp_algo (ring attention) needs Transformer Engine on CUDA or MindSpeed on NPU; this is {kind}: "
-        "use ulysses_cp_algo"
-    )
-
-
 def with_ulysses_attention(spec):
     """The layer spec with its core attention run under Ulysses (same weights: the core attention has none)."""
     attention = getattr(spec.submodules, "self_attention", None)
@@ -205,6 +191,5 @@ __all__ = [
     "cp_world",
     "gather_positions",
     "rank_positions",
-    "ring_attention_unavailable",
     "with_ulysses_attention",
 ]

@@ -41,7 +41,7 @@ from typing import Callable, Dict, Optional, Sequence
 import torch
 
 from ..checkpoint.tp_split import merge
-from ..config_cls.feature_rules import LORA_TARGETS
+from ..features.lora import LORA_TARGETS
 
 ADAPTER_NAMES = ("lora_A", "lora_B")
 TARGETS = {"linear_qkv": "column", "linear_fc1": "column", "linear_proj": "row", "linear_fc2": "row"}

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from ..config_cls.base import ConfigError
-from ..config_cls.feature_rules import partial_chunk
+from ..features.partial_rollout import partial_chunk
 from ..utils.clock import Clock
 from .rounds import TrajectoryPool
 

@@ -241,7 +241,8 @@ class RolloutSource:
     # ----- from the config ------------------------------------------------------------------------------
     @staticmethod
     def from_config(cfg, service, dataset, sampler, tokenizer, score: Score) -> "RolloutSource":
-        from ..config_cls.feature_rules import agent_rollout_function, filter_metric_name
+        from ..features.agent import agent_rollout_function
+        from ..features.dynamic_sampling import filter_metric_name
 
         rl, sampling = cfg.rl, cfg.generate.sampling_config
         function = build_rollout_function(agent_rollout_function(rl), agent_context(rl, tokenizer))

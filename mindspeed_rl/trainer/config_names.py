@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Dict, Mapping, Optional, Sequence
 
 from ..accelerator.detect import forced_device_kind
 from ..config_cls.base import ConfigError, closest_key
-from ..config_cls.dataset_config import DatasetConfig
-from ..config_cls.feature_rules import agent_rollout_function
-from ..config_cls.loader import load_ppo_config
 from ..config_cls.model_config import ModelConfig
 from ..config_cls.ppo_config import PPOConfig, build_model_section
+from ..datasets.dataset_config import DatasetConfig
+from ..features import load_ppo_config
+from ..features.agent import agent_rollout_function
 from .precision import settle_run_precision
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ import time
 from typing import Any, Dict, List, Tuple
 
 from ..config_cls.ppo_config import PPOConfig
-from ..config_cls.rules import validates
+from ..features.validation import validates
 from ..utils.cli import UserError, raise_if_terminated, stop_on_sigterm
 from ..utils.hf_tokenizer import load_tokenizer
 from ..workers.launcher import RunFrame

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, List
 
-from ..config_cls.feature_rules import agent_rollout_function, filter_metric_name, partial_chunk
-from ..config_cls.judge_config import judge_plan_lines
-from ..config_cls.precision_rules import precision_lines
-from ..config_cls.rules import VALIDATION_OFF, validates
+from .. import features
+from ..features import precision
+from ..features.dynamic_sampling import filter_metric_name
+from ..features.validation import VALIDATION_OFF
 from .layout import cp_groups, describe_blocks, dp_groups, engine_blocks, layout_diagram
 from .probes import devices_per_node
 
@@ -19,10 +19,7 @@ if TYPE_CHECKING:
 
 def batch_plan(cfg: PPOConfig) -> str:
     """A human-readable account of how one iteration's samples are split."""
-    lines = iteration_lines(cfg) + precision_lines(cfg) + rollout_feature_lines(cfg) + distillation_lines(cfg)
-    lines += judge_plan_lines(cfg)
-    if cfg.actor.megatron.test_data_path and not validates(cfg):
-        lines.append(f"  validation: {VALIDATION_OFF.format(path=cfg.actor.megatron.test_data_path)}")
+    lines = iteration_lines(cfg) + features.plan_lines(cfg)
     lines += [role_split_line(role, cfg) for role in cfg.roles]
     lines += role_memory_lines(cfg)
     lines += parallel_group_lines(cfg.roles)
@@ -83,52 +80,6 @@ def iteration_lines(cfg: PPOConfig) -> List[str]:
             if rollout_devices
             else " (actor ranks; every rank of an engine gets the same prompts)"
         ),
-    ]
-
-
-def rollout_feature_lines(cfg: PPOConfig) -> List[str]:
-    """A line for each rollout feature that is on: an agent rollout function, asynchronous generation,
-    partial rollout."""
-    rl, gen = cfg.rl, cfg.generate
-    lines = []
-    agent = agent_rollout_function(rl)
-    if agent != "single_turn":
-        tools = ", ".join(rl.tools) + (f" + {rl.tool_config_path}" if rl.tool_config_path else "")
-        lines.append(
-            f"  agent     : rollout function {agent}, tools [{tools}], up to {rl.agent.max_turns} turns and "
-            f"{rl.agent.max_tool_calls} calls per trajectory within max_tokens; tool results loss_mask 0; "
-            f"sandbox {rl.sandbox.isolation} ({rl.sandbox.timeout:g} s wall, {rl.sandbox.cpu_seconds} s CPU, "
-            f"{rl.sandbox.memory_mb} MB, scratch {rl.sandbox.scratch_mb} MB)"
-        )
-    if rl.max_head_offpolicyness > 0:
-        lines.append(
-            f"  async     : the rollout workers generate up to {rl.max_head_offpolicyness} batch(es) "
-            "ahead of training (each sampled at most that many versions before it trains)"
-        )
-    split = rl.partial_rollout_max_split
-    if split > 1:
-        lines.append(
-            f"  partial   : chunks of {partial_chunk(gen.sampling_config.max_tokens, split)} tokens "
-            f"(max_tokens / partial_rollout_max_split {split}); unfinished responses are parked and continued "
-            f"with the next weights, finished within {split} iterations"
-            + ("" if rl.require_max_age_all_finished else " when rounds run (require_max_age_all_finished false)")
-        )
-    if gen.eplb_token_collects:
-        where = gen.eplb_token_save_path or "<run folder>/expert_load.json"
-        lines.append(f"  eplb      : tokens per expert and MoE layer counted into {where} (cli/eplb_generate_map.py)")
-    return lines
-
-
-def distillation_lines(cfg: PPOConfig) -> List[str]:
-    """What the teacher adds to the advantages, and where it runs."""
-    rl, teacher = cfg.rl, cfg.teacher
-    if teacher is None:
-        return []
-    clip = f"clipped to +-{rl.distill_clip:g}" if rl.distill_clip else "unclipped"
-    where = "on the actor's devices" if rl.teacher_colocate else f"on {teacher.num_devices} devices of its own"
-    return [
-        f"  distill   : teacher {teacher.megatron.model} from {teacher.megatron.load} ({where}) scores every sampled "
-        f"token; A = A_reward + {rl.distill_coef:g} x {rl.distill_loss} ({clip})"
     ]
 
 
@@ -363,7 +314,7 @@ def stage_plan(cfg: "StageConfig") -> str:
         f"of {m.micro_batch_size} {unit}",
         f"  sequences : up to seq_length {m.seq_length} tokens; "
         + ("packed (use_remove_padding)" if cfg.rl.use_remove_padding else "padded"),
-    ] + precision_lines(cfg)
+    ] + precision.plan_lines(cfg)
     head_note = "; the value head trains with the adapters" if m.lora_r and spec.name == "rm" else ""
     lines.append(f"  memory    : {trainable_memory(role)}{head_note}")
     measured = {"rm": "pair accuracy", "sft": "loss and perplexity", "dpo": "loss and reward accuracy"}[spec.name]

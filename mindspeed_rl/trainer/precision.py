@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from ..accelerator import DeviceUnavailable, accelerator_class, get_accelerator
 from ..config_cls.base import ConfigError
-from ..config_cls.precision_rules import (
+from ..features.precision import (
     AUTO,
     HostPrecision,
     PrecisionChoice,

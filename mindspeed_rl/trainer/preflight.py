@@ -12,6 +12,8 @@ import tempfile
 import zipfile
 from typing import List, Optional, Tuple
 
+from .. import features
+from ..accelerator import get_accelerator
 from ..checkpoint import lora_base
 from ..checkpoint import megatron_layout as ml
 from ..compat import vllm as compat_vllm
@@ -236,7 +238,7 @@ def check_environment() -> None:
 def check_tool_isolation(cfg: PPOConfig) -> None:
     """The tools can be isolated as rl_config.sandbox.isolation asks (bubblewrap runs here), or run without it
     because none of them runs model-written code; prints the note of a fallback or of isolation none."""
-    from ..config_cls.feature_rules import agent_rollout_function
+    from ..features.agent import agent_rollout_function
     from ..tools.isolation import IsolationUnavailable, choose
     from ..tools.registry import model_code_tools, resolve_tools
 
@@ -250,50 +252,6 @@ def check_tool_isolation(cfg: PPOConfig) -> None:
         raise UserError(f"rl_config.sandbox.isolation: bwrap: {exc}") from None
     if note:
         print(note if note.startswith("warning") else f"note: {note}", flush=True)
-
-
-def check_device_features(cfg: PPOConfig) -> None:
-    """What a role asks of this device kind and libraries exists here (ring attention for megatron_cp_algo;
-    sequence parallelism for a trained MoE model under TP; Qwen3-Next's layers in megatron-core)."""
-    from ..accelerator import get_accelerator
-    from ..compat.megatron_core import gated_delta_net_unavailable
-    from ..models.context_parallel import ring_attention_unavailable
-
-    acc = get_accelerator()
-    kind = acc.kind
-    for role in cfg.roles:
-        if role.model.linear_attention_freq and gated_delta_net_unavailable():
-            raise UserError(f"{role.name}_config.model: {role.megatron.model}: {gated_delta_net_unavailable()}")
-        reason = ring_attention_unavailable(role.megatron, kind)
-        if reason:
-            raise UserError(f"{role.name}_config.context_parallel_algo: {reason}")
-        check_mindspeed_switches(role, acc)
-        if role.trains and role.model.num_experts and role.tp > 1 and not acc.fused_features()["sequence_parallel"]:
-            raise UserError(
-                f"{role.name}_config.tensor_model_parallel_size: {role.tp} on the mixture-of-experts model "
-                f"{role.megatron.model}: megatron-core trains MoE layers under TP only with sequence parallelism, "
-                f"which {kind} lacks (torch norm); split the experts with expert_model_parallel_size instead"
-            )
-
-
-def check_mindspeed_switches(role: RoleConfig, acc) -> None:
-    """MindSpeed's switches run where MindSpeed does (NPU), each if the installed release defines its flag;
-    elsewhere recompute_norm is megatron-core's layernorm recomputation and the others are refused, naming the key."""
-    from ..compat import mindspeed
-    from ..config_cls.megatron_config import MINDSPEED_SWITCHES
-
-    version = mindspeed.installed_version() if acc.runs_mindspeed else None
-    for key, flag in MINDSPEED_SWITCHES.items():
-        if not getattr(role.megatron, key) or (key == "recompute_norm" and not acc.runs_mindspeed):
-            continue
-        if acc.runs_mindspeed:
-            reason = mindspeed.flag_unavailable(flag, version)
-        else:
-            reason = f"nothing implements it on {acc.kind} (MindSpeed patches megatron-core on NPU)"
-            if key.startswith("recompute"):
-                reason += "; megatron-core recomputes layers or modules: recompute_granularity / recompute_modules"
-        if reason:
-            raise UserError(f"{role.name}_config.{key}: a MindSpeed switch (docs/features.md); {reason}; remove it")
 
 
 def check_teacher_tokenizer(cfg: PPOConfig) -> None:
@@ -318,7 +276,7 @@ def check_teacher_tokenizer(cfg: PPOConfig) -> None:
 def preflight(cfg: PPOConfig) -> Optional[int]:
     """Every check above; returns the iteration a resume loads (None: the latest, or not a resume)."""
     check_environment()
-    check_device_features(cfg)
+    features.preflight(cfg, get_accelerator())  # what each feature needs of this device and its libraries
     check_tool_isolation(cfg)
     check_teacher_tokenizer(cfg)
     check_rollout_engine(cfg)

@@ -7,7 +7,7 @@ import os
 from typing import TYPE_CHECKING, List, Mapping
 
 from ..config_cls.base import ConfigError
-from ..config_cls.feature_rules import role_key
+from ..config_cls.run_config import role_key
 from ..datasets.images import has_image_processor
 from ..datasets.indexed_files import field_prefix, holds_images
 

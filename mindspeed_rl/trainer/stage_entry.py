@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from ..accelerator.detect import forced_device_kind
-from ..config_cls.loader import load_stage_config
+from ..features import load_stage_config
 from ..utils.cli import parse_run_args, validated_only
 from .config_names import check_model_family
 from .plan import stage_plan

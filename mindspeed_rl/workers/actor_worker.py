@@ -19,10 +19,10 @@ import torch
 
 from ..algorithms.kl import kl_penalty
 from ..algorithms.losses import Clip, LossScale, aggregate, entropy_loss, policy_loss
-from ..config_cls.algorithm_choice import resolve_algorithm
 from ..config_cls.generate_config import GenerateConfig
 from ..config_cls.rl_config import RLConfig
 from ..config_cls.run_config import RoleConfig, captures_routes
+from ..features.algorithm import resolve_algorithm
 from ..protocol import (
     ACTOR_INPUTS,
     MODEL_INPUTS,

@@ -6,9 +6,9 @@ import time
 from typing import Dict, List, Optional
 
 from ..algorithms.losses import LossScale, value_loss
-from ..config_cls.algorithm_choice import resolve_algorithm
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
+from ..features.algorithm import resolve_algorithm
 from ..protocol import Experience, ForwardAnswer, LoadedState, MiniBatch, WorldSpec, response_part
 from .base_worker import MegatronWorker, load_trainable, save_trainable, token_budget, train_on_mini_batches
 from .profiling import StageProfiler, profiled

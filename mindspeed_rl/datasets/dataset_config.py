@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import AbstractSet, Dict, List
 
-from .base import ConfigError, opt
+from ..config_cls.base import ConfigError, opt
 
 HANDLERS = (
     "R1AlpacaStyleInstructionHandler",
