@@ -189,7 +189,7 @@ def step_parity(ctx: Context) -> List[Dict]:
     from transformers import AutoModelForCausalLM
 
     from mindspeed_rl.demo.tiny_hf import hf_config_for
-    from mindspeed_rl.rollout.convert_names import hf_named
+    from mindspeed_rl.rollout.weights.convert_names import hf_named
 
     shape = next(iter(ctx.shapes))
     cfg = model_config(ctx.shapes[shape])
@@ -233,8 +233,8 @@ def step_parity(ctx: Context) -> List[Dict]:
 
 def step_generation(ctx: Context) -> List[Dict]:
     """The fallback engine (full forward per new token, no KV cache) sampling ``new`` tokens per prompt."""
-    from mindspeed_rl.rollout.fallback import generate
-    from mindspeed_rl.rollout.fallback_engine import FallbackEngine
+    from mindspeed_rl.rollout.engines.fallback import generate
+    from mindspeed_rl.rollout.engines.fallback_engine import FallbackEngine
 
     shape = next(iter(ctx.shapes))
     prompts_n, prompt_len, new = (4, 8, 8) if ctx.smoke else (64, 128, 128)

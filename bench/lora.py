@@ -35,7 +35,7 @@ def run_variant(args) -> dict:
     from mindspeed_rl.checkpoint.engine_io import load_weights_only, save_engine
     from mindspeed_rl.config_cls import MegatronConfig, ModelConfig, RoleConfig
     from mindspeed_rl.models.engine import MegatronEngine
-    from mindspeed_rl.rollout.resharding import iter_full_weights
+    from mindspeed_rl.rollout.weights.resharding import iter_full_weights
     from mindspeed_rl.utils import dist
 
     dist.init_distributed()

@@ -24,8 +24,8 @@ from bench.engine import MODELS
 from mindspeed_rl.config_cls import GenerateConfig, MegatronConfig, ModelConfig, RoleConfig, SamplingConfig
 from mindspeed_rl.models.engine import MegatronEngine
 from mindspeed_rl.protocol import RolloutRequest
-from mindspeed_rl.rollout.factory import make_rollout_engine
-from mindspeed_rl.rollout.resharding import iter_full_weights
+from mindspeed_rl.rollout.engines.factory import make_rollout_engine
+from mindspeed_rl.rollout.weights.resharding import iter_full_weights
 from mindspeed_rl.utils import dist
 
 

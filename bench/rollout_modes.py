@@ -4,7 +4,7 @@
 
 The GRPO twin (16 prompts x 8 samples) through `cli/train_ppo.py` (the user's command). Every mode runs on the
 same two slots, the actor on one and a rollout worker on the other (`rl_config.rollout_resource`), so the
-modes differ only in how batches are produced (rollout/source.py):
+modes differ only in how batches are produced (rollout/source/rollout_source.py):
   sync        generate the batch, then train on it
   partial     partial_rollout_max_split (chunks of max_tokens / split; unfinished responses parked)
   async       max_head_offpolicyness 1 (the next batch is produced while the actor trains)

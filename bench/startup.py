@@ -23,7 +23,7 @@ sys.path.insert(0, ROOT)
 def config_for(name: str, root: str):
     from mindspeed_rl.demo.assets import prepare
     from mindspeed_rl.features import load_ppo_config
-    from mindspeed_rl.trainer.config_names import load_run_config
+    from mindspeed_rl.trainer.startup.config_names import load_run_config
 
     paths = prepare(os.path.join(root, "assets"), load_ppo_config(name).actor.model.padded_vocab_size)
     return load_run_config(  # precision settled as a run's is
@@ -44,7 +44,8 @@ def config_for(name: str, root: str):
 def start_once(cfg, one_at_a_time: bool) -> dict:
     """Seconds of each start-up phase of ``cfg`` (the workers stopped afterwards)."""
     from mindspeed_rl.accelerator import get_accelerator
-    from mindspeed_rl.trainer import launch, ray_run
+    from mindspeed_rl.trainer import launch
+    from mindspeed_rl.trainer.runtime import ray_run
     from mindspeed_rl.utils.hf_tokenizer import load_tokenizer
     from mindspeed_rl.workers.launcher import RunFrame, create_placement_group
 

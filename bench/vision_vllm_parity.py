@@ -105,7 +105,7 @@ def sample_with_vllm(out: str, family: str) -> None:
     from vllm import LLM, SamplingParams
 
     from mindspeed_rl.datasets.images import pack_images
-    from mindspeed_rl.rollout.multimodal import vllm_prompt
+    from mindspeed_rl.rollout.engines.multimodal import vllm_prompt
 
     prompt, pad = stored_prompt(out)
     llm = LLM(

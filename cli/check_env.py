@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 from mindspeed_rl.config_cls import ConfigError, MegatronConfig, ModelConfig
 from mindspeed_rl.config_cls.loader import CONFIG_DIR
 from mindspeed_rl.config_cls.ppo_config import model_section_data
-from mindspeed_rl.trainer.config_names import build_checked_model
+from mindspeed_rl.trainer.startup.config_names import build_checked_model
 from mindspeed_rl.utils.cli import UserError, report_user_errors
 
 STEPS = ("versions", "imports", "megatron", "vllm", "tools")
@@ -145,7 +145,7 @@ def step_vllm(gpt, model_cfg: ModelConfig) -> None:
     from mindspeed_rl.accelerator import get_accelerator
     from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
     from mindspeed_rl.protocol import RolloutRequest
-    from mindspeed_rl.rollout.factory import make_rollout_engine
+    from mindspeed_rl.rollout.engines.factory import make_rollout_engine
 
     acc = get_accelerator()
     gen = GenerateConfig(

@@ -21,8 +21,8 @@ import statistics
 import sys
 from typing import Optional, Sequence
 
-from mindspeed_rl.rollout.expert_load import read_expert_load
-from mindspeed_rl.rollout.expert_placement import Cluster, expert_map, imbalance, linear_placement, place_layer
+from mindspeed_rl.rollout.experts.expert_load import read_expert_load
+from mindspeed_rl.rollout.experts.expert_placement import Cluster, expert_map, imbalance, linear_placement, place_layer
 from mindspeed_rl.utils.cli import UserError, report_user_errors
 
 

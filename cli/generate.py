@@ -106,8 +106,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise UserError(f"--tokenizer-name-or-path {tok_dir}: folder does not exist")
     from tqdm import tqdm
 
-    from mindspeed_rl.rollout.fallback import generate
-    from mindspeed_rl.trainer.prompts import decode_known
+    from mindspeed_rl.rollout.engines.fallback import generate
+    from mindspeed_rl.trainer.ppo.prompts import decode_known
     from mindspeed_rl.utils import dist
     from mindspeed_rl.utils.hf_tokenizer import load_tokenizer
 

@@ -19,7 +19,7 @@ from mindspeed_rl.config_cls.base import ConfigError, build_section
 from mindspeed_rl.config_cls.loader import CONFIG_DIR
 from mindspeed_rl.config_cls.yaml_guard import check_yaml_text, load_yaml
 from mindspeed_rl.datasets.dataset_config import DatasetConfig
-from mindspeed_rl.trainer.config_names import check_dataset_names
+from mindspeed_rl.trainer.startup.config_names import check_dataset_names
 from mindspeed_rl.utils.cli import UserError, report_user_errors
 
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
-from mindspeed_rl.trainer.config_names import load_run_config
-from mindspeed_rl.trainer.plan import batch_plan
-from mindspeed_rl.trainer.probes import missing_paths
+from mindspeed_rl.trainer.startup.config_names import load_run_config
+from mindspeed_rl.trainer.startup.plan import batch_plan
+from mindspeed_rl.trainer.startup.probes import missing_paths
 from mindspeed_rl.utils.cli import parse_run_args, report_user_errors, stop_on_sigterm, validated_only
 
 

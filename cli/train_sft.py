@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 from typing import Optional, Sequence
 
-from mindspeed_rl.trainer.stage_entry import run_stage
+from mindspeed_rl.trainer.stages.stage_entry import run_stage
 from mindspeed_rl.utils.cli import report_user_errors, stop_on_sigterm
 
 

@@ -41,7 +41,7 @@ def tiny_model_config(**overrides) -> ModelConfig:
 def tiny_family_model(family: str, **overrides) -> ModelConfig:
     """A family's tiny model yaml (configs/model/tiny_<family>.yaml), read as the trainer reads it."""
     from mindspeed_rl.config_cls.ppo_config import model_section_data
-    from mindspeed_rl.trainer.config_names import build_checked_model
+    from mindspeed_rl.trainer.startup.config_names import build_checked_model
 
     name = f"tiny_{family}"
     data = {**model_section_data(name, {}, os.path.join(ROOT, "configs"), "model"), **overrides}

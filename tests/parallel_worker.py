@@ -374,8 +374,8 @@ def _family_rollout(engine, model, spec, workdir):
     route checks."""
     from mindspeed_rl.config_cls import SamplingConfig
     from mindspeed_rl.protocol import RolloutRequest
-    from mindspeed_rl.rollout.factory import make_rollout_engine
-    from mindspeed_rl.rollout.resharding import iter_full_weights
+    from mindspeed_rl.rollout.engines.factory import make_rollout_engine
+    from mindspeed_rl.rollout.weights.resharding import iter_full_weights
 
     out = {}
     gen = small_rollout_config()
@@ -402,7 +402,7 @@ def run_family(rank, world, spec, workdir, port):
     from mindspeed_rl.checkpoint.megatron_reader import read_mg_config
     from mindspeed_rl.config_cls import ModelConfig
     from mindspeed_rl.models.engine import MegatronEngine
-    from mindspeed_rl.rollout.resharding import iter_full_weights
+    from mindspeed_rl.rollout.weights.resharding import iter_full_weights
     from tests.helpers import tiny_role
 
     tp, pp, ep = spec["tp"], spec["pp"], spec.get("ep", 1)
@@ -467,8 +467,8 @@ def run_rollout(rank, world, spec, workdir, port):
     from mindspeed_rl.datasets.padding import left_pad
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.protocol import RolloutRequest
-    from mindspeed_rl.rollout.factory import make_rollout_engine
-    from mindspeed_rl.rollout.resharding import iter_full_weights
+    from mindspeed_rl.rollout.engines.factory import make_rollout_engine
+    from mindspeed_rl.rollout.weights.resharding import iter_full_weights
     from tests.helpers import tiny_model_config, tiny_role
 
     tp, pp = spec["tp"], spec["pp"]
@@ -547,8 +547,8 @@ def run_updated_engine(rank, world, spec, workdir, port):
     from mindspeed_rl.config_cls import SamplingConfig
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.protocol import RolloutRequest
-    from mindspeed_rl.rollout.factory import make_rollout_engine
-    from mindspeed_rl.rollout.resharding import iter_full_weights
+    from mindspeed_rl.rollout.engines.factory import make_rollout_engine
+    from mindspeed_rl.rollout.weights.resharding import iter_full_weights
     from tests.helpers import tiny_model_config, tiny_role
 
     start_rank(rank, world, port)
@@ -596,7 +596,7 @@ def write_int8_folder(workdir) -> str:
 
     from safetensors.torch import load_file, save_file
 
-    from mindspeed_rl.rollout.quantize import int8_named, int8_quantization_config
+    from mindspeed_rl.rollout.weights.quantize import int8_named, int8_quantization_config
 
     source, target = os.path.join(workdir, "hf"), os.path.join(workdir, "hf_int8")
     os.makedirs(target, exist_ok=True)
@@ -618,8 +618,8 @@ def run_quantized_engine(rank, world, spec, workdir, port):
     from mindspeed_rl.config_cls import SamplingConfig
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.protocol import RolloutRequest
-    from mindspeed_rl.rollout.factory import make_rollout_engine
-    from mindspeed_rl.rollout.resharding import iter_full_weights
+    from mindspeed_rl.rollout.engines.factory import make_rollout_engine
+    from mindspeed_rl.rollout.weights.resharding import iter_full_weights
     from tests.helpers import tiny_model_config, tiny_role
 
     precision = spec["precision"]
@@ -713,9 +713,9 @@ def run_reshard_relations(rank, world, spec, workdir, port):
     from mindspeed_rl.config_cls import SamplingConfig
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.protocol import RolloutRequest
-    from mindspeed_rl.rollout.factory import make_rollout_engine
-    from mindspeed_rl.rollout.resharding import iter_full_weights
-    from mindspeed_rl.rollout.vllm_engine import stop_llm
+    from mindspeed_rl.rollout.engines.factory import make_rollout_engine
+    from mindspeed_rl.rollout.engines.vllm_engine import stop_llm
+    from mindspeed_rl.rollout.weights.resharding import iter_full_weights
     from tests.helpers import tiny_model_config, tiny_role
 
     dist = start_rank(rank, world, port)

@@ -20,8 +20,8 @@ import torch
 from mindspeed_rl.config_cls.agent_config import AgentConfig
 from mindspeed_rl.datasets.templates import ToolFormat
 from mindspeed_rl.protocol import GeneratedBatch, RolloutOutput
-from mindspeed_rl.rollout.agent_loop import AgentContext
 from mindspeed_rl.rollout.service import RolloutHandle, RolloutService
+from mindspeed_rl.rollout.source.agent_loop import AgentContext
 from mindspeed_rl.tools import BUILTIN_TOOLS, ToolResult
 
 FORMAT = ToolFormat("\n<user>", "<tool_response>{content}</tool_response>", "</user>\n<assistant>")

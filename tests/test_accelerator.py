@@ -285,7 +285,7 @@ def test_cpu_kv_cache_budget_is_shared_by_the_engine_processes_of_a_host(monkeyp
 
 def test_vllm_head_dims_limit_cpu_only():
     from mindspeed_rl.config_cls import GenerateConfig
-    from mindspeed_rl.rollout.vllm_engine import vllm_unusable_reason
+    from mindspeed_rl.rollout.engines.vllm_engine import vllm_unusable_reason
     from tests.helpers import tiny_model_config
 
     cpu = accelerator.accelerator_class("cpu")

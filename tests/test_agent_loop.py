@@ -8,7 +8,7 @@ import pytest
 
 from mindspeed_rl.datasets.prompt_dataset import PromptBatch
 from mindspeed_rl.protocol import RolloutOutput, build_experience
-from mindspeed_rl.rollout.agent_loop import (
+from mindspeed_rl.rollout.source.agent_loop import (
     AgentBatch,
     AgentContext,
     SingleTurn,
@@ -18,11 +18,11 @@ from mindspeed_rl.rollout.agent_loop import (
     rollout_function,
     truncate,
 )
-from mindspeed_rl.rollout.group_filter import KeepAll
-from mindspeed_rl.rollout.rounds import TrajectoryPool
-from mindspeed_rl.rollout.schedules import Synchronous
-from mindspeed_rl.rollout.source import RolloutSource, average
-from mindspeed_rl.rollout.trajectory import CUT, FINISHED
+from mindspeed_rl.rollout.source.group_filter import KeepAll
+from mindspeed_rl.rollout.source.rollout_source import RolloutSource, average
+from mindspeed_rl.rollout.source.rounds import TrajectoryPool
+from mindspeed_rl.rollout.source.schedules import Synchronous
+from mindspeed_rl.rollout.source.trajectory import CUT, FINISHED
 from mindspeed_rl.tools import BUILTIN_TOOLS
 from mindspeed_rl.utils.clock import Clock
 from tests.rollout_fakes import TOK, InProcessSandbox, ScriptedService, call, score, tool_context
@@ -248,7 +248,7 @@ def test_preprocessing_lists_the_tools_in_the_system_turn(tmp_path):
     from mindspeed_rl.datasets.dataset_config import DatasetConfig
     from mindspeed_rl.datasets.handlers import AlpacaStyleInstructionHandler
     from mindspeed_rl.datasets.templates import apply_template, tools_block
-    from mindspeed_rl.trainer.config_names import check_dataset_names
+    from mindspeed_rl.trainer.startup.config_names import check_dataset_names
 
     cfg = DatasetConfig(
         input="x",

@@ -43,7 +43,7 @@ def rollout_and_actor(model, force_runner_up=False):
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.protocol import build_experience
     from mindspeed_rl.protocol.rollout import RolloutRequest
-    from mindspeed_rl.rollout.fallback_engine import FallbackEngine
+    from mindspeed_rl.rollout.engines.fallback_engine import FallbackEngine
 
     actor = MegatronEngine(tiny_role(model=model), trainable=False, remove_padding=True)
     actor.batch_invariant = True

@@ -16,16 +16,16 @@ SOFT_MODULE_LINES = 350  # past this a module names why it is still one module, 
 
 # module (relative to mindspeed_rl/) -> why it stands over SOFT_MODULE_LINES
 LONG_MODULES = {
-    "trainer/ppo_trainer.py": "the single controller: fit() and every phase of an iteration in reading order; "
-    "checkpointing and validation would move out with trainer/ split by job",
+    "trainer/ppo/ppo_trainer.py": "the single controller: fit() and every phase of an iteration in reading order; "
+    "its validation and checkpointing would move to modules of their own in ppo/",
     "checkpoint/convert.py": "both converter directions with their per-family steps; one module per direction would "
     "split it",
     "config_cls/model_config.py": "the model section's keys and derived counts; the parameter count belongs to "
     "ModelFamily",
     "models/engine.py": "the megatron-core engine's forward, train step, micro-batching and non-finite guard",
-    "rollout/vllm_engine.py": "the vLLM engine: start, generate, in-place weight update, routes and quantization",
+    "rollout/engines/vllm_engine.py": "the vLLM engine: start, generate, in-place weight update, routes, quantization",
     "config_cls/rl_config.py": "rl_config's flat keys under MindSpeed-RL's names, each with its bounds and doc",
-    "trainer/report.py": "the run report's sections (config, plan, curves, final numbers)",
+    "trainer/report/report.py": "the run report's sections (config, plan, curves, final numbers)",
 }
 
 

@@ -142,7 +142,7 @@ def test_a_rollout_quantization_the_device_lacks_is_refused_before_start(monkeyp
     from mindspeed_rl.accelerator.npu import NpuAccelerator
     from mindspeed_rl.compat import vllm as compat_vllm
     from mindspeed_rl.features import load_ppo_config
-    from mindspeed_rl.trainer.rollout_checks import check_rollout_engine
+    from mindspeed_rl.trainer.startup.rollout_checks import check_rollout_engine
     from mindspeed_rl.utils.cli import UserError
 
     cfg = load_ppo_config("grpo_tiny_cpu", ["generate_config.rollout_quantization=int8"])  # a float32 engine

@@ -115,7 +115,7 @@ def test_ulysses_head_rule_and_the_ring_on_a_device_without_it():
 
 def test_the_batch_plan_shows_cp_groups_and_tokens_per_rank():
     from mindspeed_rl.features import load_ppo_config
-    from mindspeed_rl.trainer.plan import batch_plan
+    from mindspeed_rl.trainer.startup.plan import batch_plan
 
     cfg = load_ppo_config(
         "ppo_tiny_cpu_x4", ["actor_config.context_parallel_size=2", "actor_config.log_prob_chunk_size=64"]
@@ -128,7 +128,7 @@ def test_the_batch_plan_shows_cp_groups_and_tokens_per_rank():
 
 def test_the_long_context_recipe_plan_and_the_optimizer_over_dp_x_cp():
     from mindspeed_rl.features import load_ppo_config
-    from mindspeed_rl.trainer.plan import batch_plan
+    from mindspeed_rl.trainer.startup.plan import batch_plan
 
     plan = batch_plan(load_ppo_config("grpo_qwen25_7b_long_A3"))
     assert "16 devices = TP 1 x PP 1 x CP 4 x DP 4" in plan

@@ -197,7 +197,7 @@ def test_the_hubs_fp8_block_quantized_weights_are_dequantized_by_the_converter(t
 def test_vllm_on_cpu_is_refused_for_latent_sizes_its_mla_kernel_does_not_take():
     from mindspeed_rl.accelerator.cpu import CpuAccelerator
     from mindspeed_rl.compat.vllm import cpu_mla_unavailable
-    from mindspeed_rl.rollout.vllm_engine import vllm_unusable_reason
+    from mindspeed_rl.rollout.engines.vllm_engine import vllm_unusable_reason
 
     reason = vllm_unusable_reason(tiny("deepseek_v3", kv_lora_rank=256), None, "cpu")
     assert reason == (

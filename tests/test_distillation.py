@@ -140,7 +140,7 @@ def test_a_teacher_with_another_tokenizer_is_refused_with_the_difference(demo_as
     from transformers import AutoTokenizer
 
     from mindspeed_rl.features import load_ppo_config
-    from mindspeed_rl.trainer.preflight import check_teacher_tokenizer
+    from mindspeed_rl.trainer.startup.preflight import check_teacher_tokenizer
     from mindspeed_rl.utils.cli import UserError
 
     same = tmp_path / "same"
@@ -171,7 +171,7 @@ def test_the_trainer_mixes_the_teacher_advantage_against_the_sampling_policy():
     from types import SimpleNamespace
 
     from mindspeed_rl.protocol import Experience
-    from mindspeed_rl.trainer.ppo_trainer import PPOTrainer
+    from mindspeed_rl.trainer.ppo.ppo_trainer import PPOTrainer
 
     rewards = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, 0.0]])
     exp = Experience(

@@ -7,9 +7,9 @@ import torch
 
 from mindspeed_rl.features import load_ppo_config
 from mindspeed_rl.protocol import GeneratedBatch, RolloutOutput
-from mindspeed_rl.rollout.source import SeedStream
-from mindspeed_rl.trainer.batches import build_batches
-from mindspeed_rl.trainer.ppo_trainer import PPOTrainer
+from mindspeed_rl.rollout.source.rollout_source import SeedStream
+from mindspeed_rl.trainer.ppo.batches import build_batches
+from mindspeed_rl.trainer.ppo.ppo_trainer import PPOTrainer
 
 RIGHT, WRONG = 7, 3  # response token ids the fake verifier reads
 

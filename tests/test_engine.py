@@ -245,3 +245,26 @@ def test_engine_save_load_resumes_the_same_trajectory(tmp_path, dist_opt, bf16):
     assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a.named_weights(), b.named_weights()))
     torch.manual_seed(123)
     assert torch.equal(torch.rand(3), noise_after_save)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_the_reference_holds_the_starting_policy_while_it_trains(lora):
+    """workers/reference.py, the one reference of PPO's actor and the DPO stage: an engine of its own parked on
+    host between forwards, or with LoRA the policy itself with its adapters off."""
+    from mindspeed_rl.workers.reference import ReferencePolicy
+
+    role = tiny_role(lr=1e-2, **(dict(lora_r=4, lora_alpha=8.0) if lora else {}))
+    batch = make_batch(4, 10, seed=3)
+    policy = MegatronEngine(role, total_steps=5)
+    reference = ReferencePolicy(role, policy, remove_padding=False, park_on_host=True)
+    start = policy.forward(batch, 2)["log_probs"]
+    reference.load(reference.initial_weights(), origin=None)
+    for _ in range(2):
+        policy.train_step(batch, sft_loss, 2)
+    assert not torch.allclose(policy.forward(batch, 2)["log_probs"], start)
+    with reference.in_use() as (engine, timing):
+        held = engine.forward(batch, 2)["log_probs"]
+    assert torch.allclose(held, start, atol=1e-6)
+    assert (engine is policy) == lora and (reference.engine is None) == lora
+    assert set(timing) == (set() if lora else {"timing/ref_onload", "timing/ref_offload"})
+    assert not torch.allclose(policy.forward(batch, 2)["log_probs"], start)  # the adapters are back on

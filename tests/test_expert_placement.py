@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from cli import eplb_generate_map
-from mindspeed_rl.rollout.expert_load import ExpertLoad, read_expert_load
-from mindspeed_rl.rollout.expert_placement import (
+from mindspeed_rl.rollout.experts.expert_load import ExpertLoad, read_expert_load
+from mindspeed_rl.rollout.experts.expert_placement import (
     Cluster,
     balanced_packing,
     expert_map,

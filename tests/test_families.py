@@ -378,7 +378,7 @@ def test_two_grpo_iterations_per_family(tmp_path, demo_assets):
     results = {}
     # a family vLLM's CPU build cannot run here (DeepSeek-V3's MLA before vLLM 0.32) would roll out through the
     # megatron-core fallback, which holds all experts and so does not run at actor EP 2
-    from mindspeed_rl.rollout.vllm_engine import vllm_unusable_reason
+    from mindspeed_rl.rollout.engines.vllm_engine import vllm_unusable_reason
 
     unusable = {f: vllm_unusable_reason(tiny(f), None, "cpu") for f in TRAINED_FAMILIES}
     if gated_delta_net_unavailable():  # megatron-core 0.12 (the NPU set's) cannot build Qwen3-Next's layers

@@ -431,9 +431,9 @@ def test_a_streak_of_skipped_steps_stops_the_run_with_exit_3(monkeypatch, capsys
     from types import SimpleNamespace
 
     from mindspeed_rl.trainer import launch
-    from mindspeed_rl.trainer.failures import EXIT_NONFINITE
-    from mindspeed_rl.trainer.guards import NonFiniteStop
-    from mindspeed_rl.trainer.ppo_trainer import PPOTrainer
+    from mindspeed_rl.trainer.ppo.ppo_trainer import PPOTrainer
+    from mindspeed_rl.trainer.runtime.failures import EXIT_NONFINITE
+    from mindspeed_rl.trainer.runtime.guards import NonFiniteStop
 
     cfg = load_ppo_config("ppo_tiny_cpu", ["rl_config.max_nonfinite_steps=2"])
     trainer = SimpleNamespace(rl=cfg.rl, iteration=5, cfg=cfg)
@@ -452,8 +452,8 @@ def test_a_collapsed_policy_is_not_saved_and_stops_the_run_after_max_collapsed_i
     """lr=0.5: entropy and gradient norm exactly 0 from iteration 3 on; the guard saves none of those."""
     from types import SimpleNamespace
 
-    from mindspeed_rl.trainer.guards import NonFiniteStop
-    from mindspeed_rl.trainer.ppo_trainer import PPOTrainer
+    from mindspeed_rl.trainer.ppo.ppo_trainer import PPOTrainer
+    from mindspeed_rl.trainer.runtime.guards import NonFiniteStop
 
     cfg = load_ppo_config("ppo_tiny_cpu", ["rl_config.max_collapsed_iterations=3", "megatron_training.save_interval=1"])
     saved = []
@@ -490,7 +490,7 @@ SKIPPED = {"actor/entropy": 0.0, "grad_norm": float("nan")}  # a step skipped fo
 
 
 def test_the_collapse_guard_judges_with_tolerances():
-    from mindspeed_rl.trainer.guards import collapsed
+    from mindspeed_rl.trainer.runtime.guards import collapsed
 
     assert collapsed(FLAT) is True and collapsed(NOISE) is True
     assert collapsed({"actor/entropy": 0.0, "grad_norm": 9e-9}) is True
@@ -525,8 +525,8 @@ def collapse_trainer(tmp_path, saved, *overrides):
 def test_rounding_noise_or_a_skipped_step_does_not_break_a_collapse_streak(tmp_path, capsys):
     """lr 0.5: the score is 0 from iteration 2 on; one iteration's gradient norm is 8.8e-15, another's NaN.
     Neither resets the streak, none of them is saved, and the guard stops the run."""
-    from mindspeed_rl.trainer.guards import NonFiniteStop
-    from mindspeed_rl.trainer.ppo_trainer import PPOTrainer
+    from mindspeed_rl.trainer.ppo.ppo_trainer import PPOTrainer
+    from mindspeed_rl.trainer.runtime.guards import NonFiniteStop
 
     saved = []
     trainer = collapse_trainer(tmp_path, saved, "rl_config.max_collapsed_iterations=4")
@@ -552,8 +552,8 @@ def test_a_run_whose_last_iterations_look_collapsed_does_not_exit_0(tmp_path, mo
     """The last two of 4 iterations look collapsed (fewer than max_collapsed_iterations): they are not saved,
     so the run does not end as a success (exit 3, the last checkpoint and the resume overrides printed)."""
     from mindspeed_rl.trainer import launch
-    from mindspeed_rl.trainer.failures import EXIT_NONFINITE
-    from mindspeed_rl.trainer.ppo_trainer import PPOTrainer
+    from mindspeed_rl.trainer.ppo.ppo_trainer import PPOTrainer
+    from mindspeed_rl.trainer.runtime.failures import EXIT_NONFINITE
 
     def runs(sequence):
         saved = []
@@ -801,7 +801,7 @@ def test_sigterm_stops_cleanly_and_a_dead_worker_restarts_the_run_which_ends_as_
 
 def test_a_dead_worker_without_restarts_left_stops_with_exit_4_and_one_paragraph(monkeypatch, capsys):
     from mindspeed_rl.trainer import launch
-    from mindspeed_rl.trainer.failures import EXIT_WORKER_DIED, WorkerDied
+    from mindspeed_rl.trainer.runtime.failures import EXIT_WORKER_DIED, WorkerDied
 
     cfg = load_ppo_config("ppo_tiny_cpu", ["rl_config.max_restarts=0"])
     calls = []
@@ -825,7 +825,7 @@ def test_a_dead_worker_without_restarts_left_stops_with_exit_4_and_one_paragraph
 # ----- resume pairs roles only at an iteration every role completed; one run per folder ---------------------------
 def test_a_save_stopped_between_the_roles_resumes_both_from_the_last_common_iteration(tmp_path, capsys):
     """The driver was killed after the actor committed iteration 2 and before the critic did."""
-    from mindspeed_rl.trainer.preflight import resume_iteration
+    from mindspeed_rl.trainer.startup.preflight import resume_iteration
 
     for role, done in (("actor", (1, 2)), ("critic", (1,))):
         for it in done:
@@ -856,7 +856,7 @@ def test_a_save_stopped_between_the_roles_resumes_both_from_the_last_common_iter
 
 
 def test_the_resume_hint_names_every_role_its_optimizer_and_rng_and_quotes_paths(tmp_path):
-    from mindspeed_rl.trainer.failures import last_checkpoint_text
+    from mindspeed_rl.trainer.runtime.failures import last_checkpoint_text
 
     save = tmp_path / "my runs" / "actor"
     fake_checkpoint(str(save), tracker="3", iteration_dir="iter_0000003")
@@ -946,7 +946,7 @@ def test_a_full_disk_during_a_save_says_so_removes_its_staging_files_and_keeps_t
 def test_a_worker_exception_arrives_as_its_type_and_message(tmp_path):
     import ray.exceptions
 
-    from mindspeed_rl.trainer.failures import describe_dead_worker, describe_worker_error, exception_line
+    from mindspeed_rl.trainer.runtime.failures import describe_dead_worker, describe_worker_error, exception_line
 
     cfg = load_ppo_config("ppo_tiny_cpu", [f"actor_config.save={tmp_path}/actor"])
     error = ml.CheckpointError(f"no space left on {tmp_path}/actor while saving iter_0000002")
@@ -997,7 +997,8 @@ def test_sigterm_maps_to_143_whatever_ray_makes_of_the_interrupt(tmp_path, monke
     KeyboardInterrupt, and ray.init's own handler calls sys.exit(15): both still end as SIGTERM (143)."""
     import ray
 
-    from mindspeed_rl.trainer import launch, ray_run
+    from mindspeed_rl.trainer import launch
+    from mindspeed_rl.trainer.runtime import ray_run
     from mindspeed_rl.utils.cli import Terminated, raise_terminated, report_user_errors, stop_on_sigterm
 
     def like_ray_get():
@@ -1068,7 +1069,7 @@ def test_a_sigterm_that_ray_init_would_swallow_still_stops_the_run(monkeypatch):
     import ray
     from ray._private import utils as ray_utils
 
-    from mindspeed_rl.trainer.ray_run import init_ray
+    from mindspeed_rl.trainer.runtime.ray_run import init_ray
     from mindspeed_rl.utils.cli import Terminated, stop_on_sigterm
 
     def init(**kwargs):
@@ -1097,7 +1098,7 @@ def nap():
 def main(argv):
     import ray
     from mindspeed_rl.accelerator.cpu import CpuAccelerator
-    from mindspeed_rl.trainer.ray_run import init_ray
+    from mindspeed_rl.trainer.runtime.ray_run import init_ray
     from mindspeed_rl.workers.launcher import create_placement_group
 
     with stop_on_sigterm():
@@ -1203,7 +1204,7 @@ def test_a_port_handed_to_a_group_still_starting_is_not_handed_out_again(monkeyp
 
 
 def test_a_restart_resumes_every_role_from_its_save_or_none(tmp_path):
-    from mindspeed_rl.trainer.failures import resumed_config
+    from mindspeed_rl.trainer.runtime.failures import resumed_config
 
     cfg = load_ppo_config(
         "ppo_tiny_cpu",

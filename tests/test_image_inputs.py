@@ -151,10 +151,10 @@ def test_the_rollout_source_fills_its_batch_past_a_damaged_row_and_counts_it(tmp
     """The trainer's path: RolloutSource.from_config's draw, the batch's images encoded on the driver."""
     from mindspeed_rl.datasets.images import ImageEncoder, unpack_images
     from mindspeed_rl.datasets.prompt_dataset import PromptDataset, PromptSampler, draw_prompts
-    from mindspeed_rl.rollout.agent_loop import AgentContext, SingleTurn
-    from mindspeed_rl.rollout.group_filter import KeepAll
-    from mindspeed_rl.rollout.schedules import Synchronous
-    from mindspeed_rl.rollout.source import RolloutSource
+    from mindspeed_rl.rollout.source.agent_loop import AgentContext, SingleTurn
+    from mindspeed_rl.rollout.source.group_filter import KeepAll
+    from mindspeed_rl.rollout.source.rollout_source import RolloutSource
+    from mindspeed_rl.rollout.source.schedules import Synchronous
     from tests.rollout_fakes import TOK, ScriptedService, score
 
     prefix = prepared(tmp_path, tokenizer_dir, count=4)

@@ -316,7 +316,7 @@ def even_a(context: str) -> bool:
 def judged_source(overlap, split=1, ds=False):
     from types import SimpleNamespace
 
-    from mindspeed_rl.trainer.scoring import Scorer
+    from mindspeed_rl.trainer.ppo.scoring import Scorer
     from tests.test_rollout_layers import make_source
 
     cfg = SimpleNamespace(
@@ -328,7 +328,7 @@ def judged_source(overlap, split=1, ds=False):
     source = make_source("tool_agent", ds=ds, split=split, service=SlowService())
     if ds:  # dynamic sampling on the judge's score: which groups it keeps, and so when to draw, wait on verdicts
         source.filter.metric = "score"
-    from mindspeed_rl.rollout.scoring_stage import scoring_stage
+    from mindspeed_rl.rollout.source.scoring_stage import scoring_stage
 
     source.scoring = scoring_stage(scorer, source.rows_of, overlap)
     return source, scorer
@@ -368,7 +368,7 @@ def test_an_mcore_judge_folder_is_converted_for_vllm_with_the_same_weights(tmp_p
 
     from mindspeed_rl.checkpoint.convert import hf_to_mg
     from mindspeed_rl.demo.tiny_hf import build_hf_model, build_tokenizer
-    from mindspeed_rl.trainer.judging import judge_hf_folder
+    from mindspeed_rl.trainer.ppo.judging import judge_hf_folder
     from tests.helpers import tiny_model_config
 
     model = tiny_model_config()

@@ -15,7 +15,7 @@ from tests.conftest import ROOT
 PACKAGE = pathlib.Path(ROOT) / "mindspeed_rl"
 
 # (importing package, imported package) -> why it is allowed. None today: config_cls checks names against
-# registries at the floor (algorithm choices, family names) or leaves them to trainer/config_names.py.
+# registries at the floor (algorithm choices, family names) or leaves them to trainer/startup/config_names.py.
 ALLOWED: Dict[Tuple[str, str], str] = {}
 
 
@@ -135,3 +135,54 @@ def test_the_check_sees_a_deferred_import_from_above(tmp_path):
     fake.write_text(source)
     assert imports_of(fake, package) == [(1, "utils"), (3, "trainer"), (4, "workers")]
     assert set(violations(layer_table(), package)) == {("utils", "trainer"), ("utils", "workers")}
+
+
+def subfolder_arrows(package: pathlib.Path = PACKAGE) -> Dict[str, Dict[str, Set[str]]]:
+    """For each package with sub-packages: sub-folder -> the sub-folders it imports ("." stands for the package's own
+    modules beside them), over every import, top-level and deferred."""
+    found: Dict[str, Dict[str, Set[str]]] = {}
+    for top in sorted(p for p in package.iterdir() if p.is_dir() and (p / "__init__.py").exists()):
+        if not any((sub / "__init__.py").exists() for sub in top.iterdir() if sub.is_dir()):
+            continue
+        arrows: Dict[str, Set[str]] = {}
+        for path in sorted(top.rglob("*.py")):
+            rel = path.relative_to(top).parts
+            own = rel[0] if len(rel) > 1 else "."
+            arrows.setdefault(own, set())
+            for name in dotted_imports(path, package):
+                parts = name.split(".")
+                if parts[:2] != ["mindspeed_rl", top.name] or len(parts) < 3:
+                    continue
+                sub = parts[2] if (top / parts[2] / "__init__.py").exists() else "."
+                if sub != own:
+                    arrows[own].add(sub)
+        found[top.name] = arrows
+    return found
+
+
+def dotted_imports(path: pathlib.Path, package: pathlib.Path = PACKAGE) -> List[str]:
+    """Every mindspeed_rl module or package ``path`` imports from, dotted and absolute (relative ones resolved)."""
+    parts = path.relative_to(package.parent).with_suffix("").parts
+    names = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = list(parts[: len(parts) - node.level]) if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            names += [f"{module}.{a.name}" for a in node.names] if not node.module else [module]
+        elif isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+    return [n for n in names if n.startswith("mindspeed_rl.")]
+
+
+def test_no_two_sub_folders_of_a_package_import_each_other():
+    """trainer/ and rollout/ are split by job (docs/architecture.md): their sub-folders, and the package's own modules
+    beside them, import one another in one direction only."""
+    for name, arrows in subfolder_arrows().items():
+        circles = sorted(
+            {
+                tuple(sorted({a} | {b for b in reach(arrows, a) if a in reach(arrows, b)}))
+                for a in arrows
+                if a in reach(arrows, a)
+            }
+        )
+        assert not circles, f"sub-folders of {name}/ importing each other: {circles}"

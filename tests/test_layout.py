@@ -2,7 +2,7 @@
 
 import pytest
 
-from mindspeed_rl.trainer.layout import dp_groups, engine_blocks, layout_diagram
+from mindspeed_rl.trainer.startup.layout import dp_groups, engine_blocks, layout_diagram
 
 
 @pytest.mark.parametrize("tp,dp,pp", [(2, 2, 1), (1, 4, 1), (2, 1, 2), (8, 4, 1), (2, 2, 2)])

@@ -17,7 +17,7 @@ WORKER = textwrap.dedent("""
     logging.getLogger("vllm.model_executor.layerwise").warning("RotaryEmbedding: Failed to load weights")
     logging.getLogger("vllm.v1.core.sched").warning("Sequence group 3 is preempted: not enough KV cache space")
     logging.getLogger("megatron.core.optimizer").error("gradient all-reduce failed")
-    logging.getLogger("mindspeed_rl.rollout.factory").warning("rollout engine: vLLM (cpu, infer TP 1)")
+    logging.getLogger("mindspeed_rl.rollout.engines.factory").warning("rollout engine: vLLM (cpu, infer TP 1)")
     logging.getLogger("mindspeed_rl.accelerator").info("compatibility applied")
     warnings.warn("full scope is deprecated", UserWarning)
 """)

@@ -114,7 +114,7 @@ def test_a_lora_engine_trains_only_its_adapters_and_exports_merged_weights(tmp_p
     from unittest import mock
 
     from mindspeed_rl.models import lora
-    from mindspeed_rl.rollout.resharding import iter_full_weights
+    from mindspeed_rl.rollout.weights.resharding import iter_full_weights
 
     with mock.patch.object(lora, "merge", wraps=lora.merge) as merges:
         streamed, counts = {}, []
@@ -211,7 +211,7 @@ def test_a_lora_critic_trains_its_value_head_with_the_adapters():
 def test_the_plan_counts_the_adapters_the_engine_builds():
     """The dry-run plan's LoRA count (ModelConfig.lora_parameter_count) equals the adapters of a real engine."""
     from mindspeed_rl.models.engine import MegatronEngine
-    from mindspeed_rl.trainer.plan import trainable_memory
+    from mindspeed_rl.trainer.startup.plan import trainable_memory
     from mindspeed_rl.utils import dist
 
     dist.init_model_parallel(seed=11)
@@ -344,7 +344,7 @@ def test_a_lora_run_on_a_base_checkpoint_saves_only_its_adapters(tmp_path):
     moved = tiny_role(lora_r=4, lr=1e-2, lora_base_load=str(tmp_path / "elsewhere"))
     with pytest.raises(ml.CheckpointError, match="base checkpoint .*elsewhere is missing"):
         load_engine(MegatronEngine(moved, total_steps=6), ckpt)
-    from mindspeed_rl.trainer.preflight import check_role
+    from mindspeed_rl.trainer.startup.preflight import check_role
     from mindspeed_rl.utils.cli import UserError
 
     check_role(tiny_role(lora_r=4, load=ckpt, finetune=False))

@@ -75,8 +75,8 @@ def pieces(model, scale=1.0):
 
 
 def run_transfer(rank, size, ports, workdir):
-    from mindspeed_rl.rollout.vllm_engine import VllmEngine, vllm_named
-    from mindspeed_rl.rollout.weight_transfer import VllmNativeChannel
+    from mindspeed_rl.rollout.engines.vllm_engine import VllmEngine, vllm_named
+    from mindspeed_rl.rollout.weights.weight_transfer import VllmNativeChannel
 
     os.environ["OMP_NUM_THREADS"] = "1"
     model = tiny_model_config(**MODEL)

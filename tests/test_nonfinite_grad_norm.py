@@ -10,7 +10,7 @@ def test_a_gradient_norm_that_overflows_is_a_skipped_counted_step_and_its_streak
     beta 1e30 trained nothing, saved the start's weights and exited 0."""
     from mindspeed_rl.models.engine import MegatronEngine
     from mindspeed_rl.protocol import Experience, MiniBatch
-    from mindspeed_rl.trainer.guards import NonFiniteStop, stop_on_nonfinite_steps
+    from mindspeed_rl.trainer.runtime.guards import NonFiniteStop, stop_on_nonfinite_steps
     from mindspeed_rl.utils import dist
     from mindspeed_rl.workers.base_worker import train_on_mini_batches
     from tests.helpers import make_batch, sft_loss, tiny_role

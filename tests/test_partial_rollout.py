@@ -9,12 +9,12 @@ import torch
 
 from mindspeed_rl.datasets.prompt_dataset import PromptBatch
 from mindspeed_rl.protocol import GeneratedBatch, RolloutOutput, build_experience
-from mindspeed_rl.rollout.agent_loop import AgentContext, SingleTurn
-from mindspeed_rl.rollout.group_filter import KeepAll
-from mindspeed_rl.rollout.schedules import Chunked
 from mindspeed_rl.rollout.service import RolloutHandle, RolloutService
-from mindspeed_rl.rollout.source import RolloutSource
-from mindspeed_rl.rollout.trajectory import FINISHED
+from mindspeed_rl.rollout.source.agent_loop import AgentContext, SingleTurn
+from mindspeed_rl.rollout.source.group_filter import KeepAll
+from mindspeed_rl.rollout.source.rollout_source import RolloutSource
+from mindspeed_rl.rollout.source.schedules import Chunked
+from mindspeed_rl.rollout.source.trajectory import FINISHED
 from mindspeed_rl.utils.clock import Clock
 from tests.rollout_fakes import TOK
 

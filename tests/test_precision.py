@@ -16,8 +16,8 @@ from mindspeed_rl.config_cls.megatron_config import MegatronConfig
 from mindspeed_rl.features import load_ppo_config
 from mindspeed_rl.features.precision import HostPrecision, settle_precision
 from mindspeed_rl.models.builder import params_dtype
-from mindspeed_rl.trainer.plan import batch_plan
-from mindspeed_rl.trainer.precision import settle_run_precision
+from mindspeed_rl.trainer.startup.plan import batch_plan
+from mindspeed_rl.trainer.startup.precision import settle_run_precision
 from tests.conftest import PYTHON, ROOT
 from tests.helpers import assert_refused
 

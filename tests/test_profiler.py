@@ -10,7 +10,7 @@ import torch
 
 from mindspeed_rl.accelerator.cpu import CpuAccelerator
 from mindspeed_rl.config_cls.profiler_config import build_profiler_config
-from mindspeed_rl.trainer.profile_summary import stage_tables
+from mindspeed_rl.trainer.report.profile_summary import stage_tables
 from mindspeed_rl.workers.profiling import StageProfiler
 from tests.helpers import assert_refused
 

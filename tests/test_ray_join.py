@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from mindspeed_rl.trainer import ray_run
+from mindspeed_rl.trainer.runtime import ray_run
 from mindspeed_rl.utils.cli import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

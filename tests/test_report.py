@@ -7,7 +7,7 @@ import re
 from mindspeed_rl.config_cls.ppo_config import to_plain
 from mindspeed_rl.features import load_ppo_config
 from mindspeed_rl.features.precision import HostPrecision, settle_precision
-from mindspeed_rl.trainer import report
+from mindspeed_rl.trainer.report.report import report
 
 
 def write_run(run_dir, iterations=4):
@@ -88,7 +88,7 @@ def test_report_without_run_json_still_renders_the_curves(tmp_path):
 def test_timeline_shows_who_does_what_when(tmp_path):
     """timeline.jsonl (written by the trainer each iteration) becomes a picture of the last iterations, with
     the rollout workers' generation overlapping the actor's update (asynchronous rollout)."""
-    from mindspeed_rl.trainer.loggers import MetricsLogger
+    from mindspeed_rl.trainer.report.loggers import MetricsLogger
 
     write_run(tmp_path)
     logger = MetricsLogger(str(tmp_path), 4)

@@ -59,7 +59,7 @@ def test_resharded_resume_at_another_layout_takes_the_same_step(tmp_path):
     state loaded at the new layout is the saved one, bit for bit (main weights, both moments); in fp32
     the step after the resume equals the straight run's within 5e-5, and without the optimizer state it
     differs by more than 1e-3 (in bf16 another TP layout alone changes Adam's steps by ~lr)."""
-    from mindspeed_rl.trainer.preflight import check_role
+    from mindspeed_rl.trainer.startup.preflight import check_role
     from tests.helpers import random_full_weights, tiny_model_config
 
     workdir = str(tmp_path)
@@ -111,7 +111,7 @@ def test_preflight_accepts_a_resharded_distributed_optimizer_checkpoint_at_any_d
     shard files, which belong to one DP size): pre-flight accepts it for the distributed optimizer at any DP
     size, and still refuses the unresharded checkpoint at another DP size."""
     from mindspeed_rl.checkpoint.reshard import mg_to_mg
-    from mindspeed_rl.trainer.preflight import check_role
+    from mindspeed_rl.trainer.startup.preflight import check_role
     from mindspeed_rl.utils.cli import UserError
 
     src, dst = str(tmp_path / "src"), str(tmp_path / "dst")

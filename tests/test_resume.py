@@ -128,7 +128,7 @@ def resume_at_tp2(root, paths, resume):
 
     from cli import convert_ckpt
     from mindspeed_rl.trainer.launch import train
-    from mindspeed_rl.trainer.preflight import preflight
+    from mindspeed_rl.trainer.startup.preflight import preflight
     from mindspeed_rl.utils.cli import UserError
 
     tp2 = {

@@ -118,7 +118,7 @@ def test_train_rm_trains_resumes_exactly_and_the_ppo_reward_model_scores_with_it
     from mindspeed_rl.demo.assets import prepare_pairs
     from mindspeed_rl.features import load_ppo_config
     from mindspeed_rl.models.engine import MegatronEngine
-    from mindspeed_rl.trainer.stage_launch import train
+    from mindspeed_rl.trainer.stages.stage_launch import train
 
     root = os.path.dirname(demo_assets["tokenizer"])
     pairs = prepare_pairs(root, 256)

@@ -8,7 +8,7 @@ import torch
 
 from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
 from mindspeed_rl.protocol import RolloutRequest
-from mindspeed_rl.rollout.sampling import filter_logits, sample_next
+from mindspeed_rl.rollout.engines.sampling import filter_logits, sample_next
 from tests import parallel_worker
 from tests.helpers import tiny_model_config
 
@@ -26,8 +26,8 @@ def random_full_weights(seed=0):
 def write_hf_folder(folder, model, full):
     from safetensors.torch import save_file
 
-    from mindspeed_rl.rollout.convert_names import hf_named
-    from mindspeed_rl.rollout.vllm_engine import write_hf_config
+    from mindspeed_rl.rollout.engines.vllm_engine import write_hf_config
+    from mindspeed_rl.rollout.weights.convert_names import hf_named
 
     write_hf_config(str(folder), model, eos_token_id=0, pad_token_id=0)
     save_file({k: v.contiguous() for k, v in hf_named([full], model)}, str(folder / "model.safetensors"))
@@ -98,7 +98,7 @@ def test_int8_rollout_weights_are_compressed_tensors_own():
     from compressed_tensors.quantization.lifecycle.forward import quantize
     from compressed_tensors.quantization.utils import calculate_qparams
 
-    from mindspeed_rl.rollout.quantize import int8_named, int8_quantization_config, is_int8_target
+    from mindspeed_rl.rollout.weights.quantize import int8_named, int8_quantization_config, is_int8_target
 
     scheme = int8_quantization_config()["config_groups"]["rollout_int8"]["weights"]
     weight = torch.randn(48, 64, generator=torch.Generator().manual_seed(0)) * torch.linspace(0.01, 3, 48)[:, None]
@@ -171,8 +171,8 @@ def test_resharding_relations_give_each_engine_the_weights_of_a_fresh_engine(tmp
 
 def test_fallback_engine_greedy_matches_argmax_and_update_is_complete():
     from mindspeed_rl.models.engine import MegatronEngine
-    from mindspeed_rl.rollout.factory import make_rollout_engine
-    from mindspeed_rl.rollout.resharding import iter_full_weights
+    from mindspeed_rl.rollout.engines.factory import make_rollout_engine
+    from mindspeed_rl.rollout.weights.resharding import iter_full_weights
     from mindspeed_rl.utils import dist
     from tests.helpers import tiny_role
 
@@ -203,7 +203,7 @@ def test_fallback_engine_greedy_matches_argmax_and_update_is_complete():
 
 
 def test_backend_vllm_refused_with_reason_when_it_cannot_run_the_model():
-    from mindspeed_rl.rollout.factory import RolloutUnavailable, make_rollout_engine
+    from mindspeed_rl.rollout.engines.factory import RolloutUnavailable, make_rollout_engine
 
     with pytest.raises(RolloutUnavailable, match="head_dim"):
         make_rollout_engine(tiny_model_config(), GenerateConfig(backend="vllm"), "cpu", eos_token_id=0)
@@ -224,7 +224,7 @@ SMALL_VLLM_RUNS = textwrap.dedent("""
     sys.path.insert(0, ".")
     from mindspeed_rl.config_cls import GenerateConfig, SamplingConfig
     from mindspeed_rl.protocol import RolloutRequest
-    from mindspeed_rl.rollout.vllm_engine import VllmEngine
+    from mindspeed_rl.rollout.engines.vllm_engine import VllmEngine
     from tests.helpers import tiny_model_config
     m = tiny_model_config(num_layers=1, hidden_size=128, ffn_hidden_size=128, padded_vocab_size=512)
     gen = GenerateConfig(dtype="float32", max_model_len=64, max_num_seqs=8, max_num_batched_tokens=512,
@@ -305,7 +305,7 @@ class EosLovingModel(torch.nn.Module):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_fallback_ignore_eos_and_min_tokens(temperature):
-    from mindspeed_rl.rollout.fallback import generate
+    from mindspeed_rl.rollout.engines.fallback import generate
 
     model, prompts = EosLovingModel(), [[1, 2], [4]]
 
@@ -343,9 +343,9 @@ def test_one_vocabulary_rule_the_whole_padded_vocabulary_everywhere():
     """Rollout (fallback, like vLLM) samples over the model's padded vocabulary, the actor normalises over
     it, and the verifiers' text leaves out (and counts) ids the tokenizer does not have."""
     from mindspeed_rl.models.engine import MegatronEngine
-    from mindspeed_rl.rollout.fallback_engine import FallbackEngine
-    from mindspeed_rl.rollout.resharding import iter_full_weights
-    from mindspeed_rl.trainer.prompts import decode_responses
+    from mindspeed_rl.rollout.engines.fallback_engine import FallbackEngine
+    from mindspeed_rl.rollout.weights.resharding import iter_full_weights
+    from mindspeed_rl.trainer.ppo.prompts import decode_responses
     from mindspeed_rl.utils import dist
     from tests.helpers import tiny_role
 
@@ -402,14 +402,14 @@ def test_the_megatron_core_engine_is_refused_before_start_at_actor_tp_or_ep_abov
     its MoE layers held only the rank's experts (KeyError at the first weight update, after the whole start-up),
     at TP 2 its layers were TP shards. Refused before Ray starts, naming the key and why the fallback runs."""
     from mindspeed_rl.features import load_ppo_config
-    from mindspeed_rl.trainer.rollout_checks import check_fallback_layout
+    from mindspeed_rl.trainer.startup.rollout_checks import check_fallback_layout
     from mindspeed_rl.utils.cli import UserError
 
     moe = ["megatron_training.model=tiny_qwen3_moe", "actor_config.model=tiny_qwen3_moe"]
     ep2 = moe + ["actor_config.expert_model_parallel_size=2", "rl_config.actor_resource.num_npus=2"]
     with pytest.raises(UserError, match=r"actor_config.expert_model_parallel_size 2: .*backend is fallback"):
         check_fallback_layout(load_ppo_config("grpo_tiny_cpu", ep2 + ["generate_config.backend=fallback"]))
-    import mindspeed_rl.rollout.vllm_engine as vllm_engine
+    import mindspeed_rl.rollout.engines.vllm_engine as vllm_engine
 
     with monkeypatch.context() as patch:  # auto where the installed vLLM runs the model: its engines, any layout
         patch.setattr(vllm_engine, "vllm_unusable_reason", lambda *args, **kwargs: None)
@@ -425,7 +425,7 @@ def test_the_megatron_core_engine_refuses_to_build_under_sharded_groups(monkeypa
     """A config built in code skips the preflight: the engine itself says why instead of a KeyError later."""
     from megatron.core import parallel_state as ps
 
-    from mindspeed_rl.rollout.fallback_engine import FallbackEngine
+    from mindspeed_rl.rollout.engines.fallback_engine import FallbackEngine
 
     monkeypatch.setattr(ps, "model_parallel_is_initialized", lambda: True)
     monkeypatch.setattr(ps, "get_tensor_model_parallel_world_size", lambda: 1)

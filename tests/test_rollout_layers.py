@@ -10,12 +10,12 @@ import time
 import pytest
 
 from mindspeed_rl.datasets.prompt_dataset import PromptBatch
-from mindspeed_rl.rollout.agent_loop import AgentContext, SingleTurn, ToolAgent
-from mindspeed_rl.rollout.group_filter import DynamicSampling, KeepAll
-from mindspeed_rl.rollout.rounds import TrajectoryPool
-from mindspeed_rl.rollout.schedules import Ahead, Chunked, Synchronous
-from mindspeed_rl.rollout.source import Produced, RolloutSource
-from mindspeed_rl.rollout.trajectory import FINISHED, Trajectory
+from mindspeed_rl.rollout.source.agent_loop import AgentContext, SingleTurn, ToolAgent
+from mindspeed_rl.rollout.source.group_filter import DynamicSampling, KeepAll
+from mindspeed_rl.rollout.source.rollout_source import Produced, RolloutSource
+from mindspeed_rl.rollout.source.rounds import TrajectoryPool
+from mindspeed_rl.rollout.source.schedules import Ahead, Chunked, Synchronous
+from mindspeed_rl.rollout.source.trajectory import FINISHED, Trajectory
 from mindspeed_rl.utils.clock import Clock
 from tests.rollout_fakes import TOK, InProcessSandbox, ScriptedService, prompts_of, score, tool_context
 
@@ -227,7 +227,7 @@ def test_reward_model_scores_rows_that_do_not_split_over_its_ranks():
 
     from mindspeed_rl.features import load_ppo_config
     from mindspeed_rl.protocol import ForwardAnswer, RolloutOutput, build_experience
-    from mindspeed_rl.trainer.scoring import Scorer
+    from mindspeed_rl.trainer.ppo.scoring import Scorer
 
     class RewardModel:
         dp_size = 2
@@ -250,9 +250,9 @@ def test_a_batch_is_the_rows_its_groups_were_scored_on_built_once(monkeypatch):
     a group restored from a checkpoint is rebuilt to the same rows."""
     import torch
 
-    import mindspeed_rl.rollout.source as source_module
+    import mindspeed_rl.rollout.source.rollout_source as source_module
     from mindspeed_rl.protocol import build_experience
-    from mindspeed_rl.rollout.trajectory import group_outputs
+    from mindspeed_rl.rollout.source.trajectory import group_outputs
 
     built = []
 
@@ -296,7 +296,7 @@ def test_a_text_group_beside_image_groups_gets_no_image_inputs():
 
 
 def test_scoring_calls_average_means_and_add_up_counts():
-    from mindspeed_rl.rollout.source import average
+    from mindspeed_rl.rollout.source.rollout_source import average
 
     merged = average(
         [(8, {"acc/mean": 0.5, "rule_reward/timeouts": 1.0}), (24, {"acc/mean": 0.1, "rule_reward/timeouts": 2.0})]
@@ -356,3 +356,24 @@ def fingerprint_with_pixels(batch):
     rows = exp.pixel_values.shape[0]
     assert rows == exp.num_rows and exp.image_grid_thw.tolist() == [[[1, 2, 2]]] * rows
     return fingerprint(batch) + (exp.pixel_values.tolist(),)
+
+
+def test_each_schedule_speaks_its_protocol_and_is_chosen_from_its_keys():
+    from types import SimpleNamespace
+
+    from mindspeed_rl.rollout.source.schedules import (
+        BatchSchedule,
+        InStep,
+        RoundSchedule,
+        batch_schedule,
+        round_schedule,
+    )
+
+    assert all(isinstance(s, RoundSchedule) for s in (Synchronous(8), Chunked(8, 2)))
+    assert all(isinstance(s, BatchSchedule) for s in (InStep(), Ahead(1)))
+    assert not isinstance(InStep(), RoundSchedule) and not isinstance(Synchronous(8), BatchSchedule)
+    chunked = round_schedule(SimpleNamespace(partial_rollout_max_split=3, require_max_age_all_finished=False), 10)
+    assert isinstance(chunked, Chunked) and chunked.chunk == 4 and not chunked.require_oldest
+    assert isinstance(round_schedule(SimpleNamespace(partial_rollout_max_split=1), 10), Synchronous)
+    assert isinstance(batch_schedule(0), InStep) and batch_schedule(2).lag == 2
+    assert Synchronous(8).metrics(None, [], 1, 8, 2) == {}

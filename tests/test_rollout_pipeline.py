@@ -9,11 +9,11 @@ import torch
 
 from mindspeed_rl.datasets.prompt_dataset import PromptBatch
 from mindspeed_rl.protocol import GeneratedBatch, RolloutOutput
-from mindspeed_rl.rollout.agent_loop import AgentContext, SingleTurn
-from mindspeed_rl.rollout.group_filter import KeepAll
-from mindspeed_rl.rollout.schedules import Ahead, Synchronous
 from mindspeed_rl.rollout.service import RolloutHandle, RolloutService
-from mindspeed_rl.rollout.source import RolloutSource, SeedStream
+from mindspeed_rl.rollout.source.agent_loop import AgentContext, SingleTurn
+from mindspeed_rl.rollout.source.group_filter import KeepAll
+from mindspeed_rl.rollout.source.rollout_source import RolloutSource, SeedStream
+from mindspeed_rl.rollout.source.schedules import Ahead, Synchronous
 from tests.rollout_fakes import TOK
 
 SEED = 5

@@ -112,7 +112,7 @@ def test_routes_ride_with_their_sample_through_padding_widening_joins_and_resume
     assert both.routed_experts.shape == (3, 7, 2, 2) and both.routed_experts.dtype == torch.int16
     assert both.routed_experts[2, :, 0, 0].tolist() == [-1, -1, -1, 0, 1, 2, -1]
     # a parked trajectory keeps them through a checkpoint's trainer state (weights-only load)
-    from mindspeed_rl.rollout.trajectory import Trajectory
+    from mindspeed_rl.rollout.source.trajectory import Trajectory
 
     traj = Trajectory(0, prompts[0], "7", 8)
     traj.append([1, 2], [-0.5, -0.5], 0, trained=True, routes=output(0, prompts[0], [1, 2]).routed_experts)

@@ -194,7 +194,7 @@ def stage_config(stage, config, root, data, tokenizer, iterations, **extra):
 
 def resumed_from(tmp_path, run, at, stage, config, data, tokenizer, iterations):
     """The run of ``config`` resumed (finetune false) from iteration ``at`` of ``run``'s checkpoints."""
-    from mindspeed_rl.trainer.stage_launch import train
+    from mindspeed_rl.trainer.stages.stage_launch import train
 
     folder = tmp_path / f"{run}_resumed_ckpt"
     checkpoints_up_to(str(tmp_path / run / "ckpt"), str(folder), at)
@@ -212,8 +212,8 @@ def test_sft_then_dpo_learn_resume_exactly_and_ppo_loads_the_actor(demo_assets, 
 
     from mindspeed_rl.demo.assets import prepare_pairs, prepare_sft
     from mindspeed_rl.features import load_ppo_config
-    from mindspeed_rl.trainer.preflight import check_role, resume_iteration
-    from mindspeed_rl.trainer.stage_launch import train
+    from mindspeed_rl.trainer.stages.stage_launch import train
+    from mindspeed_rl.trainer.startup.preflight import check_role, resume_iteration
 
     root, tokenizer = os.path.dirname(demo_assets["tokenizer"]), demo_assets["tokenizer"]
     made = prepare_sft(root, 256)
@@ -279,3 +279,24 @@ def test_the_demo_fine_tunes_are_sft_rows_the_handlers_take():
         Chars().decode(ids) == judged[0]["question"] + judged[0]["answer"] + "|"
         and trained(ids, mask) == judged[0]["answer"] + "|"
     )
+
+
+def test_each_stage_names_its_worker_and_trainer_by_path():
+    """A stage is its ``Stage`` entry: the launch imports the classes it names, with no branch on its name."""
+    from types import SimpleNamespace
+
+    from mindspeed_rl.config_cls.stage_config import STAGES
+    from mindspeed_rl.trainer.stages.stage_launch import stage_parts
+    from mindspeed_rl.trainer.stages.stage_trainer import StageTrainer
+    from mindspeed_rl.workers.base_worker import StageWorker
+
+    names = {}
+    for name, stage in STAGES.items():
+        worker, trainer = stage_parts(SimpleNamespace(stage=stage))
+        assert issubclass(worker, StageWorker) and issubclass(trainer, StageTrainer)
+        names[name] = (worker.__name__, trainer.__name__)
+    assert names == {
+        "rm": ("RewardModelWorker", "RewardModelTrainer"),
+        "sft": ("SFTWorker", "SFTTrainer"),
+        "dpo": ("DPOWorker", "DPOTrainer"),
+    }

@@ -581,7 +581,7 @@ def test_preflight_refuses_model_code_without_isolation_and_warns_for_none(monke
     tool_isolation none; all before Ray (preflight)."""
     from mindspeed_rl.features import load_ppo_config
     from mindspeed_rl.tools import isolation
-    from mindspeed_rl.trainer.preflight import check_tool_isolation
+    from mindspeed_rl.trainer.startup.preflight import check_tool_isolation
     from mindspeed_rl.utils.cli import UserError
 
     monkeypatch.setattr(isolation, "bwrap_unavailable", lambda: "bubblewrap (bwrap) is not installed")

@@ -82,7 +82,7 @@ def test_checkpoints_reshard_into_and_out_of_vpp_bit_exactly(tmp_path, capsys):
 
 
 def test_a_checkpoint_of_another_layer_layout_is_refused_with_its_reshard_command(tmp_path):
-    from mindspeed_rl.trainer.preflight import check_role
+    from mindspeed_rl.trainer.startup.preflight import check_role
     from mindspeed_rl.utils.cli import UserError
 
     hf, plain = str(tmp_path / "hf"), str(tmp_path / "pp2")

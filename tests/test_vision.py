@@ -131,7 +131,7 @@ def test_vision_language_log_probs_equal_transformers(hf_model, single_process_w
 def test_the_family_and_the_run_refuse_what_the_vision_path_cannot_do(capsys, tmp_path):
     from cli import train_ppo
     from mindspeed_rl.config_cls import ConfigError
-    from mindspeed_rl.trainer.config_names import build_checked_model
+    from mindspeed_rl.trainer.startup.config_names import build_checked_model
 
     section = dict(
         num_layers=2,
@@ -275,7 +275,7 @@ def test_engine_forward_with_images_equals_transformers_and_training_reaches_the
 
 def test_weight_sync_names_include_the_tower(hf_model):
     """What the actor sends vLLM (rollout/convert_names.hf_named) holds the tower under the Hub's names."""
-    from mindspeed_rl.rollout.convert_names import hf_named
+    from mindspeed_rl.rollout.weights.convert_names import hf_named
 
     cfg = get_family("qwen2_5_vl").model_config_from_hf(hf_model.config.to_dict())
     piece = {"visual.blocks.0.attn.qkv.weight": torch.zeros(3, 3), "embedding.word_embeddings.weight": torch.ones(2)}

@@ -152,7 +152,7 @@ def test_prompts_with_images_become_vllm_inputs_and_requests_split_with_their_im
     from mindspeed_rl.config_cls.generate_config import SamplingConfig
     from mindspeed_rl.datasets.images import pack_images
     from mindspeed_rl.protocol.rollout import RolloutRequest
-    from mindspeed_rl.rollout.multimodal import collapse_image_runs, vllm_prompt
+    from mindspeed_rl.rollout.engines.multimodal import collapse_image_runs, vllm_prompt
 
     pad = 5
     assert collapse_image_runs([1, 9, pad, pad, pad, 8, 9, pad, pad, 8, 2], pad) == [1, 9, pad, 8, 9, pad, 8, 2]

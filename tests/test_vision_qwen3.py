@@ -143,7 +143,7 @@ def test_converters_round_trip_qwen3_vl_bit_exact_at_tp2_pp2_in_the_hub_layout(h
     from safetensors.torch import load_file
 
     from cli import convert_ckpt
-    from mindspeed_rl.rollout.convert_names import hf_named
+    from mindspeed_rl.rollout.weights.convert_names import hf_named
 
     hf_dir, mg_dir = tmp_path / "hf", tmp_path / "mg"
     hf_model.save_pretrained(hf_dir)

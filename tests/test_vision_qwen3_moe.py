@@ -66,7 +66,7 @@ def test_fused_experts_convert_both_ways_at_tp2_ep2(hf_model, tmp_path):
     from safetensors.torch import load_file
 
     from cli import convert_ckpt
-    from mindspeed_rl.rollout.convert_names import hf_named
+    from mindspeed_rl.rollout.weights.convert_names import hf_named
 
     def round_trip(hf_dir, name):
         mg_dir = tmp_path / f"mg_{name}"

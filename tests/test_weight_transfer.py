@@ -23,7 +23,7 @@ def pieces():
 
 
 def run(rank, size, port, workdir):
-    from mindspeed_rl.rollout.weight_transfer import WeightChannel
+    from mindspeed_rl.rollout.weights.weight_transfer import WeightChannel
 
     channel = WeightChannel("127.0.0.1", port, rank, size, torch.device("cpu"), timeout_s=60)
     if rank == 0:

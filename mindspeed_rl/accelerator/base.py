@@ -36,7 +36,7 @@ class Accelerator:
 
     def use_mindspeed_switches(self, argv: List[str]) -> None:
         """Hand a role's MindSpeed flags to MindSpeed before megatron-core is patched (a device without MindSpeed
-        refuses them before start: trainer/preflight.py)."""
+        refuses them before start: trainer/startup/preflight.py)."""
         if argv:
             raise ValueError(f"MindSpeed's switches {argv} do not run on {self.kind}")
 

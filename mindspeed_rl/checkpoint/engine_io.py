@@ -135,7 +135,7 @@ def save_engine(
     save_rng: bool = True,
 ) -> None:
     """Write ``iteration`` of this engine under ``ckpt_dir`` (atomic: staged, renamed, tracker last)."""
-    from ..checkpoint.convert import checkpoint_config
+    from .convert import checkpoint_config
 
     tp_rank, pp_rank, dp_rank, tp, pp = _ranks()
     ep_rank, ep, writer = _expert_ranks()

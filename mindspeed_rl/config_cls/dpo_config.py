@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import AbstractSet
+from typing import AbstractSet, Any
 
 from .base import ConfigError, opt
 
@@ -37,6 +37,22 @@ class DPOConfig:
     @property
     def uses_reference(self) -> bool:
         return self.dpo_loss_type != "simpo"
+
+    def describe(self, m: Any) -> str:
+        """The batch plan's account of the loss and the reference (``m``: the policy's MegatronConfig)."""
+        names = {"sigmoid": "DPO", "ipo": "IPO", "simpo": "SimPO, reference-free"}
+        extra = ""
+        if self.dpo_loss_type == "sigmoid" and self.dpo_label_smoothing:
+            extra = f", label smoothing {self.dpo_label_smoothing:g}"
+        elif self.dpo_loss_type == "simpo":
+            extra = f", gamma {self.simpo_gamma:g}"
+        if not self.uses_reference:
+            reference = "none"
+        elif m.lora_r:
+            reference = "the base model (adapters off)"
+        else:
+            reference = self.ref_model or m.load or "the seeded initial model"
+        return f"{names[self.dpo_loss_type]}, beta {self.dpo_beta:g}{extra}; the reference: {reference}"
 
     def check(self, path: str = "dpo_config", given: AbstractSet[str] = frozenset()) -> None:
         if self.dpo_label_smoothing and self.dpo_loss_type != "sigmoid":

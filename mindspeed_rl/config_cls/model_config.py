@@ -184,7 +184,7 @@ class ModelConfig:
 
     def check(self, path: str = "model", given: AbstractSet[str] = frozenset()) -> None:
         """Heads, query groups and experts against the sizes (build_section calls it; a family's own
-        requirements are checked by trainer/config_names.py)."""
+        requirements are checked by trainer/startup/config_names.py)."""
         if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"{path}.num_attention_heads",

@@ -56,7 +56,7 @@ def model_section_data(name: str, models: Mapping[str, Any], config_dir: Optiona
 
 def build_model_section(data: Mapping, path: str) -> ModelConfig:
     """A model section, checked on its own (raises ConfigError naming the key; its family's requirements are
-    checked by trainer/config_names.py)."""
+    checked by trainer/startup/config_names.py)."""
     return build_section(ModelConfig, data, path)
 
 

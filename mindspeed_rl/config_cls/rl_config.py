@@ -315,7 +315,7 @@ class RLConfig(LoggingKeys):
         "megatron_training.train_iters (docs/rollout.md). 0: synchronous.",
         ge=0,
     )
-    # multi-turn rollouts with tools (rollout/agent_loop.py)
+    # multi-turn rollouts with tools (rollout/source/agent_loop.py)
     rollout_function: str = opt(
         "single_turn",
         "How a trajectory advances: single_turn, tool_agent "

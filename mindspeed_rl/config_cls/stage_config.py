@@ -29,7 +29,8 @@ from .run_config import PrecisionChoice, RoleConfig
 
 @dataclass(frozen=True)
 class Stage:
-    """What differs between the single-role stages."""
+    """What differs between the single-role stages, down to the classes that run one: ``worker`` and ``trainer``
+    are plug-in paths (``module:Class``, as a rollout function is named), imported when the stage launches."""
 
     name: str  # megatron_training.stage
     title: str  # in messages: "reward-model training"
@@ -38,6 +39,11 @@ class Stage:
     resource: str  # the rl_config key of its devices
     data: str  # what data_path holds
     unit: str  # what global_batch_size and micro_batch_size count
+    worker: str  # the Ray worker class of each rank (workers/)
+    trainer: str  # the StageTrainer subclass that runs the loop (trainer/stages/)
+    header: str  # the batch plan's first line
+    measured: str  # what validation reports, in the plan
+    head: str = "lm"  # the model's head: "lm", or "value" (a scalar per sequence: HF's --orm form)
     rl_keys: Tuple[str, ...] = ()  # the rl_config keys it reads besides RL_KEYS and its resource
     options: str = ""  # a section of its own (dpo_config)
 
@@ -48,11 +54,26 @@ class Stage:
 
 TOKEN_BUDGET = ("use_dynamic_bsz", "update_max_packing_token_size")  # micro-batches of a token budget
 STAGES = {
-    "rm": Stage("rm", "reward-model training", "reward", "reward_config", "reward_resource", "pairs", "pairs"),
-    "sft": Stage("sft", "supervised fine-tuning", "actor", "actor_config", "actor_resource", "examples", "examples",
-                 TOKEN_BUDGET),
-    "dpo": Stage("dpo", "preference optimisation", "actor", "actor_config", "actor_resource", "pairs", "pairs",
-                 (), "dpo_config"),
+    "rm": Stage(
+        "rm", "reward-model training", "reward", "reward_config", "reward_resource", "pairs", "pairs",
+        worker="mindspeed_rl.workers.reward_model_worker:RewardModelWorker",
+        trainer="mindspeed_rl.trainer.stages.rm_trainer:RewardModelTrainer",
+        header="reward-model training (Bradley-Terry, -log sigmoid(r_chosen - r_rejected)):",
+        measured="pair accuracy", head="value",
+    ),
+    "sft": Stage(
+        "sft", "supervised fine-tuning", "actor", "actor_config", "actor_resource", "examples", "examples",
+        worker="mindspeed_rl.workers.sft_worker:SFTWorker",
+        trainer="mindspeed_rl.trainer.stages.sft_trainer:SFTTrainer",
+        header="supervised fine-tuning (loss: -log p of the assistant tokens, averaged over the step's tokens):",
+        measured="loss and perplexity", rl_keys=TOKEN_BUDGET,
+    ),
+    "dpo": Stage(
+        "dpo", "preference optimisation", "actor", "actor_config", "actor_resource", "pairs", "pairs",
+        worker="mindspeed_rl.workers.dpo_worker:DPOWorker",
+        trainer="mindspeed_rl.trainer.stages.dpo_trainer:DPOTrainer",
+        header="preference optimisation ({options}):", measured="loss and reward accuracy", options="dpo_config",
+    ),
 }  # fmt: skip
 # the rl_config keys a stage reads (besides its resource); any other is refused (it would be silently ignored)
 RL_KEYS = (

@@ -75,7 +75,7 @@ class DatasetConfig:
 
     def check(self, path: str = "", given: AbstractSet[str] = frozenset()) -> None:
         """The keys' own rules (build_section calls it; the template and tool names resolve in
-        trainer/config_names.py)."""
+        trainer/startup/config_names.py)."""
         for key, value in self.map_keys.items():
             if key not in MAP_KEYS:
                 raise ConfigError(f"map_keys.{key}", f"unknown; allowed: {', '.join(MAP_KEYS)}")

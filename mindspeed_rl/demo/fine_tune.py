@@ -9,7 +9,7 @@ from typing import Dict
 def fine_tune(config_name: str, overrides: Dict[str, object]) -> None:
     """``cli/train_sft.py --config-name <config_name>`` with ``overrides`` (key -> value); raises RuntimeError
     when the stage does not end with exit code 0."""
-    from ..trainer.stage_entry import run_stage
+    from ..trainer.stages.stage_entry import run_stage
 
     code = run_stage("sft", ["--config-name", config_name, *(f"{k}={v}" for k, v in overrides.items())], None)
     if code:

@@ -18,7 +18,7 @@ def agent_rollout_function(rl) -> str:
 
 def check(cfg: PPOConfig) -> None:
     """multi_turn_enable selects the tool agent, so it cannot be combined with another rollout function (the
-    names themselves resolve in trainer/config_names.py)."""
+    names themselves resolve in trainer/startup/config_names.py)."""
     rl = cfg.rl
     if rl.multi_turn_enable and rl.rollout_function not in ("single_turn", "tool_agent"):
         raise ConfigError(

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
 def check_reward_keys(cfg: PPOConfig) -> None:
     """Something scores the responses: verifiers (with weights; their names resolve in
-    trainer/config_names.py), or a reward model."""
+    trainer/startup/config_names.py), or a reward model."""
     rl = cfg.rl
     if rl.rule_reward and not rl.verifier_function:
         raise ConfigError(

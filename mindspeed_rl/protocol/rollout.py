@@ -41,7 +41,7 @@ class RolloutRequest:
     sampling: Optional[SamplingConfig] = None  # None: generate_config.sampling_config
     max_new_tokens: Optional[List[int]] = None  # per-prompt response budgets (below sampling.max_tokens)
     # per-prompt images as the dataset stores them (datasets/images.py: length-prefixed PNGs; b"" for none), the
-    # prompt holding one <|image_pad|> per image token (rollout/multimodal.py turns them into vLLM's inputs)
+    # prompt holding one <|image_pad|> per image token (rollout/engines/multimodal.py turns them into vLLM's inputs)
     images: Optional[List[bytes]] = None
 
     @classmethod

@@ -270,7 +270,7 @@ def default_response_bytes(max_tokens: int) -> int:
 
 class EngineJudge(Judge):
     """The judge on engines of its own: ``generate(texts, max_tokens, temperature)`` returns one reply per text, None
-    where it could not ask (the driver's call into the judge's worker group: trainer/judging.py)."""
+    where it could not ask (the driver's call into the judge's worker group: trainer/ppo/judging.py)."""
 
     def __init__(self, generate: Callable[[Sequence[str], int, float], List[Optional[str]]], **kwargs):
         super().__init__(**kwargs)

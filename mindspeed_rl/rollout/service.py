@@ -7,16 +7,25 @@
 Every output records the policy version that generated it (``handle.version``). Implementations:
 ``ColocatedRollout`` (the integrated actor's own engines, which share its devices: MindSpeed-RL's
 integrated mode) and ``DisaggregatedRollout`` (rollout workers on devices of their own, weights pushed
-from the actor). The rollout source (``rollout/source.py``) drives either, whatever its schedule.
+from the actor). The rollout source (``rollout/source/rollout_source.py``) drives either, whatever its schedule.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, List, Optional, Protocol
 
 from ..protocol.rollout import GeneratedBatch, RolloutRequest
+
+
+class GeneratingGroup(Protocol):
+    """What the service asks of a group of workers that generate (``workers/worker_group.WorkerGroup`` of the
+    integrated actor or of the rollout workers; a test's fake): submit and collect, and calls on every rank."""
+
+    def submit_generate(self, request: RolloutRequest, version: Optional[int] = None) -> Any: ...
+    def collect_generate(self, pending: Any) -> GeneratedBatch: ...
+    def call_async(self, method: str, *args: Any, **kwargs: Any) -> List[Any]: ...
 
 
 @dataclass
@@ -57,7 +66,7 @@ class ColocatedRollout(RolloutService):
     then offloads the training state; after generation the engines free their memory and the training
     state comes back."""
 
-    def __init__(self, actor_group) -> None:
+    def __init__(self, actor_group: GeneratingGroup) -> None:
         super().__init__()
         self.actor = actor_group
 
@@ -70,11 +79,11 @@ class ColocatedRollout(RolloutService):
 
 class DisaggregatedRollout(RolloutService):
     """Rollout workers on devices of their own. ``update_weights`` streams the actor's weights to every
-    rollout rank over the weight channel (``rollout/weight_transfer.py``: train TP/PP -> full tensors -> each
+    rollout rank over the weight channel (``rollout/weights/weight_transfer.py``: train TP/PP -> full tensors -> each
     engine's infer TP) and returns once all hold them; a submit names the version it expects, and a rollout
     rank holding another refuses it."""
 
-    def __init__(self, actor_group, rollout_group) -> None:
+    def __init__(self, actor_group: GeneratingGroup, rollout_group: GeneratingGroup) -> None:
         super().__init__()
         self.actor, self.rollout = actor_group, rollout_group
 

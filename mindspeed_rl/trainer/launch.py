@@ -13,8 +13,8 @@ from ..features.validation import validates
 from ..utils.cli import UserError, raise_if_terminated, stop_on_sigterm
 from ..utils.hf_tokenizer import load_tokenizer
 from ..workers.launcher import RunFrame
-from .failures import train_to_exit_code
-from .ray_run import new_run_dir, ray_run
+from .runtime.failures import train_to_exit_code
+from .runtime.ray_run import new_run_dir, ray_run
 
 
 def run(cfg: PPOConfig) -> int:
@@ -96,7 +96,7 @@ def start_roles(cfg: PPOConfig, frame: RunFrame, tokenizer, run_dir: str) -> Rol
         roles.teacher = spawn("teacher", TeacherWorker, cfg.teacher.num_devices, share, first, **teacher)
     if cfg.judge_devices:  # the judge's engines on the last bundles
         from ..workers.judge_worker import JudgeWorker
-        from .judging import judge_hf_folder
+        from .ppo.judging import judge_hf_folder
 
         first = devices + rollout_devices + cfg.teacher_devices
         judge = dict(judge=cfg.judge, hf_dir=judge_hf_folder(cfg, run_dir))
@@ -155,10 +155,10 @@ def placement_keys(cfg: PPOConfig) -> str:
 
 def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     from ..config_cls.ppo_config import to_plain
-    from .plan import batch_plan
-    from .precision import settle_run_precision
-    from .preflight import preflight
-    from .report import write_run_info
+    from .report.report import write_run_info
+    from .startup.plan import batch_plan
+    from .startup.precision import settle_run_precision
+    from .startup.preflight import preflight
 
     settle_run_precision(cfg)  # settled by the entry point already; a config built in code settles here
     tokenizer = load_tokenizer(cfg.actor.megatron.tokenizer_name_or_path, "megatron_training.tokenizer_name_or_path")
@@ -211,9 +211,9 @@ def build_trainer(cfg: PPOConfig, frame: RunFrame, roles: Roles, tokenizer, data
     closed with the run (``frame.on_exit``)."""
     from ..datasets.prompt_dataset import PromptSampler
     from ..rewards.runner import RuleRewardRunner
-    from .batches import build_batches
-    from .loggers import MetricsLogger
-    from .ppo_trainer import PPOTrainer
+    from .ppo.batches import build_batches
+    from .ppo.ppo_trainer import PPOTrainer
+    from .report.loggers import MetricsLogger
 
     mt, rl = cfg.megatron_training, cfg.rl
     dataset, test_dataset = datasets
@@ -233,7 +233,7 @@ def build_trainer(cfg: PPOConfig, frame: RunFrame, roles: Roles, tokenizer, data
     frame.on_exit(logger.close)
     judge = None
     if cfg.judge is not None:
-        from .judging import make_judge
+        from .ppo.judging import make_judge
 
         judge = make_judge(cfg, roles.judge)
     batches = build_batches(

@@ -10,7 +10,6 @@ workers over a weight channel (``push_weights``).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from typing import Dict, List, Optional
@@ -38,6 +37,7 @@ from ..protocol import (
 )
 from .base_worker import MegatronWorker, token_budget, train_on_mini_batches
 from .profiling import StageProfiler, profiled
+from .reference import ReferencePolicy
 
 
 class IntegratedActorWorker(MegatronWorker):
@@ -56,24 +56,22 @@ class IntegratedActorWorker(MegatronWorker):
         super().__init__(world, role)
         from ..models.engine import MegatronEngine
         from ..models.offload import Offloader
-        from ..rollout.factory import make_rollout_engine
+        from ..rollout.engines.factory import make_rollout_engine
 
         self.role, self.rl, self.gen = role, rl, gen
         self.algorithm = resolve_algorithm(rl)
         self.actor = MegatronEngine(
             role, head="lm", trainable=True, total_steps=total_steps, remove_padding=rl.use_remove_padding
         )
-        # the frozen reference exists only when the algorithm uses a KL term; with LoRA it is the actor's own
-        # base weights (adapters off): no second model
-        self.ref = (
-            MegatronEngine(role, head="lm", trainable=False, remove_padding=rl.use_remove_padding)
-            if self.algorithm.use_reference and self.actor.lora is None
+        # the frozen reference exists only when the algorithm uses a KL term (workers/reference.py)
+        self.reference = (
+            ReferencePolicy(role, self.actor, rl.use_remove_padding, park_on_host=True)
+            if self.algorithm.use_reference
             else None
         )
         self.actor.replay_routes = rl.router_replay == "R3"  # "compare": routes counted against, not replayed
         self.actor.batch_invariant = gen.batch_invariant
         self.actor_offload = Offloader(self.actor)
-        self.ref_offload = Offloader(self.ref) if self.ref is not None else None
         self.kind = self.acc.kind
         self.rollout = (
             make_rollout_engine(
@@ -123,17 +121,13 @@ class IntegratedActorWorker(MegatronWorker):
         payload: Dict = {}
         if load and finetune:
             payload = load_weights_only(self.actor, load)
-        initial = {k: v.detach().clone() for k, v in self.actor.named_weights()} if self.ref is not None else None
+        initial = self.reference.initial_weights() if self.reference is not None else None
         if load and not finetune:
             payload = load_engine(self.actor, load, load_optim, load_rng, iteration)
         # the run's state only on a resume: a finetune start begins at iteration 0 with its own data position
         resumed = dict(payload.get("trainer_state") or {}) if load and not finetune else {}
-        if self.ref is not None:
-            self.ref.load_weights(initial)
-            origin = ref_load or resumed.get("ref_from")
-            if origin:
-                load_weights_only(self.ref, origin)
-            self.ref_offload.offload(grads=False, optimizer=False)  # the reference waits on host
+        if self.reference is not None:
+            self.reference.load(initial, ref_load or resumed.get("ref_from"))
         self.engine_version = None
         return LoadedState(int(payload.get("iteration") or 0), resumed)
 
@@ -150,13 +144,13 @@ class IntegratedActorWorker(MegatronWorker):
         ``native_port``, through vLLM's weight-transfer engine, converting each piece as vLLM loads it."""
         if self.rank != 0:
             return
-        from ..rollout.weight_transfer import VllmNativeChannel, WeightChannel
+        from ..rollout.weights.weight_transfer import VllmNativeChannel, WeightChannel
 
         comm = self.acc.comm_device(self.actor.device)
         if native_port is None:
             self.channel = WeightChannel(host, port, 0, size, comm)
             return
-        from ..rollout.vllm_engine import vllm_named
+        from ..rollout.engines.vllm_engine import vllm_named
 
         model, dtype = self.role.model, self.gen.dtype
         backend = self.acc.vllm_weight_transfer_backend()
@@ -168,7 +162,7 @@ class IntegratedActorWorker(MegatronWorker):
     def push_weights(self) -> Dict[str, float]:
         """Gather the full weights from every TP/PP/EP shard (all ranks) and stream them to the rollout
         workers (rank 0)."""
-        from ..rollout.resharding import iter_full_weights
+        from ..rollout.weights.resharding import iter_full_weights
 
         pieces = iter_full_weights(self.actor)
         if self.channel is not None:
@@ -185,7 +179,7 @@ class IntegratedActorWorker(MegatronWorker):
         the actor's weights are resharded into the engine unless it already holds that version (None: always),
         then the devices are handed back. Every rank of an engine must receive the same prompts; only the
         engine's first rank returns the outputs."""
-        from ..rollout.resharding import iter_full_weights
+        from ..rollout.weights.resharding import iter_full_weights
 
         if self.rollout is None:
             raise RuntimeError(
@@ -228,27 +222,18 @@ class IntegratedActorWorker(MegatronWorker):
     def compute_log_prob(self, rows: Experience, which: str = "actor") -> ForwardAnswer:
         """Log-probs [B, R] of the response tokens under the actor ("old") or the reference."""
         temperature = self.gen.sampling_config.temperature or 1.0
-        timing = {}
-        adapters = contextlib.nullcontext()
-        if which == "ref" and self.ref is None:  # LoRA: the reference is the actor with its adapters off
-            from ..models.lora import adapters_disabled
-
-            engine, mbs, adapters = self.actor, self.rl.ref_forward_micro_batch_size, adapters_disabled(self.actor.lora)
-        elif which == "ref":
-            t0 = time.perf_counter()
-            self.ref_offload.onload()
-            timing["timing/ref_onload"] = time.perf_counter() - t0
-            engine, mbs = self.ref, self.rl.ref_forward_micro_batch_size
-        else:
-            engine, mbs = self.actor, self.rl.actor_forward_micro_batch_size
         # router replay: the actor's forwards route as the rollout did (the reference's own routes stand)
         inputs = rows.tensors(ACTOR_INPUTS if which == "actor" else MODEL_INPUTS)
-        with adapters:
-            out = engine.forward(inputs, mbs, temperature=temperature, token_budget=token_budget(self.rl, which))
-        if which == "ref" and self.ref is not None:
-            t0 = time.perf_counter()
-            self.ref_offload.offload(grads=False, optimizer=False)
-            timing["timing/ref_offload"] = time.perf_counter() - t0
+        budget = token_budget(self.rl, which)
+        if which == "ref":
+            assert self.reference is not None, "the reference's log-probs asked of an algorithm without a reference"
+            with self.reference.in_use() as (engine, timing):
+                out = engine.forward(
+                    inputs, self.rl.ref_forward_micro_batch_size, temperature=temperature, token_budget=budget
+                )
+        else:
+            mbs, timing = self.rl.actor_forward_micro_batch_size, {}
+            out = self.actor.forward(inputs, mbs, temperature=temperature, token_budget=budget)
         part = response_part(out["log_probs"], rows.prompt_width, rows.response_width) if self.is_output_rank else None
         return ForwardAnswer(part, timing, self.route_metrics() if which == "actor" else {})
 

@@ -4,7 +4,6 @@ saves is what a PPO run loads as its actor."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -15,6 +14,7 @@ from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..protocol import LoadedState, WorldSpec
 from .base_worker import StageWorker
+from .reference import ReferencePolicy
 
 Batch = Dict[str, torch.Tensor]
 
@@ -53,8 +53,7 @@ class DPOWorker(StageWorker):
         self.role, self.rl, self.dpo = role, rl, dpo
         padding = rl.use_remove_padding
         self.model = MegatronEngine(role, head="lm", trainable=True, total_steps=total_steps, remove_padding=padding)
-        own_reference = dpo.uses_reference and self.model.lora is None
-        self.ref = MegatronEngine(role, head="lm", trainable=False, remove_padding=padding) if own_reference else None
+        self.reference = ReferencePolicy(role, self.model, padding) if dpo.uses_reference else None  # SimPO: none
 
     def init_weights(
         self, load: Optional[str], finetune: bool, load_optim: bool, load_rng: bool, iteration: Optional[int] = None
@@ -62,29 +61,20 @@ class DPOWorker(StageWorker):
         """The policy as every stage starts it; the reference from dpo_config.ref_model, else the starting model:
         ``load`` on a fresh start, the path a resumed run started from (its trainer state's ``ref_from``), or the
         seeded initialisation of a run that started without a checkpoint."""
-        from ..checkpoint.engine_io import load_weights_only
-
-        initial = {k: v.detach().clone() for k, v in self.model.named_weights()} if self.ref is not None else None
+        initial = self.reference.initial_weights() if self.reference is not None else None
         state = super().init_weights(load, finetune, load_optim, load_rng, iteration)
-        if self.ref is not None:
-            origin = self.dpo.ref_model or (load if finetune else state.trainer_state.get("ref_from"))
-            if origin:
-                load_weights_only(self.ref, origin)
-            else:
-                self.ref.load_weights(initial)
+        if self.reference is not None:
+            self.reference.load(
+                initial, self.dpo.ref_model or (load if finetune else state.trainer_state.get("ref_from"))
+            )
         return state
 
     def with_reference(self, rows: Batch) -> Batch:
         """The rows with ``ref_logps``: each row's summed answer log-probability under the reference (SimPO: the
         rows as they are)."""
-        if not self.dpo.uses_reference:
+        if self.reference is None:
             return rows
-        engine, adapters = self.ref, contextlib.nullcontext()
-        if engine is None:  # LoRA: the base model is the policy with its adapters off
-            from ..models.lora import adapters_disabled
-
-            engine, adapters = self.model, adapters_disabled(self.model.lora)
-        with adapters:
+        with self.reference.in_use() as (engine, _):
             out = engine.forward(rows, 2 * self.role.megatron.micro_batch_size)
         return {**rows, "ref_logps": answer_logps(out["log_probs"], rows["answer_mask"])[0]}
 

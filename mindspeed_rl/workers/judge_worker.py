@@ -27,7 +27,7 @@ def judge_engine_settings(judge: JudgeConfig) -> GenerateConfig:
 
 class JudgeWorker:
     def __init__(self, world: WorldSpec, judge: JudgeConfig, hf_dir: str):
-        from ..rollout.vllm_engine import text_llm
+        from ..rollout.engines.vllm_engine import text_llm
 
         self.acc = start_worker_process(world)
         self.rank, self.world_size = world.rank, world.world_size
@@ -70,7 +70,7 @@ class JudgeWorker:
         return replies if self.engine_rank == 0 else None
 
     def shutdown(self) -> None:
-        from ..rollout.vllm_engine import release_at_exit
+        from ..rollout.engines.vllm_engine import release_at_exit
         from ..utils import dist
 
         release_at_exit()  # the run's end: the process is killed next, the engine with it

@@ -2,7 +2,7 @@
 
 The ranks form their own torch.distributed world (no megatron model, no training state); engines are blocks
 of ``infer_tensor_parallel_size`` contiguous ranks, as in the integrated actor. New weights arrive over a
-weight channel from the actor's sending rank (``rollout/weight_transfer.py``): full megatron-named tensors
+weight channel from the actor's sending rank (``rollout/weights/weight_transfer.py``): full megatron-named tensors
 that each engine shards for itself, or (``weight_transfer: vllm_native``) HF-named tensors that vLLM's
 weight-transfer engine in the worker receives and loads.
 """
@@ -34,7 +34,7 @@ class RolloutWorker:
         capture_routes: bool = False,
         processor_dir: Optional[str] = None,
     ):
-        from ..rollout.factory import make_rollout_engine
+        from ..rollout.engines.factory import make_rollout_engine
         from ..utils import dist
 
         self.acc = start_worker_process(world)
@@ -76,7 +76,7 @@ class RolloutWorker:
     def open_weight_channel(self, host: str, port: int, size: int, native_port: Optional[int] = None) -> None:
         """Join the weight channel as receiver ``rank + 1`` (rank 0 is the actor's sender); with
         ``native_port``, the tensors come through the engine's vLLM weight-transfer group on that port."""
-        from ..rollout.weight_transfer import VllmNativeChannel, WeightChannel
+        from ..rollout.weights.weight_transfer import VllmNativeChannel, WeightChannel
 
         comm = self.acc.comm_device(self.acc.current_device())
         if native_port is None:

@@ -1,0 +1,1 @@
+"""Mixture-of-experts rollout: the expert load the engines count (EPLB) and the expert placement map."""

@@ -1,0 +1,1 @@
+"""How trained weights reach the engines: resharding, the weight channel, HF name conversion, INT8 quantization."""
