@@ -8,7 +8,7 @@ import pytest
 
 from mindspeed_rl.config_cls import RLConfig
 from mindspeed_rl.trainer.report.loggers import MetricsLogger
-from mindspeed_rl.trainer.report.report import curves
+from mindspeed_rl.trainer.report import curves
 
 
 def rows(n=3):

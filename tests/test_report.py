@@ -7,7 +7,7 @@ import re
 from mindspeed_rl.config_cls.ppo_config import to_plain
 from mindspeed_rl.features import load_ppo_config
 from mindspeed_rl.features.precision import HostPrecision, settle_precision
-from mindspeed_rl.trainer.report.report import report
+from mindspeed_rl.trainer.report import report
 
 
 def write_run(run_dir, iterations=4):
