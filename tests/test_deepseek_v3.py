@@ -13,6 +13,7 @@ from cli import convert_ckpt
 from mindspeed_rl.checkpoint.convert import hf_to_mg
 from mindspeed_rl.demo.tiny_hf import build_hf_model
 from mindspeed_rl.families import FamilyError, get_family
+from mindspeed_rl.families.parameters import parameter_count, parameters_per_rank
 from tests.helpers import tiny_family_model as tiny
 
 
@@ -109,8 +110,8 @@ def test_lora_and_context_parallelism_with_mla_exit_2_naming_the_key(override, k
 
 def test_a_rank_holds_its_share_and_the_whole_model_on_one_rank_is_the_parameter_count():
     model = tiny("deepseek_v3")
-    assert sum(model.parameters_per_rank(1, 1)) == model.parameter_count()
-    rest, experts = model.parameters_per_rank(2, 4, layers=1)
+    assert sum(parameters_per_rank(model, 1, 1)) == parameter_count(model)
+    rest, experts = parameters_per_rank(model, 2, 4, layers=1)
     one_expert = 3 * model.hidden_size * model.moe_ffn_hidden_size
     assert experts == model.num_experts // 4 * one_expert // 2
 

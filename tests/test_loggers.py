@@ -7,8 +7,8 @@ import os
 import pytest
 
 from mindspeed_rl.config_cls import RLConfig
-from mindspeed_rl.trainer.report.loggers import MetricsLogger
 from mindspeed_rl.trainer.report import curves
+from mindspeed_rl.trainer.report.loggers import MetricsLogger
 
 
 def rows(n=3):

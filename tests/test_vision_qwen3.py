@@ -9,6 +9,7 @@ import torch
 
 from mindspeed_rl.checkpoint.convert import vl_state_to_mcore
 from mindspeed_rl.families import get_family
+from mindspeed_rl.families.parameters import parameter_count, vision_parameter_count
 from mindspeed_rl.families.qwen2_5_vl import split_hf_state
 from mindspeed_rl.families.vision.positions import interleaved_mrope, mrope_positions
 from tests.helpers import hf_vl_logits, single_process_world_fixture
@@ -176,8 +177,8 @@ def test_the_8b_recipe_plans_and_the_rules_refuse_what_deepstack_cannot_do(capsy
     from tests.helpers import assert_refused
 
     model = load_ppo_config("grpo_qwen3vl_8b_A3").actor.model
-    assert (model.parameter_count(), model.vision_parameter_count()) == (8_767_123_696, 576_388_336)
-    assert model.vision_parameter_count("projector") == 160_496_896
+    assert (parameter_count(model), vision_parameter_count(model)) == (8_767_123_696, 576_388_336)
+    assert vision_parameter_count(model, "projector") == 160_496_896
     assert train_ppo.main(["--config-name", "grpo_qwen3vl_8b_A3", "dry_run=true"]) == 0
     out = capsys.readouterr().out
     assert "8.35B of 8.77B params train (the vision tower's 416M frozen)" in out, out
@@ -200,8 +201,8 @@ def test_the_twin_counts_as_transformers_does():
 
         hf = AutoModelForImageTextToText.from_config(hf_config_for(model))
     assert type(hf).__name__ == "Qwen3VLForConditionalGeneration"
-    assert sum(p.numel() for p in hf.parameters()) == model.parameter_count()
-    assert sum(p.numel() for n, p in hf.named_parameters() if ".visual." in n) == model.vision_parameter_count()
+    assert sum(p.numel() for p in hf.parameters()) == parameter_count(model)
+    assert sum(p.numel() for n, p in hf.named_parameters() if ".visual." in n) == vision_parameter_count(model)
 
 
 def image_batch():

@@ -6,6 +6,7 @@ import torch
 
 from mindspeed_rl.checkpoint.convert import vl_state_to_mcore
 from mindspeed_rl.families import get_family
+from mindspeed_rl.families.parameters import parameter_count, vision_parameter_count
 from mindspeed_rl.families.vision.positions import mrope_positions
 from tests.helpers import hf_vl_logits, single_process_world_fixture
 from tests.test_vision_qwen3 import GRIDS, IMAGE, prompts
@@ -45,7 +46,7 @@ def test_log_probs_with_images_equal_transformers_through_the_routed_layers(hf_m
 
     cfg = get_family("qwen3_vl_moe").model_config_from_hf(hf_model.config.to_dict())
     assert (cfg.num_experts, cfg.moe_router_topk, cfg.moe_ffn_hidden_size, cfg.norm_topk_prob) == (4, 2, FFN, True)
-    assert cfg.parameter_count() == sum(p.numel() for p in hf_model.parameters())
+    assert parameter_count(cfg) == sum(p.numel() for p in hf_model.parameters())
     model = build_gpt_model(cfg, MegatronConfig(model="vl3moe")).eval()
     missing, unexpected = model.load_state_dict(vl_state_to_mcore(hf_model.state_dict(), cfg), strict=False)
     assert not unexpected and all(k.endswith("_extra_state") for k in missing)
@@ -108,7 +109,7 @@ def test_the_30b_a3b_recipe_plans_with_experts_and_sequence_parallelism(capsys):
     from mindspeed_rl.features import load_ppo_config
 
     model = load_ppo_config("grpo_qwen3vl_30b_a3b_A3").actor.model
-    assert (model.parameter_count(), model.vision_parameter_count()) == (31_070_754_032, 538_631_408)
+    assert (parameter_count(model), vision_parameter_count(model)) == (31_070_754_032, 538_631_408)
     assert train_ppo.main(["--config-name", "grpo_qwen3vl_30b_a3b_A3", "dry_run=true"]) == 0
     out = capsys.readouterr().out
     assert "TP 4 x PP 1 x DP 4; model qwen3vl_30b_a3b (31.1B params, 3.89B active; 128 experts over EP 4)" in out, out

@@ -3,11 +3,9 @@
 Rules: qkv, word embeddings, output layer and their biases chunk on dim 0 (whole
 query groups per rank, because megatron stores qkv grouped as [q of the group's heads; k; v]);
 linear_fc1 of a SwiGLU MLP is cat(gate, up), so rank r holds cat(gate chunk r, up chunk r);
-linear_proj and linear_fc2 chunk on dim 1; norms are replicated. Multi-latent attention's projections
-(linear_q_proj, linear_q_down_proj, linear_q_up_proj, linear_kv_down_proj, linear_kv_up_proj) are column-parallel in
-megatron's local spec: dim 0. Gated DeltaNet (Qwen3-Next) keeps whole key-head groups per rank: its input
-projections, conv1d, dt_bias and A_log on dim 0, out_proj on dim 1, the gated norm and the shared expert's gate
-replicated. A value head
+linear_proj and linear_fc2 chunk on dim 1; norms are replicated. A family's own kinds of parameters follow its
+``tp_rules`` (multi-latent attention's projections column-parallel: families/deepseek_v3.py; Gated DeltaNet's whole
+key-head groups per rank: families/qwen3_next.py). A value head
 (``output_layer.weight`` with one row) is replicated. LoRA adapters (``<layer>.lora_A`` / ``lora_B``):
 on column-parallel layers A is replicated and B split like the weight's rows; on row-parallel layers A
 is split like the weight's columns and B replicated. A vision tower (``visual.*``) is replicated.
@@ -15,17 +13,24 @@ is split like the weight's columns and B replicated. A vision tower (``visual.*`
 
 from __future__ import annotations
 
+import functools
 import re
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
 _LAYER = re.compile(r"(^|\.)layers\.(\d+)\.")
 _EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
-_LATENT_PROJECTIONS = ("q", "q_down", "q_up", "kv_down", "kv_up")
-_GATED_DELTANET_COLUMNS = tuple(
-    f"self_attention.{n}" for n in ("in_proj_qkvz.weight", "in_proj_ba.weight", "conv1d.weight", "dt_bias", "A_log")
-)
+
+
+@functools.lru_cache(maxsize=None)
+def family_rules() -> Tuple[Tuple["re.Pattern[str]", str], ...]:
+    """Every family's rules for its own kinds of parameters (``ModelFamily.tp_rules``): their names are the kind's
+    alone, so one list serves every model."""
+    from ..families import FAMILIES
+
+    rules = {(pattern, rule) for family in FAMILIES.values() for pattern, rule in family.tp_rules}
+    return tuple((re.compile(pattern), rule) for pattern, rule in sorted(rules))
 
 
 def tp_rule(name: str, shape: Sequence[int], swiglu: bool = True) -> str:
@@ -48,12 +53,9 @@ def tp_rule(name: str, shape: Sequence[int], swiglu: bool = True) -> str:
         return "swiglu" if swiglu else "dim0"
     if "linear_qkv" in name or "word_embeddings" in name or name.startswith("output_layer."):
         return "dim0"
-    if any(f"linear_{p}_proj." in name for p in _LATENT_PROJECTIONS):
-        return "dim0"  # MLA: column-parallel (the down projections are gathered before their norms)
-    if name.endswith(_GATED_DELTANET_COLUMNS):
-        return "dim0"  # whole key-head groups per rank (models/gated_delta_net.py)
-    if name.endswith("self_attention.out_proj.weight"):
-        return "dim1"
+    for pattern, rule in family_rules():  # multi-latent attention, Gated DeltaNet, ...
+        if pattern.search(name):
+            return rule
     if ("linear_proj" in name or "linear_fc2" in name) and name.endswith("weight"):
         return "dim1"
     if "linear_proj" in name or "linear_fc2" in name:

@@ -245,112 +245,9 @@ class ModelConfig:
         """Layers with a mixture of experts (after the first_k_dense_replace dense ones)."""
         return self.num_layers - self.first_k_dense_replace if self.num_experts else 0
 
-    def attention_parameter_count(self) -> int:
-        """Parameters of one layer's attention and its norms (MLA: the low-rank projections and their norms)."""
-        h, n = self.hidden_size, self.num_attention_heads
-        if self.multi_latent_attention:
-            qk, r = self.qk_head_dim + self.qk_pos_emb_head_dim, self.q_lora_rank
-            q = h * n * qk if r is None else h * r + r + r * n * qk
-            kv_rank = self.kv_lora_rank
-            kv = h * (kv_rank + self.qk_pos_emb_head_dim) + kv_rank + kv_rank * n * (self.qk_head_dim + self.v_head_dim)
-            return q + kv + n * self.v_head_dim * h
-        d = self.head_dim
-        q, kv = n * d, self.kv_heads * d
-        bias = q + 2 * kv if self.add_qkv_bias else 0
-        gate = h * q if self.attention_output_gate else 0
-        return h * (q + 2 * kv) + gate + q * h + bias + (2 * d if self.qk_layernorm else 0)
-
-    @property
-    def linear_attention_layers(self) -> int:
-        """Gated DeltaNet layers (all but every linear_attention_freq-th)."""
-        return sum(map(self.is_linear_attention_layer, range(self.num_layers)))
-
     def is_linear_attention_layer(self, i: int) -> bool:
         """Layer ``i`` (from 0) is Gated DeltaNet: the model is hybrid and i + 1 is no multiple of the period."""
         return bool(self.linear_attention_freq and (i + 1) % self.linear_attention_freq)
-
-    def linear_attention_parameter_count(self) -> int:
-        """Parameters of one Gated DeltaNet layer: in_proj_qkvz, in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj."""
-        k = self.linear_key_head_dim * self.linear_num_key_heads
-        v, heads = self.linear_value_head_dim * self.linear_num_value_heads, self.linear_num_value_heads
-        projections = self.hidden_size * (2 * k + 2 * v + 2 * heads) + v * self.hidden_size
-        return projections + (2 * k + v) * self.linear_conv_kernel_dim + 2 * heads + self.linear_value_head_dim
-
-    def _mlp_parameter_count(self, inner: int) -> int:
-        return self.hidden_size * inner * (2 if self.swiglu else 1) + inner * self.hidden_size
-
-    def _moe_layer_parameter_counts(self) -> Tuple[int, int]:
-        """(router, its expert bias and the shared experts; the routed experts) of one MoE layer, (0, 0) without."""
-        if not self.num_experts:
-            return 0, 0
-        e = self.expert_ffn_hidden_size
-        shared = self.hidden_size * self.num_experts + (self.num_experts if self.moe_router_enable_expert_bias else 0)
-        shared += self._mlp_parameter_count(e * self.n_shared_experts) if self.n_shared_experts else 0
-        if self.moe_shared_expert_intermediate_size:
-            shared += self._mlp_parameter_count(self.moe_shared_expert_intermediate_size)
-            shared += self.hidden_size if self.moe_shared_expert_gate else 0
-        return shared, self.num_experts * self._mlp_parameter_count(e)
-
-    def parameter_count(self, vocab_size: Optional[int] = None) -> int:
-        """Parameters of the GPT model (embedding, layers, final norm, output layer)."""
-        vocab = vocab_size or self.padded_vocab_size or 0
-        h = self.hidden_size
-        dense = self._mlp_parameter_count(self.ffn_hidden_size)
-        moe = sum(self._moe_layer_parameter_counts())
-        linear = self.linear_attention_layers
-        layers = (self.num_layers - linear) * self.attention_parameter_count() + 2 * h * self.num_layers
-        layers += linear * self.linear_attention_parameter_count()
-        layers += (self.num_layers - self.moe_layers) * dense + self.moe_layers * moe
-        embed = vocab * h
-        out = vocab * h if self.untie_embeddings_and_output_weights else 0
-        return embed + layers + h + out + self.vision_parameter_count()
-
-    def parameters_per_rank(self, tp: int, ep: int = 1, layers: Optional[int] = None) -> Tuple[int, int]:
-        """About the most parameters one rank holds, as (replicated over EP, routed experts): ``layers`` layers
-        (its pipeline stage, each counted with the larger of the dense and the MoE layer) split over TP, the routed
-        experts also over EP (megatron's expert tensor parallelism defaults to TP), and the embedding and output
-        layer split over TP."""
-        layers = self.num_layers if layers is None else layers
-        h = self.hidden_size
-        shared, routed = self._moe_layer_parameter_counts()
-        routed //= ep
-        dense = self._mlp_parameter_count(self.ffn_hidden_size) if self.moe_layers < self.num_layers else 0
-        moe_layers = min(layers, self.moe_layers) if routed else 0
-        linear = self.linear_attention_parameter_count() if self.linear_attention_layers else 0
-        layer = max(self.attention_parameter_count(), linear) + 2 * h
-        vocab = (self.padded_vocab_size or 0) * h * (2 if self.untie_embeddings_and_output_weights else 1)
-        ends = vocab + h + self.vision_parameter_count()  # embedding, output layer, final norm, a vision tower
-        rest = layers * layer + (layers - moe_layers) * dense + moe_layers * shared + ends
-        return rest // tp, moe_layers * routed // tp
-
-    def vision_parameter_count(self, part: str = "all") -> int:
-        """Parameters of a vision-language model's tower (0 for a text model): ``part`` "all", "tower" (patch and
-        position embeddings, blocks) or "projector" (the patch merger, and Qwen3-VL's DeepStack mergers)."""
-        v = self.vision_config
-        if not v:
-            return 0
-        h, i, merge, out = (
-            v["hidden_size"],
-            v["intermediate_size"],
-            v.get("spatial_merge_size", 2),
-            v["out_hidden_size"],
-        )
-        qwen3 = "deepstack_visual_indexes" in v  # LayerNorm with biases, a plain MLP, learned positions
-        patch = (
-            v.get("in_channels", 3) * v.get("temporal_patch_size", 2) * v.get("patch_size", 16 if qwen3 else 14) ** 2
-        )
-        attention = (h * 3 * h + 3 * h) + (h * h + h)
-        merged = h * merge**2
-        mergers = merged * merged + merged + merged * out + out
-        if qwen3:
-            block = 4 * h + attention + (h * i + i + i * h + h)
-            tower = patch * h + h + v.get("num_position_embeddings", 2304) * h + v["depth"] * block
-            projector = 2 * h + mergers + len(v["deepstack_visual_indexes"]) * (2 * merged + mergers)
-        else:
-            block = 2 * h + attention + (2 * (h * i + i) + i * h + h)
-            tower = patch * h + v["depth"] * block
-            projector = h + mergers
-        return {"all": tower + projector, "tower": tower, "projector": projector}[part]
 
     def lora_layer_shapes(self) -> Dict[str, Tuple[str, int, int, int]]:
         """Per LoRA target: (kind, fan in, fan out, experts) of its full, un-sharded weight; experts is 0 for a
@@ -382,11 +279,3 @@ class ModelConfig:
             local = r * fan_in + r * fan_out // tp if kind == "column" else r * fan_in // tp + r * fan_out
             per_rank += (experts // ep if experts else 1) * local
         return self.num_layers * total, (layers_per_rank or self.num_layers) * per_rank
-
-    def active_parameter_count(self, vocab_size: Optional[int] = None) -> int:
-        """Parameters one token passes through (all of them for a dense model; top-k experts for MoE)."""
-        total = self.parameter_count(vocab_size)
-        if not self.num_experts:
-            return total
-        idle = (self.num_experts - self.moe_router_topk) * self._mlp_parameter_count(self.expert_ffn_hidden_size)
-        return total - self.moe_layers * idle

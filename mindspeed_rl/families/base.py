@@ -55,6 +55,13 @@ class ModelFamily:
     qkv_bias: bool = False
     qk_layernorm: bool = False
     moe: bool = False
+    #: the function that builds the decoder block spec where the family's layers are not megatron-core's GPT layer
+    #: (``module:function``, called as function(model, config, stage, transformer_engine) where the model is built);
+    #: "": the GPT layer of models/builder.py
+    layer_spec: str = ""
+    #: (regular expression over a parameter's Megatron name, its TP layout: dim0, dim1 or replicate) for the family's
+    #: own kinds of parameters, consulted after the norms, routers and standard projections (checkpoint/tp_split.py)
+    tp_rules: Tuple[Tuple[str, str], ...] = ()
 
     # ------------------------------------------------------------------ configs
     def model_config_from_hf(self, hf: dict) -> ModelConfig:
@@ -139,6 +146,23 @@ class ModelFamily:
             )
         if self.moe and not model.num_experts:
             raise ConfigError(f"{path}.num_experts", f"{self.name} is a mixture-of-experts family; set num_experts")
+
+    # ------------------------------------------------------------------ parameter counts (families/parameters.py)
+    def attention_parameters(self, model: ModelConfig) -> int:
+        """One layer's attention and its norms: grouped-query attention (a family of another kind overrides it)."""
+        h, d = model.hidden_size, model.head_dim
+        q, kv = model.num_attention_heads * d, model.kv_heads * d
+        bias = q + 2 * kv if model.add_qkv_bias else 0
+        gate = h * q if model.attention_output_gate else 0
+        return h * (q + 2 * kv) + gate + q * h + bias + (2 * d if model.qk_layernorm else 0)
+
+    def linear_attention_parameters(self, model: ModelConfig) -> int:
+        """One linear-attention layer, in the places ``model.is_linear_attention_layer`` names (none by default)."""
+        return 0
+
+    def vision_parameters(self, model: ModelConfig, part: str = "all") -> int:
+        """A vision-language family's tower ("tower"), projector ("projector") or both ("all"); 0 for text."""
+        return 0
 
     def vllm_head_dim(self, model: ModelConfig) -> int:
         """The head dimension vLLM's implementation of this family computes with."""

@@ -54,6 +54,18 @@ class DeepseekV3(ModelFamily):
     chat_template = "deepseek3"
     qk_layernorm = True  # megatron's q_layernorm / kv_layernorm are MLA's latent norms
     moe = True
+    layer_spec = "mindspeed_rl.models.latent_attention:latent_block_spec"
+    # MLA's projections are column-parallel (the down projections are gathered before their norms)
+    tp_rules = ((r"\.linear_(q|q_down|q_up|kv_down|kv_up)_proj\.", "dim0"),)
+
+    def attention_parameters(self, model: ModelConfig) -> int:
+        """Multi-latent attention: the low-rank projections and their norms."""
+        h, n = model.hidden_size, model.num_attention_heads
+        qk, r = model.qk_head_dim + model.qk_pos_emb_head_dim, model.q_lora_rank
+        q = h * n * qk if r is None else h * r + r + r * n * qk
+        kv_rank = model.kv_lora_rank
+        kv = h * (kv_rank + model.qk_pos_emb_head_dim) + kv_rank + kv_rank * n * (model.qk_head_dim + model.v_head_dim)
+        return q + kv + n * model.v_head_dim * h
 
     def extra_model_fields(self, hf: dict) -> dict:
         rope = rope_parameters(hf)

@@ -52,6 +52,35 @@ class Qwen25VL(Qwen25):
         if model.vision_config:
             attach_vision_tower(gpt, self.build_tower(model.vision_config), model.image_token_id)
 
+    def vision_parameters(self, model: ModelConfig, part: str = "all") -> int:
+        """The tower (patch and position embeddings, blocks), the projector (the patch merger, and Qwen3-VL's DeepStack
+        mergers) or both ("all")."""
+        v = model.vision_config
+        if not v:
+            return 0
+        h, i, merge, out = (
+            v["hidden_size"],
+            v["intermediate_size"],
+            v.get("spatial_merge_size", 2),
+            v["out_hidden_size"],
+        )
+        qwen3 = "deepstack_visual_indexes" in v  # LayerNorm with biases, a plain MLP, learned positions
+        patch = (
+            v.get("in_channels", 3) * v.get("temporal_patch_size", 2) * v.get("patch_size", 16 if qwen3 else 14) ** 2
+        )
+        attention = (h * 3 * h + 3 * h) + (h * h + h)
+        merged = h * merge**2
+        mergers = merged * merged + merged + merged * out + out
+        if qwen3:
+            block = 4 * h + attention + (h * i + i + i * h + h)
+            tower = patch * h + h + v.get("num_position_embeddings", 2304) * h + v["depth"] * block
+            projector = 2 * h + mergers + len(v["deepstack_visual_indexes"]) * (2 * merged + mergers)
+        else:
+            block = 2 * h + attention + (2 * (h * i + i) + i * h + h)
+            tower = patch * h + v["depth"] * block
+            projector = h + mergers
+        return {"all": tower + projector, "tower": tower, "projector": projector}[part]
+
     def build_tower(self, vision: dict):
         from .vision.qwen25_vit import Qwen25VisionTower
 

@@ -71,6 +71,19 @@ class GatedDeltaNetHybrid(ModelFamily):
 
     chat_template = "qwen3"
     qk_layernorm = True
+    layer_spec = "mindspeed_rl.models.gated_delta_net:hybrid_block_spec"
+    # whole key-head groups per rank (models/gated_delta_net.py); the output projection row-parallel
+    tp_rules = (
+        (r"self_attention\.(in_proj_qkvz\.weight|in_proj_ba\.weight|conv1d\.weight|dt_bias|A_log)$", "dim0"),
+        (r"self_attention\.out_proj\.weight$", "dim1"),
+    )
+
+    def linear_attention_parameters(self, model: ModelConfig) -> int:
+        """One Gated DeltaNet layer: in_proj_qkvz, in_proj_ba, conv1d, dt_bias, A_log, norm, out_proj."""
+        k = model.linear_key_head_dim * model.linear_num_key_heads
+        v, heads = model.linear_value_head_dim * model.linear_num_value_heads, model.linear_num_value_heads
+        projections = model.hidden_size * (2 * k + 2 * v + 2 * heads) + v * model.hidden_size
+        return projections + (2 * k + v) * model.linear_conv_kernel_dim + 2 * heads + model.linear_value_head_dim
 
     def extra_model_fields(self, hf: dict) -> dict:
         rope = rope_parameters(hf)

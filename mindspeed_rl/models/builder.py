@@ -153,24 +153,19 @@ def layer_spec(
     local spec's separate linear layers (TE fuses the input norm into the linear: its input is not x).
     ``ulysses``: the core attention wrapped in our Ulysses all-to-alls (context_parallel_algo
     ulysses_cp_algo); the ring (megatron_cp_algo) is the TE attention's own context parallelism.
-    Multi-latent attention, or dense layers before the MoE ones, take megatron's block spec (one spec per layer
-    of this stage, from ``config`` and ``stage``, the virtual-stage arguments) with our MLA core attention in the
-    local spec.
+    A family whose layers are not the GPT layer names its own block spec (``ModelFamily.layer_spec``: multi-latent
+    attention with dense layers first, Gated DeltaNet hybrids), built from ``config`` and ``stage`` (the
+    virtual-stage arguments).
     """
     from megatron.core.models.gpt import gpt_layer_specs
 
+    from ..families import get_family
+    from ..utils.plugins import import_callable
+
     te = accelerator_class(kind or get_accelerator().kind).fused_features()["transformer_engine"]
-    if model.linear_attention_freq:  # Qwen3-Next: Gated DeltaNet and gated attention, local modules on every device
-        from .gated_delta_net import hybrid_block_spec
-
-        return hybrid_block_spec(config, model, stage)
-    if model.multi_latent_attention or model.first_k_dense_replace:
-        from .latent_attention import with_latent_attention
-
-        block = gpt_layer_specs.get_gpt_decoder_block_spec(
-            config, use_transformer_engine=te, normalization=model.normalization, **(stage or {})
-        )
-        return block if te else with_latent_attention(block)
+    own = get_family(model.model_type_hf).layer_spec
+    if own:
+        return import_callable(own, dotted=False)(model, config, stage, te)
     family = dict(num_experts=model.num_experts, moe_grouped_gemm=False, qk_layernorm=model.qk_layernorm)
     if not lora and te:
         spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(**family)

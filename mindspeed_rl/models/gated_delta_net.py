@@ -158,10 +158,11 @@ def real_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return ~attention_mask[:, 0, -1, :]
 
 
-def hybrid_block_spec(config, model, stage=None):
+def hybrid_block_spec(model, config, stage=None, transformer_engine: bool = False):
     """The block spec of this pipeline stage: every ``linear_attention_freq``-th layer gated full attention (q/k norms
     zero-centred), the others :class:`GatedDeltaNetAttention`, each with megatron's dense or MoE MLP; all norms
-    :class:`ZeroCenteredRMSNorm`. ``stage``: the virtual-stage arguments (``vp_stage``)."""
+    :class:`ZeroCenteredRMSNorm`. ``stage``: the virtual-stage arguments (``vp_stage``). Local modules on every
+    device (``transformer_engine`` is not used): the layer spec of the Gated DeltaNet families."""
     from megatron.core.models.gpt import gpt_layer_specs
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.transformer_block import (

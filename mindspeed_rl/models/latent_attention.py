@@ -82,4 +82,16 @@ def with_latent_attention(spec):
     return spec
 
 
-__all__ = ["LatentDotProductAttention", "with_latent_attention"]
+def latent_block_spec(model, config, stage=None, transformer_engine: bool = False):
+    """DeepSeek-V3's decoder block (its family's layer spec): megatron's block spec, one spec per layer of this stage
+    (multi-latent attention; the first ``first_k_dense_replace`` layers dense, the rest MoE), with our MLA core
+    attention in the local spec. ``stage``: the virtual-stage arguments."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    block = gpt_layer_specs.get_gpt_decoder_block_spec(
+        config, use_transformer_engine=transformer_engine, normalization=model.normalization, **(stage or {})
+    )
+    return block if transformer_engine else with_latent_attention(block)
+
+
+__all__ = ["LatentDotProductAttention", "latent_block_spec", "with_latent_attention"]

@@ -6,6 +6,7 @@ import os
 from typing import TYPE_CHECKING, List
 
 from ... import features
+from ...families.parameters import active_parameter_count, parameter_count, parameters_per_rank, vision_parameter_count
 from ...features import precision
 from ...features.dynamic_sampling import filter_metric_name
 from ...features.validation import VALIDATION_OFF
@@ -89,10 +90,10 @@ def role_split_line(role, cfg: PPOConfig) -> str:
     m = role.megatron
     per_rank = mini // role.dp if role.trains else samples // role.dp
     micro = per_rank // m.micro_batch_size
-    params = readable_count(role.model.parameter_count()) + " params"
+    params = readable_count(parameter_count(role.model)) + " params"
     if role.model.num_experts:
         params += (
-            f", {readable_count(role.model.active_parameter_count())} active; {role.model.num_experts} "
+            f", {readable_count(active_parameter_count(role.model))} active; {role.model.num_experts} "
             f"experts over EP {m.expert_model_parallel_size}"
         )
     return (
@@ -135,7 +136,7 @@ def image_memory(role, prompt_tokens: int) -> str:
     text = (
         f"up to {prompt_tokens} image tokens per prompt (max_prompt_length) = {patches} patches: pixel values "
         f"{readable_bytes(pixels)} per micro-batch of {m.micro_batch_size}; tower of "
-        f"{readable_count(model.vision_parameter_count())} params on each TP rank"
+        f"{readable_count(vision_parameter_count(model))} params on each TP rank"
     )
     if role.trains and not m.freeze_vision_tower:
         act = 34 / 2 * (2 if m.bf16 or m.fp16 else 4) * v["hidden_size"] * patches * v["depth"] * m.micro_batch_size
@@ -191,7 +192,7 @@ def trainable_memory(role) -> str:
     """What trains and the optimizer state it needs per rank: Adam's two moments (fp32) and, with bf16/fp16
     weights, the fp32 main copy; divided over the DP x CP ranks by the distributed optimizer (megatron's)."""
     m, model = role.megatron, role.model
-    total, experts = model.parameter_count(), 0
+    total, experts = parameter_count(model), 0
     if m.lora_r:
         stage = max(m.layers_per_stage(model.num_layers))
         trainable, per_rank = model.lora_parameter_count(
@@ -200,12 +201,12 @@ def trainable_memory(role) -> str:
         what = f"LoRA r={m.lora_r} on {', '.join(m.lora_target_modules)}: {readable_count(trainable)} of "
         what += f"{readable_count(total)} params train ({trainable / total:.2%})"
     else:
-        frozen = model.vision_parameter_count("tower") if m.freeze_vision_tower else 0
-        frozen += model.vision_parameter_count("projector") if m.freeze_projector else 0
+        frozen = vision_parameter_count(model, "tower") if m.freeze_vision_tower else 0
+        frozen += vision_parameter_count(model, "projector") if m.freeze_projector else 0
         trainable, per_rank = total - frozen, (total - frozen) // (role.tp * role.pp)
         if model.num_experts:  # the largest stage; the experts split over EP, their state over DP x CP / EP
             stage = max(m.layers_per_stage(model.num_layers))
-            per_rank, experts = model.parameters_per_rank(role.tp, m.expert_model_parallel_size, stage)
+            per_rank, experts = parameters_per_rank(model, role.tp, m.expert_model_parallel_size, stage)
         what = (
             f"all {readable_count(total)} params train"
             if not frozen
