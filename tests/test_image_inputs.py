@@ -148,8 +148,8 @@ def test_a_picture_damaged_after_preprocessing_skips_its_row_where_it_is_drawn(t
 
 
 def test_the_rollout_source_fills_its_batch_past_a_damaged_row_and_counts_it(tmp_path, tokenizer_dir):
-    """The trainer's path: RolloutSource.from_config's draw, the batch's images encoded on the driver."""
-    from mindspeed_rl.datasets.images import ImageEncoder, unpack_images
+    """The trainer's path: RolloutSource.from_config's draw, the batch's rows carrying their prompts' images."""
+    from mindspeed_rl.datasets.images import unpack_images
     from mindspeed_rl.datasets.prompt_dataset import PromptDataset, PromptSampler, draw_prompts
     from mindspeed_rl.rollout.source.agent_loop import AgentContext, SingleTurn
     from mindspeed_rl.rollout.source.group_filter import KeepAll
@@ -163,11 +163,10 @@ def test_the_rollout_source_fills_its_batch_past_a_damaged_row_and_counts_it(tmp
     dataset, sampler = PromptDataset(prefix), PromptSampler(4, 2, seed=0, shuffle=False)
     service = ScriptedService(script=lambda context, seed: "#### red<eos>")
     function, draw = SingleTurn(AgentContext(None, TOK)), lambda: draw_prompts(dataset, sampler)
-    images = ImageEncoder()
-    source = RolloutSource(service, function, KeepAll(2), Synchronous(8), draw, score, 2, 8, 7, 0, images=images)
+    source = RolloutSource(service, function, KeepAll(2), Synchronous(8), draw, score, 2, 8, 7, 0, vision=True)
     batch = source.next_batch(0)
     assert batch.metrics["rollout/skipped_prompts"] == 1.0
-    assert batch.experience.num_rows == 4 and batch.experience.image_grid_thw.shape[0] == 4
+    assert batch.experience.num_rows == 4 and len(batch.experience.images) == 4 and all(batch.experience.images)
     assert all(request.images and all(request.images) for request in service.requests)
     assert source.next_batch(1).metrics["rollout/skipped_prompts"] == 0.0  # rows 3 and 0
 

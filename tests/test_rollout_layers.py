@@ -3,8 +3,10 @@ every combination produces whole batches with per-token versions and masked tool
 the next round generates without changing what is generated; each layer's state and the four-way source's
 state resume into exactly the batches of an uninterrupted run."""
 
+import functools
 import itertools
 import json
+import pickle
 import time
 
 import pytest
@@ -278,21 +280,35 @@ def test_a_batch_is_the_rows_its_groups_were_scored_on_built_once(monkeypatch):
 
 
 def test_a_text_group_beside_image_groups_gets_no_image_inputs():
+    """Rows carry their prompt's stored images (b"" for none); the worker decodes them into the model's inputs."""
+    from types import SimpleNamespace
+
     import torch
 
-    from mindspeed_rl.protocol import Experience, RolloutOutput, build_experience
+    from mindspeed_rl.protocol import MODEL_INPUTS, Experience, RolloutOutput, build_experience
+    from mindspeed_rl.workers.base_worker import model_inputs
 
     text = build_experience([[1, 2]], [RolloutOutput(0, [5], [-0.1], "stop")], 1, 0)
-    pictured = build_experience(
-        [[3]],
-        [RolloutOutput(0, [6, 7], [-0.2, -0.3], "stop")],
-        1,
-        0,
-        images=[(torch.ones(4, 6), torch.tensor([[1, 2, 2]]))],
-    )
+    outputs = [RolloutOutput(0, [6, 7], [-0.2, -0.3], "stop"), RolloutOutput(0, [8], [-0.4], "stop")]
+    pictured = build_experience([[3]], outputs, 2, 0, images=[b"stored image"])
+    assert pictured.images[0] is pictured.images[1]  # one bytes object per prompt: Ray sends it once
     both = Experience.cat([text, pictured], pad_id=0)
-    assert both.pixel_values.shape == (2, 4, 6) and not both.pixel_values[0].any() and both.pixel_values[1].all()
-    assert both.image_grid_thw.tolist() == [[[0, 0, 0]], [[1, 2, 2]]]
+    assert both.images == [b"", b"stored image", b"stored image"] and both.select([2, 0]).images == [
+        b"stored image",
+        b"",
+    ]
+    decoded = {
+        b"": (torch.zeros(0, 0), torch.zeros(0, 3, dtype=torch.long)),
+        b"stored image": (torch.ones(4, 6), torch.tensor([[1, 2, 2]])),
+    }
+    inputs = model_inputs(both, MODEL_INPUTS, SimpleNamespace(encode=decoded.__getitem__))
+    pixels = inputs["pixel_values"]
+    assert pixels.shape == (3, 4, 6) and not pixels[0].any() and pixels[1:].all()
+    assert inputs["image_grid_thw"].tolist() == [[[0, 0, 0]], [[1, 2, 2]], [[1, 2, 2]]]
+    assert "pixel_values" not in model_inputs(text, MODEL_INPUTS, SimpleNamespace(encode=decoded.__getitem__))
+    blob = bytes(range(256)) * 400  # 100 KB of images: the 8 rows of its prompt pickle (as Ray sends them) it once
+    eight = build_experience([[3]], [RolloutOutput(0, [6], [-0.2], "stop")] * 8, 8, 0, images=[blob])
+    assert len(pickle.dumps(eight.select(fields=MODEL_INPUTS), protocol=5)) < 1.1 * len(blob)
 
 
 def test_scoring_calls_average_means_and_add_up_counts():
@@ -306,12 +322,13 @@ def test_scoring_calls_average_means_and_add_up_counts():
 
 def test_images_ride_with_their_prompts_through_every_layer_and_a_resume():
     """Each prompt's images reach every request that continues it (partial chunks, tool turns, a batch produced
-    ahead, a JSON round trip of the state) and the batch's pixel values are its own prompt's."""
+    ahead, a JSON round trip of the state) and the batch's rows carry their own prompt's, decoded as the workers
+    decode them."""
     import io
 
     from PIL import Image
 
-    from mindspeed_rl.datasets.images import ImageEncoder, pack_images
+    from mindspeed_rl.datasets.images import pack_images
 
     def picture(text: str) -> bytes:
         out = io.BytesIO()
@@ -324,11 +341,9 @@ def test_images_ride_with_their_prompts_through_every_layer_and_a_resume():
             batch.images = [picture(TOK.decode(p)) for p in batch.input_ids]
             return batch
 
-    encoder = ImageEncoder()
-
     def source(service, draws):
         made = make_source("tool_agent", True, 4, 1, service=service, draws=draws)
-        made.images = encoder
+        made.vision = True
         return made
 
     straight_service = ScriptedService()
@@ -351,11 +366,22 @@ def test_images_ride_with_their_prompts_through_every_layer_and_a_resume():
     assert head + [fingerprint_with_pixels(b) for b, _ in run(second, 2, start=2)] == straight
 
 
+@functools.lru_cache(maxsize=None)
+def image_encoder():
+    from mindspeed_rl.datasets.images import ImageEncoder
+
+    return ImageEncoder()
+
+
 def fingerprint_with_pixels(batch):
+    from mindspeed_rl.protocol import MODEL_INPUTS
+    from mindspeed_rl.workers.base_worker import model_inputs
+
     exp = batch.experience
-    rows = exp.pixel_values.shape[0]
-    assert rows == exp.num_rows and exp.image_grid_thw.tolist() == [[[1, 2, 2]]] * rows
-    return fingerprint(batch) + (exp.pixel_values.tolist(),)
+    inputs = model_inputs(exp, MODEL_INPUTS, image_encoder())
+    assert len(exp.images) == exp.num_rows == inputs["pixel_values"].shape[0]
+    assert inputs["image_grid_thw"].tolist() == [[[1, 2, 2]]] * exp.num_rows
+    return fingerprint(batch) + (inputs["pixel_values"].tolist(),)
 
 
 def test_each_schedule_speaks_its_protocol_and_is_chosen_from_its_keys():

@@ -286,7 +286,8 @@ def test_weight_sync_names_include_the_tower(hf_model):
 
 def test_a_sampled_placeholder_is_a_word_and_pixel_rows_follow_their_rows():
     """A response that samples the image token holds it as a word (vLLM embeds it so): only the prompt's image
-    runs take features and 3D positions. The experience keeps each row's pixels through select and cat."""
+    runs take features and 3D positions. The experience keeps each row's images through select and cat, and the
+    worker's inputs hold each row's own pixels."""
     from mindspeed_rl.families.vision.positions import image_layout
     from mindspeed_rl.protocol.experience import Experience
     from mindspeed_rl.protocol.experience_rows import image_fields
@@ -300,14 +301,20 @@ def test_a_sampled_placeholder_is_a_word_and_pixel_rows_follow_their_rows():
     assert positions[:, 1, 2:].tolist() == [list(range(6))] * 3  # text positions after the left padding
     pixels = [(torch.full((16, 6), float(i + 1)), torch.tensor([[1, 4, 4]])) for i in range(2)]
     pixels.append((torch.zeros(0, 0), torch.zeros(0, 3, dtype=torch.long)))  # a prompt without an image
-    fields = image_fields(pixels, n=2)
+    fields = image_fields([pixels[i // 2] for i in range(6)])  # two rows per prompt
     assert fields["pixel_values"].shape == (6, 16, 6) and fields["image_grid_thw"][4:].sum() == 0
-    base = dict(prompt_width=1, response_mask=torch.ones(6, 1, dtype=torch.long))
-    exp = Experience(input_ids=torch.zeros(6, 2, dtype=torch.long), attention_mask=torch.ones(6, 2), **base, **fields)
+    blobs = [b"one", b"two", b""]
+    exp = Experience(
+        prompt_width=1,
+        input_ids=torch.zeros(6, 2, dtype=torch.long),
+        attention_mask=torch.ones(6, 2),
+        response_mask=torch.ones(6, 1, dtype=torch.long),
+        images=[blobs[i // 2] for i in range(6)],
+    )
     picked = exp.select([5, 2])
-    assert picked.pixel_values[:, 0, 0].tolist() == [0.0, 2.0]
-    wider = Experience.cat([picked, exp.select([0])])  # all parts hold the fields; widths agree
-    assert wider.pixel_values[:, 0, 0].tolist() == [0.0, 2.0, 1.0]
+    assert picked.images == [b"", b"two"]
+    wider = Experience.cat([picked, exp.select([0])])
+    assert wider.images == [b"", b"two", b"one"]
 
 
 def test_the_7b_and_32b_recipes_plan_their_images_and_their_tower(capsys, monkeypatch):

@@ -77,32 +77,25 @@ FIELDS: Dict[str, FieldSpec] = {
         "router replay: the experts the rollout engine routed each token to, per MoE layer (L) and choice (K); "
         "-1 where it routed none (padding, the last token)",
     ),
-    "pixel_values": FieldSpec(
-        ("B", "V", "D"),
-        torch.float32,
-        "vision-language: the row's images as the vision tower takes them, V patches of D values, the row's own "
-        "patches first (zeros after them)",
-    ),
-    "image_grid_thw": FieldSpec(
-        ("B", "I", "T"),
-        torch.long,
-        "vision-language: the (t, h, w) patch grid of each of the row's images (I images; zero rows after them)",
-    ),
 }
-FREE_DIMS = ("L", "K", "V", "D", "I", "T")  # sized by the field itself
+FREE_DIMS = ("L", "K")  # sized by the field itself
 PAD_FILL = {"input_ids": None, "response_ids": None, "routed_experts": -1}  # None: the pad id; others 0
 
+# what a worker decodes from a vision-language row's ``images`` for the model (workers/base_worker.model_inputs):
+# pixel values [B, V, D] (the row's patches first) and the (t, h, w) grid of each image [B, I, 3]
 IMAGE_INPUTS = ("pixel_values", "image_grid_thw")
-MODEL_INPUTS = ("input_ids", "attention_mask", "response_mask", "loss_mask") + IMAGE_INPUTS
+MODEL_INPUTS = ("input_ids", "attention_mask", "response_mask", "loss_mask")
 ACTOR_INPUTS = MODEL_INPUTS + ("routed_experts",)  # the actor's forwards replay the rollout's routes (R3)
 
 
 @dataclass
 class Experience:
-    """Named tensors of the FIELDS table (absent ones are None), plus per-row labels.
+    """Named tensors of the FIELDS table (absent ones are None), plus per-row labels and images.
 
     ``prompt_width`` (P) is the number of prompt columns of ``input_ids``: the response of every
-    row starts at column P.
+    row starts at column P. ``images``: a vision-language row's prompt images as stored (datasets/images.py
+    ``pack_images``; b"" for none), the same bytes object for every row of a prompt, so that Ray sends them once
+    per prompt; the worker that runs the model turns them into pixels.
     """
 
     prompt_width: int
@@ -126,9 +119,8 @@ class Experience:
     rollout_is_weights: Optional[torch.Tensor] = None
     returns: Optional[torch.Tensor] = None
     routed_experts: Optional[torch.Tensor] = None
-    pixel_values: Optional[torch.Tensor] = None
-    image_grid_thw: Optional[torch.Tensor] = None
     labels: Optional[List[str]] = field(default=None, repr=False)
+    images: Optional[List[bytes]] = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.loss_mask is None:
@@ -179,8 +171,10 @@ class Experience:
     def validate(self) -> "Experience":
         for name in self.present():
             self._check_shape(name, getattr(self, name))
-        if self.labels is not None and len(self.labels) != self.num_rows:
-            raise ValueError(f"experience labels: {len(self.labels)} for {self.num_rows} rows")
+        for name in ("labels", "images"):
+            values = getattr(self, name)
+            if values is not None and len(values) != self.num_rows:
+                raise ValueError(f"experience {name}: {len(values)} for {self.num_rows} rows")
         return self
 
     # ----- rows ------------------------------------------------------------------------------------
@@ -195,15 +189,14 @@ class Experience:
             if tensor is None or name not in keep:
                 continue
             values[name] = (tensor if index is None else tensor[index]).clone()
-        labels = None
-        if self.labels is not None and fields is None:
-            picked = (
-                range(self.num_rows)[rows]
-                if isinstance(rows, slice)
-                else (range(self.num_rows) if rows is None else [int(r) for r in rows])
-            )
-            labels = [self.labels[i] for i in picked]
-        return Experience(prompt_width=self.prompt_width, labels=labels, **values)
+        picked = (
+            range(self.num_rows)[rows]
+            if isinstance(rows, slice)
+            else (range(self.num_rows) if rows is None else [int(r) for r in rows])
+        )
+        labels = [self.labels[i] for i in picked] if self.labels is not None and fields is None else None
+        images = [self.images[i] for i in picked] if self.images is not None else None  # a model input
+        return Experience(prompt_width=self.prompt_width, labels=labels, images=images, **values)
 
     def split(self, parts: int, fields: Optional[Iterable[str]] = None) -> List["Experience"]:
         """``parts`` contiguous, equal pieces (data-parallel shares)."""
@@ -215,7 +208,7 @@ class Experience:
 
     def tight(self) -> "Experience":
         """The same rows without the columns that are padding in every row (the left of the prompts, the right
-        of the responses) and without image slots no row uses: a piece as wide as its own rows need."""
+        of the responses): a piece as wide as its own rows need."""
         prompt_mask = self.attention_mask[:, : self.prompt_width]
         left = self.prompt_width - int(prompt_mask.sum(1).max()) if self.num_rows else 0
         width = max(1, int(self.response_mask.sum(1).max())) if self.num_rows else self.response_width
@@ -224,11 +217,7 @@ class Experience:
         for name in self.present():
             tensor, token_dims = getattr(self, name), [d for d in FIELDS[name].dims if d in keep]
             values[name] = tensor[:, keep[token_dims[0]]] if token_dims else tensor
-        if self.image_grid_thw is not None:
-            grids = self.image_grid_thw
-            values["image_grid_thw"] = grids[:, : max(1, int((grids.prod(-1) > 0).sum(1).max()))]
-            values["pixel_values"] = values["pixel_values"][:, : max(1, int(grids.prod(-1).sum(1).max()))]
-        return Experience(prompt_width=self.prompt_width - left, labels=self.labels, **values)
+        return Experience(prompt_width=self.prompt_width - left, labels=self.labels, images=self.images, **values)
 
     def widened(self, prompt_width: int, response_width: int, pad_id: int) -> "Experience":
         """The same rows with more prompt columns (padding added on the left) and response columns (on
@@ -250,15 +239,12 @@ class Experience:
                 trailing = (0, 0) * (len(dims) - 1 - dims.index(token_axis[0]))
                 tensor = torch.nn.functional.pad(tensor, trailing + pad, value=fill)
             values[name] = tensor
-        return Experience(prompt_width=prompt_width, labels=self.labels, **values)
+        return Experience(prompt_width=prompt_width, labels=self.labels, images=self.images, **values)
 
     @staticmethod
     def cat(parts: Sequence["Experience"], pad_id: Optional[int] = None) -> "Experience":
         """Rows of ``parts`` in order; every part has the same fields. With ``pad_id``, parts of different
         widths are widened to the widest first; without it their widths must agree."""
-        widths = [p.pixel_values.shape[2] for p in parts if p.pixel_values is not None]
-        if widths:
-            parts = [with_image_inputs(p, widths[0]) for p in parts]
         first = parts[0]
         if any(p.present() != first.present() for p in parts[1:]):
             raise ValueError("cannot concatenate experience pieces with different fields")
@@ -270,7 +256,10 @@ class Experience:
             raise ValueError("cannot concatenate experience pieces of different widths without a pad_id")
         values = {name: cat_rows([getattr(p, name) for p in parts], name) for name in first.present()}
         labels = [x for p in parts for x in (p.labels or [])] if all(p.labels is not None for p in parts) else None
-        return Experience(prompt_width=first.prompt_width, labels=labels, **values)
+        images = None  # a text prompt among image prompts: b"", no images
+        if any(p.images is not None for p in parts):
+            images = [x for p in parts for x in (p.images if p.images is not None else [b""] * p.num_rows)]
+        return Experience(prompt_width=first.prompt_width, labels=labels, images=images, **values)
 
 
 @dataclass
@@ -280,17 +269,6 @@ class MiniBatch:
 
     rows: Experience
     scale: LossScale
-
-
-def with_image_inputs(part: Experience, width: int) -> Experience:
-    """``part`` with "no image" image inputs (zero grids, patches of ``width`` values) when it has none (a text
-    prompt among image prompts of a vision-language batch)."""
-    if part.pixel_values is not None:
-        return part
-    values = {name: getattr(part, name) for name in part.present()}
-    values["pixel_values"] = torch.zeros(part.num_rows, 1, width)
-    values["image_grid_thw"] = torch.zeros(part.num_rows, 1, 3, dtype=torch.long)
-    return Experience(prompt_width=part.prompt_width, labels=part.labels, **values)
 
 
 def cat_rows(tensors: Sequence[torch.Tensor], name: str) -> torch.Tensor:

@@ -19,14 +19,14 @@ def build_experience(
     pad_id: int,
     labels: Optional[Sequence[str]] = None,
     version: int = 0,
-    images: Optional[Sequence[Tuple[torch.Tensor, torch.Tensor]]] = None,
+    images: Optional[Sequence[bytes]] = None,
 ) -> Experience:
     """Rows prompt by prompt (n responses each): left-padded prompt + right-padded response.
 
     ``outputs`` carry global prompt indices (any order); each prompt must have exactly n of them. Tokens
     of an output without per-token versions were sampled by policy ``version``; its ``loss_mask`` (tool
-    results 0) becomes the row's, all 1 without one. ``images``: each prompt's encoded images (pixel values,
-    grids; ``image_fields``) for a vision-language model.
+    results 0) becomes the row's, all 1 without one. ``images``: each prompt's stored images (b"" for none)
+    for a vision-language model, one bytes object shared by the prompt's n rows.
     """
     grouped = by_prompt(outputs)
     rows: List[Tuple[Sequence[int], RolloutOutput]] = []
@@ -63,7 +63,7 @@ def build_experience(
         rollout_log_probs=rollout_log_probs,
         group=torch.arange(len(rows)) // n,
         labels=None if labels is None else [labels[i // n] for i in range(len(rows))],
-        **(image_fields(images, n) if images is not None else {}),
+        images=None if images is None else [images[i // n] for i in range(len(rows))],
     ).validate()
 
 
@@ -84,21 +84,20 @@ def routes_on_grid(rows, prompt_width: int, response_width: int) -> Optional[tor
     return grid
 
 
-def image_fields(per_prompt: Sequence[Tuple[torch.Tensor, torch.Tensor]], n: int) -> Dict[str, torch.Tensor]:
-    """``pixel_values`` [B, V, D] and ``image_grid_thw`` [B, I, 3] of prompt-major rows (n per prompt) from
-    each prompt's (pixel values [P, D], grids [I, 3]); empty when no prompt has an image."""
-    if not any(grids.shape[0] for _, grids in per_prompt):
+def image_fields(per_row: Sequence[Tuple[torch.Tensor, torch.Tensor]]) -> Dict[str, torch.Tensor]:
+    """``pixel_values`` [B, V, D] and ``image_grid_thw`` [B, I, 3] (IMAGE_INPUTS, zeros after a row's own) from each
+    row's (pixel values [P, D], grids [I, 3]); empty when no row has an image."""
+    if not any(grids.shape[0] for _, grids in per_row):
         return {}
-    width = max(pixels.shape[1] for pixels, _ in per_prompt if pixels.numel())
-    patches = max(1, max(pixels.shape[0] for pixels, _ in per_prompt))
-    images = max(1, max(grids.shape[0] for _, grids in per_prompt))
-    pixel_values = torch.zeros(len(per_prompt) * n, patches, width)
-    grid_thw = torch.zeros(len(per_prompt) * n, images, 3, dtype=torch.long)
-    for i, (pixels, grids) in enumerate(per_prompt):
-        rows = slice(i * n, (i + 1) * n)
+    width = max(pixels.shape[1] for pixels, _ in per_row if pixels.numel())
+    patches = max(1, max(pixels.shape[0] for pixels, _ in per_row))
+    images = max(1, max(grids.shape[0] for _, grids in per_row))
+    pixel_values = torch.zeros(len(per_row), patches, width)
+    grid_thw = torch.zeros(len(per_row), images, 3, dtype=torch.long)
+    for row, (pixels, grids) in enumerate(per_row):
         if grids.shape[0]:
-            pixel_values[rows, : pixels.shape[0]] = pixels
-            grid_thw[rows, : grids.shape[0]] = grids
+            pixel_values[row, : pixels.shape[0]] = pixels
+            grid_thw[row, : grids.shape[0]] = grids
     return {"pixel_values": pixel_values, "image_grid_thw": grid_thw}
 
 

@@ -223,7 +223,7 @@ class IntegratedActorWorker(MegatronWorker):
         """Log-probs [B, R] of the response tokens under the actor ("old") or the reference."""
         temperature = self.gen.sampling_config.temperature or 1.0
         # router replay: the actor's forwards route as the rollout did (the reference's own routes stand)
-        inputs = rows.tensors(ACTOR_INPUTS if which == "actor" else MODEL_INPUTS)
+        inputs = self.inputs(rows, ACTOR_INPUTS if which == "actor" else MODEL_INPUTS)
         budget = token_budget(self.rl, which)
         if which == "ref":
             assert self.reference is not None, "the reference's log-probs asked of an algorithm without a reference"
@@ -311,6 +311,7 @@ class IntegratedActorWorker(MegatronWorker):
             "actor",
             self.gen.sampling_config.temperature or 1.0,
             token_budget(rl, "update"),
+            self.image_encoder,
         )
         if self.actor.route_replays is not None:  # the update replays the routes; its counts are not reported
             from ..models.router_replay import take_mismatch

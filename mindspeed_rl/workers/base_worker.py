@@ -12,7 +12,8 @@ import torch
 from ..config_cls.megatron_config import mindspeed_argv
 from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
-from ..protocol import Experience, LoadedState, MiniBatch, RankLayout, WorldSpec
+from ..protocol import MODEL_INPUTS, Experience, LoadedState, MiniBatch, RankLayout, WorldSpec
+from ..protocol.experience_rows import image_fields
 from .profiling import StageProfiler
 
 
@@ -78,6 +79,15 @@ class MegatronWorker:
             self.tp_rank == 0 and ps.get_context_parallel_rank() == 0 and ps.is_pipeline_last_stage(ignore_virtual=True)
         )
         self.profiling = StageProfiler(self.acc, "", self.rank, None)  # a role with profiler_config sets its own
+        # a vision-language role turns its rows' stored images into pixels here, each prompt's once (its cache)
+        self.image_encoder = None
+        if role.model.vision_config:
+            from ..datasets.images import ImageEncoder
+
+            self.image_encoder = ImageEncoder(m.tokenizer_name_or_path)
+
+    def inputs(self, rows: Experience, names: Iterable[str] = MODEL_INPUTS) -> Dict[str, torch.Tensor]:
+        return model_inputs(rows, names, self.image_encoder)
 
     def profile_at(self, iteration: int, save_dir: str) -> None:
         """The iteration about to run and where profiled stages write (profiler_config)."""
@@ -131,7 +141,7 @@ class FrozenModelWorker(MegatronWorker):
             t0 = time.perf_counter()
             self.offloader.onload()
             timing[f"timing/{self.role.name}_onload"] = time.perf_counter() - t0
-        out = self.model.forward(rows.tensors(), micro_batch_size, token_budget=token_budget(self.rl, "ref"))
+        out = self.model.forward(self.inputs(rows), micro_batch_size, token_budget=token_budget(self.rl, "ref"))
         if self.offloader is not None:
             t0 = time.perf_counter()
             self.offloader.offload(grads=False, optimizer=False)
@@ -198,6 +208,15 @@ def token_budget(rl, work: str) -> Optional[int]:
     return getattr(rl, f"{work}_max_packing_token_size") if rl.use_dynamic_bsz else None
 
 
+def model_inputs(rows: Experience, names: Iterable[str], encoder=None) -> Dict[str, torch.Tensor]:
+    """The tensors the engine takes of ``rows``: the named fields and, for rows with images, their pixels and grids
+    (IMAGE_INPUTS) decoded here by ``encoder`` (datasets/images.ImageEncoder)."""
+    inputs = rows.tensors(names)
+    if rows.images is not None and encoder is not None:
+        inputs.update(image_fields([encoder.encode(blob) for blob in rows.images]))
+    return inputs
+
+
 def train_on_mini_batches(
     engine,
     mini_batches: List[MiniBatch],
@@ -206,6 +225,7 @@ def train_on_mini_batches(
     prefix: str,
     temperature: float = 1.0,
     token_budget: Optional[int] = None,
+    encoder=None,
 ) -> Dict[str, float]:
     """One optimizer step per mini-batch (skipped when its loss or gradient is not finite);
     ``make_loss(rows, scale)`` builds each step's loss.
@@ -218,7 +238,11 @@ def train_on_mini_batches(
     for mb in mini_batches:
         rows: Experience = mb.rows
         step = engine.train_step(
-            rows.tensors(rows.present()), make_loss(rows, mb.scale), micro_batch_size, temperature, token_budget
+            model_inputs(rows, rows.present(), encoder),
+            make_loss(rows, mb.scale),
+            micro_batch_size,
+            temperature,
+            token_budget,
         )
         grad_key = "grad_norm" if prefix == "actor" else f"{prefix}/grad_norm"
         steps.append({**step.metrics, grad_key: step.grad_norm, f"{prefix}/lr": step.lr})

@@ -66,7 +66,7 @@ class CriticWorker(MegatronWorker):
         t0 = time.perf_counter()
         self._busy()
         out = self.critic.forward(
-            rows.tensors(), self.rl.actor_forward_micro_batch_size, token_budget=token_budget(self.rl, "actor")
+            self.inputs(rows), self.rl.actor_forward_micro_batch_size, token_budget=token_budget(self.rl, "actor")
         )
         self._idle()
         values = response_part(out["values"], rows.prompt_width, rows.response_width) if self.is_output_rank else None
@@ -94,6 +94,7 @@ class CriticWorker(MegatronWorker):
             self.role.megatron.micro_batch_size,
             "critic",
             token_budget=token_budget(self.rl, "update"),
+            encoder=self.image_encoder,
         )
         self._idle()
         return metrics

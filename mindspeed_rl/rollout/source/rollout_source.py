@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tupl
 import torch
 
 from ...config_cls.generate_config import SamplingConfig
-from ...datasets.images import ImageEncoder
 from ...datasets.prompt_dataset import PromptBatch, draw_prompts
 from ...datasets.templates import ToolFormat
 from ...protocol import Experience, RolloutOutput, build_experience
@@ -63,13 +62,13 @@ class RolloutSource:
         ahead: Optional[BatchSchedule] = None,
         sampling: Optional[SamplingConfig] = None,
         overlap_judge: bool = False,
-        images: Optional[ImageEncoder] = None,
+        vision: bool = False,
     ) -> None:
         self.service, self.function, self.filter, self.schedule = service, function, group_filter, schedule
         self.draw, self.n, self.pad_id = draw, n, pad_id
         self.ahead = ahead if ahead is not None else batch_schedule(0)
         self.sampling = sampling  # what a whole-batch function reads in its request
-        self.images = images  # a vision-language model's: prompts' images -> the batch's pixel values
+        self.vision = vision  # a vision-language model: the rows carry their prompts' stored images
         self.pool = TrajectoryPool(function, n, max_tokens)
         self.seeds = SeedStream(seed, "train")
         self.scoring = scoring_stage(score, self.rows_of, overlap_judge)
@@ -150,7 +149,7 @@ class RolloutSource:
         metrics.update(scoring.metrics(clock))
         metrics.update(self.function.metrics([t for g in groups for t in g]))
         metrics.update(schedule.metrics(pool, groups, rounds, tokens, drawn))
-        if self.images is not None:  # rows of a vision dataset whose stored images do not decode
+        if self.vision:  # rows of a vision dataset whose stored images do not decode
             metrics["rollout/skipped_prompts"] = float(skipped)
         line = flt.summary(iteration, metrics, draws)
         if line:
@@ -184,13 +183,14 @@ class RolloutSource:
 
     def rows_of(self, groups: Sequence[Sequence[Trajectory]]) -> Experience:
         prompts, labels, outputs = group_outputs(groups)
-        return build_experience(prompts, outputs, self.n, self.pad_id, labels, images=self.encoded_images(groups))
+        return build_experience(prompts, outputs, self.n, self.pad_id, labels, images=self.stored_images(groups))
 
-    def encoded_images(self, groups: Sequence[Sequence[Trajectory]]) -> Optional[List[Tuple[torch.Tensor, ...]]]:
-        """Each group's prompt images as the vision tower takes them (None: a text model or no images)."""
-        if self.images is None or not any(g[0].images for g in groups):
+    def stored_images(self, groups: Sequence[Sequence[Trajectory]]) -> Optional[List[bytes]]:
+        """Each group's prompt images as stored (None: a text model or no images): the workers that run the model
+        decode them, so they cross Ray once per prompt as bytes, not as pixels per row."""
+        if not self.vision or not any(g[0].images for g in groups):
             return None
-        return [self.images.encode(g[0].images) for g in groups]
+        return [g[0].images for g in groups]
 
     # ----- validation -----------------------------------------------------------------------------------
     def evaluate(
@@ -261,7 +261,6 @@ class RolloutSource:
             return draw_prompts(dataset, sampler)
 
         overlap = cfg.judge is not None and cfg.judge.overlap
-        images = ImageEncoder(cfg.actor.megatron.tokenizer_name_or_path) if cfg.actor.model.vision_config else None
         return RolloutSource(
             service,
             function,
@@ -276,7 +275,7 @@ class RolloutSource:
             batch_schedule(rl.max_head_offpolicyness),
             sampling,
             overlap,
-            images,
+            bool(cfg.actor.model.vision_config),
         )
 
 
