@@ -3,11 +3,14 @@
 import base64
 import json
 import re
+import subprocess
+import sys
 
 from mindspeed_rl.config_cls.ppo_config import to_plain
 from mindspeed_rl.features import load_ppo_config
 from mindspeed_rl.features.precision import HostPrecision, settle_precision
 from mindspeed_rl.trainer.report import report
+from tests.conftest import ROOT
 
 
 def write_run(run_dir, iterations=4):
@@ -76,6 +79,9 @@ def test_report_on_demand_cli(tmp_path, capsys):
     assert capsys.readouterr().out.strip().endswith("report.html")
     assert report.main([str(tmp_path / "missing")]) == 2
     assert "no metrics" in capsys.readouterr().err
+    command = [sys.executable, "-m", "mindspeed_rl.trainer.report", str(tmp_path)]  # the documented command
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip().endswith("report.html"), done.stderr
 
 
 def test_report_without_run_json_still_renders_the_curves(tmp_path):

@@ -33,6 +33,11 @@ def moe_layer_parameters(model: ModelConfig) -> Tuple[int, int]:
     return shared, n * mlp_parameters(model, e)
 
 
+def linear_attention_layers(model: ModelConfig) -> int:
+    """Layers of linear attention (a hybrid's: all but every linear_attention_freq-th)."""
+    return sum(map(model.is_linear_attention_layer, range(model.num_layers)))
+
+
 def vision_parameter_count(model: ModelConfig, part: str = "all") -> int:
     """A vision-language model's tower ("tower"), projector ("projector") or both ("all"); 0 for a text model."""
     return family(model).vision_parameters(model, part) if model.vision_config else 0
@@ -42,7 +47,7 @@ def parameter_count(model: ModelConfig, vocab_size: Optional[int] = None) -> int
     """Parameters of the GPT model (embedding, layers, final norm, output layer, a vision tower)."""
     kind = family(model)
     vocab, h = vocab_size or model.padded_vocab_size or 0, model.hidden_size
-    linear = sum(map(model.is_linear_attention_layer, range(model.num_layers)))
+    linear = linear_attention_layers(model)
     layers = (model.num_layers - linear) * kind.attention_parameters(model) + 2 * h * model.num_layers
     layers += linear * kind.linear_attention_parameters(model)
     dense, moe = mlp_parameters(model, model.ffn_hidden_size), sum(moe_layer_parameters(model))
@@ -63,7 +68,7 @@ def parameters_per_rank(model: ModelConfig, tp: int, ep: int = 1, layers: Option
     routed //= ep
     dense = mlp_parameters(model, model.ffn_hidden_size) if model.moe_layers < model.num_layers else 0
     moe_layers = min(layers, model.moe_layers) if routed else 0
-    linear = kind.linear_attention_parameters(model) if model.linear_attention_freq else 0
+    linear = kind.linear_attention_parameters(model) if linear_attention_layers(model) else 0
     layer = max(kind.attention_parameters(model), linear) + 2 * h
     vocab = (model.padded_vocab_size or 0) * h * (2 if model.untie_embeddings_and_output_weights else 1)
     ends = vocab + h + vision_parameter_count(model)  # embedding, output layer, final norm, a vision tower

@@ -160,12 +160,12 @@ def layer_spec(
     from megatron.core.models.gpt import gpt_layer_specs
 
     from ..families import get_family
-    from ..utils.plugins import import_callable
+    from ..utils.plugins import import_named
 
     te = accelerator_class(kind or get_accelerator().kind).fused_features()["transformer_engine"]
     own = get_family(model.model_type_hf).layer_spec
     if own:
-        return import_callable(own, dotted=False)(model, config, stage, te)
+        return import_named(own)(model, config, stage, te)
     family = dict(num_experts=model.num_experts, moe_grouped_gemm=False, qk_layernorm=model.qk_layernorm)
     if not lora and te:
         spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(**family)

@@ -30,6 +30,13 @@ def split_path(path: str, dotted: bool = True) -> Tuple[str, str]:
     return module, attr
 
 
+def import_named(path: str) -> Any:
+    """What a path the package names itself (``module:name``: a family's layer spec, a stage's classes) points to;
+    an error propagates as raised, with its traceback (unlike a user's plug-in, a failure here is a broken install)."""
+    module, attr = split_path(path, dotted=False)
+    return getattr(importlib.import_module(module), attr)
+
+
 def import_callable(path: str, dotted: bool = True) -> Callable[..., Any]:
     """The callable a plug-in path names; PluginImportError says what failed: the module cannot be imported,
     raised while importing, has no such name, or the name is not callable."""

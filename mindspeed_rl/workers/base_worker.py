@@ -79,15 +79,24 @@ class MegatronWorker:
             self.tp_rank == 0 and ps.get_context_parallel_rank() == 0 and ps.is_pipeline_last_stage(ignore_virtual=True)
         )
         self.profiling = StageProfiler(self.acc, "", self.rank, None)  # a role with profiler_config sets its own
-        # a vision-language role turns its rows' stored images into pixels here, each prompt's once (its cache)
-        self.image_encoder = None
-        if role.model.vision_config:
+        self._images = (m.tokenizer_name_or_path, None) if role.model.vision_config else None
+
+    @property
+    def image_encoder(self):
+        """A vision-language role's rows carry their prompts' stored images, turned into pixels here (each prompt's
+        once: the encoder's cache); made at the first rows with images. None for a text model."""
+        if self._images is None:
+            return None
+        folder, encoder = self._images
+        if encoder is None:
             from ..datasets.images import ImageEncoder
 
-            self.image_encoder = ImageEncoder(m.tokenizer_name_or_path)
+            encoder = ImageEncoder(folder)
+            self._images = (folder, encoder)
+        return encoder
 
     def inputs(self, rows: Experience, names: Iterable[str] = MODEL_INPUTS) -> Dict[str, torch.Tensor]:
-        return model_inputs(rows, names, self.image_encoder)
+        return model_inputs(rows, names, self.image_encoder if rows.images is not None else None)
 
     def profile_at(self, iteration: int, save_dir: str) -> None:
         """The iteration about to run and where profiled stages write (profiler_config)."""

@@ -35,15 +35,15 @@ class ReferencePolicy:
         return {k: v.detach().clone() for k, v in self.policy.named_weights()}
 
     def load(self, initial: Optional[Dict[str, torch.Tensor]], origin: Optional[str]) -> None:
-        """The reference's weights: ``origin``'s (a checkpoint folder) when given, else ``initial``."""
+        """The reference's weights: ``initial``, then ``origin``'s (a checkpoint folder) over them when given (a
+        buffer the checkpoint does not hold keeps the policy's value)."""
         if self.engine is None:
             return
         from ..checkpoint.engine_io import load_weights_only
 
+        self.engine.load_weights(initial)
         if origin:
             load_weights_only(self.engine, origin)
-        else:
-            self.engine.load_weights(initial)
         if self.parking is not None:
             self.parking.offload(grads=False, optimizer=False)
 

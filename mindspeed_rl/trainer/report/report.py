@@ -1,7 +1,7 @@
 """The run report: one self-contained HTML file (images embedded) from a run directory; the page itself is
 built in ``report_html.py``.
 
-    python -m mindspeed_rl.trainer.report.report <run_dir>        # writes <run_dir>/report.html
+    python -m mindspeed_rl.trainer.report <run_dir>        # writes <run_dir>/report.html
 
 It reads ``run.json`` (config, batch plan, command; written at start) and ``metrics.jsonl``, and shows the
 config summary, the batch plan, the final numbers, and curves: score with the validation score, KL, entropy,
@@ -353,7 +353,7 @@ def render(run_dir: str) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if len(args) != 1:
-        print("usage: python -m mindspeed_rl.trainer.report.report <run_dir>", file=sys.stderr)
+        print("usage: python -m mindspeed_rl.trainer.report <run_dir>", file=sys.stderr)
         return 2
     try:
         print(render(args[0]))

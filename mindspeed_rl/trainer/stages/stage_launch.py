@@ -25,9 +25,9 @@ def run(cfg: StageConfig) -> int:
 
 def stage_parts(cfg: StageConfig) -> Tuple[type, Type[StageTrainer]]:
     """The stage's worker class and trainer class, as its ``Stage`` names them (``module:Class``)."""
-    from ...utils.plugins import import_callable
+    from ...utils.plugins import import_named
 
-    return import_callable(cfg.stage.worker, dotted=False), import_callable(cfg.stage.trainer, dotted=False)
+    return import_named(cfg.stage.worker), import_named(cfg.stage.trainer)
 
 
 def open_datasets(cfg: StageConfig, trainer: Type[StageTrainer]):
