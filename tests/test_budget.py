@@ -20,8 +20,6 @@ LONG_MODULES = {
     "its validation and checkpointing would move to modules of their own in ppo/",
     "checkpoint/convert.py": "both converter directions with their per-family steps; one module per direction would "
     "split it",
-    "config_cls/model_config.py": "the model section's keys and derived counts; the parameter count belongs to "
-    "ModelFamily",
     "models/engine.py": "the megatron-core engine's forward, train step, micro-batching and non-finite guard",
     "rollout/engines/vllm_engine.py": "the vLLM engine: start, generate, in-place weight update, routes, quantization",
     "config_cls/rl_config.py": "rl_config's flat keys under MindSpeed-RL's names, each with its bounds and doc",
