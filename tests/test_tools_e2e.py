@@ -49,6 +49,9 @@ def config(root, paths, iterations, **extra):
         "rl_config.val_before_train": "false",
         "actor_config.no_load_optim": "false",
         "actor_config.no_load_rng": "false",
+        # a tool call's wall-clock limit far above its seconds: on a loaded host (2 cores, the other test stream) a
+        # call that passed the twin's 5 s in one run and not in the other would change a reward
+        "rl_config.sandbox.timeout": 60,
     }
     return demo_config("dapo_tiny_cpu_async_tools", root, paths, iterations, **{**keys, **extra})
 
@@ -79,7 +82,7 @@ def test_the_four_way_tool_twin_learns_and_resumes_exactly(assets):
     assert any(m["partial_rollout/carried_share"] > 0 for m in straight)
     assert any(m["dynamic_sampling/batches"] > 1 for m in straight)  # (0 when parked groups fill a batch)
     assert max(m["multi_turn/observation_tokens/mean"] for m in straight) > 0
-    for m in straight:
+    for m in straight + second:
         assert m["tool_calls/mean"] <= 1.0 and m["tool_calls/timeouts"] == 0
         assert 1.0 <= m["multi_turn/num_turns/mean"] <= 2.0
         assert m["response_length/mean"] >= m["multi_turn/generated_tokens/mean"]
