@@ -6,6 +6,8 @@ beside the package (``cli/``, ``bench/``) hold no import circle among their modu
 import ast
 import pathlib
 import re
+import subprocess
+import sys
 from typing import Dict, List, Set, Tuple
 
 import pytest
@@ -186,3 +188,12 @@ def test_no_two_sub_folders_of_a_package_import_each_other():
             }
         )
         assert not circles, f"sub-folders of {name}/ importing each other: {circles}"
+
+
+def test_the_config_and_the_plan_import_no_torch():
+    """A bad config is refused and the plan printed before anything heavy loads (docs/architecture.md): the typed
+    config, the features' rules and the plan import without torch."""
+    modules = ("mindspeed_rl.config_cls", "mindspeed_rl.features", "mindspeed_rl.trainer.startup.plan")
+    code = "import sys\n" + "".join(f"import {m}\n" for m in modules) + "print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stdout + done.stderr

@@ -6,7 +6,6 @@ import os
 from typing import TYPE_CHECKING, List
 
 from ... import features
-from ...families.parameters import active_parameter_count, parameter_count, parameters_per_rank, vision_parameter_count
 from ...features import precision
 from ...features.dynamic_sampling import filter_metric_name
 from ...features.validation import VALIDATION_OFF
@@ -86,6 +85,8 @@ def iteration_lines(cfg: PPOConfig) -> List[str]:
 
 def role_split_line(role, cfg: PPOConfig) -> str:
     """A role's devices (TP x PP x CP x DP), model and share of the samples per DP rank."""
+    from ...families.parameters import active_parameter_count, parameter_count  # deferred: the families import torch
+
     samples, mini = cfg.samples_per_iteration, cfg.rl.mini_batch_size
     m = role.megatron
     per_rank = mini // role.dp if role.trains else samples // role.dp
@@ -129,6 +130,8 @@ def image_memory(role, prompt_tokens: int) -> str:
     """A vision-language role's images: at most ``prompt_tokens`` image tokens per prompt, each 2 x 2 (merge^2)
     patches of 1176 fp32 values in the batch (every response row holds its prompt's copy), and the tower's
     activations for them (kept for the backward only when the tower trains)."""
+    from ...families.parameters import vision_parameter_count  # deferred: the families import torch
+
     m, model, v = role.megatron, role.model, role.model.vision_config
     patches = prompt_tokens * v.get("spatial_merge_size", 2) ** 2
     width = v.get("in_channels", 3) * v.get("temporal_patch_size", 2) * v.get("patch_size", 14) ** 2
@@ -191,6 +194,12 @@ def placement_lines(cfg: PPOConfig) -> List[str]:
 def trainable_memory(role) -> str:
     """What trains and the optimizer state it needs per rank: Adam's two moments (fp32) and, with bf16/fp16
     weights, the fp32 main copy; divided over the DP x CP ranks by the distributed optimizer (megatron's)."""
+    from ...families.parameters import (
+        parameter_count,
+        parameters_per_rank,
+        vision_parameter_count,
+    )  # deferred: the families import torch
+
     m, model = role.megatron, role.model
     total, experts = parameter_count(model), 0
     if m.lora_r:
