@@ -22,11 +22,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def sends_per_iteration(cfg) -> int:
-    """The worker calls of one iteration that carry every row: what PPOTrainer.fit does with this config."""
+    """The worker calls of one iteration that carry every row, as PPOTrainer.fit makes them with this config:
+    reference, old log-probs, values, the actor's update, the critic's update."""
+    from mindspeed_rl.features.algorithm import skips_old_log_prob
+    from mindspeed_rl.rollout.source.schedules import round_schedule
+
     algorithm, rl = cfg.algorithm, cfg.rl
-    old_log_probs = not (rl.epochs == 1 and cfg.samples_per_iteration == rl.mini_batch_size)
-    calls = [algorithm.use_reference, old_log_probs, algorithm.use_critic, True]  # ref, old, values, actor update
-    return sum(calls) + (rl.epochs if algorithm.use_critic else 0)  # the critic's update: its mini-batches
+    off_policy = round_schedule(rl, cfg.generate.sampling_config.max_tokens).parks or rl.max_head_offpolicyness > 0
+    old_log_probs = not skips_old_log_prob(cfg, off_policy)
+    return sum([algorithm.use_reference, old_log_probs, algorithm.use_critic, True, algorithm.use_critic])
 
 
 def one_iteration(cfg, root: str):
@@ -35,33 +39,13 @@ def one_iteration(cfg, root: str):
 
     from mindspeed_rl.datasets.images import ImageEncoder
     from mindspeed_rl.datasets.prompt_dataset import PromptDataset, PromptSampler, draw_prompts
-    from mindspeed_rl.demo.tiny_hf import build_tokenizer
-    from mindspeed_rl.demo.vision_task import (
-        COLOURS,
-        QUESTION,
-        SIZE,
-        SPECIAL,
-        make_rows,
-        save_processor,
-        write_prompt_sets,
-    )
+    from mindspeed_rl.demo.vision_task import make_rows, task_tokenizer, write_prompt_sets
     from mindspeed_rl.protocol import MODEL_INPUTS, RolloutOutput, build_experience
     from mindspeed_rl.protocol.experience_rows import image_fields
 
     model, n = cfg.actor.model, cfg.rl.n_samples_per_prompt
     tokenizer_dir = os.path.join(root, "tokenizer")
-    texts = [QUESTION + " " + " ".join(f"#### {c}" for c in COLOURS)] * 20
-    tokenizer = build_tokenizer(
-        tokenizer_dir,
-        texts,
-        model.padded_vocab_size,
-        full_alphabet=False,
-        special_tokens=SPECIAL,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        pad_to_vocab=True,
-    )
-    save_processor(tokenizer_dir, tokenizer, SIZE * SIZE, 4 * SIZE * SIZE, model.model_type_hf)
+    task_tokenizer(tokenizer_dir, model)
     prompts = cfg.prompts_per_iteration
     write_prompt_sets(root, tokenizer_dir, {"shapes": make_rows(root, "shapes", prompts, 1, False)})
     batch = draw_prompts(PromptDataset(os.path.join(root, "data", "shapes")), PromptSampler(prompts, prompts, 0))

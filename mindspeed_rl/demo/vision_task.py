@@ -167,6 +167,27 @@ def cold_start(
     return losses
 
 
+def task_tokenizer(folder: str, model) -> None:
+    """The task's tokenizer for ``model`` (a model section) with its family's image processor, saved into
+    ``folder``: what the run's tokenizer_name_or_path and vLLM read."""
+    from .tiny_hf import build_tokenizer
+
+    texts = [QUESTION + " " + " ".join(f"#### {c}" for c in COLOURS)] * 20
+    tokenizer = build_tokenizer(
+        folder,
+        texts,
+        model.padded_vocab_size,
+        full_alphabet=False,
+        special_tokens=SPECIAL,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        pad_to_vocab=True,
+    )
+    if tokenizer.convert_tokens_to_ids("<|image_pad|>") != model.image_token_id:
+        raise RuntimeError(f"<|image_pad|> is not token {model.image_token_id} of the task's tokenizer")
+    save_processor(folder, tokenizer, SIZE * SIZE, 4 * SIZE * SIZE, model.model_type_hf)
+
+
 def prepare_vision_task(
     root: str,
     config_name: str = "grpo_tiny_cpu_vision",
@@ -184,7 +205,7 @@ def prepare_vision_task(
     ``blank``: the control's assets (pictures without their circle), beside the task's."""
     from ..checkpoint.convert import hf_to_mg
     from ..features import load_ppo_config
-    from .tiny_hf import build_hf_model, build_tokenizer
+    from .tiny_hf import build_hf_model
 
     model = load_ppo_config(config_name).actor.model
     family = model.model_type_hf
@@ -200,20 +221,7 @@ def prepare_vision_task(
     }
     if os.path.isfile(os.path.join(paths["critic"], "latest_checkpointed_iteration.txt")):
         return paths
-    texts = [QUESTION + " " + " ".join(f"#### {c}" for c in COLOURS)] * 20
-    tokenizer = build_tokenizer(
-        paths["tokenizer"],
-        texts,
-        model.padded_vocab_size,
-        full_alphabet=False,
-        special_tokens=SPECIAL,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        pad_to_vocab=True,
-    )
-    if tokenizer.convert_tokens_to_ids("<|image_pad|>") != model.image_token_id:
-        raise RuntimeError(f"<|image_pad|> is not token {model.image_token_id} of the task's tokenizer")
-    save_processor(paths["tokenizer"], tokenizer, SIZE * SIZE, 4 * SIZE * SIZE, family)
+    task_tokenizer(paths["tokenizer"], model)
     train = make_rows(root, tag + "_train", train_rows, seed, blank)
     test = make_rows(root, tag + "_test", test_rows, seed + 1000, blank)
     write_prompt_sets(root, paths["tokenizer"], {tag + "_train": train, tag + "_test": test})
@@ -225,4 +233,4 @@ def prepare_vision_task(
     return paths
 
 
-__all__ = ["COLOURS", "QUESTION", "picture", "prepare_vision_task", "save_processor"]
+__all__ = ["COLOURS", "QUESTION", "picture", "prepare_vision_task", "save_processor", "task_tokenizer"]

@@ -26,6 +26,21 @@ def derive(cfg: PPOConfig) -> None:
         raise ConfigError(exc.key, exc.message) from None
 
 
+def skips_old_log_prob(cfg: PPOConfig, off_policy: bool) -> bool:
+    """One on-policy step: the old log-probs equal the current ones (taken, detached, in the loss), so the forward
+    that computes them is skipped. ``off_policy``: batches may hold older policy versions' tokens."""
+    rl, algorithm = cfg.rl, cfg.algorithm
+    return (
+        rl.epochs == 1
+        and cfg.samples_per_iteration == rl.mini_batch_size
+        and not algorithm.kl_in_reward
+        and not algorithm.rollout_is
+        and not off_policy
+        and not rl.router_replay  # its mismatch is measured in the old-log-prob forward
+        and not cfg.generate.batch_invariant  # the zero-difference check compares against that forward
+    )
+
+
 def resolve_loss_agg_mode(loss_agg_mode: Optional[str], token_level_loss: Optional[bool], policy: PolicyLoss) -> str:
     """``loss_agg_mode`` (verl) wins; MindSpeed-RL's ``token_level_loss`` maps true -> token-mean,
     false -> seq-mean-token-mean; neither: the policy loss's published default."""

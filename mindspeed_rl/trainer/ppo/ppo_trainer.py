@@ -18,6 +18,7 @@ from ...algorithms.kl import controller_kl, kl_penalty, make_kl_controller
 from ...algorithms.rollout_correction import mismatch_metrics, truncated_is_weights
 from ...config_cls.ppo_config import PPOConfig
 from ...datasets.prompt_dataset import PromptBatch
+from ...features.algorithm import skips_old_log_prob
 from ...protocol import ACTOR_INPUTS, MODEL_INPUTS, Experience, ForwardAnswer, build_experience, mini_batch_plan
 from ...rollout.experts.expert_load import ExpertLoad
 from ...rollout.service import DisaggregatedRollout
@@ -65,17 +66,7 @@ class PPOTrainer:
         self.rollout_service, self.scorer, self.source = batches.service, batches.scorer, batches.source
         # samples of older policy versions: old log-probs recomputed, stale tokens importance-weighted
         self.off_policy = self.source.off_policy
-        samples = cfg.samples_per_iteration
-        # one on-policy step: the old log-probs equal the current ones (taken, detached, in the loss)
-        self.skip_old_log_prob = (
-            self.rl.epochs == 1
-            and samples == self.rl.mini_batch_size
-            and not self.algorithm.kl_in_reward
-            and not self.algorithm.rollout_is
-            and not self.off_policy
-            and not self.rl.router_replay  # its mismatch is measured in the old-log-prob forward
-            and not cfg.generate.batch_invariant  # the zero-difference check compares against that forward
-        )
+        self.skip_old_log_prob = skips_old_log_prob(cfg, self.off_policy)
         self.history: List[Dict[str, float]] = []
         self.collapse_streak = 0  # iterations in a row with a collapsed policy (rl_config.max_collapsed_iterations)
         self.ref_from = None  # the original weights the reference was built from, for resumes
