@@ -21,7 +21,9 @@ LONG_MODULES = {
     "checkpoint/convert.py": "both converter directions with their per-family steps; one module per direction would "
     "split it",
     "models/engine.py": "the megatron-core engine's forward, train step, micro-batching and non-finite guard",
-    "rollout/engines/vllm_engine.py": "the vLLM engine: start, generate, in-place weight update, routes, quantization",
+    "rollout/engines/vllm_engine.py": "the vLLM engine: start, generate (whole, or step by step for in-flight "
+    "updates),"
+    " in-place weight update, routes, quantization",
     "config_cls/rl_config.py": "rl_config's flat keys under MindSpeed-RL's names, each with its bounds and doc",
     "trainer/report/report.py": "the run report's sections (config, plan, curves, final numbers)",
 }

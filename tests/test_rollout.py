@@ -26,7 +26,7 @@ def random_full_weights(seed=0):
 def write_hf_folder(folder, model, full):
     from safetensors.torch import save_file
 
-    from mindspeed_rl.rollout.engines.vllm_engine import write_hf_config
+    from mindspeed_rl.rollout.engines.engine_folder import write_hf_config
     from mindspeed_rl.rollout.weights.convert_names import hf_named
 
     write_hf_config(str(folder), model, eos_token_id=0, pad_token_id=0)

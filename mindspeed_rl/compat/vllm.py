@@ -8,6 +8,12 @@ each worker: the model's own ``load_weights`` (each rank keeps its slice), then 
 processing a fresh load does. ``MINDSPEED_RL_VLLM_WEIGHT_LOAD`` forces one path
 (``reload_weights`` | ``load_weights``; ``auto`` by default) for tests and for working around a
 release whose layer-wise reload misbehaves.
+
+In-flight updates (``rollout/engines/in_flight.py``) use ``LLMEngine.add_request`` / ``step`` / ``abort_request``,
+which all three releases have. Recomputing the KV cache of the requests in flight after an update: 0.32's
+``reset_prefix_cache(reset_running_requests=True)`` preempts them (they are prefilled again, their sampling state
+kept); 0.18 and 0.23 lack the argument, so each request is aborted and resubmitted with its generated tokens as
+prompt. ``MINDSPEED_RL_VLLM_RECOMPUTE=resubmit`` forces the second path (tests).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 
 WEIGHT_LOAD_ENV = "MINDSPEED_RL_VLLM_WEIGHT_LOAD"
 WEIGHT_LOAD_METHODS = ("auto", "reload_weights", "load_weights")
+RECOMPUTE_ENV = "MINDSPEED_RL_VLLM_RECOMPUTE"
 
 
 def requested_weight_load() -> str:
@@ -60,6 +67,19 @@ def load_weights_in_place(llm: Any, method: str, weights: Iterable[Tuple[str, to
     else:
         llm.collective_rpc(_load_weights_in_worker, kwargs={"weights": weights})
     reset_caches_after_update(llm)
+
+
+def preempt_running_requests(engine: Any) -> bool:
+    """Recompute the KV cache of ``engine``'s running requests by preempting them (vLLM >= 0.32; the prefix cache
+    goes too); False where this release cannot (or ``MINDSPEED_RL_VLLM_RECOMPUTE=resubmit``): resubmit instead."""
+    import inspect
+
+    if os.environ.get(RECOMPUTE_ENV, "auto") == "resubmit":
+        return False
+    if "reset_running_requests" not in inspect.signature(engine.reset_prefix_cache).parameters:
+        return False
+    engine.reset_prefix_cache(reset_running_requests=True)
+    return True
 
 
 def reset_caches_after_update(llm: Any) -> None:

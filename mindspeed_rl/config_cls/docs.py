@@ -10,6 +10,7 @@ import dataclasses
 import os
 import typing
 
+from .async_config import AsyncTrainingConfig
 from .base import _type_name, yaml_spelling
 from .dpo_config import DPOConfig
 from .generate_config import GenerateConfig, SamplingConfig
@@ -33,6 +34,7 @@ SECTIONS = [
     ),
     ("rl_config.integrated_mode_config", IntegratedModeConfig),
     ("rl_config.rollout_correction", RolloutCorrectionConfig),
+    ("rl_config.async_training (docs/rollout.md)", AsyncTrainingConfig),
     ("generate_config", GenerateConfig),
     ("generate_config.sampling_config", SamplingConfig),
     ("judge_config (docs/rewards.md, Generative judge)", JudgeConfig),

@@ -7,6 +7,7 @@ from typing import Any, List, Mapping, Optional
 
 from .agent_config import AgentConfig, SandboxConfig, deprecation_note, nest_flat_keys
 from .algorithm_choice import ADVANTAGE_ESTIMATORS, DISTILL_SIGNALS, LOSS_AGG_MODES, POLICY_LOSSES, kl_names
+from .async_config import AsyncTrainingConfig
 from .base import build_section, opt
 from .logging_config import LoggingKeys
 
@@ -314,6 +315,10 @@ class RLConfig(LoggingKeys):
         "Needs rollout_resource (disaggregated); at most 8 and below "
         "megatron_training.train_iters (docs/rollout.md). 0: synchronous.",
         ge=0,
+    )
+    async_training: AsyncTrainingConfig = opt(
+        doc="Fully asynchronous rollout: in-flight weight updates and bounded staleness (docs/rollout.md).",
+        factory=AsyncTrainingConfig,
     )
     # multi-turn rollouts with tools (rollout/source/agent_loop.py)
     rollout_function: str = opt(

@@ -77,26 +77,77 @@ class ColocatedRollout(RolloutService):
         return self.actor.collect_generate(handle.pending)
 
 
+@dataclass(frozen=True)
+class InFlightUpdates:
+    """How new weights reach engines whose requests are in flight (rl_config.async_training)."""
+
+    interval: int = 1  # push after every k-th update
+    recompute_kv_cache: bool = False
+    pause_timeout_s: float = 60.0
+
+    @staticmethod
+    def of(keys) -> "Optional[InFlightUpdates]":
+        if not keys.in_flight_weight_updates:
+            return None
+        return InFlightUpdates(
+            keys.update_weights_interval, keys.recompute_kv_cache_after_weight_updates, keys.pause_timeout_s
+        )
+
+
 class DisaggregatedRollout(RolloutService):
     """Rollout workers on devices of their own. ``update_weights`` streams the actor's weights to every
     rollout rank over the weight channel (``rollout/weights/weight_transfer.py``: train TP/PP -> full tensors -> each
     engine's infer TP) and returns once all hold them; a submit names the version it expects, and a rollout
-    rank holding another refuses it."""
+    rank holding another refuses it.
 
-    def __init__(self, actor_group: GeneratingGroup, rollout_group: GeneratingGroup) -> None:
+    With ``in_flight`` the engines keep generating while the actor trains, and an update reaches them in flight:
+    every engine pauses (between two steps, within the deadline), all load the weights, then all resume: no engine
+    serves a mix of two versions and none resumes before every one holds the new version. A submit then names no
+    version (each token records its own), and ``engine_version`` is what the engines hold."""
+
+    def __init__(
+        self, actor_group: GeneratingGroup, rollout_group: GeneratingGroup, in_flight: Optional[InFlightUpdates] = None
+    ) -> None:
         super().__init__()
         self.actor, self.rollout = actor_group, rollout_group
+        self.in_flight = in_flight
+        self.engine_version, self.pushed = 0, False  # the first update (the run's start, a resume) always pushes
+        self.pause_seconds = 0.0  # the engines' longest wait for their step to end, summed over updates
 
     def update_weights(self, version: int) -> None:
         import ray
 
+        if self.in_flight is not None and self.pushed and version % self.in_flight.interval:
+            super().update_weights(version)  # the engines keep the weights of the last push
+            return
+        if self.in_flight is not None:
+            self._pause(self.in_flight.pause_timeout_s)
         sending = self.actor.call_async("push_weights")
         receiving = self.rollout.call_async("receive_weights", version)
         ray.get(sending + receiving)
+        if self.in_flight is not None:
+            ray.get(self.rollout.call_async("resume_generation", self.in_flight.recompute_kv_cache))
+        self.engine_version, self.pushed = version, True
         super().update_weights(version)
 
+    def _pause(self, timeout: float) -> None:
+        """Every engine paused, within the deadline (the worker names an engine that is not; a worker that does not
+        answer at all is named here)."""
+        import ray
+
+        refs = self.rollout.call_async("pause_generation", timeout)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout + 30.0)
+        if len(ready) < len(refs):
+            late = [rank for rank, ref in enumerate(refs) if ref not in ready]
+            raise RuntimeError(
+                f"rollout ranks {late} did not answer the pause for the weight update within "
+                f"rl_config.async_training.pause_timeout_s = {timeout:g} s (+ 30 s)"
+            )
+        self.pause_seconds += max(ray.get(refs))
+
     def submit(self, request: RolloutRequest) -> RolloutHandle:
-        return RolloutHandle(request, self.version, self.rollout.submit_generate(request, self.version))
+        expected = None if self.in_flight is not None else self.version
+        return RolloutHandle(request, self.version, self.rollout.submit_generate(request, expected))
 
     def collect(self, handle: RolloutHandle) -> GeneratedBatch:
         return self.rollout.collect_generate(handle.pending)

@@ -69,10 +69,10 @@ def start_roles(cfg: PPOConfig, frame: RunFrame, tokenizer, run_dir: str) -> Rol
     steps = cfg.megatron_training.train_iters * (cfg.samples_per_iteration // rl.mini_batch_size) * rl.epochs
     ports: set = set()  # master ports of the groups still starting
 
-    def spawn(name, cls, num_ranks, share, first_bundle=0, **kwargs):
+    def spawn(name, cls, num_ranks, share, first_bundle=0, concurrency=1, **kwargs):
         """One group of ranks; each rank gets its place in the group's torch.distributed world."""
         wait = not acc.roles_start_together
-        return spawn_group(frame, name, cls, num_ranks, share, threads, kwargs, first_bundle, wait, ports)
+        return spawn_group(frame, name, cls, num_ranks, share, threads, kwargs, first_bundle, wait, ports, concurrency)
 
     ids = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id or 0)
     actor = dict(role=cfg.actor, rl=rl, gen=gen, total_steps=steps, with_engine=not rollout_devices, **ids)
@@ -82,7 +82,10 @@ def start_roles(cfg: PPOConfig, frame: RunFrame, tokenizer, run_dir: str) -> Rol
         engines = dict(model=cfg.actor.model, gen=gen, bf16=cfg.actor.megatron.bf16, **ids)
         engines["capture_routes"] = cfg.captures_routes
         engines["processor_dir"] = cfg.actor.megatron.tokenizer_name_or_path
-        rollout = spawn("rollout", RolloutWorker, rollout_devices, whole, first_bundle=devices, **engines)
+        engines["in_flight"] = in_flight = rl.async_training.in_flight_weight_updates
+        # in-flight updates: the pause, the weights and the resume arrive while a generation runs (threads)
+        concurrency = 4 if in_flight else 1
+        rollout = spawn("rollout", RolloutWorker, rollout_devices, whole, devices, concurrency, **engines)
     if cfg.uses_critic:
         critic = dict(role=cfg.critic, rl=rl, total_steps=steps, offload_when_idle=acc.offload_when_idle)
         roles.critic = spawn("critic", CriticWorker, cfg.critic.num_devices, shared, **critic)
@@ -102,13 +105,13 @@ def start_roles(cfg: PPOConfig, frame: RunFrame, tokenizer, run_dir: str) -> Rol
         judge = dict(judge=cfg.judge, hf_dir=judge_hf_folder(cfg, run_dir))
         roles.judge = spawn("judge", JudgeWorker, cfg.judge_devices, whole, first_bundle=first, **judge)
     wait_until_built(frame.workers)
-    roles.service = rollout_service(frame, roles.actor, rollout)
+    roles.service = rollout_service(frame, roles.actor, rollout, rl.async_training)
     return roles
 
 
-def rollout_service(frame: RunFrame, actor, rollout):
+def rollout_service(frame: RunFrame, actor, rollout, async_training=None):
     """What generates: the actor's own engines, or the rollout workers behind a weight channel."""
-    from ..rollout.service import ColocatedRollout, DisaggregatedRollout
+    from ..rollout.service import ColocatedRollout, DisaggregatedRollout, InFlightUpdates
     from ..workers.launcher import connect_weight_channel
 
     if rollout is None:
@@ -116,7 +119,8 @@ def rollout_service(frame: RunFrame, actor, rollout):
         return ColocatedRollout(actor)
     transfer = connect_weight_channel(frame.pg, actor, rollout)
     print(f"rollout workers (disaggregated): {rollout.describe_engines()}; weights over {transfer}", flush=True)
-    return DisaggregatedRollout(actor, rollout)
+    in_flight = InFlightUpdates.of(async_training) if async_training is not None else None
+    return DisaggregatedRollout(actor, rollout, in_flight)
 
 
 def load_models(cfg: PPOConfig, roles: Roles, resume_at) -> Tuple[int, Dict]:

@@ -151,13 +151,15 @@ def spawn_group(
     first_bundle: int = 0,
     wait: bool = True,
     taken_ports: Optional[Set[int]] = None,
+    concurrency: int = 1,
 ) -> WorkerGroup:
     """Start ``num_ranks`` actors of ``cls`` in bundles first_bundle.. first_bundle+num_ranks-1 of ``frame.pg``,
-    each taking ``fraction`` of a device and built with its ``WorldSpec`` (``threads`` CPU threads) and
-    ``kwargs`` (appended to ``frame.workers`` as soon as they exist). With ``frame.log_dir`` each rank writes its
-    library output to ``log_dir/<name>_<rank>.log`` (utils/library_logs.py). ``wait``: return once every rank is
-    built (else ``wait_until_built`` later, the group starting meanwhile); ``taken_ports``: master ports of groups
-    still starting, not to be handed out again (the group's own is added)."""
+        each taking ``fraction`` of a device and built with its ``WorldSpec`` (``threads`` CPU threads) and
+        ``kwargs`` (appended to ``frame.workers`` as soon as they exist). With ``frame.log_dir`` each rank writes its
+        library output to ``log_dir/<name>_<rank>.log`` (utils/library_logs.py). ``wait``: return once every rank is
+        built (else ``wait_until_built`` later, the group starting meanwhile); ``taken_ports``: master ports of groups
+        still starting, not to be handed out again (the group's own is added); ``concurrency`` > 1: a threaded actor
+    running that many calls at once."""
     import ray
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -178,6 +180,8 @@ def spawn_group(
             "name": f"{name}_{rank}_{os.getpid()}{next(_STARTS):04d}",
             **acc.actor_options(fraction),
         }
+        if concurrency > 1:
+            options["max_concurrency"] = concurrency
         # ranks of this group on the same host: they share its memory (e.g. the CPU KV-cache budget)
         local = sum(1 for r in range(num_ranks) if nodes.get(first_bundle + r) == nodes.get(first_bundle + rank))
         env_vars = dict(frame.env, LOCAL_WORLD_SIZE=str(max(1, local)))

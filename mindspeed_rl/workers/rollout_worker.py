@@ -5,6 +5,11 @@ of ``infer_tensor_parallel_size`` contiguous ranks, as in the integrated actor. 
 weight channel from the actor's sending rank (``rollout/weights/weight_transfer.py``): full megatron-named tensors
 that each engine shards for itself, or (``weight_transfer: vllm_native``) HF-named tensors that vLLM's
 weight-transfer engine in the worker receives and loads.
+
+With in-flight weight updates (``in_flight``) the worker is a threaded actor: a generation runs in one thread
+while the driver pauses the engine from another (``pause_generation``: once the step in progress ends), streams the
+new weights in (``receive_weights``) and resumes it (``resume_generation``); the requests in flight go on and each
+token records the version that sampled it (``rollout/engines/in_flight.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ class StaleWeights(RuntimeError):
     """A generation asked for a policy version the engine does not hold (a bug of the driver)."""
 
 
+class PauseTimeout(RuntimeError):
+    """An engine did not pause for an in-flight weight update within its deadline."""
+
+
 class RolloutWorker:
     def __init__(
         self,
@@ -33,8 +42,10 @@ class RolloutWorker:
         bf16: bool,
         capture_routes: bool = False,
         processor_dir: Optional[str] = None,
+        in_flight: bool = False,
     ):
         from ..rollout.engines.factory import make_rollout_engine
+        from ..rollout.engines.in_flight import PauseGate
         from ..utils import dist
 
         self.acc = start_worker_process(world)
@@ -57,6 +68,11 @@ class RolloutWorker:
         self.engine_index, self.engine_rank = divmod(world.rank, self.engine_size)
         self.version: Optional[int] = None
         self.channel = None
+        # in-flight updates: an engine that steps (vLLM) lets them in between two steps, another between two calls
+        self.gate = PauseGate() if in_flight else None
+        self.gate_per_call = in_flight and not hasattr(self.engine, "step_in_flight")
+        if in_flight and not self.gate_per_call:
+            self.engine.step_in_flight(self.gate, lambda: self.version if self.version is not None else 0)
 
     def layout(self) -> RankLayout:
         return RankLayout.of_engine_rank(self.rank, self.world_size, self.engine_size)
@@ -93,6 +109,22 @@ class RolloutWorker:
         self.version = version
         return {**stats, "timing/weight_sync": time.perf_counter() - t0}
 
+    def pause_generation(self, timeout: float) -> float:
+        """Close the engine's gate: returns (seconds waited) once its step in progress has ended; PauseTimeout naming
+        the engine and the key when it does not within ``timeout`` s (the gate opens again)."""
+        t0 = time.perf_counter()
+        if not self.gate.pause(timeout):
+            raise PauseTimeout(
+                f"rollout engine {self.engine_index} (rank {self.rank}) did not pause for the weight update within "
+                f"rl_config.async_training.pause_timeout_s = {timeout:g} s: its generation step did not end"
+            )
+        return time.perf_counter() - t0
+
+    def resume_generation(self, recompute: bool = False) -> None:
+        """Open the gate: the requests in flight go on with the weights just loaded (``recompute``: their KV
+        cache recomputed under them first)."""
+        self.gate.resume(recompute)
+
     # ----- rollout ---------------------------------------------------------------------------------------
     def generate(self, request: RolloutRequest, version: Optional[int] = None) -> RolloutResult:
         """The request's n responses per prompt (sample i seeded ``seed + i``) with the weights of ``version``,
@@ -101,7 +133,13 @@ class RolloutWorker:
             raise StaleWeights(f"rollout rank {self.rank} holds policy version {self.version}, asked for {version}")
         request = request.with_sampling(self.gen.sampling_config)
         t0, started = time.perf_counter(), time.time()
-        outputs = self.engine.generate(request) if request.prompts else []
+        if self.gate_per_call:  # the whole call is one step: every token sampled by the version it began with
+            with self.gate.stepping():
+                outputs = self.engine.generate(request) if request.prompts else []
+                for out in outputs:
+                    out.versions = [self.version or 0] * len(out.response_ids)
+        else:
+            outputs = self.engine.generate(request) if request.prompts else []
         return RolloutResult(
             rank=self.rank,
             engine=self.engine_index,

@@ -8,13 +8,12 @@ layer-wise ``reload_weights`` where the worker has it, else through the model's 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import shutil
 import tempfile
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -28,6 +27,8 @@ from ..weights.convert_names import hf_named
 from ..weights.quantize import COMPRESSED_TENSORS, int8_named, int8_quantization_config
 from ..weights.weight_transfer import Meta
 from .base import Pieces, RolloutEngine, RolloutOutput, RolloutRequest
+from .engine_folder import copy_processor, write_hf_config
+from .in_flight import PauseGate, StepLoop
 
 log = logging.getLogger(__name__)
 
@@ -64,50 +65,6 @@ def quantization_method(acc, gen: GenerateConfig, model: ModelConfig) -> str:
         return acc.vllm_quantization(gen.rollout_quantization, moe=bool(model.num_experts), dtype=gen.dtype)
     except ValueError as exc:
         raise RuntimeError(f"generate_config.{exc}") from None
-
-
-def write_hf_config(
-    folder: str, model: ModelConfig, eos_token_id: int, pad_token_id: int, quantization: Optional[Dict] = None
-) -> str:
-    """The model's HF config.json in ``folder`` (with ``quantization`` as its ``quantization_config``)."""
-    from ...families import get_family
-
-    os.makedirs(folder, exist_ok=True)
-    config = get_family(model.model_type_hf).hf_config(model, eos_token_id, pad_token_id)
-    if quantization is not None:
-        config["quantization_config"] = quantization
-    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as fh:
-        json.dump(config, fh, indent=2)
-    return folder
-
-
-# what vLLM's multimodal input processing reads beside config.json (the tokenizer and the image processor)
-PROCESSOR_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "vocab.json",
-    "merges.txt",
-    "preprocessor_config.json",
-    "processor_config.json",
-    "video_preprocessor_config.json",
-    "chat_template.json",
-    "chat_template.jinja",
-)
-
-
-def copy_processor(source: Optional[str], folder: str) -> None:
-    """A vision-language model's processor files from ``source`` (the tokenizer folder) into the engine's folder."""
-    from ...datasets.images import has_image_processor
-
-    if source is None or not has_image_processor(source):
-        raise ValueError(
-            f"tokenizer_name_or_path {source}: a vision-language model's folder needs its image processor "
-            "(preprocessor_config.json or processor_config.json) for vLLM to take images"
-        )
-    for name in PROCESSOR_FILES:
-        if os.path.isfile(os.path.join(source, name)):
-            shutil.copy2(os.path.join(source, name), os.path.join(folder, name))
 
 
 def vllm_named(piece: Dict[str, torch.Tensor], model: ModelConfig, dtype: str) -> List[Tuple[str, torch.Tensor]]:
@@ -233,6 +190,7 @@ class VllmEngine(RolloutEngine):
         self.capture_routes = capture_routes and vllm_routes.install_route_capture(self.llm) > 0
         self.tensor_parallel_size = gen.infer_tensor_parallel_size
         self._asleep = False
+        self.step_loop: Optional[StepLoop] = None
 
     def generate(self, request: RolloutRequest) -> List[RolloutOutput]:
         """One vLLM request per (prompt, sample), each with its own seed: vLLM gives the n children of a
@@ -266,6 +224,8 @@ class VllmEngine(RolloutEngine):
 
             image_token = self.image_token_id()
             requests = [vllm_prompt(p, blob, image_token) for p, blob in zip(prompts, request.images) for _ in range(n)]
+        if self.step_loop is not None:
+            return self._generate_in_flight(request, requests, params)
         results = self.llm.generate(requests, params, use_tqdm=False)
         routes = vllm_routes.take_routes(self.llm) if self.capture_routes else {}
         outputs: List[RolloutOutput] = []
@@ -281,6 +241,24 @@ class VllmEngine(RolloutEngine):
             logps = [entry[tok].logprob for entry, tok in zip(completion.logprobs, ids)]
             reason = "stop" if completion.finish_reason == "stop" else "length"
             outputs.append(RolloutOutput(index // n, ids, logps, reason, routed_experts=routes.get(result.request_id)))
+        return outputs
+
+    # ----- in-flight weight updates (rl_config.async_training.in_flight_weight_updates) ------------------
+    def step_in_flight(self, gate: PauseGate, version: Callable[[], int]) -> None:
+        """From now on generate step by step through ``gate``, each token stamped with ``version()`` as it was
+        when the step that sampled it ran (rollout/engines/in_flight.py)."""
+        if self.capture_routes:
+            raise RuntimeError("router replay's routes cover one forward per request: not with in-flight updates")
+        self.step_loop = StepLoop(gate, version)
+
+    def _generate_in_flight(self, request: RolloutRequest, requests: List[Dict], params: List) -> List[RolloutOutput]:
+        if request.images is not None:
+            raise ValueError("in-flight weight updates take text prompts (a vision model's prompts go to generate)")
+        assert self.step_loop is not None
+        outputs = []
+        for item in self.step_loop.run(self.llm.llm_engine, requests, params):
+            reason = "stop" if item.finish_reason == "stop" else "length"
+            outputs.append(RolloutOutput(item.index // request.n, item.tokens, item.logprobs, reason, item.versions))
         return outputs
 
     def image_token_id(self) -> int:

@@ -108,7 +108,7 @@ class SingleTurn(RolloutFunction):
     name = "single_turn"
 
     def absorb(self, traj: Trajectory, out: RolloutOutput, version: int) -> None:
-        traj.append(out.response_ids, out.logprobs, version, trained=True, routes=out.routed_experts)
+        traj.append(out.response_ids, out.logprobs, out.versions or version, trained=True, routes=out.routed_experts)
         if out.finish_reason == "stop" and out.response_ids:
             traj.end(FINISHED, "stop")
         elif traj.remaining() <= 0 or not out.response_ids:
@@ -145,7 +145,7 @@ class ToolAgent(RolloutFunction):
 
     def absorb(self, traj: Trajectory, out: RolloutOutput, version: int) -> Optional[List[Any]]:
         s = self.settings
-        traj.append(out.response_ids, out.logprobs, version, trained=True, routes=out.routed_experts)
+        traj.append(out.response_ids, out.logprobs, out.versions or version, trained=True, routes=out.routed_experts)
         if out.finish_reason != "stop" or not out.response_ids:
             if traj.remaining() <= 0 or not out.response_ids:
                 traj.turns += 1

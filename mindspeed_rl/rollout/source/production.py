@@ -5,8 +5,10 @@ and how the metrics of several scoring calls add up."""
 from __future__ import annotations
 
 import hashlib
+import threading
+import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ...protocol import Experience
 from ...utils.clock import Clock
@@ -27,6 +29,29 @@ class SeedStream:
         base = (self.start + self.used) % 2**32
         self.used += count
         return base
+
+
+class EngineMeter:
+    """Seconds with a generation request in flight, added by each round as it returns (from the production thread);
+    ``idle_share`` is the share of the wall time since its previous call without one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._busy = 0.0
+        self._last: Optional[Tuple[float, float]] = None  # (time, busy) at the previous read
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self._busy += seconds
+
+    def idle_share(self) -> Optional[float]:
+        """1 - busy / wall over the interval since the previous call; None at the first call (it starts the clock)."""
+        now = time.perf_counter()
+        with self._lock:
+            busy, last, self._last = self._busy, self._last, (now, self._busy)
+        if last is None or now <= last[0]:
+            return None
+        return min(1.0, max(0.0, 1.0 - (busy - last[1]) / (now - last[0])))
 
 
 @dataclass

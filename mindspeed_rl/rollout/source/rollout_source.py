@@ -36,10 +36,11 @@ from ...utils.clock import Clock
 from .agent_loop import AgentContext, RolloutFunction, build_rollout_function
 from .group_filter import DynamicSampling, GroupFilter, KeepAll
 from .legacy_state import legacy_source_state
-from .production import Produced, RolloutBatch, SeedStream, average
+from .production import EngineMeter, Produced, RolloutBatch, SeedStream, average
 from .rounds import TrajectoryPool
 from .schedules import BatchSchedule, RoundSchedule, batch_schedule, round_schedule
 from .scoring_stage import RewardMetrics, Score, scoring_stage, unscored
+from .staleness import StalenessBound
 from .trajectory import Trajectory, group_outputs
 
 if TYPE_CHECKING:
@@ -63,6 +64,7 @@ class RolloutSource:
         sampling: Optional[SamplingConfig] = None,
         overlap_judge: bool = False,
         vision: bool = False,
+        staleness: Optional[StalenessBound] = None,
     ) -> None:
         self.service, self.function, self.filter, self.schedule = service, function, group_filter, schedule
         self.draw, self.n, self.pad_id = draw, n, pad_id
@@ -70,8 +72,10 @@ class RolloutSource:
         self.sampling = sampling  # what a whole-batch function reads in its request
         self.vision = vision  # a vision-language model: the rows carry their prompts' stored images
         self.pool = TrajectoryPool(function, n, max_tokens)
+        self.pool.meter = self.meter = EngineMeter()
         self.seeds = SeedStream(seed, "train")
         self.scoring = scoring_stage(score, self.rows_of, overlap_judge)
+        self.staleness = staleness if staleness is not None else StalenessBound()
 
     @property
     def off_policy(self) -> bool:
@@ -82,6 +86,9 @@ class RolloutSource:
     def next_batch(self, iteration: int) -> RolloutBatch:
         self.ahead.fill(iteration, self.produce)
         produced, metrics = self.ahead.take(iteration)
+        idle = self.meter.idle_share()  # since the previous batch was taken
+        if idle is not None:
+            metrics["timing/engine_idle_share"] = idle
         return RolloutBatch(self.experience(produced), {**produced.metrics, **metrics}, produced.clock)
 
     def settle(self, clock: Optional[Clock] = None) -> float:
@@ -114,7 +121,7 @@ class RolloutSource:
         scored: RewardMetrics = []
         while True:
             if not schedule.holds_back(pool):
-                self._offer(clock, scored)
+                self._offer(clock, scored, iteration)
             self._to_filter(scoring.ready(clock, scored, wait=False))
             if flt.satisfied() and not schedule.keeps_generating(pool):
                 break
@@ -139,7 +146,7 @@ class RolloutSource:
             tokens += pool.run_round(self.service, self.seeds, version, schedule.chunk, clock, sampling)
             rounds += 1
         pool.join_tools(version, clock)
-        self._offer(clock, scored)
+        self._offer(clock, scored, iteration)
         self._to_filter(scoring.ready(clock, scored, wait=True))
         groups, metrics = flt.take(draws)
         if len(groups) < flt.want:
@@ -149,6 +156,7 @@ class RolloutSource:
         metrics.update(scoring.metrics(clock))
         metrics.update(self.function.metrics([t for g in groups for t in g]))
         metrics.update(schedule.metrics(pool, groups, rounds, tokens, drawn))
+        metrics.update(self.staleness.metrics())
         if self.vision:  # rows of a vision dataset whose stored images do not decode
             metrics["rollout/skipped_prompts"] = float(skipped)
         line = flt.summary(iteration, metrics, draws)
@@ -156,14 +164,19 @@ class RolloutSource:
             print(line, flush=True)
         return Produced(iteration, version, groups, metrics, clock, time.perf_counter() - started)
 
-    def _offer(self, clock: Clock, scored: RewardMetrics) -> None:
+    def _offer(self, clock: Clock, scored: RewardMetrics, iteration: int) -> None:
         """Finished groups, oldest first, to the scoring stage and, once scored, to the filter until it is
-        satisfied; the others go back to the pool (a synchronous schedule discards them at the end of the batch)."""
+        satisfied; the others go back to the pool (a synchronous schedule discards them at the end of the batch).
+        Stale groups (the batch trains at version ``iteration``) are dropped or go back to generate again."""
         if self.filter.satisfied():
             return
         finished = self.schedule.offerable(self.pool)
         if finished:
-            self._to_filter(self.scoring.submit(self.pool.take(finished), clock, scored))
+            fresh, again = self.staleness.screen(self.pool.take(finished), iteration)
+            if again:
+                self.pool.put_back(again)
+            if fresh:
+                self._to_filter(self.scoring.submit(fresh, clock, scored))
 
     def scores_may_fill(self) -> bool:
         """Whether groups still being scored, with the pool's and the filter's, could complete the batch. A filter
@@ -261,6 +274,7 @@ class RolloutSource:
             return draw_prompts(dataset, sampler)
 
         overlap = cfg.judge is not None and cfg.judge.overlap
+        keys = rl.async_training
         return RolloutSource(
             service,
             function,
@@ -272,10 +286,11 @@ class RolloutSource:
             sampling.max_tokens,
             sampling.seed,
             pad_id,
-            batch_schedule(rl.max_head_offpolicyness),
+            batch_schedule(rl.max_head_offpolicyness, keys.in_flight_weight_updates),
             sampling,
             overlap,
             bool(cfg.actor.model.vision_config),
+            StalenessBound(keys.max_staleness, keys.stale_trajectories),
         )
 
 

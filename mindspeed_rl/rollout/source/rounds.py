@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ...config_cls.base import ConfigError
 from ...config_cls.generate_config import SamplingConfig
@@ -36,6 +36,7 @@ class TrajectoryPool:
         self.next_uid = 0
         self._tools: Optional[Tuple[Future, List[Tuple[Trajectory, object]]]] = None
         self._executor: Optional[ThreadPoolExecutor] = None
+        self.meter: Optional[Any] = None  # an EngineMeter (production.py) that each round's generation time goes to
 
     # ----- contents ------------------------------------------------------------------------------------
     def add(self, prompts: PromptBatch) -> None:
@@ -106,8 +107,11 @@ class TrajectoryPool:
             [min(chunk, t.remaining()) for t in ready],
             request_images(ready),
         )
+        started = time.perf_counter()
         with clock.measure("timing/rollout"):
             generated = service.collect(service.submit(request))
+        if self.meter is not None:
+            self.meter.add(time.perf_counter() - started)
         for key in ("timing/resharding_to_infer", "timing/resharding_to_train"):
             if key in generated.timing:
                 clock.add(key, generated.timing[key])
@@ -159,8 +163,12 @@ class TrajectoryPool:
         )
 
         def generate(req: RolloutRequest):
+            started = time.perf_counter()
             with clock.measure("timing/rollout"):
-                return service.collect(service.submit(req)).outputs
+                outputs = service.collect(service.submit(req)).outputs
+            if self.meter is not None:
+                self.meter.add(time.perf_counter() - started)
+            return outputs
 
         batch = self.function.run_batch(request, generate, [g[0].tools for g in groups])
         grouped = by_prompt(batch.outputs)
@@ -171,7 +179,9 @@ class TrajectoryPool:
                     f"rollout function {self.function.name}: prompt {i} has {len(outs)} of {self.n} outputs"
                 )
             for traj, out in zip(group, outs):
-                traj.append(out.response_ids, out.logprobs, version, trained=True, routes=out.routed_experts)
+                traj.append(
+                    out.response_ids, out.logprobs, out.versions or version, trained=True, routes=out.routed_experts
+                )
                 if out.loss_mask is not None:  # the function's own mask (its tool results 0)
                     traj.loss_mask = list(out.loss_mask)
                 traj.end_with(out.finish_reason)

@@ -13,6 +13,9 @@
                   produced in a thread of the driver while the trainer trains; batch j uses the weights of
                   version j - L (once j >= L) and the weight update waits until the productions in flight
                   are done, so no batch ever mixes weights it was not submitted with
+    InFlight      fully asynchronous: as Ahead, but a weight update waits for nothing: it reaches the engines
+                  while their requests are in flight (the service pauses, loads, resumes them), so the engines
+                  never stop for training; a trajectory's tokens may come from several versions, each recorded
 
 Each is one class typed by a Protocol (``RoundSchedule``: Synchronous, Chunked; ``BatchSchedule``: InStep, Ahead)
 that carries its own refusals, metrics and the factory that reads its keys (``round_schedule``, ``batch_schedule``);
@@ -252,11 +255,15 @@ class Ahead:
     def settle(self, clock: Optional[Clock] = None) -> float:
         """Wait until every queued production is done (before the weights change or a checkpoint); the wait is
         the trainer's idle time (``clock``: timing/rollout_wait and timing/trainer_idle)."""
-        settled = sum(self._wait(slot) for slot in self.slots)
+        settled = self.drain()
         if clock is not None:
             clock.add("timing/rollout_wait", settled)
             clock.add("timing/trainer_idle", settled)
         return settled
+
+    def drain(self) -> float:
+        """Wait until every queued production is done; the seconds waited."""
+        return sum(self._wait(slot) for slot in self.slots)
 
     def _wait(self, slot: _Slot) -> float:
         start = time.perf_counter()
@@ -268,7 +275,8 @@ class Ahead:
         return waited
 
     def produced(self) -> List[Produced]:
-        self.settle()
+        """The batches produced ahead, once every queued production is done (what a checkpoint holds)."""
+        self.drain()
         return [slot.produced for slot in self.slots if slot.produced is not None]
 
     def restore(self, produced: List[Produced]) -> None:
@@ -280,6 +288,19 @@ class Ahead:
             self.slots.append(slot)
 
 
+class InFlight(Ahead):
+    """Fully asynchronous: the productions ahead as in Ahead, and a weight update that waits for none of them (the
+    service updates the engines in flight). What a batch holds then depends on when each update landed: a resumed
+    run loses and repeats no trajectory (a checkpoint waits for the productions in flight and stores them), but
+    it need not make the same batches as the run that was not stopped."""
+
+    name = "fully_async"
+
+    def settle(self, clock: Optional[Clock] = None) -> float:
+        """Nothing to wait for before a weight update: the engines take it in flight."""
+        return 0.0
+
+
 def round_schedule(rl, max_tokens: int) -> RoundSchedule:
     """The schedule of rounds for rl_config: partial chunks with partial_rollout_max_split > 1, else synchronous."""
     if rl.partial_rollout_max_split > 1:
@@ -287,6 +308,9 @@ def round_schedule(rl, max_tokens: int) -> RoundSchedule:
     return Synchronous(max_tokens)
 
 
-def batch_schedule(lag: int) -> BatchSchedule:
-    """The schedule of batches relative to training for rl_config.max_head_offpolicyness ``lag``."""
-    return Ahead(lag) if lag > 0 else InStep()
+def batch_schedule(lag: int, in_flight: bool = False) -> BatchSchedule:
+    """The schedule of batches relative to training for rl_config.max_head_offpolicyness ``lag`` (``in_flight``:
+    rl_config.async_training.in_flight_weight_updates)."""
+    if lag == 0:
+        return InStep()
+    return InFlight(lag) if in_flight else Ahead(lag)

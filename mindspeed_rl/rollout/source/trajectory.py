@@ -18,7 +18,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ...protocol.experience import Experience
 from ...protocol.rollout import RolloutOutput
@@ -74,16 +74,38 @@ class Trajectory:
         return self.prompt + self.tokens
 
     def append(
-        self, tokens: Sequence[int], logprobs: Sequence[float], version: int, trained: bool, routes: Any = None
+        self,
+        tokens: Sequence[int],
+        logprobs: Sequence[float],
+        version: Union[int, Sequence[int]],
+        trained: bool,
+        routes: Any = None,
     ) -> None:
         """Generated tokens (trained, with their log-probs and the engine's routes of the whole context) or a
-        tool result (loss_mask 0, log-prob 0)."""
+        tool result (loss_mask 0, log-prob 0); ``version``: the policy version of all of them, or of each (an
+        in-flight weight update changed it mid-answer)."""
         if routes is not None:
             self.routes = routes
         self.tokens += list(tokens)
         self.logprobs += list(logprobs) if trained else [0.0] * len(tokens)
         self.loss_mask += [int(trained)] * len(tokens)
-        self.versions += [version] * len(tokens)
+        if isinstance(version, int):
+            self.versions += [version] * len(tokens)
+        elif len(version) == len(tokens):
+            self.versions += list(version)
+        else:
+            raise ValueError(f"trajectory {self.uid}: {len(version)} versions for {len(tokens)} tokens")
+
+    def oldest_version(self) -> Optional[int]:
+        """The version of its oldest generated (trained) token; None before it has any."""
+        trained = [v for v, m in zip(self.versions, self.loss_mask) if m]
+        return min(trained) if trained else None
+
+    def restart(self) -> None:
+        """Back to its prompt alone (a stale trajectory regenerated with the current weights)."""
+        blank = Trajectory(self.uid, self.prompt, self.label, self.budget, self.tools, images=self.images)
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(blank, f.name))
 
     def end(self, status: str, finish_reason: str) -> None:
         self.status, self.finish_reason = status, finish_reason

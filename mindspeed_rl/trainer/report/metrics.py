@@ -89,6 +89,12 @@ def data_metrics(exp: Experience, version: int = 0) -> Dict[str, float]:
         lag = (version - exp.policy_version).float()
         out["rollout/staleness_mean"] = float(masked_mean(lag, mask))
         out["rollout/staleness_max"] = float(lag[mask.bool()].max())
+        versions = exp.policy_version[mask.bool()]
+        # versions that sampled the batch's tokens, newest minus oldest (in-flight updates mix them within answers)
+        out["rollout/version_spread"] = float(versions.max() - versions.min())
+        per_row = [row[m.bool()] for row, m in zip(exp.policy_version, mask)]
+        mixed = [len(set(r.tolist())) > 1 for r in per_row if len(r)]
+        out["rollout/mixed_version_share"] = sum(mixed) / max(1, len(mixed))
     return out
 
 
