@@ -225,8 +225,8 @@ class RolloutSource:
     def state_dict(self) -> Dict:
         """The parked trajectories, the filter's groups and the batches produced ahead (waits for those in
         flight)."""
+        produced = self.ahead.produced()  # first: no production may change the pool, the filter or the seeds after
         state = {"pool": self.pool.state_dict(), "filter": self.filter.state_dict(), "seeds_used": self.seeds.used}
-        produced = self.ahead.produced()  # settles first
         if produced:
             state["ahead"] = [p.state() for p in produced]
         return state
@@ -251,6 +251,7 @@ class RolloutSource:
         self.ahead.restore(produced)
 
     def close(self) -> None:
+        self.ahead.close()
         self.pool.close()
         self.function.close()
 

@@ -74,6 +74,7 @@ class BatchSchedule(Protocol):
     def settle(self, clock: Optional[Clock] = None) -> float: ...
     def produced(self) -> List[Produced]: ...
     def restore(self, produced: List[Produced]) -> None: ...
+    def close(self) -> None: ...
 
 
 class Synchronous:
@@ -188,6 +189,9 @@ class InStep:
     def produced(self) -> List[Produced]:
         return []
 
+    def close(self) -> None:
+        pass
+
     def restore(self, produced: List[Produced]) -> None:
         if produced:
             raise ConfigError(
@@ -278,6 +282,15 @@ class Ahead:
         """The batches produced ahead, once every queued production is done (what a checkpoint holds)."""
         self.drain()
         return [slot.produced for slot in self.slots if slot.produced is not None]
+
+    def close(self, timeout: float = 120.0) -> None:
+        """No queued production starts; the one running ends (before the process does: a production thread cut
+        short at exit aborts it); a production that does not end within ``timeout`` s is left to the exit."""
+        if self._failed is None:
+            self._failed = RuntimeError("asynchronous rollout: the rollout source is closed")
+        deadline = time.monotonic() + timeout
+        for slot in self.slots:
+            slot.done.wait(max(0.0, deadline - time.monotonic()))
 
     def restore(self, produced: List[Produced]) -> None:
         """Batches a checkpoint holds, as produced (``.iteration`` each, in order)."""
