@@ -150,3 +150,75 @@ def prompts_of(count: int, start: int = 0) -> Dict:
         a, b = 2 + i % 7, 3 + i % 5
         rows.append((TOK.encode(f"Q: {a}*{b}?"), str(a * b)))
     return rows
+
+
+class SteppingEngine:
+    """An engine that generates ``steps`` tokens one step at a time through the worker's pause gate (``step_s``
+    seconds each), each token stamped with the version the worker held during its step."""
+
+    name = "stepping"
+    tensor_parallel_size = 1
+
+    def __init__(self, steps: int = 40, step_s: float = 0.01):
+        self.steps, self.step_s = steps, step_s
+
+    def step_in_flight(self, gate, version):
+        self.gate, self.version = gate, version
+
+    def generate(self, request):
+        import time
+
+        versions = []
+        for _ in range(self.steps):
+            with self.gate.stepping():
+                time.sleep(self.step_s)
+                versions.append(self.version())
+        rows = len(request.prompts) * request.n
+        return [
+            RolloutOutput(i // request.n, [1] * self.steps, [0.0] * self.steps, "length", versions) for i in range(rows)
+        ]
+
+    def onload(self):
+        pass
+
+
+def stepping_worker_class():
+    """A rollout rank (the real RolloutWorker's pause, resume and generate) over a SteppingEngine, whose weight loads
+    take 50 ms, fail where told to, and are logged with the resumes (rank, event, time)."""
+    import time
+
+    from mindspeed_rl.config_cls import GenerateConfig
+    from mindspeed_rl.rollout.engines.in_flight import PauseGate
+    from mindspeed_rl.workers.rollout_worker import RolloutWorker
+
+    class SteppingWorker(RolloutWorker):
+        def __init__(self, rank: int, world_size: int, fail_load: bool = False, step_s: float = 0.01):
+            self.rank, self.world_size, self.engine_size = rank, world_size, 1
+            self.engine_index, self.engine_rank = rank, 0
+            self.gen, self.version, self.channel = GenerateConfig(), 0, None
+            self.gate, self.gate_per_call = PauseGate(), False
+            self.engine = SteppingEngine(step_s=step_s)
+            self.engine.step_in_flight(self.gate, lambda: self.version)
+            self.fail_load, self.events = fail_load, []
+
+        def receive_weights(self, version):
+            self.events.append((self.rank, "load", time.perf_counter()))
+            if self.fail_load:
+                raise RuntimeError(f"rank {self.rank}: the weights did not load")
+            time.sleep(0.05)
+            self.version = version
+            return {}
+
+        def resume_generation(self, recompute=False):
+            self.events.append((self.rank, "resume", time.perf_counter()))
+            super().resume_generation(recompute)
+
+        def log(self):
+            return self.events, self.gate.paused
+
+    return SteppingWorker
+
+
+class WeightSender:
+    def push_weights(self):
+        return {}

@@ -403,3 +403,80 @@ def test_the_fully_async_twin_trains_with_updates_landing_in_flight(tmp_path, de
     assert all(r["rollout/staleness_max"] <= 2 for r in rows)
     assert all(0.0 <= r["timing/engine_idle_share"] <= 1.0 for r in rows[1:])
     assert max(r["rollout/mixed_version_share"] for r in rows) > 0, [r["rollout/mixed_version_share"] for r in rows]
+
+
+# ----- the service: pause every engine, load, resume every engine -------------------------------------------------
+@pytest.fixture(scope="module")
+def stepping_workers(without_shared_ray):
+    """Threaded Ray actors: two rollout ranks over stepping engines (rank 1's load fails when told), one sender."""
+    import ray
+
+    from mindspeed_rl.workers.worker_group import WorkerGroup
+    from tests.rollout_fakes import WeightSender, stepping_worker_class
+
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
+    worker = ray.remote(stepping_worker_class())
+
+    def start(fail_load=False, step_s=0.01):
+        handles = [worker.options(max_concurrency=4).remote(r, 2, fail_load and r == 1, step_s) for r in range(2)]
+        group = WorkerGroup("rollout", handles)
+        group.load_layouts()
+        return WorkerGroup("actor", [ray.remote(WeightSender).remote()]), group
+
+    yield start
+    ray.shutdown()
+
+
+def test_an_in_flight_update_pauses_every_engine_loads_all_and_only_then_resumes_any(stepping_workers):
+    import ray
+
+    from mindspeed_rl.config_cls import SamplingConfig
+    from mindspeed_rl.protocol import RolloutRequest
+    from mindspeed_rl.rollout.service import DisaggregatedRollout, InFlightUpdates
+
+    actor, rollout = stepping_workers()
+    service = DisaggregatedRollout(actor, rollout, InFlightUpdates(pause_timeout_s=10))
+    service.update_weights(0)
+    handle = service.submit(RolloutRequest.of([[1], [2], [3], [4]], SamplingConfig(max_tokens=40), n=2))
+    time.sleep(0.15)  # a dozen steps in
+    service.update_weights(1)
+    outputs = service.collect(handle).outputs
+    assert len(outputs) == 8 and service.engine_version == 1
+    for out in outputs:  # the old version's tokens, then the new one's
+        first = out.versions.index(1)
+        assert 0 < first < 40 and out.versions == [0] * first + [1] * (40 - first)
+    logs = ray.get(rollout.call_async("log"))
+    loads = [t for events, _ in logs for rank, what, t in events if what == "load"]
+    resumes = [t for events, _ in logs for rank, what, t in events if what == "resume"]
+    assert len(loads) == 4 and len(resumes) == 4  # the start's push and the update's, on both ranks
+    update_loads = sorted(loads)[2:]
+    # a load takes 50 ms from its log line: no rank resumes before the slower rank's load is done
+    assert min(t for t in resumes if t > min(update_loads)) > max(update_loads) + 0.045
+
+
+def test_a_load_that_fails_on_one_engine_stops_the_update_with_no_engine_resumed(stepping_workers):
+    import ray
+
+    from mindspeed_rl.rollout.service import DisaggregatedRollout, InFlightUpdates
+
+    actor, rollout = stepping_workers(fail_load=True)
+    service = DisaggregatedRollout(actor, rollout, InFlightUpdates(pause_timeout_s=10))
+    with pytest.raises(Exception, match="rank 1: the weights did not load"):
+        service.update_weights(0)
+    logs = ray.get(rollout.call_async("log"))
+    assert all(paused for _, paused in logs)  # both gates closed: neither engine serves a mix of versions
+    assert not [what for events, _ in logs for _, what, _ in events if what == "resume"]
+
+
+def test_an_engine_stuck_in_a_step_stops_the_update_naming_it_and_the_key(stepping_workers):
+    from mindspeed_rl.config_cls import SamplingConfig
+    from mindspeed_rl.protocol import RolloutRequest
+    from mindspeed_rl.rollout.service import DisaggregatedRollout, InFlightUpdates
+
+    actor, rollout = stepping_workers(step_s=2.0)
+    service = DisaggregatedRollout(actor, rollout, InFlightUpdates(pause_timeout_s=0.3))
+    service.update_weights(0)
+    service.submit(RolloutRequest.of([[1], [2]], SamplingConfig(max_tokens=40), n=1))
+    time.sleep(0.2)
+    with pytest.raises(Exception, match=r"rollout engine 0 \(rank 0\) did not pause .*pause_timeout_s = 0.3 s"):
+        service.update_weights(1)

@@ -190,8 +190,8 @@ class CpuAccelerator(Accelerator):
         compat_vllm.inspect_model_classes_in_process()
         compat_vllm.cpu_kv_cache_from_engine_argument()
         compat_vllm.keep_external_launcher_on_cpu()
-        if compat_vllm.requested_weight_load() == "load_weights":
-            compat_vllm.keep_cpu_linear_weights()
+        compat_vllm.keep_cpu_linear_weights()
+        compat_vllm.keep_cpu_mla_up_projection()
         # vLLM names the shared-memory segments of its CPU TP all-reduce after the group's ranks and an
         # identity that is empty for in-process engines: two jobs on one host (or a segment an earlier
         # run left behind) then collide ("create shm in SHMManager failed. errno: 17"). Prefix every

