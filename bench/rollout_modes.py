@@ -8,6 +8,7 @@ modes differ only in how batches are produced (rollout/source/rollout_source.py)
   sync        generate the batch, then train on it
   partial     partial_rollout_max_split (chunks of max_tokens / split; unfinished responses parked)
   async       max_head_offpolicyness 1 (the next batch is produced while the actor trains)
+  async2      max_head_offpolicyness 2 (each weight update waits for both batches in flight)
   fully_async max_head_offpolicyness 2 with in-flight weight updates (rl_config.async_training; staleness bound 2):
               the rollout worker never waits for training, the weights reach it between two engine steps
   ds          dynamic sampling (filter_groups: groups all right or all wrong are dropped, more prompts drawn;
@@ -41,6 +42,7 @@ from bench.train_run import train  # noqa: E402
 LAYERS = {
     "partial": ["rl_config.partial_rollout_max_split={split}"],
     "async": ["rl_config.max_head_offpolicyness=1"],
+    "async2": ["rl_config.max_head_offpolicyness=2"],
     "fully_async": [
         "rl_config.max_head_offpolicyness=2",
         "rl_config.async_training.in_flight_weight_updates=true",
@@ -55,7 +57,7 @@ LAYERS = {
     ],
 }
 MODES = [
-    "sync", "partial", "async", "ds", "ds+partial", "ds+async", "partial+async", "ds+partial+async", "fully_async",
+    "sync", "partial", "async", "ds", "ds+partial", "ds+async", "partial+async", "ds+partial+async", "async2", "fully_async",
 ]  # fmt: skip
 
 
