@@ -480,3 +480,40 @@ def test_an_engine_stuck_in_a_step_stops_the_update_naming_it_and_the_key(steppi
     time.sleep(0.2)
     with pytest.raises(Exception, match=r"rollout engine 0 \(rank 0\) did not pause .*pause_timeout_s = 0.3 s"):
         service.update_weights(1)
+
+
+# ----- correction of mixed-version answers ------------------------------------------------------------------------
+def test_a_mixed_version_answer_is_clipped_around_the_proximal_policy_and_weighted_to_its_behaviour():
+    """One answer of three tokens, the first sampled by version 1 and the others by version 2, trained at version 2
+    (docs/algorithms.md, "Mixed-version trajectories"); the loss by hand:
+        w   = [min(exp(-0.8 + 1.0), 2), 1, 1] = [1.22140, 1, 1]      (only the stale token is reweighted)
+        r   = exp(log pi - log pi_prox) = [exp(0.3), exp(0), exp(-0.2)] = [1.34986, 1, 0.81873]
+        L_t = w_t * max(-A r_t, -A clip(r_t, 0.8, 1.2)), A = 1:  [-1.2 * 1.22140, -1, -0.81873]
+        L   = token mean = (-1.46568 - 1 - 0.81873) / 3 = -1.09480"""
+    from types import SimpleNamespace
+
+    import torch
+
+    from mindspeed_rl.algorithms.losses import Clip, vanilla_policy_loss
+    from mindspeed_rl.trainer.ppo.ppo_trainer import PPOTrainer
+
+    behaviour = torch.tensor([[-1.0, -0.5, -0.7]])  # what each token's sampling version gave it (the engine's)
+    proximal = torch.tensor([[-0.8, -0.6, -0.7]])  # the actor's weights before the update (old log-probs)
+    current = torch.tensor([[-0.5, -0.6, -0.9]])
+    mask = torch.ones(1, 3)
+    exp = SimpleNamespace(
+        old_log_probs=proximal, rollout_log_probs=behaviour, loss_mask=mask, policy_version=torch.tensor([[1, 2, 2]])
+    )
+    exp.set = lambda name, value: setattr(exp, name, value)
+    trainer = SimpleNamespace(
+        rl=SimpleNamespace(rollout_correction=SimpleNamespace(rollout_is_threshold=2.0)),
+        algorithm=SimpleNamespace(rollout_is=None),
+        off_policy=True,
+        rollout_service=SimpleNamespace(version=2),
+    )
+    PPOTrainer.correct_rollout(trainer, exp)
+    assert torch.allclose(exp.rollout_is_weights, torch.tensor([[1.22140, 1.0, 1.0]]), atol=1e-5)
+    loss, _ = vanilla_policy_loss(
+        current, proximal, torch.ones(1, 3), mask, Clip(0.2, 0.2), weights=exp.rollout_is_weights
+    )
+    assert abs(float(loss) - (-1.09480)) < 1e-4
