@@ -57,7 +57,8 @@ LAYERS = {
     ],
 }
 MODES = [
-    "sync", "partial", "async", "ds", "ds+partial", "ds+async", "partial+async", "ds+partial+async", "async2", "fully_async",
+    "sync", "partial", "async", "ds", "ds+partial", "ds+async", "partial+async", "ds+partial+async",
+    "async2", "fully_async",
 ]  # fmt: skip
 
 

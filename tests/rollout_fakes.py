@@ -169,8 +169,9 @@ class SteppingEngine:
         import time
 
         versions = []
-        for _ in range(self.steps):
-            with self.gate.stepping():
+        with self.gate.generating():
+            for _ in range(self.steps):
+                self.gate.hold_point()
                 time.sleep(self.step_s)
                 versions.append(self.version())
         rows = len(request.prompts) * request.n

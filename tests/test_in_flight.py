@@ -30,13 +30,14 @@ N, WANT, DRAW, MAX_TOKENS = 4, 2, 4, 320
 def test_a_pause_returns_once_the_step_in_progress_ends_and_no_step_runs_until_the_resume():
     gate, events = PauseGate(), []
 
-    def stepping():
-        for k in range(3):
-            with gate.stepping() as recompute:
+    def generating():
+        with gate.generating():
+            for k in range(3):
+                recompute = gate.hold_point()
                 events.append(("step", k, recompute))
                 time.sleep(0.2)
 
-    thread = threading.Thread(target=stepping)
+    thread = threading.Thread(target=generating)
     thread.start()
     time.sleep(0.05)  # step 0 runs
     t0 = time.perf_counter()
@@ -49,6 +50,8 @@ def test_a_pause_returns_once_the_step_in_progress_ends_and_no_step_runs_until_t
     thread.join()
     assert 0.05 < waited < 0.5
     assert events == [("step", 0, False), ("paused",), ("step", 1, True), ("step", 2, False)]
+    assert gate.pause(0.01)  # nothing generates: at once
+    gate.resume()
 
 
 def test_a_pause_past_its_deadline_reports_it_and_opens_the_gate_again():
@@ -56,7 +59,8 @@ def test_a_pause_past_its_deadline_reports_it_and_opens_the_gate_again():
     started = threading.Event()
 
     def hung_step():
-        with gate.stepping():
+        with gate.generating():
+            gate.hold_point()
             started.set()
             time.sleep(1.0)
 
@@ -66,6 +70,68 @@ def test_a_pause_past_its_deadline_reports_it_and_opens_the_gate_again():
     assert not gate.pause(0.2)
     assert not gate.paused
     thread.join()
+
+
+def test_the_ranks_of_one_engine_hold_at_the_same_step_whichever_rank_is_paused_first():
+    """Two ranks of one engine (infer TP 2) step in lockstep (a barrier per step stands for the engine's collectives);
+    before each step the first rank's "my gate is closed" goes to both (``agree``). Paused at once, one rank a few
+    milliseconds after the other (either first), they always hold before the same step, and no step runs between
+    both pauses and the resumes."""
+    import random
+
+    rng = random.Random(3)
+    gates, steps = [PauseGate(), PauseGate()], [[], []]
+    step_barrier, agree_barrier = threading.Barrier(2), threading.Barrier(2)
+    leader_says = [False]
+    loaded = [0]
+
+    def agree_of(rank):
+        def agree(closed):
+            if rank == 0:
+                leader_says[0] = closed
+            agree_barrier.wait()  # the broadcast: both read the first rank's decision
+            decision = leader_says[0]
+            agree_barrier.wait()
+            return decision
+
+        return agree
+
+    def rank_loop(rank):
+        with gates[rank].generating():
+            for k in range(100):
+                gates[rank].hold_point(agree_of(rank))
+                step_barrier.wait()  # the engine's collective: both ranks in the same step
+                steps[rank].append((k, loaded[0]))
+                time.sleep(0.003)
+
+    threads = [threading.Thread(target=rank_loop, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for update in range(4):
+        time.sleep(rng.uniform(0.01, 0.04))
+        # as the service does: both pauses at once (each rank's call on a thread of its own), one a little later
+        delays = [rng.uniform(0.0, 0.01), rng.uniform(0.0, 0.01)]
+        paused = [None, None]
+
+        def pause(rank):
+            time.sleep(delays[rank])
+            paused[rank] = gates[rank].pause(5.0)
+
+        pausing = [threading.Thread(target=pause, args=(r,)) for r in range(2)]
+        for t in pausing:
+            t.start()
+        for t in pausing:
+            t.join()
+        assert paused == [True, True]
+        loaded[0] = update + 1  # "the weights": no step may run while they change
+        time.sleep(0.01)
+        for gate in gates:
+            gate.resume()
+    for t in threads:
+        t.join(10)
+    assert steps[0] == steps[1] and len(steps[0]) == 100  # the same steps, each with the same weights
+    versions = [v for _, v in steps[0]]
+    assert versions == sorted(versions) and versions[-1] == 4
 
 
 def test_the_worker_names_the_engine_and_the_key_when_its_engine_does_not_pause():
@@ -78,7 +144,8 @@ def test_the_worker_names_the_engine_and_the_key_when_its_engine_does_not_pause(
     started = threading.Event()
 
     def hung_step():
-        with gate.stepping():
+        with gate.generating():
+            gate.hold_point()
             started.set()
             time.sleep(0.8)
 
@@ -266,15 +333,6 @@ ASYNC = ["rl_config.rollout_resource.num_npus=1", "rl_config.max_head_offpolicyn
             [*ASYNC, "rl_config.async_training.recompute_kv_cache_after_weight_updates=true"],
             "rl_config.async_training.recompute_kv_cache_after_weight_updates: applies to in-flight weight updates",
         ),
-        (
-            [
-                "rl_config.rollout_resource.num_npus=2",
-                "rl_config.max_head_offpolicyness=2",
-                "generate_config.infer_tensor_parallel_size=2",
-                "rl_config.async_training.in_flight_weight_updates=true",
-            ],
-            "generate_config.infer_tensor_parallel_size: 2 with in-flight weight updates",
-        ),
     ],
 )  # fmt: skip
 def test_async_training_keys_that_do_not_fit_are_refused(capsys, overrides, words):
@@ -381,9 +439,10 @@ def test_vllm_step_by_step_equals_its_generate_and_takes_an_update_between_two_s
 @pytest.mark.slow
 @pytest.mark.usefixtures("without_shared_ray")  # its run starts a Ray cluster of its own
 def test_the_fully_async_twin_trains_with_updates_landing_in_flight(tmp_path, demo_assets):
-    """configs/grpo_tiny_cpu_fully_async for 3 iterations: whole batches, tokens at most 2 versions old, answers
-    whose tokens come from two versions (the updates landed while they were generated), the engines' idle share
-    reported."""
+    """configs/grpo_tiny_cpu_fully_async for 3 iterations, its rollout engine at infer TP 2 (two ranks that must hold
+    at the same step) with the KV cache recomputed at each update: whole batches, tokens at most 2 versions old,
+    answers whose tokens come from two versions (the updates landed while they were generated), and the tokens
+    sampled after an update carry exactly the log-probs the trainer's weights give them (batch-invariant fp32: 0)."""
     import json
     import os
 
@@ -393,6 +452,8 @@ def test_the_fully_async_twin_trains_with_updates_landing_in_flight(tmp_path, de
         f"megatron_training.data_path={demo_assets['data_prefix']}",
         "megatron_training.test_data_path=null", "rl_config.test_freq=0", "rl_config.val_before_train=false",
         "megatron_training.train_iters=3", f"rl_config.log_dir={tmp_path}/logs", f"actor_config.save={tmp_path}/ckpt",
+        "rl_config.rollout_resource.num_npus=2", "generate_config.infer_tensor_parallel_size=2",
+        "rl_config.async_training.recompute_kv_cache_after_weight_updates=true",
     ]  # fmt: skip
     out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -403,6 +464,10 @@ def test_the_fully_async_twin_trains_with_updates_landing_in_flight(tmp_path, de
     assert all(r["rollout/staleness_max"] <= 2 for r in rows)
     assert all(0.0 <= r["timing/engine_idle_share"] <= 1.0 for r in rows[1:])
     assert max(r["rollout/mixed_version_share"] for r in rows) > 0, [r["rollout/mixed_version_share"] for r in rows]
+    assert rows[-1]["rollout/staleness_mean"] < 2  # tokens of the newest version among them
+    assert all(r["rollout/fresh_logprob_diff_max"] < 1e-4 for r in rows), [
+        r["rollout/fresh_logprob_diff_max"] for r in rows
+    ]
 
 
 # ----- the service: pause every engine, load, resume every engine -------------------------------------------------

@@ -85,13 +85,6 @@ def check_in_flight(cfg: PPOConfig) -> None:
             f"{interval} is above max_head_offpolicyness + 1 = {lag + 1}: the batch of an iteration right before a "
             "push would need weights the engines never get before it is due",
         )
-    gen = cfg.generate
-    if gen.infer_tensor_parallel_size > 1:
-        raise ConfigError(
-            "generate_config.infer_tensor_parallel_size",
-            f"{gen.infer_tensor_parallel_size} with in-flight weight updates: the ranks of one engine step "
-            "together and would each pause at a step of their own; use engines of infer TP 1 (more of them)",
-        )
     if rl.router_replay is not None:
         raise ConfigError(
             "rl_config.router_replay",

@@ -31,6 +31,28 @@ class PauseTimeout(RuntimeError):
     """An engine did not pause for an in-flight weight update within its deadline."""
 
 
+def engine_agreement(engine_index: int, engine_size: int, world_size: int):
+    """For an engine of several ranks: a function that gives every rank its first rank's "my gate is closed", so all
+    hold at the same step (a gloo broadcast per step in a group per engine; every rank creates every group, in
+    order). None for engines of one rank."""
+    if engine_size == 1:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    groups = [
+        dist.new_group(list(range(e, e + engine_size)), backend="gloo") for e in range(0, world_size, engine_size)
+    ]
+    group, leader = groups[engine_index], engine_index * engine_size
+
+    def agree(closed: bool) -> bool:
+        flag = torch.tensor([int(closed)], dtype=torch.int32)
+        dist.broadcast(flag, src=leader, group=group)
+        return bool(flag.item())
+
+    return agree
+
+
 class RolloutWorker:
     def __init__(
         self,
@@ -72,7 +94,8 @@ class RolloutWorker:
         self.gate = PauseGate() if in_flight else None
         self.gate_per_call = in_flight and not hasattr(self.engine, "step_in_flight")
         if in_flight and not self.gate_per_call:
-            self.engine.step_in_flight(self.gate, lambda: self.version if self.version is not None else 0)
+            agree = engine_agreement(self.engine_index, self.engine_size, world.world_size)
+            self.engine.step_in_flight(self.gate, lambda: self.version if self.version is not None else 0, agree)
 
     def layout(self) -> RankLayout:
         return RankLayout.of_engine_rank(self.rank, self.world_size, self.engine_size)
@@ -134,7 +157,8 @@ class RolloutWorker:
         request = request.with_sampling(self.gen.sampling_config)
         t0, started = time.perf_counter(), time.time()
         if self.gate_per_call:  # the whole call is one step: every token sampled by the version it began with
-            with self.gate.stepping():
+            with self.gate.generating():
+                self.gate.hold_point()
                 outputs = self.engine.generate(request) if request.prompts else []
                 for out in outputs:
                     out.versions = [self.version or 0] * len(out.response_ids)

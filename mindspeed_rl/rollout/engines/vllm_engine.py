@@ -28,7 +28,7 @@ from ..weights.quantize import COMPRESSED_TENSORS, int8_named, int8_quantization
 from ..weights.weight_transfer import Meta
 from .base import Pieces, RolloutEngine, RolloutOutput, RolloutRequest
 from .engine_folder import copy_processor, write_hf_config
-from .in_flight import PauseGate, StepLoop
+from .in_flight import Agree, PauseGate, StepLoop
 
 log = logging.getLogger(__name__)
 
@@ -244,12 +244,13 @@ class VllmEngine(RolloutEngine):
         return outputs
 
     # ----- in-flight weight updates (rl_config.async_training.in_flight_weight_updates) ------------------
-    def step_in_flight(self, gate: PauseGate, version: Callable[[], int]) -> None:
+    def step_in_flight(self, gate: PauseGate, version: Callable[[], int], agree: Optional[Agree] = None) -> None:
         """From now on generate step by step through ``gate``, each token stamped with ``version()`` as it was
-        when the step that sampled it ran (rollout/engines/in_flight.py)."""
+        when the step that sampled it ran; ``agree``: the engine's ranks hold at the same step (infer TP > 1;
+        rollout/engines/in_flight.py)."""
         if self.capture_routes:
             raise RuntimeError("router replay's routes cover one forward per request: not with in-flight updates")
-        self.step_loop = StepLoop(gate, version)
+        self.step_loop = StepLoop(gate, version, agree)
 
     def _generate_in_flight(self, request: RolloutRequest, requests: List[Dict], params: List) -> List[RolloutOutput]:
         if request.images is not None:
