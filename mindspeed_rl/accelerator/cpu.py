@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..compat import vllm as compat_vllm
+from ..compat import vllm_cpu_reload
 from ..config_cls.run_config import HostPrecision
 from .base import Accelerator, host_rss_gib
 
@@ -183,15 +184,15 @@ class CpuAccelerator(Accelerator):
         import torch.distributed as dist
 
         torch._dynamo.config.disable = True
-        compat_vllm.repack_cpu_moe_experts_on_weight_update()
+        vllm_cpu_reload.repack_cpu_moe_experts_on_weight_update()
         compat_vllm.cpu_moe_activation_without_config()
-        compat_vllm.keep_cpu_int8_scales_on_reload()
+        vllm_cpu_reload.keep_cpu_int8_scales_on_reload()
         compat_vllm.no_cpu_thread_binding()
         compat_vllm.inspect_model_classes_in_process()
         compat_vllm.cpu_kv_cache_from_engine_argument()
         compat_vllm.keep_external_launcher_on_cpu()
-        compat_vllm.keep_cpu_linear_weights()
-        compat_vllm.keep_cpu_mla_up_projection()
+        vllm_cpu_reload.keep_cpu_linear_weights()
+        vllm_cpu_reload.keep_cpu_mla_up_projection()
         # vLLM names the shared-memory segments of its CPU TP all-reduce after the group's ranks and an
         # identity that is empty for in-process engines: two jobs on one host (or a segment an earlier
         # run left behind) then collide ("create shm in SHMManager failed. errno: 17"). Prefix every
