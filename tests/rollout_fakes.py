@@ -18,6 +18,7 @@ from typing import Callable, Dict, List
 import torch
 
 from mindspeed_rl.config_cls.agent_config import AgentConfig
+from mindspeed_rl.datasets.prompt_dataset import PromptBatch
 from mindspeed_rl.datasets.templates import ToolFormat
 from mindspeed_rl.protocol import GeneratedBatch, RolloutOutput
 from mindspeed_rl.rollout.service import RolloutHandle, RolloutService
@@ -223,3 +224,15 @@ def stepping_worker_class():
 class WeightSender:
     def push_weights(self):
         return {}
+
+
+class Draws:
+    """Prompt batches of ``size`` prompts in order; its position is the sampler's state."""
+
+    def __init__(self, size: int = 4):
+        self.size, self.consumed = size, 0
+
+    def __call__(self):
+        rows = prompts_of(self.size, self.consumed)
+        self.consumed += self.size
+        return PromptBatch([r[0] for r in rows], [r[1] for r in rows])

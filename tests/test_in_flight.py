@@ -11,7 +11,6 @@ import time
 
 import pytest
 
-from mindspeed_rl.datasets.prompt_dataset import PromptBatch
 from mindspeed_rl.rollout.engines.in_flight import PauseGate
 from mindspeed_rl.rollout.source.agent_loop import AgentContext, SingleTurn, ToolAgent
 from mindspeed_rl.rollout.source.group_filter import DynamicSampling, KeepAll
@@ -20,10 +19,10 @@ from mindspeed_rl.rollout.source.schedules import BatchSchedule, Chunked, InFlig
 from mindspeed_rl.rollout.source.staleness import StalenessBound
 from mindspeed_rl.rollout.source.trajectory import FINISHED, Trajectory
 from tests.helpers import ROOT
-from tests.rollout_fakes import TOK, ScriptedService, prompts_of, score, tool_context
+from tests.rollout_fakes import TOK, Draws, ScriptedService, score, tool_context
 from tests.test_faults import train_ppo, user_error
 
-N, WANT, DRAW, MAX_TOKENS = 4, 2, 4, 320
+N, WANT, MAX_TOKENS = 4, 2, 320
 
 
 # ----- the gate ----------------------------------------------------------------------------------------------
@@ -54,19 +53,25 @@ def test_a_pause_returns_once_the_step_in_progress_ends_and_no_step_runs_until_t
     gate.resume()
 
 
-def test_a_pause_past_its_deadline_reports_it_and_opens_the_gate_again():
-    gate = PauseGate()
+def in_a_long_step(gate: PauseGate, seconds: float) -> threading.Thread:
+    """A generation whose one step takes ``seconds`` (a hung engine), started and inside its step on return."""
     started = threading.Event()
 
     def hung_step():
         with gate.generating():
             gate.hold_point()
             started.set()
-            time.sleep(1.0)
+            time.sleep(seconds)
 
     thread = threading.Thread(target=hung_step)
     thread.start()
     started.wait()
+    return thread
+
+
+def test_a_pause_past_its_deadline_reports_it_and_opens_the_gate_again():
+    gate = PauseGate()
+    thread = in_a_long_step(gate, 1.0)
     assert not gate.pause(0.2)
     assert not gate.paused
     thread.join()
@@ -141,17 +146,7 @@ def test_the_worker_names_the_engine_and_the_key_when_its_engine_does_not_pause(
 
     gate = PauseGate()
     worker = SimpleNamespace(gate=gate, engine_index=1, rank=1)
-    started = threading.Event()
-
-    def hung_step():
-        with gate.generating():
-            gate.hold_point()
-            started.set()
-            time.sleep(0.8)
-
-    thread = threading.Thread(target=hung_step)
-    thread.start()
-    started.wait()
+    thread = in_a_long_step(gate, 0.8)
     with pytest.raises(PauseTimeout, match=r"rollout engine 1 \(rank 1\).*rl_config.async_training.pause_timeout_s"):
         RolloutWorker.pause_generation(worker, 0.1)
     thread.join()
@@ -208,16 +203,6 @@ class InFlightService(ScriptedService):
             half = len(out.response_ids) // 2
             out.versions = [max(0, self.version - 1)] * half + [self.version] * (len(out.response_ids) - half)
         return handle
-
-
-class Draws:
-    def __init__(self):
-        self.consumed = 0
-
-    def __call__(self):
-        rows = prompts_of(DRAW, self.consumed)
-        self.consumed += DRAW
-        return PromptBatch([r[0] for r in rows], [r[1] for r in rows])
 
 
 def in_flight_source(function="single_turn", ds=False, split=1, lag=2, max_staleness=None, policy="drop", draws=None):

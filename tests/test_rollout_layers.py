@@ -19,21 +19,9 @@ from mindspeed_rl.rollout.source.rounds import TrajectoryPool
 from mindspeed_rl.rollout.source.schedules import Ahead, Chunked, Synchronous
 from mindspeed_rl.rollout.source.trajectory import FINISHED, Trajectory
 from mindspeed_rl.utils.clock import Clock
-from tests.rollout_fakes import TOK, InProcessSandbox, ScriptedService, prompts_of, score, tool_context
+from tests.rollout_fakes import TOK, Draws, InProcessSandbox, ScriptedService, score, tool_context
 
-N, WANT, DRAW, MAX_TOKENS = 4, 2, 4, 320
-
-
-class Draws:
-    """Prompt batches of DRAW prompts in order; its position is the sampler's state."""
-
-    def __init__(self):
-        self.consumed = 0
-
-    def __call__(self):
-        rows = prompts_of(DRAW, self.consumed)
-        self.consumed += DRAW
-        return PromptBatch([r[0] for r in rows], [r[1] for r in rows])
+N, WANT, MAX_TOKENS = 4, 2, 320
 
 
 def make_source(function="tool_agent", ds=False, split=1, lag=0, sandbox=None, service=None, draws=None):

@@ -119,7 +119,6 @@ class StepLoop:
 
     def __init__(self, gate: PauseGate, version: Callable[[], int], agree: Optional[Agree] = None) -> None:
         self.gate, self.version, self.agree = gate, version, agree
-        self.recomputes = 0  # resumes that recomputed the KV cache of the requests in flight
 
     def run(self, engine, prompts: List[Dict], params: List) -> List[Completion]:
         """Every (prompt, params) to its end; ``prompts`` as vLLM's token prompts (``prompt_token_ids``)."""
@@ -168,7 +167,6 @@ class StepLoop:
 
     def _recompute(self, engine, running: Dict[str, Completion]) -> None:
         """The KV cache of the requests in flight, recomputed under the weights just loaded."""
-        self.recomputes += 1
         if compat_vllm.preempt_running_requests(engine):
             return
         # abort and resubmit: the tokens generated so far are kept (with their versions) as prompt

@@ -107,11 +107,7 @@ class TrajectoryPool:
             [min(chunk, t.remaining()) for t in ready],
             request_images(ready),
         )
-        started = time.perf_counter()
-        with clock.measure("timing/rollout"):
-            generated = service.collect(service.submit(request))
-        if self.meter is not None:
-            self.meter.add(time.perf_counter() - started)
+        generated = self._generate(service, request, clock)
         for key in ("timing/resharding_to_infer", "timing/resharding_to_train"):
             if key in generated.timing:
                 clock.add(key, generated.timing[key])
@@ -128,6 +124,15 @@ class TrajectoryPool:
         if works:
             self._start_tools(works)
         return sum(len(out.response_ids) for out in generated.outputs)
+
+    def _generate(self, service, request: RolloutRequest, clock: Clock):
+        """One generation call, its time on ``clock`` (timing/rollout) and on the engine meter."""
+        started = time.perf_counter()
+        with clock.measure("timing/rollout"):
+            generated = service.collect(service.submit(request))
+        if self.meter is not None:
+            self.meter.add(time.perf_counter() - started)
+        return generated
 
     def _start_tools(self, works: List[Tuple[Trajectory, object]]) -> None:
         if self._executor is None:
@@ -163,12 +168,7 @@ class TrajectoryPool:
         )
 
         def generate(req: RolloutRequest):
-            started = time.perf_counter()
-            with clock.measure("timing/rollout"):
-                outputs = service.collect(service.submit(req)).outputs
-            if self.meter is not None:
-                self.meter.add(time.perf_counter() - started)
-            return outputs
+            return self._generate(service, req, clock).outputs
 
         batch = self.function.run_batch(request, generate, [g[0].tools for g in groups])
         grouped = by_prompt(batch.outputs)
