@@ -194,26 +194,40 @@ def stepping_worker_class():
     from mindspeed_rl.workers.rollout_worker import RolloutWorker
 
     class SteppingWorker(RolloutWorker):
-        def __init__(self, rank: int, world_size: int, fail_load: bool = False, step_s: float = 0.01):
-            self.rank, self.world_size, self.engine_size = rank, world_size, 1
-            self.engine_index, self.engine_rank = rank, 0
+        """Engine ``engine`` of a fleet: one rank, a world of its own."""
+
+        def __init__(self, engine: int, fail_load: bool = False, step_s: float = 0.01, in_flight: bool = True):
+            from mindspeed_rl.workers.fault_injection import FaultPlan
+
+            self.rank, self.world_size, self.engine_size = 0, 1, 1
+            self.engine_index, self.engine_rank = engine, 0
             self.gen, self.version, self.channel = GenerateConfig(), 0, None
             self.gate, self.gate_per_call = PauseGate(), False
             self.engine = SteppingEngine(step_s=step_s)
             self.engine.step_in_flight(self.gate, lambda: self.version)
-            self.fail_load, self.events = fail_load, []
+            self.fail_load, self.events, self.garbage = fail_load, [], False
+            self.faults = FaultPlan(engine, armed=False)
 
         def receive_weights(self, version):
-            self.events.append((self.rank, "load", time.perf_counter()))
+            self.events.append((self.engine_index, "load", time.perf_counter()))
             if self.fail_load:
-                raise RuntimeError(f"rank {self.rank}: the weights did not load")
+                raise RuntimeError(f"engine {self.engine_index}: the weights did not load")
             time.sleep(0.05)
             self.version = version
             return {}
 
         def resume_generation(self, recompute=False):
-            self.events.append((self.rank, "resume", time.perf_counter()))
+            self.events.append((self.engine_index, "resume", time.perf_counter()))
             super().resume_generation(recompute)
+
+        def answer_garbage(self):
+            self.garbage = True
+
+        def generate(self, request, version=None):
+            result = super().generate(request, version)
+            if self.garbage:
+                self.faults.garble(result.outputs)
+            return result
 
         def log(self):
             return self.events, self.gate.paused
@@ -222,8 +236,40 @@ def stepping_worker_class():
 
 
 class WeightSender:
-    def push_weights(self):
-        return {}
+    def push_weights(self, engines=None):
+        return {"failed": {}}
+
+    def close_weight_channel(self, engine):
+        pass
+
+
+def stepping_fleet(limits=None, engines: int = 2, fail_load: bool = False, step_s: float = 0.01, restarts=True):
+    """(the actor's sender, a RolloutFleet of ``engines`` stepping engines as threaded Ray actors, each a group of its
+    own; engine 1's load fails with ``fail_load``); restarts start a fresh stepping engine."""
+    import ray
+
+    from mindspeed_rl.workers.rollout_fleet import FaultLimits, RolloutFleet
+    from mindspeed_rl.workers.rollout_worker import RolloutWorker
+    from mindspeed_rl.workers.worker_group import WorkerGroup
+
+    worker = ray.remote(concurrency_groups=RolloutWorker.CONCURRENCY_GROUPS)(stepping_worker_class())
+
+    def start(engine, incarnation=0):
+        handle = worker.options(max_concurrency=4).remote(engine, fail_load and engine == 1 and not incarnation, step_s)
+        group = WorkerGroup(f"rollout{engine}", [handle])
+        if not incarnation:
+            group.load_layouts()
+        return group
+
+    fleet = RolloutFleet(
+        [start(e) for e in range(engines)],
+        limits or FaultLimits(),
+        vocab_size=1000,
+        max_tokens=64,
+        respawn=start if restarts else None,
+        connect=lambda actor, engine: None,
+    )
+    return WorkerGroup("actor", [ray.remote(WeightSender).remote()]), fleet
 
 
 class Draws:

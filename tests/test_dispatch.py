@@ -123,6 +123,7 @@ def no_ray(monkeypatch):
 
     monkeypatch.setattr(ray, "get", lambda refs: refs)
     monkeypatch.setattr(ray, "put", lambda value: value)
+    monkeypatch.setattr(ray, "wait", lambda refs, num_returns=1, timeout=None: (list(refs), []))
 
 
 @pytest.mark.parametrize("world,tp,engine_size", [(4, 2, 2), (4, 2, 1), (2, 1, 2), (8, 8, 8), (4, 1, 4)])

@@ -458,20 +458,15 @@ def test_the_fully_async_twin_trains_with_updates_landing_in_flight(tmp_path, de
 # ----- the service: pause every engine, load, resume every engine -------------------------------------------------
 @pytest.fixture(scope="module")
 def stepping_workers(without_shared_ray):
-    """Threaded Ray actors: two rollout ranks over stepping engines (rank 1's load fails when told), one sender."""
+    """Threaded Ray actors: two rollout engines over stepping engines (engine 1's load fails when told), one sender."""
     import ray
 
-    from mindspeed_rl.workers.worker_group import WorkerGroup
-    from tests.rollout_fakes import WeightSender, stepping_worker_class
+    from tests.rollout_fakes import stepping_fleet
 
     ray.init(num_cpus=2, include_dashboard=False, runtime_env={"env_vars": {"PYTHONPATH": ROOT}})
-    worker = ray.remote(stepping_worker_class())
 
     def start(fail_load=False, step_s=0.01):
-        handles = [worker.options(max_concurrency=4).remote(r, 2, fail_load and r == 1, step_s) for r in range(2)]
-        group = WorkerGroup("rollout", handles)
-        group.load_layouts()
-        return WorkerGroup("actor", [ray.remote(WeightSender).remote()]), group
+        return stepping_fleet(fail_load=fail_load, step_s=step_s, restarts=False)
 
     yield start
     ray.shutdown()
@@ -511,7 +506,7 @@ def test_a_load_that_fails_on_one_engine_stops_the_update_with_no_engine_resumed
 
     actor, rollout = stepping_workers(fail_load=True)
     service = DisaggregatedRollout(actor, rollout, InFlightUpdates(pause_timeout_s=10))
-    with pytest.raises(Exception, match="rank 1: the weights did not load"):
+    with pytest.raises(Exception, match="engine 1: the weights did not load"):
         service.update_weights(0)
     logs = ray.get(rollout.call_async("log"))
     assert all(paused for _, paused in logs)  # both gates closed: neither engine serves a mix of versions

@@ -183,7 +183,8 @@ class CpuAccelerator(Accelerator):
         import torch._dynamo
         import torch.distributed as dist
 
-        torch._dynamo.config.disable = True
+        torch._dynamo.config.disable = True  # a user override: it holds in this thread only
+        torch.compiler.set_stance("force_eager")  # every thread (a rollout worker generates on one of Ray's)
         vllm_cpu_reload.repack_cpu_moe_experts_on_weight_update()
         compat_vllm.cpu_moe_activation_without_config()
         vllm_cpu_reload.keep_cpu_int8_scales_on_reload()

@@ -13,6 +13,7 @@ import typing
 from .async_config import AsyncTrainingConfig
 from .base import _type_name, yaml_spelling
 from .dpo_config import DPOConfig
+from .fault_config import RolloutFaultToleranceConfig
 from .generate_config import GenerateConfig, SamplingConfig
 from .judge_config import JudgeConfig
 from .megatron_config import MegatronConfig
@@ -35,6 +36,7 @@ SECTIONS = [
     ("rl_config.integrated_mode_config", IntegratedModeConfig),
     ("rl_config.rollout_correction", RolloutCorrectionConfig),
     ("rl_config.async_training (docs/rollout.md)", AsyncTrainingConfig),
+    ("rl_config.rollout_fault_tolerance (docs/operations.md)", RolloutFaultToleranceConfig),
     ("generate_config", GenerateConfig),
     ("generate_config.sampling_config", SamplingConfig),
     ("judge_config (docs/rewards.md, Generative judge)", JudgeConfig),

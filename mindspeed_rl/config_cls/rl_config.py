@@ -9,6 +9,7 @@ from .agent_config import AgentConfig, SandboxConfig, deprecation_note, nest_fla
 from .algorithm_choice import ADVANTAGE_ESTIMATORS, DISTILL_SIGNALS, LOSS_AGG_MODES, POLICY_LOSSES, kl_names
 from .async_config import AsyncTrainingConfig
 from .base import build_section, opt
+from .fault_config import RolloutFaultToleranceConfig
 from .logging_config import LoggingKeys
 
 
@@ -319,6 +320,10 @@ class RLConfig(LoggingKeys):
     async_training: AsyncTrainingConfig = opt(
         doc="Fully asynchronous rollout: in-flight weight updates and bounded staleness (docs/rollout.md).",
         factory=AsyncTrainingConfig,
+    )
+    rollout_fault_tolerance: RolloutFaultToleranceConfig = opt(
+        doc="Deadlines on the rollout side, and engines that fail without failing the run (docs/operations.md).",
+        factory=RolloutFaultToleranceConfig,
     )
     # multi-turn rollouts with tools (rollout/source/agent_loop.py)
     rollout_function: str = opt(

@@ -7,16 +7,22 @@
 Every output records the policy version that generated it (``handle.version``). Implementations:
 ``ColocatedRollout`` (the integrated actor's own engines, which share its devices: MindSpeed-RL's
 integrated mode) and ``DisaggregatedRollout`` (rollout workers on devices of their own, weights pushed
-from the actor). The rollout source (``rollout/source/rollout_source.py``) drives either, whatever its schedule.
+from the actor; a fleet whose engines may fail and restart without failing the run: ``workers/rollout_fleet.py``).
+The rollout source (``rollout/source/rollout_source.py``) drives either, whatever its schedule.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, List, Optional, Protocol
+from typing import Any, Dict, List, Optional, Protocol
 
 from ..protocol.rollout import GeneratedBatch, RolloutRequest
+
+
+class EngineFailed(RuntimeError):
+    """A rollout engine passed a deadline, died or answered garbage where the run cannot go on without it; the
+    message names the engine, the phase and the key (rl_config.rollout_fault_tolerance)."""
 
 
 class GeneratingGroup(Protocol):
@@ -26,6 +32,17 @@ class GeneratingGroup(Protocol):
     def submit_generate(self, request: RolloutRequest, version: Optional[int] = None) -> Any: ...
     def collect_generate(self, pending: Any) -> GeneratedBatch: ...
     def call_async(self, method: str, *args: Any, **kwargs: Any) -> List[Any]: ...
+
+
+class Fleet(Protocol):
+    """What the disaggregated service asks of the rollout workers (``workers/rollout_fleet.RolloutFleet``)."""
+
+    stop_reason: Optional[str]
+
+    def submit_generate(self, request: RolloutRequest, version: Optional[int] = None) -> Any: ...
+    def collect_generate(self, pending: Any) -> GeneratedBatch: ...
+    def sync_weights(self, actor: Any, version: int, pause_timeout_s: Optional[float], recompute: bool) -> None: ...
+    def metrics(self) -> Dict[str, float]: ...
 
 
 @dataclass
@@ -59,6 +76,15 @@ class RolloutService(ABC):
     def generate(self, request: RolloutRequest) -> GeneratedBatch:
         return self.collect(self.submit(request))
 
+    def health_metrics(self) -> Dict[str, float]:
+        """The engines' failures, restarts, moved requests and time lost since the last call (a fleet's)."""
+        return {}
+
+    @property
+    def stop_reason(self) -> Optional[str]:
+        """Why the run should save and stop after this iteration (too few engines in service), else None."""
+        return None
+
 
 class ColocatedRollout(RolloutService):
     """The integrated actor's engines: generation runs on the actor's own ranks. A submit with a newer
@@ -66,15 +92,50 @@ class ColocatedRollout(RolloutService):
     then offloads the training state; after generation the engines free their memory and the training
     state comes back."""
 
-    def __init__(self, actor_group: GeneratingGroup) -> None:
+    def __init__(self, actor_group: GeneratingGroup, generate_timeout_s: float = 3600.0) -> None:
         super().__init__()
-        self.actor = actor_group
+        self.actor, self.generate_timeout_s = actor_group, generate_timeout_s
 
     def submit(self, request: RolloutRequest) -> RolloutHandle:
         return RolloutHandle(request, self.version, self.actor.submit_generate(request, self.version))
 
     def collect(self, handle: RolloutHandle) -> GeneratedBatch:
-        return self.actor.collect_generate(handle.pending)
+        """The engines' answer within the generate deadline; an engine that passes it or dies is named (EngineFailed:
+        it lives in the actor's processes, so the run restarts from its last checkpoint, rl_config.max_restarts)."""
+        import ray
+
+        pending = handle.pending
+        ready, late = ray.wait(pending.refs, num_returns=len(pending.refs), timeout=self.generate_timeout_s)
+        if late:
+            raise EngineFailed(
+                f"{self._engines_of(pending, late)} did not answer a generate call within "
+                f"rl_config.rollout_fault_tolerance.generate_timeout_s = {self.generate_timeout_s:g} s"
+            )
+        try:
+            return self.actor.collect_generate(pending)
+        except ray.exceptions.RayActorError as exc:
+            dead = [ref for ref in pending.refs if _died(ref)]
+            raise EngineFailed(
+                f"{self._engines_of(pending, dead)} died during generation ({str(exc).strip().splitlines()[0][:200]})"
+            ) from None
+
+    @staticmethod
+    def _engines_of(pending, refs) -> str:
+        ranks = [rank for rank, ref in enumerate(pending.refs) if ref in refs]
+        engines = sorted({e for e, members in enumerate(pending.engines) for rank in ranks if rank in members})
+        return f"rollout engine(s) {engines} in the actor's worker(s) of rank {ranks} (colocated)"
+
+
+def _died(ref) -> bool:
+    import ray
+
+    try:
+        ray.get(ref, timeout=0)
+    except ray.exceptions.RayActorError:
+        return True
+    except Exception:
+        return False
+    return False
 
 
 @dataclass(frozen=True)
@@ -95,54 +156,31 @@ class InFlightUpdates:
 
 
 class DisaggregatedRollout(RolloutService):
-    """Rollout workers on devices of their own. ``update_weights`` streams the actor's weights to every
-    rollout rank over the weight channel (``rollout/weights/weight_transfer.py``: train TP/PP -> full tensors -> each
-    engine's infer TP) and returns once all hold them; a submit names the version it expects, and a rollout
-    rank holding another refuses it.
+    """Rollout workers on devices of their own (a fleet of engines). ``update_weights`` streams the actor's weights
+    to every engine in service (``rollout/weights/weight_transfer.py``: train TP/PP -> full tensors -> each engine's
+    infer TP), restarting first any engine that failed, and returns once all hold them; a submit names the version
+    it expects, and a rollout rank holding another refuses it.
 
     With ``in_flight`` the engines keep generating while the actor trains, and an update reaches them in flight:
     every engine pauses (between two steps, within the deadline), all load the weights, then all resume: no engine
     serves a mix of two versions and none resumes before every one holds the new version. A submit then names no
     version (each token records its own), and ``engine_version`` is what the engines hold."""
 
-    def __init__(
-        self, actor_group: GeneratingGroup, rollout_group: GeneratingGroup, in_flight: Optional[InFlightUpdates] = None
-    ) -> None:
+    def __init__(self, actor_group: GeneratingGroup, fleet: Fleet, in_flight: Optional[InFlightUpdates] = None) -> None:
         super().__init__()
-        self.actor, self.rollout = actor_group, rollout_group
+        self.actor, self.rollout = actor_group, fleet
         self.in_flight = in_flight
         self.engine_version, self.pushed = 0, False  # the first update (the run's start, a resume) always pushes
 
     def update_weights(self, version: int) -> None:
-        import ray
-
         if self.in_flight is not None and self.pushed and version % self.in_flight.interval:
             super().update_weights(version)  # the engines keep the weights of the last push
             return
-        if self.in_flight is not None:
-            self._pause(self.in_flight.pause_timeout_s)
-        sending = self.actor.call_async("push_weights")
-        receiving = self.rollout.call_async("receive_weights", version)
-        ray.get(sending + receiving)
-        if self.in_flight is not None:
-            ray.get(self.rollout.call_async("resume_generation", self.in_flight.recompute_kv_cache))
+        pause = self.in_flight.pause_timeout_s if self.in_flight is not None else None
+        recompute = self.in_flight is not None and self.in_flight.recompute_kv_cache
+        self.rollout.sync_weights(self.actor, version, pause, recompute)
         self.engine_version, self.pushed = version, True
         super().update_weights(version)
-
-    def _pause(self, timeout: float) -> None:
-        """Every engine paused, within the deadline (the worker names an engine that is not; a worker that does not
-        answer at all is named here)."""
-        import ray
-
-        refs = self.rollout.call_async("pause_generation", timeout)
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout + 30.0)
-        if len(ready) < len(refs):
-            late = [rank for rank, ref in enumerate(refs) if ref not in ready]
-            raise RuntimeError(
-                f"rollout ranks {late} did not answer the pause for the weight update within "
-                f"rl_config.async_training.pause_timeout_s = {timeout:g} s (+ 30 s)"
-            )
-        ray.get(refs)  # raises the worker's PauseTimeout, which names the engine
 
     def submit(self, request: RolloutRequest) -> RolloutHandle:
         expected = None if self.in_flight is not None else self.version
@@ -150,3 +188,10 @@ class DisaggregatedRollout(RolloutService):
 
     def collect(self, handle: RolloutHandle) -> GeneratedBatch:
         return self.rollout.collect_generate(handle.pending)
+
+    def health_metrics(self) -> Dict[str, float]:
+        return self.rollout.metrics()
+
+    @property
+    def stop_reason(self) -> Optional[str]:
+        return self.rollout.stop_reason

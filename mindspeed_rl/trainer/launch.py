@@ -48,6 +48,7 @@ class Roles:
     reward: Any = None
     teacher: Any = None
     judge: Any = None  # the judge's own engines (judge_config.serve engines)
+    rollout: List[Any] = dataclasses.field(default_factory=list)  # the rollout workers' engines, a group each
 
 
 def start_roles(cfg: PPOConfig, frame: RunFrame, tokenizer, run_dir: str) -> Roles:
@@ -77,15 +78,26 @@ def start_roles(cfg: PPOConfig, frame: RunFrame, tokenizer, run_dir: str) -> Rol
     ids = dict(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id or 0)
     actor = dict(role=cfg.actor, rl=rl, gen=gen, total_steps=steps, with_engine=not rollout_devices, **ids)
     roles = Roles(spawn("actor", IntegratedActorWorker, devices, shared, **actor), service=None)
-    rollout = None
-    if rollout_devices:  # disaggregated layout: the rollout workers' bundles follow the actor's
+    respawn = None
+    if rollout_devices:  # disaggregated layout: the rollout workers' bundles follow the actor's, an engine a group
         engines = dict(model=cfg.actor.model, gen=gen, bf16=cfg.actor.megatron.bf16, **ids)
         engines["capture_routes"] = cfg.captures_routes
         engines["processor_dir"] = cfg.actor.megatron.tokenizer_name_or_path
         engines["in_flight"] = in_flight = rl.async_training.in_flight_weight_updates
         # in-flight updates: the pause, the weights and the resume arrive while a generation runs (threads)
         concurrency = 4 if in_flight else 1
-        rollout = spawn("rollout", RolloutWorker, rollout_devices, whole, devices, concurrency, **engines)
+        size = gen.infer_tensor_parallel_size
+
+        def respawn(engine: int, incarnation: int = 0, wait: bool = False):
+            kwargs = dict(engines, engine_offset=engine, incarnation=incarnation)
+            first = devices + engine * size
+            return spawn_group(
+                frame, f"rollout{engine}", RolloutWorker, size, whole, threads, kwargs, first, wait, ports, concurrency
+            )
+
+        roles.rollout = [
+            respawn(engine, wait=not acc.roles_start_together) for engine in range(rollout_devices // size)
+        ]
     if cfg.uses_critic:
         critic = dict(role=cfg.critic, rl=rl, total_steps=steps, offload_when_idle=acc.offload_when_idle)
         roles.critic = spawn("critic", CriticWorker, cfg.critic.num_devices, shared, **critic)
@@ -104,23 +116,34 @@ def start_roles(cfg: PPOConfig, frame: RunFrame, tokenizer, run_dir: str) -> Rol
         first = devices + rollout_devices + cfg.teacher_devices
         judge = dict(judge=cfg.judge, hf_dir=judge_hf_folder(cfg, run_dir))
         roles.judge = spawn("judge", JudgeWorker, cfg.judge_devices, whole, first_bundle=first, **judge)
-    wait_until_built(frame.workers)
-    roles.service = rollout_service(frame, roles.actor, rollout, rl.async_training)
+    wait_until_built(frame.workers, rl.rollout_fault_tolerance.setup_timeout_s)
+    roles.service = rollout_service(cfg, frame, roles, respawn)
     return roles
 
 
-def rollout_service(frame: RunFrame, actor, rollout, async_training=None):
-    """What generates: the actor's own engines, or the rollout workers behind a weight channel."""
+def rollout_service(cfg: PPOConfig, frame: RunFrame, roles: Roles, respawn=None):
+    """What generates: the actor's own engines, or the fleet of rollout workers, each engine behind a weight
+    channel of its own."""
     from ..rollout.service import ColocatedRollout, DisaggregatedRollout, InFlightUpdates
-    from ..workers.launcher import connect_weight_channel
+    from ..workers.launcher import weight_channel_opener, weight_transfer_of
+    from ..workers.rollout_fleet import FaultLimits, RolloutFleet
 
-    if rollout is None:
-        print(f"rollout engines: {actor.describe_engines()}", flush=True)
-        return ColocatedRollout(actor)
-    transfer = connect_weight_channel(frame.pg, actor, rollout)
-    print(f"rollout workers (disaggregated): {rollout.describe_engines()}; weights over {transfer}", flush=True)
-    in_flight = InFlightUpdates.of(async_training) if async_training is not None else None
-    return DisaggregatedRollout(actor, rollout, in_flight)
+    limits = FaultLimits.of(cfg.rl.rollout_fault_tolerance)
+    if not roles.rollout:
+        print(f"rollout engines: {roles.actor.describe_engines()}", flush=True)
+        return ColocatedRollout(roles.actor, limits.generate_timeout_s)
+    transfer = weight_transfer_of(roles.rollout)
+    connect = weight_channel_opener(
+        frame.pg, transfer, limits.weight_sync_timeout_s, limits.setup_timeout_s, len(roles.rollout)
+    )
+    vocab = cfg.actor.model.padded_vocab_size or 2**31 - 1
+    max_tokens = cfg.generate.sampling_config.max_tokens
+    fleet = RolloutFleet(roles.rollout, limits, vocab, max_tokens, respawn if limits.enabled else None, connect)
+    for engine in fleet.engines:
+        connect(roles.actor, engine)
+    print(f"rollout workers (disaggregated): {fleet.describe()}; weights over {transfer}", flush=True)
+    in_flight = InFlightUpdates.of(cfg.rl.async_training)
+    return DisaggregatedRollout(roles.actor, fleet, in_flight)
 
 
 def load_models(cfg: PPOConfig, roles: Roles, resume_at) -> Tuple[int, Dict]:

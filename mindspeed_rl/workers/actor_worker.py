@@ -92,7 +92,7 @@ class IntegratedActorWorker(MegatronWorker):
         self.engine_size = self.rollout.tensor_parallel_size if with_engine else 0
         self.engine_index, self.engine_rank = divmod(world.rank, self.engine_size) if with_engine else (-1, -1)
         self.engine_version: Optional[int] = None  # the policy version the engine holds (None: unknown)
-        self.channel = None  # the weight channel to the rollout workers (disaggregated layout, rank 0)
+        self.weights_out = None  # rank 0's channels to the rollout engines (disaggregated layout): a WeightFanOut
         self.profiling = StageProfiler(self.acc, "actor", world.rank, role.profiler)
 
     def layout(self) -> RankLayout:
@@ -139,34 +139,59 @@ class IntegratedActorWorker(MegatronWorker):
         return save_hf_copy(self.actor, ckpt_dir, iteration)
 
     # ----- disaggregated layout: weights to the rollout workers ------------------------------------
-    def open_weight_channel(self, host: str, port: int, size: int, native_port: Optional[int] = None) -> None:
-        """Rank 0 opens the weight channel as its sender (the other ranks only take part in gathering); with
-        ``native_port``, through vLLM's weight-transfer engine, converting each piece as vLLM loads it."""
+    def open_weight_channel(
+        self,
+        host: str,
+        port: int,
+        size: int,
+        native_port: Optional[int] = None,
+        engine: int = 0,
+        timeout_s: float = 1800.0,
+    ) -> None:
+        """Rank 0 opens its channel to rollout ``engine`` as the sender (the other ranks only take part in
+        gathering); with ``native_port``, through vLLM's weight-transfer engine, converting each piece as vLLM loads
+        it. ``timeout_s``: how long a send may wait for that engine."""
         if self.rank != 0:
             return
-        from ..rollout.weights.weight_transfer import VllmNativeChannel, WeightChannel
+        from ..rollout.weights.weight_transfer import VllmNativeChannel, WeightChannel, WeightFanOut
 
+        if self.weights_out is None:
+            self.weights_out = WeightFanOut()
         comm = self.acc.comm_device(self.actor.device)
         if native_port is None:
-            self.channel = WeightChannel(host, port, 0, size, comm)
+            self.weights_out.add(engine, WeightChannel(host, port, 0, size, comm, timeout_s))
             return
         from ..rollout.engines.vllm_engine import vllm_named
 
         model, dtype = self.role.model, self.gen.dtype
         backend = self.acc.vllm_weight_transfer_backend()
-        self.channel = VllmNativeChannel(
-            host, port, 0, size, comm, backend, native_port, prepare=lambda piece: vllm_named(piece, model, dtype)
+        channel = VllmNativeChannel(
+            host,
+            port,
+            0,
+            size,
+            comm,
+            backend,
+            native_port,
+            timeout_s=timeout_s,
+            prepare=lambda piece: vllm_named(piece, model, dtype),
         )
+        self.weights_out.add(engine, channel)
+
+    def close_weight_channel(self, engine: int) -> None:
+        """Forget the channel to an engine taken out of service (rank 0)."""
+        if self.weights_out is not None:
+            self.weights_out.drop(engine)
 
     @profiled("actor_resharding")
-    def push_weights(self) -> Dict[str, float]:
-        """Gather the full weights from every TP/PP/EP shard (all ranks) and stream them to the rollout
-        workers (rank 0)."""
+    def push_weights(self, engines: Optional[List[int]] = None) -> Dict:
+        """Gather the full weights from every TP/PP/EP shard (all ranks) and stream them to the rollout engines
+        ``engines`` (None: all; rank 0); ``failed`` names the engines whose stream broke."""
         from ..rollout.weights.resharding import iter_full_weights
 
         pieces = iter_full_weights(self.actor)
-        if self.channel is not None:
-            return self.channel.send(pieces)
+        if self.weights_out is not None:
+            return self.weights_out.send(pieces, engines)
         for _ in pieces:
             pass
         return {}
@@ -323,5 +348,5 @@ class IntegratedActorWorker(MegatronWorker):
         """The run's end: the process is killed next."""
         if self.rollout is not None:
             self.rollout.release_at_exit()
-        self.channel = None
+        self.weights_out = None
         super().shutdown()

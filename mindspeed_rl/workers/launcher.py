@@ -167,7 +167,8 @@ def spawn_group(
     master_addr, (master_port,) = bundle_ip_and_ports(pg, first_bundle, avoid=taken_ports or ())
     if taken_ports is not None:
         taken_ports.add(master_port)
-    remote_cls = ray.remote(cls)
+    groups = getattr(cls, "CONCURRENCY_GROUPS", None)  # methods that answer while others run (health probes)
+    remote_cls = ray.remote(concurrency_groups=groups)(cls) if groups else ray.remote(cls)
     nodes = bundle_nodes(pg)
     handles = []
     for rank in range(num_ranks):
@@ -182,6 +183,7 @@ def spawn_group(
         }
         if concurrency > 1:
             options["max_concurrency"] = concurrency
+
         # ranks of this group on the same host: they share its memory (e.g. the CPU KV-cache budget)
         local = sum(1 for r in range(num_ranks) if nodes.get(first_bundle + r) == nodes.get(first_bundle + rank))
         env_vars = dict(frame.env, LOCAL_WORLD_SIZE=str(max(1, local)))
@@ -197,11 +199,23 @@ def spawn_group(
     return group
 
 
-def wait_until_built(groups: Iterable[WorkerGroup]) -> None:
-    """Every rank of ``groups`` constructed (their layouts read); the groups were started side by side."""
+def wait_until_built(groups: Iterable[WorkerGroup], timeout_s: Optional[float] = None) -> None:
+    """Every rank of ``groups`` constructed (their layouts read); the groups were started side by side. A group
+    not built within ``timeout_s`` (rl_config.rollout_fault_tolerance.setup_timeout_s) is named."""
+    import ray
+
     for group in groups:
-        if not group.layouts:
-            group.load_layouts()
+        if group.layouts:
+            continue
+        refs = group.call_async("layout")
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if len(ready) < len(refs):
+            late = [rank for rank, ref in enumerate(refs) if ref not in ready]
+            raise RuntimeError(
+                f"the {group.name} workers of rank {late} were not built within "
+                f"rl_config.rollout_fault_tolerance.setup_timeout_s = {timeout_s:g} s (their model, their engine)"
+            )
+        group.layouts = ray.get(refs)
 
 
 def bundle_nodes(pg) -> Dict[int, str]:
@@ -211,23 +225,43 @@ def bundle_nodes(pg) -> Dict[int, str]:
     return {int(k): v for k, v in placement_group_table(pg).get("bundles_to_node_id", {}).items()}
 
 
-def connect_weight_channel(pg, actor: WorkerGroup, rollout: WorkerGroup) -> str:
-    """Open the weight channel of the disaggregated layout: the actor's rank 0 (bundle 0) sends, every
-    rollout rank receives; both sides join at once (the channel is a collective). Returns how the tensors
-    travel (``channel`` or ``vllm_native``) and prints why where vLLM's transfer was asked for but is missing."""
+def weight_transfer_of(groups: List[WorkerGroup]) -> str:
+    """How the rollout workers take weights (``channel`` or ``vllm_native``; they must agree), printing why where
+    vLLM's transfer was asked for but is missing."""
     import ray
 
-    answers = set(ray.get(rollout.call_async("weight_transfer")))
+    answers = set(ray.get([ref for group in groups for ref in group.call_async("weight_transfer")]))
     if len(answers) != 1:
         raise RuntimeError(f"rollout workers disagree on how they take weights: {sorted(answers, key=str)}")
     ((mode, reason),) = answers
     if reason:
         print(f"generate_config.weight_transfer: vllm_native unavailable ({reason}); weights go over the channel")
-    host, ports = bundle_ip_and_ports(pg, 0, 1 + (mode == "vllm_native"))
-    size = len(rollout.handles) + 1
-    native_port = ports[1] if mode == "vllm_native" else None
-    ray.get(
-        actor.call_async("open_weight_channel", host, ports[0], size, native_port)
-        + rollout.call_async("open_weight_channel", host, ports[0], size, native_port)
-    )
     return mode
+
+
+def weight_channel_opener(pg, mode: str, sync_timeout_s: float, setup_timeout_s: float, engines: int):
+    """``connect(actor, engine)``: open the weight channel between the actor's rank 0 (bundle 0), which sends, and
+    the ranks of one rollout engine, which receive (a collective: both sides join at once), within
+    ``setup_timeout_s``. A send waits ``sync_timeout_s`` for an engine; a receiver waits out the sender's turns with
+    every other engine."""
+    import ray
+
+    from ..rollout.service import EngineFailed
+
+    def connect(actor: WorkerGroup, engine) -> None:
+        host, ports = bundle_ip_and_ports(pg, 0, 1 + (mode == "vllm_native"))
+        size = len(engine.group.handles) + 1
+        native_port = ports[1] if mode == "vllm_native" else None
+        receive_s = sync_timeout_s * engines + 60.0
+        refs = actor.call_async(
+            "open_weight_channel", host, ports[0], size, native_port, engine.index, sync_timeout_s
+        ) + engine.group.call_async("open_weight_channel", host, ports[0], size, native_port, receive_s)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=setup_timeout_s)
+        if len(ready) < len(refs):
+            raise EngineFailed(
+                f"rollout engine {engine.index}: its weight channel did not open within "
+                f"rl_config.rollout_fault_tolerance.setup_timeout_s = {setup_timeout_s:g} s"
+            )
+        ray.get(refs)
+
+    return connect

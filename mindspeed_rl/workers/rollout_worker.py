@@ -1,10 +1,12 @@
 """A rollout worker of the disaggregated layout: one rank of the inference world, on devices of its own.
 
-The ranks form their own torch.distributed world (no megatron model, no training state); engines are blocks
-of ``infer_tensor_parallel_size`` contiguous ranks, as in the integrated actor. New weights arrive over a
-weight channel from the actor's sending rank (``rollout/weights/weight_transfer.py``): full megatron-named tensors
-that each engine shards for itself, or (``weight_transfer: vllm_native``) HF-named tensors that vLLM's
-weight-transfer engine in the worker receives and loads.
+Each engine's ranks (``infer_tensor_parallel_size`` of them) form a torch.distributed world of their own (no
+megatron model, no training state), so that one engine can fail and restart while the others serve
+(``workers/rollout_fleet.py``); ``engine_offset`` is the engine's index in the fleet. New weights arrive over the
+engine's weight channel from the actor's sending rank (``rollout/weights/weight_transfer.py``): full megatron-named
+tensors that each engine shards for itself, or (``weight_transfer: vllm_native``) HF-named tensors that vLLM's
+weight-transfer engine in the worker receives and loads. ``health`` answers while a generation runs (the worker is
+a threaded actor).
 
 With in-flight weight updates (``in_flight``) the worker is a threaded actor: a generation runs in one thread
 while the driver pauses the engine from another (``pause_generation``: once the step in progress ends), streams the
@@ -14,13 +16,17 @@ token records the version that sampled it (``rollout/engines/in_flight.py``).
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Dict, Optional, Tuple
+
+import ray
 
 from ..config_cls.generate_config import GenerateConfig
 from ..config_cls.model_config import ModelConfig
 from ..protocol import RankLayout, RolloutRequest, RolloutResult, WorldSpec
 from .base_worker import start_worker_process
+from .fault_injection import FaultPlan
 
 
 class StaleWeights(RuntimeError):
@@ -54,6 +60,10 @@ def engine_agreement(engine_index: int, engine_size: int, world_size: int):
 
 
 class RolloutWorker:
+    # a health probe runs on a thread of its own while the calls of the default group (one at a time, on one
+    # thread: the engine's thread-local state is built once) generate
+    CONCURRENCY_GROUPS = {"probe": 1}
+
     def __init__(
         self,
         world: WorldSpec,
@@ -65,6 +75,8 @@ class RolloutWorker:
         capture_routes: bool = False,
         processor_dir: Optional[str] = None,
         in_flight: bool = False,
+        engine_offset: int = 0,
+        incarnation: int = 0,
     ):
         from ..rollout.engines.factory import make_rollout_engine
         from ..rollout.engines.in_flight import PauseGate
@@ -87,7 +99,9 @@ class RolloutWorker:
             processor_dir=processor_dir,
         )
         self.engine_size = self.engine.tensor_parallel_size
-        self.engine_index, self.engine_rank = divmod(world.rank, self.engine_size)
+        local_engine, self.engine_rank = divmod(world.rank, self.engine_size)
+        self.engine_index = engine_offset + local_engine
+        self.faults = FaultPlan(self.engine_index, armed=incarnation == 0 and self.engine_rank == 0)
         self.version: Optional[int] = None
         self.channel = None
         # in-flight updates: an engine that steps (vLLM) lets them in between two steps, another between two calls
@@ -112,25 +126,39 @@ class RolloutWorker:
         reason = getattr(self.engine, "weight_transfer_unavailable", None)
         return "channel", reason or f"the {self.engine.name} engine has no vLLM to receive through"
 
-    def open_weight_channel(self, host: str, port: int, size: int, native_port: Optional[int] = None) -> None:
-        """Join the weight channel as receiver ``rank + 1`` (rank 0 is the actor's sender); with
+    def open_weight_channel(
+        self, host: str, port: int, size: int, native_port: Optional[int] = None, timeout_s: float = 1800.0
+    ) -> None:
+        """Join the engine's weight channel as receiver ``rank + 1`` (rank 0 is the actor's sender); with
         ``native_port``, the tensors come through the engine's vLLM weight-transfer group on that port."""
         from ..rollout.weights.weight_transfer import VllmNativeChannel, WeightChannel
 
         comm = self.acc.comm_device(self.acc.current_device())
         if native_port is None:
-            self.channel = WeightChannel(host, port, self.rank + 1, size, comm)
+            self.channel = WeightChannel(host, port, self.rank + 1, size, comm, timeout_s)
         else:
             backend = self.engine.weight_transfer_backend
-            self.channel = VllmNativeChannel(host, port, self.rank + 1, size, comm, backend, native_port, self.engine)
+            self.channel = VllmNativeChannel(
+                host, port, self.rank + 1, size, comm, backend, native_port, self.engine, timeout_s
+            )
 
     def receive_weights(self, version: int) -> Dict[str, float]:
         """Load the weights the actor streams now; the engine then holds policy ``version``."""
         t0 = time.perf_counter()
         self.engine.onload()
-        stats = self.channel.load_into(self.engine)
+        fault = self.faults.begin("weights")
+        if fault is None:
+            stats = self.channel.load_into(self.engine)
+        else:
+            stats = self.faults.receive_then_strike(self.channel, self.engine, fault)
         self.version = version
         return {**stats, "timing/weight_sync": time.perf_counter() - t0}
+
+    @ray.method(concurrency_group="probe")
+    def health(self) -> Dict[str, int]:
+        """A health probe's answer (it runs beside a generation): the engine, the version it holds, the process."""
+        version = -1 if self.version is None else self.version
+        return {"engine": self.engine_index, "version": version, "pid": os.getpid()}
 
     def pause_generation(self, timeout: float) -> float:
         """Close the engine's gate: returns (seconds waited) once its step in progress has ended; PauseTimeout naming
@@ -156,14 +184,10 @@ class RolloutWorker:
             raise StaleWeights(f"rollout rank {self.rank} holds policy version {self.version}, asked for {version}")
         request = request.with_sampling(self.gen.sampling_config)
         t0, started = time.perf_counter(), time.time()
-        if self.gate_per_call:  # the whole call is one step: every token sampled by the version it began with
-            with self.gate.generating():
-                self.gate.hold_point()
-                outputs = self.engine.generate(request) if request.prompts else []
-                for out in outputs:
-                    out.versions = [self.version or 0] * len(out.response_ids)
-        else:
-            outputs = self.engine.generate(request) if request.prompts else []
+        with self.faults.during(self.faults.begin("generate")) as fault:
+            outputs = self._generate(request)
+            if fault is not None and fault.action == "garbage":
+                self.faults.garble(outputs)
         return RolloutResult(
             rank=self.rank,
             engine=self.engine_index,
@@ -172,6 +196,17 @@ class RolloutWorker:
             timing={"timing/generate": time.perf_counter() - t0},
             started=started,
         )
+
+    def _generate(self, request: RolloutRequest):
+        if self.gate_per_call:  # the whole call is one step: every token sampled by the version it began with
+            with self.gate.generating():
+                self.gate.hold_point()
+                outputs = self.engine.generate(request) if request.prompts else []
+                for out in outputs:
+                    out.versions = [self.version or 0] * len(out.response_ids)
+        else:
+            outputs = self.engine.generate(request) if request.prompts else []
+        return outputs
 
     def shutdown(self) -> None:
         from ..utils import dist

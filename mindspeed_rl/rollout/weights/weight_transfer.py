@@ -81,14 +81,24 @@ class WeightChannel:
         """Stream ``pieces`` to every receiver (rank 0 only); returns tensor and byte counts."""
         count = {"tensors": 0.0, "bytes": 0.0}
         for piece in pieces:
-            named = self.prepare(piece)
-            tensors = [tensor.detach().to(self.device).contiguous() for _, tensor in named]
-            self._broadcast_meta([(name, tuple(t.shape), t.dtype) for (name, _), t in zip(named, tensors)])
-            self._send_tensors(tensors)
+            names, tensors = self.staged(piece)
+            self.send_piece(names, tensors)
             count["tensors"] += len(tensors)
             count["bytes"] += sum(t.numel() * t.element_size() for t in tensors)
-        self._broadcast_meta(None)
+        self.end_stream()
         return count
+
+    def staged(self, piece: Dict[str, torch.Tensor]) -> Tuple[List[str], List[torch.Tensor]]:
+        """A piece as this channel sends it: its names and tensors, prepared and on the channel's device."""
+        named = self.prepare(piece)
+        return [name for name, _ in named], [tensor.detach().to(self.device).contiguous() for _, tensor in named]
+
+    def send_piece(self, names: List[str], tensors: List[torch.Tensor]) -> None:
+        self._broadcast_meta([(name, tuple(t.shape), t.dtype) for name, t in zip(names, tensors)])
+        self._send_tensors(tensors)
+
+    def end_stream(self) -> None:
+        self._broadcast_meta(None)
 
     def receive(self) -> Iterator[Dict[str, torch.Tensor]]:
         """The pieces the sender streams, one at a time (receivers)."""
@@ -105,6 +115,49 @@ class WeightChannel:
     def close(self) -> None:
         self.group = self.control = None
         self.store = None
+
+
+class WeightFanOut:
+    """The sending end towards several rollout engines, one channel each: an engine that fails mid-stream (its
+    channel raises, or passes its timeout) is dropped and named, and the stream to the others stays whole. Each
+    piece is prepared once (every channel of a run prepares alike)."""
+
+    def __init__(self) -> None:
+        self.channels: Dict[int, WeightChannel] = {}
+
+    def add(self, engine: int, channel: WeightChannel) -> None:
+        self.drop(engine)
+        self.channels[engine] = channel
+
+    def drop(self, engine: int) -> None:
+        channel = self.channels.pop(engine, None)
+        if channel is not None:
+            channel.close()
+
+    def send(self, pieces: Iterable[Dict[str, torch.Tensor]], engines: Optional[List[int]] = None) -> Dict:
+        """Stream ``pieces`` to ``engines`` (None: all); every piece is drawn (the gather behind them is a
+        collective of the sending role). Returns tensor and byte counts and ``failed``: engine -> why."""
+        targets = {e: c for e, c in self.channels.items() if engines is None or e in engines}
+        count, failed = {"tensors": 0.0, "bytes": 0.0}, {}
+
+        def each(action) -> None:
+            for engine, channel in list(targets.items()):
+                try:
+                    action(channel)
+                except RuntimeError as exc:  # gloo / the collective library: a peer gone or past the timeout
+                    failed[engine] = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+                    del targets[engine]
+                    self.drop(engine)
+
+        for piece in pieces:
+            if not targets:
+                continue
+            names, tensors = next(iter(targets.values())).staged(piece)
+            each(lambda channel: channel.send_piece(names, tensors))
+            count["tensors"] += len(tensors)
+            count["bytes"] += sum(t.numel() * t.element_size() for t in tensors)
+        each(lambda channel: channel.end_stream())
+        return {**count, "failed": failed}
 
 
 class VllmNativeChannel(WeightChannel):

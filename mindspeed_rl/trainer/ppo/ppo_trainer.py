@@ -25,7 +25,7 @@ from ...rollout.service import DisaggregatedRollout
 from ...utils.cli import raise_if_terminated
 from ...utils.clock import Clock
 from ..report.metrics import data_metrics, throughput, timeline_spans
-from ..runtime.guards import next_collapse_streak, save_due, stop_on_nonfinite_steps
+from ..runtime.guards import TooFewEngines, next_collapse_streak, save_due, stop_on_nonfinite_steps
 from .batches import Batches
 
 
@@ -198,8 +198,14 @@ class PPOTrainer:
         limit = self.rl.max_collapsed_iterations
         stop_on_nonfinite_steps(metrics, self.rl.max_nonfinite_steps, self.iteration)
         self.collapse_streak = next_collapse_streak(metrics, self.collapse_streak, limit)
-        if save_due(metrics, self.collapse_streak, self.iteration, limit, self.cfg.megatron_training):
+        saved = save_due(metrics, self.collapse_streak, self.iteration, limit, self.cfg.megatron_training)
+        if saved:
             self.save()
+        too_few = self.rollout_service.stop_reason
+        if too_few is not None:
+            if not saved:
+                self.save()
+            raise TooFewEngines(f"{too_few}; iteration {self.iteration} finished")
 
     def trainer_state(self) -> Dict:
         """What a resume needs besides the models: position in the data, the KL coefficient, where the
@@ -384,5 +390,6 @@ class PPOTrainer:
         metrics.update(update_metrics)
         metrics["actor/kl_coef"] = float(self.kl_ctrl.value)
         metrics.update(self.clock.timing)
+        metrics.update(self.rollout_service.health_metrics())
         metrics.update(throughput(metrics, exp.num_rows, self.cfg.world_size))
         return metrics

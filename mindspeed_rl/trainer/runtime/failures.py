@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, TypeVar, Union
 from ...config_cls.ppo_config import PPOConfig
 from ...config_cls.stage_config import StageConfig
 from ...utils.cli import TERMINATED_EXIT, USER_ERROR_EXIT, UserError, stopped_by_sigterm
-from .guards import NonFiniteStop
+from .guards import NonFiniteStop, TooFewEngines
 
 EXIT_NONFINITE, EXIT_WORKER_DIED, EXIT_WORKER_RAISED, EXIT_TERMINATED = 3, 4, 5, TERMINATED_EXIT
 
@@ -49,6 +49,9 @@ def train_to_exit_code(cfg: C, train: Callable[[C], List[Dict[str, float]]]) -> 
         return EXIT_NONFINITE
     except WorkerDied as exc:
         print(f"stopped: {exc}", file=sys.stderr, flush=True)
+        return EXIT_WORKER_DIED
+    except TooFewEngines as exc:
+        print(f"stopped: {exc}. {last_checkpoint_text(cfg)}", file=sys.stderr, flush=True)
         return EXIT_WORKER_DIED
     except WorkerRaised as exc:
         print(f"stopped: {exc}", file=sys.stderr, flush=True)

@@ -1,6 +1,7 @@
 """The guards the trainer runs after each iteration: a streak of optimizer steps skipped for a non-finite loss
 or gradient, or a policy that has collapsed (no entropy and no gradient left), stops the run (NonFiniteStop,
-exit 3); an iteration that looks collapsed is not saved (docs/operations.md)."""
+exit 3); an iteration that looks collapsed is not saved; too few rollout engines in service stop the run after
+its iteration is saved (TooFewEngines, exit 4) (docs/operations.md)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,11 @@ from ...config_cls.megatron_config import MegatronConfig
 
 class NonFiniteStop(RuntimeError):
     """Too many consecutive optimizer steps had a non-finite loss or gradient, or the policy collapsed."""
+
+
+class TooFewEngines(RuntimeError):
+    """Fewer rollout engines serve than rl_config.rollout_fault_tolerance.min_healthy_engines: the iteration was
+    finished and saved (exit 4)."""
 
 
 COLLAPSED_ENTROPY = 1e-4  # nats per token: the policy samples one token wherever it is

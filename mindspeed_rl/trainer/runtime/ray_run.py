@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Dict, Iterator, List, Optional
 
 from ...compat import ray_gcs
 from ...config_cls.loader import CONFIG_DIR
+from ...rollout.service import EngineFailed
 from ...utils.cli import UserError, raise_if_terminated, raise_terminated
-from .failures import WorkerDied, describe_dead_worker, describe_worker_error
+from .failures import WorkerDied, describe_dead_worker, describe_worker_error, last_checkpoint_text
 
 if TYPE_CHECKING:
     from ...workers.launcher import RunFrame
@@ -25,7 +26,7 @@ def runtime_env_vars() -> Dict[str, str]:
 
     data = load_yaml(os.path.join(CONFIG_DIR, "envs", "runtime_env.yaml")) or {}
     env = {k: str(v) for k, v in (data.get("env_vars") or {}).items()}
-    for key in ("MINDSPEED_RL_DEVICE", "PYTHONWARNINGS"):
+    for key in ("MINDSPEED_RL_DEVICE", "PYTHONWARNINGS", "MINDSPEED_RL_INJECT_FAULTS"):
         if key in os.environ:
             env[key] = os.environ[key]
     return env
@@ -183,6 +184,8 @@ def ray_run(cfg, run_dir: str, log_dir: Optional[str], bundles: int, keys: str) 
         yield frame
     except ray.exceptions.RayActorError as exc:
         raise WorkerDied(describe_dead_worker(exc, frame.workers, cfg)) from None
+    except EngineFailed as exc:  # a rollout engine passed a deadline, died or answered garbage
+        raise WorkerDied(f"{exc}. {last_checkpoint_text(cfg)}") from None
     except ray.exceptions.RayTaskError as exc:
         raise describe_worker_error(exc, frame.workers, cfg, run_dir) from None
     finally:
