@@ -26,7 +26,9 @@ class RolloutFaultToleranceConfig:
         1800.0, "Seconds an engine's start may take: process, model, KV cache, weight channel (all modes).", gt=0
     )
     health_check_interval_s: float = opt(
-        10.0, "Seconds between two health probes of a generating engine (slime's --rollout-health-check-interval).", gt=0
+        10.0,
+        "Seconds between two health probes of a generating engine (slime's --rollout-health-check-interval).",
+        gt=0,
     )
     health_check_timeout_s: float = opt(
         60.0, "Seconds a health probe may wait for its answer (slime's --rollout-health-check-timeout).", gt=0

@@ -139,15 +139,7 @@ class IntegratedActorWorker(MegatronWorker):
         return save_hf_copy(self.actor, ckpt_dir, iteration)
 
     # ----- disaggregated layout: weights to the rollout workers ------------------------------------
-    def open_weight_channel(
-        self,
-        host: str,
-        port: int,
-        size: int,
-        native_port: Optional[int] = None,
-        engine: int = 0,
-        timeout_s: float = 1800.0,
-    ) -> None:
+    def open_weight_channel(self, host, port, size, native_port=None, engine: int = 0, timeout_s=1800.0) -> None:
         """Rank 0 opens its channel to rollout ``engine`` as the sender (the other ranks only take part in
         gathering); with ``native_port``, through vLLM's weight-transfer engine, converting each piece as vLLM loads
         it. ``timeout_s``: how long a send may wait for that engine."""
@@ -155,26 +147,17 @@ class IntegratedActorWorker(MegatronWorker):
             return
         from ..rollout.weights.weight_transfer import VllmNativeChannel, WeightChannel, WeightFanOut
 
-        if self.weights_out is None:
-            self.weights_out = WeightFanOut()
+        self.weights_out = self.weights_out or WeightFanOut()
         comm = self.acc.comm_device(self.actor.device)
         if native_port is None:
             self.weights_out.add(engine, WeightChannel(host, port, 0, size, comm, timeout_s))
             return
         from ..rollout.engines.vllm_engine import vllm_named
 
-        model, dtype = self.role.model, self.gen.dtype
-        backend = self.acc.vllm_weight_transfer_backend()
+        model, dtype, backend = self.role.model, self.gen.dtype, self.acc.vllm_weight_transfer_backend()
+        prepare = lambda piece: vllm_named(piece, model, dtype)  # noqa: E731
         channel = VllmNativeChannel(
-            host,
-            port,
-            0,
-            size,
-            comm,
-            backend,
-            native_port,
-            timeout_s=timeout_s,
-            prepare=lambda piece: vllm_named(piece, model, dtype),
+            host, port, 0, size, comm, backend, native_port, timeout_s=timeout_s, prepare=prepare
         )
         self.weights_out.add(engine, channel)
 
