@@ -1,8 +1,8 @@
 """Rollout engines that fail without failing the run (rl_config.rollout_fault_tolerance): garbage answers told apart,
 a fleet of stepping engines (threaded Ray actors) whose processes are killed, stopped or answer garbage mid-generation
-or mid-sync, the deadlines without fault tolerance, the refusals, the colocated engine's message, and two real runs
-of the asynchronous twin on two rollout engines with faults injected (MINDSPEED_RL_INJECT_FAULTS) against the same
-run without them."""
+or mid-sync, the deadlines without fault tolerance, the refusals, the colocated engine's message and its way to the
+run's restart, and real runs of the asynchronous twins on two rollout engines with faults injected
+(MINDSPEED_RL_INJECT_FAULTS): against the same run without them, with in-flight updates, below min_healthy_engines."""
 
 import json
 import os
@@ -109,8 +109,8 @@ def _generate_with(fleet, engine, sig, after_s=0.3):
 
 
 def _accounted(batch):
-    """Every prompt's two samples, once each."""
-    assert sorted(out.prompt_index for out in batch.outputs) == [0, 0, 1, 1, 2, 2, 3, 3]
+    """Every prompt's two samples, once each, in the order of the request (whichever engine finished first)."""
+    assert [out.prompt_index for out in batch.outputs] == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
@@ -218,6 +218,22 @@ def test_a_colocated_engine_that_dies_is_named_as_the_actors_engine(ray_cluster)
         service.collect(handle_request)
 
 
+def test_a_failed_engine_ends_the_run_frame_as_a_dead_worker_so_the_run_restarts(ray_cluster, tmp_path):
+    """ray_run turns EngineFailed into WorkerDied, which train_healing restarts (rl_config.max_restarts), naming the
+    engine and the last checkpoint."""
+    from mindspeed_rl.features import load_ppo_config
+    from mindspeed_rl.rollout.service import EngineFailed
+    from mindspeed_rl.trainer.runtime.failures import WorkerDied
+    from mindspeed_rl.trainer.runtime.ray_run import ray_run
+
+    cfg = load_ppo_config("grpo_tiny_cpu", [f"actor_config.save={tmp_path}/ckpt"])
+    with pytest.raises(WorkerDied) as died:
+        with ray_run(cfg, str(tmp_path), None, 1, "rl_config.actor_resource.num_npus 1"):
+            raise EngineFailed("rollout engine(s) [0] in the actor's worker(s) of rank [0] (colocated) died")
+    assert str(died.value).startswith("rollout engine(s) [0] in the actor's worker(s) of rank [0] (colocated) died.")
+    assert "No checkpoint was saved yet" in str(died.value)
+
+
 # ----- the keys -----------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "overrides,words",
@@ -242,13 +258,13 @@ def test_fault_tolerance_keys_that_do_not_fit_are_refused(capsys, overrides, wor
 
 
 # ----- real runs: two rollout engines, faults injected ----------------------------------------------------------------
-def _run(tmp_path, demo_assets, name, faults, *extra, config="grpo_tiny_cpu_async"):
+def _run(tmp_path, demo_assets, name, faults, *extra, config="grpo_tiny_cpu_async", iterations=2):
     args = [
         sys.executable, os.path.join(ROOT, "cli", "train_ppo.py"), "--config-name", config,
         f"megatron_training.tokenizer_name_or_path={demo_assets['tokenizer']}",
         f"megatron_training.data_path={demo_assets['data_prefix']}",
         "megatron_training.test_data_path=null", "rl_config.test_freq=0", "rl_config.val_before_train=false",
-        "megatron_training.train_iters=3", f"rl_config.log_dir={tmp_path}/{name}", "actor_config.save=null",
+        f"megatron_training.train_iters={iterations}", f"rl_config.log_dir={tmp_path}/{name}", "actor_config.save=null",
         "rl_config.rollout_resource.num_npus=2", "rl_config.rollout_fault_tolerance.enabled=true",
         "rl_config.rollout_fault_tolerance.health_check_interval_s=1",
         "rl_config.rollout_fault_tolerance.health_check_timeout_s=5",
@@ -259,8 +275,10 @@ def _run(tmp_path, demo_assets, name, faults, *extra, config="grpo_tiny_cpu_asyn
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (run_dir,) = [os.path.join(tmp_path, name, d) for d in os.listdir(tmp_path / name)]
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
-    assert len(rows) == 3
-    return out.stdout, rows
+    assert len(rows) == iterations
+    with open(os.path.join(run_dir, "report.html"), encoding="utf-8") as fh:
+        report = fh.read()
+    return out.stdout, rows, report
 
 
 def _workers_left() -> int:
@@ -270,13 +288,14 @@ def _workers_left() -> int:
 
 def test_engines_killed_mid_generation_and_mid_sync_leave_the_run_as_it_would_have_been(tmp_path, demo_assets):
     """Engine 1 killed 0.2 s into its first generate call, engine 0 killed after the first piece of its second weight
-    sync: both restart, every sample is generated, and each iteration equals the run without faults (vLLM samples
-    each request with its own seed, on whichever engine)."""
-    _, clean = _run(tmp_path, demo_assets, "clean", "")
-    out, faulty = _run(tmp_path, demo_assets, "faulty", "kill@generate:1:1,kill@weights:0:2")
+    sync (after iteration 1): both restart, every sample is generated, and each iteration equals the run without
+    faults (vLLM samples each request with its own seed, on whichever engine)."""
+    _, clean, _ = _run(tmp_path, demo_assets, "clean", "")
+    out, faulty, report = _run(tmp_path, demo_assets, "faulty", "kill@generate:1:1,kill@weights:0:2")
     assert "rollout engine 1 failed during generate: its process died" in out
     assert "rollout engine 0 failed during a weight sync" in out and out.count("restarted (1 of 3)") == 2
     assert sum(r["fleet/engine_restarts"] for r in faulty) == 2 and faulty[0]["fleet/requests_moved"] == 64
+    assert "rollout engine faults (run total)" in report and "2 engine_restarts, 64 requests_moved" in report
     for key in ("critic/score/mean", "response_length/mean", "actor/kl_loss", "actor/pg_loss", "grad_norm"):
         assert [r[key] for r in faulty] == pytest.approx([r[key] for r in clean], abs=1e-6), key
     assert _workers_left() == 0
@@ -285,12 +304,51 @@ def test_engines_killed_mid_generation_and_mid_sync_leave_the_run_as_it_would_ha
 def test_an_engine_stopped_with_in_flight_updates_on_is_replaced_and_the_run_finishes(tmp_path, demo_assets):
     """The fully asynchronous twin: engine 0 stops (SIGSTOP) in its second generate call, its health probe tells
     within 5 s, its requests finish on engine 1, and it restarts at the next in-flight update."""
-    out, rows = _run(
+    out, rows, _ = _run(
         tmp_path, demo_assets, "in_flight", "stop@generate:0:2", "rl_config.async_training.pause_timeout_s=10",
-        config="grpo_tiny_cpu_fully_async",
+        config="grpo_tiny_cpu_fully_async", iterations=3,
     )  # fmt: skip
     assert "rollout engine 0 failed during generate: its health probe had no answer within 5 s" in out
     assert sum(r["fleet/engine_failures"] for r in rows) == 1 and sum(r["fleet/engine_restarts"] for r in rows) == 1
     assert rows[-1]["fleet/engines_in_service"] == 2  # restarted at the update after the failure
     assert all(r["response_length/mean"] > 0 for r in rows) and rows[-1]["iteration"] == 3
     assert _workers_left() == 0
+
+
+def test_below_min_healthy_engines_the_run_saves_its_iteration_and_exits_4(tmp_path, monkeypatch, capsys):
+    """fit()'s bookkeeping with a fleet that falls below min_healthy_engines during iteration 2 (save_interval 50):
+    iteration 2 is saved all the same, and the run stops with exit 4, the key, the iteration and the checkpoint."""
+    from types import SimpleNamespace
+
+    from mindspeed_rl.features import load_ppo_config
+    from mindspeed_rl.trainer import launch
+    from mindspeed_rl.trainer.ppo.ppo_trainer import PPOTrainer
+    from mindspeed_rl.trainer.runtime.failures import EXIT_WORKER_DIED
+
+    cfg = load_ppo_config(
+        "grpo_tiny_cpu_async",
+        ["rl_config.rollout_resource.num_npus=2", "rl_config.rollout_fault_tolerance.enabled=true",
+         "rl_config.rollout_fault_tolerance.min_healthy_engines=2", f"actor_config.save={tmp_path}/actor",
+         f"rl_config.log_dir={tmp_path}/logs", "megatron_training.train_iters=3"],
+    )  # fmt: skip
+    saved = []
+    service = SimpleNamespace(stop_reason=None)
+    trainer = SimpleNamespace(rl=cfg.rl, cfg=cfg, iteration=0, collapse_streak=0, rollout_service=service)
+    trainer.save = lambda: saved.append(trainer.iteration)
+    healthy = {"actor/entropy": 0.8, "grad_norm": 0.4}
+
+    def train(_):
+        for _ in range(3):
+            trainer.iteration += 1
+            if trainer.iteration == 2:
+                service.stop_reason = (
+                    "1 rollout engine(s) in service, below rl_config.rollout_fault_tolerance.min_healthy_engines = 2"
+                )
+            PPOTrainer.after_iteration(trainer, healthy)
+        return [healthy]
+
+    monkeypatch.setattr(launch, "train", train)
+    assert launch.run(cfg) == EXIT_WORKER_DIED and saved == [2]
+    err = capsys.readouterr().err
+    stopped = "stopped: 1 rollout engine(s) in service, below rl_config.rollout_fault_tolerance.min_healthy_engines = 2"
+    assert f"{stopped}; iteration 2 finished" in err and "Traceback" not in err, err

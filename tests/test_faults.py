@@ -460,6 +460,7 @@ def test_a_collapsed_policy_is_not_saved_and_stops_the_run_after_max_collapsed_i
     trainer = SimpleNamespace(
         rl=cfg.rl, cfg=cfg, iteration=0, collapse_streak=0, save=lambda: saved.append(trainer.iteration)
     )
+    trainer.rollout_service = SimpleNamespace(stop_reason=None)
     healthy = {"actor/entropy": 0.8, "grad_norm": 0.4}
     flat = {"actor/entropy": 0.0, "grad_norm": 0.0}
     for metrics in (healthy, healthy, flat, healthy, flat, flat):  # a single flat iteration is forgiven
@@ -476,6 +477,7 @@ def test_a_collapsed_policy_is_not_saved_and_stops_the_run_after_max_collapsed_i
         iteration=0,
         collapse_streak=0,
         save=lambda: saved.append(-1),
+        rollout_service=SimpleNamespace(stop_reason=None),
     )
     for _ in range(4):
         off.iteration += 1
@@ -519,6 +521,7 @@ def collapse_trainer(tmp_path, saved, *overrides):
     )
     trainer = SimpleNamespace(rl=cfg.rl, cfg=cfg, iteration=0, collapse_streak=0)
     trainer.save = lambda: saved.append(trainer.iteration)
+    trainer.rollout_service = SimpleNamespace(stop_reason=None)
     return trainer
 
 

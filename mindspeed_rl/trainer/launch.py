@@ -116,7 +116,8 @@ def start_roles(cfg: PPOConfig, frame: RunFrame, tokenizer, run_dir: str) -> Rol
         first = devices + rollout_devices + cfg.teacher_devices
         judge = dict(judge=cfg.judge, hf_dir=judge_hf_folder(cfg, run_dir))
         roles.judge = spawn("judge", JudgeWorker, cfg.judge_devices, whole, first_bundle=first, **judge)
-    wait_until_built(frame.workers, rl.rollout_fault_tolerance.setup_timeout_s)
+    wait_until_built([group for group in frame.workers if group not in roles.rollout])
+    wait_until_built(roles.rollout, rl.rollout_fault_tolerance.setup_timeout_s)
     roles.service = rollout_service(cfg, frame, roles, respawn)
     return roles
 

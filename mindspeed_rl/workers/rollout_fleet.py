@@ -193,6 +193,9 @@ class RolloutFleet:
                 outputs += answer.outputs
                 results += answer.per_rank
                 timings.append(answer.timing)
+        # the order of one whole request: by prompt, each prompt's samples as their engine returned them (stable)
+        outputs.sort(key=lambda out: out.prompt_index)
+        results.sort(key=lambda result: (result.engine, result.rank))
         return GeneratedBatch(outputs, slowest(timings), results)
 
     def _tick(self) -> float:

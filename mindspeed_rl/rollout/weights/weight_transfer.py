@@ -1,7 +1,8 @@
 """Weights from the actor to rollout workers that live in other processes (the disaggregated layout).
 
-One process group spans the actor's sending rank (rank 0 of the group) and every rollout rank. It is built
-from a TCP store of its own, so neither side's training or inference world has to know the other.
+One process group per rollout engine spans the actor's sending rank (rank 0 of the group) and the engine's ranks
+(``WeightFanOut`` sends to all of them, dropping an engine whose stream breaks). Each is built from a TCP store of
+its own, so neither side's training or inference world has to know the other.
 
 The stream is the resharding stream (``rollout/weights/resharding.py``): full megatron-named tensors, one model
 piece at a time. For each piece the sender broadcasts its names, shapes and dtypes (over gloo, on the host),

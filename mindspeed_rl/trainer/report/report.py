@@ -174,8 +174,14 @@ def final_numbers(rows: List[Dict[str, float]]) -> List[Tuple[str, str]]:
             )
         )
         out.append(("val/score/mean (best)", f"{best['val/score/mean']:.4f} (iteration {int(best['iteration'])})"))
+    if any("fleet/engine_failures" in r for r in trained):  # the rollout fleet (rl_config.rollout_fault_tolerance)
+        total = {key: sum(r.get(f"fleet/{key}", 0.0) for r in trained) for key in FLEET_TOTALS}
+        out.append(("rollout engine faults (run total)", ", ".join(f"{total[k]:g} {k}" for k in FLEET_TOTALS)))
     out.append(("training time (sum of timing/all)", f"{sum(r['timing/all'] for r in trained):.1f} s"))
     return out
+
+
+FLEET_TOTALS = ("engine_failures", "engine_restarts", "requests_moved", "time_lost_s")
 
 
 def _png(fig) -> str:

@@ -153,9 +153,17 @@ def worker_name(exc, groups) -> str:
     for group in groups:
         for rank, handle in enumerate(group.handles):
             if failed is not None and handle._actor_id.hex() == str(failed):
-                return f"the {group.name} worker of rank {rank}"
-    named = re.search(r"ray::(actor|critic|reward|teacher|rollout)_(\d+)_\d+", str(exc))  # spawn_group's actor names
-    return f"the {named.group(1)} worker of rank {named.group(2)}" if named else "a worker"
+                return _worker(group.name, rank)
+    named = re.search(r"ray::(actor|critic|reward|teacher|rollout\d*)_(\d+)_\d+", str(exc))  # spawn_group's names
+    return _worker(named.group(1), int(named.group(2))) if named else "a worker"
+
+
+def _worker(group: str, rank: int) -> str:
+    """A rollout engine's group is ``rollout<engine>``: named by engine and its rank there."""
+    engine = re.fullmatch(r"rollout(\d+)", group)
+    if engine:
+        return f"the rollout worker of engine {engine.group(1)} (its rank {rank})"
+    return f"the {group} worker of rank {rank}"
 
 
 def exception_line(text: str) -> str:
