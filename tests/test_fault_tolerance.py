@@ -352,3 +352,12 @@ def test_below_min_healthy_engines_the_run_saves_its_iteration_and_exits_4(tmp_p
     err = capsys.readouterr().err
     stopped = "stopped: 1 rollout engine(s) in service, below rl_config.rollout_fault_tolerance.min_healthy_engines = 2"
     assert f"{stopped}; iteration 2 finished" in err and "Traceback" not in err, err
+
+
+def test_a_dead_rollout_worker_is_named_by_its_engine():
+    """Without fault tolerance a dead engine is a dead worker: named by its engine (the groups are rollout<engine>)."""
+    from mindspeed_rl.trainer.runtime.failures import worker_name
+
+    died = RuntimeError("The actor died: ray::rollout1_0_123450002:RolloutWorker.generate() ...")
+    assert worker_name(died, []) == "the rollout worker of engine 1 (its rank 0)"
+    assert worker_name(RuntimeError("ray::critic_3_123450001 died"), []) == "the critic worker of rank 3"
