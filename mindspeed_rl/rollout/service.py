@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Protocol
 
 from ..protocol.rollout import GeneratedBatch, RolloutRequest
+from ..utils.cli import first_line
 
 
 class EngineFailed(RuntimeError):
@@ -118,7 +119,7 @@ class ColocatedRollout(RolloutService):
         except ray.exceptions.RayActorError as exc:
             dead = [ref for ref in pending.refs if _died(ref)]
             raise EngineFailed(
-                f"{self._engines_of(pending, dead)} died during generation ({str(exc).strip().splitlines()[0][:200]})"
+                f"{self._engines_of(pending, dead)} died during generation ({first_line(exc)})"
             ) from None
 
     @staticmethod

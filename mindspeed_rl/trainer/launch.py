@@ -117,7 +117,8 @@ def start_roles(cfg: PPOConfig, frame: RunFrame, tokenizer, run_dir: str) -> Rol
         judge = dict(judge=cfg.judge, hf_dir=judge_hf_folder(cfg, run_dir))
         roles.judge = spawn("judge", JudgeWorker, cfg.judge_devices, whole, first_bundle=first, **judge)
     wait_until_built([group for group in frame.workers if group not in roles.rollout])
-    wait_until_built(roles.rollout, rl.rollout_fault_tolerance.setup_timeout_s)
+    faults = rl.rollout_fault_tolerance
+    wait_until_built(roles.rollout, faults.setup_timeout_s, "rl_config.rollout_fault_tolerance.setup_timeout_s")
     roles.service = rollout_service(cfg, frame, roles, respawn)
     return roles
 

@@ -30,6 +30,13 @@ class Terminated(KeyboardInterrupt):
 _sigterm = {"received": False}
 
 
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's message as one line of a report: its first line (its type where it has none), at most ``limit``
+    characters."""
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:limit]
+
+
 def raise_terminated(signum, frame):
     _sigterm["received"] = True
     raise Terminated()

@@ -89,8 +89,3 @@ class Probes:
     def forget(self, engine) -> None:
         self.sent.pop(id(engine), None)
         self.last.pop(id(engine), None)
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:200]

@@ -9,7 +9,8 @@ import time
 from typing import TYPE_CHECKING, Any, List, Optional, Set
 
 from ..rollout.service import EngineFailed
-from .engine_health import KEY, first_line, settled
+from ..utils.cli import first_line
+from .engine_health import KEY, settled
 
 if TYPE_CHECKING:
     from .rollout_fleet import Engine, RolloutFleet
@@ -123,18 +124,13 @@ def restart(fleet: "RolloutFleet", actor, engine: Engine) -> bool:
 
     began = time.monotonic()
     engine.restarts += 1
-    engine.incarnation += 1
     fleet.counts.restarts += 1
-    group = fleet.respawn(engine.index, engine.incarnation)
+    group = fleet.respawn(engine.index, engine.restarts)
     try:
-        refs = group.call_async("layout")
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=fleet.limits.setup_timeout_s)
-        if len(ready) < len(refs):
-            raise EngineFailed(f"not built within {KEY}.setup_timeout_s = {fleet.limits.setup_timeout_s:g} s")
-        group.layouts = ray.get(refs)
+        group.load_layouts(fleet.limits.setup_timeout_s, f"{KEY}.setup_timeout_s")
         engine.group = group
         fleet.connect(actor, engine)
-    except (EngineFailed, ray.exceptions.RayError) as exc:
+    except (TimeoutError, EngineFailed, ray.exceptions.RayError) as exc:
         for handle in group.handles:
             ray.kill(handle, no_restart=True)
         print(f"rollout engine {engine.index}: restart {engine.restarts} failed ({first_line(exc)})", flush=True)

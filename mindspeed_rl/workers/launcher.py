@@ -199,23 +199,12 @@ def spawn_group(
     return group
 
 
-def wait_until_built(groups: Iterable[WorkerGroup], timeout_s: Optional[float] = None) -> None:
+def wait_until_built(groups: Iterable[WorkerGroup], timeout_s: Optional[float] = None, key: str = "") -> None:
     """Every rank of ``groups`` constructed (their layouts read); the groups were started side by side. A group
-    not built within ``timeout_s`` (rl_config.rollout_fault_tolerance.setup_timeout_s) is named."""
-    import ray
-
+    not built within ``timeout_s`` (the setting ``key``) is named (TimeoutError)."""
     for group in groups:
-        if group.layouts:
-            continue
-        refs = group.call_async("layout")
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        if len(ready) < len(refs):
-            late = [rank for rank, ref in enumerate(refs) if ref not in ready]
-            raise RuntimeError(
-                f"the {group.name} workers of rank {late} were not built within "
-                f"rl_config.rollout_fault_tolerance.setup_timeout_s = {timeout_s:g} s (their model, their engine)"
-            )
-        group.layouts = ray.get(refs)
+        if not group.layouts:
+            group.load_layouts(timeout_s, key)
 
 
 def bundle_nodes(pg) -> Dict[int, str]:
@@ -247,6 +236,7 @@ def weight_channel_opener(pg, mode: str, sync_timeout_s: float, setup_timeout_s:
     import ray
 
     from ..rollout.service import EngineFailed
+    from .engine_health import settled
 
     def connect(actor: WorkerGroup, engine) -> None:
         host, ports = bundle_ip_and_ports(pg, 0, 1 + (mode == "vllm_native"))
@@ -256,8 +246,7 @@ def weight_channel_opener(pg, mode: str, sync_timeout_s: float, setup_timeout_s:
         refs = actor.call_async(
             "open_weight_channel", host, ports[0], size, native_port, engine.index, sync_timeout_s
         ) + engine.group.call_async("open_weight_channel", host, ports[0], size, native_port, receive_s)
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=setup_timeout_s)
-        if len(ready) < len(refs):
+        if not settled(refs, setup_timeout_s).issuperset(refs):
             raise EngineFailed(
                 f"rollout engine {engine.index}: its weight channel did not open within "
                 f"rl_config.rollout_fault_tolerance.setup_timeout_s = {setup_timeout_s:g} s"

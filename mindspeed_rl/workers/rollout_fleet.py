@@ -24,7 +24,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..protocol import GeneratedBatch, RolloutOutput, RolloutRequest, slowest
 from ..rollout.service import EngineFailed
-from .engine_health import KEY, FaultLimits, Probes, answer_problem, first_line
+from ..utils.cli import first_line
+from .engine_health import KEY, FaultLimits, Probes, answer_problem
 from .worker_group import PendingGeneration, WorkerGroup, engine_prompt_split
 
 
@@ -34,10 +35,9 @@ class Engine:
 
     index: int
     group: WorkerGroup
-    incarnation: int = 0
     serving: bool = True  # takes requests: started, holds the current weights, not failed
-    down: bool = False  # this incarnation failed and was killed
-    restarts: int = 0
+    down: bool = False  # its current start failed and was killed
+    restarts: int = 0  # which start it is (0: the run's first)
 
 
 @dataclass
@@ -68,7 +68,7 @@ class Counts:
 
 
 class RolloutFleet:
-    """The engines of the rollout workers (see the module docstring). ``respawn(engine, incarnation)`` starts an
+    """The engines of the rollout workers (see the module docstring). ``respawn(engine, restarts)`` starts an
     engine's ranks anew (a WorkerGroup, built or still building); ``connect(actor, engine, transfer)`` opens its
     weight channel with the actor (within ``setup_timeout_s``); None for both: no restart (tests)."""
 

@@ -73,8 +73,18 @@ class WorkerGroup:
             return [getattr(h, method).remote(*a, **kwargs) for h, a in zip(self.handles, per_rank)]
         return [getattr(h, method).remote(*args, **kwargs) for h in self.handles]
 
-    def load_layouts(self) -> None:
-        self.layouts = self.call("layout")
+    def load_layouts(self, timeout_s: Optional[float] = None, key: str = "") -> None:
+        """Every rank's layout, read once the rank is built; TimeoutError naming the ranks not built within
+        ``timeout_s`` seconds (and ``key``, the setting that bounds it)."""
+        import ray
+
+        refs = self.call_async("layout")
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if len(ready) < len(refs):
+            late = [rank for rank, ref in enumerate(refs) if ref not in ready]
+            within = f"{key} = {timeout_s:g} s" if key else f"{timeout_s:g} s"
+            raise TimeoutError(f"the {self.name} workers of rank {late} were not built within {within}")
+        self.layouts = ray.get(refs)
 
     # ----- layout -----------------------------------------------------------------------------------
     @property

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from ...accelerator import get_accelerator
 from ...compat.group_ops import broadcast_from
+from ...utils.cli import first_line
 
 Meta = List[Tuple[str, Tuple[int, ...], torch.dtype]]
 Named = List[Tuple[str, torch.Tensor]]
@@ -146,7 +147,7 @@ class WeightFanOut:
                 try:
                     action(channel)
                 except RuntimeError as exc:  # gloo / the collective library: a peer gone or past the timeout
-                    failed[engine] = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+                    failed[engine] = first_line(exc, 300)
                     del targets[engine]
                     self.drop(engine)
 
