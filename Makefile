@@ -43,7 +43,7 @@ test-npu-current:
 	NPU_SET=current bash scripts/test_npu_versions.sh
 
 docs: $(STAMP)
-	$(PYTHON) -m mindspeed_rl.config_cls.docs > docs/config.md
+	$(PYTHON) cli/config_docs.py > docs/config.md
 
 clean-demo:
 	rm -rf demo_assets

@@ -283,7 +283,7 @@ def test_a3_dry_run_subprocess():
 
 
 def test_config_docs_are_in_step_with_the_schema():
-    from mindspeed_rl.config_cls.docs import render
+    from cli.config_docs import render
 
     with open(os.path.join(ROOT, "docs", "config.md"), encoding="utf-8") as fh:
         assert fh.read() == render(), "docs/config.md is stale: run `make docs`"

@@ -9,6 +9,7 @@ from .agent_config import AgentConfig, SandboxConfig, deprecation_note, nest_fla
 from .algorithm_choice import ADVANTAGE_ESTIMATORS, DISTILL_SIGNALS, LOSS_AGG_MODES, POLICY_LOSSES, kl_names
 from .async_config import AsyncTrainingConfig
 from .base import build_section, opt
+from .endpoint_config import PolicyEndpointConfig
 from .fault_config import RolloutFaultToleranceConfig
 from .logging_config import LoggingKeys
 
@@ -330,7 +331,12 @@ class RLConfig(LoggingKeys):
         "single_turn",
         "How a trajectory advances: single_turn, tool_agent "
         "(generate, run the tool calls, append their results, continue), "
+        "openai_agent (an outside agent's episodes through the policy endpoint), "
         "a RolloutFunction class 'module:Class', or a whole-batch function 'module:function' (no partial rollout).",
+    )
+    policy_endpoint: PolicyEndpointConfig = opt(
+        doc="The OpenAI-compatible endpoint and the harness of openai_agent (docs/agents.md).",
+        factory=PolicyEndpointConfig,
     )
     multi_turn_enable: bool = opt(False, "MindSpeed-RL's switch: true is rollout_function tool_agent.")
     tools: List[str] = opt(

@@ -60,6 +60,7 @@ FIELDS: Dict[str, FieldSpec] = {
     ),
     "values": FieldSpec(("B", "R"), torch.float32, "critic value of each response position"),
     "scores": FieldSpec(("B",), torch.float32, "sequence score (rule verifiers and/or reward model)"),
+    "episode_rewards": FieldSpec(("B",), torch.float32, "an outside agent's reward for the row (NaN: none posted)"),
     "kl": FieldSpec(("B", "R"), torch.float32, "per-token KL(actor || reference) estimate, 0 on padding"),
     "token_rewards": FieldSpec(
         ("B", "R"), torch.float32, "score on the last response token, minus KL when it is in the reward"
@@ -113,6 +114,7 @@ class Experience:
     old_log_probs: Optional[torch.Tensor] = None
     values: Optional[torch.Tensor] = None
     scores: Optional[torch.Tensor] = None
+    episode_rewards: Optional[torch.Tensor] = None
     kl: Optional[torch.Tensor] = None
     token_rewards: Optional[torch.Tensor] = None
     advantages: Optional[torch.Tensor] = None

@@ -23,18 +23,21 @@ def build_experience(
 ) -> Experience:
     """Rows prompt by prompt (n responses each): left-padded prompt + right-padded response.
 
-    ``outputs`` carry global prompt indices (any order); each prompt must have exactly n of them. Tokens
+    ``outputs`` carry global prompt indices (any order); each prompt must have exactly n of them. ``prompts``: one
+    per prompt, or one per output in prompt order (the n responses of a prompt read different prompts). Tokens
     of an output without per-token versions were sampled by policy ``version``; its ``loss_mask`` (tool
     results 0) becomes the row's, all 1 without one. ``images``: each prompt's stored images (b"" for none)
     for a vision-language model, one bytes object shared by the prompt's n rows.
     """
     grouped = by_prompt(outputs)
+    per_row = len(prompts) == len(outputs) and n > 1
+    groups = len(prompts) // n if per_row else len(prompts)
     rows: List[Tuple[Sequence[int], RolloutOutput]] = []
-    for i in range(len(prompts)):
+    for i in range(groups):
         got = grouped.get(i, [])
         if len(got) != n:
             raise RuntimeError(f"prompt {i}: {len(got)} responses, expected {n}")
-        rows += [(prompts[i], o) for o in got]
+        rows += [(prompts[i * n + k] if per_row else prompts[i], o) for k, o in enumerate(got)]
     prompt_ids, prompt_mask = left_pad([r[0] for r in rows], pad_id)
     width = max(1, max(len(o.response_ids) for _, o in rows))
     response_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)

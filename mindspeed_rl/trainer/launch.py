@@ -266,7 +266,7 @@ def build_trainer(cfg: PPOConfig, frame: RunFrame, roles: Roles, tokenizer, data
 
         judge = make_judge(cfg, roles.judge)
     batches = build_batches(
-        cfg, roles.actor, dataset, sampler, tokenizer, runner, roles.reward, judge, roles.service, start
+        cfg, roles.actor, dataset, sampler, tokenizer, runner, roles.reward, judge, roles.service, start, run_dir
     )
     trainer = PPOTrainer(
         cfg, roles.actor, roles.critic, batches, tokenizer, logger, start, test_dataset, teacher_group=roles.teacher

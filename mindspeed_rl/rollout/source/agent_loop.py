@@ -2,6 +2,7 @@
 
     single_turn        one response per sample (the default)
     tool_agent         multi-turn: generate a turn, parse its tool calls, run them, append their results, continue
+    openai_agent       an outside agent's episodes through the run's OpenAI-compatible endpoint (external_agent.py)
     module:Class       a user's own: a subclass of ``RolloutFunction``, built with the ``AgentContext``
     module:function    a user's whole-batch function ``fn(request, context) -> AgentBatch`` (synchronous
                        schedules only: it cannot be stopped between chunks)
@@ -66,6 +67,7 @@ class AgentContext:
     settings: AgentConfig = field(default_factory=AgentConfig)
     tool_format: Optional[ToolFormat] = None
     prompt_tools: Optional[List[Optional[List[str]]]] = None
+    endpoint: Any = None  # openai_agent: the policy endpoint's keys and limits (external_agent.EndpointRun)
 
 
 class RolloutFunction:
@@ -77,6 +79,10 @@ class RolloutFunction:
 
     def __init__(self, context: AgentContext) -> None:
         self.context = context
+
+    def open(self, traj: Trajectory) -> Optional[Any]:
+        """A new (or restored) trajectory's work before its first generation, run like tool work; None: none."""
+        return None
 
     def absorb(self, traj: Trajectory, out: RolloutOutput, version: int) -> Optional[Any]:
         """Append what the engine generated for ``traj`` (one chunk or the rest of a turn, sampled by policy
@@ -260,13 +266,18 @@ class WholeBatch(RolloutFunction):
         return dict(self.last_metrics)
 
 
-ROLLOUT_FUNCTIONS: Dict[str, type] = {"single_turn": SingleTurn, "tool_agent": ToolAgent}
+ROLLOUT_FUNCTIONS: Dict[str, Any] = {
+    "single_turn": SingleTurn,
+    "tool_agent": ToolAgent,
+    "openai_agent": "mindspeed_rl.rollout.source.external_agent:OpenAIAgent",  # loads the HTTP stack: on use
+}
 
 
 def rollout_function(name: str):
     """A built-in class by name, or a user's class or function by its path ``module:name``."""
     if name in ROLLOUT_FUNCTIONS:
-        return ROLLOUT_FUNCTIONS[name]
+        found = ROLLOUT_FUNCTIONS[name]
+        return import_function(found, "rollout_function") if isinstance(found, str) else found
     if ":" not in name and "." not in name:
         raise ValueError(
             f"unknown rollout_function {name!r}; built in: {', '.join(ROLLOUT_FUNCTIONS)}, "

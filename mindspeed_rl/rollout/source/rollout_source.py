@@ -76,6 +76,7 @@ class RolloutSource:
         self.seeds = SeedStream(seed, "train")
         self.scoring = scoring_stage(score, self.rows_of, overlap_judge)
         self.staleness = staleness if staleness is not None else StalenessBound()
+        self.dropped_groups = 0  # since the last batch: groups with a trajectory the rollout function gave up
 
     @property
     def off_policy(self) -> bool:
@@ -157,6 +158,8 @@ class RolloutSource:
         metrics.update(self.function.metrics([t for g in groups for t in g]))
         metrics.update(schedule.metrics(pool, groups, rounds, tokens, drawn))
         metrics.update(self.staleness.metrics())
+        if self.dropped_groups:
+            metrics["rollout/dropped_groups"], self.dropped_groups = float(self.dropped_groups), 0
         if self.vision:  # rows of a vision dataset whose stored images do not decode
             metrics["rollout/skipped_prompts"] = float(skipped)
         line = flt.summary(iteration, metrics, draws)
@@ -172,7 +175,10 @@ class RolloutSource:
             return
         finished = self.schedule.offerable(self.pool)
         if finished:
-            fresh, again = self.staleness.screen(self.pool.take(finished), iteration)
+            taken = self.pool.take(finished)
+            kept = [g for g in taken if not any(t.dropped for t in g)]
+            self.dropped_groups += len(taken) - len(kept)  # an episode given up: the group is left out, counted
+            fresh, again = self.staleness.screen(kept, iteration)
             if again:
                 self.pool.put_back(again)
             if fresh:
@@ -196,7 +202,11 @@ class RolloutSource:
 
     def rows_of(self, groups: Sequence[Sequence[Trajectory]]) -> Experience:
         prompts, labels, outputs = group_outputs(groups)
-        return build_experience(prompts, outputs, self.n, self.pad_id, labels, images=self.stored_images(groups))
+        rows = build_experience(prompts, outputs, self.n, self.pad_id, labels, images=self.stored_images(groups))
+        rewards = [t.reward for g in groups for t in g]
+        if any(r is not None for r in rewards):  # an outside agent's (openai_agent): the scorer adds them
+            rows.set("episode_rewards", torch.tensor([float("nan") if r is None else r for r in rewards]))
+        return rows
 
     def stored_images(self, groups: Sequence[Sequence[Trajectory]]) -> Optional[List[bytes]]:
         """Each group's prompt images as stored (None: a text model or no images): the workers that run the model
@@ -257,12 +267,13 @@ class RolloutSource:
 
     # ----- from the config ------------------------------------------------------------------------------
     @staticmethod
-    def from_config(cfg, service, dataset, sampler, tokenizer, score: Score) -> "RolloutSource":
+    def from_config(cfg, service, dataset, sampler, tokenizer, score: Score, run_dir: str = "") -> "RolloutSource":
         from ...features.agent import agent_rollout_function
         from ...features.dynamic_sampling import filter_metric_name
 
         rl, sampling = cfg.rl, cfg.generate.sampling_config
-        function = build_rollout_function(agent_rollout_function(rl), agent_context(rl, tokenizer))
+        context = agent_context(rl, tokenizer, cfg.generate.max_model_len, run_dir)
+        function = build_rollout_function(agent_rollout_function(rl), context)
         want = cfg.prompts_per_iteration
         group_filter: GroupFilter
         if rl.filter_groups_enable:
@@ -295,10 +306,11 @@ class RolloutSource:
         )
 
 
-def agent_context(rl, tokenizer) -> AgentContext:
+def agent_context(rl, tokenizer, max_context: int = 0, log_dir: str = "") -> AgentContext:
     """What rollout functions use: the tokenizer and, when tools are configured, the tools, their sandbox
     (the isolation pre-flight chose) and the chat template's tool role."""
     from ...datasets.templates import load_templates
+    from ...features.agent import agent_rollout_function
     from ...tools.isolation import choose
     from ...tools.registry import model_code_tools, resolve_tools
     from ...tools.sandbox import Sandbox, SandboxLimits
@@ -318,4 +330,9 @@ def agent_context(rl, tokenizer) -> AgentContext:
         )
         sandbox = Sandbox(limits, isolation)
     tool_format = ToolFormat.of_template(template, rl.prompt_type) if "tool_response" in template else None
-    return AgentContext(None, tokenizer, tools, sandbox, rl.agent, tool_format)
+    context = AgentContext(None, tokenizer, tools, sandbox, rl.agent, tool_format)
+    if agent_rollout_function(rl) == "openai_agent":
+        from .external_agent import EndpointRun
+
+        context.endpoint = EndpointRun(rl.policy_endpoint, rl.prompt_type, rl.max_prompt_length, max_context, log_dir)
+    return context

@@ -34,7 +34,8 @@ class TrajectoryPool:
         self.function, self.n, self.max_tokens = function, n, max_tokens
         self.trajectories: List[Trajectory] = []
         self.next_uid = 0
-        self._tools: Optional[Tuple[Future, List[Tuple[Trajectory, object]]]] = None
+        self._tools: List[Tuple[Future, List[Tuple[Trajectory, object]]]] = []  # tool work running, by batch
+        self._opening: List[Tuple[Trajectory, object]] = []  # new trajectories' work before their first round
         self._executor: Optional[ThreadPoolExecutor] = None
         self.meter: Optional[Any] = None  # an EngineMeter (production.py) that each round's generation time goes to
 
@@ -51,6 +52,14 @@ class TrajectoryPool:
                 traj = Trajectory(self.next_uid, list(prompt), prompts.labels[i], max(1, budget), tools, images=images)
                 self.trajectories.append(traj)
                 self.next_uid += 1
+                self._open(traj)
+
+    def _open(self, traj: Trajectory) -> None:
+        """The rollout function's work before ``traj``'s first round (an outside agent's start), if any."""
+        if not traj.done:
+            work = self.function.open(traj)
+            if work is not None:
+                self._opening.append((traj, work))
 
     def groups(self) -> Dict[int, List[Trajectory]]:
         """Prompt groups by group id, oldest (lowest id) first."""
@@ -87,7 +96,10 @@ class TrajectoryPool:
     ) -> int:
         """One generation call over the ready trajectories; returns the tokens generated (0: nothing ran).
         ``seed``: the round's base seed, or a stream (``take(rows)``) that hands out the next rows' seeds."""
-        waiting = {id(t) for t, _ in self._tools[1]} if self._tools else set()
+        if self._opening:
+            self._start_tools(self._opening)
+            self._opening = []
+        waiting = {id(t) for _, works in self._tools for t, _ in works}
         ready = [t for t in self.trajectories if not t.done and id(t) not in waiting]
         if not ready and self._tools:
             self.join_tools(version, clock)
@@ -135,27 +147,31 @@ class TrajectoryPool:
         return generated
 
     def _start_tools(self, works: List[Tuple[Trajectory, object]]) -> None:
+        """Run ``works`` in the tool threads (two: a batch of new trajectories' openings may run beside a batch of
+        turns' tools; each batch is joined whole, in the order started)."""
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="rollout-tools")
+            self._executor = ThreadPoolExecutor(2, thread_name_prefix="rollout-tools")
 
         def run():
             start = time.perf_counter()
             results = self.function.run_tools([w for _, w in works])
             return results, time.perf_counter() - start
 
-        self._tools = (self._executor.submit(run), works)
+        self._tools.append((self._executor.submit(run), works))
 
     def join_tools(self, version: int, clock: Clock) -> None:
-        """Wait for the running tools and append their results (``timing/tool_wait``: the time waited)."""
-        if not self._tools:
-            return
-        future, works = self._tools
-        self._tools = None
-        with clock.measure("timing/tool_wait"):
-            results, seconds = future.result()
-        clock.add("timing/tool", seconds)
-        for (traj, work), result in zip(works, results):
-            self.function.observe(traj, work, result, version)
+        """Wait for the running tools and append their results (``timing/tool_wait``: the time waited); new
+        trajectories' openings that have not started run now too."""
+        if self._opening:
+            self._start_tools(self._opening)
+            self._opening = []
+        batches, self._tools = self._tools, []
+        for future, works in batches:
+            with clock.measure("timing/tool_wait"):
+                results, seconds = future.result()
+            clock.add("timing/tool", seconds)
+            for (traj, work), result in zip(works, results):
+                self.function.observe(traj, work, result, version)
 
     def _whole_batch(self, ready, service, seed, version, clock, sampling) -> int:
         """A whole-batch function: the new groups as one request of n per prompt, returned whole."""
@@ -197,7 +213,7 @@ class TrajectoryPool:
 
     # ----- checkpoint ----------------------------------------------------------------------------------
     def state_dict(self) -> Dict:
-        if self._tools:
+        if self._tools or self._opening:
             raise RuntimeError("the trajectory pool is saved with tools running: join them first")
         return {"n": self.n, "next_uid": self.next_uid, "trajectories": [t.state() for t in self.trajectories]}
 
@@ -210,3 +226,5 @@ class TrajectoryPool:
             )
         self.next_uid = int(state["next_uid"])
         self.trajectories = [Trajectory.from_state(t) for t in state["trajectories"]]
+        for traj in self.trajectories:
+            self._open(traj)

@@ -61,6 +61,8 @@ class Trajectory:
     # (int16 [positions, MoE layers, top-k]; each turn's forward covers the whole context again)
     routes: Optional[Any] = None
     images: bytes = b""  # its prompt's images as the dataset stores them (a parked trajectory keeps them)
+    reward: Optional[float] = None  # an outside agent's reward for it (openai_agent), added to its score
+    dropped: str = ""  # why the rollout function gave it up (an outside agent's failure): its group is left out
     group_rows: Optional[GroupRows] = field(default=None, repr=False, compare=False)  # not checkpointed
 
     @property
@@ -144,8 +146,11 @@ class Trajectory:
 
 
 def group_outputs(groups: Sequence[Sequence[Trajectory]]):
-    """(prompts, labels, outputs) of whole prompt groups, outputs numbered by group (build_experience's input)."""
+    """(prompts, labels, outputs) of whole prompt groups, outputs numbered by group (build_experience's input);
+    ``prompts`` one per trajectory when a group's differ (an outside agent's own rendering of its task)."""
     prompts = [g[0].prompt for g in groups]
+    if any(t.prompt != g[0].prompt for g in groups for t in g):
+        prompts = [t.prompt for g in groups for t in g]
     labels = [g[0].label for g in groups]
     outputs = [t.output(i) for i, g in enumerate(groups) for t in g]
     return prompts, labels, outputs

@@ -37,6 +37,7 @@ def build_batches(
     judge=None,
     service=None,
     start_iteration: int = 0,
+    run_dir: str = "",
 ) -> Batches:
     """The service (the actor's own engines unless ``service`` is given: the rollout workers), holding the weights
     of ``start_iteration``; the scorer; the source that stacks rollout function, scoring stage, group filter and
@@ -44,5 +45,5 @@ def build_batches(
     service = service or ColocatedRollout(actor_group)
     service.update_weights(start_iteration)
     scorer = Scorer(cfg, reward_runner, reward_group, tokenizer, judge)
-    source = RolloutSource.from_config(cfg, service, dataset, sampler, tokenizer, scorer)
+    source = RolloutSource.from_config(cfg, service, dataset, sampler, tokenizer, scorer, run_dir)
     return Batches(service, scorer, source, sampler)

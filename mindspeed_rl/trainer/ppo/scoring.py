@@ -84,6 +84,10 @@ class Scorer:
                 clock.add("timing/judge", judge_metrics["timing/judge"])
             metrics.update({k: v for k, v in judge_metrics.items() if k != "timing/judge"})
             scores = scores + self.judge_weight * judge_scores
+        if exp.episode_rewards is not None:  # outside agents' own (openai_agent); NaN: none posted
+            posted = ~torch.isnan(exp.episode_rewards)
+            metrics["episode/reward/mean"] = float(exp.episode_rewards[posted].mean()) if posted.any() else 0.0
+            scores = scores + torch.nan_to_num(exp.episode_rewards, nan=0.0)
         if rl.overlong_buffer_enable:
             limit = rl.rollout_max_tokens or self.max_tokens
             penalty = overlong_penalty(

@@ -76,6 +76,13 @@ def check_agent_names(cfg: PPOConfig) -> None:
             f"the rollout function {name!r} is a whole-batch function (fn(request, context)): it cannot stop at a "
             "chunk's end and continue later; write it as a RolloutFunction class (docs/agents.md) for partial rollout",
         )
+    if name == "openai_agent" and rl.policy_endpoint.entry_point:
+        from ...tools.registry import import_function
+
+        try:
+            import_function(rl.policy_endpoint.entry_point, "harness entry point")
+        except ToolConfigError as exc:
+            raise ConfigError("rl_config.policy_endpoint.entry_point", str(exc)) from None
     if name != "tool_agent":
         return
     try:

@@ -1,7 +1,7 @@
 """Write docs/config.md from the typed sections (one source for validation and docs) after its opening,
 docs/config_intro.md.
 
-python -m mindspeed_rl.config_cls.docs > docs/config.md
+python cli/config_docs.py > docs/config.md (make docs)
 """
 
 from __future__ import annotations
@@ -10,20 +10,19 @@ import dataclasses
 import os
 import typing
 
-from .async_config import AsyncTrainingConfig
-from .base import _type_name, yaml_spelling
-from .dpo_config import DPOConfig
-from .fault_config import RolloutFaultToleranceConfig
-from .generate_config import GenerateConfig, SamplingConfig
-from .judge_config import JudgeConfig
-from .megatron_config import MegatronConfig
-from .model_config import ModelConfig
-from .profiler_config import RoleProfilerConfig
-from .rl_config import IntegratedModeConfig, ResourceConfig, RLConfig, RolloutCorrectionConfig
+from mindspeed_rl.config_cls.async_config import AsyncTrainingConfig
+from mindspeed_rl.config_cls.base import _type_name, yaml_spelling
+from mindspeed_rl.config_cls.dpo_config import DPOConfig
+from mindspeed_rl.config_cls.endpoint_config import PolicyEndpointConfig
+from mindspeed_rl.config_cls.fault_config import RolloutFaultToleranceConfig
+from mindspeed_rl.config_cls.generate_config import GenerateConfig, SamplingConfig
+from mindspeed_rl.config_cls.judge_config import JudgeConfig
+from mindspeed_rl.config_cls.megatron_config import MegatronConfig
+from mindspeed_rl.config_cls.model_config import ModelConfig
+from mindspeed_rl.config_cls.profiler_config import RoleProfilerConfig
+from mindspeed_rl.config_cls.rl_config import IntegratedModeConfig, ResourceConfig, RLConfig, RolloutCorrectionConfig
 
-INTRO = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "config_intro.md"
-)
+INTRO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "config_intro.md")
 
 SECTIONS = [
     ("megatron_training / actor_config / critic_config / reward_config / teacher_config", MegatronConfig),
@@ -37,6 +36,7 @@ SECTIONS = [
     ("rl_config.rollout_correction", RolloutCorrectionConfig),
     ("rl_config.async_training (docs/rollout.md)", AsyncTrainingConfig),
     ("rl_config.rollout_fault_tolerance (docs/operations.md)", RolloutFaultToleranceConfig),
+    ("rl_config.policy_endpoint (docs/agents.md)", PolicyEndpointConfig),
     ("generate_config", GenerateConfig),
     ("generate_config.sampling_config", SamplingConfig),
     ("judge_config (docs/rewards.md, Generative judge)", JudgeConfig),

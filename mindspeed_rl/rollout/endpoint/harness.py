@@ -1,0 +1,153 @@
+"""The user's agent harness, started once per episode, pointed at the policy endpoint.
+
+    entry_point  "pkg.module:function": ``function(task)`` in a thread of the driver, ``task`` an ``EpisodeTask``;
+                 a number it returns is the episode's reward (as if posted)
+    command      a shell command, one process (session) per episode, the task as JSON on its standard input;
+                 exit code 0 ends the episode, another drops it
+
+Both get ``OPENAI_BASE_URL`` (the episode's own base URL, so that a plain OpenAI client names its episode without
+knowing it), ``OPENAI_API_KEY`` and ``MINDSPEED_RL_EPISODE_ID``; a command's output goes to ``harness.log`` in the
+run's log folder. A command whose episode ended is given ``grace_s`` to exit, then killed with its process group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, List, Optional
+
+from ...utils.cli import first_line
+
+
+@dataclass
+class EpisodeTask:
+    """What a harness is told about its episode."""
+
+    episode_id: str
+    base_url: str  # this episode's: requests to it need no episode id
+    api_key: str
+    model: str
+    messages: List[Dict[str, str]]  # the task as chat messages (the dataset's prompt, its template undone)
+    prompt: str  # the same as text, chat template applied
+    prompt_token_ids: List[int]
+    label: str  # the dataset's reference answer, for a harness that scores the episode itself
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    def client(self, **kwargs):
+        """An ``openai.OpenAI`` client for this episode."""
+        import openai
+
+        return openai.OpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
+
+
+Exited = Callable[[Optional[str]], None]  # called once with None (a clean end) or what went wrong
+
+
+class Harness:
+    def __init__(self, entry_point: str, command: str, log_path: Optional[str], grace_s: float) -> None:
+        self.entry_point, self.command, self.log_path, self.grace_s = entry_point, command, log_path, grace_s
+        self._function: Optional[Callable] = None
+        self._processes: Dict[str, subprocess.Popen] = {}
+        self._lock = threading.Lock()
+        self._log: Optional[Any] = None  # the command's output file, opened with the first command
+
+    def function(self) -> Callable:
+        if self._function is None:
+            from ...tools.registry import import_function
+
+            self._function = import_function(self.entry_point, "harness entry point")
+        return self._function
+
+    def start(self, task: EpisodeTask, exited: Exited, reward: Callable[[Any], None]) -> None:
+        if self.entry_point:
+            threading.Thread(
+                target=self._call, args=(task, exited, reward), name=f"harness-{task.episode_id}", daemon=True
+            ).start()
+        else:
+            self._spawn(task, exited)
+
+    def _call(self, task: EpisodeTask, exited: Exited, reward: Callable[[Any], None]) -> None:
+        try:
+            value = self.function()(task)
+            if value is not None:
+                reward(value)
+        except Exception as exc:  # the user's code: whatever it raises drops its episode, not the run
+            exited(f"{type(exc).__name__}: {first_line(exc)}")
+            return
+        exited(None)
+
+    def _environment(self, task: EpisodeTask) -> Dict[str, str]:
+        return {
+            **os.environ,
+            "OPENAI_BASE_URL": task.base_url,
+            "OPENAI_API_KEY": task.api_key,
+            "MINDSPEED_RL_EPISODE_ID": task.episode_id,
+        }
+
+    def _spawn(self, task: EpisodeTask, exited: Exited) -> None:
+        with self._lock:
+            if self._log is None and self.log_path:
+                os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
+                self._log = open(self.log_path, "ab")
+        out = self._log if self._log is not None else subprocess.DEVNULL
+        try:
+            proc = subprocess.Popen(
+                self.command,
+                shell=True,
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self._environment(task),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            exited(f"cannot start {self.command!r}: {first_line(exc)}")
+            return
+        with self._lock:
+            self._processes[task.episode_id] = proc
+        threading.Thread(target=self._watch, args=(task, proc, exited), daemon=True).start()
+
+    def _watch(self, task: EpisodeTask, proc: subprocess.Popen, exited: Exited) -> None:
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(asdict(task)).encode())
+            proc.stdin.close()
+        except OSError:
+            pass  # it exited before reading: its exit code says why
+        code = proc.wait()
+        with self._lock:
+            self._processes.pop(task.episode_id, None)
+        exited(None if code == 0 else f"exit code {code}")
+
+    def stop(self, episode_id: str) -> None:
+        """The episode has ended: its process gets ``grace_s`` to exit, then is killed (an entry point's thread
+        finds its episode gone at its next request)."""
+        with self._lock:
+            proc = self._processes.get(episode_id)
+        if proc is not None:
+            threading.Thread(target=self._kill_later, args=(proc, self.grace_s), daemon=True).start()
+
+    @staticmethod
+    def _kill_later(proc: subprocess.Popen, grace_s: float) -> None:
+        deadline = time.monotonic() + grace_s
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            procs = list(self._processes.values())
+        for proc in procs:
+            self._kill_later(proc, 0.0)
+        if self._log is not None:
+            self._log.close()
+            self._log = None

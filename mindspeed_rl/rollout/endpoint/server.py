@@ -1,0 +1,256 @@
+"""The policy endpoint: an OpenAI-compatible HTTP server over the run's rollout engines, for outside agents.
+
+    GET  /v1/models                       the one model served (rl_config.policy_endpoint.served_model_name)
+    POST /v1/chat/completions             the next assistant turn of an episode
+    POST /v1/completions                  the same with a text or token-id prompt
+    POST /v1/episodes/{id}/reward         {"reward": 1.0}: the episode's reward; it ends the episode
+
+Every route also answers under ``/episodes/{id}/v1/...``, the base URL a harness is given, so that a plain OpenAI
+client names its episode without knowing it; elsewhere the episode is the header ``X-Episode-Id`` or the body's
+``episode_id``. Answers have OpenAI's shape plus ``token_ids`` per choice (and ``prompt_token_ids`` with
+``return_token_ids``); log-probs with ``logprobs``; ``stream`` sends the whole turn as one chunk. Sampling is the
+run's (generate_config.sampling_config): a request's temperature or top_p is not applied. Errors are OpenAI's
+error object with a 4xx status and a message naming the field or episode.
+
+The server runs in a thread of the driver (uvicorn); generation happens in the rollout rounds: a request waits
+for its episode's turn there (episodes.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from typing import Any, Callable, Dict, Mapping, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from .episodes import EndpointError, EpisodeBook, Reply, Turn
+from .turns import chat_turn, completion_turn
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error"):
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+
+
+class PolicyEndpoint:
+    def __init__(
+        self,
+        book: EpisodeBook,
+        tokenizer,
+        prompt_type: str,
+        model: str,
+        api_key: str,
+        max_body_bytes: int,
+        tool_parser: Optional[Callable] = None,
+    ) -> None:
+        self.book, self.tokenizer, self.prompt_type, self.model = book, tokenizer, prompt_type, model
+        self.api_key, self.max_body_bytes, self.tool_parser = api_key, max_body_bytes, tool_parser
+        self.base_url = ""
+        self._server: Any = None
+        self._thread: Optional[threading.Thread] = None
+
+    # ----- serving -------------------------------------------------------------------------------------
+    def start(self, host: str, port: int) -> str:
+        """Serve on ``host:port`` (0: a free port) in a daemon thread; returns the base URL (``.../v1``)."""
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        bound = sock.getsockname()[1]
+        config = uvicorn.Config(self.app(), log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="policy-endpoint", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started and self._thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if not self._server.started:
+            raise RuntimeError(f"the policy endpoint did not start on {host}:{bound}")
+        shown = f"[{host}]" if ":" in host else host
+        self.base_url = f"http://{shown}:{bound}/v1"
+        return self.base_url
+
+    def episode_url(self, episode_id: str) -> str:
+        return self.base_url[: -len("/v1")] + f"/episodes/{episode_id}/v1"
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+            if self._thread is not None:
+                self._thread.join(timeout=5)
+            self._server = None
+
+    # ----- the application -----------------------------------------------------------------------------
+    def app(self):
+        app = FastAPI(title="mindspeed_rl policy endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+
+        async def guarded(request: Request, handler, episode: Optional[str] = None):
+            try:
+                self._authorised(request)
+                return await handler(request, episode)
+            except EndpointError as exc:
+                return _error(exc.status, exc.message, exc.kind)
+
+        for prefix in ("", "/episodes/{episode}"):
+
+            @app.get(prefix + "/v1/models")
+            async def models(request: Request, episode: Optional[str] = None):
+                return await guarded(request, self._models, episode)
+
+            @app.post(prefix + "/v1/chat/completions")
+            async def chat(request: Request, episode: Optional[str] = None):
+                return await guarded(request, self._chat, episode)
+
+            @app.post(prefix + "/v1/completions")
+            async def completions(request: Request, episode: Optional[str] = None):
+                return await guarded(request, self._completions, episode)
+
+        @app.post("/v1/episodes/{episode}/reward")
+        async def reward(request: Request, episode: str):
+            return await guarded(request, self._reward, episode)
+
+        @app.post("/episodes/{episode}/v1/reward")
+        async def episode_reward(request: Request, episode: str):
+            return await guarded(request, self._reward, episode)
+
+        @app.get("/health")
+        async def health():
+            return {"status": "ok"}
+
+        return app
+
+    def _authorised(self, request) -> None:
+        if self.api_key and request.headers.get("authorization", "") != f"Bearer {self.api_key}":
+            raise EndpointError(401, "a bearer token is required (rl_config.policy_endpoint.api_key)", "auth_error")
+
+    async def _body(self, request) -> Dict[str, Any]:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise EndpointError(413, f"a body of {declared} bytes, over {self.max_body_bytes} (max_body_bytes)")
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > self.max_body_bytes:
+                raise EndpointError(413, f"a body over {self.max_body_bytes} bytes (max_body_bytes)")
+        try:
+            body = json.loads(bytes(raw) or b"null")
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise EndpointError(400, f"the body is not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise EndpointError(400, "the body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.model:
+            raise EndpointError(404, f"model {model!r} is not served here; this endpoint serves {self.model!r}")
+        return body
+
+    def _episode(self, request, episode: Optional[str], body: Mapping):
+        name = episode or request.headers.get("x-episode-id") or body.get("episode_id")
+        if not name or not isinstance(name, str):
+            raise EndpointError(400, "name the episode: base URL /episodes/{id}/v1, header X-Episode-Id or episode_id")
+        return self.book.find(name)
+
+    async def _models(self, request, episode):
+        return {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "mindspeed_rl"}]}
+
+    async def _reward(self, request, episode):
+        body = await self._body(request)
+        found = self.book.find(episode)
+        self.book.reward(found, body.get("reward"))
+        return {"episode_id": found.id, "reward": found.reward}
+
+    async def _turn(self, request, episode, make: Callable[[Any, Mapping], Turn]):
+        body = await self._body(request)
+        found = self._episode(request, episode, body)
+        turn = make(found, body)
+        reply: Reply = await asyncio.wrap_future(self.book.request(found, turn))
+        answer = self._answer(turn, reply, found.id)
+        if turn.options.get("stream"):
+            return self._stream(answer, turn.kind)
+        return answer
+
+    async def _chat(self, request, episode):
+        return await self._turn(request, episode, lambda e, b: chat_turn(e, b, self.tokenizer, self.prompt_type))
+
+    async def _completions(self, request, episode):
+        return await self._turn(request, episode, lambda e, b: completion_turn(e, b, self.tokenizer))
+
+    # ----- answers -------------------------------------------------------------------------------------
+    def _answer(self, turn: Turn, reply: Reply, episode_id: str) -> Dict[str, Any]:
+        text = self.tokenizer.decode(reply.tokens, skip_special_tokens=True)
+        pieces = [self.tokenizer.decode([t]) for t in reply.tokens] if turn.options.get("logprobs") else []
+        choice: Dict[str, Any] = {"index": 0, "finish_reason": reply.finish_reason, "token_ids": reply.tokens}
+        if turn.kind == "chat":
+            message: Dict[str, Any] = {"role": "assistant", "content": text}
+            calls = self._tool_calls(reply) if turn.options.get("tools") else []
+            if calls:
+                message["tool_calls"] = calls
+                choice["finish_reason"] = "tool_calls" if reply.finish_reason == "stop" else reply.finish_reason
+            choice["message"] = message
+            content = [
+                {"token": p, "logprob": lp, "bytes": None, "top_logprobs": []} for p, lp in zip(pieces, reply.logprobs)
+            ]
+            choice["logprobs"] = {"content": content} if pieces else None
+        else:
+            choice["text"] = text
+            offsets = [sum(len(p) for p in pieces[:k]) for k in range(len(pieces))]
+            choice["logprobs"] = (
+                {"tokens": pieces, "token_logprobs": reply.logprobs, "top_logprobs": None, "text_offset": offsets}
+                if pieces
+                else None
+            )
+        answer = {
+            "id": f"{'chatcmpl' if turn.kind == 'chat' else 'cmpl'}-{episode_id}-{len(reply.versions)}",
+            "object": "chat.completion" if turn.kind == "chat" else "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": reply.prompt_tokens,
+                "completion_tokens": len(reply.tokens),
+                "total_tokens": reply.prompt_tokens + len(reply.tokens),
+            },
+            "episode_id": episode_id,
+            "policy_versions": sorted(set(reply.versions)),
+        }
+        if turn.options.get("return_token_ids"):
+            answer["prompt_token_ids"] = turn.tokens
+        return answer
+
+    def _tool_calls(self, reply: Reply):
+        if self.tool_parser is None:
+            return []
+        parsed = self.tool_parser(self.tokenizer.decode(reply.tokens, skip_special_tokens=False))
+        return [
+            {"id": f"call_{k}", "type": "function", "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            for k, c in enumerate(parsed.calls)
+        ]
+
+    @staticmethod
+    def _stream(answer: Dict[str, Any], kind: str):
+        """The whole turn as one chunk, then the finish, then [DONE] (server-sent events)."""
+        choice = dict(answer["choices"][0])
+        finish = choice.pop("finish_reason")
+        head = {**answer, "object": "chat.completion.chunk" if kind == "chat" else "text_completion"}
+        if kind == "chat":
+            choice["delta"] = choice.pop("message")
+        first = {**head, "choices": [{**choice, "finish_reason": None}]}
+        last_choice: Dict[str, Any] = {"index": 0, "finish_reason": finish}
+        if kind == "chat":
+            last_choice["delta"] = {}
+        else:
+            last_choice["text"] = ""
+        last = {**head, "choices": [last_choice]}
+
+        def events():
+            for event in (first, last):
+                yield f"data: {json.dumps(event)}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")

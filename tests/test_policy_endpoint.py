@@ -1,0 +1,300 @@
+"""The policy endpoint and the openai_agent rollout function without a model: a scripted engine behind the rollout
+rounds, the real HTTP server, real `openai` clients as harnesses (entry points in threads and commands), token-exact
+trajectories, and every kind of bad input answered with a 4xx or a counted drop."""
+
+import json
+import sys
+import threading
+
+import httpx
+import pytest
+
+from mindspeed_rl.config_cls.agent_config import AgentConfig
+from mindspeed_rl.config_cls.base import ConfigError
+from mindspeed_rl.config_cls.endpoint_config import PolicyEndpointConfig
+from mindspeed_rl.datasets.chat_messages import (
+    MessageError,
+    prompt_messages,
+    render_conversation,
+    render_follow_up,
+)
+from mindspeed_rl.datasets.prompt_dataset import PromptBatch
+from mindspeed_rl.datasets.templates import apply_template
+from mindspeed_rl.rollout.source.agent_loop import AgentContext, build_rollout_function
+from mindspeed_rl.rollout.source.external_agent import EndpointRun
+from mindspeed_rl.rollout.source.rounds import TrajectoryPool
+from mindspeed_rl.utils.clock import Clock
+from tests.rollout_fakes import CharTokenizer, ScriptedService
+
+END = "<|im_end|>"
+
+
+class ChatTokenizer(CharTokenizer):
+    eos_token = END
+
+    def decode(self, ids, skip_special_tokens=False):
+        text = super().decode(ids)
+        return text.replace(END, "") if skip_special_tokens else text
+
+
+TOK = ChatTokenizer()
+
+
+def policy(context: str, seed: int) -> str:
+    """Asks for the calculator on the first turn, answers with its result after a tool turn."""
+    if "<tool_response>" in context:
+        return "#### " + context.rsplit("<tool_response>\n", 1)[1].split("\n</tool_response>")[0] + END
+    return f"CALL 6*7 (seed {seed % 10}){END}"
+
+
+def chat_harness(task):
+    """Two turns through the openai client: the model's call, the tool's answer, the model's answer; the reward
+    returned."""
+    client = task.client(max_retries=0)
+    first = client.chat.completions.create(model=task.model, messages=task.messages, logprobs=True)
+    assert first.choices[0].finish_reason == "stop"
+    messages = task.messages + [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "tool", "content": "42"},
+    ]
+    second = client.chat.completions.create(model=task.model, messages=messages)
+    return 1.0 if second.choices[0].message.content == "#### 42" else 0.0
+
+
+def completion_harness(task):
+    """Token ids in, token ids out; the reward posted to /v1/episodes/{id}/reward."""
+    client = task.client(max_retries=0)
+    answer = client.completions.create(model=task.model, prompt=task.prompt_token_ids, logprobs=1)
+    ids = answer.model_extra.get("choices", [{}])[0].get("token_ids") if answer.model_extra else None
+    ids = ids or answer.choices[0].model_extra["token_ids"]
+    root = task.base_url.split("/episodes/")[0]
+    httpx.post(f"{root}/v1/episodes/{task.episode_id}/reward", json={"reward": 0.5 + len(ids) * 0}).raise_for_status()
+
+
+def silent_harness(task):
+    """Never calls."""
+
+
+def crashing_harness(task):
+    raise RuntimeError("the environment broke")
+
+
+def context(tmp_path=None, prompt_type="qwen", max_prompt=400, **keys) -> AgentContext:
+    ctx = AgentContext(None, TOK, settings=AgentConfig(max_turns=4))
+    ctx.endpoint = EndpointRun(PolicyEndpointConfig(**keys), prompt_type, max_prompt, 4096, str(tmp_path or ""))
+    return ctx
+
+
+def roll(function, prompts, n=2, max_tokens=300, service=None):
+    service = service or ScriptedService(policy)
+    pool = TrajectoryPool(function, n, max_tokens)
+    ids = [TOK.encode(apply_template("qwen", p)) for p in prompts]
+    pool.add(PromptBatch(ids, ["42"] * len(prompts)))
+    clock, rounds = Clock(), 0
+    while pool.unfinished():
+        assert rounds < 20, "the episodes never finish"
+        pool.run_round(service, 100 + 1000 * rounds, 3, max_tokens, clock)
+        rounds += 1
+    pool.join_tools(3, clock)
+    pool.close()
+    return sorted(pool.trajectories, key=lambda t: t.uid), service
+
+
+@pytest.fixture
+def agent():
+    made = []
+
+    def make(**keys):
+        made.append(build_rollout_function("openai_agent", context(**keys)))
+        return made[-1]
+
+    yield make
+    for function in made:
+        function.close()
+
+
+def test_an_openai_client_drives_a_token_exact_two_turn_episode(agent):
+    function = agent(entry_point="tests.test_policy_endpoint:chat_harness")
+    trajectories, service = roll(function, ["What is 6*7?"])
+    prompt = apply_template("qwen", "What is 6*7?")
+    tool_turn = "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    for traj in trajectories:
+        assert traj.status == "finished" and traj.reward == 1.0 and not traj.dropped
+        assert TOK.decode(traj.prompt) == prompt  # the task's messages render back to the dataset's prompt
+        first = f"CALL 6*7 (seed {{}}){END}"
+        text = TOK.decode(traj.tokens)
+        assert text.endswith(tool_turn + "#### 42" + END) and text.startswith("CALL 6*7 (seed ")
+        head = len(text) - len(tool_turn + "#### 42" + END)
+        assert traj.loss_mask == [1] * head + [0] * len(tool_turn) + [1] * len("#### 42" + END)
+        assert traj.logprobs[head : head + len(tool_turn)] == [0.0] * len(tool_turn)
+        assert first  # the first turn is the engine's tokens as generated, its seed the round's
+    assert TOK.decode(service.requests[1].prompts[0]).endswith(tool_turn)  # the engine read exactly those tokens
+    metrics = function.metrics(trajectories)
+    assert metrics["episodes/started"] == 2 and metrics["episodes/finished"] == 2 and metrics["episodes/dropped"] == 0
+    assert metrics["episodes/turns/mean"] == 2
+
+
+def test_token_ids_in_and_out_and_a_reward_posted_over_http(agent):
+    function = agent(entry_point="tests.test_policy_endpoint:completion_harness")
+    trajectories, _ = roll(function, ["What is 6*7?"], n=1)
+    assert trajectories[0].reward == 0.5 and trajectories[0].status == "finished"
+    assert TOK.decode(trajectories[0].tokens).startswith("CALL 6*7")
+
+
+def test_a_command_harness_and_its_failures(agent, tmp_path):
+    script = tmp_path / "agent.py"
+    script.write_text(
+        "import json, os, sys\nimport openai\ntask = json.load(sys.stdin)\n"
+        "client = openai.OpenAI(max_retries=0)\n"  # OPENAI_BASE_URL / OPENAI_API_KEY from the environment
+        "reply = client.chat.completions.create(model=task['model'], messages=task['messages'])\n"
+        "print(os.environ['MINDSPEED_RL_EPISODE_ID'], reply.choices[0].message.content)\n"
+        "sys.exit(0 if 'seed 0' in reply.choices[0].message.content else 3)\n"
+    )
+    function = agent(command=f"{sys.executable} {script}", harness_timeout_s=60)
+    function.harness.log_path = str(tmp_path / "harness.log")
+    trajectories, _ = roll(function, ["What is 6*7?"], n=2)
+    # seeds 100 and 101: the first episode's harness exits 0 (scored by the verifiers), the second exits 3: dropped
+    assert not trajectories[0].dropped and trajectories[0].reward is None
+    assert trajectories[1].dropped == "the harness failed: exit code 3"
+    assert "(seed 0)" in (tmp_path / "harness.log").read_text()
+
+
+@pytest.mark.parametrize(
+    "harness, reason",
+    [
+        ("silent_harness", "the harness ended before its first request"),
+        ("crashing_harness", "the harness failed: RuntimeError: the environment broke"),
+    ],
+)
+def test_a_harness_that_never_calls_or_crashes_drops_its_episode(agent, harness, reason):
+    function = agent(entry_point=f"tests.test_policy_endpoint:{harness}")
+    trajectories, service = roll(function, ["What is 6*7?"])
+    assert [t.dropped for t in trajectories] == [reason] * 2 and not service.requests
+    assert function.metrics([])["episodes/dropped"] == 2
+
+
+def test_a_hanging_harness_is_dropped_after_its_timeout(agent):
+    import time
+
+    def hang(task):
+        time.sleep(30)
+
+    sys.modules[__name__].hang = hang
+    function = agent(entry_point="tests.test_policy_endpoint:hang", harness_timeout_s=0.5)
+    started = time.monotonic()
+    trajectories, _ = roll(function, ["What is 6*7?"], n=1)
+    assert trajectories[0].dropped.startswith("no request, reward or exit within 0.5 s")
+    assert time.monotonic() - started < 10
+
+
+def wait_for_episode(function, timeout=10.0):
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not function.book.active() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return function.book.active()[0]
+
+
+def test_bad_requests_get_a_4xx_with_a_message(agent):
+    gate = threading.Event()
+
+    def hold(task):
+        gate.wait(20)
+
+    sys.modules[__name__].hold = hold
+    function = agent(entry_point="tests.test_policy_endpoint:hold", api_key="s3cret", max_body_bytes=2048)
+    pool = TrajectoryPool(function, 1, 100)
+    pool.add(PromptBatch([TOK.encode(apply_template("qwen", "Q"))], ["42"]))
+    pool._start_tools(pool._opening)
+    pool._opening = []
+    episode = wait_for_episode(function)
+    base, auth = function.server.base_url, {"Authorization": "Bearer s3cret"}
+    url = function.server.episode_url(episode.id)
+    chat = {"model": "policy", "messages": [{"role": "user", "content": "hi"}]}
+
+    def post(path, body=None, headers=auth, raw=None):
+        return httpx.post(base + path if path.startswith("/") else path, json=body, content=raw, headers=headers)
+
+    cases = [
+        (post(url + "/chat/completions", chat, headers={}), 401, "bearer token"),
+        (post(url + "/chat/completions", raw=b"{not json", headers={**auth, "content-type": "application/json"}), 400,
+         "not JSON"),
+        (post("/chat/completions", chat), 400, "name the episode"),
+        (post(base.replace("/v1", "/episodes/ep-9-x/v1/chat/completions"), chat), 404, "unknown"),
+        (post(url + "/chat/completions", {**chat, "model": "gpt-4o"}), 404, "serves 'policy'"),
+        (post(url + "/chat/completions", {**chat, "messages": [{"role": "user", "content": "x" * 4000}]}), 413,
+         "max_body_bytes"),
+        (post(url + "/chat/completions", {**chat, "messages": [{"role": "user", "content": "x" * 500}]}), 400,
+         "max_prompt_length"),
+        (post(url + "/chat/completions", {**chat, "messages": [{"role": "wizard", "content": "x"}]}), 400,
+         "messages[0].role"),
+        (post(url + "/chat/completions", {**chat, "messages": [{"role": "assistant", "content": "x"}]}), 400,
+         "opens with an assistant"),
+        (post(url + "/chat/completions", {**chat, "messages": chat["messages"] + [{"role": "assistant",
+         "content": "y"}]}), 400, "nothing asks"),
+        (post(url + "/chat/completions", {**chat, "n": 2}), 400, "one answer per request"),
+        (post(url + "/completions", {"model": "policy", "prompt": [10**9]}), 400, "outside the vocabulary"),
+        (post(f"/episodes/{episode.id}/reward", {"reward": "high"}), 400, "finite number"),
+    ]  # fmt: skip
+    for response, status, words in cases:
+        assert response.status_code == status, (words, response.text)
+        assert words in response.json()["error"]["message"], response.text
+    # the endpoint lists its model; an episode takes one request at a time
+    assert httpx.get(base + "/models", headers=auth).json()["data"][0]["id"] == "policy"
+    first = function.book.request(episode, _turn(episode))
+    second = post(url + "/chat/completions", chat)
+    assert second.status_code == 409 and "in flight" in second.json()["error"]["message"]
+    assert post(f"/episodes/{episode.id}/reward", {"reward": 1}).status_code == 200
+    assert first.exception(timeout=5).status == 409  # the request in flight learns its episode ended
+    again = post(f"/episodes/{episode.id}/reward", {"reward": 1})
+    assert again.status_code == 409 and "already settled" in again.json()["error"]["message"]
+    gate.set()
+    pool.join_tools(0, Clock())
+    pool.close()
+
+
+def _turn(episode):
+    from mindspeed_rl.rollout.endpoint.episodes import Turn
+
+    return Turn("chat", [1, 2, 3], True, [{"role": "user", "content": "hi"}])
+
+
+def test_chat_messages_render_once_and_follow_ups_alone():
+    prompt = apply_template("qwen", "What is 6*7?")
+    messages = prompt_messages("qwen", prompt)
+    assert messages == [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is 6*7?"},
+    ]
+    assert render_conversation("qwen", messages, END) == prompt
+    assert render_conversation("qwen", messages[1:], END) == prompt  # no system message: the template's default
+    follow = render_follow_up("qwen", [{"role": "tool", "content": "1"}, {"role": "tool", "content": "2"}])
+    assert follow.count("<tool_response>") == 2 and follow.endswith("<|im_start|>assistant\n")
+    assert render_follow_up("qwen", [{"role": "user", "content": "and?"}]) == (
+        "\n<|im_start|>user\nand?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    for bad in ([], [{"role": "assistant", "content": "x"}], [{"role": "user", "content": {"x": 1}}]):
+        with pytest.raises(MessageError):
+            render_conversation("qwen", bad, END)
+    with pytest.raises(MessageError, match="no tool role"):
+        render_follow_up("llama3", [{"role": "tool", "content": "1"}])
+
+
+def test_the_endpoint_keys_are_checked_before_anything_starts():
+    from mindspeed_rl.features import agent
+    from mindspeed_rl.features.load import load_ppo_config
+
+    base = ["rl_config.rollout_function=openai_agent"]
+    with pytest.raises(ConfigError, match="policy_endpoint.entry_point.*neither"):
+        load_ppo_config("grpo_tiny_cpu", base)
+    both = base + ["rl_config.policy_endpoint.entry_point=a:b", "rl_config.policy_endpoint.command=run"]
+    with pytest.raises(ConfigError, match="not both"):
+        load_ppo_config("grpo_tiny_cpu", both)
+    open_host = base + ["rl_config.policy_endpoint.command=run", "rl_config.policy_endpoint.host=0.0.0.0"]
+    with pytest.raises(ConfigError, match="policy_endpoint.api_key"):
+        load_ppo_config("grpo_tiny_cpu", open_host)
+    cfg = load_ppo_config("grpo_tiny_cpu", open_host + ["rl_config.policy_endpoint.api_key=k"])
+    line = agent.plan_lines(cfg)[0]
+    assert "openai_agent" in line and "0.0.0.0" in line and "bearer token" in line and "command 'run'" in line
+    assert json.dumps(cfg.rl.policy_endpoint.__dict__)
