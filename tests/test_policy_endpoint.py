@@ -298,3 +298,58 @@ def test_the_endpoint_keys_are_checked_before_anything_starts():
     line = agent.plan_lines(cfg)[0]
     assert "openai_agent" in line and "0.0.0.0" in line and "bearer token" in line and "command 'run'" in line
     assert json.dumps(cfg.rl.policy_endpoint.__dict__)
+
+
+ANSWER = f"The answer is 42.{END}"
+
+
+def versioned_harness(task):
+    """One turn; the reward is the number of policy versions that wrote it."""
+    reply = task.client(max_retries=0).chat.completions.create(model=task.model, messages=task.messages)
+    return float(len(reply.model_extra["policy_versions"]))
+
+
+def test_an_episode_crossing_a_weight_update_keeps_each_tokens_version(agent):
+    """Partial rollout: the turn is generated in chunks of 4 tokens, the weights change between rounds; the
+    harness's one request waits across them and its answer says which versions wrote it, as the trajectory does."""
+    function = agent(entry_point="tests.test_policy_endpoint:versioned_harness")
+    pool = TrajectoryPool(function, 1, 300)
+    pool.add(PromptBatch([TOK.encode(apply_template("qwen", "What is 6*7?"))], ["42"]))
+
+    def continuing(context, seed):  # the turn's rest after what earlier chunks wrote
+        return ANSWER[len(context.rsplit("<|im_start|>assistant\n", 1)[1]) :]
+
+    service, clock, version = ScriptedService(continuing), Clock(), 3
+    while pool.unfinished():
+        pool.run_round(service, 100, version, 4, clock)
+        version += 1  # a weight update between two rounds
+    pool.join_tools(version, clock)
+    pool.close()
+    traj = pool.trajectories[0]
+    turn = len(ANSWER)
+    first = traj.versions[0]  # the round that opened the episode generated nothing
+    assert traj.versions == [first + k // 4 for k in range(turn)] and traj.reward == float(len(set(traj.versions)))
+    assert traj.reward == -(-turn // 4) > 1
+
+
+def test_rows_carry_per_trajectory_prompts_and_the_agents_rewards():
+    """A group whose episodes rendered different prompts keeps each one's; posted rewards join the score."""
+    from types import SimpleNamespace
+
+    from mindspeed_rl.protocol import build_experience
+    from mindspeed_rl.rollout.source.trajectory import Trajectory, group_outputs
+    from mindspeed_rl.trainer.ppo.scoring import Scorer
+
+    group = [Trajectory(0, [5, 6, 7], "42", 10), Trajectory(1, [5, 8], "42", 10)]
+    for k, traj in enumerate(group):
+        traj.append([9, 9 + k], [-0.1, -0.2], 0, trained=True)
+        traj.end("finished", "stop")
+    prompts, labels, outputs = group_outputs([group])
+    assert prompts == [[5, 6, 7], [5, 8]]
+    exp = build_experience(prompts, outputs, 2, 0, labels)
+    assert exp.input_ids.tolist() == [[5, 6, 7, 9, 9], [0, 5, 8, 9, 10]]
+    exp.set("episode_rewards", __import__("torch").tensor([1.0, float("nan")]))
+    rl = SimpleNamespace(rule_reward=False, overlong_buffer_enable=False)
+    cfg = SimpleNamespace(rl=rl, generate=SimpleNamespace(sampling_config=SimpleNamespace(max_tokens=10)))
+    metrics, _ = Scorer(cfg, None, None, TOK)(exp, Clock())
+    assert exp.scores.tolist() == [1.0, 0.0] and metrics["episode/reward/mean"] == 1.0

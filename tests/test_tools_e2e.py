@@ -102,3 +102,24 @@ def test_the_four_way_tool_twin_learns_and_resumes_exactly(assets):
         rows = [json.loads(line) for line in fh]
     assert len(rows) == ITERATIONS and {s[1] for s in rows[-1]["spans"]} >= {"timing/rollout", "timing/update"}
     assert "alt='Timeline'" in open(os.path.join(run_dir, "report.html"), encoding="utf-8").read()
+
+
+@pytest.mark.slow
+def test_an_outside_agent_drives_the_tool_task_through_the_policy_endpoint(assets):
+    """grpo_tiny_cpu_openai_agent on the whole pipeline: examples/agents/calculator_agent.py (an `openai` client in
+    a thread per episode) runs the calculator itself and scores its episodes; with partial rollout, episodes parked
+    mid-turn wait across a weight update and continue on the new weights (its learning in 12 iterations:
+    docs/agents.md)."""
+    from mindspeed_rl.trainer.launch import train
+
+    root, paths = assets
+    keys = {"actor_config.load": paths["mcore"], "rl_config.partial_rollout_max_split": 2}
+    metrics = train(demo_config("grpo_tiny_cpu_openai_agent", f"{root}/agent", paths, 3, **keys))
+    assert [m["iteration"] for m in metrics] == [1, 2, 3]
+    for m in metrics:
+        assert m["episodes/dropped"] == 0 and m["episodes/started"] >= m["episodes/finished"] > 0
+        assert 1.0 <= m["episodes/turns/mean"] <= 2.0
+        assert m["episode/reward/mean"] == pytest.approx(m["critic/score/mean"], abs=1e-6)
+    assert any(m["partial_rollout/carried_share"] > 0 for m in metrics)  # episodes crossed a weight update
+    assert max(m["rollout/staleness_max"] for m in metrics) >= 1
+    assert max(m["episodes/harness_tokens/mean"] for m in metrics) > 0  # the agent's tool results, loss_mask 0

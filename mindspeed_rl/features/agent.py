@@ -53,8 +53,8 @@ def plan_lines(cfg: PPOConfig) -> List[str]:
         keys = rl.policy_endpoint
         harness = f"entry point {keys.entry_point}" if keys.entry_point else f"command {keys.command!r}"
         return [
-            f"  agent     : rollout function openai_agent: an OpenAI-compatible endpoint on {keys.host}:"
-            f"{keys.port or 'a free port'} ({'bearer token' if keys.api_key else 'no token'}), {harness} per "
+            f"  agent     : rollout function openai_agent: an OpenAI-compatible endpoint on {keys.host} port "
+            f"{keys.port or '(a free one)'} ({'bearer token' if keys.api_key else 'no token'}), {harness} per "
             f"episode, up to {rl.agent.max_turns} turns within max_tokens; the harness's messages loss_mask 0; an "
             f"episode silent {keys.harness_timeout_s:g} s"
             + (" or without a reward" if keys.require_reward else "")

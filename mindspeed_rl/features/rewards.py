@@ -27,10 +27,12 @@ def check_reward_keys(cfg: PPOConfig) -> None:
             f"{len(rl.verifier_weight)} weights for {len(rl.verifier_function)} verifier functions "
             f"{rl.verifier_function}",
         )
-    if not rl.rule_reward and cfg.reward is None and cfg.judge is None and not rl.distill_coef:
+    agent_rewards = rl.rollout_function == "openai_agent" and rl.policy_endpoint.require_reward
+    if not rl.rule_reward and cfg.reward is None and cfg.judge is None and not rl.distill_coef and not agent_rewards:
         raise ConfigError(
             "rl_config.rule_reward",
-            "false, but no reward_config (reward model) nor judge_config is given: nothing would score the responses",
+            "false, but no reward_config (reward model) nor judge_config is given (nor an outside agent's rewards: "
+            "rl_config.policy_endpoint.require_reward): nothing would score the responses",
         )
 
 

@@ -3,7 +3,7 @@
     entry_point  "pkg.module:function": ``function(task)`` in a thread of the driver, ``task`` an ``EpisodeTask``;
                  a number it returns is the episode's reward (as if posted)
     command      a shell command, one process (session) per episode, the task as JSON on its standard input;
-                 exit code 0 ends the episode, another drops it
+                 exit code 0 ends the episode, another drops it; ``{python}`` in it is the run's interpreter
 
 Both get ``OPENAI_BASE_URL`` (the episode's own base URL, so that a plain OpenAI client names its episode without
 knowing it), ``OPENAI_API_KEY`` and ``MINDSPEED_RL_EPISODE_ID``; a command's output goes to ``harness.log`` in the
@@ -12,10 +12,13 @@ run's log folder. A command whose episode ended is given ``grace_s`` to exit, th
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -39,10 +42,35 @@ class EpisodeTask:
     extra: Dict[str, Any] = field(default_factory=dict)
 
     def client(self, **kwargs):
-        """An ``openai.OpenAI`` client for this episode."""
+        """An ``openai.OpenAI`` client for this episode, on the connection pool the run's episodes share (a client
+        of its own builds a TLS context: 30 ms of the driver's CPU per episode); do not close it."""
         import openai
 
+        kwargs.setdefault("http_client", shared_http_client())
         return openai.OpenAI(base_url=self.base_url, api_key=self.api_key, **kwargs)
+
+
+@functools.lru_cache(maxsize=1)
+def shared_http_client():
+    import httpx
+    import openai
+
+    return openai.DefaultHttpxClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+
+
+def import_entry_point(path: str) -> Callable:
+    """The harness function ``module:function``, looked up from the working directory too (an agent beside the
+    run's configs, ``examples.agents.calculator_agent:run_episode``, as ``python -m`` would find it)."""
+    from ...tools.registry import import_function
+
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    return import_function(path, "harness entry point")
+
+
+def command_line(command: str) -> str:
+    """``command`` with ``{python}`` replaced by this run's interpreter (quoted)."""
+    return command.replace("{python}", shlex.quote(sys.executable))
 
 
 Exited = Callable[[Optional[str]], None]  # called once with None (a clean end) or what went wrong
@@ -58,9 +86,7 @@ class Harness:
 
     def function(self) -> Callable:
         if self._function is None:
-            from ...tools.registry import import_function
-
-            self._function = import_function(self.entry_point, "harness entry point")
+            self._function = import_entry_point(self.entry_point)
         return self._function
 
     def start(self, task: EpisodeTask, exited: Exited, reward: Callable[[Any], None]) -> None:
@@ -97,7 +123,7 @@ class Harness:
         out = self._log if self._log is not None else subprocess.DEVNULL
         try:
             proc = subprocess.Popen(
-                self.command,
+                command_line(self.command),
                 shell=True,
                 stdin=subprocess.PIPE,
                 stdout=out,

@@ -77,10 +77,10 @@ def check_agent_names(cfg: PPOConfig) -> None:
             "chunk's end and continue later; write it as a RolloutFunction class (docs/agents.md) for partial rollout",
         )
     if name == "openai_agent" and rl.policy_endpoint.entry_point:
-        from ...tools.registry import import_function
+        from ...rollout.endpoint.harness import import_entry_point
 
         try:
-            import_function(rl.policy_endpoint.entry_point, "harness entry point")
+            import_entry_point(rl.policy_endpoint.entry_point)
         except ToolConfigError as exc:
             raise ConfigError("rl_config.policy_endpoint.entry_point", str(exc)) from None
     if name != "tool_agent":
