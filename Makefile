@@ -16,8 +16,15 @@ demo: $(STAMP)
 	$(PYTHON) cli/prepare_demo.py
 	$(PYTHON) cli/train_ppo.py --config-name ppo_tiny_cpu
 
+# The outside agents' environment (requirements/agents.txt): a venv of its own, as a user's agent has.
+AGENTS_STAMP := .venv-agents/.installed
+$(AGENTS_STAMP): requirements/agents.txt $(STAMP)
+	"$$($(PYTHON) -c 'import sys, os; print(os.path.join(sys.base_prefix, "bin", "python3"))')" -m venv .venv-agents
+	.venv-agents/bin/python -m pip install -q --disable-pip-version-check -r requirements/agents.txt
+	touch $(AGENTS_STAMP)
+
 # Two streams of tests on the two cores (pytest-xdist; grouping and order in tests/conftest.py).
-test: $(STAMP)
+test: $(STAMP) $(AGENTS_STAMP)
 	$(PYTHON) -m pytest -n 2 --dist loadgroup tests
 
 # The edit-test loop: everything but the multi-process and end-to-end runs (pytest.ini's `slow` marker).

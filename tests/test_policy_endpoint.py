@@ -3,6 +3,7 @@ rounds, the real HTTP server, real `openai` clients as harnesses (entry points i
 trajectories, and every kind of bad input answered with a 4xx or a counted drop."""
 
 import json
+import os
 import sys
 import threading
 
@@ -353,3 +354,79 @@ def test_rows_carry_per_trajectory_prompts_and_the_agents_rewards():
     cfg = SimpleNamespace(rl=rl, generate=SimpleNamespace(sampling_config=SimpleNamespace(max_tokens=10)))
     metrics, _ = Scorer(cfg, None, None, TOK)(exp, Clock())
     assert exp.scores.tolist() == [1.0, 0.0] and metrics["episode/reward/mean"] == 1.0
+
+
+CALCULATOR = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
+]
+
+
+def tool_calling_policy(context: str, seed: int) -> str:
+    if "<tool_response>" in context:
+        return "#### 42" + END
+    return '<tool_call>{"name": "calculator", "arguments": {"expression": "6*7"}}</tool_call>' + END
+
+
+def streaming_harness(task):
+    """Streams both turns (tools offered), as verifiers' and many agents' loops do; reads the call from the deltas."""
+    client = task.client(max_retries=0)
+    kwargs = dict(model=task.model, tools=CALCULATOR, stream=True, stream_options={"include_usage": True})
+    chunks = list(client.chat.completions.create(messages=task.messages, **kwargs))
+    calls = [c for chunk in chunks if chunk.choices for c in chunk.choices[0].delta.tool_calls or []]
+    assert [c.index for c in calls] == [0] and chunks[-1].usage.completion_tokens > 0
+    assert [chunk.choices[0].finish_reason for chunk in chunks if chunk.choices][-1] == "tool_calls"
+    answer = {"role": "assistant", "content": None, "tool_calls": [c.model_dump(exclude={"index"}) for c in calls]}
+    result = {
+        "role": "tool",
+        "tool_call_id": calls[0].id,
+        "content": str(eval(json.loads(calls[0].function.arguments)["expression"])),
+    }
+    chunks = list(client.chat.completions.create(messages=task.messages + [answer, result], **kwargs))
+    return 1.0 if "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "#### 42" else 0.0
+
+
+def test_streamed_turns_with_tool_calls(agent):
+    function = agent(entry_point="tests.test_policy_endpoint:streaming_harness")
+    trajectories, _ = roll(function, ["What is 6*7?"], n=1, service=ScriptedService(tool_calling_policy))
+    assert trajectories[0].reward == 1.0 and not trajectories[0].dropped
+    assert TOK.decode(trajectories[0].tokens).endswith("<tool_response>\n42\n</tool_response><|im_end|>\n"
+                                                      "<|im_start|>assistant\n#### 42" + END)  # fmt: skip
+
+
+AGENTS_PYTHON = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv-agents", "bin", "python"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not os.path.exists(AGENTS_PYTHON), reason="no .venv-agents: `make test` makes it (requirements/agents.txt)"
+)
+def test_a_verifiers_environment_plays_its_episodes_through_the_endpoint(agent, tmp_path):
+    """A hub from PyPI in its own venv (verifiers 0.4.0, openai 2.x): examples/agents/verifiers_calculator_env.py runs
+    the multiply task as a verifiers Task with a calculator Toolset served over MCP, through verifiers' own proxy,
+    against the endpoint, scores with the task's reward and posts it. Two episodes, the tool's result masked."""
+    function = agent(command=f"{AGENTS_PYTHON} examples/agents/verifiers_calculator_env.py", harness_timeout_s=180)
+    function.harness.log_path = str(tmp_path / "harness.log")
+    pool = TrajectoryPool(function, 2, 300)
+    pool.add(PromptBatch([TOK.encode(apply_template("qwen", "6*7=?"))], ["#### 42"]))
+    clock, rounds = Clock(), 0
+    while pool.unfinished():
+        assert rounds < 20, "the episodes never finish"
+        pool.run_round(ScriptedService(tool_calling_policy), 100 + 1000 * rounds, 3, 300, clock)
+        rounds += 1
+    pool.join_tools(3, clock)
+    pool.close()
+    log = (tmp_path / "harness.log").read_text()
+    for traj in pool.trajectories:
+        assert traj.reward == 1.0 and not traj.dropped, (traj.dropped, log)
+        text = TOK.decode(traj.tokens)
+        assert text.endswith("<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n#### 42" + END)
+        observation = text.index("\n<|im_start|>user")
+        assert traj.loss_mask[observation] == 0 and traj.loss_mask[-1] == 1

@@ -52,10 +52,9 @@ class EpisodeTask:
 
 @functools.lru_cache(maxsize=1)
 def shared_http_client():
-    import httpx
     import openai
 
-    return openai.DefaultHttpxClient(limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+    return openai.DefaultHttpxClient()  # openai's connection limits (1000 connections) cover a batch's episodes
 
 
 def import_entry_point(path: str) -> Callable:

@@ -172,7 +172,8 @@ class PolicyEndpoint:
         reply: Reply = await asyncio.wrap_future(self.book.request(found, turn))
         answer = self._answer(turn, reply, found.id)
         if turn.options.get("stream"):
-            return self._stream(answer, turn.kind)
+            options = turn.options.get("stream_options")
+            return self._stream(answer, turn.kind, isinstance(options, dict) and bool(options.get("include_usage")))
         return answer
 
     async def _chat(self, request, episode):
@@ -233,24 +234,30 @@ class PolicyEndpoint:
         ]
 
     @staticmethod
-    def _stream(answer: Dict[str, Any], kind: str):
-        """The whole turn as one chunk, then the finish, then [DONE] (server-sent events)."""
+    def _stream(answer: Dict[str, Any], kind: str, usage: bool):
+        """The whole turn as one chunk, then the finish, then [DONE] (server-sent events); the usage in a last chunk
+        of no choices when ``stream_options.include_usage`` asks for it, as OpenAI sends it."""
         choice = dict(answer["choices"][0])
         finish = choice.pop("finish_reason")
-        head = {**answer, "object": "chat.completion.chunk" if kind == "chat" else "text_completion"}
+        head = {k: v for k, v in answer.items() if k != "usage"}
+        head["object"] = "chat.completion.chunk" if kind == "chat" else "text_completion"
         if kind == "chat":
-            choice["delta"] = choice.pop("message")
-        first = {**head, "choices": [{**choice, "finish_reason": None}]}
+            delta = dict(choice.pop("message"))
+            if "tool_calls" in delta:  # a streamed call carries its position
+                delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(delta["tool_calls"])]
+            choice["delta"] = delta
         last_choice: Dict[str, Any] = {"index": 0, "finish_reason": finish}
         if kind == "chat":
             last_choice["delta"] = {}
         else:
             last_choice["text"] = ""
-        last = {**head, "choices": [last_choice]}
+        events = [{**head, "choices": [{**choice, "finish_reason": None}]}, {**head, "choices": [last_choice]}]
+        if usage:
+            events.append({**head, "choices": [], "usage": answer["usage"]})
 
-        def events():
-            for event in (first, last):
+        def stream():
+            for event in events:
                 yield f"data: {json.dumps(event)}\n\n"
             yield "data: [DONE]\n\n"
 
-        return StreamingResponse(events(), media_type="text/event-stream")
+        return StreamingResponse(stream(), media_type="text/event-stream")

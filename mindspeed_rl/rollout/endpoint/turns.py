@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Mapping, Sequence
 from ...datasets.chat_messages import MessageError, content_of, render_conversation, render_follow_up
 from .episodes import EndpointError, Episode, Turn
 
-OPTIONS = ("logprobs", "top_logprobs", "tools", "stream", "return_token_ids")
+OPTIONS = ("logprobs", "top_logprobs", "tools", "stream", "stream_options", "return_token_ids")
 
 
 def _options(body: Mapping) -> Dict[str, Any]:
