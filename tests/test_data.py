@@ -279,3 +279,32 @@ def test_a_tokenizer_with_remote_code_is_refused_before_workers_start(tmp_path, 
     err = capsys.readouterr().err
     assert rc == 2 and f"tokenizer_name_or_path {tok}: the tokenizer needs its own Python code" in err, err
     assert "Traceback" not in err and not (tmp_path / "ran").exists()
+
+
+def test_reasoning_gym_tasks_become_prompts_their_own_scorers_score(tmp_path, tokenizer_dir, capsys):
+    """cli/reasoning_gym_tasks.py -> configs/datasets/reasoning_gym.yaml -> the prompt dataset, whose labels the
+    reasoning_gym verifier hands to each task's scorer: the right answer in <answer> tags scores 1, another less,
+    none 0; held-out rows with another seed differ; an unknown task exits 2 naming it."""
+    from cli import reasoning_gym_tasks
+    from mindspeed_rl.rewards.registry import BUILTIN
+
+    tasks = "basic_arithmetic,leg_counting,spell_backward"
+    train, test = str(tmp_path / "rg_train.jsonl"), str(tmp_path / "rg_test.jsonl")
+    assert reasoning_gym_tasks.main(["--tasks", tasks, "--size", "4", "--seed", "1", "--out", train]) == 0
+    assert reasoning_gym_tasks.main(["--tasks", tasks, "--size", "4", "--seed", "2", "--out", test]) == 0
+    questions = [[json.loads(line)["question"] for line in open(path)] for path in (train, test)]
+    assert len(questions[0]) == 12 and not set(questions[0]) & set(questions[1])
+    prefix = str(tmp_path / "rg")
+    argv = ["reasoning_gym", f"input={train}", f"tokenizer_name_or_path={tokenizer_dir}", f"output_prefix={prefix}"]
+    assert preprocess_data.main(argv + ["workers=1", "--quiet"]) == 0
+    ds, score = PromptDataset(prefix, ["labels"]), BUILTIN["reasoning_gym"]
+    kinds = set()
+    for i in range(len(ds)):
+        entry = json.loads(ds[i]["labels"])
+        kinds.add(entry["task"])
+        assert score(f"<think>...</think> <answer>{entry['answer']}</answer>", ds[i]["labels"]) == 1.0
+        assert score("<answer>#</answer>", ds[i]["labels"]) < 0.5  # (some tasks give part credit to near answers)
+        assert score("no answer here", ds[i]["labels"]) == 0.0
+    assert kinds == set(tasks.split(","))
+    assert reasoning_gym_tasks.main(["--tasks", "no_such_task", "--size", "2", "--out", str(tmp_path / "x.jsonl")]) == 2
+    assert "no_such_task not in reasoning-gym" in capsys.readouterr().err and not os.path.exists(tmp_path / "x.jsonl")

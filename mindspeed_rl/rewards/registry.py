@@ -22,6 +22,7 @@ BUILTIN: Dict[str, Verifier] = {
     "acc_for_dapo": verifiers.accuracy_plus_minus,
     "format": verifiers.format_reward,
     "strict_format": verifiers.strict_format_reward,
+    "reasoning_gym": verifiers.reasoning_gym_score,  # the task's own scorer (cli/reasoning_gym_tasks.py's labels)
 }
 _REGISTRY: Dict[str, Verifier] = dict(BUILTIN)
 

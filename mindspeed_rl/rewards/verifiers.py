@@ -92,3 +92,40 @@ def format_reward(response: str, label: str) -> float:
 
 def strict_format_reward(response: str, label: str) -> float:
     return 1.0 if _STRICT_FORMAT.match(response) else 0.0
+
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.S)
+
+
+def tagged_answer(text: str) -> Optional[str]:
+    """The final answer as reasoning-gym's tasks expect it: the last <answer>...</answer> (its \\boxed{} if it
+    holds one), else \\boxed{} or the text after '####'."""
+    tags = _ANSWER_TAG.findall(text)
+    if tags:
+        inner = tags[-1].strip()
+        return last_boxed(inner) or inner
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    if "####" in text:
+        tail = text.rsplit("####", 1)[1].strip()
+        return tail.splitlines()[0].strip() if tail else None
+    return None
+
+
+def reasoning_gym_score(response: str, label: str) -> float:
+    """The reasoning-gym task's own scorer on the response's answer; ``label`` is the task's entry as JSON
+    (cli/reasoning_gym_tasks.py writes it): {"task", "answer", "metadata"}."""
+    import json
+
+    import reasoning_gym
+
+    try:
+        entry = json.loads(label)
+        task = entry["task"]
+    except (ValueError, TypeError, KeyError):
+        raise ValueError("the reasoning_gym verifier's label is a task entry as JSON (cli/reasoning_gym_tasks.py)")
+    answer = tagged_answer(response)
+    if answer is None:
+        return 0.0
+    return min(1.0, max(0.0, float(reasoning_gym.get_score_answer_fn(task)(answer, entry))))  # (1 + 2e-16 seen)
