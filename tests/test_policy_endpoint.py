@@ -430,3 +430,38 @@ def test_a_verifiers_environment_plays_its_episodes_through_the_endpoint(agent, 
         assert text.endswith("<tool_response>\n42\n</tool_response><|im_end|>\n<|im_start|>assistant\n#### 42" + END)
         observation = text.index("\n<|im_start|>user")
         assert traj.loss_mask[observation] == 0 and traj.loss_mask[-1] == 1
+
+
+def over_budget_harness(task):
+    """A tool result longer than what is left of the budget: 400 context_length_exceeded; the episode ends cut."""
+    import openai
+
+    client = task.client(max_retries=0)
+    first = client.chat.completions.create(model=task.model, messages=task.messages)
+    answer = {"role": "assistant", "content": first.choices[0].message.content}
+    try:
+        client.chat.completions.create(
+            model=task.model, messages=task.messages + [answer, {"role": "tool", "content": "9" * 500}]
+        )
+    except openai.BadRequestError as exc:
+        assert exc.code == "context_length_exceeded" or "response budget" in str(exc), exc
+        return 0.5
+    return 0.0
+
+
+def test_a_follow_up_over_the_budget_ends_the_episode_cut_not_dropped(agent, capsys):
+    function = agent(entry_point="tests.test_policy_endpoint:over_budget_harness")
+    trajectories, _ = roll(function, ["What is 6*7?"], n=1, max_tokens=100)
+    traj = trajectories[0]
+    assert (traj.status, traj.finish_reason, traj.reward, traj.dropped) == ("cut", "length", 0.5, "")
+    assert function.metrics(trajectories)["episodes/dropped"] == 0 and "dropped" not in capsys.readouterr().out
+
+
+def test_dropped_episodes_are_explained_on_the_console(agent, capsys):
+    function = agent(entry_point="tests.test_policy_endpoint:crashing_harness")
+    roll(function, ["What is 6*7?"], n=2)
+    function.metrics([])
+    assert (
+        "episodes: 2 of 2 dropped: the harness failed: RuntimeError: the environment broke (x2)"
+        in capsys.readouterr().out
+    )

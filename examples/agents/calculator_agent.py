@@ -66,7 +66,7 @@ def play(client, model: str, messages: list, max_turns: int = 2) -> str:
     for _ in range(max_turns):
         try:
             reply = client.chat.completions.create(model=model, messages=messages, tools=TOOLS)
-        except openai.ConflictError:  # the trainer ended the episode (its token budget): score what there is
+        except openai.APIStatusError:  # the trainer ended the episode (its token budget): score what there is
             break
         message = reply.choices[0].message
         answer = message.content or ""

@@ -63,7 +63,7 @@ class Reply:
 @dataclass
 class Ended:
     reward: Optional[float]
-    cut: bool = False  # the token budget or the turn limit ended it
+    cut: bool = False  # the token budget ended it (the turn limit does not cut: the episode finished its turns)
 
 
 @dataclass
@@ -89,6 +89,7 @@ class Episode:
     end: Optional[Next] = None
     reward: Optional[float] = None
     turns: int = 0
+    budget_spent: bool = False  # closing because no token is left (or the harness's next message would not fit)
     started: float = field(default_factory=time.monotonic)
 
 
@@ -102,7 +103,7 @@ class EpisodeBook:
         self._gone: Deque[str] = deque(maxlen=4096)
         self._changed = threading.Condition()
         self.counts = {"started": 0, "finished": 0, "dropped": 0}
-        self.drop_reasons: Dict[str, int] = {}
+        self.drop_reasons: Dict[str, int] = {}  # since the last take_counts
 
     # ----- the rollout function's side -----------------------------------------------------------------
     def open(self, uid: int, budget: int, max_prompt: int, max_context: int) -> Episode:
@@ -134,20 +135,27 @@ class EpisodeBook:
             assert episode.end is not None
             return episode.end
 
-    def answer(self, episode: Episode, reply: Reply, closing: bool) -> None:
-        """Send the policy's answer to the turn in generation; ``closing``: no turn may follow (budget or turns
-        spent), only the reward or the harness's exit."""
+    def answer(self, episode: Episode, reply: Reply, closing: str) -> None:
+        """Send the policy's answer to the turn in generation; ``closing`` ("budget" or "turns"): no turn may
+        follow, only the reward or the harness's exit."""
         with self._changed:
             turn, episode.generating = episode.generating, None
             episode.context += reply.tokens
             episode.budget -= len(reply.tokens)
             episode.turns += 1
             if closing and episode.state == OPEN:
-                episode.state = CLOSING
+                episode.state, episode.budget_spent = CLOSING, closing == "budget"
             if turn is not None and turn.kind == "chat" and turn.messages is not None:
                 episode.messages = list(turn.messages) + [{"role": "assistant"}]
         if turn is not None and not turn.answer.done():
             turn.answer.set_result(reply)
+
+    def out_of_budget(self, episode: Episode) -> None:
+        """The harness's next message does not fit what is left of the budget: the episode takes no more turns
+        and ends cut at its reward or exit, as a trajectory cut at its budget does."""
+        with self._changed:
+            if episode.state == OPEN and episode.turns:
+                episode.state, episode.budget_spent = CLOSING, True
 
     def forget(self, episode: Episode) -> None:
         with self._changed:
@@ -188,7 +196,7 @@ class EpisodeBook:
             if episode.state == ENDED:
                 raise EndpointError(409, f"episode {episode.id} has ended: its reward is already settled", "conflict")
             episode.reward = float(value)
-            self._finish(episode, Ended(episode.reward, cut=episode.state == CLOSING))
+            self._finish(episode, Ended(episode.reward, cut=episode.budget_spent))
 
     def harness_exited(self, episode: Episode, error: Optional[str]) -> None:
         """The harness of ``episode`` returned or exited (``error``: why it failed)."""
@@ -200,7 +208,7 @@ class EpisodeBook:
             elif self.require_reward and episode.reward is None:
                 self._finish(episode, Dropped("the harness ended without a reward (require_reward)"))
             else:
-                self._finish(episode, Ended(episode.reward, cut=episode.state == CLOSING))
+                self._finish(episode, Ended(episode.reward, cut=episode.budget_spent))
 
     def _finish(self, episode: Episode, end: Next) -> None:
         """End ``episode`` (caller holds the lock); a request in flight is answered with an error."""
@@ -210,16 +218,16 @@ class EpisodeBook:
         kind = "dropped" if isinstance(end, Dropped) else "finished"
         self.counts[kind] += 1
         if isinstance(end, Dropped):
-            self.drop_reasons[end.reason.split(":")[0]] = self.drop_reasons.get(end.reason.split(":")[0], 0) + 1
+            self.drop_reasons[end.reason[:160]] = self.drop_reasons.get(end.reason[:160], 0) + 1
         for turn in (episode.waiting, episode.generating):
             if turn is not None and not turn.answer.done():
                 turn.answer.set_exception(EndpointError(409, f"episode {episode.id} has ended", "conflict"))
         episode.waiting = episode.generating = None
         self._changed.notify_all()
 
-    def take_counts(self) -> Dict[str, int]:
-        """Episodes started, finished and dropped since the last call."""
+    def take_counts(self) -> "tuple[Dict[str, int], Dict[str, int]]":
+        """Episodes started, finished and dropped since the last call, and why those were dropped."""
         with self._changed:
-            counts = dict(self.counts)
-            self.counts = {k: 0 for k in self.counts}
-        return counts
+            counts, reasons = dict(self.counts), self.drop_reasons
+            self.counts, self.drop_reasons = {k: 0 for k in self.counts}, {}
+        return counts, reasons

@@ -32,6 +32,9 @@ from .episodes import EndpointError, EpisodeBook, Reply, Turn
 from .turns import chat_turn, completion_turn
 
 
+MAX_CONNECTIONS = 4096  # open at once: several per episode of a batch at most (a retry beside its request)
+
+
 def _error(status: int, message: str, kind: str = "invalid_request_error"):
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
 
@@ -62,7 +65,9 @@ class PolicyEndpoint:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
         bound = sock.getsockname()[1]
-        config = uvicorn.Config(self.app(), log_level="warning", access_log=False, lifespan="off")
+        config = uvicorn.Config(  # connections beyond the limit are answered 503 at once: memory stays bounded
+            self.app(), log_level="warning", access_log=False, lifespan="off", limit_concurrency=MAX_CONNECTIONS
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name="policy-endpoint", daemon=True
@@ -168,7 +173,12 @@ class PolicyEndpoint:
     async def _turn(self, request, episode, make: Callable[[Any, Mapping], Turn]):
         body = await self._body(request)
         found = self._episode(request, episode, body)
-        turn = make(found, body)
+        try:
+            turn = make(found, body)
+        except EndpointError as exc:
+            if exc.kind == "context_length_exceeded":
+                self.book.out_of_budget(found)  # no later turn can fit: it ends cut, at its reward or exit
+            raise
         reply: Reply = await asyncio.wrap_future(self.book.request(found, turn))
         answer = self._answer(turn, reply, found.id)
         if turn.options.get("stream"):

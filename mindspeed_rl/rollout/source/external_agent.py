@@ -43,7 +43,7 @@ class Start:
 class Answer:
     episode: Episode
     reply: Reply
-    closing: bool
+    closing: str  # "budget" or "turns": the last turn; "" otherwise
 
 
 @dataclass
@@ -117,7 +117,9 @@ class OpenAIAgent(RolloutFunction):
             traj.versions[start:],
             len(traj.prompt) + start,
         )
-        closing = traj.remaining() <= 0 or traj.turns >= self.context.settings.max_turns
+        closing = (
+            "budget" if traj.remaining() <= 0 else "turns" if traj.turns >= self.context.settings.max_turns else ""
+        )
         return Answer(self.episodes[id(traj)], reply, closing)
 
     def run_tools(self, works: List[Any]) -> List[Any]:
@@ -159,13 +161,20 @@ class OpenAIAgent(RolloutFunction):
             return
         assert isinstance(result, Ended)
         traj.reward = result.reward
-        if result.cut and traj.remaining() <= 0:
+        if result.cut:
             traj.end(CUT, "length")
         else:
             traj.end(FINISHED, "stop")
 
     def metrics(self, trajectories: Sequence[Trajectory]) -> Dict[str, float]:
-        counts = self.book.take_counts()
+        counts, reasons = self.book.take_counts()
+        if reasons:  # the console says why (the metric only how many)
+            common = sorted(reasons.items(), key=lambda kv: -kv[1])[:3]
+            print(
+                f"episodes: {counts['dropped']} of {counts['started']} dropped: "
+                + "; ".join(f"{reason} (x{count})" for reason, count in common),
+                flush=True,
+            )
         n = max(1, len(trajectories))
         return {
             "episodes/started": float(counts["started"]),
