@@ -31,7 +31,6 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from .episodes import EndpointError, EpisodeBook, Reply, Turn
 from .turns import chat_turn, completion_turn
 
-
 MAX_CONNECTIONS = 4096  # open at once: several per episode of a batch at most (a retry beside its request)
 
 
