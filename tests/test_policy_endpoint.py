@@ -21,6 +21,7 @@ from mindspeed_rl.datasets.chat_messages import (
 )
 from mindspeed_rl.datasets.prompt_dataset import PromptBatch
 from mindspeed_rl.datasets.templates import apply_template
+from mindspeed_rl.rollout.endpoint.episodes import Reply
 from mindspeed_rl.rollout.source.agent_loop import AgentContext, build_rollout_function
 from mindspeed_rl.rollout.source.external_agent import EndpointRun
 from mindspeed_rl.rollout.source.rounds import TrajectoryPool
@@ -181,11 +182,11 @@ def test_a_hanging_harness_is_dropped_after_its_timeout(agent):
         time.sleep(30)
 
     sys.modules[__name__].hang = hang
-    function = agent(entry_point="tests.test_policy_endpoint:hang", harness_timeout_s=0.5)
+    function = agent(entry_point="tests.test_policy_endpoint:hang", harness_timeout_s=1.0)
     started = time.monotonic()
-    trajectories, _ = roll(function, ["What is 6*7?"], n=1)
-    assert trajectories[0].dropped.startswith("no request, reward or exit within 0.5 s")
-    assert time.monotonic() - started < 10
+    trajectories, _ = roll(function, ["What is 6*7?"], n=4)
+    assert all(t.dropped.startswith("no request, reward or exit within 1 s") for t in trajectories)
+    assert time.monotonic() - started < 2.5  # one deadline for the batch: four silent harnesses do not add up
 
 
 def wait_for_episode(function, timeout=10.0):
@@ -465,3 +466,85 @@ def test_dropped_episodes_are_explained_on_the_console(agent, capsys):
         "episodes: 2 of 2 dropped: the harness failed: RuntimeError: the environment broke (x2)"
         in capsys.readouterr().out
     )
+
+
+def text_completion_harness(task):
+    """Text in, text out, over two turns: the second prompt is the first's, its answer's text, and a new line."""
+    client = task.client(max_retries=0)
+    first = client.completions.create(model=task.model, prompt=task.prompt)
+    more = task.prompt + first.choices[0].text + "\n<|im_start|>user\n<tool_response>\n42\n</tool_response>"
+    second = client.completions.create(model=task.model, prompt=more + END + "\n<|im_start|>assistant\n")
+    return 1.0 if second.choices[0].text == "#### 42" else 0.0
+
+
+def test_text_completions_continue_after_the_answers_end_of_turn(agent):
+    function = agent(entry_point="tests.test_policy_endpoint:text_completion_harness")
+    trajectories, _ = roll(function, ["What is 6*7?"], n=1)
+    traj = trajectories[0]
+    assert traj.reward == 1.0, traj.dropped
+    text = TOK.decode(traj.tokens)  # the first answer's end-of-turn token stays, as the engine wrote it
+    assert text.startswith("CALL 6*7 (seed 0)" + END + "\n<|im_start|>user\n<tool_response>") and text.endswith(
+        "#### 42" + END
+    )
+
+
+def test_a_regenerated_group_plays_new_episodes_from_the_datasets_prompt(agent):
+    """A stale group generated again (stale_trajectories: regenerate) or a parked one restored by a resume starts
+    new episodes, whose task is the dataset's prompt, not the previous harness's rendering."""
+    function = agent(entry_point="tests.test_policy_endpoint:chat_harness")
+    pool = TrajectoryPool(function, 2, 300)
+    dataset_prompt = TOK.encode(apply_template("qwen", "What is 6*7?"))
+    pool.add(PromptBatch([dataset_prompt], ["42"]))
+    service, clock = ScriptedService(policy), Clock()
+    for _ in range(2):
+        while pool.unfinished():
+            pool.run_round(service, 100, 3, 300, clock)
+        pool.join_tools(3, clock)
+        assert all(t.reward == 1.0 and t.status == "finished" for t in pool.trajectories)
+        group = pool.take([0])[0]
+        for traj in group:
+            traj.prompt = traj.prompt[:-1] + traj.prompt[-1:]  # (the rendering equals the dataset's here)
+            traj.restart()
+            assert traj.prompt == dataset_prompt and not traj.tokens
+        pool.put_back([group], restarted=True)
+    pool.close()
+
+
+def test_a_clients_retry_joins_the_request_in_flight():
+    from mindspeed_rl.rollout.endpoint.episodes import EndpointError, EpisodeBook, Turn
+
+    book = EpisodeBook(require_reward=False)
+    episode = book.open(0, 100, 50, 200)
+    first = book.request(episode, Turn("chat", [1, 2], True, body=b'{"messages": 1}'))
+    assert book.request(episode, Turn("chat", [1, 2], True, body=b'{"messages": 1}')) is first  # a retry: one answer
+    with pytest.raises(EndpointError, match="in flight"):
+        book.request(episode, Turn("chat", [1, 3], True, body=b'{"messages": 2}'))
+    turn = book.wait(episode, float("inf"), 1.0)
+    book.answer(episode, Reply([7], [-0.1], "stop", [0], 2), "")
+    assert first.result(timeout=1).tokens == [7]
+    late = Turn("chat", [4], False, body=b"x", after_turns=0)  # read before that answer: stale
+    with pytest.raises(EndpointError, match="answered a turn while this request was read"):
+        book.request(episode, late)
+    assert turn.tokens == [1, 2]
+
+
+def hold_after_answer(task):
+    task.client(max_retries=0).chat.completions.create(model=task.model, messages=task.messages)
+    import time
+
+    time.sleep(30)
+
+
+def test_closing_the_run_ends_the_open_episodes_at_once(agent):
+    import time
+
+    function = agent(entry_point="tests.test_policy_endpoint:hold_after_answer")
+    pool = TrajectoryPool(function, 1, 300)
+    pool.add(PromptBatch([TOK.encode(apply_template("qwen", "Q"))], ["42"]))
+    clock = Clock()
+    pool.run_round(ScriptedService(policy), 100, 3, 300, clock)  # opens, generates, answers; the harness holds on
+    started = time.monotonic()
+    function.close()  # the episode still open: ended at once, the tool thread's wait woken
+    pool.join_tools(3, clock)
+    assert time.monotonic() - started < 5 and pool.trajectories[0].dropped == "the run is closing"
+    pool.close()

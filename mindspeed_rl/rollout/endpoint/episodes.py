@@ -18,6 +18,7 @@ sampled is ever re-tokenised. An episode the book has forgotten answers 404; its
 from __future__ import annotations
 
 import math
+import numbers
 import secrets
 import threading
 import time
@@ -46,6 +47,9 @@ class Turn:
     first: bool
     messages: Optional[List[Dict[str, Any]]] = None  # chat: the request's messages (the next must continue them)
     options: Dict[str, Any] = field(default_factory=dict)  # logprobs, tools, stream...
+    after_turns: int = 0  # the episode's answered turns when the request was read (one read before a later answer
+    # is stale: refused)
+    body: bytes = b""  # the request as sent: a client's retry of the request in flight joins it
     answer: "Future[Reply]" = field(default_factory=Future)
 
 
@@ -89,6 +93,7 @@ class Episode:
     end: Optional[Next] = None
     reward: Optional[float] = None
     turns: int = 0
+    shown: str = ""  # text completions: the prompt text and the answers' text as the harness was shown them
     budget_spent: bool = False  # closing because no token is left (or the harness's next message would not fit)
     started: float = field(default_factory=time.monotonic)
 
@@ -113,9 +118,9 @@ class EpisodeBook:
             self.counts["started"] += 1
         return episode
 
-    def wait(self, episode: Episode, timeout_s: float) -> Next:
-        """The episode's next turn, or its end; Dropped once ``timeout_s`` passes without either."""
-        deadline = time.monotonic() + timeout_s
+    def wait(self, episode: Episode, deadline: float, timeout_s: float) -> Next:
+        """The episode's next turn, or its end; Dropped at ``deadline`` (time.monotonic(); ``timeout_s`` after
+        the batch's harnesses were started or answered, so silent ones do not add up) without either."""
         with self._changed:
             while episode.waiting is None and episode.end is None:
                 left = deadline - time.monotonic()
@@ -181,17 +186,24 @@ class EpisodeBook:
             if episode.state != OPEN:
                 what = "has ended" if episode.state == ENDED else "has no turn left (token budget or max_turns)"
                 raise EndpointError(409, f"episode {episode.id} {what}: post its reward or exit", "conflict")
-            if episode.waiting is not None or episode.generating is not None:
+            in_flight = episode.waiting or episode.generating
+            if in_flight is not None:
+                if turn.body and turn.body == in_flight.body:  # the client's retry: the same answer
+                    return in_flight.answer
                 raise EndpointError(409, f"episode {episode.id} has a request in flight: one at a time", "conflict")
-            if turn.first != (episode.turns == 0):
-                raise EndpointError(409, f"episode {episode.id}: its first request was already answered", "conflict")
+            if turn.after_turns != episode.turns:
+                raise EndpointError(
+                    409, f"episode {episode.id} answered a turn while this request was read: send it again", "conflict"
+                )
             episode.waiting = turn
             self._changed.notify_all()
         return turn.answer
 
     def reward(self, episode: Episode, value: Any) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        number = isinstance(value, numbers.Real) or (hasattr(value, "__float__") and not isinstance(value, str))
+        if isinstance(value, bool) or not number or not math.isfinite(float(value)):
             raise EndpointError(400, f"episode {episode.id}: reward must be a finite number, got {value!r}")
+        value = float(value)
         with self._changed:
             if episode.state == ENDED:
                 raise EndpointError(409, f"episode {episode.id} has ended: its reward is already settled", "conflict")
@@ -224,6 +236,13 @@ class EpisodeBook:
                 turn.answer.set_exception(EndpointError(409, f"episode {episode.id} has ended", "conflict"))
         episode.waiting = episode.generating = None
         self._changed.notify_all()
+
+    def close(self) -> None:
+        """The run is closing: every episode ends (dropped), its requests answered 409, its waits woken."""
+        with self._changed:
+            for episode in list(self._episodes.values()):
+                if episode.state != ENDED:
+                    self._finish(episode, Dropped("the run is closing"))
 
     def take_counts(self) -> "tuple[Dict[str, int], Dict[str, int]]":
         """Episodes started, finished and dropped since the last call, and why those were dropped."""

@@ -53,8 +53,11 @@ class EpisodeTask:
 @functools.lru_cache(maxsize=1)
 def shared_http_client():
     import openai
+    from openai._constants import DEFAULT_CONNECTION_LIMITS
 
-    return openai.DefaultHttpxClient()  # openai's connection limits (1000 connections) cover a batch's episodes
+    # every episode holds a connection while its turn generates: no limit on their number (openai's default is 1000)
+    limits = type(DEFAULT_CONNECTION_LIMITS)(max_connections=None, max_keepalive_connections=256)
+    return openai.DefaultHttpxClient(limits=limits)
 
 
 def import_entry_point(path: str) -> Callable:
@@ -162,11 +165,10 @@ class Harness:
         deadline = time.monotonic() + grace_s
         while proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        try:  # its whole group, even after the shell exited: a tool server it started must not outlive it
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
     def close(self) -> None:
         with self._lock:

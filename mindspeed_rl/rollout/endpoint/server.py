@@ -65,7 +65,12 @@ class PolicyEndpoint:
         sock.bind((host, port))
         bound = sock.getsockname()[1]
         config = uvicorn.Config(  # connections beyond the limit are answered 503 at once: memory stays bounded
-            self.app(), log_level="warning", access_log=False, lifespan="off", limit_concurrency=MAX_CONNECTIONS
+            self.app(),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            limit_concurrency=MAX_CONNECTIONS,
+            timeout_graceful_shutdown=2,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
@@ -147,6 +152,8 @@ class PolicyEndpoint:
             body = json.loads(bytes(raw) or b"null")
         except (ValueError, UnicodeDecodeError) as exc:
             raise EndpointError(400, f"the body is not JSON: {exc}") from None
+        except RecursionError:
+            raise EndpointError(400, "the body is JSON nested too deeply") from None
         if not isinstance(body, dict):
             raise EndpointError(400, "the body must be a JSON object")
         model = body.get("model")
@@ -178,8 +185,9 @@ class PolicyEndpoint:
             if exc.kind == "context_length_exceeded":
                 self.book.out_of_budget(found)  # no later turn can fit: it ends cut, at its reward or exit
             raise
+        turn.body = json.dumps(body, sort_keys=True).encode()
         reply: Reply = await asyncio.wrap_future(self.book.request(found, turn))
-        answer = self._answer(turn, reply, found.id)
+        answer = self._answer(turn, reply, found)
         if turn.options.get("stream"):
             options = turn.options.get("stream_options")
             return self._stream(answer, turn.kind, isinstance(options, dict) and bool(options.get("include_usage")))
@@ -192,8 +200,11 @@ class PolicyEndpoint:
         return await self._turn(request, episode, lambda e, b: completion_turn(e, b, self.tokenizer))
 
     # ----- answers -------------------------------------------------------------------------------------
-    def _answer(self, turn: Turn, reply: Reply, episode_id: str) -> Dict[str, Any]:
+    def _answer(self, turn: Turn, reply: Reply, episode) -> Dict[str, Any]:
         text = self.tokenizer.decode(reply.tokens, skip_special_tokens=True)
+        shown = turn.options.get("text_prompt")
+        if shown is not None:  # text completions: what the next prompt must start with
+            episode.shown = shown + text
         pieces = [self.tokenizer.decode([t]) for t in reply.tokens] if turn.options.get("logprobs") else []
         choice: Dict[str, Any] = {"index": 0, "finish_reason": reply.finish_reason, "token_ids": reply.tokens}
         if turn.kind == "chat":
@@ -216,7 +227,7 @@ class PolicyEndpoint:
                 else None
             )
         answer = {
-            "id": f"{'chatcmpl' if turn.kind == 'chat' else 'cmpl'}-{episode_id}-{len(reply.versions)}",
+            "id": f"{'chatcmpl' if turn.kind == 'chat' else 'cmpl'}-{episode.id}-{turn.after_turns + 1}",
             "object": "chat.completion" if turn.kind == "chat" else "text_completion",
             "created": int(time.time()),
             "model": self.model,
@@ -226,11 +237,11 @@ class PolicyEndpoint:
                 "completion_tokens": len(reply.tokens),
                 "total_tokens": reply.prompt_tokens + len(reply.tokens),
             },
-            "episode_id": episode_id,
+            "episode_id": episode.id,
             "policy_versions": sorted(set(reply.versions)),
         }
-        if turn.options.get("return_token_ids"):
-            answer["prompt_token_ids"] = turn.tokens
+        if turn.options.get("return_token_ids"):  # the whole context the engine read, as vLLM gives it
+            answer["prompt_token_ids"] = list(episode.context[: reply.prompt_tokens])
         return answer
 
     def _tool_calls(self, reply: Reply):

@@ -18,9 +18,9 @@ OPTIONS = ("logprobs", "top_logprobs", "tools", "stream", "stream_options", "ret
 
 
 def _options(body: Mapping) -> Dict[str, Any]:
-    if body.get("n", 1) != 1:
+    if body.get("n") not in (None, 1):
         raise EndpointError(400, "n: one answer per request (an episode is one trajectory)")
-    if not isinstance(body.get("stream", False), bool):
+    if body.get("stream") not in (None, True, False):
         raise EndpointError(400, "stream must be true or false")
     return {k: body[k] for k in OPTIONS if k in body}
 
@@ -80,7 +80,7 @@ def chat_turn(episode: Episode, body: Mapping, tokenizer, prompt_type: str) -> T
     except MessageError as exc:
         raise EndpointError(400, str(exc)) from None
     tokens = tokenizer.encode(text, add_special_tokens=False)
-    return Turn("chat", _checked(episode, tokens, first), first, list(messages), options)
+    return Turn("chat", _checked(episode, tokens, first), first, list(messages), options, episode.turns)
 
 
 def completion_turn(episode: Episode, body: Mapping, tokenizer) -> Turn:
@@ -98,10 +98,16 @@ def completion_turn(episode: Episode, body: Mapping, tokenizer) -> Turn:
             raise EndpointError(409, f"episode {episode.id}: the prompt's ids do not start with the episode's so far")
         tokens = list(prompt[len(seen) :])
     elif isinstance(prompt, str) and prompt:
-        said = tokenizer.decode(list(seen), skip_special_tokens=False)
+        # the text the harness was shown: its prompt and the answers' text (without their end-of-turn tokens, which
+        # stay in the trajectory as the engine wrote them); only what it adds after that is tokenised
+        said = episode.shown if not first else ""
+        if not first and not episode.shown:
+            said = tokenizer.decode(list(seen), skip_special_tokens=False)  # the episode began with token ids
         if not prompt.startswith(said):
             raise EndpointError(409, f"episode {episode.id}: the prompt does not start with the episode's text so far")
         tokens = tokenizer.encode(prompt[len(said) :], add_special_tokens=False)
     else:
         raise EndpointError(400, "prompt must be a non-empty string or list of token ids")
-    return Turn("completion", _checked(episode, tokens, first), first, None, options)
+    turn = Turn("completion", _checked(episode, tokens, first), first, None, options, episode.turns)
+    turn.options["text_prompt"] = prompt if isinstance(prompt, str) else None
+    return turn

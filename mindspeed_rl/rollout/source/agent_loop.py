@@ -76,6 +76,7 @@ class RolloutFunction:
 
     name = "rollout_function"
     whole_batch = False  # True: ``run_batch`` produces whole trajectories at once (no chunks, no rounds)
+    rewards_episodes = False  # True: trajectories may carry a reward of their own (Trajectory.reward)
 
     def __init__(self, context: AgentContext) -> None:
         self.context = context

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
@@ -60,6 +61,7 @@ class EndpointRun:
 
 class OpenAIAgent(RolloutFunction):
     name = "openai_agent"
+    rewards_episodes = True
 
     def __init__(self, context: AgentContext) -> None:
         super().__init__(context)
@@ -133,7 +135,9 @@ class OpenAIAgent(RolloutFunction):
                 )
             else:
                 self.book.answer(work.episode, work.reply, work.closing)
-        return [self.book.wait(work.episode, self.keys.harness_timeout_s) for work in works]
+        timeout = self.keys.harness_timeout_s
+        deadline = time.monotonic() + timeout  # one for the batch: silent harnesses do not add up
+        return [self.book.wait(work.episode, deadline, timeout) for work in works]
 
     def _returned_reward(self, episode: Episode, value: Any) -> None:
         from ..endpoint.episodes import EndpointError
@@ -146,6 +150,8 @@ class OpenAIAgent(RolloutFunction):
     def observe(self, traj: Trajectory, work: Any, result: Any, version: int) -> None:
         if isinstance(result, Turn):
             if result.first:
+                if traj.source_prompt is None and result.tokens != traj.prompt:
+                    traj.source_prompt = traj.prompt  # the task of a restart (resume, a stale group regenerated)
                 traj.prompt = list(result.tokens)
             else:
                 traj.append(result.tokens, [], version, trained=False)
@@ -185,5 +191,6 @@ class OpenAIAgent(RolloutFunction):
         }
 
     def close(self) -> None:
+        self.book.close()  # first: every wait and request in flight ends now
         self.harness.close()
         self.server.close()

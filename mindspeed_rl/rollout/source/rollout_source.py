@@ -180,7 +180,7 @@ class RolloutSource:
             self.dropped_groups += len(taken) - len(kept)  # an episode given up: the group is left out, counted
             fresh, again = self.staleness.screen(kept, iteration)
             if again:
-                self.pool.put_back(again)
+                self.pool.put_back(again, restarted=True)
             if fresh:
                 self._to_filter(self.scoring.submit(fresh, clock, scored))
 
@@ -204,7 +204,7 @@ class RolloutSource:
         prompts, labels, outputs = group_outputs(groups)
         rows = build_experience(prompts, outputs, self.n, self.pad_id, labels, images=self.stored_images(groups))
         rewards = [t.reward for g in groups for t in g]
-        if any(r is not None for r in rewards):  # an outside agent's (openai_agent): the scorer adds them
+        if self.function.rewards_episodes:  # an outside agent's (openai_agent; NaN: none): the scorer adds them
             rows.set("episode_rewards", torch.tensor([float("nan") if r is None else r for r in rewards]))
         return rows
 

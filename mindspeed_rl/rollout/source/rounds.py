@@ -87,8 +87,13 @@ class TrajectoryPool:
         self.trajectories = [t for t in self.trajectories if t.uid // self.n not in wanted]
         return [members[g] for g in group_ids]
 
-    def put_back(self, groups: Sequence[Sequence[Trajectory]]) -> None:
+    def put_back(self, groups: Sequence[Sequence[Trajectory]], restarted: bool = False) -> None:
+        """Groups back into the pool; ``restarted``: they start again from their prompts (the rollout function
+        opens them again: an outside agent's new episode)."""
         self.trajectories = sorted(self.trajectories + [t for g in groups for t in g], key=lambda t: t.uid)
+        if restarted:
+            for traj in (t for g in groups for t in g):
+                self._open(traj)
 
     # ----- rounds --------------------------------------------------------------------------------------
     def run_round(

@@ -63,6 +63,7 @@ class Trajectory:
     images: bytes = b""  # its prompt's images as the dataset stores them (a parked trajectory keeps them)
     reward: Optional[float] = None  # an outside agent's reward for it (openai_agent), added to its score
     dropped: str = ""  # why the rollout function gave it up (an outside agent's failure): its group is left out
+    source_prompt: Optional[List[int]] = None  # the dataset's prompt, where an outside agent's rendering replaced it
     group_rows: Optional[GroupRows] = field(default=None, repr=False, compare=False)  # not checkpointed
 
     @property
@@ -105,7 +106,8 @@ class Trajectory:
 
     def restart(self) -> None:
         """Back to its prompt alone (a stale trajectory regenerated with the current weights)."""
-        blank = Trajectory(self.uid, self.prompt, self.label, self.budget, self.tools, images=self.images)
+        prompt = self.source_prompt if self.source_prompt is not None else self.prompt
+        blank = Trajectory(self.uid, prompt, self.label, self.budget, self.tools, images=self.images)
         for f in dataclasses.fields(self):
             setattr(self, f.name, getattr(blank, f.name))
 
