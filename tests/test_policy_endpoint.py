@@ -410,12 +410,14 @@ AGENTS_PYTHON = os.path.join(
     not os.path.exists(AGENTS_PYTHON), reason="no .venv-agents: `make test` makes it (requirements/agents.txt)"
 )
 def test_a_verifiers_environment_plays_its_episodes_through_the_endpoint(agent, tmp_path):
-    """A hub from PyPI in its own venv (verifiers 0.4.0, openai 2.x): examples/agents/verifiers_calculator_env.py runs
-    the multiply task as a verifiers Task with a calculator Toolset served over MCP, through verifiers' own proxy,
-    against the endpoint, scores with the task's reward and posts it. Two episodes, the tool's result masked."""
-    function = agent(command=f"{AGENTS_PYTHON} examples/agents/verifiers_calculator_env.py", harness_timeout_s=180)
+    """A hub from PyPI in its own venv (verifiers 0.4.0, openai 2.x), one process for every episode
+    (shared_harness): examples/agents/verifiers_shared_calculator_env.py runs the multiply task as a verifiers Task
+    with a calculator Toolset served over MCP, through verifiers' own proxy, against the endpoint, scores with the
+    task's reward and posts it. Four episodes, the tool's result masked. (Its learning run: docs/agents.md.)"""
+    command = f"{AGENTS_PYTHON} examples/agents/verifiers_shared_calculator_env.py"
+    function = agent(command=command, shared_harness=True, harness_timeout_s=180)
     function.harness.log_path = str(tmp_path / "harness.log")
-    pool = TrajectoryPool(function, 2, 300)
+    pool = TrajectoryPool(function, 4, 300)
     pool.add(PromptBatch([TOK.encode(apply_template("qwen", "6*7=?"))], ["#### 42"]))
     clock, rounds = Clock(), 0
     while pool.unfinished():
@@ -548,3 +550,41 @@ def test_closing_the_run_ends_the_open_episodes_at_once(agent):
     pool.join_tools(3, clock)
     assert time.monotonic() - started < 5 and pool.trajectories[0].dropped == "the run is closing"
     pool.close()
+
+
+SHARED_HARNESS = """
+import json, os, sys, threading
+import httpx
+def play(task):
+    base = task["base_url"]
+    reply = httpx.post(base + "/chat/completions", json={"model": task["model"], "messages": task["messages"]}).json()
+    text = reply["choices"][0]["message"]["content"]
+    sys.stdout.write(f"{os.getpid()} {task['episode_id']} {text}\\n")  # one write: lines of threads never mix
+    sys.stdout.flush()
+    if "seed 1" in text:
+        httpx.post(base + "/end").raise_for_status()  # no reward: the verifiers score it
+    elif "seed 2" in text:
+        os._exit(5)  # the whole shared process dies: its open episodes are dropped
+    else:
+        httpx.post(base + "/reward", json={"reward": 1.0}).raise_for_status()
+assert os.environ["OPENAI_BASE_URL"].endswith("/v1")
+for line in sys.stdin:
+    threading.Thread(target=play, args=(json.loads(line),)).start()
+"""
+
+
+def test_a_shared_harness_plays_every_episode_from_one_process(agent, tmp_path):
+    script = tmp_path / "shared.py"
+    script.write_text(SHARED_HARNESS)
+    function = agent(command="{python} " + str(script), shared_harness=True, harness_timeout_s=30)
+    function.harness.log_path = str(tmp_path / "harness.log")
+    trajectories, _ = roll(function, ["What is 6*7?"], n=2)  # seeds 100, 101: a reward, then /end
+    assert [t.reward for t in trajectories] == [1.0, None] and not any(t.dropped for t in trajectories)
+    pids = {line.split()[0] for line in (tmp_path / "harness.log").read_text().splitlines()}
+    assert len(pids) == 1  # one process for both episodes
+    trajectories, _ = roll(function, ["What is 6*7?"], n=3)  # seed 102 kills it: its open episodes dropped
+    assert trajectories[2].dropped == "the harness failed: the shared harness exited with code 5"
+    trajectories, _ = roll(function, ["What is 6*7?"], n=2)  # the next episodes start it again
+    assert [t.reward for t in trajectories] == [1.0, None] and not any(t.dropped for t in trajectories)
+    pids = {line.split()[0] for line in (tmp_path / "harness.log").read_text().splitlines()}
+    assert len(pids) == 2

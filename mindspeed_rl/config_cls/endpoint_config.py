@@ -17,6 +17,11 @@ class PolicyEndpointConfig:
     max_body_bytes: int = opt(1048576, "A larger request body is refused (413).", ge=1024)
     entry_point: str = opt("", "The harness as 'module:function', called per episode in a driver thread.")
     command: str = opt("", "The harness as a shell command, one process per episode (the task on stdin).")
+    shared_harness: bool = opt(
+        False,
+        "The command runs once for all episodes, each task a JSON line on its stdin; it ends an episode by "
+        "posting its reward or POST /v1/episodes/{id}/end (environments that are slow to start).",
+    )
     harness_timeout_s: float = opt(
         300.0,
         "Seconds the harness may take to call again (or post its reward, or exit) before its episode is "

@@ -37,6 +37,10 @@ def check(cfg: PPOConfig) -> None:
             "openai_agent runs one harness per episode: give entry_point ('module:function') or command, not "
             + ("both" if keys.entry_point else "neither"),
         )
+    if keys.shared_harness and not keys.command:
+        raise ConfigError(
+            "rl_config.policy_endpoint.shared_harness", "runs the command once for all episodes: give command"
+        )
     if keys.host not in LOOPBACK and not keys.api_key:
         raise ConfigError(
             "rl_config.policy_endpoint.api_key",
@@ -52,10 +56,11 @@ def plan_lines(cfg: PPOConfig) -> List[str]:
     if agent == "openai_agent":
         keys = rl.policy_endpoint
         harness = f"entry point {keys.entry_point}" if keys.entry_point else f"command {keys.command!r}"
+        harness += " once for all episodes" if keys.shared_harness else " per episode"
         return [
             f"  agent     : rollout function openai_agent: an OpenAI-compatible endpoint on {keys.host} port "
-            f"{keys.port or '(a free one)'} ({'bearer token' if keys.api_key else 'no token'}), {harness} per "
-            f"episode, up to {rl.agent.max_turns} turns within max_tokens; the harness's messages loss_mask 0; an "
+            f"{keys.port or '(a free one)'} ({'bearer token' if keys.api_key else 'no token'}), {harness}, "
+            f"up to {rl.agent.max_turns} turns within max_tokens; the harness's messages loss_mask 0; an "
             f"episode silent {keys.harness_timeout_s:g} s"
             + (" or without a reward" if keys.require_reward else "")
             + " is dropped with its group"

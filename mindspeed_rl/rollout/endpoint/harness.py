@@ -4,6 +4,9 @@
                  a number it returns is the episode's reward (as if posted)
     command      a shell command, one process (session) per episode, the task as JSON on its standard input;
                  exit code 0 ends the episode, another drops it; ``{python}`` in it is the run's interpreter
+    shared       the command once for all episodes (``shared_harness``): each task a JSON line on its standard
+                 input; it ends an episode by posting its reward or ``POST .../end``; if it exits, its open
+                 episodes are dropped and the next episode starts it again
 
 Both get ``OPENAI_BASE_URL`` (the episode's own base URL, so that a plain OpenAI client names its episode without
 knowing it), ``OPENAI_API_KEY`` and ``MINDSPEED_RL_EPISODE_ID``; a command's output goes to ``harness.log`` in the
@@ -78,9 +81,72 @@ def command_line(command: str) -> str:
 Exited = Callable[[Optional[str]], None]  # called once with None (a clean end) or what went wrong
 
 
+class SharedProcess:
+    """One process of the command for every episode: each task a JSON line on its standard input."""
+
+    def __init__(self, command: str, environment: Dict[str, str], output) -> None:
+        self.command, self.environment, self.output = command, environment, output
+        self.proc: Optional[subprocess.Popen] = None
+        self.open: Dict[str, Exited] = {}  # its episodes not ended
+        self._lock = threading.Lock()
+
+    def send(self, task: EpisodeTask, exited: Exited) -> None:
+        line = (json.dumps(asdict(task)) + "\n").encode()
+        with self._lock:
+            try:
+                if self.proc is None or self.proc.poll() is not None:
+                    self._start()
+                assert self.proc is not None and self.proc.stdin is not None
+                self.open[task.episode_id] = exited
+                self.proc.stdin.write(line)
+                self.proc.stdin.flush()
+                return
+            except OSError as exc:
+                self.open.pop(task.episode_id, None)
+                error = f"the shared harness cannot take it: {first_line(exc)}"
+        exited(error)
+
+    def _start(self) -> None:
+        self.proc = subprocess.Popen(
+            command_line(self.command),
+            shell=True,
+            stdin=subprocess.PIPE,
+            stdout=self.output,
+            stderr=subprocess.STDOUT,
+            env=self.environment,
+            start_new_session=True,
+        )
+        threading.Thread(target=self._watch, args=(self.proc,), name="shared-harness", daemon=True).start()
+
+    def _watch(self, proc: subprocess.Popen) -> None:
+        code = proc.wait()
+        with self._lock:
+            ended, self.open = (self.open, {}) if proc is self.proc else ({}, self.open)
+        for exited in ended.values():
+            exited(f"the shared harness exited with code {code}")
+
+    def done(self, episode_id: str) -> None:
+        with self._lock:
+            self.open.pop(episode_id, None)
+
+    def close(self) -> None:
+        with self._lock:
+            proc, self.open = self.proc, {}
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
 class Harness:
-    def __init__(self, entry_point: str, command: str, log_path: Optional[str], grace_s: float) -> None:
+    def __init__(
+        self, entry_point: str, command: str, log_path: Optional[str], grace_s: float, shared_url: str = ""
+    ) -> None:
+        """``shared_url``: the endpoint's base URL for a command run once for all episodes (empty: per episode)."""
         self.entry_point, self.command, self.log_path, self.grace_s = entry_point, command, log_path, grace_s
+        self.shared_url = shared_url
+        self._shared: Optional[SharedProcess] = None
         self._function: Optional[Callable] = None
         self._processes: Dict[str, subprocess.Popen] = {}
         self._lock = threading.Lock()
@@ -96,6 +162,12 @@ class Harness:
             threading.Thread(
                 target=self._call, args=(task, exited, reward), name=f"harness-{task.episode_id}", daemon=True
             ).start()
+        elif self.shared_url:
+            with self._lock:
+                if self._shared is None:
+                    environment = {**os.environ, "OPENAI_BASE_URL": self.shared_url, "OPENAI_API_KEY": task.api_key}
+                    self._shared = SharedProcess(self.command, environment, self._output())
+            self._shared.send(task, exited)
         else:
             self._spawn(task, exited)
 
@@ -117,12 +189,16 @@ class Harness:
             "MINDSPEED_RL_EPISODE_ID": task.episode_id,
         }
 
+    def _output(self):
+        """Where a command's output goes: the run's harness.log (opened once), or nowhere."""
+        if self._log is None and self.log_path:
+            os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
+            self._log = open(self.log_path, "ab")
+        return self._log if self._log is not None else subprocess.DEVNULL
+
     def _spawn(self, task: EpisodeTask, exited: Exited) -> None:
         with self._lock:
-            if self._log is None and self.log_path:
-                os.makedirs(os.path.dirname(self.log_path) or ".", exist_ok=True)
-                self._log = open(self.log_path, "ab")
-        out = self._log if self._log is not None else subprocess.DEVNULL
+            out = self._output()
         try:
             proc = subprocess.Popen(
                 command_line(self.command),
@@ -155,6 +231,8 @@ class Harness:
     def stop(self, episode_id: str) -> None:
         """The episode has ended: its process gets ``grace_s`` to exit, then is killed (an entry point's thread
         finds its episode gone at its next request)."""
+        if self._shared is not None:
+            self._shared.done(episode_id)
         with self._lock:
             proc = self._processes.get(episode_id)
         if proc is not None:
@@ -171,6 +249,8 @@ class Harness:
             pass
 
     def close(self) -> None:
+        if self._shared is not None:
+            self._shared.close()
         with self._lock:
             procs = list(self._processes.values())
         for proc in procs:

@@ -4,6 +4,7 @@
     POST /v1/chat/completions             the next assistant turn of an episode
     POST /v1/completions                  the same with a text or token-id prompt
     POST /v1/episodes/{id}/reward         {"reward": 1.0}: the episode's reward; it ends the episode
+    POST /v1/episodes/{id}/end            the harness is done with the episode (the verifiers score it)
 
 Every route also answers under ``/episodes/{id}/v1/...``, the base URL a harness is given, so that a plain OpenAI
 client names its episode without knowing it; elsewhere the episode is the header ``X-Episode-Id`` or the body's
@@ -31,6 +32,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from .episodes import EndpointError, EpisodeBook, Reply, Turn
 from .turns import chat_turn, completion_turn
 
+KEEP_ALIVE_S = 120
 MAX_CONNECTIONS = 4096  # open at once: several per episode of a batch at most (a retry beside its request)
 
 
@@ -70,6 +72,9 @@ class PolicyEndpoint:
             access_log=False,
             lifespan="off",
             limit_concurrency=MAX_CONNECTIONS,
+            # an idle connection outlives its clients' pools (httpx lets one go after 5 s): with uvicorn's 5 s, a
+            # client sometimes sent a request on a connection the server was closing (ReadError, 1 in 256 episodes)
+            timeout_keep_alive=KEEP_ALIVE_S,
             timeout_graceful_shutdown=2,
         )
         self._server = uvicorn.Server(config)
@@ -125,6 +130,14 @@ class PolicyEndpoint:
         async def reward(request: Request, episode: str):
             return await guarded(request, self._reward, episode)
 
+        @app.post("/v1/episodes/{episode}/end")
+        async def end(request: Request, episode: str):
+            return await guarded(request, self._end, episode)
+
+        @app.post("/episodes/{episode}/v1/end")
+        async def episode_end(request: Request, episode: str):
+            return await guarded(request, self._end, episode)
+
         @app.post("/episodes/{episode}/v1/reward")
         async def episode_reward(request: Request, episode: str):
             return await guarded(request, self._reward, episode)
@@ -139,7 +152,7 @@ class PolicyEndpoint:
         if self.api_key and request.headers.get("authorization", "") != f"Bearer {self.api_key}":
             raise EndpointError(401, "a bearer token is required (rl_config.policy_endpoint.api_key)", "auth_error")
 
-    async def _body(self, request) -> Dict[str, Any]:
+    async def _body(self, request, optional: bool = False) -> Dict[str, Any]:
         declared = request.headers.get("content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
             raise EndpointError(413, f"a body of {declared} bytes, over {self.max_body_bytes} (max_body_bytes)")
@@ -148,6 +161,8 @@ class PolicyEndpoint:
             raw += chunk
             if len(raw) > self.max_body_bytes:
                 raise EndpointError(413, f"a body over {self.max_body_bytes} bytes (max_body_bytes)")
+        if optional and not raw.strip():
+            return {}
         try:
             body = json.loads(bytes(raw) or b"null")
         except (ValueError, UnicodeDecodeError) as exc:
@@ -175,6 +190,17 @@ class PolicyEndpoint:
         found = self.book.find(episode)
         self.book.reward(found, body.get("reward"))
         return {"episode_id": found.id, "reward": found.reward}
+
+    async def _end(self, request, episode):
+        """The harness is done with the episode (a shared harness's exit for one episode): a reward in the body is
+        posted; without one the verifiers score it (with require_reward it is dropped)."""
+        body = await self._body(request, optional=True)
+        found = self.book.find(episode)
+        if body.get("reward") is not None:
+            self.book.reward(found, body["reward"])
+        else:
+            self.book.harness_exited(found, None)
+        return {"episode_id": found.id, "ended": True}
 
     async def _turn(self, request, episode, make: Callable[[Any, Mapping], Turn]):
         body = await self._body(request)

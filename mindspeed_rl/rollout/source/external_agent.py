@@ -83,7 +83,8 @@ class OpenAIAgent(RolloutFunction):
         )
         print(f"policy endpoint: {self.server.start(keys.host, keys.port)}", flush=True)
         log = os.path.join(run.log_dir, "harness.log") if run.log_dir else None
-        self.harness = Harness(keys.entry_point, keys.command, log, keys.harness_timeout_s)
+        shared = self.server.base_url if keys.shared_harness else ""
+        self.harness = Harness(keys.entry_point, keys.command, log, keys.harness_timeout_s, shared)
         self.episodes: Dict[int, Episode] = {}  # id(trajectory) -> its episode
 
     def open(self, traj: Trajectory) -> Start:
