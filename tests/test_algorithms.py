@@ -235,3 +235,29 @@ def test_bradley_terry_loss_and_its_gradient_by_hand():
     assert torch.allclose(bradley_terry_loss(chosen, rejected, margin)[0], torch.log(torch.tensor(2.0)))
     m = preference_metrics(chosen.detach(), rejected)
     assert m["accuracy"] == 0.5 and m["margin_mean"] == pytest.approx(99.0 / 4)  # a tie counts as wrong
+
+
+def test_pass_at_k_equals_a_brute_force_count_and_maj_at_k_votes():
+    """pass@k against every k-subset of each problem's samples counted by hand; maj@k on a fixed set."""
+    import itertools
+
+    from mindspeed_rl.algorithms.sample_metrics import maj_at_k, pass_at_k
+
+    correct = torch.tensor(
+        [[0, 0, 0, 0, 0], [1, 0, 0, 0, 0], [0, 1, 1, 0, 0], [1, 1, 1, 0, 1], [1, 1, 1, 1, 1]], dtype=torch.bool
+    )
+    for k in range(1, 6):
+        brute = [
+            sum(any(row[j] for j in subset) for subset in itertools.combinations(range(5), k))
+            / len(list(itertools.combinations(range(5), k)))
+            for row in correct.tolist()
+        ]
+        assert pass_at_k(correct, k).tolist() == pytest.approx(brute, abs=1e-12), k
+    assert pass_at_k(correct, 1).tolist() == pytest.approx([0.0, 0.2, 0.4, 0.8, 1.0])
+    answers = torch.tensor([[3, 3, 5, 5, 5], [7, -1, -1, -1, 2], [4, 4, 4, 9, 9]])
+    right = answers == torch.tensor([[5], [7], [9]])
+    assert maj_at_k(answers, right, 5).tolist() == [True, True, False]  # a tie of none (-1) does not win
+    assert maj_at_k(answers, right, 2).tolist() == [False, True, False]
+    assert maj_at_k(answers, right, 1).tolist() == right[:, 0].tolist()
+    with pytest.raises(ValueError, match="k <= n"):
+        pass_at_k(correct, 6)
