@@ -3,6 +3,7 @@ source (which groups are kept, how the batch is completed when filter_groups_max
 ids and widths of the assembled experience, the resumable prompt position), overlong shaping, validation
 metrics, and the seeds of the generation rounds."""
 
+import pytest
 import torch
 
 from mindspeed_rl.features import load_ppo_config
@@ -163,6 +164,9 @@ def test_validation_metrics_over_the_whole_test_set():
     assert t.actor.calls == [seed] and [(r.n, len(r.prompts)) for r in t.actor.requests] == [(1, 16)]
     assert metrics["val/acc_for_ppo/mean@4"] == (4 + 0 + 2 + 0) / 16
     assert metrics["val/pass@4"] == 2 / 4 and metrics["val/score/mean"] == 6 / 16
+    # the unbiased pass@k of the 4 responses: the mixed prompt (2 right of 4) 1/2 at k=1, 1 - C(2,2)/C(4,2) at k=2
+    assert metrics["val/pass@1"] == pytest.approx((1 + 0 + 0.5 + 0) / 4)
+    assert metrics["val/pass@2"] == pytest.approx((1 + 0 + 5 / 6 + 0) / 4)
     lengths = [1 + (p + seed + 4 * i + k) % 5 for i, p in enumerate((0, 1, 2, 4)) for k in range(4)]
     assert metrics["val/response_length/mean"] == sum(lengths) / 16
     t.iteration = 5

@@ -16,6 +16,7 @@ from ...algorithms.advantages import estimate, sequence_rewards, token_level_rew
 from ...algorithms.distillation import distill_advantages, mix_advantages, teacher_student_kl
 from ...algorithms.kl import controller_kl, kl_penalty, make_kl_controller
 from ...algorithms.rollout_correction import mismatch_metrics, truncated_is_weights
+from ...algorithms.sample_metrics import pass_at_k
 from ...config_cls.ppo_config import PPOConfig
 from ...datasets.prompt_dataset import PromptBatch
 from ...features.algorithm import skips_old_log_prob
@@ -167,6 +168,7 @@ class PPOTrainer:
             val/<verifier>/mean@N  mean verifier value over the test prompts x N responses
             val/score/mean         mean weighted score (the console's "val")
             val/pass@N             share of prompts with at least one response the first verifier scores > 0
+            val/pass@k             for k = 1, 2, 4, ... < N: the unbiased estimate from the N responses
             val/response_length/mean
         """
         if self.test_prompts is None:
@@ -181,10 +183,13 @@ class PPOTrainer:
         scores = self.scorer.reward_runner.weighted(per_verifier)
         first = per_verifier[self.rl.verifier_function[0]].view(-1, val.n)
         metrics = {f"val/{name}/mean@{val.n}": float(values.mean()) for name, values in per_verifier.items()}
+        solved = first > 0
+        ks = [1 << j for j in range(val.n.bit_length()) if 1 << j < val.n]
+        metrics.update({f"val/pass@{k}": float(pass_at_k(solved, k).mean()) for k in ks})
         metrics.update(
             {
                 "val/score/mean": float(scores.mean()),
-                f"val/pass@{val.n}": float((first > 0).any(1).float().mean()),
+                f"val/pass@{val.n}": float(solved.any(1).float().mean()),
                 "val/response_length/mean": float(exp.response_mask.sum(1).float().mean()),
             }
         )
