@@ -20,45 +20,20 @@ Per episode (the task as JSON on standard input, OPENAI_BASE_URL / OPENAI_API_KE
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import json
-import operator
 import os
-import re
 import sys
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 
 import verifiers.v1 as vf
+from calculator_agent import calculate, number_after_marks  # the openai-client agent beside this file: one calculator
 
 MODULE = "verifiers_calculator_env"  # the name verifiers imports this file by (harness id, tool server)
 HERE = str(Path(__file__).resolve().parent)
 MAX_TURNS = 2
-OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-
-
-def calculate(expression: str) -> str:
-    """+ - * / on numbers, nothing else."""
-
-    def value(node):
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
-            return OPERATORS[type(node.op)](value(node.left), value(node.right))
-        raise ValueError("only + - * / on numbers")
-
-    try:
-        result = value(ast.parse(str(expression), mode="eval").body)
-    except (SyntaxError, ValueError, ZeroDivisionError) as exc:
-        return f"Error: {exc}"
-    return str(int(result)) if float(result).is_integer() else str(result)
-
-
-def number_after_marks(text: str):
-    found = re.findall(r"####\s*(-?\d+)", text or "")
-    return found[-1] if found else None
 
 
 # ----- the environment: tool, task (with its reward), harness ------------------------------------------------------
@@ -87,6 +62,27 @@ class MultiplyTask(vf.Task[MultiplyData]):
         return 1.0 if number_after_marks(trace.last_reply) == expected else 0.0
 
 
+async def chat_loop(client, model: str, messages: list, tools: list, dispatch: dict, connections: dict) -> None:
+    """At most MAX_TURNS model turns: each answer's tool calls run on the MCP servers, their results sent back."""
+    from verifiers.v1.harnesses.utils.mcp import call_mcp
+
+    for _ in range(MAX_TURNS):
+        reply = await client.chat.completions.create(
+            model=model, messages=messages, **({"tools": tools} if tools else {})
+        )
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls or []:
+            try:
+                arguments = json.loads(call.function.arguments or "{}")
+                result = await call_mcp(connections, dispatch, call.function.name, arguments)
+            except (ValueError, KeyError, TypeError) as exc:  # bad JSON or an unknown tool: the model's error
+                result = f"Error: {exc}"
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+        if not message.tool_calls:
+            break
+
+
 class EndpointHarness(vf.Harness[vf.HarnessConfig]):
     """A chat loop in this process: verifiers allows it as long as every model call goes to ``endpoint``."""
 
@@ -98,27 +94,14 @@ class EndpointHarness(vf.Harness[vf.HarnessConfig]):
     async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, tool_interception_url=None):
         from openai import AsyncOpenAI
         from verifiers.v1.dialects.chat import message_to_wire
-        from verifiers.v1.harnesses.utils.mcp import call_mcp, connect_mcp
+        from verifiers.v1.harnesses.utils.mcp import connect_mcp
 
         _, prompt = self.resolve_prompt(data)
         messages = [message_to_wire(m) for m in prompt]
         client = AsyncOpenAI(base_url=endpoint, api_key=secret, max_retries=0)
         async with AsyncExitStack() as stack:
             servers = {"mcpServers": {name: {"url": url} for name, url in mcp_urls.items()}}
-            tools, dispatch, connections = await connect_mcp(servers, stack)
-            for _ in range(MAX_TURNS):
-                reply = await client.chat.completions.create(model=ctx.model, messages=messages, tools=tools)
-                message = reply.choices[0].message
-                messages.append(message.model_dump(exclude_none=True))
-                for call in message.tool_calls or []:
-                    try:
-                        arguments = json.loads(call.function.arguments or "{}")
-                        result = await call_mcp(connections, dispatch, call.function.name, arguments)
-                    except (ValueError, KeyError, TypeError) as exc:  # bad JSON or an unknown tool: the model's error
-                        result = f"Error: {exc}"
-                    messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-                if not message.tool_calls:
-                    break
+            await chat_loop(client, ctx.model, messages, *await connect_mcp(servers, stack))
         await client.close()
         return vf.ProgramResult(exit_code=0, stdout="", stderr="")
 

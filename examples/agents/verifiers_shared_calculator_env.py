@@ -118,7 +118,6 @@ class SharedEndpointHarness(single.EndpointHarness):
     async def launch(self, ctx, trace, runtime, endpoint, secret, mcp_urls, data, tool_interception_url=None):
         from openai import AsyncOpenAI
         from verifiers.v1.dialects.chat import message_to_wire
-        from verifiers.v1.harnesses.utils.mcp import call_mcp
 
         _, prompt = self.resolve_prompt(data)
         messages = [message_to_wire(m) for m in prompt]
@@ -127,21 +126,7 @@ class SharedEndpointHarness(single.EndpointHarness):
             base_url=endpoint, api_key=secret, max_retries=0, http_client=http_client(), default_headers=headers
         )
         tools, dispatch, connections = await mcp_tools(mcp_urls) if mcp_urls else ([], {}, {})
-        for _ in range(single.MAX_TURNS):
-            reply = await client.chat.completions.create(
-                model=ctx.model, messages=messages, **({"tools": tools} if tools else {})
-            )
-            message = reply.choices[0].message
-            messages.append(message.model_dump(exclude_none=True))
-            for call in message.tool_calls or []:
-                try:
-                    arguments = json.loads(call.function.arguments or "{}")
-                    result = await call_mcp(connections, dispatch, call.function.name, arguments)
-                except (ValueError, KeyError, TypeError) as exc:  # bad JSON or an unknown tool: the model's error
-                    result = f"Error: {exc}"
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-            if not message.tool_calls:
-                break
+        await single.chat_loop(client, ctx.model, messages, tools, dispatch, connections)
         return vf.ProgramResult(exit_code=0, stdout="", stderr="")  # the client is not closed: its pool is shared
 
 

@@ -105,42 +105,25 @@ class PolicyEndpoint:
     def app(self):
         app = FastAPI(title="mindspeed_rl policy endpoint", docs_url=None, redoc_url=None, openapi_url=None)
 
-        async def guarded(request: Request, handler, episode: Optional[str] = None):
-            try:
-                self._authorised(request)
-                return await handler(request, episode)
-            except EndpointError as exc:
-                return _error(exc.status, exc.message, exc.kind)
+        def route(handler):
+            """``handler`` behind the bearer-token check, an EndpointError answered as OpenAI's error object."""
 
-        for prefix in ("", "/episodes/{episode}"):
+            async def endpoint(request: Request, episode: Optional[str] = None):
+                try:
+                    self._authorised(request)
+                    return await handler(request, episode)
+                except EndpointError as exc:
+                    return _error(exc.status, exc.message, exc.kind)
 
-            @app.get(prefix + "/v1/models")
-            async def models(request: Request, episode: Optional[str] = None):
-                return await guarded(request, self._models, episode)
+            return endpoint
 
-            @app.post(prefix + "/v1/chat/completions")
-            async def chat(request: Request, episode: Optional[str] = None):
-                return await guarded(request, self._chat, episode)
-
-            @app.post(prefix + "/v1/completions")
-            async def completions(request: Request, episode: Optional[str] = None):
-                return await guarded(request, self._completions, episode)
-
-        @app.post("/v1/episodes/{episode}/reward")
-        async def reward(request: Request, episode: str):
-            return await guarded(request, self._reward, episode)
-
-        @app.post("/v1/episodes/{episode}/end")
-        async def end(request: Request, episode: str):
-            return await guarded(request, self._end, episode)
-
-        @app.post("/episodes/{episode}/v1/end")
-        async def episode_end(request: Request, episode: str):
-            return await guarded(request, self._end, episode)
-
-        @app.post("/episodes/{episode}/v1/reward")
-        async def episode_reward(request: Request, episode: str):
-            return await guarded(request, self._reward, episode)
+        for prefix in ("", "/episodes/{episode}"):  # the episode's own base URL serves the same routes
+            app.add_api_route(prefix + "/v1/models", route(self._models), methods=["GET"])
+            app.add_api_route(prefix + "/v1/chat/completions", route(self._chat), methods=["POST"])
+            app.add_api_route(prefix + "/v1/completions", route(self._completions), methods=["POST"])
+        for base in ("/v1/episodes/{episode}", "/episodes/{episode}/v1"):
+            app.add_api_route(base + "/reward", route(self._reward), methods=["POST"])
+            app.add_api_route(base + "/end", route(self._end), methods=["POST"])
 
         @app.get("/health")
         async def health():

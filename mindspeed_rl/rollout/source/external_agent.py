@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ...datasets.chat_messages import prompt_messages
 from ...tools.parser import PARSERS
-from ..endpoint.episodes import Dropped, Ended, Episode, EpisodeBook, Reply, Turn
+from ..endpoint.episodes import Dropped, Ended, EndpointError, Episode, EpisodeBook, Reply, Turn
 from ..endpoint.harness import EpisodeTask, Harness
 from ..endpoint.server import PolicyEndpoint
 from .agent_loop import AgentContext, RolloutFunction
@@ -141,8 +141,6 @@ class OpenAIAgent(RolloutFunction):
         return [self.book.wait(work.episode, deadline, timeout) for work in works]
 
     def _returned_reward(self, episode: Episode, value: Any) -> None:
-        from ..endpoint.episodes import EndpointError
-
         try:
             self.book.reward(episode, value)
         except EndpointError as exc:  # posted already, or not a number: the episode's own request said so

@@ -203,9 +203,9 @@ class RolloutSource:
     def rows_of(self, groups: Sequence[Sequence[Trajectory]]) -> Experience:
         prompts, labels, outputs = group_outputs(groups)
         rows = build_experience(prompts, outputs, self.n, self.pad_id, labels, images=self.stored_images(groups))
-        rewards = [t.reward for g in groups for t in g]
         if self.function.rewards_episodes:  # an outside agent's (openai_agent; NaN: none): the scorer adds them
-            rows.set("episode_rewards", torch.tensor([float("nan") if r is None else r for r in rewards]))
+            rewards = [float("nan") if t.reward is None else t.reward for g in groups for t in g]
+            rows.set("episode_rewards", torch.tensor(rewards))
         return rows
 
     def stored_images(self, groups: Sequence[Sequence[Trajectory]]) -> Optional[List[bytes]]:
