@@ -54,47 +54,6 @@ def read_prompts(path: str):
     return prompts
 
 
-def load_model(load_dir: str):
-    """(GPTModel on one rank, ModelConfig) from a Megatron checkpoint or a HF folder."""
-    import tempfile
-
-    from mindspeed_rl.checkpoint.convert import hf_to_mg
-    from mindspeed_rl.checkpoint.megatron_layout import TRACKER
-    from mindspeed_rl.checkpoint.megatron_reader import iter_mg_stages, read_mg_config
-    from mindspeed_rl.config_cls import MegatronConfig, ModelConfig
-    from mindspeed_rl.models.builder import build_gpt_model
-
-    if os.path.isfile(os.path.join(load_dir, TRACKER)):
-        config = read_mg_config(load_dir)[0]
-        weights = {}
-        for _, stage in iter_mg_stages(load_dir):
-            weights.update({k: v.clone() for k, v in stage.items()})
-    elif os.path.isfile(os.path.join(load_dir, "config.json")):
-        with tempfile.TemporaryDirectory() as tmp:
-            hf_to_mg(load_dir, tmp)
-            config = read_mg_config(tmp)[0]
-            weights = {}
-            for _, stage in iter_mg_stages(tmp):
-                weights.update({k: v.clone() for k, v in stage.items()})
-    else:
-        raise UserError(
-            f"--load-dir {load_dir}: neither a Megatron checkpoint ({TRACKER}) nor a HF folder (config.json)"
-        )
-    if config.get("orm"):
-        raise UserError(f"--load-dir {load_dir}: a reward/critic checkpoint (value head) cannot generate text")
-    model_cfg = ModelConfig(**config["model"])
-    gpt = build_gpt_model(model_cfg, MegatronConfig(model="checkpoint"))
-    missing = set(dict(gpt.named_parameters())) - set(weights)
-    if missing:
-        raise UserError(f"--load-dir {load_dir}: checkpoint lacks {sorted(missing)[:3]}")
-    import torch
-
-    with torch.no_grad():
-        for name, param in gpt.named_parameters():
-            param.copy_(weights[name].to(param.dtype))
-    return gpt, model_cfg
-
-
 @report_user_errors
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
@@ -116,10 +75,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     dist.init_model_parallel(seed=args.seed)
     from mindspeed_rl.checkpoint.errors import ConversionError
     from mindspeed_rl.checkpoint.megatron_layout import CheckpointError
+    from mindspeed_rl.models.loading import ModelLoadError, load_generation_model
 
     try:
-        gpt, _ = load_model(args.load_dir)
-    except (CheckpointError, ConversionError) as exc:  # truncated, crafted or incomplete: named, exit 2
+        gpt, _ = load_generation_model(args.load_dir)
+    except (CheckpointError, ConversionError, ModelLoadError) as exc:  # truncated, crafted or incomplete: named, exit 2
         raise UserError(f"--load-dir {args.load_dir}: {exc}") from None
     encoded = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

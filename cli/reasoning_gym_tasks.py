@@ -17,26 +17,10 @@ import argparse
 import json
 import os
 import sys
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
+from mindspeed_rl.datasets.reasoning_gym_rows import known_tasks_hint, rows, unknown_tasks
 from mindspeed_rl.utils.cli import first_line
-
-SEED_STRIDE = 1_000_003
-
-
-def rows(tasks: Sequence[str], size: int, seed: int) -> List[dict]:
-    """``size`` rows of each task, interleaved: [task0 row0, task1 row0, ..., task0 row1, ...]."""
-    import reasoning_gym
-
-    # reasoning-gym draws item i from seed + i: seeds a million apart never share an item (a held-out set)
-    made = [reasoning_gym.create_dataset(name, size=size, seed=seed * SEED_STRIDE) for name in tasks]
-    out = []
-    for i in range(size):
-        for name, dataset in zip(tasks, made):
-            entry = dataset[i]
-            label = {"task": name, "answer": entry["answer"], "metadata": entry["metadata"]}
-            out.append({"question": entry["question"], "answer": json.dumps(label, default=str)})
-    return out
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -47,12 +31,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--out", required=True, help="the .jsonl file to write")
     args = parser.parse_args(argv)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    from reasoning_gym.factory import DATASETS
-
-    unknown = [t for t in tasks if t not in DATASETS]
+    unknown = unknown_tasks(tasks)
     if unknown or not tasks:
-        known = f"{len(DATASETS)} tasks, e.g. {', '.join(sorted(DATASETS)[:5])}"
-        print(f"error: --tasks: {', '.join(unknown) or 'none given'} not in reasoning-gym ({known})", file=sys.stderr)
+        print(
+            f"error: --tasks: {', '.join(unknown) or 'none given'} not in reasoning-gym ({known_tasks_hint()})",
+            file=sys.stderr,
+        )
         return 2
     if args.size < 1:
         print(f"error: --size: {args.size}, at least 1", file=sys.stderr)

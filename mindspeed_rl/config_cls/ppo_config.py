@@ -9,6 +9,7 @@ import os
 from typing import Any, Mapping, Optional, Tuple
 
 from .base import ConfigError, build_section, closest_key
+from .eval_config import EvalConfig
 from .generate_config import GenerateConfig
 from .judge_config import JudgeConfig
 from .megatron_config import MegatronConfig
@@ -30,6 +31,7 @@ TOP_LEVEL_KEYS = (
     "teacher_config",
     "judge_config",
     "profiler_config",
+    "eval_config",
     "dry_run",
     "hydra",
 )
@@ -120,6 +122,7 @@ def assemble_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = Non
     if data.get("judge_config") is not None:
         judge = build_section(JudgeConfig, data["judge_config"], "judge_config")
     profiler = build_profiler_config(data.get("profiler_config"))
+    evaluation = build_section(EvalConfig, data["eval_config"], "eval_config") if "eval_config" in data else None
     dry_run = data.get("dry_run", False)
     if not isinstance(dry_run, bool):
         raise ConfigError("dry_run", f"got {dry_run!r}, expected true or false")
@@ -135,6 +138,7 @@ def assemble_ppo_config(data: Mapping[str, Any], config_dir: Optional[str] = Non
         dry_run=dry_run,
         raw=dict(data),
         profiler=profiler,
+        evaluation=evaluation,
     )
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from .algorithm_choice import AlgorithmPlan
+from .eval_config import EvalConfig
 from .generate_config import GenerateConfig
 from .judge_config import JudgeConfig
 from .megatron_config import MegatronConfig
@@ -86,6 +87,7 @@ class PPOConfig:
     # bf16 / dtype auto settled with the device's answer (precision_rules.settle_precision); None until then
     precision: Optional[PrecisionChoice] = None
     profiler: Optional[ProfilerConfig] = None  # profiler_config; each role's share is its RoleConfig.profiler
+    evaluation: Optional[EvalConfig] = None  # eval_config: benchmark suites evaluated during training
 
     @property
     def prompts_per_iteration(self) -> int:

@@ -23,6 +23,7 @@ from . import (
     context_parallel,
     distillation,
     dynamic_sampling,
+    evaluation,
     fault_tolerance,
     judge,
     lora,
@@ -73,6 +74,7 @@ FEATURES = (
     distillation,
     judge,
     validation,
+    evaluation,
     tracking,
 )
 

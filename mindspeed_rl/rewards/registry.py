@@ -8,7 +8,7 @@ driver's config check and each reward worker), so a user's verifier needs no edi
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 from ..utils.plugins import PluginImportError, import_callable
 from . import verifiers
@@ -25,6 +25,8 @@ BUILTIN: Dict[str, Verifier] = {
     "reasoning_gym": verifiers.reasoning_gym_score,  # the task's own scorer (cli/reasoning_gym_tasks.py's labels)
 }
 _REGISTRY: Dict[str, Verifier] = dict(BUILTIN)
+# the final answer a verifier reads from a response (maj@k's votes); the others read verifiers.extract_answer's
+ANSWER_READERS: Dict[str, Callable[[str], Optional[str]]] = {"reasoning_gym": verifiers.tagged_answer}
 
 
 class VerifierImportError(KeyError):
@@ -68,3 +70,8 @@ def get_verifier(name: str) -> Verifier:
     if name not in _REGISTRY:
         raise KeyError(f"unknown verifier {name!r}; registered: {', '.join(sorted(_REGISTRY))}")
     return _REGISTRY[name]
+
+
+def answer_reader(name: str) -> Callable[[str], Optional[str]]:
+    """How the verifier ``name`` finds a response's final answer (for votes: maj@k)."""
+    return ANSWER_READERS.get(name, verifiers.extract_answer)

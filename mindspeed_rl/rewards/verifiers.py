@@ -57,6 +57,15 @@ def _as_number(text: str) -> Optional[float]:
         return None
 
 
+def answer_key(answer: Optional[str]) -> Optional[str]:
+    """What equal final answers share, for counting votes (maj@k): a number in one spelling ("1,000.0" and
+    "1000" agree), other text stripped of surrounding space and a final period; None for no answer."""
+    if answer is None or not answer.strip():
+        return None
+    number = _as_number(answer)
+    return repr(number) if number is not None else answer.strip().rstrip(".").strip()
+
+
 def answers_match(answer: str, label: str) -> bool:
     a, b = _as_number(answer), _as_number(label)
     if a is not None and b is not None:

@@ -16,7 +16,6 @@ from ...algorithms.advantages import estimate, sequence_rewards, token_level_rew
 from ...algorithms.distillation import distill_advantages, mix_advantages, teacher_student_kl
 from ...algorithms.kl import controller_kl, kl_penalty, make_kl_controller
 from ...algorithms.rollout_correction import mismatch_metrics, truncated_is_weights
-from ...algorithms.sample_metrics import pass_at_k
 from ...config_cls.ppo_config import PPOConfig
 from ...datasets.prompt_dataset import PromptBatch
 from ...features.algorithm import skips_old_log_prob
@@ -28,6 +27,7 @@ from ...utils.clock import Clock
 from ..report.metrics import data_metrics, throughput, timeline_spans
 from ..runtime.guards import TooFewEngines, next_collapse_streak, save_due, stop_on_nonfinite_steps
 from .batches import Batches
+from .evaluation import SuiteEvaluation, validation_metrics
 
 
 def format_validation(metrics: Dict[str, float]) -> str:
@@ -73,6 +73,7 @@ class PPOTrainer:
         self.ref_from = None  # the original weights the reference was built from, for resumes
         self.forward_metrics: Dict[str, float] = {}  # an iteration's metrics from the actor's forwards
         self.expert_load = ExpertLoad.of_run(cfg.generate, cfg.actor, getattr(logger, "run_dir", "."))
+        self.evaluation = SuiteEvaluation(cfg, tokenizer) if cfg.evaluation is not None else None
 
     @contextmanager
     def timer(self, name: str):
@@ -84,6 +85,9 @@ class PPOTrainer:
         val_metrics = self.validate() if self.rl.val_before_train and self.test_prompts is not None else {}
         if val_metrics:
             print("validation before training: " + format_validation(val_metrics), flush=True)
+        if self.evaluation is not None and self.evaluation.ev.before_train:
+            val_metrics.update(self.evaluation.run(self.source, self.iteration))
+        if val_metrics:
             self.logger.record({"iteration": self.iteration, **val_metrics})
         while self.iteration < self.cfg.megatron_training.train_iters:
             raise_if_terminated()
@@ -128,6 +132,9 @@ class PPOTrainer:
             if self.validation_due():
                 with self.timer("timing/validation"):
                     reward_metrics.update(self.validate())
+            if self.evaluation is not None and self.evaluation.due(self.iteration):
+                with self.timer("timing/evaluation"):
+                    reward_metrics.update(self.evaluation.run(self.source, self.iteration))
             metrics = self.collect_metrics(exp, reward_metrics, update_metrics, version)
             self.logger.log(metrics)
             disaggregated = isinstance(self.rollout_service, DisaggregatedRollout)
@@ -151,8 +158,10 @@ class PPOTrainer:
                 group.call("profile_at", iteration, os.path.join(self.logger.run_dir, "profiler"))
 
     def close(self) -> None:
-        """Release the rollout source's threads and the judge's."""
+        """Release the rollout source's threads and the judge's, and the evaluation's scorers."""
         self.batches.close()
+        if self.evaluation is not None:
+            self.evaluation.close()
 
     def validation_due(self) -> bool:
         """Every test_freq iterations and at the last one, when validation is on."""
@@ -163,14 +172,7 @@ class PPOTrainer:
 
     def validate(self) -> Dict[str, float]:
         """The test set on the rollout engines with the current weights (val_kwargs sampling, greedy by
-        default), scored by the rule verifiers.
-
-            val/<verifier>/mean@N  mean verifier value over the test prompts x N responses
-            val/score/mean         mean weighted score (the console's "val")
-            val/pass@N             share of prompts with at least one response the first verifier scores > 0
-            val/pass@k             for k = 1, 2, 4, ... < N: the unbiased estimate from the N responses
-            val/response_length/mean
-        """
+        default), scored by the rule verifiers (the metrics: evaluation.validation_metrics)."""
         if self.test_prompts is None:
             return {}
         val, prompts = self.rl.val_kwargs, self.test_prompts
@@ -180,19 +182,7 @@ class PPOTrainer:
             prompts.input_ids, outputs, val.n, self.pad_id, prompts.labels, self.rollout_service.version
         )
         per_verifier, _ = self.scorer.verify(exp)
-        scores = self.scorer.reward_runner.weighted(per_verifier)
-        first = per_verifier[self.rl.verifier_function[0]].view(-1, val.n)
-        metrics = {f"val/{name}/mean@{val.n}": float(values.mean()) for name, values in per_verifier.items()}
-        solved = first > 0
-        ks = [1 << j for j in range(val.n.bit_length()) if 1 << j < val.n]
-        metrics.update({f"val/pass@{k}": float(pass_at_k(solved, k).mean()) for k in ks})
-        metrics.update(
-            {
-                "val/score/mean": float(scores.mean()),
-                f"val/pass@{val.n}": float(solved.any(1).float().mean()),
-                "val/response_length/mean": float(exp.response_mask.sum(1).float().mean()),
-            }
-        )
+        metrics = validation_metrics(per_verifier, self.scorer.reward_runner, self.rl.verifier_function[0], val.n, exp)
         if "tool_calls/rate" in rollout_metrics:
             metrics["val/tool_calls/rate"] = rollout_metrics["tool_calls/rate"]
         return metrics

@@ -5,7 +5,8 @@ built in ``report_html.py``.
 
 It reads ``run.json`` (config, batch plan, command; written at start) and ``metrics.jsonl``, and shows the
 config summary, the batch plan, the final numbers, and curves: score with the validation score, KL, entropy,
-response length, the per-phase timing stacked, e2e/update/vllm tokens per second, and the timeline of the
+response length, the per-phase timing stacked, e2e/update/vllm tokens per second, each evaluation suite's pass@k
+and maj@k (eval_config), and the timeline of the
 last iterations (``timeline.jsonl``: which worker does what when; asynchronous generation on the rollout
 workers shows beside the actor's training). A training run writes it at its end.
 """
@@ -22,6 +23,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .curves import read_metrics
+from .eval_curves import evaluation_figures
 from .profile_summary import stage_tables
 from .report_html import page
 
@@ -341,7 +343,7 @@ def render(run_dir: str) -> str:
         with open(info_path, encoding="utf-8") as fh:
             info = json.load(fh)
     resolved = info.get("resolved") or {}
-    plots = figures(rows)
+    plots = figures(rows) + evaluation_figures(rows, _png)
     timeline = timeline_figure(read_timeline(os.path.join(run_dir, "timeline.jsonl")))
     if timeline is not None:
         plots.append(timeline)

@@ -273,6 +273,17 @@ def check_teacher_tokenizer(cfg: PPOConfig) -> None:
         )
 
 
+def check_eval_suites(cfg: PPOConfig) -> None:
+    """eval_config's suites read before any worker starts: a suite without usable rows is refused now."""
+    if cfg.evaluation is None:
+        return
+    from ...evaluation.suites import run_suites
+    from ...utils.hf_tokenizer import load_tokenizer
+
+    tok_dir = cfg.actor.megatron.tokenizer_name_or_path
+    run_suites(cfg, load_tokenizer(tok_dir, "megatron_training.tokenizer_name_or_path"))
+
+
 def preflight(cfg: PPOConfig) -> Optional[int]:
     """Every check above; returns the iteration a resume loads (None: the latest, or not a resume)."""
     check_environment()
@@ -280,6 +291,7 @@ def preflight(cfg: PPOConfig) -> Optional[int]:
     check_tool_isolation(cfg)
     check_teacher_tokenizer(cfg)
     check_rollout_engine(cfg)
+    check_eval_suites(cfg)
     iteration = resume_iteration(cfg)
     problems = []
     for role in cfg.roles:  # every role's problem at once: a resharded actor next to an unresharded critic

@@ -1,0 +1,94 @@
+"""Benchmark suites during training (eval_config): each suite's problems sampled n times on the rollout engines with
+the weights of the iteration just finished, scored by the suite's verifier in the training verifiers' process pool,
+and logged as ``eval/<suite>/<metric>`` (pass@k, maj@k, mean@n, response_length/mean, truncated/rate) beside the
+iteration's metrics. The same suites, scorers and numbers as cli/evaluate.py on that iteration's checkpoint."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Dict, List
+
+import torch
+
+from ...algorithms.sample_metrics import pass_at_k
+from ...config_cls.ppo_config import PPOConfig
+from ...evaluation.scoring import default_ks, samples_of, score_samples, suite_metrics
+from ...evaluation.suites import run_suites
+from ...features.evaluation import max_new_tokens
+from .prompts import decode_known
+
+
+class SuiteEvaluation:
+    """When to evaluate and how: the suites, their sampling, their scorers."""
+
+    def __init__(self, cfg: PPOConfig, tokenizer):
+        from ...rewards.runner import RuleRewardRunner
+
+        ev = cfg.evaluation
+        assert ev is not None
+        self.ev, self.tokenizer, self.last = ev, tokenizer, cfg.megatron_training.train_iters
+        self.suites = run_suites(cfg, tokenizer)
+        self.ks = sorted(set(ev.k)) if ev.k else default_ks(ev.n)
+        temperature = ev.temperature if ev.temperature is not None else (0.0 if ev.n == 1 else 1.0)
+        self.sampling = dataclasses.replace(
+            cfg.generate.sampling_config, temperature=temperature, top_p=ev.top_p, max_tokens=max_new_tokens(cfg)
+        )
+        self.seed = cfg.generate.sampling_config.seed
+        workers = max(1, int(cfg.rl.num_cpus_for_local_task))
+        self.runners = {
+            v: RuleRewardRunner([v], [1.0], cfg.rl.verifier_timeout, workers) for v in {s.verifier for s in self.suites}
+        }
+        for suite in self.suites:
+            print(suite.summary(), flush=True)
+
+    def due(self, iteration: int) -> bool:
+        """After every ``interval`` iterations and after the last one."""
+        every = self.ev.interval
+        return iteration == self.last or (every > 0 and iteration % every == 0)
+
+    def run(self, source, iteration: int) -> Dict[str, float]:
+        """Every suite on ``source``'s engines (RolloutSource.evaluate: its own seeds, the training pool untouched),
+        said in one line."""
+        metrics: Dict[str, float] = {}
+        for suite in self.suites:
+            outputs, _ = source.evaluate(suite.prompts, self.ev.n, self.seed, self.sampling)
+            samples = samples_of(outputs, self.ev.n, lambda ids: decode_known(self.tokenizer, ids)[0])
+            scores = score_samples(self.runners[suite.verifier], samples, suite.prompts.labels)
+            numbers = suite_metrics(scores, samples, suite.verifier, self.ks, suite.correct_at)
+            metrics.update({f"eval/{suite.name}/{k}": v for k, v in numbers.items() if k != "problems"})
+        print(f"evaluation at iteration {iteration}: {console_line(metrics, self.ks)}", flush=True)
+        return metrics
+
+    def close(self) -> None:
+        for runner in self.runners.values():
+            runner.close()
+
+
+def console_line(metrics: Dict[str, float], ks: List[int]) -> str:
+    """Each suite's pass@k and maj@k at the smallest and largest k: "gsm8k pass@1 0.412 pass@8 0.733 maj@8 0.55"."""
+    shown = sorted({ks[0], ks[-1]})
+    suites = dict.fromkeys(k.split("/")[1] for k in metrics)
+    return "; ".join(
+        f"{name} " + " ".join(f"{m}@{k} {metrics[f'eval/{name}/{m}@{k}']:.3f}" for m in ("pass", "maj") for k in shown)
+        for name in suites
+    )
+
+
+def validation_metrics(per_verifier: Dict[str, torch.Tensor], runner, first: str, n: int, exp) -> Dict[str, float]:
+    """The held-out set's numbers (rl_config.test_freq) from each verifier's values over prompts x n responses:
+
+    val/<verifier>/mean@N  mean verifier value
+    val/score/mean         mean weighted score (the console's "val")
+    val/pass@N             share of prompts with at least one response the first verifier scores > 0
+    val/pass@k             for k = 1, 2, 4, ... < N: the unbiased estimate from the N responses
+    val/response_length/mean
+    """
+    scores = runner.weighted(per_verifier)
+    solved = per_verifier[first].view(-1, n) > 0
+    metrics = {f"val/{name}/mean@{n}": float(values.mean()) for name, values in per_verifier.items()}
+    ks = [1 << j for j in range(n.bit_length()) if 1 << j < n]
+    metrics.update({f"val/pass@{k}": float(pass_at_k(solved, k).mean()) for k in ks})
+    metrics["val/score/mean"] = float(scores.mean())
+    metrics[f"val/pass@{n}"] = float(solved.any(1).float().mean())
+    metrics["val/response_length/mean"] = float(exp.response_mask.sum(1).float().mean())
+    return metrics
