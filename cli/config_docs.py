@@ -14,6 +14,7 @@ from mindspeed_rl.config_cls.async_config import AsyncTrainingConfig
 from mindspeed_rl.config_cls.base import _type_name, yaml_spelling
 from mindspeed_rl.config_cls.dpo_config import DPOConfig
 from mindspeed_rl.config_cls.endpoint_config import PolicyEndpointConfig
+from mindspeed_rl.config_cls.eval_config import EvalConfig
 from mindspeed_rl.config_cls.fault_config import RolloutFaultToleranceConfig
 from mindspeed_rl.config_cls.generate_config import GenerateConfig, SamplingConfig
 from mindspeed_rl.config_cls.judge_config import JudgeConfig
@@ -40,6 +41,7 @@ SECTIONS = [
     ("generate_config", GenerateConfig),
     ("generate_config.sampling_config", SamplingConfig),
     ("judge_config (docs/rewards.md, Generative judge)", JudgeConfig),
+    ("eval_config (docs/evaluation.md)", EvalConfig),
     ("dpo_config (cli/train_dpo.py; docs/stages.md)", DPOConfig),
     ("profiler_config.integrated (or .actor) / .critic (docs/profiling.md)", RoleProfilerConfig),
 ]

@@ -131,7 +131,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         raise UserError(f"--model {args.model}: folder does not exist")
     from mindspeed_rl.evaluation.engine import ModelError, hf_folder
     from mindspeed_rl.evaluation.report import draw_suite, table, write_json
-    from mindspeed_rl.evaluation.scoring import score_samples, suite_metrics
+    from mindspeed_rl.evaluation.scoring import evaluate_suite
     from mindspeed_rl.rewards.runner import RuleRewardRunner
     from mindspeed_rl.utils.hf_tokenizer import load_tokenizer
 
@@ -145,12 +145,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             hf_dir = hf_folder(args.model, args.tokenizer, work)
             sampler = build_sampler(args, hf_dir, tokenizer)
             for suite in suites:
-                samples = sampler.sample(suite.prompts, sampling, suite.name)
                 runner = runners.setdefault(
                     suite.verifier, RuleRewardRunner([suite.verifier], [1.0], workers=args.verifier_workers)
                 )
-                scores = score_samples(runner, samples, suite.prompts.labels)
-                results[suite.name] = suite_metrics(scores, samples, suite.verifier, ks, suite.correct_at)
+                results[suite.name], samples, scores = evaluate_suite(sampler, suite, sampling, ks, runner)
                 lengths: List[int] = samples.lengths.flatten().tolist()
                 draw_suite(os.path.join(args.out, f"{suite.name}.png"), suite.name, results[suite.name], ks, lengths)
                 write_samples(os.path.join(args.out, f"{suite.name}.samples.jsonl"), suite, samples, scores)

@@ -57,7 +57,21 @@ def learned_run(tmp_path_factory, demo_assets):
     from tests.helpers import demo_config
 
     root = str(tmp_path_factory.mktemp("demo"))
-    return root, train(demo_config("ppo_tiny_cpu", root, demo_assets, LEARNED_ITERATIONS))
+    return root, train(
+        demo_config("ppo_tiny_cpu", root, demo_assets, LEARNED_ITERATIONS, **LEARNED_EVALUATION(demo_assets))
+    )
+
+
+def LEARNED_EVALUATION(paths: dict) -> dict:
+    """The demo run's benchmark suite during training (eval_config): its held-out questions as raw rows, 4 samples
+    each, before training and every 10 iterations on the rollout engines (tests/test_ppo_e2e.py)."""
+    return {
+        "+eval_config.suites": f'["lucky={paths["raw_test"]}"]',  # NAME=PATH: quoted for Hydra
+        "+eval_config.interval": 10,
+        "+eval_config.n": 4,
+        "+eval_config.before_train": "true",
+        "+eval_config.prompt_type": "empty",
+    }
 
 
 def _stop_ray() -> None:

@@ -10,12 +10,10 @@ from .base import ConfigError, opt
 
 @dataclass
 class EvalConfig:
-    """Suites evaluated on the rollout engines between batches, with the weights of that iteration."""
+    """Suites evaluated with an iteration's weights: on the rollout engines, or on engines of their own."""
 
     suites: List[str] = opt(
-        doc="[NAME=]PATH of each suite: a data file (.jsonl, .json, .parquet, or a folder of them) or a suite YAML "
-        "(configs/eval/); as cli/evaluate.py's --suite.",
-        factory=list,
+        doc="[NAME=]PATH of each suite: a data file or a suite YAML (as cli/evaluate.py's --suite).", factory=list
     )
     interval: int = opt(0, "Evaluate every this many iterations and after the last one (0: after the last only).", ge=0)
     before_train: bool = opt(False, "Evaluate the starting weights too (logged at the starting iteration).")
@@ -26,6 +24,13 @@ class EvalConfig:
     max_new_tokens: int = opt(0, "Most new tokens per response (0: generate_config.sampling_config.max_tokens).", ge=0)
     prompt_type: str = opt("qwen_r1", "Chat template of the suites that name none (the run's preprocessing one).")
     limit: int = opt(0, "The first this many problems of each suite (0: all).", ge=0)
+    engines: str = opt(
+        "rollout",
+        "rollout: the rollout engines between batches (training waits); own: engines of their own on num_devices "
+        "more devices, each checkpoint saved at an interval (its save_hf folder) evaluated while training goes on.",
+        choices=("rollout", "own"),
+    )
+    num_devices: int = opt(1, "engines own: devices of the evaluation engine (its tensor-parallel size).", ge=1)
 
     def check(self, path: str = "eval_config", given: AbstractSet[str] = frozenset()) -> None:
         if not self.suites:

@@ -52,7 +52,7 @@ def prepare(root: str, vocab_size: int, train_rows: int = 2000, seed: int = 1, t
     raw_test = os.path.join(root, "raw", "lucky_test.jsonl")
     prefix = os.path.join(root, "data", "arith_train")
     test_prefix = os.path.join(root, "data", "arith_test")
-    paths = {"tokenizer": tok_dir, "raw": raw, "data_prefix": prefix, "test_prefix": test_prefix}
+    paths = {"tokenizer": tok_dir, "raw": raw, "raw_test": raw_test, "data_prefix": prefix, "test_prefix": test_prefix}
     rows = make_rows(train_rows, seed)
     if not (os.path.isfile(prefix + "_summary.json") and os.path.isfile(os.path.join(tok_dir, "tokenizer.json"))):
         os.makedirs(os.path.dirname(raw), exist_ok=True)

@@ -43,13 +43,14 @@ def hf_folder(model: str, tokenizer: Optional[str], workdir: str) -> str:
         raise ModelError(f"--tokenizer {tokenizer}: a training checkpoint needs the run's HF tokenizer folder")
     from ..checkpoint.convert import export_latest
     from ..checkpoint.errors import ConversionError
+    from ..checkpoint.megatron_layout import CheckpointError
     from ..checkpoint.megatron_reader import read_mg_config
 
     try:
         if read_mg_config(model)[0].get("orm"):
             raise ModelError(f"--model {model}: a reward/critic checkpoint (value head) cannot generate text")
         return export_latest(model, os.path.join(workdir, "hf"), tokenizer)
-    except (ConversionError, OSError, KeyError) as exc:
+    except (CheckpointError, ConversionError, OSError, KeyError) as exc:
         raise ModelError(f"--model {model}: {exc}") from None
 
 

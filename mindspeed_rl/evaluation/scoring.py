@@ -85,3 +85,11 @@ def samples_of(outputs, n: int, decode) -> SuiteSamples:
         lengths=torch.tensor([[len(o.response_ids) for o in row] for row in rows], dtype=torch.long),
         truncated=torch.tensor([[o.finish_reason == "length" for o in row] for row in rows], dtype=torch.bool),
     )
+
+
+def evaluate_suite(sampler, suite, sampling, ks: Sequence[int], runner):
+    """One suite sampled by ``sampler`` (evaluation/engine.py) and scored by ``runner``: (metrics, samples,
+    scores)."""
+    samples = sampler.sample(suite.prompts, sampling, suite.name)
+    scores = score_samples(runner, samples, suite.prompts.labels)
+    return suite_metrics(scores, samples, suite.verifier, ks, suite.correct_at), samples, scores

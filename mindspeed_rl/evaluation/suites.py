@@ -48,7 +48,7 @@ class SuiteConfig:
     """One evaluation suite (a configs/eval/*.yaml file; a data file given alone gets these from its rows)."""
 
     name: str = opt("", "The suite's name in tables and metrics (default: the file's name).")
-    input: str = opt("", "A .jsonl, .json or .parquet file, or a folder of them (relative to the YAML file).")
+    input: str = opt("", "A .jsonl, .json or .parquet file, or a folder of them (as configs/datasets: from the cwd).")
     reasoning_gym: Optional[ReasoningGymRows] = opt(None, "Generate the rows with reasoning-gym instead of `input`.")
     handler_name: str = opt("", "How rows become prompts (preprocessing's handlers); default from the rows.")
     prompt_type: str = opt("", "Chat template (configs/model/templates.json); default: the caller's.")
@@ -101,8 +101,6 @@ def suite_config(spec: str) -> SuiteConfig:
             cfg = build_section(SuiteConfig, data, "")
         except ConfigError as exc:
             raise SuiteError(f"{path}: {exc}") from None
-        if cfg.input and not os.path.isabs(cfg.input):
-            cfg.input = os.path.join(os.path.dirname(os.path.abspath(path)), cfg.input)
         cfg.name = name or cfg.name or os.path.splitext(os.path.basename(path))[0]
         return cfg
     stem = os.path.basename(os.path.normpath(path))
@@ -150,25 +148,22 @@ def _is_task_entry(value: Any) -> bool:
     return isinstance(entry, dict) and "task" in entry
 
 
-def fill_from_rows(cfg: SuiteConfig, rows: List[Tuple[str, Any]]) -> str:
-    """The keys the suite left unset, found from its first usable row; says what was found."""
-    first = next((r for r in (_parsed(p) for _, p in rows) if r is not None), None)
-    found = []
-    if not cfg.map_keys.get("prompt") and first is not None:
-        cfg.map_keys["prompt"] = _first(first, PROMPT_FIELDS)
-    if not cfg.map_keys.get("response") and first is not None:
-        cfg.map_keys["response"] = _first(first, ANSWER_FIELDS)
-    if not cfg.map_keys.get("image") and first is not None:
-        image = next((n for n in IMAGE_FIELDS if first.get(n)), "")
-        if image:
-            cfg.map_keys["image"] = image
-    if not cfg.map_keys.get("prompt") or not cfg.map_keys.get("response"):
-        where = rows[0][0] if rows else cfg.input
-        raise SuiteError(
-            f"suite {cfg.name}: {where}: no prompt field ({', '.join(PROMPT_FIELDS)}) or no answer field "
-            f"({', '.join(ANSWER_FIELDS)}); name them in a suite YAML's map_keys"
-        )
-    task_entries = first is not None and _is_task_entry(first.get(cfg.map_keys["response"]))
+def fill_from_rows(cfg: SuiteConfig, rows: List[Tuple[str, Any]], scan: int = 100) -> str:
+    """The keys the suite left unset, found from its first ``scan`` rows (each the first field a row has); says
+    what was found."""
+    parsed = [r for r in (_parsed(p) for _, p in rows[:scan]) if r is not None]
+    where = f"{cfg.input} (first {min(scan, len(rows))} rows)"
+    if not parsed:
+        raise SuiteError(f"suite {cfg.name}: {cfg.input or 'reasoning_gym'}: no rows (JSON objects) to evaluate")
+    for role, names in (("prompt", PROMPT_FIELDS), ("response", ANSWER_FIELDS), ("image", IMAGE_FIELDS)):
+        if not cfg.map_keys.get(role):
+            cfg.map_keys[role] = next((n for r in parsed for n in names if n == _first(r, names)), "")
+    if not cfg.map_keys["prompt"]:
+        raise SuiteError(f"suite {cfg.name}: {where}: no prompt field ({', '.join(PROMPT_FIELDS)}); name it: map_keys")
+    if not cfg.map_keys["response"]:
+        raise SuiteError(f"suite {cfg.name}: {where}: no answer field ({', '.join(ANSWER_FIELDS)}); name it: map_keys")
+    answers = [r.get(cfg.map_keys["response"]) for r in parsed]
+    task_entries = any(_is_task_entry(a) for a in answers if a is not None)
     if not cfg.verifier:
         cfg.verifier = "reasoning_gym" if task_entries or cfg.reasoning_gym is not None else "acc_for_ppo"
     if not cfg.handler_name:
@@ -178,10 +173,8 @@ def fill_from_rows(cfg: SuiteConfig, rows: List[Tuple[str, Any]]) -> str:
             cfg.handler_name = "AlpacaStyleInstructionHandler"  # the label is the whole task entry
         else:
             cfg.handler_name = "R1AlpacaStyleInstructionHandler"  # the label is the final answer
-    found.append(f"prompt {cfg.map_keys['prompt']!r}, answer {cfg.map_keys['response']!r}")
-    if cfg.map_keys.get("image"):
-        found.append(f"images {cfg.map_keys['image']!r}")
-    return ", ".join(found)
+    found = f"prompt {cfg.map_keys['prompt']!r}, answer {cfg.map_keys['response']!r}"
+    return found + (f", images {cfg.map_keys['image']!r}" if cfg.map_keys.get("image") else "")
 
 
 def load_suite(cfg: SuiteConfig, tokenizer, tokenizer_dir: str, prompt_type: str, max_prompt_length: int) -> Suite:
@@ -201,6 +194,12 @@ def load_suite(cfg: SuiteConfig, tokenizer, tokenizer_dir: str, prompt_type: str
         dataset_additional_keys=["labels"],
         seq_length=max_prompt_length,
     )
+    from ..datasets.templates import template_names
+
+    if dataset.prompt_type not in template_names():
+        raise SuiteError(
+            f"suite {cfg.name}: unknown prompt_type {dataset.prompt_type!r}; known: {', '.join(template_names())}"
+        )
     try:
         dataset.check("suite")
         handler = HANDLER_CLASSES[cfg.handler_name](dataset, tokenizer)

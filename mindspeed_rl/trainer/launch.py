@@ -9,6 +9,7 @@ import time
 from typing import Any, Dict, List, Tuple
 
 from ..config_cls.ppo_config import PPOConfig
+from ..features.evaluation import eval_devices
 from ..features.validation import validates
 from ..utils.cli import UserError, raise_if_terminated, stop_on_sigterm
 from ..utils.hf_tokenizer import load_tokenizer
@@ -48,6 +49,7 @@ class Roles:
     reward: Any = None
     teacher: Any = None
     judge: Any = None  # the judge's own engines (judge_config.serve engines)
+    evaluator: Any = None  # evaluation's own engine (eval_config.engines own)
     rollout: List[Any] = dataclasses.field(default_factory=list)  # the rollout workers' engines, a group each
 
 
@@ -64,7 +66,7 @@ def start_roles(cfg: PPOConfig, frame: RunFrame, tokenizer, run_dir: str) -> Rol
 
     rl, gen, acc = cfg.rl, cfg.generate, frame.acc
     devices, rollout_devices = cfg.actor.num_devices, cfg.rollout_devices
-    cpus_per_bundle, threads = acc.bundle_cpus(cfg.world_size)
+    cpus_per_bundle, threads = acc.bundle_cpus(cfg.world_size + eval_devices(cfg))
     whole = acc.bundle_spec(cpus_per_bundle)[acc.ray_resource]
     shared = whole / len(cfg.colocated_roles)  # the roles share each bundle's device slot (CPU: its CPUs)
     steps = cfg.megatron_training.train_iters * (cfg.samples_per_iteration // rl.mini_batch_size) * rl.epochs
@@ -116,6 +118,11 @@ def start_roles(cfg: PPOConfig, frame: RunFrame, tokenizer, run_dir: str) -> Rol
         first = devices + rollout_devices + cfg.teacher_devices
         judge = dict(judge=cfg.judge, hf_dir=judge_hf_folder(cfg, run_dir))
         roles.judge = spawn("judge", JudgeWorker, cfg.judge_devices, whole, first_bundle=first, **judge)
+    if eval_devices(cfg):  # evaluation's engine on the very last bundles (outside the throughput's world_size)
+        from ..workers.eval_worker import EvalWorker
+        from .ppo.evaluation import eval_worker_args
+
+        roles.evaluator = spawn("eval", EvalWorker, eval_devices(cfg), whole, cfg.world_size, **eval_worker_args(cfg))
     wait_until_built([group for group in frame.workers if group not in roles.rollout])
     faults = rl.rollout_fault_tolerance
     wait_until_built(roles.rollout, faults.setup_timeout_s, "rl_config.rollout_fault_tolerance.setup_timeout_s")
@@ -179,6 +186,8 @@ def placement_keys(cfg: PPOConfig) -> str:
         keys += f" + rl_config.teacher_resource.num_npus {cfg.teacher_devices} (teacher_colocate false)"
     if cfg.judge_devices:
         keys += f" + rl_config.judge_resource.num_npus {cfg.judge_devices}"
+    if eval_devices(cfg):
+        keys += f" + eval_config.num_devices {eval_devices(cfg)} (engines own)"
     return keys
 
 
@@ -207,7 +216,7 @@ def train(cfg: PPOConfig) -> List[Dict[str, float]]:
     resume_at = preflight(cfg)
     raise_if_terminated()  # (a SIGTERM whose exception a __del__ dropped: here, between phases, and each iteration)
     # the placement group: the actor's devices, then the rollout workers', a teacher's and a judge's of their own
-    with ray_run(cfg, run_dir, log_dir, cfg.world_size, placement_keys(cfg)) as frame:
+    with ray_run(cfg, run_dir, log_dir, cfg.world_size + eval_devices(cfg), placement_keys(cfg)) as frame:
         roles = start_roles(cfg, frame, tokenizer, run_dir)
         start, state = load_models(cfg, roles, resume_at)
         raise_if_terminated()
@@ -269,7 +278,7 @@ def build_trainer(cfg: PPOConfig, frame: RunFrame, roles: Roles, tokenizer, data
         cfg, roles.actor, dataset, sampler, tokenizer, runner, roles.reward, judge, roles.service, start, run_dir
     )
     trainer = PPOTrainer(
-        cfg, roles.actor, roles.critic, batches, tokenizer, logger, start, test_dataset, teacher_group=roles.teacher
+        cfg, roles.actor, roles.critic, batches, tokenizer, logger, start, test_dataset, roles.teacher, roles.evaluator
     )
     frame.on_exit(trainer.close)
     return trainer

@@ -6,7 +6,7 @@ iteration's metrics. The same suites, scorers and numbers as cli/evaluate.py on 
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 import torch
 
@@ -18,16 +18,34 @@ from ...features.evaluation import max_new_tokens
 from .prompts import decode_known
 
 
-class SuiteEvaluation:
-    """When to evaluate and how: the suites, their sampling, their scorers."""
+def eval_worker_args(cfg: PPOConfig) -> Dict:
+    """What evaluation's own engine is built with (workers/eval_worker.py)."""
+    gen = cfg.generate
+    return dict(
+        ev=cfg.evaluation,
+        tokenizer_dir=cfg.actor.megatron.tokenizer_name_or_path,
+        max_prompt_length=cfg.rl.max_prompt_length,
+        dtype=gen.dtype,
+        max_model_len=gen.max_model_len,
+        max_new_tokens=max_new_tokens(cfg),
+        seed=gen.sampling_config.seed,
+        verifier_timeout=cfg.rl.verifier_timeout,
+    )
 
-    def __init__(self, cfg: PPOConfig, tokenizer):
+
+class SuiteEvaluation:
+    """When to evaluate and how: the suites, their sampling, their scorers; with engines of its own (``group``,
+    eval_config.engines own) the saved checkpoints handed to them and their results collected as they come."""
+
+    def __init__(self, cfg: PPOConfig, tokenizer, group=None):
         from ...rewards.runner import RuleRewardRunner
 
         ev = cfg.evaluation
         assert ev is not None
         self.ev, self.tokenizer, self.last = ev, tokenizer, cfg.megatron_training.train_iters
-        self.suites = run_suites(cfg, tokenizer)
+        self.group, self.save_dir = group, cfg.actor.megatron.save
+        self.pending: List[Tuple[int, list]] = []  # (iteration, result references) handed to the own engines
+        self.suites = run_suites(cfg, tokenizer) if group is None else []
         self.ks = sorted(set(ev.k)) if ev.k else default_ks(ev.n)
         temperature = ev.temperature if ev.temperature is not None else (0.0 if ev.n == 1 else 1.0)
         self.sampling = dataclasses.replace(
@@ -46,6 +64,49 @@ class SuiteEvaluation:
         every = self.ev.interval
         return iteration == self.last or (every > 0 and iteration % every == 0)
 
+    def step(self, source, iteration: int, logger, clock) -> Dict[str, float]:
+        """The iteration's evaluation: on the rollout engines when due; with engines of their own, the results that
+        have come in since, without waiting (``eval/iteration``: the iteration each evaluated; all but the latest
+        recorded apart, at this iteration); ``clock`` times the rollout engines' one (timing/evaluation)."""
+        if self.group is None:
+            if not self.due(iteration):
+                return {}
+            with clock.measure("timing/evaluation"):
+                return self.run(source, iteration)
+        done = self.collect(wait=False)
+        for metrics in done[:-1]:
+            logger.record({"iteration": iteration, **metrics})
+        return done[-1] if done else {}
+
+    def finish(self, iteration: int, logger) -> List[Dict[str, float]]:
+        """The run's end: the evaluations still running waited for and recorded (at the last iteration)."""
+        done = self.collect(wait=True)
+        for metrics in done:
+            logger.record({"iteration": iteration, **metrics})
+        return done
+
+    def saved(self, iteration: int) -> None:
+        """A checkpoint was saved: engines of their own evaluate its HF folder when it is due."""
+        if self.group is not None and self.due(iteration):
+            from ...checkpoint.convert import hf_folder_of
+
+            self.pending.append((iteration, self.group.call_async("evaluate", hf_folder_of(self.save_dir, iteration))))
+
+    def collect(self, wait: bool) -> List[Dict[str, float]]:
+        """The finished evaluations of the own engines, in order (all of them with ``wait``)."""
+        import ray
+
+        done = []
+        while self.pending:
+            iteration, refs = self.pending[0]
+            if not wait and ray.wait(refs, num_returns=len(refs), timeout=0)[1]:
+                break
+            self.pending.pop(0)
+            metrics = {"eval/iteration": float(iteration), **ray.get(refs)[0]}
+            print(f"evaluation of iteration {iteration} (own engine): {console_line(metrics, self.ks)}", flush=True)
+            done.append(metrics)
+        return done
+
     def run(self, source, iteration: int) -> Dict[str, float]:
         """Every suite on ``source``'s engines (RolloutSource.evaluate: its own seeds, the training pool untouched),
         said in one line."""
@@ -62,12 +123,13 @@ class SuiteEvaluation:
     def close(self) -> None:
         for runner in self.runners.values():
             runner.close()
+        self.pending = []
 
 
 def console_line(metrics: Dict[str, float], ks: List[int]) -> str:
     """Each suite's pass@k and maj@k at the smallest and largest k: "gsm8k pass@1 0.412 pass@8 0.733 maj@8 0.55"."""
     shown = sorted({ks[0], ks[-1]})
-    suites = dict.fromkeys(k.split("/")[1] for k in metrics)
+    suites = dict.fromkeys(k.split("/")[1] for k in metrics if k.count("/") >= 2)
     return "; ".join(
         f"{name} " + " ".join(f"{m}@{k} {metrics[f'eval/{name}/{m}@{k}']:.3f}" for m in ("pass", "maj") for k in shown)
         for name in suites

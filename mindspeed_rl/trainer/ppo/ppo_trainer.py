@@ -46,6 +46,7 @@ class PPOTrainer:
         start_iteration: int = 0,
         test_dataset=None,
         teacher_group=None,
+        eval_group=None,
     ):
         """``batches`` (trainer/ppo/batches.py): the rollout service, the scorer, the rollout source and the sampler,
         built by ``build_batches`` with the service holding the weights of ``start_iteration``."""
@@ -73,7 +74,7 @@ class PPOTrainer:
         self.ref_from = None  # the original weights the reference was built from, for resumes
         self.forward_metrics: Dict[str, float] = {}  # an iteration's metrics from the actor's forwards
         self.expert_load = ExpertLoad.of_run(cfg.generate, cfg.actor, getattr(logger, "run_dir", "."))
-        self.evaluation = SuiteEvaluation(cfg, tokenizer) if cfg.evaluation is not None else None
+        self.evaluation = SuiteEvaluation(cfg, tokenizer, eval_group) if cfg.evaluation is not None else None
 
     @contextmanager
     def timer(self, name: str):
@@ -132,15 +133,17 @@ class PPOTrainer:
             if self.validation_due():
                 with self.timer("timing/validation"):
                     reward_metrics.update(self.validate())
-            if self.evaluation is not None and self.evaluation.due(self.iteration):
-                with self.timer("timing/evaluation"):
-                    reward_metrics.update(self.evaluation.run(self.source, self.iteration))
+            if self.evaluation is not None:
+                reward_metrics.update(self.evaluation.step(self.source, self.iteration, self.logger, self.clock))
             metrics = self.collect_metrics(exp, reward_metrics, update_metrics, version)
             self.logger.log(metrics)
             disaggregated = isinstance(self.rollout_service, DisaggregatedRollout)
             self.logger.timeline(self.iteration, started, time.time(), timeline_spans(self.clock, disaggregated))
             self.history.append(metrics)
             self.after_iteration(metrics)
+        if self.evaluation is not None and self.history:  # the own engines' last results: the last iteration's row
+            for late in self.evaluation.finish(self.iteration, self.logger):
+                self.history[-1].update(late)
         return self.history
 
     def count_expert_load(self, exp: Experience) -> None:
@@ -196,6 +199,8 @@ class PPOTrainer:
         saved = save_due(metrics, self.collapse_streak, self.iteration, limit, self.cfg.megatron_training)
         if saved:
             self.save()
+            if self.evaluation is not None:
+                self.evaluation.saved(self.iteration)
         too_few = self.rollout_service.stop_reason
         if too_few is not None:
             if not saved:

@@ -9,14 +9,15 @@ EVAL_KEY = re.compile(r"^eval/(?P<suite>.+)/(?P<metric>pass|maj)@(?P<k>\d+)$")
 
 
 def eval_series(rows: List[Dict[str, float]]) -> Dict[str, Dict[str, List[Tuple[int, float]]]]:
-    """suite -> "pass@k" / "maj@k" -> [(iteration, value)], in the order logged."""
+    """suite -> "pass@k" / "maj@k" -> [(iteration evaluated, value)], in the order logged (an own engine's results
+    come in later: ``eval/iteration`` names the iteration they evaluated)."""
     out: Dict[str, Dict[str, List[Tuple[int, float]]]] = {}
     for row in rows:
+        at = int(row.get("eval/iteration", row["iteration"]))
         for key, value in row.items():
             match = EVAL_KEY.match(key)
             if match:
-                name = f"{match['metric']}@{match['k']}"
-                out.setdefault(match["suite"], {}).setdefault(name, []).append((int(row["iteration"]), value))
+                out.setdefault(match["suite"], {}).setdefault(f"{match['metric']}@{match['k']}", []).append((at, value))
     return out
 
 

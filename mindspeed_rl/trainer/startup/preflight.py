@@ -282,6 +282,12 @@ def check_eval_suites(cfg: PPOConfig) -> None:
 
     tok_dir = cfg.actor.megatron.tokenizer_name_or_path
     run_suites(cfg, load_tokenizer(tok_dir, "megatron_training.tokenizer_name_or_path"))
+    if cfg.evaluation.engines == "own":
+        from ...rollout.engines.vllm_engine import vllm_unusable_reason
+
+        why = vllm_unusable_reason(cfg.actor.model, cfg.generate, get_accelerator().kind)
+        if why:
+            raise UserError(f"eval_config.engines own runs vLLM: {why}; use engines rollout")
 
 
 def preflight(cfg: PPOConfig) -> Optional[int]:
