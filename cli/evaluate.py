@@ -98,7 +98,9 @@ def build_sampler(args, hf_dir: str, tokenizer):
         print(f"engine: megatron-core ({reason})", flush=True)
         return MegatronSampler(hf_dir, tokenizer, args.seed)
     with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as fh:
-        longest = json.load(fh).get("max_position_embeddings") or 4096
+        hf_config = json.load(fh)
+    text_config = hf_config.get("text_config") or {}  # a vision-language model's language half
+    longest = hf_config.get("max_position_embeddings") or text_config.get("max_position_embeddings") or 4096
     max_model_len = args.max_model_len or min(4096, int(longest))
     print(f"engine: vLLM, {dtype}, max_model_len {max_model_len}", flush=True)
     return VllmSampler(hf_dir, dtype, max_model_len, args.tensor_parallel_size, args.seed)

@@ -155,9 +155,11 @@ def fill_from_rows(cfg: SuiteConfig, rows: List[Tuple[str, Any]], scan: int = 10
     where = f"{cfg.input} (first {min(scan, len(rows))} rows)"
     if not parsed:
         raise SuiteError(f"suite {cfg.name}: {cfg.input or 'reasoning_gym'}: no rows (JSON objects) to evaluate")
-    for role, names in (("prompt", PROMPT_FIELDS), ("response", ANSWER_FIELDS), ("image", IMAGE_FIELDS)):
+    for role, names in (("prompt", PROMPT_FIELDS), ("response", ANSWER_FIELDS)):
         if not cfg.map_keys.get(role):
             cfg.map_keys[role] = next((n for r in parsed for n in names if n == _first(r, names)), "")
+    if not cfg.map_keys.get("image"):  # one image or a list of them (paths, bytes, records)
+        cfg.map_keys["image"] = next((n for r in parsed for n in IMAGE_FIELDS if r.get(n)), "")
     if not cfg.map_keys["prompt"]:
         raise SuiteError(f"suite {cfg.name}: {where}: no prompt field ({', '.join(PROMPT_FIELDS)}); name it: map_keys")
     if not cfg.map_keys["response"]:
@@ -177,6 +179,16 @@ def fill_from_rows(cfg: SuiteConfig, rows: List[Tuple[str, Any]], scan: int = 10
     return found + (f", images {cfg.map_keys['image']!r}" if cfg.map_keys.get("image") else "")
 
 
+def _processor_pixels(folder: str) -> Dict[str, int]:
+    """A vision suite's pixel budget: the model's image processor's own [min, max] (vLLM fits the images the same)."""
+    from ..datasets.images import image_processor_config
+
+    config = image_processor_config(folder)
+    size = config.get("size") or {}
+    low, high = config.get("min_pixels", size.get("shortest_edge")), config.get("max_pixels", size.get("longest_edge"))
+    return {k: int(v) for k, v in (("min_pixels", low), ("max_pixels", high)) if v is not None}
+
+
 def load_suite(cfg: SuiteConfig, tokenizer, tokenizer_dir: str, prompt_type: str, max_prompt_length: int) -> Suite:
     """The suite's usable rows as prompts (the chat template ``cfg.prompt_type`` or ``prompt_type``) and labels;
     SuiteError when none is usable."""
@@ -184,6 +196,7 @@ def load_suite(cfg: SuiteConfig, tokenizer, tokenizer_dir: str, prompt_type: str
 
     rows = _rows(cfg)
     found = fill_from_rows(cfg, rows)
+    pixels = _processor_pixels(tokenizer_dir) if cfg.handler_name == VISION else {}
     dataset = DatasetConfig(
         input=cfg.input or ".",
         tokenizer_name_or_path=tokenizer_dir,
@@ -193,6 +206,7 @@ def load_suite(cfg: SuiteConfig, tokenizer, tokenizer_dir: str, prompt_type: str
         map_keys=dict(cfg.map_keys),
         dataset_additional_keys=["labels"],
         seq_length=max_prompt_length,
+        **pixels,
     )
     from ..datasets.templates import template_names
 
