@@ -199,8 +199,6 @@ class PPOTrainer:
         saved = save_due(metrics, self.collapse_streak, self.iteration, limit, self.cfg.megatron_training)
         if saved:
             self.save()
-            if self.evaluation is not None:
-                self.evaluation.saved(self.iteration)
         too_few = self.rollout_service.stop_reason
         if too_few is not None:
             if not saved:
@@ -256,6 +254,8 @@ class PPOTrainer:
             + f" ({time.perf_counter() - start:.1f}s)",
             flush=True,
         )
+        if self.evaluation is not None:  # engines of their own evaluate the saved HF folder when it is due
+            self.evaluation.saved(self.iteration)
 
     # ----- steps ---------------------------------------------------------------------------------------------
     def log_probs(self, exp: Experience, which: str) -> torch.Tensor:
