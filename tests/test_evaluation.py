@@ -256,3 +256,28 @@ def test_engines_of_their_own_evaluate_saved_checkpoints_while_training_goes_on(
     run = os.path.join(str(tmp_path), "logs", os.listdir(os.path.join(str(tmp_path), "logs"))[0])
     recorded = [json.loads(x) for x in open(os.path.join(run, "metrics.jsonl"))]
     assert [r["eval/iteration"] for r in recorded if "eval/iteration" in r] == [2]
+
+
+@pytest.mark.slow
+def test_the_megatron_core_engine_samples_where_vllm_is_not_asked_for(tmp_path, demo_assets):
+    """--backend megatron (auto takes it where vLLM cannot run the model on this device): a HF folder converted on
+    the fly, n samples per problem, the same table and results."""
+    import subprocess
+
+    from mindspeed_rl.demo.tiny_hf import build_hf_model
+    from mindspeed_rl.features import load_ppo_config
+    from tests.conftest import PYTHON, ROOT
+
+    model = load_ppo_config("ppo_tiny_cpu").actor.model
+    build_hf_model(str(tmp_path / "hf"), model, seed=3, tokenizer_dir=demo_assets["tokenizer"])
+    command = [PYTHON, "cli/evaluate.py", "--model", str(tmp_path / "hf"), "--suite", demo_assets["raw_test"]]
+    command += ["--prompt-type", "empty", "--n", "2", "--limit", "4", "--max-new-tokens", "6", "--backend", "megatron"]
+    done = subprocess.run(command + ["--out", str(tmp_path / "out")], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "engine: megatron-core (--backend megatron)" in done.stdout
+    result = json.load(open(tmp_path / "out" / "results.json"))
+    metrics = result["suites"]["lucky_test"]["metrics"]
+    assert result["engine"] == "megatron-core" and metrics["problems"] == 4
+    assert metrics["truncated/rate"] == 1.0 or metrics["response_length/mean"] < 6  # 6 tokens at most
+    samples = [json.loads(x) for x in open(tmp_path / "out" / "lucky_test.samples.jsonl")]
+    assert [len(s["responses"]) for s in samples] == [2] * 4 and all(max(s["lengths"]) <= 6 for s in samples)
