@@ -992,3 +992,30 @@ def run_lora_layers(rank, world, spec, workdir, port):
         results[case] = merged
     if rank == 0:
         torch.save(results, os.path.join(workdir, "lora_layers.pt"))
+
+
+def run_expert_parallel_engine(rank, world, spec, workdir, port):
+    """A vLLM engine of ``world`` in-process ranks (TP = world, with ``spec["ep"]`` its experts split over them:
+    vLLM's EP = TP) on the HF folder; rank 0 saves its greedy outputs as ``ep_<name>.pt``."""
+    start_rank(rank, world, port)
+    os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", RANK=str(rank), LOCAL_RANK=str(rank))
+    from vllm import SamplingParams
+
+    from mindspeed_rl.accelerator import get_accelerator
+
+    get_accelerator().prepare_vllm()  # the compat patches (the CPU experts' expert map among them)
+    prompts = torch.load(os.path.join(workdir, "prompts.pt"))
+    llm = fresh_hf_llm(
+        workdir,
+        kv_mib=64,
+        tensor_parallel_size=world,
+        enable_expert_parallel=spec["ep"],
+        distributed_executor_backend="external_launcher",
+    )
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        SamplingParams(temperature=0, max_tokens=10, detokenize=False),
+        use_tqdm=False,
+    )
+    if rank == 0:
+        torch.save([list(o.outputs[0].token_ids) for o in outs], os.path.join(workdir, f"ep_{spec['name']}.pt"))

@@ -187,6 +187,7 @@ class CpuAccelerator(Accelerator):
         torch.compiler.set_stance("force_eager")  # every thread (a rollout worker generates on one of Ray's)
         vllm_cpu_reload.repack_cpu_moe_experts_on_weight_update()
         compat_vllm.cpu_moe_activation_without_config()
+        compat_vllm.cpu_moe_experts_follow_the_expert_map()
         vllm_cpu_reload.keep_cpu_int8_scales_on_reload()
         compat_vllm.no_cpu_thread_binding()
         compat_vllm.inspect_model_classes_in_process()

@@ -131,6 +131,43 @@ def cpu_moe_activation_without_config() -> None:
         table[silu] = SiluAndMul.forward_native
 
 
+def cpu_moe_experts_follow_the_expert_map() -> None:
+    """vLLM 0.32's CPU unquantized MoE experts (``experts.cpu_moe.CPUUnquantizedExperts.apply``) drop the
+    ``expert_map`` they are given: with expert parallelism (``enable_expert_parallel``) a rank holds only its own
+    experts, yet the kernel gets the router's global expert ids and indexes past its weights ("Segfault encountered"
+    in csrc/cpu/cpu_fused_moe.cpp:242, fused_moe_impl, at the first forward; TP 2 x EP 2, tiny Qwen3-MoE, fp32 and
+    bf16). Map the ids to this rank's experts first; a token's expert held elsewhere gets weight 0 here, and the
+    layer's all-reduce over the expert-parallel ranks sums each expert's share once (greedy tokens then equal EP 1's
+    in fp32). Releases without that class (0.18, 0.23) are left alone."""
+    import inspect
+
+    try:
+        from vllm.model_executor.layers.fused_moe.experts import cpu_moe
+    except ImportError:
+        return
+    cls = cpu_moe.CPUUnquantizedExperts
+    original = cls.apply
+    if getattr(original, "mindspeed_rl", False):
+        return
+
+    signature = inspect.signature(original)
+
+    def apply(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)  # vLLM calls it by keyword
+        given = bound.arguments
+        expert_map = given.get("expert_map")
+        if expert_map is not None:
+            local = expert_map[given["topk_ids"].long()]  # -1: an expert of another rank
+            weights = given["topk_weights"]
+            given["topk_weights"] = torch.where(local >= 0, weights, torch.zeros_like(weights)).contiguous()
+            given["topk_ids"] = local.clamp(min=0).to(given["topk_ids"].dtype).contiguous()
+            given["expert_map"] = None
+        return original(*bound.args, **bound.kwargs)
+
+    apply.mindspeed_rl = True  # type: ignore[attr-defined]
+    cls.apply = apply
+
+
 def inspect_model_classes_in_process() -> None:
     """vLLM inspects a model class (multimodal? pooling? ...) in a fresh Python process, so that the caller's CUDA
     stays uninitialised, unless ``$VLLM_CACHE_ROOT/modelinfos`` holds the hash of that model's file: 6.7 s of CPU
