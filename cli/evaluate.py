@@ -51,10 +51,11 @@ def sampling_of(args):
     """The sampling settings and the k list, checked (UserError naming the flag)."""
     from mindspeed_rl.evaluation.engine import Sampling
     from mindspeed_rl.evaluation.scoring import default_ks
+    from mindspeed_rl.features.evaluation import sampling_temperature
 
     if args.n < 1:
         raise UserError(f"--n {args.n}: at least 1")
-    temperature = args.temperature if args.temperature is not None else (0.0 if args.n == 1 else 1.0)
+    temperature = sampling_temperature(args.temperature, args.n)
     if temperature < 0 or not 0 < args.top_p <= 1 or args.max_new_tokens < 1:
         raise UserError("--temperature must be >= 0, --top-p in (0, 1], --max-new-tokens >= 1")
     if temperature == 0 and args.n > 1:

@@ -66,9 +66,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from tqdm import tqdm
 
     from mindspeed_rl.rollout.engines.fallback import generate
-    from mindspeed_rl.trainer.ppo.prompts import decode_known
     from mindspeed_rl.utils import dist
-    from mindspeed_rl.utils.hf_tokenizer import load_tokenizer
+    from mindspeed_rl.utils.hf_tokenizer import decode_known, load_tokenizer
 
     tokenizer = load_tokenizer(tok_dir, "--tokenizer-name-or-path")
     dist.init_distributed()

@@ -169,13 +169,18 @@ def image_processor_config(folder: Optional[str]) -> dict:
     return {}
 
 
+def processor_pixel_range(config: dict) -> Tuple[Optional[int], Optional[int]]:
+    """An image processor config's own [min, max] pixels (None where it names none)."""
+    size = config.get("size") or {}
+    return config.get("min_pixels", size.get("shortest_edge")), config.get("max_pixels", size.get("longest_edge"))
+
+
 def pixel_budget(folder: Optional[str], min_pixels: int, max_pixels: int) -> PixelBudget:
     """The dataset's budget with the patch and merge sizes of ``folder``'s image processor (Qwen2.5-VL's 14 and 2
     without one). A budget outside the processor's own [min, max] pixels is refused: the processor would resize
     the stored images again in vLLM, and the prompt's placeholders would no longer count their tokens."""
     config = image_processor_config(folder)
-    size = config.get("size") or {}
-    low, high = config.get("min_pixels", size.get("shortest_edge")), config.get("max_pixels", size.get("longest_edge"))
+    low, high = processor_pixel_range(config)
     outside = {"min_pixels": low is not None and min_pixels < low, "max_pixels": high is not None and max_pixels > high}
     for key in (k for k, bad in outside.items() if bad):
         raise ValueError(

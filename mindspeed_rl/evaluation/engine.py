@@ -13,7 +13,7 @@ import torch
 
 from ..checkpoint.megatron_layout import TRACKER
 from ..datasets.prompt_dataset import PromptBatch
-from .scoring import SuiteSamples
+from .scoring import SuiteSamples, samples_of
 
 
 class ModelError(ValueError):
@@ -94,7 +94,7 @@ class VllmSampler:
         requests, params = [], []
         for i, ids in enumerate(prompts.input_ids):
             images = prompts.images[i] if prompts.images else b""
-            requests.append(vllm_prompt(ids, images, self.image_token_id) if images else {"prompt_token_ids": ids})
+            requests.append(vllm_prompt(ids, images, self.image_token_id))
             room = self.max_model_len - len(ids)
             if room < 1:
                 raise ModelError(f"{desc}: problem {i + 1} has {len(ids)} prompt tokens, --max-model-len is lower")
@@ -143,6 +143,7 @@ class MegatronSampler:
         from tqdm import tqdm
 
         from ..rollout.engines.fallback import generate
+        from ..utils.hf_tokenizer import decode_known
 
         if prompts.images:
             raise ModelError(f"{desc}: the megatron-core engine samples text prompts only (vLLM runs vision models)")
@@ -163,14 +164,7 @@ class MegatronSampler:
                     seed=sampling.seed + i,
                 )
             )
-        keep = len(tok)
-        return SuiteSamples(
-            texts=[
-                [tok.decode([t for t in o.response_ids if t < keep], skip_special_tokens=True) for o in r] for r in rows
-            ],
-            lengths=torch.tensor([[len(o.response_ids) for o in r] for r in rows], dtype=torch.long),
-            truncated=torch.tensor([[o.finish_reason == "length" for o in r] for r in rows], dtype=torch.bool),
-        )
+        return samples_of([o for row in rows for o in row], sampling.n, lambda ids: decode_known(tok, ids)[0])
 
 
 def vllm_unusable(hf_dir: str, dtype: str) -> Optional[str]:

@@ -7,8 +7,6 @@ import json
 import os
 from typing import Dict, List, Sequence
 
-COLUMNS = ("problems", "mean@", "pass@", "maj@", "response_length/mean", "truncated/rate")
-
 
 def table(results: Dict[str, Dict[str, float]], ks: Sequence[int]) -> str:
     """One row per suite: problems, mean@n, pass@k and maj@k for each k, mean length, truncation rate."""

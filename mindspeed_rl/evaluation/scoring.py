@@ -32,6 +32,16 @@ def default_ks(n: int) -> List[int]:
     return ks if ks[-1] == n else ks + [n]
 
 
+def chosen_ks(k: Sequence[int], n: int) -> List[int]:
+    """The k of pass@k and maj@k: those given (sorted, once each), else ``default_ks(n)``."""
+    return sorted(set(k)) if k else default_ks(n)
+
+
+def suite_scalars(suite: str, numbers: Dict[str, float]) -> Dict[str, float]:
+    """A suite's numbers as a run logs them: ``eval/<suite>/<metric>`` (its problem count left out)."""
+    return {f"eval/{suite}/{k}": v for k, v in numbers.items() if k != "problems"}
+
+
 def vote_ids(answers: Sequence[Sequence[Optional[str]]]) -> torch.Tensor:
     """Per problem, equal ids for equal answers (answer_key), -1 for none: maj@k's ballots."""
     out = []

@@ -181,11 +181,9 @@ def fill_from_rows(cfg: SuiteConfig, rows: List[Tuple[str, Any]], scan: int = 10
 
 def _processor_pixels(folder: str) -> Dict[str, int]:
     """A vision suite's pixel budget: the model's image processor's own [min, max] (vLLM fits the images the same)."""
-    from ..datasets.images import image_processor_config
+    from ..datasets.images import image_processor_config, processor_pixel_range
 
-    config = image_processor_config(folder)
-    size = config.get("size") or {}
-    low, high = config.get("min_pixels", size.get("shortest_edge")), config.get("max_pixels", size.get("longest_edge"))
+    low, high = processor_pixel_range(image_processor_config(folder))
     return {k: int(v) for k, v in (("min_pixels", low), ("max_pixels", high)) if v is not None}
 
 

@@ -3,12 +3,17 @@ The suites' files and rows are read before the first worker starts (trainer/star
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, List
+from typing import TYPE_CHECKING, List, Optional
 
 from ..config_cls.base import ConfigError
 
 if TYPE_CHECKING:
     from ..config_cls.run_config import PPOConfig
+
+
+def sampling_temperature(temperature: Optional[float], n: int) -> float:
+    """The evaluation's temperature: the one given, else greedy for one sample per problem and 1.0 for several."""
+    return temperature if temperature is not None else (0.0 if n == 1 else 1.0)
 
 
 def max_new_tokens(cfg: PPOConfig) -> int:
@@ -58,7 +63,7 @@ def plan_lines(cfg: PPOConfig) -> List[str]:
     if ev is None:
         return []
     when = f"every {ev.interval} iterations and after the last" if ev.interval else "after the last iteration"
-    temperature = ev.temperature if ev.temperature is not None else (0.0 if ev.n == 1 else 1.0)
+    temperature = sampling_temperature(ev.temperature, ev.n)
     where = (
         f"on an engine of its own ({ev.num_devices} device(s)), each checkpoint saved then, while training goes on"
         if ev.engines == "own"

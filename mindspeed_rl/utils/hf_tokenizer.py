@@ -3,7 +3,7 @@ whether two tokenizers agree."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Tuple
 
 from .cli import UserError
 
@@ -39,3 +39,9 @@ def tokenizer_difference(student, teacher) -> Optional[str]:
             f"{len(differing)} (token, id) pairs in one but not the other, e.g. {token!r} -> {index}"
         )
     return None
+
+
+def decode_known(tokenizer, ids: List[int]) -> Tuple[str, int]:
+    """Text of ``ids`` without the ids at or above the tokenizer's length, and how many those were."""
+    kept = [t for t in ids if t < len(tokenizer)]
+    return tokenizer.decode(kept, skip_special_tokens=True), len(ids) - len(kept)

@@ -25,8 +25,9 @@ class EvalWorker:
         verifier_timeout: float,
     ):
         from ..evaluation.engine import Sampling
-        from ..evaluation.scoring import default_ks
+        from ..evaluation.scoring import chosen_ks
         from ..evaluation.suites import load_suites
+        from ..features.evaluation import sampling_temperature
         from ..rewards.runner import RuleRewardRunner
         from ..utils.hf_tokenizer import load_tokenizer
 
@@ -34,9 +35,9 @@ class EvalWorker:
         self.rank, self.world_size = world.rank, world.world_size
         tokenizer = load_tokenizer(tokenizer_dir, "megatron_training.tokenizer_name_or_path")
         self.suites = load_suites(ev.suites, tokenizer, tokenizer_dir, ev.prompt_type, max_prompt_length, ev.limit)
-        temperature = ev.temperature if ev.temperature is not None else (0.0 if ev.n == 1 else 1.0)
+        temperature = sampling_temperature(ev.temperature, ev.n)
         self.sampling = Sampling(ev.n, temperature, ev.top_p, -1, max_new_tokens, seed)
-        self.ks: List[int] = sorted(set(ev.k)) if ev.k else default_ks(ev.n)
+        self.ks: List[int] = chosen_ks(ev.k, ev.n)
         self.dtype, self.max_model_len = dtype, max_model_len
         verifiers = {s.verifier for s in self.suites}
         self.runners = {v: RuleRewardRunner([v], [1.0], verifier_timeout) for v in verifiers} if self.rank == 0 else {}
@@ -48,7 +49,7 @@ class EvalWorker:
         """Every suite on the weights of ``hf_dir``: ``eval/<suite>/<metric>`` (on the first rank; None on the
         others)."""
         from ..evaluation.engine import VllmSampler
-        from ..evaluation.scoring import evaluate_suite
+        from ..evaluation.scoring import evaluate_suite, suite_scalars
         from ..rollout.engines.vllm_engine import stop_llm
 
         sampler = VllmSampler(hf_dir, self.dtype, self.max_model_len, self.world_size, self.sampling.seed)
@@ -57,7 +58,7 @@ class EvalWorker:
             for suite in self.suites:
                 if self.rank == 0:
                     numbers, _, _ = evaluate_suite(sampler, suite, self.sampling, self.ks, self.runners[suite.verifier])
-                    metrics.update({f"eval/{suite.name}/{k}": v for k, v in numbers.items() if k != "problems"})
+                    metrics.update(suite_scalars(suite.name, numbers))
                 else:
                     sampler.sample(suite.prompts, self.sampling, suite.name)  # every rank of the engine steps
         finally:

@@ -6,16 +6,16 @@ iteration's metrics. The same suites, scorers and numbers as cli/evaluate.py on 
 from __future__ import annotations
 
 import dataclasses
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import torch
 
 from ...algorithms.sample_metrics import pass_at_k
 from ...config_cls.ppo_config import PPOConfig
-from ...evaluation.scoring import default_ks, samples_of, score_samples, suite_metrics
+from ...evaluation.scoring import SuiteSamples, chosen_ks, evaluate_suite, samples_of, suite_scalars
 from ...evaluation.suites import run_suites
-from ...features.evaluation import max_new_tokens
-from .prompts import decode_known
+from ...features.evaluation import max_new_tokens, sampling_temperature
+from ...utils.hf_tokenizer import decode_known
 
 
 def eval_worker_args(cfg: PPOConfig) -> Dict:
@@ -33,6 +33,21 @@ def eval_worker_args(cfg: PPOConfig) -> Dict:
     )
 
 
+@dataclasses.dataclass
+class RolloutSampler:
+    """The rollout source's engines as evaluate_suite's sampler: RolloutSource.evaluate with seeds of its own, the
+    training pool untouched."""
+
+    source: Any
+    n: int
+    seed: int
+    tokenizer: Any
+
+    def sample(self, prompts, sampling, desc: str) -> SuiteSamples:
+        outputs, _ = self.source.evaluate(prompts, self.n, self.seed, sampling)
+        return samples_of(outputs, self.n, lambda ids: decode_known(self.tokenizer, ids)[0])
+
+
 class SuiteEvaluation:
     """When to evaluate and how: the suites, their sampling, their scorers; with engines of its own (``group``,
     eval_config.engines own) the saved checkpoints handed to them and their results collected as they come."""
@@ -46,10 +61,12 @@ class SuiteEvaluation:
         self.group, self.save_dir = group, cfg.actor.megatron.save
         self.pending: List[Tuple[int, list]] = []  # (iteration, result references) handed to the own engines
         self.suites = run_suites(cfg, tokenizer) if group is None else []
-        self.ks = sorted(set(ev.k)) if ev.k else default_ks(ev.n)
-        temperature = ev.temperature if ev.temperature is not None else (0.0 if ev.n == 1 else 1.0)
+        self.ks = chosen_ks(ev.k, ev.n)
         self.sampling = dataclasses.replace(
-            cfg.generate.sampling_config, temperature=temperature, top_p=ev.top_p, max_tokens=max_new_tokens(cfg)
+            cfg.generate.sampling_config,
+            temperature=sampling_temperature(ev.temperature, ev.n),
+            top_p=ev.top_p,
+            max_tokens=max_new_tokens(cfg),
         )
         self.seed = cfg.generate.sampling_config.seed
         workers = max(1, int(cfg.rl.num_cpus_for_local_task))
@@ -111,12 +128,10 @@ class SuiteEvaluation:
         """Every suite on ``source``'s engines (RolloutSource.evaluate: its own seeds, the training pool untouched),
         said in one line."""
         metrics: Dict[str, float] = {}
+        sampler = RolloutSampler(source, self.ev.n, self.seed, self.tokenizer)
         for suite in self.suites:
-            outputs, _ = source.evaluate(suite.prompts, self.ev.n, self.seed, self.sampling)
-            samples = samples_of(outputs, self.ev.n, lambda ids: decode_known(self.tokenizer, ids)[0])
-            scores = score_samples(self.runners[suite.verifier], samples, suite.prompts.labels)
-            numbers = suite_metrics(scores, samples, suite.verifier, self.ks, suite.correct_at)
-            metrics.update({f"eval/{suite.name}/{k}": v for k, v in numbers.items() if k != "problems"})
+            numbers, _, _ = evaluate_suite(sampler, suite, self.sampling, self.ks, self.runners[suite.verifier])
+            metrics.update(suite_scalars(suite.name, numbers))
         print(f"evaluation at iteration {iteration}: {console_line(metrics, self.ks)}", flush=True)
         return metrics
 

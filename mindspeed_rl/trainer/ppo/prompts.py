@@ -6,6 +6,8 @@ from typing import List, Tuple
 
 import torch
 
+from ...utils.hf_tokenizer import decode_known
+
 
 def decode_responses(tokenizer, response_ids: torch.Tensor, response_mask: torch.Tensor) -> Tuple[List[str], int]:
     """Texts of the responses and the number of tokens outside the tokenizer.
@@ -20,9 +22,3 @@ def decode_responses(tokenizer, response_ids: torch.Tensor, response_mask: torch
         texts.append(text)
         outside += unknown
     return texts, outside
-
-
-def decode_known(tokenizer, ids: List[int]) -> Tuple[str, int]:
-    """Text of ``ids`` without the ids at or above the tokenizer's length, and how many those were."""
-    kept = [t for t in ids if t < len(tokenizer)]
-    return tokenizer.decode(kept, skip_special_tokens=True), len(ids) - len(kept)
