@@ -1,7 +1,7 @@
 """Evaluate a checkpoint on benchmark suites: n samples per problem, scored by the training verifiers.
 
     python cli/evaluate.py --model ./ckpt/actor --tokenizer ./Qwen2.5-7B \\
-        --suite ../shared/data/gsm8k/test.jsonl --suite configs/eval/reasoning_gym.yaml --n 8 --k 1,4,8 --out eval/
+        --suite ./dataset/gsm8k/test.jsonl --suite configs/eval/reasoning_gym.yaml --n 8 --k 1,4,8 --out eval/
 
 --model: a HF folder, or a training checkpoint (its latest iteration; --tokenizer then names the run's tokenizer).
 --suite: [NAME=]PATH of a data file (.jsonl, .json, .parquet, or a folder of them; fields found from the first row)
