@@ -145,7 +145,9 @@ def cpu_moe_experts_follow_the_expert_map() -> None:
         from vllm.model_executor.layers.fused_moe.experts import cpu_moe
     except ImportError:
         return
-    cls = cpu_moe.CPUUnquantizedExperts
+    cls = getattr(cpu_moe, "CPUUnquantizedExperts", None)
+    if cls is None:  # 0.23 has the module, not the class
+        return
     original = cls.apply
     if getattr(original, "mindspeed_rl", False):
         return
