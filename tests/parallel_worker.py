@@ -378,10 +378,15 @@ def _family_rollout(engine, model, spec, workdir):
     from mindspeed_rl.rollout.weights.resharding import iter_full_weights
 
     out = {}
-    gen = small_rollout_config()
+    infer = spec.get("infer", {})  # the rollout's own TP x DP x EP (expert parallelism)
+    gen = small_rollout_config(
+        infer_tensor_parallel_size=infer.get("tp", 1),
+        infer_data_parallel_size=infer.get("dp", 1),
+        infer_expert_parallel_size=infer.get("ep", 1),
+    )
     moe = spec["family"] == "qwen3_moe" and route_replay_available()
     rollout = make_rollout_engine(model, gen, "cpu", eos_token_id=0, capture_routes=moe)
-    rollout.update_weights(iter_full_weights(engine))
+    out["update_bytes"] = rollout.update_weights(iter_full_weights(engine))["bytes"]
     prompts = torch.load(os.path.join(workdir, "prompts.pt"))
     outputs = rollout.generate(RolloutRequest.of(prompts, SamplingConfig(temperature=0, max_tokens=12)))
     out["greedy"] = [o.response_ids for o in outputs]
@@ -995,8 +1000,11 @@ def run_lora_layers(rank, world, spec, workdir, port):
 
 
 def run_expert_parallel_engine(rank, world, spec, workdir, port):
-    """A vLLM engine of ``world`` in-process ranks (TP = world, with ``spec["ep"]`` its experts split over them:
-    vLLM's EP = TP) on the HF folder; rank 0 saves its greedy outputs as ``ep_<name>.pt``."""
+    """A vLLM engine of ``world`` in-process ranks, TP ``spec["tp"]`` x DP ``spec.get("dp", 1)`` (with ``spec["ep"]``
+    its experts split over them: vLLM's EP = TP x DP) on the HF folder; with DP, DP rank 0 gets every prompt and the
+    others none. Rank 0 saves its greedy outputs as ``ep_<name>.pt``."""
+    from mindspeed_rl.compat import vllm as compat_vllm
+
     start_rank(rank, world, port)
     os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", RANK=str(rank), LOCAL_RANK=str(rank))
     from vllm import SamplingParams
@@ -1005,15 +1013,19 @@ def run_expert_parallel_engine(rank, world, spec, workdir, port):
 
     get_accelerator().prepare_vllm()  # the compat patches (the CPU experts' expert map among them)
     prompts = torch.load(os.path.join(workdir, "prompts.pt"))
-    llm = fresh_hf_llm(
-        workdir,
-        kv_mib=64,
-        tensor_parallel_size=world,
-        enable_expert_parallel=spec["ep"],
-        distributed_executor_backend="external_launcher",
-    )
+    tp, dp = spec["tp"], spec.get("dp", 1)
+    with compat_vllm.engine_rank(tp * dp, dp):
+        llm = fresh_hf_llm(
+            workdir,
+            kv_mib=64,
+            tensor_parallel_size=tp,
+            enable_expert_parallel=spec.get("ep", False),
+            distributed_executor_backend="external_launcher",
+            **({"data_parallel_size": dp} if dp > 1 else {}),
+        )
+    mine = prompts if rank // tp == 0 else []
     outs = llm.generate(
-        [{"prompt_token_ids": p} for p in prompts],
+        [{"prompt_token_ids": p} for p in mine],
         SamplingParams(temperature=0, max_tokens=10, detokenize=False),
         use_tqdm=False,
     )

@@ -134,6 +134,11 @@ class Accelerator:
         ``native_bf16``: answer for a device with or without native bf16, None: this one); None when it can."""
         return None
 
+    @classmethod
+    def vllm_expert_parallel_unavailable(cls) -> str:
+        """Why vLLM on this kind cannot split a MoE model's experts over an engine's ranks ("" when it can)."""
+        return ""
+
     # generate_config.rollout_quantization -> vLLM's quantization method on this kind (none: not here):
     # "compressed-tensors" means weights quantized before the transfer (INT8), any other an online method
     VLLM_QUANTIZATION: Dict[str, str] = {}

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from ..compat import vllm as compat_vllm
-from ..compat import vllm_cpu_reload
+from ..compat import vllm_cpu_experts, vllm_cpu_reload
 from ..config_cls.run_config import HostPrecision
 from .base import Accelerator, host_rss_gib
 
@@ -106,6 +106,10 @@ class CpuAccelerator(Accelerator):
         return super().vllm_quantization(precision, dtype=dtype)
 
     @classmethod
+    def vllm_expert_parallel_unavailable(cls) -> str:
+        return vllm_cpu_experts.cpu_expert_parallel_unavailable()
+
+    @classmethod
     def vllm_unusable_reason(
         cls,
         head_dim: int,
@@ -187,7 +191,8 @@ class CpuAccelerator(Accelerator):
         torch.compiler.set_stance("force_eager")  # every thread (a rollout worker generates on one of Ray's)
         vllm_cpu_reload.repack_cpu_moe_experts_on_weight_update()
         compat_vllm.cpu_moe_activation_without_config()
-        compat_vllm.cpu_moe_experts_follow_the_expert_map()
+        vllm_cpu_experts.cpu_moe_experts_follow_the_expert_map()
+        vllm_cpu_experts.cpu_communicator_gathers_uneven_batches()
         vllm_cpu_reload.keep_cpu_int8_scales_on_reload()
         compat_vllm.no_cpu_thread_binding()
         compat_vllm.inspect_model_classes_in_process()

@@ -19,7 +19,8 @@ prompt. ``MINDSPEED_RL_VLLM_RECOMPUTE=resubmit`` forces the second path (tests).
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Tuple
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator, Tuple
 
 import torch
 
@@ -131,43 +132,28 @@ def cpu_moe_activation_without_config() -> None:
         table[silu] = SiluAndMul.forward_native
 
 
-def cpu_moe_experts_follow_the_expert_map() -> None:
-    """vLLM 0.32's CPU unquantized MoE experts (``experts.cpu_moe.CPUUnquantizedExperts.apply``) drop the
-    ``expert_map`` they are given: with expert parallelism (``enable_expert_parallel``) a rank holds only its own
-    experts, yet the kernel gets the router's global expert ids and indexes past its weights ("Segfault encountered"
-    in csrc/cpu/cpu_fused_moe.cpp:242, fused_moe_impl, at the first forward; TP 2 x EP 2, tiny Qwen3-MoE, fp32 and
-    bf16). Map the ids to this rank's experts first; a token's expert held elsewhere gets weight 0 here, and the
-    layer's all-reduce over the expert-parallel ranks sums each expert's share once (greedy tokens then equal EP 1's
-    in fp32). Releases without that class (0.18, 0.23) are left alone."""
-    import inspect
+@contextmanager
+def engine_rank(ranks_per_engine: int, data_parallel_size: int) -> Iterator[None]:
+    """An in-process engine's rank as vLLM's external launcher reads it while the engine starts: ``$RANK`` (the
+    worker's rank, and with ``data_parallel_size`` > 1 the engine's DP rank, ``RANK // (TP x PP)``, which must stay
+    below DP: vLLM assumes the torch world is one engine). Our world holds several engines of ``ranks_per_engine``
+    contiguous ranks (vLLM builds its groups from the world's ranks the same way), so each counts from 0 while it
+    starts. DP 1 (vLLM then reads no DP rank) or one engine per world: nothing changes."""
+    import torch.distributed as dist
 
+    world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    if data_parallel_size == 1 or world <= ranks_per_engine:
+        yield
+        return
+    saved = os.environ.get("RANK")
+    os.environ["RANK"] = str(dist.get_rank() % ranks_per_engine)
     try:
-        from vllm.model_executor.layers.fused_moe.experts import cpu_moe
-    except ImportError:
-        return
-    cls = getattr(cpu_moe, "CPUUnquantizedExperts", None)
-    if cls is None:  # 0.23 has the module, not the class
-        return
-    original = cls.apply
-    if getattr(original, "mindspeed_rl", False):
-        return
-
-    signature = inspect.signature(original)
-
-    def apply(*args, **kwargs):
-        bound = signature.bind(*args, **kwargs)  # vLLM calls it by keyword
-        given = bound.arguments
-        expert_map = given.get("expert_map")
-        if expert_map is not None:
-            local = expert_map[given["topk_ids"].long()]  # -1: an expert of another rank
-            weights = given["topk_weights"]
-            given["topk_weights"] = torch.where(local >= 0, weights, torch.zeros_like(weights)).contiguous()
-            given["topk_ids"] = local.clamp(min=0).to(given["topk_ids"].dtype).contiguous()
-            given["expert_map"] = None
-        return original(*bound.args, **bound.kwargs)
-
-    apply.mindspeed_rl = True  # type: ignore[attr-defined]
-    cls.apply = apply
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("RANK", None)
+        else:
+            os.environ["RANK"] = saved
 
 
 def inspect_model_classes_in_process() -> None:

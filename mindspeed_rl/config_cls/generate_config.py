@@ -22,10 +22,7 @@ class SamplingConfig:
     detokenize: bool = opt(False, "Return response text as well as token ids.")
     ignore_eos: bool = opt(False, "Keep generating after EOS, up to max_tokens (benchmarks: fixed response lengths).")
     min_tokens: int = opt(
-        0,
-        "EOS cannot be sampled before this many new tokens (its log-prob is still the "
-        "unconstrained one, as vLLM reports it).",
-        ge=0,
+        0, "EOS cannot be sampled before this many new tokens (its log-prob stays the unconstrained one).", ge=0
     )
 
 
@@ -54,7 +51,8 @@ class GenerateConfig:
         1, "Tensor-parallel size of the engine (equal, multiple or divisor of the actor's).", ge=1
     )
     infer_pipeline_parallel_size: int = opt(1, "Pipeline-parallel size of the engine.", ge=1, le=1)
-    infer_expert_parallel_size: int = opt(1, "Expert-parallel size of the engine.", ge=1, le=1)
+    infer_expert_parallel_size: int = opt(1, "Expert-parallel size: infer TP x infer DP ranks share the experts.", ge=1)
+    infer_data_parallel_size: int = opt(1, "Engines whose MoE layers run together (with expert parallelism).", ge=1)
     max_num_seqs: int = opt(256, "Most sequences the engine runs at once.", ge=1)
     max_model_len: int = opt(4096, "Longest prompt + response the engine accepts.", ge=1)
     max_num_batched_tokens: int = opt(8192, "Token budget of one engine step.", ge=1)

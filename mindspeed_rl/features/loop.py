@@ -36,6 +36,7 @@ from . import (
     precision,
     profiling,
     rewards,
+    rollout_experts,
     router_replay,
     sequence_lengths,
     tracking,
@@ -62,6 +63,7 @@ FEATURES = (
     batch_invariant,
     packing,
     parallel,
+    rollout_experts,  # after parallel: infer TP against the devices first
     context_parallel,
     pipeline,
     architecture,

@@ -206,7 +206,7 @@ class IntegratedActorWorker(MegatronWorker):
         )
         t_to_infer = time.perf_counter() - t0
         t0, started = time.perf_counter(), time.time()
-        outputs = self.rollout.generate(request) if request.prompts else []
+        outputs = self.rollout.generate(request) if request.prompts or self.rollout.generates_in_step else []
         t_generate = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.rollout.offload()

@@ -17,6 +17,7 @@ class RolloutEngine(ABC):
 
     name = "base"
     tensor_parallel_size = 1  # ranks that form one engine (contiguous ranks of the actor's world)
+    generates_in_step = False  # shares its MoE layers with other engines: generates at every call, prompts or not
 
     @abstractmethod
     def generate(self, request: RolloutRequest) -> List[RolloutOutput]:

@@ -18,11 +18,13 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from ...accelerator import accelerator_class, get_accelerator
+from ...checkpoint.tp_split import expert_number
 from ...compat import vllm as compat_vllm
 from ...compat import vllm_routes
 from ...compat import vllm_weight_transfer as compat_transfer
 from ...config_cls.generate_config import GenerateConfig
 from ...config_cls.model_config import ModelConfig
+from ...features.rollout_experts import coupled_ranks, owned_experts
 from ..weights.convert_names import hf_named
 from ..weights.quantize import COMPRESSED_TENSORS, int8_named, int8_quantization_config
 from ..weights.weight_transfer import Meta
@@ -97,6 +99,10 @@ def engine_kwargs(gen: GenerateConfig, seed: int, kind: Optional[str] = None) ->
         tensor_parallel_size=gen.infer_tensor_parallel_size,
         trust_remote_code=gen.trust_remote_code,
     )
+    if getattr(gen, "infer_expert_parallel_size", 1) > 1:  # experts over infer TP x DP ranks (features/rollout_experts)
+        kwargs["enable_expert_parallel"] = True
+    if getattr(gen, "infer_data_parallel_size", 1) > 1:
+        kwargs["data_parallel_size"] = gen.infer_data_parallel_size
     acc = accelerator_class(kind) if kind else get_accelerator()
     kwargs.update(acc.vllm_engine_kwargs(gen))  # the memory budget: device share or CPU bytes
     if _world_size() > 1:
@@ -106,6 +112,29 @@ def engine_kwargs(gen: GenerateConfig, seed: int, kind: Optional[str] = None) ->
         os.environ.setdefault("RANK", str(dist.get_rank()))
         os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
     return kwargs
+
+
+def kept_experts(model: ModelConfig, gen: GenerateConfig) -> Optional["KeptExperts"]:
+    """The global experts this rank's engine holds with expert parallelism, plus -1 (every tensor that is not an
+    expert's); None: every expert (no expert parallelism)."""
+    ep = gen.infer_expert_parallel_size
+    if ep == 1 or not model.num_experts:
+        return None
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+    first, last = owned_experts(model.num_experts, ep, rank % coupled_ranks(gen))
+    return KeptExperts(first, last)
+
+
+class KeptExperts:
+    """``expert in kept``: a global expert number in [first, last), or -1 (not an expert's tensor)."""
+
+    def __init__(self, first: int, last: int) -> None:
+        self.first, self.last = first, last
+
+    def __contains__(self, expert: object) -> bool:
+        return expert == -1 or (isinstance(expert, int) and self.first <= expert < self.last)
 
 
 def text_llm(hf_dir: str, gen: GenerateConfig, seed: int = 0):
@@ -179,7 +208,8 @@ class VllmEngine(RolloutEngine):
             kwargs["mamba_ssm_cache_dtype"] = "float32"
         if method is not None:  # FP8: quantized by vLLM when the (dummy) weights load, again at every reload
             kwargs["quantization"] = method
-        self.llm = LLM(**kwargs)
+        with compat_vllm.engine_rank(coupled_ranks(gen), gen.infer_data_parallel_size):
+            self.llm = LLM(**kwargs)
         self.weight_load_method = compat_vllm.weight_load_method(self.llm)
         if method is not None and self.weight_load_method != "reload_weights":
             raise RuntimeError(
@@ -189,6 +219,8 @@ class VllmEngine(RolloutEngine):
             )
         self.capture_routes = capture_routes and vllm_routes.install_route_capture(self.llm) > 0
         self.tensor_parallel_size = gen.infer_tensor_parallel_size
+        self.generates_in_step = gen.infer_data_parallel_size > 1
+        self.experts_kept = kept_experts(model, gen)
         self._asleep = False
         self.step_loop: Optional[StepLoop] = None
 
@@ -275,6 +307,8 @@ class VllmEngine(RolloutEngine):
 
         def counted():
             for piece in weights:
+                if self.experts_kept is not None:
+                    piece = {name: t for name, t in piece.items() if expert_number(name) in self.experts_kept}
                 named = vllm_named(piece, self.model, self.gen.dtype)
                 for name, tensor in int8_named(named) if self.quantize_on_send else named:
                     count["tensors"] += 1
