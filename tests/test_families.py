@@ -398,6 +398,17 @@ def test_two_grpo_iterations_per_family(tmp_path, demo_assets):
     if gated_delta_net_unavailable():  # megatron-core 0.12 (the NPU set's) cannot build Qwen3-Next's layers
         unusable["qwen3_next"] = gated_delta_net_unavailable()
     print("not run on this stack:", {f: why for f, why in unusable.items() if why})  # shown with -s
+    # the rollout's experts split too (where this vLLM can): DeepSeek-V3 over two engines' ranks (TP 1 x DP 2),
+    # Qwen3-Next over one engine's TP 2
+    rollout_ep = {
+        "deepseek_v3": {"generate_config.infer_expert_parallel_size": 2, "generate_config.infer_data_parallel_size": 2},
+        "qwen3_next": {
+            "generate_config.infer_expert_parallel_size": 2,
+            "generate_config.infer_tensor_parallel_size": 2,
+        },
+    }
+    if CpuAccelerator.vllm_expert_parallel_unavailable():
+        rollout_ep = {}
     for family in [f for f in TRAINED_FAMILIES if not unusable[f]]:
         name = f"tiny_{family}"
         root = str(tmp_path / family)
@@ -422,6 +433,7 @@ def test_two_grpo_iterations_per_family(tmp_path, demo_assets):
                 "rl_config.router_replay": "R3" if replay else "null",
                 # EPLB's expert load, from the same captured routes
                 "generate_config.eplb_token_collects": "true" if replay else "false",
+                **rollout_ep.get(family, {}),
             },
         )  # validation once, before training
         results[family] = train(cfg)

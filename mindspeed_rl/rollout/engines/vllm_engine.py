@@ -18,14 +18,13 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 import torch
 
 from ...accelerator import accelerator_class, get_accelerator
-from ...checkpoint.tp_split import expert_number
 from ...compat import vllm as compat_vllm
 from ...compat import vllm_routes
 from ...compat import vllm_weight_transfer as compat_transfer
 from ...config_cls.generate_config import GenerateConfig
 from ...config_cls.model_config import ModelConfig
 from ...features.rollout_experts import coupled_ranks, owned_experts
-from ..weights.convert_names import hf_named
+from ..weights.convert_names import hf_expert_number, hf_named
 from ..weights.quantize import COMPRESSED_TENSORS, int8_named, int8_quantization_config
 from ..weights.weight_transfer import Meta
 from .base import Pieces, RolloutEngine, RolloutOutput, RolloutRequest
@@ -307,9 +306,9 @@ class VllmEngine(RolloutEngine):
 
         def counted():
             for piece in weights:
-                if self.experts_kept is not None:
-                    piece = {name: t for name, t in piece.items() if expert_number(name) in self.experts_kept}
                 named = vllm_named(piece, self.model, self.gen.dtype)
+                if self.experts_kept is not None:  # another rank's experts: vLLM's loader would skip them
+                    named = [(name, t) for name, t in named if hf_expert_number(name) in self.experts_kept]
                 for name, tensor in int8_named(named) if self.quantize_on_send else named:
                     count["tensors"] += 1
                     count["bytes"] += tensor.numel() * tensor.element_size()

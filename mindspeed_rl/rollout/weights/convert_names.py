@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Dict, Iterable, Iterator, Tuple
 
 import torch
@@ -10,6 +11,14 @@ from ...checkpoint.tp_split import layer_number
 from ...config_cls.model_config import ModelConfig
 from ...families import get_family
 from ...families.base import EMBED, FINAL_NORM, OUTPUT_MG
+
+HF_EXPERT = re.compile(r"\.experts\.(\d+)\.")  # one routed expert's tensor in HF names (not a fused experts tensor)
+
+
+def hf_expert_number(name: str) -> int:
+    """The routed expert an HF-named tensor belongs to (-1: none, or all experts in one fused tensor)."""
+    m = HF_EXPERT.search(name)
+    return int(m.group(1)) if m else -1
 
 
 def hf_named(pieces: Iterable[Dict[str, torch.Tensor]], cfg: ModelConfig) -> Iterator[Tuple[str, torch.Tensor]]:
