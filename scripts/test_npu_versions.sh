@@ -27,6 +27,8 @@ TESTS=(
   tests/test_rollout.py tests/test_checkpoint.py tests/test_converted_logits.py tests/test_save_hf.py
   tests/test_generate_cli.py tests/test_families.py tests/test_lora.py tests/test_reshard.py
   tests/test_native_weight_transfer.py tests/test_memory_switches.py
+  # rollout expert parallelism: its engine arguments in these releases (the CPU engine runs it on vLLM 0.32 only)
+  tests/test_expert_parallel_rollout.py
   # in-flight weight updates: vLLM driven step by step, an update between two steps, the KV cache kept or recomputed
   tests/test_in_flight.py::test_vllm_step_by_step_equals_its_generate_and_takes_an_update_between_two_steps
 )

@@ -88,3 +88,38 @@ def test_a_cpu_engine_with_experts_split_over_its_ranks_generates_what_tp_alone_
     tp, ep, dp = (torch.load(os.path.join(tmp_path, f"ep_{n}.pt")) for n in ("tp2", "tp2_ep2", "tp1_dp2_ep2"))
     assert ep == tp and all(len(t) == 10 for t in ep), (tp, ep)
     assert dp == tp, (tp, dp)
+
+
+def test_an_expert_map_must_fit_the_rollout_ep_and_vllm_ascend_gets_it_with_ep(tmp_path, monkeypatch, capsys):
+    import json
+
+    from mindspeed_rl.accelerator.npu import NpuAccelerator
+    from mindspeed_rl.compat import stack
+    from mindspeed_rl.config_cls import GenerateConfig
+    from mindspeed_rl.rollout.experts.expert_placement import expert_map, linear_placement
+
+    path = tmp_path / "expert_map.json"
+    path.write_text(json.dumps(expert_map([linear_placement(4, 4)] * 2)))  # 4 devices; the rollout's EP is 2
+    ep = MOE + TWO + [f"{EP_KEY}=2", f"{DP_KEY}=2", f"generate_config.expert_map_path={path}", "--check"]
+    assert_refused(BASE[:2] + ep, "generate_config.expert_map_path", "on 4 devices", capsys)
+    monkeypatch.setattr(stack, "installed", lambda name: "0.23.0" if name == "vllm-ascend" else None)
+    assert stack.expert_map_unavailable(2) == "" and "infer_expert_parallel_size 1" in stack.expert_map_unavailable(1)
+    gen = GenerateConfig(infer_expert_parallel_size=2, infer_data_parallel_size=2, expert_map_path=str(path))
+    assert NpuAccelerator.vllm_engine_kwargs(gen)["additional_config"] == {"expert_map_path": str(path)}
+    assert "additional_config" not in NpuAccelerator.vllm_engine_kwargs(GenerateConfig(expert_map_path=str(path)))
+
+
+def test_the_engine_arguments_of_expert_parallelism_exist_in_this_vllm():
+    """The compatibility stages run this on the NPU sets' vLLM releases (0.18, 0.23): the arguments the engines get
+    for rollout EP are engine arguments there too (vllm-ascend takes the same LLM(...) arguments)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    from mindspeed_rl.config_cls import GenerateConfig
+    from mindspeed_rl.rollout.engines.vllm_engine import engine_kwargs
+
+    kwargs = engine_kwargs(GenerateConfig(infer_expert_parallel_size=2, infer_data_parallel_size=2), seed=1, kind="cpu")
+    assert kwargs["enable_expert_parallel"] is True and kwargs["data_parallel_size"] == 2
+    fields = {f.name for f in dataclasses.fields(EngineArgs)}
+    assert {"enable_expert_parallel", "data_parallel_size", "additional_config"} <= fields

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -91,6 +91,16 @@ class NpuAccelerator(Accelerator):
 
     def set_device_rng_state(self, state: torch.Tensor) -> None:
         self._npu.set_rng_state(state)
+
+    @classmethod
+    def vllm_engine_kwargs(cls, gen: Any) -> Dict[str, Any]:
+        """The memory budget, and vllm-ascend's static expert placement: a map of cli/eplb_generate_map.py read over
+        the engine's expert-parallel devices (generate_config.expert_map_path; trainer/startup/probes.py checks it
+        against the model and the EP size first)."""
+        kwargs = super().vllm_engine_kwargs(gen)
+        if getattr(gen, "expert_map_path", None) and getattr(gen, "infer_expert_parallel_size", 1) > 1:
+            kwargs["additional_config"] = {"expert_map_path": gen.expert_map_path}
+        return kwargs
 
     @classmethod
     def fused_features(cls) -> Dict[str, bool]:

@@ -82,8 +82,8 @@ def identify(kind: str, folder: str = REQUIREMENTS_DIR) -> Tuple[str, List[str]]
 
 
 def expert_map_unavailable(infer_expert_parallel_size: int) -> str:
-    """Why the rollout engines cannot load a static expert map (generate_config.expert_map_path) here (read from
-    the installed distributions, without importing vLLM).
+    """Why the rollout engines cannot load a static expert map (generate_config.expert_map_path) here ("" when they
+    can; read from the installed distributions, without importing vLLM).
 
     vLLM (0.32 and earlier) places experts linearly or round-robin and rebalances only dynamically (``enable_eplb``,
     ``eplb_config.num_redundant_experts``); vllm-ascend reads a static map from ``additional_config.expert_map_path``,
@@ -94,8 +94,10 @@ def expert_map_unavailable(infer_expert_parallel_size: int) -> str:
             f"vLLM {vllm} loads no static expert map (its expert load balancing is dynamic: enable_eplb); "
             "vllm-ascend reads one (additional_config.expert_map_path). Remove the key here"
         )
-    return (
-        "vllm-ascend reads the map (additional_config.expert_map_path) over the engine's expert-parallel devices, "
-        f"and this rollout engine runs infer_expert_parallel_size {infer_expert_parallel_size} (expert parallelism "
-        "in the rollout engine is not implemented yet). Remove the key"
-    )
+    if infer_expert_parallel_size == 1:
+        return (
+            "vllm-ascend reads the map (additional_config.expert_map_path) over the engine's expert-parallel devices, "
+            "and this rollout runs infer_expert_parallel_size 1: set it (infer TP x infer_data_parallel_size), or "
+            "remove the key"
+        )
+    return ""

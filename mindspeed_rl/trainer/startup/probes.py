@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
-from typing import TYPE_CHECKING, List, Mapping
+from typing import TYPE_CHECKING, List, Mapping, Optional
 
 from ...config_cls.base import ConfigError
 from ...config_cls.run_config import role_key
@@ -78,8 +78,13 @@ def missing_paths(cfg: "PPOConfig | StageConfig") -> List[ConfigError]:
         if ref and not os.path.exists(ref):
             problems.append(ConfigError(key, f"folder {ref!r} does not exist"))
     gen = getattr(cfg, "generate", None)
-    if gen is not None and gen.expert_map_path:
-        problems.append(expert_map_problem(gen.expert_map_path, cfg.roles[0], gen.infer_expert_parallel_size))
+    problem = (
+        expert_map_problem(gen.expert_map_path, cfg.roles[0], gen.infer_expert_parallel_size)
+        if (gen is not None and gen.expert_map_path)
+        else None
+    )
+    if problem is not None:
+        problems.append(problem)
     return problems
 
 
@@ -94,8 +99,10 @@ def images_for_a_text_model(key: str, prefix: str, role: "RoleConfig") -> Config
     )
 
 
-def expert_map_problem(path: str, actor: "RoleConfig", infer_ep: int) -> ConfigError:
-    """generate_config.expert_map_path: what does not fit the actor's model, else why the engine cannot load it."""
+def expert_map_problem(path: str, actor: "RoleConfig", infer_ep: int) -> Optional[ConfigError]:
+    """generate_config.expert_map_path: what does not fit the actor's model (its MoE layers, its experts) or the
+    rollout's expert parallelism (one device list per EP rank), else why the engines cannot load it; None when
+    they can (vllm-ascend, with EP > 1)."""
     import json
 
     from ...compat.stack import expert_map_unavailable
@@ -106,10 +113,17 @@ def expert_map_problem(path: str, actor: "RoleConfig", infer_ep: int) -> ConfigE
         return ConfigError(key, f"the actor's model {actor.megatron.model} has no experts")
     try:
         with open(path, encoding="utf-8") as fh:
-            read_expert_map(json.load(fh), model.num_layers, model.num_experts)
+            placements = read_expert_map(json.load(fh), model.moe_layers, model.num_experts)
     except (OSError, ValueError) as exc:
         return ConfigError(key, f"{path}: {getattr(exc, 'strerror', None) or exc}")
-    return ConfigError(key, expert_map_unavailable(infer_ep))
+    if infer_ep > 1 and len(placements[0]) != infer_ep:
+        return ConfigError(
+            key,
+            f"{path} places the experts on {len(placements[0])} devices; the rollout's expert parallelism spans "
+            f"{infer_ep} (generate_config.infer_expert_parallel_size): make it with --num-devices {infer_ep}",
+        )
+    unavailable = expert_map_unavailable(infer_ep)
+    return ConfigError(key, unavailable) if unavailable else None
 
 
 def _demo_hint(path: str) -> str:
