@@ -119,7 +119,14 @@ def test_a_rank_holds_its_share_and_the_whole_model_on_one_rank_is_the_parameter
 @pytest.mark.parametrize(
     "recipe,expected",
     [
-        ("grpo_deepseek_r1_671b_A3", ["384 devices = TP 4 x PP 6 x DP 16", "671B params, 37.6B active"]),
+        (
+            "grpo_deepseek_r1_671b_A3",
+            [
+                "384 devices = TP 4 x PP 6 x DP 16",
+                "671B params, 37.6B active",
+                "EP 64 = infer TP 2 x DP 32 (6 group(s)",
+            ],
+        ),
         ("grpo_deepseek_r1_671b_A3_48nodes", ["768 devices = TP 4 x PP 6 x DP 32", "256 experts over EP 16"]),
         ("grpo_deepseek_r1_671b_A3_eplb", ["eplb      : tokens per expert and MoE layer counted into"]),
     ],

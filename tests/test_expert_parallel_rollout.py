@@ -49,7 +49,7 @@ def test_the_plan_shows_the_rollout_ep_layout_and_each_ranks_expert_memory(capsy
     line = next(x for x in capsys.readouterr().out.splitlines() if "rollout EP:" in x)
     # tiny_qwen3_moe: 2 MoE layers x 4 experts x 3 matrices of 256 x 128 in fp32 = 3 MiB; half per rank
     assert "EP 2 = infer TP 1 x DP 2 (1 group(s) of 2 ranks): 2 of 4 experts per rank" in line, line
-    assert "1.5 MiB of expert weights per rank in float32 (EP 1: 3.0 MiB)" in line, line
+    assert "1.5 MiB of expert weights per rank in float32 (EP 1: 3 MiB)" in line, line
 
 
 def test_each_rank_keeps_its_own_experts_and_every_tensor_that_is_not_an_experts():

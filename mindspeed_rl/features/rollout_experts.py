@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, List, Tuple
 
 from ..config_cls.base import ConfigError
 from ..utils.cli import UserError
+from ..utils.units import readable_bytes
 
 if TYPE_CHECKING:
     from ..config_cls.generate_config import GenerateConfig
@@ -112,12 +113,11 @@ def plan_lines(cfg: PPOConfig) -> List[str]:
     if ep == 1:
         return []
     first, last = owned_experts(model.num_experts or 0, ep, 0)
-    mib = expert_bytes_per_rank(model, ep, gen.dtype) / 2**20
-    whole = expert_bytes_per_rank(model, 1, gen.dtype) / 2**20
+    mine, whole = (readable_bytes(expert_bytes_per_rank(model, e, gen.dtype)) for e in (ep, 1))
     groups = (cfg.rollout_devices or cfg.actor.num_devices) // ep
     return [
         f"  rollout EP: EP {ep} = infer TP {gen.infer_tensor_parallel_size} x DP {gen.infer_data_parallel_size} "
         f"({groups} group(s) of {ep} ranks): {last - first} of {model.num_experts} experts per rank, "
-        f"{mib:.1f} MiB of expert weights per rank in {gen.dtype} (EP 1: {whole:.1f} MiB); each rank receives "
+        f"{mine} of expert weights per rank in {gen.dtype} (EP 1: {whole}); each rank receives "
         "only its own experts at a weight sync"
     ]

@@ -9,6 +9,7 @@ from ... import features
 from ...features import precision
 from ...features.dynamic_sampling import filter_metric_name
 from ...features.validation import VALIDATION_OFF
+from ...utils.units import readable_bytes, readable_count
 from .layout import cp_groups, describe_blocks, dp_groups, engine_blocks, layout_diagram
 from .probes import devices_per_node
 
@@ -262,22 +263,6 @@ def sequence_memory(role, tokens: int) -> str:
             f"{readable_bytes(whole)})"
         )
     return text
-
-
-def readable_bytes(count: float) -> str:
-    """1.5 GiB, 320 MiB, 12 KiB."""
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if count >= scale:
-            return f"{count / scale:.3g} {unit}"
-    return f"{count:.0f} B"
-
-
-def readable_count(count: float) -> str:
-    """3.4M, 32.8B: three significant digits and a unit."""
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if count >= scale:
-            return f"{count / scale:.3g}{unit}"
-    return f"{count:g}"
 
 
 def stage_header(cfg: "StageConfig") -> str:
