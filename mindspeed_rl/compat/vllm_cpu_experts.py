@@ -77,8 +77,9 @@ def cpu_communicator_gathers_uneven_batches() -> None:
         from vllm.distributed.device_communicators.cpu_communicator import CpuCommunicator
     except ImportError:
         return
-    if CpuCommunicator.all_gatherv is not DeviceCommunicatorBase.all_gatherv:
-        return  # a release that has its own (or ours, already applied)
+    base = getattr(DeviceCommunicatorBase, "all_gatherv", None)
+    if base is None or getattr(CpuCommunicator, "all_gatherv", None) is not base:
+        return  # a release without the method (0.18), or one with its own (or ours, already applied)
     CpuCommunicator.all_gatherv = _all_gatherv  # type: ignore[method-assign,assignment]
     CpuCommunicator.reduce_scatterv = _reduce_scatterv  # type: ignore[method-assign,assignment]
 
