@@ -39,8 +39,11 @@ def make_rollout_engine(
     if reason is None:
         from .vllm_engine import VllmEngine
 
+        layout = f"infer TP {gen.infer_tensor_parallel_size}"
+        if gen.infer_expert_parallel_size > 1:
+            layout += f" x DP {gen.infer_data_parallel_size} = EP {gen.infer_expert_parallel_size}"
         quantized = "" if precision == "none" else f", {precision} weights and activations"
-        log.warning("rollout engine: vLLM (%s, infer TP %d%s)", kind, gen.infer_tensor_parallel_size, quantized)
+        log.warning("rollout engine: vLLM (%s, %s%s)", kind, layout, quantized)
         eos = eos_token_id if eos_token_id is not None else 0
         return VllmEngine(model, gen, kind, eos, pad_token_id, seed, capture_routes, processor_dir)
     from .fallback_engine import FallbackEngine
