@@ -51,7 +51,11 @@ def test_sigterm_during_async_training_leaves_a_checkpoint_the_hint_resumes(tmp_
     )
     head = "".join(wait_for(proc, "saved iteration 2"))
     proc.send_signal(signal.SIGTERM)
-    out = proc.communicate(timeout=120)[0]
+    try:
+        out = proc.communicate(timeout=120)[0]
+    except subprocess.TimeoutExpired:  # say where the shutdown hung
+        proc.kill()
+        pytest.fail("no exit within 120 s of SIGTERM; its output:\n" + proc.communicate()[0][-4000:])
     assert proc.returncode == 143, out[-3000:]
     assert "stopped by SIGTERM" in out and "Traceback (most recent" not in out
     assert "weights over vllm_native" in head, head[-3000:]
