@@ -1,4 +1,4 @@
-"""One PPO iteration against this machine's limit: per-phase times, e2e_tps and the iteration's MFU.
+"""One PPO iteration against this machine's limit: per-phase times and MFU, e2e_tps and the iteration's MFU.
 
     .venv/bin/python bench/ppo_iteration.py [--shape tiny|small|50M] [--dtype fp32|bf16] [--iterations 4]
                                             [--prompts 32] [--new-tokens 64]
@@ -96,6 +96,22 @@ def iteration_flops(shape: dict, tokens: float, seq: float, old_log_probs: bool 
     return tokens * (actor_passes * forward_actor + 4 * forward_critic)
 
 
+def phase_flops(shape: dict, tokens: float, seq: float) -> dict:
+    """Model FLOPs of each timed phase over ``tokens`` tokens of mean length ``seq`` (the passes of
+    ``iteration_flops``, phase by phase)."""
+    attention = 4 * shape["num_layers"] * seq * shape["hidden_size"]
+    forward_actor = 2 * matmul_weights(shape, "lm") + attention
+    forward_critic = 2 * matmul_weights(shape, "value") + attention
+    return {
+        "timing/rollout": tokens * forward_actor,
+        "timing/reference_model": tokens * forward_actor,
+        "timing/old_log_p": tokens * forward_actor,
+        "timing/critic_model": tokens * forward_critic,
+        "timing/update": tokens * 3 * forward_actor,
+        "timing/update_critic": tokens * 3 * forward_critic,
+    }
+
+
 def measured_peak(dtype: str, threads: int) -> float:
     """The matmul peak (FLOP/s) with the workers' thread count, in ``dtype``."""
     import torch
@@ -191,6 +207,7 @@ def overrides(
             f"rl_config.log_dir={work}/logs",
             f"generate_config.dtype={'bfloat16' if bf16 else 'float32'}",
             f"generate_config.max_model_len={64 + new_tokens}",
+            f"megatron_training.seq_length={64 + new_tokens}",
             f"generate_config.sampling_config.max_tokens={new_tokens}",
             "generate_config.sampling_config.ignore_eos=true",
             "rl_config.max_prompt_length=64",
@@ -254,13 +271,15 @@ def main() -> None:
         f"matmul peak ({args.dtype}): {peak / 1e9:.0f} GFLOP/s; iteration model FLOPs {flops / 1e9:.0f} GFLOP "
         f"-> floor {flops / peak:.2f} s"
     )
-    print("| phase | seconds (median of iterations 2..N) |")
-    print("|---|---|")
+    per_phase = phase_flops(shape, tokens, seq)
+    print("| phase | seconds (median of iterations 2..N) | MFU |")
+    print("|---|---|---|")
     for key in PHASES:
         if key in m:
-            print(f"| {key} | {m[key]:.3f} |")
-    print(f"| e2e_tps | {m['e2e_tps']:.0f} |")
-    print(f"| MFU (iteration) | {flops / (m['timing/all'] * peak):.1%} |")
+            mfu = f"{per_phase[key] / (m[key] * peak):.1%}" if key in per_phase and m[key] > 0 else ""
+            print(f"| {key} | {m[key]:.3f} | {mfu} |")
+    print(f"| e2e_tps | {m['e2e_tps']:.0f} | |")
+    print(f"| iteration | {m['timing/all']:.3f} | {flops / (m['timing/all'] * peak):.1%} |")
     if "rollout/logprob_diff_max" in m:
         print(f"| rollout/logprob_diff_max | {m['rollout/logprob_diff_max']:.2e} |")
 
