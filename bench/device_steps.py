@@ -26,7 +26,18 @@ SHAPES = {
     "0.5B": dict(num_layers=24, hidden_size=896, ffn_hidden_size=4864, num_attention_heads=14, num_query_groups=2),
     "1.5B": dict(num_layers=28, hidden_size=1536, ffn_hidden_size=8960, num_attention_heads=12, num_query_groups=2),
 }
+# Qwen2.5-7B's widths (untied embeddings, 28 heads over 4 KV heads), as many layers as fit one device with Adam
+WIDE = dict(
+    QWEN25,
+    hidden_size=3584,
+    ffn_hidden_size=18944,
+    num_attention_heads=28,
+    num_query_groups=4,
+    padded_vocab_size=152064,
+    untie_embeddings_and_output_weights=True,
+)
 TOY = dict(QWEN25, padded_vocab_size=512, max_position_embeddings=256)
+TOY_WIDE = dict(TOY, hidden_size=128, ffn_hidden_size=384, num_attention_heads=4, num_query_groups=2)
 TOY_SHAPES = {
     "toy-2L": dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, num_attention_heads=4, num_query_groups=2),
     "toy-3L": dict(num_layers=3, hidden_size=96, ffn_hidden_size=192, num_attention_heads=4, num_query_groups=2),

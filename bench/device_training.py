@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
-from bench.device_steps import Context, engine_for, measure_peak, random_batch
+from bench.device_steps import TOY_WIDE, WIDE, Context, engine_for, measure_peak, random_batch
 
 MICRO_BATCH_TOKENS = 16384  # rows per micro-batch = this / sequence length; two micro-batches per step
 
@@ -32,11 +32,13 @@ def model_flops(engine, mask: torch.Tensor) -> float:
     return float((6 * matmul * lengths + 12 * cfg.num_layers * cfg.hidden_size * lengths**2).sum())
 
 
-def measure(ctx: Context, engine, batch: Dict[str, torch.Tensor], micro: int, repeats: int) -> Dict:
+def measure(
+    ctx: Context, engine, batch: Dict[str, torch.Tensor], micro: int, repeats: int, token_budget: Optional[int] = None
+) -> Dict:
     if not ctx.peak_flops:  # the environment step did not run
         measure_peak(ctx)
     ctx.reset_peak()
-    seconds = timed_steps(ctx, engine, batch, micro, repeats)
+    seconds = timed_steps(ctx, engine, batch, micro, repeats, token_budget)
     tokens = int(batch["attention_mask"].sum())
     return dict(
         tokens_per_s=tokens / seconds,
@@ -46,14 +48,14 @@ def measure(ctx: Context, engine, batch: Dict[str, torch.Tensor], micro: int, re
     )
 
 
-def timed_steps(ctx: Context, engine, batch, micro: int, repeats: int) -> float:
-    result = engine.train_step(batch, nll, micro)  # warm-up
+def timed_steps(ctx: Context, engine, batch, micro: int, repeats: int, token_budget: Optional[int] = None) -> float:
+    result = engine.train_step(batch, nll, micro, token_budget=token_budget)  # warm-up
     if result.skipped:
         raise RuntimeError("the warm-up step was skipped: non-finite loss or gradient")
     ctx.sync()
     start = time.perf_counter()
     for _ in range(repeats):
-        engine.train_step(batch, nll, micro)
+        engine.train_step(batch, nll, micro, token_budget=token_budget)
     ctx.sync()
     return (time.perf_counter() - start) / repeats
 
@@ -90,6 +92,48 @@ def training_rows(ctx: Context) -> List[Dict]:
             del engine
             ctx.release()
     return rows
+
+
+BYTES_PER_PARAMETER = 18  # bf16 weight 2 + fp32 main copy 4 + fp32 gradient 4 + Adam's two moments 8
+
+
+def layers_that_fit(shape: Dict, memory_bytes: float, activations: float = 0.5, most: int = 8) -> int:
+    """Layers of ``shape`` whose weights, gradients and Adam state take (1 - ``activations``) of ``memory_bytes``
+    beside the untied embedding and output layer; 1 .. ``most``."""
+    h, f, vocab = shape["hidden_size"], shape["ffn_hidden_size"], shape["padded_vocab_size"]
+    kv = h // shape["num_attention_heads"] * shape["num_query_groups"]
+    per_layer = 2 * h * h + 2 * h * kv + 3 * h * f
+    room = memory_bytes * (1 - activations) / BYTES_PER_PARAMETER - 2 * vocab * h
+    return max(1, min(most, int(room // per_layer)))
+
+
+def wide_rows(ctx: Context) -> List[Dict]:
+    """The 7B-shaped row: Qwen2.5-7B's widths with as many layers as fit this device with the optimizer, 4K rows
+    packed (lengths drawn from [2K, 4K]) and split into micro-batches by a token budget (dynamic batch size), bf16."""
+    if ctx.smoke:
+        shape, seq, budget, layers = dict(TOY_WIDE), 64, 192, 2
+    else:
+        memory = torch.cuda.get_device_properties(ctx.device).total_memory if ctx.cuda else 16 * 2**30
+        shape, seq, budget = dict(WIDE), 4096, 16384
+        layers = layers_that_fit(shape, memory)
+    shape["num_layers"] = layers
+    name = f"7B widths x {layers} layers"
+    ctx.shapes[name] = shape
+    rows = 4 * budget // seq  # about four micro-batches of the budget
+    batch = random_batch(rows, seq, shape["padded_vocab_size"], seed=seq, ragged=True)
+    row = dict(model=name, seq=seq, rows=rows, token_budget=budget, layout="packed")
+    try:
+        engine = engine_for(ctx, name, bf16=True)
+        engine.remove_padding = True
+        row["params_B"] = sum(p.numel() for p in engine.unwrapped().parameters()) / 1e9
+        row.update(measure(ctx, engine, batch, rows, 1 if ctx.smoke else 3, token_budget=budget))
+    except Exception as exc:
+        if not is_oom(exc):
+            raise
+        row["result"] = f"out of memory ({ctx.peak_gib():.1f} GiB reached)"
+    finally:
+        ctx.shapes.pop(name, None)
+    return [row]
 
 
 def head_rows(ctx: Context) -> List[Dict]:

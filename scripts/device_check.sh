@@ -22,8 +22,8 @@ echo "[device_check] installed $(ls "$WHEELS"/*.whl | wc -l) wheels into $SITE i
 export PYTHONPATH="$ROOT:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 cd "$ROOT"
 set +e
-timeout 8m "$PY" bench/device_check.py --out "$RESULTS" "$@" 2>&1 | tee "$RESULTS/device_check.log"
+timeout 9m30s "$PY" bench/device_check.py --out "$RESULTS" "$@" 2>&1 | tee "$RESULTS/device_check.log"
 rc=${PIPESTATUS[0]}
 set -e
-[ "$rc" -eq 124 ] && echo "[device_check] stopped at 8 minutes; the steps that ended are in $RESULTS"
+[ "$rc" -eq 124 ] && echo "[device_check] stopped at 9.5 minutes; the steps that ended are in $RESULTS"
 exit "$rc"

@@ -33,7 +33,9 @@ def test_device_check_smoke_runs_every_step_without_ray_or_vllm(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "device_check.json").read_text())
     steps = report["steps"]
-    assert list(steps) == ["environment", "parity", "training", "head", "algorithms", "generation", "profile"]
+    assert list(steps) == [
+        "environment", "parity", "training", "head", "algorithms", "generation", "profile", "training_7b"
+    ]  # fmt: skip
     assert all(s["status"] == "ok" for s in steps.values()), {k: s["error"] for k, s in steps.items()}
     fp32, bf16 = steps["parity"]["result"]
     assert fp32["dtype"] == "float32" and fp32["max_abs_logprob_diff"] < 1e-4
@@ -45,6 +47,8 @@ def test_device_check_smoke_runs_every_step_without_ray_or_vllm(tmp_path):
     assert all(row["tokens_per_s"] > 0 for row in steps["generation"]["result"])
     profile = steps["profile"]["result"]
     assert profile[0]["cpu_ms"] > 0 and len(profile) > 5  # the step's wall time, then the costliest operators
+    (wide,) = steps["training_7b"]["result"]
+    assert wide["model"] == "7B widths x 2 layers" and wide["tokens_per_s"] > 0 and wide["MFU"] > 0, wide
     markdown = (out / "device_check.md").read_text()
     assert "### training: ok" in markdown and "| packed | full |" in markdown
 
@@ -71,3 +75,11 @@ def test_bundle_and_installer_refuse_bad_input_before_any_download(tmp_path):
     assert not (tmp_path / "w").exists()
     no_wheels = run("scripts/device_check.sh", str(tmp_path), str(tmp_path / "results"))
     assert no_wheels.returncode == 2 and "holds no wheels" in no_wheels.stderr
+
+
+def test_the_7b_row_takes_as_many_layers_as_fit_with_adam_and_half_the_memory_for_activations():
+    from bench.device_steps import WIDE
+    from bench.device_training import layers_that_fit
+
+    # 80 GiB (H100): (40 GiB / 18 bytes - 1.09B embedding and head) / 233M per layer = 5; H200 is capped at 8
+    assert [layers_that_fit(WIDE, gib * 2**30) for gib in (80, 141, 16)] == [5, 8, 1]
