@@ -7,7 +7,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from bench.device_steps import TOY_WIDE, WIDE, Context, engine_for, measure_peak, random_batch
+from bench.device_steps import TOY_WIDE, WIDE, Context, engine_for, measure_peak, model_config, random_batch
 
 MICRO_BATCH_TOKENS = 16384  # rows per micro-batch = this / sequence length; two micro-batches per step
 
@@ -99,11 +99,13 @@ BYTES_PER_PARAMETER = 18  # bf16 weight 2 + fp32 main copy 4 + fp32 gradient 4 +
 
 def layers_that_fit(shape: Dict, memory_bytes: float, activations: float = 0.5, most: int = 8) -> int:
     """Layers of ``shape`` whose weights, gradients and Adam state take (1 - ``activations``) of ``memory_bytes``
-    beside the untied embedding and output layer; 1 .. ``most``."""
-    h, f, vocab = shape["hidden_size"], shape["ffn_hidden_size"], shape["padded_vocab_size"]
-    kv = h // shape["num_attention_heads"] * shape["num_query_groups"]
-    per_layer = 2 * h * h + 2 * h * kv + 3 * h * f
-    room = memory_bytes * (1 - activations) / BYTES_PER_PARAMETER - 2 * vocab * h
+    beside the embedding, output layer and final norm (parameters counted as the batch plan counts them); 1 ..
+    ``most``."""
+    from mindspeed_rl.families.parameters import parameter_count
+
+    one, two = (parameter_count(model_config(dict(shape, num_layers=n))) for n in (1, 2))
+    per_layer = two - one
+    room = memory_bytes * (1 - activations) / BYTES_PER_PARAMETER - (one - per_layer)
     return max(1, min(most, int(room // per_layer)))
 
 

@@ -52,13 +52,23 @@ def test_the_plan_shows_the_rollout_ep_layout_and_each_ranks_expert_memory(capsy
     assert "1.5 MiB of expert weights per rank in float32 (EP 1: 3 MiB)" in line, line
 
 
-def test_each_rank_keeps_its_own_experts_and_every_tensor_that_is_not_an_experts():
+def test_each_rank_keeps_its_own_experts_and_every_tensor_that_is_not_an_experts(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from mindspeed_rl.config_cls import GenerateConfig
     from mindspeed_rl.features.rollout_experts import owned_experts
-    from mindspeed_rl.rollout.engines.vllm_engine import KeptExperts
+    from mindspeed_rl.rollout.engines.vllm_engine import kept_experts
 
     assert [owned_experts(8, 4, r) for r in range(4)] == [(0, 2), (2, 4), (4, 6), (6, 8)]
-    kept = KeptExperts(*owned_experts(8, 4, 1))
+    # global rank 5 in groups of 4 ranks (infer TP 2 x DP 2): EP rank 1
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 5)
+    gen = GenerateConfig(infer_tensor_parallel_size=2, infer_data_parallel_size=2, infer_expert_parallel_size=4)
+    kept = kept_experts(SimpleNamespace(num_experts=8), gen)
     assert [e for e in range(-1, 8) if e in kept] == [-1, 2, 3]
+    assert kept_experts(SimpleNamespace(num_experts=8), GenerateConfig()) is None
 
 
 @pytest.mark.slow

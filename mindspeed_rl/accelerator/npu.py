@@ -98,7 +98,7 @@ class NpuAccelerator(Accelerator):
         the engine's expert-parallel devices (generate_config.expert_map_path; trainer/startup/probes.py checks it
         against the model and the EP size first)."""
         kwargs = super().vllm_engine_kwargs(gen)
-        if getattr(gen, "expert_map_path", None) and getattr(gen, "infer_expert_parallel_size", 1) > 1:
+        if gen.expert_map_path and gen.infer_expert_parallel_size > 1:
             kwargs["additional_config"] = {"expert_map_path": gen.expert_map_path}
         return kwargs
 

@@ -5,20 +5,26 @@ pieces its CPU path lacks, patched here (the accelerator applies them before an 
 from __future__ import annotations
 
 import inspect
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Union
 
 import torch
+
+
+def _cpu_unquantized_experts():
+    """vLLM 0.32's CPU unquantized MoE experts class; None in releases without it (0.18 has no ``experts``
+    module, 0.23 the module without the class)."""
+    try:
+        from vllm.model_executor.layers.fused_moe.experts import cpu_moe
+    except ImportError:
+        return None
+    return getattr(cpu_moe, "CPUUnquantizedExperts", None)
 
 
 def cpu_expert_parallel_unavailable() -> str:
     """Why this vLLM's CPU MoE experts cannot run expert parallelism ("" when they can, with the patches below).
     0.18's and 0.23's CPU MoE paths drop the expert map as 0.32's does, in code of another shape (0.23:
     ``cpu_fused_moe.CPUFusedMOE.__call__`` never passes ``expert_map`` on): not patched here."""
-    try:
-        from vllm.model_executor.layers.fused_moe.experts import cpu_moe
-    except ImportError:
-        cpu_moe = None
-    if getattr(cpu_moe, "CPUUnquantizedExperts", None) is None:
+    if _cpu_unquantized_experts() is None:
         import vllm
 
         return (
@@ -36,12 +42,8 @@ def cpu_moe_experts_follow_the_expert_map() -> None:
     bf16). Map the ids to this rank's experts first; a token's expert held elsewhere gets weight 0 here, and the
     layer's all-reduce over the expert-parallel ranks sums each expert's share once (greedy tokens then equal EP 1's
     in fp32)."""
-    try:
-        from vllm.model_executor.layers.fused_moe.experts import cpu_moe
-    except ImportError:
-        return
-    cls = getattr(cpu_moe, "CPUUnquantizedExperts", None)
-    if cls is None:  # 0.23 has the module, not the class
+    cls = _cpu_unquantized_experts()
+    if cls is None:
         return
     original = cls.apply
     if getattr(original, "mindspeed_rl", False):
@@ -84,10 +86,6 @@ def cpu_communicator_gathers_uneven_batches() -> None:
     CpuCommunicator.reduce_scatterv = _reduce_scatterv  # type: ignore[method-assign,assignment]
 
 
-def _rows_of(world: int, tensor: torch.Tensor, sizes: Optional[Sequence[int]]) -> List[int]:
-    return list(sizes) if sizes is not None else [tensor.shape[0]] * world
-
-
 def _all_gatherv(
     self, input_: Union[torch.Tensor, List[torch.Tensor]], dim: int = 0, sizes: Optional[List[int]] = None
 ):
@@ -97,7 +95,7 @@ def _all_gatherv(
     def gather(tensor: torch.Tensor) -> torch.Tensor:
         axis = dim % tensor.dim()
         rows = tensor.movedim(axis, 0).contiguous()
-        counts = _rows_of(world, rows, sizes)
+        counts = list(sizes) if sizes is not None else [rows.shape[0]] * world
         padded = rows.new_zeros((max(counts),) + tuple(rows.shape[1:]))
         padded[: rows.shape[0]] = rows
         parts = [torch.empty_like(padded) for _ in range(world)]

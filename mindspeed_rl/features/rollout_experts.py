@@ -112,12 +112,11 @@ def plan_lines(cfg: PPOConfig) -> List[str]:
     ep = gen.infer_expert_parallel_size
     if ep == 1:
         return []
-    first, last = owned_experts(model.num_experts or 0, ep, 0)
     mine, whole = (readable_bytes(expert_bytes_per_rank(model, e, gen.dtype)) for e in (ep, 1))
     groups = (cfg.rollout_devices or cfg.actor.num_devices) // ep
     return [
         f"  rollout EP: EP {ep} = infer TP {gen.infer_tensor_parallel_size} x DP {gen.infer_data_parallel_size} "
-        f"({groups} group(s) of {ep} ranks): {last - first} of {model.num_experts} experts per rank, "
+        f"({groups} group(s) of {ep} ranks): {(model.num_experts or 0) // ep} of {model.num_experts} experts per rank, "
         f"{mine} of expert weights per rank in {gen.dtype} (EP 1: {whole}); each rank receives "
         "only its own experts at a weight sync"
     ]

@@ -13,7 +13,7 @@ import math
 import os
 import shutil
 import tempfile
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -98,9 +98,9 @@ def engine_kwargs(gen: GenerateConfig, seed: int, kind: Optional[str] = None) ->
         tensor_parallel_size=gen.infer_tensor_parallel_size,
         trust_remote_code=gen.trust_remote_code,
     )
-    if getattr(gen, "infer_expert_parallel_size", 1) > 1:  # experts over infer TP x DP ranks (features/rollout_experts)
+    if gen.infer_expert_parallel_size > 1:  # experts over infer TP x DP ranks (features/rollout_experts)
         kwargs["enable_expert_parallel"] = True
-    if getattr(gen, "infer_data_parallel_size", 1) > 1:
+    if gen.infer_data_parallel_size > 1:
         kwargs["data_parallel_size"] = gen.infer_data_parallel_size
     acc = accelerator_class(kind) if kind else get_accelerator()
     kwargs.update(acc.vllm_engine_kwargs(gen))  # the memory budget: device share or CPU bytes
@@ -113,27 +113,16 @@ def engine_kwargs(gen: GenerateConfig, seed: int, kind: Optional[str] = None) ->
     return kwargs
 
 
-def kept_experts(model: ModelConfig, gen: GenerateConfig) -> Optional["KeptExperts"]:
-    """The global experts this rank's engine holds with expert parallelism, plus -1 (every tensor that is not an
-    expert's); None: every expert (no expert parallelism)."""
+def kept_experts(model: ModelConfig, gen: GenerateConfig) -> Optional[FrozenSet[int]]:
+    """The global experts this rank's engine holds with expert parallelism, and -1 (``hf_expert_number`` of a tensor
+    that is not an expert's); None: every expert (no expert parallelism)."""
     ep = gen.infer_expert_parallel_size
     if ep == 1 or not model.num_experts:
         return None
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    first, last = owned_experts(model.num_experts, ep, rank % coupled_ranks(gen))
-    return KeptExperts(first, last)
-
-
-class KeptExperts:
-    """``expert in kept``: a global expert number in [first, last), or -1 (not an expert's tensor)."""
-
-    def __init__(self, first: int, last: int) -> None:
-        self.first, self.last = first, last
-
-    def __contains__(self, expert: object) -> bool:
-        return expert == -1 or (isinstance(expert, int) and self.first <= expert < self.last)
+    return frozenset(range(*owned_experts(model.num_experts, ep, rank % coupled_ranks(gen)))) | {-1}
 
 
 def text_llm(hf_dir: str, gen: GenerateConfig, seed: int = 0):

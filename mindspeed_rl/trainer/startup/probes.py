@@ -78,13 +78,10 @@ def missing_paths(cfg: "PPOConfig | StageConfig") -> List[ConfigError]:
         if ref and not os.path.exists(ref):
             problems.append(ConfigError(key, f"folder {ref!r} does not exist"))
     gen = getattr(cfg, "generate", None)
-    problem = (
-        expert_map_problem(gen.expert_map_path, cfg.roles[0], gen.infer_expert_parallel_size)
-        if (gen is not None and gen.expert_map_path)
-        else None
-    )
-    if problem is not None:
-        problems.append(problem)
+    if gen is not None and gen.expert_map_path:
+        problem = expert_map_problem(gen.expert_map_path, cfg.roles[0], gen.infer_expert_parallel_size)
+        if problem is not None:
+            problems.append(problem)
     return problems
 
 
