@@ -73,6 +73,19 @@ def test_reasoning_gym_votes_read_the_tagged_answer():
     assert answer_key(None) is None and answer_key("  ") is None
 
 
+def test_no_two_samples_of_an_evaluation_share_a_seed():
+    """vLLM seeds a request's n children first + j: problem i's first seed must leave room for its n samples (with
+    seed + i, problem i's sample 1 drew problem i+1's sample 0 token for token), and suites draw apart."""
+    from mindspeed_rl.evaluation.engine import Sampling
+
+    sampling = Sampling(n=4, temperature=1.0, seed=1)
+    gsm8k = [s + j for s in sampling.problem_seeds("gsm8k", 50) for j in range(4)]
+    aime = [s + j for s in sampling.problem_seeds("aime", 50) for j in range(4)]
+    assert len(set(gsm8k)) == 200 and not set(gsm8k) & set(aime)
+    assert sampling.problem_seeds("gsm8k", 50) == sampling.problem_seeds("gsm8k", 50)  # a rerun draws the same
+    assert Sampling(n=4, seed=2).problem_seeds("gsm8k", 1) != sampling.problem_seeds("gsm8k", 1)
+
+
 @pytest.mark.skipif(not os.path.isfile(os.path.join(SHARED, "data", "gsm8k", "test.jsonl")), reason="no ../shared")
 def test_gsm8k_test_split_reads_with_its_final_answers(tokenizer, demo_assets):
     path = os.path.join(SHARED, "data", "gsm8k", "test.jsonl")

@@ -4,8 +4,9 @@ actor and the reference take their pixel values, the weights (projector and lang
 iteration. Held-out accuracy, sampled at temperature 1, rises from chance (0.25) to at least 0.7 in 20 iterations;
 the training forward reproduces vLLM's log-probs on the image prompts as on text. Partial rollout is on (chunks of
 2 tokens): image trajectories are parked across iterations, and the iterations resumed from the last checkpoint
-(every 4 iterations) that holds parked trajectories equal the straight run's (16 on most hosts: 17-20). The cold
-start takes about 21 s, the runs about 60 + 20 s. (The blank-picture control stays at chance: docs/vision.md.)
+(every 4 iterations) that holds parked trajectories equal the straight run's (16 on most hosts: 17-20).
+cli/evaluate.py on the straight run's last checkpoint finds validation's accuracy. The cold start takes about 21 s,
+the runs about 60 + 20 s, the evaluation 25 s. (The blank-picture control stays at chance: docs/vision.md.)
 """
 
 import glob
@@ -52,6 +53,24 @@ def config(root, paths, iterations, **extra):
     return demo_config("grpo_tiny_cpu_vision", root, paths, iterations, **{**keys, **extra})
 
 
+def evaluate_checkpoint(ckpt: str, tokenizer: str, raw: str, root: str) -> dict:
+    """cli/evaluate.py on a training checkpoint of the vision model (exported with its processor) and the raw
+    held-out rows (pictures named relative to their file): the suite's metrics."""
+    import subprocess
+
+    from tests.conftest import PYTHON, ROOT
+
+    out = os.path.join(root, "eval")
+    command = [PYTHON, "cli/evaluate.py", "--model", ckpt, "--tokenizer", tokenizer]
+    command += ["--suite", f"shapes={raw}/shapes_test.jsonl", "--prompt-type", "empty", "--n", "4", "--k", "1,4"]
+    command += ["--max-new-tokens", "8", "--out", out]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.load(open(os.path.join(out, "results.json")))
+    assert result["engine"] == "vllm" and result["suites"]["shapes"]["metrics"]["problems"] == 64, result
+    return result["suites"]["shapes"]["metrics"]
+
+
 @pytest.mark.slow
 def test_the_vision_twin_learns_to_look_and_resumes_with_images_in_flight(assets):
     from mindspeed_rl.trainer.launch import train
@@ -72,6 +91,9 @@ def test_the_vision_twin_learns_to_look_and_resumes_with_images_in_flight(assets
         # sampled agree as on text (parked tokens of older weights differ by design)
         assert m["rollout/fresh_logprob_diff_max"] < 1e-4, (m["iteration"], m["rollout/fresh_logprob_diff_max"])
         assert m["response_length/mean"] < 8
+    evaluated = evaluate_checkpoint(f"{root}/straight/ckpt/actor", paths["tokenizer"], f"{root}/raw", root)
+    # the same 64 held-out pictures, 4 samples each at temperature 1: pass@1 is validation's mean@4 (other seeds)
+    assert abs(evaluated["pass@1"] - curve[-1]) <= 0.15 and evaluated["pass@4"] >= evaluated["pass@1"], evaluated
     # the checkpoint of iteration 16 holds parked trajectories with their prompts' images
     # a checkpoint that holds parked trajectories with their prompts' images (measured at 16; under ATen's AVX2
     # kernels the policy of iteration 16 finished every response within its chunk, nothing parked)

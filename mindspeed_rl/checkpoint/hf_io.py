@@ -20,6 +20,8 @@ from ..families import FamilyError, resolve_family
 from .errors import ConversionError
 from .shape_check import check_hf_sizes
 
+# the tokenizer's files and a vision-language model's processor (image and video processors, chat template):
+# what transformers and vLLM read beside config.json
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -30,6 +32,10 @@ TOKENIZER_FILES = (
     "generation_config.json",
     "added_tokens.json",
     "chat_template.jinja",
+    "chat_template.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+    "video_preprocessor_config.json",
 )
 
 

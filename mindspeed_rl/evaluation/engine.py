@@ -29,6 +29,15 @@ class Sampling:
     max_new_tokens: int = 512
     seed: int = 1
 
+    def problem_seeds(self, suite: str, problems: int) -> List[int]:
+        """Problem i's first seed: its n samples are seeded ``first + j`` (vLLM seeds a request's n children so),
+        and each problem takes n seeds of a stream named after the suite, so no two samples of an evaluation share
+        a seed (``seed + i`` gave problem i's sample j+1 the seed of problem i+1's sample j)."""
+        from ..rollout.source.production import SeedStream
+
+        seeds = SeedStream(self.seed, f"evaluation/{suite}")
+        return [seeds.take(self.n) for _ in range(problems)]
+
 
 def hf_folder(model: str, tokenizer: Optional[str], workdir: str) -> str:
     """A HF folder of ``model``: itself, or the latest iteration of a training checkpoint written into ``workdir``
@@ -67,7 +76,7 @@ def engine_dtype(choice: str) -> str:
 
 
 class VllmSampler:
-    """vLLM over the HF folder; n samples per prompt from one seeded request each (seed + problem number)."""
+    """vLLM over the HF folder; n samples per prompt from one seeded request each (Sampling.problem_seeds)."""
 
     name = "vllm"
 
@@ -92,6 +101,7 @@ class VllmSampler:
         from ..rollout.engines.multimodal import vllm_prompt
 
         requests, params = [], []
+        seeds = sampling.problem_seeds(desc, len(prompts.input_ids))
         for i, ids in enumerate(prompts.input_ids):
             images = prompts.images[i] if prompts.images else b""
             requests.append(vllm_prompt(ids, images, self.image_token_id))
@@ -105,7 +115,7 @@ class VllmSampler:
                     top_p=sampling.top_p,
                     top_k=sampling.top_k if sampling.top_k > 0 else -1,
                     max_tokens=min(sampling.max_new_tokens, room),
-                    seed=sampling.seed + i,
+                    seed=seeds[i],
                 )
             )
         results = self.llm.generate(requests, params, use_tqdm=functools.partial(_bar, desc))
@@ -150,6 +160,7 @@ class MegatronSampler:
         tok = self.tokenizer
         pad = tok.pad_token_id if tok.pad_token_id is not None else 0
         rows: List[list] = []
+        seeds = sampling.problem_seeds(desc, len(prompts.input_ids))
         for i, ids in enumerate(tqdm(prompts.input_ids, desc=f"sample {desc}", unit="problem")):
             rows.append(
                 generate(
@@ -161,7 +172,7 @@ class MegatronSampler:
                     sampling.temperature,
                     sampling.top_k,
                     sampling.top_p,
-                    seed=sampling.seed + i,
+                    seed=seeds[i],
                 )
             )
         return samples_of([o for row in rows for o in row], sampling.n, lambda ids: decode_known(tok, ids)[0])

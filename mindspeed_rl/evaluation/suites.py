@@ -90,7 +90,7 @@ def suite_config(spec: str) -> SuiteConfig:
     """``[NAME=]PATH``: a suite YAML, or a data file or folder (its keys found later from its rows)."""
     name, _, path = spec.rpartition("=") if "=" in spec and not os.path.exists(spec) else ("", "", spec)
     if not os.path.exists(path):
-        raise SuiteError(f"--suite {spec}: {path} does not exist")
+        raise SuiteError(f"{spec}: {path} does not exist" if spec != path else f"{path} does not exist")
     if path.endswith(SUITE_SUFFIXES):
         from ..config_cls.yaml_guard import load_yaml
 
