@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
 import time
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 from mindspeed_rl.utils.cli import UserError, report_user_errors
 
@@ -36,7 +37,12 @@ def parse_args(argv):
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=-1)
     p.add_argument("--max-new-tokens", type=int, default=512)
-    p.add_argument("--max-prompt-length", type=int, default=2048, help="longer prompts are skipped and counted")
+    p.add_argument(
+        "--max-prompt-length",
+        type=int,
+        default=None,
+        help="longer prompts are skipped and counted (default: the context less --max-new-tokens, at most 2048)",
+    )
     p.add_argument("--max-model-len", type=int, default=None, help="default: the model's, at most 4096")
     p.add_argument("--limit", type=int, default=0, help="the first this many problems of each suite (0: all)")
     p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"))
@@ -53,11 +59,20 @@ def sampling_of(args):
     from mindspeed_rl.evaluation.scoring import default_ks
     from mindspeed_rl.features.evaluation import sampling_temperature
 
-    if args.n < 1:
-        raise UserError(f"--n {args.n}: at least 1")
+    for flag, value, least in (
+        ("--n", args.n, 1),
+        ("--max-new-tokens", args.max_new_tokens, 1),
+        ("--max-prompt-length", args.max_prompt_length, 1),
+        ("--max-model-len", args.max_model_len, 1),
+        ("--limit", args.limit, 0),
+        ("--tensor-parallel-size", args.tensor_parallel_size, 1),
+        ("--verifier-workers", args.verifier_workers, 1),
+    ):
+        if value is not None and value < least:
+            raise UserError(f"{flag} {value}: at least {least}")
     temperature = sampling_temperature(args.temperature, args.n)
-    if temperature < 0 or not 0 < args.top_p <= 1 or args.max_new_tokens < 1:
-        raise UserError("--temperature must be >= 0, --top-p in (0, 1], --max-new-tokens >= 1")
+    if not (math.isfinite(temperature) and temperature >= 0) or not 0 < args.top_p <= 1:
+        raise UserError(f"--temperature {temperature} must be a number >= 0, --top-p {args.top_p} in (0, 1]")
     if temperature == 0 and args.n > 1:
         raise UserError(f"--n {args.n} with --temperature 0: greedy samples are all the same; give a temperature > 0")
     if args.k:
@@ -74,11 +89,38 @@ def sampling_of(args):
     return sampling, ks
 
 
-def load_suites(args, tokenizer, tokenizer_dir: str):
+def lengths_of(args) -> Tuple[int, int]:
+    """The engine's context (--max-model-len, or the model's up to 4096) and the longest prompt kept: one that
+    leaves room for --max-new-tokens, so every response has its whole budget."""
+    from mindspeed_rl.evaluation.engine import model_context
+
+    max_model_len = args.max_model_len or min(4096, model_context(args.model, args.tokenizer))
+    room = max_model_len - args.max_new_tokens
+    if room < 1:
+        raise UserError(f"--max-new-tokens {args.max_new_tokens}: no room for a prompt in a context of {max_model_len}")
+    if args.max_prompt_length and args.max_prompt_length > room:
+        raise UserError(
+            f"--max-prompt-length {args.max_prompt_length} + --max-new-tokens {args.max_new_tokens} exceed the "
+            f"context of {max_model_len} tokens (--max-model-len, or the model's max_position_embeddings)"
+        )
+    return max_model_len, args.max_prompt_length or min(2048, room)
+
+
+def output_problem(out: str) -> Optional[str]:
+    """Why ``out`` cannot be the output folder (None when it can: it is a writable folder, or can be made)."""
+    path = os.path.abspath(out)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        return f"{path} is a file, not a folder"
+    return None if os.access(path, os.W_OK | os.X_OK) else f"{path} is not writable"
+
+
+def load_suites(args, tokenizer, tokenizer_dir: str, max_prompt_length: int):
     from mindspeed_rl.evaluation.suites import SuiteError, load_suites
 
     try:
-        suites = load_suites(args.suite, tokenizer, tokenizer_dir, args.prompt_type, args.max_prompt_length, args.limit)
+        suites = load_suites(args.suite, tokenizer, tokenizer_dir, args.prompt_type, max_prompt_length, args.limit)
     except SuiteError as exc:
         raise UserError(f"--suite: {exc}") from None
     for suite in suites:
@@ -88,7 +130,7 @@ def load_suites(args, tokenizer, tokenizer_dir: str):
     return suites
 
 
-def build_sampler(args, hf_dir: str, tokenizer):
+def build_sampler(args, hf_dir: str, tokenizer, max_model_len: int):
     from mindspeed_rl.evaluation.engine import MegatronSampler, VllmSampler, engine_dtype, vllm_unusable
 
     dtype = engine_dtype(args.dtype)
@@ -98,11 +140,6 @@ def build_sampler(args, hf_dir: str, tokenizer):
     if reason:
         print(f"engine: megatron-core ({reason})", flush=True)
         return MegatronSampler(hf_dir, tokenizer, args.seed)
-    with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as fh:
-        hf_config = json.load(fh)
-    text_config = hf_config.get("text_config") or {}  # a vision-language model's language half
-    longest = hf_config.get("max_position_embeddings") or text_config.get("max_position_embeddings") or 4096
-    max_model_len = args.max_model_len or min(4096, int(longest))
     print(f"engine: vLLM, {dtype}, max_model_len {max_model_len}", flush=True)
     return VllmSampler(hf_dir, dtype, max_model_len, args.tensor_parallel_size, args.seed)
 
@@ -132,21 +169,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sampling, ks = sampling_of(args)
     if not os.path.isdir(args.model):
         raise UserError(f"--model {args.model}: folder does not exist")
+    problem = output_problem(args.out)
+    if problem:
+        raise UserError(f"--out {args.out}: {problem}")
     from mindspeed_rl.evaluation.engine import ModelError, hf_folder
     from mindspeed_rl.evaluation.report import draw_suite, table, write_json
     from mindspeed_rl.evaluation.scoring import evaluate_suite
     from mindspeed_rl.rewards.runner import RuleRewardRunner
     from mindspeed_rl.utils.hf_tokenizer import load_tokenizer
 
+    try:
+        max_model_len, max_prompt_length = lengths_of(args)  # reads the model's config: a bad --model stops here
+    except ModelError as exc:
+        raise UserError(str(exc)) from None
     tokenizer_dir = args.tokenizer or args.model
     tokenizer = load_tokenizer(tokenizer_dir, "--tokenizer" if args.tokenizer else "--model")
-    suites = load_suites(args, tokenizer, tokenizer_dir)
+    suites = load_suites(args, tokenizer, tokenizer_dir, max_prompt_length)
     started = time.time()
     results, runners = {}, {}
     with tempfile.TemporaryDirectory(prefix="mindspeed_rl_eval_") as work:
         try:
             hf_dir = hf_folder(args.model, args.tokenizer, work)
-            sampler = build_sampler(args, hf_dir, tokenizer)
+            sampler = build_sampler(args, hf_dir, tokenizer, max_model_len)
             for suite in suites:
                 runner = runners.setdefault(
                     suite.verifier, RuleRewardRunner([suite.verifier], [1.0], workers=args.verifier_workers)

@@ -5,6 +5,7 @@ engine starts. The runs themselves (during training and on the saved checkpoint)
 import itertools
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -61,6 +62,16 @@ def test_suite_metrics_of_scored_texts_equal_a_brute_force_count():
     assert got["response_length/mean"] == 4.5 and got["truncated/rate"] == 0.25 and got["problems"] == 3
     with pytest.raises(ValueError, match="k 5"):
         suite_metrics(scores, samples, "acc_for_ppo", [5])
+
+
+def test_a_file_opening_with_a_byte_order_mark_keeps_its_first_row(tmp_path):
+    from mindspeed_rl.datasets.readers import iter_rows
+
+    rows = [{"question": "q1", "answer": "1"}, {"question": "q2", "answer": "2"}]
+    (tmp_path / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + "\n".join(map(json.dumps, rows)).encode())
+    (tmp_path / "bom.json").write_bytes(b"\xef\xbb\xbf" + json.dumps(rows).encode())
+    assert [json.loads(p) for _, p in iter_rows(str(tmp_path / "bom.jsonl"))] == rows
+    assert [p for _, p in iter_rows(str(tmp_path / "bom.json"))] == rows
 
 
 def test_reasoning_gym_votes_read_the_tagged_answer():
@@ -163,10 +174,14 @@ def test_cli_refuses_bad_input_with_exit_2_before_any_engine(tmp_path, demo_asse
     unusable = write_jsonl(tmp_path / "unusable.jsonl", [{"question": "", "answer": "1"}, {"question": "q"}])
     empty = write_jsonl(tmp_path / "empty.jsonl", [])
     hf = demo_assets["tokenizer"]  # a folder with a tokenizer but no model
+    model = tmp_path / "model"  # a HF folder's config and tokenizer (no engine starts on bad input)
+    shutil.copytree(hf, model)
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 1024}))
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     (ckpt / "latest_checkpointed_iteration.txt").write_text("1")
-    base = ["--model", hf, "--out", str(tmp_path / "out")]
+    (tmp_path / "a_file").write_text("")
+    base = ["--model", str(model), "--out", str(tmp_path / "out")]
     cases = [
         (["--suite", str(tmp_path / "missing.jsonl")], "missing.jsonl does not exist"),
         (["--suite", empty], "suite empty: " + empty + ": no rows"),
@@ -179,6 +194,17 @@ def test_cli_refuses_bad_input_with_exit_2_before_any_engine(tmp_path, demo_asse
         (["--suite", good, "--n", "4", "--temperature", "0"], "greedy samples are all the same"),
         (["--suite", good, "--suite", good], "the suite name 'good' is given twice"),
         (["--suite", good, "--prompt-type", "nope"], "unknown prompt_type 'nope'"),
+        (["--suite", f"a/b={good}"], "suite name 'a/b': letters, digits"),
+        (["--suite", good, "--out", str(tmp_path / "a_file" / "x")], "a_file is a file, not a folder"),
+        (["--suite", good, "--temperature", "nan"], "--temperature nan must be a number >= 0"),
+        (["--suite", good, "--verifier-workers", "0"], "--verifier-workers 0: at least 1"),
+        (["--suite", good, "--tensor-parallel-size", "0"], "--tensor-parallel-size 0: at least 1"),
+        (["--suite", good, "--limit", "-1"], "--limit -1: at least 0"),
+        (
+            ["--suite", good, "--max-new-tokens", "1024"],
+            "--max-new-tokens 1024: no room for a prompt in a context of 1024",
+        ),
+        (["--suite", good, "--max-prompt-length", "1000", "--max-new-tokens", "100"], "exceed the context of 1024"),
     ]
     for extra, says in cases:
         code, err = cli(base + extra + ["--prompt-type", "empty"] * ("--prompt-type" not in extra), capsys)
@@ -191,7 +217,15 @@ def test_cli_refuses_bad_input_with_exit_2_before_any_engine(tmp_path, demo_asse
         ["--model", str(ckpt), "--suite", good, "--out", "o", "--tokenizer", hf, "--prompt-type", "empty"], capsys
     )
     assert code == 2 and "ckpt" in err and "Traceback" not in err, err
+    code, err = cli(["--model", str(ckpt), "--suite", good, "--out", "o", "--prompt-type", "empty"], capsys)
+    assert code == 2 and "a training checkpoint needs the run's HF tokenizer folder" in err, err
     assert not os.path.exists(tmp_path / "out")  # nothing written
+    from cli.evaluate import lengths_of, parse_args
+
+    args = ["--model", str(model), "--suite", good, "--out", "o", "--max-new-tokens", "100"]
+    assert lengths_of(parse_args(args)) == (1024, 924)  # prompts keep room for the whole response budget
+    (model / "config.json").write_text(json.dumps({"text_config": {"max_position_embeddings": 32768}}))
+    assert lengths_of(parse_args(args)) == (4096, 2048)
 
 
 def test_eval_config_rules_and_plan_line():
@@ -217,6 +251,23 @@ def test_eval_config_rules_and_plan_line():
         assert info.value.key == key, info.value
     with pytest.raises(ConfigError, match="at least one suite"):
         load_ppo_config("ppo_tiny_cpu", ["+eval_config.interval=3"])
+
+
+def test_evaluation_on_the_rollout_engines_samples_as_the_cli_does():
+    """Training's top_k, min_p, min_tokens and ignore_eos stay out of evaluation (ignore_eos would truncate every
+    response): the same numbers as cli/evaluate.py and the engines of its own."""
+    from mindspeed_rl.features import load_ppo_config
+    from mindspeed_rl.trainer.ppo.evaluation import SuiteEvaluation
+
+    sampling = "generate_config.sampling_config"
+    cfg = load_ppo_config(
+        "ppo_tiny_cpu",
+        ["+eval_config.suites=[data/x.jsonl]", "+eval_config.n=4", "+eval_config.top_p=0.9"]
+        + [f"{sampling}.{k}={v}" for k, v in (("top_k", 5), ("min_p", 0.1), ("min_tokens", 2), ("ignore_eos", True))],
+    )
+    got = SuiteEvaluation(cfg, tokenizer=None, group=object()).sampling  # group: no suites read here
+    assert (got.top_k, got.min_p, got.min_tokens, got.ignore_eos) == (-1, 0.0, 0, False)
+    assert (got.temperature, got.top_p, got.max_tokens) == (1.0, 0.9, cfg.generate.sampling_config.max_tokens)
 
 
 def test_the_report_draws_a_panel_per_suite():

@@ -75,13 +75,14 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
-        for arg in args:
-            if arg is type(None):
-                continue
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
             try:
                 return _convert(value, arg, key)
-            except ConfigError:
-                continue
+            except ConfigError as exc:
+                errors.append(exc)
+        if len(errors) == 1:  # Optional[X]: X's own error (a mapping names its key)
+            raise errors[0]
         raise ConfigError(key, f"got {value!r}, expected {_type_name(tp)}")
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return build_section(tp, value, key)

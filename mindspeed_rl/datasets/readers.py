@@ -41,8 +41,8 @@ def iter_rows(path: str) -> Iterator[Tuple[str, object]]:
         if file.endswith(".jsonl"):
             with open(file, "rb") as fh:
                 for number, raw in enumerate(fh, 1):
-                    try:
-                        line = raw.decode("utf-8")
+                    try:  # a byte-order mark (Windows editors) opens the file: not part of the first row
+                        line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
                     except UnicodeDecodeError:
                         yield f"{name}:{number}", BadEncoding()
                         continue
@@ -50,7 +50,7 @@ def iter_rows(path: str) -> Iterator[Tuple[str, object]]:
                         yield f"{name}:{number}", line
         elif file.endswith(".json"):
             try:
-                with open(file, encoding="utf-8") as fh:
+                with open(file, encoding="utf-8-sig") as fh:
                     data = json.load(fh)
             except json.JSONDecodeError as exc:
                 raise InputError(f"input {file}: not valid JSON ({exc.msg} at line {exc.lineno})") from None

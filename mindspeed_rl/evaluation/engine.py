@@ -5,6 +5,7 @@ choice as generate_config.backend auto)."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 from dataclasses import dataclass
 from typing import List, Optional
@@ -39,25 +40,59 @@ class Sampling:
         return [seeds.take(self.n) for _ in range(problems)]
 
 
-def hf_folder(model: str, tokenizer: Optional[str], workdir: str) -> str:
-    """A HF folder of ``model``: itself, or the latest iteration of a training checkpoint written into ``workdir``
-    with ``tokenizer``'s files (the checkpoint's own dtype)."""
+def is_hf_folder(model: str, tokenizer: Optional[str]) -> bool:
+    """True for a HF folder, False for a training checkpoint with the run's tokenizer; ModelError for anything else
+    (checked before the tokenizer is read or anything heavy starts)."""
     if os.path.isfile(os.path.join(model, "config.json")):
         if tokenizer:
             raise ModelError(f"--tokenizer {tokenizer}: a HF folder ({model}) brings its own tokenizer")
-        return model
+        return True
     if not os.path.isfile(os.path.join(model, TRACKER)):
         raise ModelError(f"--model {model}: neither a HF folder (config.json) nor a training checkpoint ({TRACKER})")
     if not tokenizer or not os.path.isfile(os.path.join(tokenizer, "tokenizer_config.json")):
         raise ModelError(f"--tokenizer {tokenizer}: a training checkpoint needs the run's HF tokenizer folder")
-    from ..checkpoint.convert import export_latest
-    from ..checkpoint.errors import ConversionError
+    return False
+
+
+def _checkpoint_config(model: str) -> dict:
+    """A training checkpoint's recorded config; ModelError naming it when it cannot be read or cannot generate."""
     from ..checkpoint.megatron_layout import CheckpointError
     from ..checkpoint.megatron_reader import read_mg_config
 
     try:
-        if read_mg_config(model)[0].get("orm"):
-            raise ModelError(f"--model {model}: a reward/critic checkpoint (value head) cannot generate text")
+        config = read_mg_config(model)[0]
+    except (CheckpointError, OSError, KeyError) as exc:
+        raise ModelError(f"--model {model}: {exc}") from None
+    if config.get("orm"):
+        raise ModelError(f"--model {model}: a reward/critic checkpoint (value head) cannot generate text")
+    return config
+
+
+def model_context(model: str, tokenizer: Optional[str]) -> int:
+    """The longest sequence (prompt and response) the model takes: its max_position_embeddings (a vision-language
+    model's language half), 4096 when it names none."""
+    if is_hf_folder(model, tokenizer):
+        with open(os.path.join(model, "config.json"), encoding="utf-8") as fh:
+            config = json.load(fh)
+        longest = config.get("max_position_embeddings") or (config.get("text_config") or {}).get(
+            "max_position_embeddings"
+        )
+    else:
+        longest = _checkpoint_config(model).get("model", {}).get("max_position_embeddings")
+    return int(longest or 4096)
+
+
+def hf_folder(model: str, tokenizer: Optional[str], workdir: str) -> str:
+    """A HF folder of ``model``: itself, or the latest iteration of a training checkpoint written into ``workdir``
+    with ``tokenizer``'s files (the checkpoint's own dtype)."""
+    if is_hf_folder(model, tokenizer):
+        return model
+    from ..checkpoint.convert import export_latest
+    from ..checkpoint.errors import ConversionError
+    from ..checkpoint.megatron_layout import CheckpointError
+
+    _checkpoint_config(model)
+    try:
         return export_latest(model, os.path.join(workdir, "hf"), tokenizer)
     except (CheckpointError, ConversionError, OSError, KeyError) as exc:
         raise ModelError(f"--model {model}: {exc}") from None

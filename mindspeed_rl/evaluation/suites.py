@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Dict, List, Optional, Tuple
@@ -28,6 +29,7 @@ ANSWER_FIELDS = ("answer", "final_answer", "expected_answer", "solution", "label
 IMAGE_FIELDS = ("image", "images")
 SUITE_SUFFIXES = (".yaml", ".yml")
 SHOW_FIRST = 3
+SUITE_NAME = re.compile(r"[A-Za-z0-9_][\w.+-]*")
 
 
 class SuiteError(ValueError):
@@ -54,7 +56,9 @@ class SuiteConfig:
     prompt_type: str = opt("", "Chat template (configs/model/templates.json); default: the caller's.")
     map_keys: Dict[str, str] = opt(doc="Row field of prompt, response (the answer), system, image.", factory=dict)
     verifier: str = opt("", "The verifier that scores a response (a name or module:function); default from rows.")
-    correct_at: float = opt(1.0, "A sample counts as correct (pass@k, maj@k) when its score is at least this.")
+    correct_at: float = opt(
+        1.0, "A sample counts as correct (pass@k, maj@k) when its score is at least this.", gt=0, le=1
+    )
     limit: int = opt(0, "Use the first this many usable rows (0: all).", ge=0)
 
     def check(self, path: str = "", given: AbstractSet[str] = frozenset()) -> None:
@@ -86,6 +90,16 @@ class Suite:
         )
 
 
+def named(cfg: SuiteConfig) -> SuiteConfig:
+    """The suite, its name checked: it names files (<out>/<name>.png) and metrics (eval/<name>/pass@1)."""
+    if not SUITE_NAME.fullmatch(cfg.name):
+        raise SuiteError(
+            f"suite name {cfg.name!r}: letters, digits and _ . + - only, not first a dot or a sign (it names files "
+            "and metrics; give one: NAME=PATH)"
+        )
+    return cfg
+
+
 def suite_config(spec: str) -> SuiteConfig:
     """``[NAME=]PATH``: a suite YAML, or a data file or folder (its keys found later from its rows)."""
     name, _, path = spec.rpartition("=") if "=" in spec and not os.path.exists(spec) else ("", "", spec)
@@ -102,9 +116,9 @@ def suite_config(spec: str) -> SuiteConfig:
         except ConfigError as exc:
             raise SuiteError(f"{path}: {exc}") from None
         cfg.name = name or cfg.name or os.path.splitext(os.path.basename(path))[0]
-        return cfg
+        return named(cfg)
     stem = os.path.basename(os.path.normpath(path))
-    return SuiteConfig(name=name or os.path.splitext(stem)[0], input=path)
+    return named(SuiteConfig(name=name or os.path.splitext(stem)[0], input=path))
 
 
 def _rows(cfg: SuiteConfig) -> List[Tuple[str, Any]]:

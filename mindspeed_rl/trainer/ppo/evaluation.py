@@ -62,10 +62,15 @@ class SuiteEvaluation:
         self.pending: List[Tuple[int, list]] = []  # (iteration, result references) handed to the own engines
         self.suites = run_suites(cfg, tokenizer) if group is None else []
         self.ks = chosen_ks(ev.k, ev.n)
+        # cli/evaluate.py's sampling: none of training's top_k, min_p, min_tokens or ignore_eos
         self.sampling = dataclasses.replace(
             cfg.generate.sampling_config,
             temperature=sampling_temperature(ev.temperature, ev.n),
             top_p=ev.top_p,
+            top_k=-1,
+            min_p=0.0,
+            min_tokens=0,
+            ignore_eos=False,
             max_tokens=max_new_tokens(cfg),
         )
         self.seed = cfg.generate.sampling_config.seed
