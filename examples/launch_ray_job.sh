@@ -101,6 +101,19 @@ ray_failed() {  # ray_failed LOG: the reason `ray start` gave, on the console
   echo "[launcher] error: ray start failed (${reason:-see $1}); the whole output is in $1" >&2
 }
 
+head_registers_late() {  # head_registers_late LOG: `ray start` gave up on a raylet that registers later
+  # Ray waits a fixed 30 s for its raylet to register with the GCS; on a loaded host that can pass while both
+  # keep starting. Then the node is taken if its devices reach the cluster within another 60 s.
+  grep -q "timed out during startup" "$1" 2>/dev/null || return 1
+  echo "[launcher] ray start: the head's raylet did not register within Ray's 30 s; waiting 60 s more for it"
+  local until=$((SECONDS + 60))
+  while [ "$SECONDS" -lt "$until" ]; do
+    [ "$(cluster_devices 2>/dev/null || echo 0)" -ge "$NPUS_PER_NODE" ] && return 0
+    sleep 2
+  done
+  return 1
+}
+
 LOG_DIR=${LOG_DIR:-logs}
 mkdir -p "$LOG_DIR"
 if [ "$NODE_RANK" = "0" ]; then
@@ -108,7 +121,8 @@ if [ "$NODE_RANK" = "0" ]; then
   "$PY" "$ENTRY" --config-name "$CONFIG" --check "$@" > "$LOG_DIR/plan.txt" || exit $?
   echo "[launcher] head $CURRENT_IP: ray start --head --port $RAY_PORT (${NPUS_PER_NODE} x $DEVICE_RESOURCE)"
   if ! start_own_ray "$LOG_DIR/ray_head.log" --head --port "$RAY_PORT" --node-ip-address "$CURRENT_IP" \
-      --temp-dir "$RAY_TMP" --include-dashboard false --disable-usage-stats "${RESOURCES[@]}"; then
+      --temp-dir "$RAY_TMP" --include-dashboard false --disable-usage-stats "${RESOURCES[@]}" \
+      && ! head_registers_late "$LOG_DIR/ray_head.log"; then
     ray_failed "$LOG_DIR/ray_head.log"
     exit 2
   fi

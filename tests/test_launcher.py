@@ -153,3 +153,65 @@ def test_a_config_typo_through_the_launcher_is_refused_before_ray_starts(tmp_pat
     )
     assert proc.returncode == 2 and "[launcher] error: ray start failed (" in proc.stderr, proc.stderr
     assert "check: the config and its paths are valid" in open(tmp_path / "logs" / "plan.txt").read()
+
+
+FAKE_RAY = """#!/bin/bash
+exec "{python}" - "$@" <<'PY'
+import sys, time, types
+
+import ray._private.node as node
+import ray._private.services as services
+
+
+def never(*args, **kwargs):  # the raylet runs, but `ray start` never sees it registered
+    raise RuntimeError("GCS cannot find the node (simulated)")
+
+
+clock = iter(range(0, 10**6, 31))  # Ray's fixed 30 s wait passes at once
+node.time = types.SimpleNamespace(**{{k: getattr(time, k) for k in dir(time) if not k.startswith("_")}})
+node.time.monotonic = lambda: next(clock)
+services.get_node = never
+from ray.scripts.scripts import main
+
+sys.argv = ["ray"] + sys.argv[1:]
+main()
+PY
+"""
+
+
+@pytest.mark.usefixtures("without_shared_ray")
+def test_a_head_whose_raylet_registers_after_rays_wait_is_taken(tmp_path):
+    """`ray start` gives a raylet a fixed 30 s to register with its GCS; on a loaded host both may still be starting
+    (seen in the suite). The head then waits for its devices in the cluster instead of failing the launch."""
+    import tempfile
+
+    fake = tmp_path / "ray"
+    fake.write_text(FAKE_RAY.format(python=sys.executable))
+    fake.chmod(0o755)
+    entry = tmp_path / "entry.py"
+    entry.write_text("import sys\nprint('entry ran', sys.argv[1:])\n")
+    short = tempfile.mkdtemp(prefix="r", dir="/tmp")  # Ray's socket paths must stay under 108 bytes
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "RAY": str(fake),
+        "ENTRY": str(entry),
+        "RAY_AUTH_MODE": "disabled",
+        "NNODES": "1",
+        "NPUS_PER_NODE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "CURRENT_IP": "127.0.0.1",
+        "RAY_PORT": "6373",
+        "RAY_TMP": os.path.join(short, "a"),
+        "LOG_DIR": str(tmp_path / "logs"),
+    }
+    try:
+        proc = subprocess.run(
+            ["bash", SCRIPT, "ppo_tiny_cpu"], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=180
+        )
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0, out[-3000:]
+        assert "did not register within Ray's 30 s; waiting 60 s more" in out and "1 / 1 CPU in the cluster" in out
+        assert "entry ran ['--config-name', 'ppo_tiny_cpu']" in out
+    finally:
+        subprocess.run(["pkill", "-9", "-f", env["RAY_TMP"]])
