@@ -151,6 +151,7 @@ else
       echo "[launcher] error: could not join $MASTER_ADDR:$RAY_PORT within ${WAIT_SECONDS}s" >&2
       exit 2
     fi
+    stop_own_ray  # what a failed attempt left running (a raylet that missed Ray's wait): one raylet per node
     sleep 2
   done
   # wait while the head's GCS port answers
