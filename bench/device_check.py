@@ -19,9 +19,13 @@ error and the next one runs):
   generation   the megatron-core fallback rollout engine (no vLLM) sampling from the 0.5B shape: tokens/s
   profile      torch.profiler over two training steps of the 0.5B shape (1K, packed): the step's wall time
                against the device's busy time, and the operators that take the most device time
+  fused_kernels liger-kernel's RMSNorm and SwiGLU (use_fused_rmsnorm / use_fused_swiglu) against torch's modules
+               on the same weights: log-prob, loss and gradient-norm differences in fp32 and bf16, then the
+               training step of the first shape at 1K and 4K packed with each (skipped where liger-kernel is absent)
   training_7b  Qwen2.5-7B's widths (hidden 3584, 28 / 4 heads, MLP 18944, vocabulary 152,064, untied) with as
                many layers as fit the device with Adam (at most 8), 4K rows packed and split by a token budget
-               of 16,384 (dynamic batch size), bf16: tokens/s, MFU, peak memory
+               of 16,384 (dynamic batch size), bf16: tokens/s, MFU, peak memory; with torch's modules, then
+               with liger-kernel's where it is installed
 
 `--smoke` runs every step at toy sizes on whatever device there is (the test suite runs it on CPU). Steps stop
 starting once `--minutes` are spent; those left are recorded as skipped. MFU counts model FLOPs of the real
@@ -45,7 +49,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from bench import device_algorithms, device_steps, device_training  # noqa: E402
+from bench import device_algorithms, device_kernels, device_steps, device_training  # noqa: E402
 
 STEP_FUNCTIONS: Dict[str, Callable] = {  # in the order they run
     "environment": device_steps.step_environment,
@@ -55,6 +59,7 @@ STEP_FUNCTIONS: Dict[str, Callable] = {  # in the order they run
     "algorithms": device_algorithms.algorithm_rows,
     "generation": device_steps.step_generation,
     "profile": device_training.profile_rows,
+    "fused_kernels": device_kernels.kernel_rows,
     "training_7b": device_training.wide_rows,  # last: the earlier rows stay comparable with older runs
 }
 STEPS = tuple(STEP_FUNCTIONS)

@@ -107,12 +107,13 @@ def model_config(values: Dict):
     return cfg
 
 
-def engine_for(ctx: Context, shape: str, bf16: bool, trainable: bool = True, recompute: bool = False):
+def engine_for(ctx: Context, shape: str, bf16: bool, trainable: bool = True, recompute: bool = False, **flags):
+    """Our engine for ``shape``; ``flags``: further megatron keys (the fused-kernel switches)."""
     from mindspeed_rl.config_cls import MegatronConfig, RoleConfig
     from mindspeed_rl.models.engine import MegatronEngine
 
     extra = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1) if recompute else {}
-    megatron = MegatronConfig(model=shape, bf16=bf16, lr=1e-6, **extra)
+    megatron = MegatronConfig(model=shape, bf16=bf16, lr=1e-6, **extra, **flags)
     return MegatronEngine(RoleConfig("actor", megatron, model_config(ctx.shapes[shape]), 1), trainable=trainable)
 
 

@@ -9,6 +9,17 @@ import torch
 
 from bench.device_steps import TOY_WIDE, WIDE, Context, engine_for, measure_peak, model_config, random_batch
 
+FUSED = dict(use_fused_rmsnorm=True, use_fused_swiglu=True)
+
+
+def available() -> str:
+    """Empty where the device has liger-kernel's kernels, else why not."""
+    from mindspeed_rl.accelerator import get_accelerator
+
+    acc = get_accelerator()
+    return "" if acc.fused_features()["liger_kernels"] else f"no liger-kernel kernels on {acc.kind}"
+
+
 MICRO_BATCH_TOKENS = 16384  # rows per micro-batch = this / sequence length; two micro-batches per step
 
 
@@ -123,19 +134,30 @@ def wide_rows(ctx: Context) -> List[Dict]:
     ctx.shapes[name] = shape
     rows = 4 * budget // seq  # about four micro-batches of the budget
     batch = random_batch(rows, seq, shape["padded_vocab_size"], seed=seq, ragged=True)
-    row = dict(model=name, seq=seq, rows=rows, token_budget=budget, layout="packed")
+    kernels = [("torch", {})] + [("liger-kernel", FUSED)] * (not available())
+    out = []
     try:
-        engine = engine_for(ctx, name, bf16=True)
-        engine.remove_padding = True
-        row["params_B"] = sum(p.numel() for p in engine.unwrapped().parameters()) / 1e9
-        row.update(measure(ctx, engine, batch, rows, 1 if ctx.smoke else 3, token_budget=budget))
-    except Exception as exc:
-        if not is_oom(exc):
-            raise
-        row["result"] = f"out of memory ({ctx.peak_gib():.1f} GiB reached)"
+        for kernel_name, flags in kernels:
+            row = dict(model=name, seq=seq, rows=rows, token_budget=budget, layout="packed", kernels=kernel_name)
+            out.append(row)
+            if out[:-1] and ctx.seconds_left() < 60:
+                row["result"] = "skipped: out of time"
+                continue
+            engine = None
+            try:
+                engine = engine_for(ctx, name, bf16=True, **flags)
+                engine.remove_padding = True
+                row["params_B"] = sum(p.numel() for p in engine.unwrapped().parameters()) / 1e9
+                row.update(measure(ctx, engine, batch, rows, 1 if ctx.smoke else 3, token_budget=budget))
+            except Exception as exc:
+                if not is_oom(exc):
+                    raise
+                row["result"] = f"out of memory ({ctx.peak_gib():.1f} GiB reached)"
+            del engine
+            ctx.release()
     finally:
         ctx.shapes.pop(name, None)
-    return [row]
+    return out
 
 
 def head_rows(ctx: Context) -> List[Dict]:

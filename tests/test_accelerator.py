@@ -1,5 +1,6 @@
 """Device detection (with fake torch_npu / CUDA), the device layer, megatron-core on CPU."""
 
+import importlib.util
 import os
 import sys
 import types
@@ -224,6 +225,7 @@ FEATURES = {
     "bias_activation_fusion",
     "bias_dropout_fusion",
     "ring_attention",
+    "liger_kernels",
 }
 
 
@@ -330,6 +332,7 @@ def test_device_kinds_answer_without_their_device(monkeypatch):
     )
     assert accelerator.accelerator_class("npu").fused_features() == dict(
         always,
+        liger_kernels=False,  # MindSpeed's adaptor fuses the norm and SwiGLU there
         transformer_engine=False,
         rope_fusion=True,
         gradient_accumulation_fusion=True,
@@ -340,19 +343,28 @@ def test_device_kinds_answer_without_their_device(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformer_engine", None)  # not installed
     for kernel in SOFTMAX_KERNELS:
         monkeypatch.setitem(sys.modules, kernel, None)
+    found = {"liger_kernel": None}  # liger-kernel not installed
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: found.get(name, real_find_spec(name, *a)))
     assert cuda.fused_features() == dict(
         always,
+        fused_rmsnorm=False,  # neither Transformer Engine nor liger-kernel
+        fused_swiglu=False,
+        liger_kernels=False,
         transformer_engine=False,
         rope_fusion=False,
         gradient_accumulation_fusion=False,
         masked_softmax_fusion=False,  # no Apex / fused_kernels: megatron's unfused softmax
         ring_attention=False,
     )
+    found["liger_kernel"] = real_find_spec("json")  # any spec: installed
+    assert cuda.fused_features()["liger_kernels"] == (real_find_spec("triton") is not None)
     monkeypatch.setitem(sys.modules, "transformer_engine", types.ModuleType("transformer_engine"))
     for kernel in SOFTMAX_KERNELS:
         monkeypatch.setitem(sys.modules, kernel, types.ModuleType(kernel))
     assert cuda.fused_features() == dict(
         always,
+        liger_kernels=real_find_spec("triton") is not None,
         transformer_engine=True,
         rope_fusion=True,
         gradient_accumulation_fusion=True,

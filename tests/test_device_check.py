@@ -34,7 +34,8 @@ def test_device_check_smoke_runs_every_step_without_ray_or_vllm(tmp_path):
     report = json.loads((out / "device_check.json").read_text())
     steps = report["steps"]
     assert list(steps) == [
-        "environment", "parity", "training", "head", "algorithms", "generation", "profile", "training_7b"
+        "environment", "parity", "training", "head", "algorithms", "generation", "profile", "fused_kernels",
+        "training_7b",
     ]  # fmt: skip
     assert all(s["status"] == "ok" for s in steps.values()), {k: s["error"] for k, s in steps.items()}
     fp32, bf16 = steps["parity"]["result"]
@@ -47,7 +48,10 @@ def test_device_check_smoke_runs_every_step_without_ray_or_vllm(tmp_path):
     assert all(row["tokens_per_s"] > 0 for row in steps["generation"]["result"])
     profile = steps["profile"]["result"]
     assert profile[0]["cpu_ms"] > 0 and len(profile) > 5  # the step's wall time, then the costliest operators
-    (wide,) = steps["training_7b"]["result"]
+    assert steps["fused_kernels"]["result"] == [
+        dict(check="fused kernels", result="skipped: no liger-kernel kernels on cpu")
+    ]
+    (wide,) = steps["training_7b"]["result"]  # torch's modules only: liger-kernel's are CUDA's
     assert wide["model"] == "7B widths x 2 layers" and wide["tokens_per_s"] > 0 and wide["MFU"] > 0, wide
     markdown = (out / "device_check.md").read_text()
     assert "### training: ok" in markdown and "| packed | full |" in markdown

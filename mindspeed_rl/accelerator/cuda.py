@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Dict, Optional
 
 import torch
@@ -94,15 +95,20 @@ class CudaAccelerator(Accelerator):
 
     @classmethod
     def fused_features(cls) -> Dict[str, bool]:
-        """Transformer Engine (when importable) brings fused RoPE and gradient-accumulation fusion."""
+        """Transformer Engine (when importable) brings fused RoPE and gradient-accumulation fusion; without it,
+        liger-kernel (when installed, with Triton) fuses the local spec's RMSNorm and SwiGLU."""
         try:
             import transformer_engine  # noqa: F401
 
             te = True
         except ImportError:
             te = False
+        liger = all(importlib.util.find_spec(name) is not None for name in ("liger_kernel", "triton"))
         return dict(
             super().fused_features(),
+            liger_kernels=liger,
+            fused_rmsnorm=te or liger,
+            fused_swiglu=te or liger,
             transformer_engine=te,
             rope_fusion=te,
             gradient_accumulation_fusion=te,

@@ -19,6 +19,7 @@ from ..config_cls.megatron_config import MegatronConfig
 from ..config_cls.model_config import ModelConfig
 from ..families import get_family
 from ..features.precision import trained_precision
+from . import fused_kernels
 
 log = logging.getLogger(__name__)
 _LOGGED: set = set()
@@ -52,13 +53,11 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
         _say_once(f"use_fused_rotary_pos_emb: no fused RoPE kernel on {kind}; using the unfused one")
     grad_acc_fusion = not megatron.no_gradient_accumulation_fusion and feats["gradient_accumulation_fusion"]
     softmax_fusion = not megatron.no_masked_softmax_fusion and feats["masked_softmax_fusion"]
-    for flag, ok in (
-        ("use_flash_attn", feats["flash_attn"]),
-        ("use_fused_rmsnorm", feats["fused_rmsnorm"]),
-        ("use_fused_swiglu", feats["fused_swiglu"]),
-    ):
-        if getattr(megatron, flag) and not ok:
-            _say_once(f"{flag}: no such kernel on {kind}; using the torch implementation")
+    if megatron.use_flash_attn and not feats["flash_attn"]:
+        _say_once(f"use_flash_attn: no such kernel on {kind}; using the torch implementation")
+    kernels = fused_kernels.choose(megatron, model, feats, kind)
+    for note in kernels.notes:
+        _say_once(note)
     dtype = params_dtype(megatron)
     kwargs = dict(
         num_layers=model.num_layers,
@@ -97,6 +96,7 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
         **recompute_fields(megatron, acc),
         deallocate_pipeline_outputs=False,
     )
+    kwargs.update(kernels.config_fields())
     kwargs.update(get_family(model.model_type_hf).transformer_config_fields(model))
     kwargs["expert_model_parallel_size"] = megatron.expert_model_parallel_size
     if megatron.context_parallel_size > 1:
@@ -219,6 +219,7 @@ def build_gpt_model(
     with compat_megatron.building_virtual_stage(vp_stage) as stage_kwargs:
         gpt = _gpt_model(model, megatron, config, acc.kind, vocab, pre_process, post_process, stage_kwargs)
     get_family(model.model_type_hf).post_build(gpt, model)
+    fused_kernels.swap_modules(gpt, fused_kernels.choose(megatron, model, acc.fused_features(), acc.kind))
     return acc.place_model(gpt)
 
 

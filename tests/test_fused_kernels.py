@@ -1,0 +1,203 @@
+"""Fused RMSNorm / SwiGLU (models/fused_kernels.py): which role gets liger-kernel's kernels on which device, the
+module swap on a built model, and the SwiGLU kernel's parity with megatron's MLP (liger-kernel's Triton code
+run on CPU by Triton's interpreter). The RMSNorm kernel does not run in the interpreter: its parity is a step
+of the device check (bench/device_check.py, step fused_kernels)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mindspeed_rl.accelerator import accelerator_class
+from mindspeed_rl.config_cls import MegatronConfig
+from mindspeed_rl.models import fused_kernels
+from tests.helpers import tiny_model_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CUDA = dict(accelerator_class("cpu").fused_features(), sequence_parallel=True, flash_attn=True)
+LIGER = dict(CUDA, liger_kernels=True, fused_rmsnorm=True, fused_swiglu=True)
+BOTH = dict(use_fused_rmsnorm=True, use_fused_swiglu=True)
+
+
+def choice(features, kind="cuda", model=None, **megatron):
+    return fused_kernels.choose(MegatronConfig(model="tiny", **megatron), model or tiny_model_config(), features, kind)
+
+
+def test_the_flags_and_the_device_choose_the_kernels():
+    assert choice(LIGER) == fused_kernels.FusedKernels()  # not asked: torch's modules, no note
+    assert choice(LIGER, **BOTH) == fused_kernels.FusedKernels(rmsnorm=True, swiglu=True)
+    assert choice(LIGER, use_fused_swiglu=True).config_fields() == dict(
+        bias_activation_fusion=False, use_te_activation_func=True
+    )
+    assert choice(LIGER, use_fused_rmsnorm=True).config_fields() == {}
+    # no liger-kernel (CPU, or CUDA without it): torch's modules, one note per flag
+    for features, kind in ((accelerator_class("cpu").fused_features(), "cpu"), (CUDA, "cuda")):
+        kernels = choice(features, kind, **BOTH)
+        assert (kernels.rmsnorm, kernels.swiglu) == (False, False)
+        assert kernels.notes == tuple(f"{f}: no such kernel on {kind}; torch's runs" for f in BOTH)
+    # Transformer Engine's layer spec fuses them itself; a LoRA role runs the local spec, so liger-kernel's
+    te = dict(LIGER, transformer_engine=True)
+    assert choice(te, **BOTH) == fused_kernels.FusedKernels()
+    assert choice(te, lora_r=4, lora_target_modules=["linear_qkv"], **BOTH).rmsnorm
+    # NPU: MindSpeed's adaptor fuses them (no note, nothing swapped)
+    assert choice(accelerator_class("npu").fused_features(), "npu", **BOTH) == fused_kernels.FusedKernels()
+    layer_norm = choice(LIGER, model=tiny_model_config(normalization="LayerNorm"), **BOTH)
+    assert (layer_norm.rmsnorm, layer_norm.swiglu) == (False, True)
+    assert layer_norm.notes == ("use_fused_rmsnorm: LayerNorm is not fused",)
+    assert not choice(LIGER, model=tiny_model_config(swiglu=False), **BOTH).swiglu
+
+
+def build(megatron: MegatronConfig, seed: int = 5):
+    from mindspeed_rl.models.builder import build_gpt_model
+    from mindspeed_rl.utils import dist
+
+    dist.init_model_parallel(seed=seed)
+    return build_gpt_model(tiny_model_config(), megatron)
+
+
+def forward_backward(gpt, tokens):
+    positions = torch.arange(tokens.shape[1]).expand(tokens.shape[0], -1)
+    mask = torch.triu(torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool), 1)[None, None]
+    logits = gpt(tokens, positions, mask.expand(tokens.shape[0], 1, -1, -1))
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in gpt.named_parameters()}
+
+
+def pretend_liger_on_cpu(monkeypatch) -> None:
+    cpu = accelerator_class("cpu")
+    monkeypatch.setattr(cpu, "fused_features", classmethod(lambda cls: dict(LIGER)))
+
+
+class TorchRMSNorm(torch.autograd.Function):
+    """liger-kernel's RMSNorm signature, torch's arithmetic."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps, offset, casting_mode, in_place):
+        ctx.save_for_backward(x, w)
+        ctx.eps = eps
+        return torch.nn.functional.rms_norm(x, w.shape, w, eps)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w = ctx.saved_tensors
+        with torch.enable_grad():
+            x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+            out = torch.nn.functional.rms_norm(x, w.shape, w, ctx.eps)
+            gx, gw = torch.autograd.grad(out, (x, w), grad)
+        return gx, gw, None, None, None, None
+
+
+class TorchSwiGLU:
+    @staticmethod
+    def apply(y, in_place):
+        gate, up = y.chunk(2, dim=-1)
+        return torch.nn.functional.silu(gate) * up
+
+
+def torch_arithmetic_for_the_kernels(monkeypatch) -> None:
+    """The kernels' functions as torch formulas: the swap's wiring runs on CPU, whose Triton cannot."""
+    import liger_kernel.ops
+
+    monkeypatch.setattr(liger_kernel.ops, "LigerRMSNormFunction", TorchRMSNorm)
+    monkeypatch.setattr(liger_kernel.ops, "LigerFusedGateUpSiLUMulFunction", TorchSwiGLU)
+
+
+def test_a_built_model_swaps_its_modules_and_keeps_its_parameters(monkeypatch):
+    """Every torch RMSNorm and every MLP activation is swapped, the parameters (objects, names) stay; with the
+    kernels' functions standing in as torch formulas the model computes what the unfused one does."""
+    from megatron.core.transformer.mlp import MLP
+
+    from mindspeed_rl.utils import dist
+
+    dist.init_distributed()
+    try:
+        plain = build(MegatronConfig(model="tiny"))
+        pretend_liger_on_cpu(monkeypatch)
+        fused = build(MegatronConfig(model="tiny", **BOTH))
+        assert not any(type(m) is torch.nn.RMSNorm for m in fused.modules())
+        norms = [m for m in fused.modules() if isinstance(m, fused_kernels.FusedRMSNorm)]
+        assert len(norms) == 2 * 2 + 1  # two per layer and the final one
+        mlps = [m for m in fused.modules() if isinstance(m, MLP)]
+        assert len(mlps) == 2 and all(isinstance(m.activation_func, fused_kernels.FusedSwiGLU) for m in mlps)
+        assert fused.config.use_te_activation_func and not fused.config.bias_activation_fusion
+        assert list(fused.state_dict()) == list(plain.state_dict())
+        fused.load_state_dict(plain.state_dict())
+
+        torch_arithmetic_for_the_kernels(monkeypatch)
+        tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+        (want, want_grads), (got, got_grads) = forward_backward(plain, tokens), forward_backward(fused, tokens)
+        assert torch.allclose(got, want, atol=1e-6)
+        for name in want_grads:
+            assert torch.allclose(got_grads[name], want_grads[name], atol=1e-6), name
+    finally:
+        dist.destroy()
+
+
+def swiglu_parity_in_the_interpreter() -> None:
+    """Run with TRITON_INTERPRET=1 (subprocess): liger-kernel's SwiGLU kernel in a built model against megatron's
+    unfused MLP in fp32; prints the largest differences."""
+    import pytest as _pytest  # the monkeypatch fixture's class, outside pytest
+
+    from mindspeed_rl.utils import dist
+
+    patch = _pytest.MonkeyPatch()
+    dist.init_distributed()
+    try:
+        plain = build(MegatronConfig(model="tiny"))
+        pretend_liger_on_cpu(patch)
+        fused = build(MegatronConfig(model="tiny", use_fused_swiglu=True))
+        fused.load_state_dict(plain.state_dict())
+        tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(2))
+        (want, want_grads), (got, got_grads) = forward_backward(plain, tokens), forward_backward(fused, tokens)
+        grad = max(float((got_grads[n] - want_grads[n]).abs().max()) for n in want_grads)
+        print(f"logits {float((got - want).abs().max()):.3g} gradients {grad:.3g}")
+    finally:
+        patch.undo()
+        dist.destroy()
+
+
+@pytest.mark.slow
+def test_liger_swiglu_kernel_matches_megatrons_mlp_in_fp32():
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
+    code = "from tests.test_fused_kernels import swiglu_parity_in_the_interpreter as p; p()"
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = [row for row in out.stdout.splitlines() if row.startswith("logits ")][-1]
+    _, logits, _, grads = line.split()
+    assert float(logits) <= 1e-5 and float(grads) <= 1e-5, line
+
+
+def test_the_device_checks_fused_kernels_step_runs_with_stand_ins(monkeypatch):
+    """bench/device_check.py's fused_kernels step (its code path, on CPU with the stand-ins): parity rows of 0
+    difference with every module swapped, and the training rows with each kernel set."""
+    from bench import device_kernels
+    from bench.device_steps import Context
+
+    ctx = Context(smoke=True)
+    try:
+        assert device_kernels.kernel_rows(ctx) == [
+            dict(check="fused kernels", result="skipped: no liger-kernel kernels on cpu")
+        ]
+        pretend_liger_on_cpu(monkeypatch)
+        torch_arithmetic_for_the_kernels(monkeypatch)
+        rows = device_kernels.kernel_rows(ctx)
+    finally:
+        ctx.close()
+    parity = [r for r in rows if r["check"] == "parity"]
+    assert [r["dtype"] for r in parity] == ["fp32", "bf16"]
+    for row in parity:
+        assert row["modules_swapped"] == 2 * 2 + 1 + 2, row  # toy-2L: five norms, two MLP activations
+        assert row["max_abs_logprob_diff"] < 1e-5 and row["loss_rel_diff"] < 1e-5 and row["grad_norm_rel_diff"] < 1e-4
+    speed = [r for r in rows if r["check"] == "training"]
+    assert [(r["seq"], r["kernels"]) for r in speed] == [
+        (32, "torch"),
+        (32, "liger-kernel"),
+        (64, "torch"),
+        (64, "liger-kernel"),
+    ]
+    assert all(r["tokens_per_s"] > 0 for r in speed)
