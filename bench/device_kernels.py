@@ -1,5 +1,5 @@
-"""bench/device_check.py's fused_kernels step: liger-kernel's RMSNorm and SwiGLU (``use_fused_rmsnorm``,
-``use_fused_swiglu``; models/fused_kernels.py) against torch's modules on the same weights.
+"""bench/device_check.py's fused_kernels step: liger-kernel's RMSNorm, SwiGLU and RoPE (``use_fused_rmsnorm``,
+``use_fused_swiglu``, ``use_fused_rotary_pos_emb``; models/fused_kernels.py) against torch's on the same weights.
 
 Parity: log-probs of the real tokens (forward), then the loss and gradient norm of one training step, fp32 and
 bf16. Speed: the training step of the first shape at 1K and 4K packed, torch's modules then the fused ones.

@@ -9,7 +9,7 @@ import torch
 
 from bench.device_steps import TOY_WIDE, WIDE, Context, engine_for, measure_peak, model_config, random_batch
 
-FUSED = dict(use_fused_rmsnorm=True, use_fused_swiglu=True)
+FUSED = dict(use_fused_rmsnorm=True, use_fused_swiglu=True, use_fused_rotary_pos_emb=True)
 
 
 def available() -> str:

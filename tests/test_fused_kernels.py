@@ -1,7 +1,7 @@
-"""Fused RMSNorm / SwiGLU (models/fused_kernels.py): which role gets liger-kernel's kernels on which device, the
-module swap on a built model, and the SwiGLU kernel's parity with megatron's MLP (liger-kernel's Triton code
-run on CPU by Triton's interpreter). The RMSNorm kernel does not run in the interpreter: its parity is a step
-of the device check (bench/device_check.py, step fused_kernels)."""
+"""Fused RMSNorm / SwiGLU / RoPE (models/fused_kernels.py): which role gets liger-kernel's kernels on which device,
+the module swap on a built model, and the SwiGLU and RoPE kernels' parity with megatron's MLP and RoPE
+(liger-kernel's Triton code run on CPU by Triton's interpreter). The RMSNorm kernel does not run in the
+interpreter: its parity is a step of the device check (bench/device_check.py, step fused_kernels)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.helpers import tiny_model_config
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA = dict(accelerator_class("cpu").fused_features(), sequence_parallel=True, flash_attn=True)
 LIGER = dict(CUDA, liger_kernels=True, fused_rmsnorm=True, fused_swiglu=True)
-BOTH = dict(use_fused_rmsnorm=True, use_fused_swiglu=True)
+BOTH = dict(use_fused_rmsnorm=True, use_fused_swiglu=True, use_fused_rotary_pos_emb=True)
 
 
 def choice(features, kind="cuda", model=None, **megatron):
@@ -29,7 +29,7 @@ def choice(features, kind="cuda", model=None, **megatron):
 
 def test_the_flags_and_the_device_choose_the_kernels():
     assert choice(LIGER) == fused_kernels.FusedKernels()  # not asked: torch's modules, no note
-    assert choice(LIGER, **BOTH) == fused_kernels.FusedKernels(rmsnorm=True, swiglu=True)
+    assert choice(LIGER, **BOTH) == fused_kernels.FusedKernels(rmsnorm=True, swiglu=True, rope=True)
     assert choice(LIGER, use_fused_swiglu=True).config_fields() == dict(
         bias_activation_fusion=False, use_te_activation_func=True
     )
@@ -40,7 +40,7 @@ def test_the_flags_and_the_device_choose_the_kernels():
         assert (kernels.rmsnorm, kernels.swiglu) == (False, False)
         assert kernels.notes == tuple(f"{f}: no such kernel on {kind}; torch's runs" for f in BOTH)
     # Transformer Engine's layer spec fuses them itself; a LoRA role runs the local spec, so liger-kernel's
-    te = dict(LIGER, transformer_engine=True)
+    te = dict(LIGER, transformer_engine=True, rope_fusion=True)
     assert choice(te, **BOTH) == fused_kernels.FusedKernels()
     assert choice(te, lora_r=4, lora_target_modules=["linear_qkv"], **BOTH).rmsnorm
     # NPU: MindSpeed's adaptor fuses them (no note, nothing swapped)
@@ -49,6 +49,14 @@ def test_the_flags_and_the_device_choose_the_kernels():
     assert (layer_norm.rmsnorm, layer_norm.swiglu) == (False, True)
     assert layer_norm.notes == ("use_fused_rmsnorm: LayerNorm is not fused",)
     assert not choice(LIGER, model=tiny_model_config(swiglu=False), **BOTH).swiglu
+    # RoPE: megatron's hook serves the standard attention's rotary embedding of whole rows
+    for model, why in (
+        (tiny_model_config(position_embedding_type="mrope", mrope_section=[2, 3, 3]), "mrope"),
+        (tiny_model_config(multi_latent_attention=True), "multi-latent attention"),
+    ):
+        kernels = choice(LIGER, model=model, use_fused_rotary_pos_emb=True)
+        assert not kernels.rope and kernels.notes == (f"use_fused_rotary_pos_emb: not with {why}; torch's runs",)
+    assert not choice(LIGER, use_fused_rotary_pos_emb=True, context_parallel_size=2).rope
 
 
 def build(megatron: MegatronConfig, seed: int = 5):
@@ -69,8 +77,13 @@ def forward_backward(gpt, tokens):
 
 
 def pretend_liger_on_cpu(monkeypatch) -> None:
+    """The CPU accelerator reports liger-kernel; megatron's fused-RoPE hooks are restored afterwards."""
+    from megatron.core.models.common.embeddings import rope_utils
+
     cpu = accelerator_class("cpu")
     monkeypatch.setattr(cpu, "fused_features", classmethod(lambda cls: dict(LIGER)))
+    for hook in ("fused_apply_rotary_pos_emb", "fused_apply_rotary_pos_emb_thd"):
+        monkeypatch.setattr(rope_utils, hook, getattr(rope_utils, hook))
 
 
 class TorchRMSNorm(torch.autograd.Function):
@@ -92,6 +105,18 @@ class TorchRMSNorm(torch.autograd.Function):
         return gx, gw, None, None, None, None
 
 
+class TorchRope:
+    """liger-kernel's RoPE signature (q [b, h, s, d], k, cos / sin [b, s, d]), torch's arithmetic."""
+
+    @staticmethod
+    def apply(q, k, cos, sin):
+        def rotate(x):
+            first, second = x.chunk(2, dim=-1)
+            return x * cos[:, None] + torch.cat([-second, first], dim=-1) * sin[:, None]
+
+        return rotate(q), rotate(k)
+
+
 class TorchSwiGLU:
     @staticmethod
     def apply(y, in_place):
@@ -102,7 +127,9 @@ class TorchSwiGLU:
 def torch_arithmetic_for_the_kernels(monkeypatch) -> None:
     """The kernels' functions as torch formulas: the swap's wiring runs on CPU, whose Triton cannot."""
     import liger_kernel.ops
+    import liger_kernel.ops.rope
 
+    monkeypatch.setattr(liger_kernel.ops.rope, "LigerRopeFunction", TorchRope)
     monkeypatch.setattr(liger_kernel.ops, "LigerRMSNormFunction", TorchRMSNorm)
     monkeypatch.setattr(liger_kernel.ops, "LigerFusedGateUpSiLUMulFunction", TorchSwiGLU)
 
@@ -125,6 +152,7 @@ def test_a_built_model_swaps_its_modules_and_keeps_its_parameters(monkeypatch):
         mlps = [m for m in fused.modules() if isinstance(m, MLP)]
         assert len(mlps) == 2 and all(isinstance(m.activation_func, fused_kernels.FusedSwiGLU) for m in mlps)
         assert fused.config.use_te_activation_func and not fused.config.bias_activation_fusion
+        assert fused.config.apply_rope_fusion and not plain.config.apply_rope_fusion
         assert list(fused.state_dict()) == list(plain.state_dict())
         fused.load_state_dict(plain.state_dict())
 
@@ -138,9 +166,53 @@ def test_a_built_model_swaps_its_modules_and_keeps_its_parameters(monkeypatch):
         dist.destroy()
 
 
+def rope_hooks_parity() -> float:
+    """liger-kernel's RoPE through megatron's hooks against megatron's unfused RoPE, padded [s, b] and packed rows,
+    whole and partial rotary dimensions: the largest difference of outputs and gradients (fp32)."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    class OneRank:
+        def size(self):
+            return 1
+
+        def rank(self):
+            return 0
+
+    g = torch.Generator().manual_seed(4)
+    worst = 0.0
+    for rotary in (16, 8):
+        inverse = 1.0 / 10000 ** (torch.arange(0, rotary, 2).float() / rotary)
+        angles = torch.arange(40).float()[:, None] * inverse
+        freqs = torch.cat([angles, angles], -1)[:, None, None, :]
+        cu = torch.tensor([0, 5, 9, 17], dtype=torch.int32)
+        cases = (
+            (
+                torch.randn(12, 3, 4, 16, generator=g),
+                rope_utils._apply_rotary_pos_emb_bshd,
+                fused_kernels.rope_bshd,
+                (),
+            ),
+            (torch.randn(17, 4, 16, generator=g), rope_utils._apply_rotary_pos_emb_thd, fused_kernels.rope_thd, (cu,)),
+        )
+        for t, unfused, fused, rows in cases:
+            t.requires_grad_(True)
+            kwargs = {"cp_group": OneRank()} if rows else {}
+            want = unfused(t, *rows, freqs[: t.shape[0]] if not rows else freqs, **kwargs)
+            got = fused(t, *rows, freqs[: t.shape[0]] if not rows else freqs)
+            grad = torch.randn(want.shape, generator=g)
+            # liger-kernel rotates the incoming gradient in place: each backward gets its own copy
+            (got_grad,), (want_grad,) = (torch.autograd.grad(o, t, grad.clone()) for o in (got, want))
+            worst = max(worst, float((got - want).abs().max()), float((got_grad - want_grad).abs().max()))
+    # tokens after the last packed row keep position 0: unrotated
+    tail = torch.randn(20, 4, 16, generator=g)
+    out = fused_kernels.rope_thd(tail, torch.tensor([0, 5, 9, 17], dtype=torch.int32), freqs)
+    worst = max(worst, float((out[17:] - tail[17:]).abs().max()))
+    return worst
+
+
 def swiglu_parity_in_the_interpreter() -> None:
-    """Run with TRITON_INTERPRET=1 (subprocess): liger-kernel's SwiGLU kernel in a built model against megatron's
-    unfused MLP in fp32; prints the largest differences."""
+    """Run with TRITON_INTERPRET=1 (subprocess): liger-kernel's SwiGLU and RoPE kernels in a built model against
+    megatron's unfused MLP and RoPE in fp32, then the RoPE hooks alone; prints the largest differences."""
     import pytest as _pytest  # the monkeypatch fixture's class, outside pytest
 
     from mindspeed_rl.utils import dist
@@ -150,26 +222,27 @@ def swiglu_parity_in_the_interpreter() -> None:
     try:
         plain = build(MegatronConfig(model="tiny"))
         pretend_liger_on_cpu(patch)
-        fused = build(MegatronConfig(model="tiny", use_fused_swiglu=True))
+        fused = build(MegatronConfig(model="tiny", use_fused_swiglu=True, use_fused_rotary_pos_emb=True))
+        assert fused.config.apply_rope_fusion
         fused.load_state_dict(plain.state_dict())
         tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(2))
         (want, want_grads), (got, got_grads) = forward_backward(plain, tokens), forward_backward(fused, tokens)
         grad = max(float((got_grads[n] - want_grads[n]).abs().max()) for n in want_grads)
-        print(f"logits {float((got - want).abs().max()):.3g} gradients {grad:.3g}")
+        print(f"logits {float((got - want).abs().max()):.3g} gradients {grad:.3g} rope {rope_hooks_parity():.3g}")
     finally:
         patch.undo()
         dist.destroy()
 
 
 @pytest.mark.slow
-def test_liger_swiglu_kernel_matches_megatrons_mlp_in_fp32():
+def test_liger_swiglu_and_rope_kernels_match_megatron_in_fp32():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=ROOT)
     code = "from tests.test_fused_kernels import swiglu_parity_in_the_interpreter as p; p()"
     out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     line = [row for row in out.stdout.splitlines() if row.startswith("logits ")][-1]
-    _, logits, _, grads = line.split()
-    assert float(logits) <= 1e-5 and float(grads) <= 1e-5, line
+    _, logits, _, grads, _, rope = line.split()
+    assert float(logits) <= 1e-5 and float(grads) <= 1e-5 and float(rope) <= 1e-5, line
 
 
 def test_the_device_checks_fused_kernels_step_runs_with_stand_ins(monkeypatch):

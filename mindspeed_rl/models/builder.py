@@ -48,9 +48,7 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
     if megatron.sequence_parallel and not feats["sequence_parallel"]:
         _say_once(f"sequence_parallel: not supported on {kind} (torch norm); running without it")
         sequence_parallel = False
-    rope_fusion = megatron.use_fused_rotary_pos_emb and feats["rope_fusion"]
-    if megatron.use_fused_rotary_pos_emb and not rope_fusion:
-        _say_once(f"use_fused_rotary_pos_emb: no fused RoPE kernel on {kind}; using the unfused one")
+    rope_fusion = megatron.use_fused_rotary_pos_emb and feats["rope_fusion"]  # Transformer Engine's
     grad_acc_fusion = not megatron.no_gradient_accumulation_fusion and feats["gradient_accumulation_fusion"]
     softmax_fusion = not megatron.no_masked_softmax_fusion and feats["masked_softmax_fusion"]
     if megatron.use_flash_attn and not feats["flash_attn"]:

@@ -1,13 +1,15 @@
-"""Fused RMSNorm and SwiGLU kernels for the local (non-Transformer-Engine) layer spec, from liger-kernel.
+"""Fused RMSNorm, SwiGLU and RoPE kernels for the local (non-Transformer-Engine) layer spec, from liger-kernel.
 
-``use_fused_rmsnorm`` and ``use_fused_swiglu`` ask for a fused kernel; the accelerator says whether the device has
-one (``fused_features()["liger_kernels"]``: CUDA with liger-kernel importable). Where it does, a built model's norms
-and gated MLP activations are swapped, module by module, for liger-kernel's Triton kernels; elsewhere the torch
-implementation runs unchanged (the exact fallback). The swap keeps every parameter object (same names, same
+``use_fused_rmsnorm``, ``use_fused_swiglu`` and ``use_fused_rotary_pos_emb`` ask for a fused kernel; the accelerator
+says whether the device has one (``fused_features()["liger_kernels"]``: CUDA with liger-kernel importable). Where it
+does, a built model's norms and gated MLP activations are swapped, module by module, for liger-kernel's Triton
+kernels, and megatron's fused-RoPE hook (Transformer Engine's otherwise) gets liger-kernel's kernel; elsewhere the
+torch implementation runs unchanged (the exact fallback). The swap keeps every parameter object (same names, same
 attributes, same checkpoint), so it changes the arithmetic only:
 
     RMSNorm(x) = x / sqrt(mean(x^2) + eps) * w      one kernel forward, one backward (x and w)
     SwiGLU(y)  = silu(y_gate) * y_up,  y = [y_gate | y_up] = linear_fc1(x)      read from the fused buffer in place
+    RoPE(t)_p  = t_p * cos(p theta) + rotate_half(t_p) * sin(p theta),  p the token's position in its row
 
 Per model, not per process: a role built without the flags keeps torch's modules even where another role in the
 same process took the kernels.
@@ -28,34 +30,47 @@ class FusedKernels:
 
     rmsnorm: bool = False
     swiglu: bool = False
+    rope: bool = False
     notes: Tuple[str, ...] = ()
 
     def config_fields(self) -> dict:
         """TransformerConfig fields: the fused SwiGLU is the MLP's activation module (megatron calls it on the
-        fused gate-up output when ``use_te_activation_func`` is set), so megatron's compiled one is off."""
-        return dict(bias_activation_fusion=False, use_te_activation_func=True) if self.swiglu else {}
+        fused gate-up output when ``use_te_activation_func`` is set), so megatron's compiled one is off; the fused
+        RoPE is megatron's ``apply_rope_fusion`` hook, filled by ``install_rope``."""
+        fields = dict(bias_activation_fusion=False, use_te_activation_func=True) if self.swiglu else {}
+        if self.rope:
+            install_rope()
+            fields["apply_rope_fusion"] = True
+        return fields
 
 
 def choose(megatron, model, features: dict, kind: str) -> FusedKernels:
     """The kernels this role gets on device ``kind`` whose ``fused_features`` are ``features``: liger-kernel's
     where the device has them and the local spec runs (Transformer Engine's spec fuses its own; on NPU MindSpeed's
     adaptor patches the local modules)."""
+    rope = megatron.use_fused_rotary_pos_emb
     asked = (
         ("use_fused_rmsnorm", megatron.use_fused_rmsnorm, features["fused_rmsnorm"]),
         ("use_fused_swiglu", megatron.use_fused_swiglu and model.swiglu, features["fused_swiglu"]),
+        ("use_fused_rotary_pos_emb", rope, features["rope_fusion"]),
     )
     te_spec = features["transformer_engine"] and not megatron.lora_r
     if te_spec or not features.get("liger_kernels"):
-        return FusedKernels(
-            notes=tuple(
-                f"{flag}: no such kernel on {kind}; torch's runs" for flag, wanted, has in asked if wanted and not has
-            )
-        )
+        notes = (f"{flag}: no such kernel on {kind}; torch's runs" for flag, wanted, has in asked if wanted and not has)
+        return FusedKernels(notes=tuple(notes))
+    notes = []
     rmsnorm = megatron.use_fused_rmsnorm and model.normalization == "RMSNorm"
-    notes = (
-        () if rmsnorm or not megatron.use_fused_rmsnorm else (f"use_fused_rmsnorm: {model.normalization} is not fused",)
-    )
-    return FusedKernels(rmsnorm=rmsnorm, swiglu=bool(asked[1][1]), notes=notes)
+    if megatron.use_fused_rmsnorm and not rmsnorm:
+        notes.append(f"use_fused_rmsnorm: {model.normalization} is not fused")
+    # the hook serves the standard attention's RoPE; multi-latent attention scales its own (mscale), and a
+    # context-parallel rank holds two chunks of each row
+    why_not = "multi-latent attention" if model.multi_latent_attention else ""
+    why_not = why_not or ("context parallelism" if megatron.context_parallel_size > 1 else "")
+    why_not = why_not or ("" if model.position_embedding_type == "rope" else model.position_embedding_type)
+    if rope and why_not:
+        notes.append(f"use_fused_rotary_pos_emb: not with {why_not}; torch's runs")
+    rope = rope and not why_not and not features["rope_fusion"]  # Transformer Engine's hook where installed
+    return FusedKernels(rmsnorm, bool(asked[1][1]), rope, tuple(notes))
 
 
 class FusedRMSNorm(nn.Module):
@@ -88,6 +103,53 @@ class FusedSwiGLU(nn.Module):
         return out.view(*y.shape[:-1], out.shape[-1])
 
 
+def _rope(t: torch.Tensor, angles: torch.Tensor) -> torch.Tensor:
+    """t [batch, seq, heads, d] (contiguous), angles [batch or 1, seq, rotary dims] -> t rotated in one kernel.
+
+    liger-kernel rotates a query and a key together, in place on contiguous storage: the key is a one-head
+    scratch tensor here (megatron rotates q and k in separate calls), and the rotation runs on a copy of t
+    (megatron keeps t where a recomputation may read it). Its backward rotates the incoming gradient in place, as
+    it does in transformers' attention (the attention's gradient is not shared)."""
+    from liger_kernel.ops.rope import LigerRopeFunction
+
+    b, s, _, d = t.shape
+    cos, sin = (f(angles).to(t.dtype).expand(b, s, -1).contiguous() for f in (torch.cos, torch.sin))
+    scratch = t.new_zeros(b, s, 1, d)
+    out, _ = LigerRopeFunction.apply(t.clone().transpose(1, 2), scratch.transpose(1, 2), cos, sin)
+    return out.transpose(1, 2)
+
+
+def rope_bshd(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """megatron's fused-RoPE hook, padded layout: t [s, b, h, d], freqs [s, 1 or b, 1, rotary dims] angles."""
+    if interleaved:
+        raise ValueError("use_fused_rotary_pos_emb: liger-kernel's RoPE rotates halves, not interleaved pairs")
+    return _rope(t.contiguous(), freqs[: t.shape[0], :, 0, :])  # megatron's [s, b] as liger-kernel's [batch, seq]
+
+
+def rope_thd(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, cp_size: int = 1, cp_rank: int = 0):
+    """megatron's fused-RoPE hook, packed layout: t [tokens, h, d], rows starting at ``cu_seqlens[:-1]``; each
+    token's angle is its position in its row (tokens after the last row: position 0)."""
+    if cp_size != 1:
+        raise ValueError("use_fused_rotary_pos_emb: liger-kernel's packed RoPE runs without context parallelism")
+    bounds = cu_seqlens.to(torch.long)
+    tail = t.shape[0] - int(bounds[-1])
+    starts = torch.cat([bounds[:-1].repeat_interleave(torch.diff(bounds)), bounds.new_full((tail,), -1)])
+    positions = torch.arange(t.shape[0], device=t.device)
+    positions = torch.where(starts >= 0, positions - starts.clamp(min=0), 0)
+    return _rope(t.contiguous().unsqueeze(0), freqs[positions, 0, 0, :].unsqueeze(0))[0]
+
+
+def install_rope() -> None:
+    """Fill megatron's fused-RoPE hook with liger-kernel's kernel where Transformer Engine has not; only models
+    whose TransformerConfig sets ``apply_rope_fusion`` call it."""
+    from megatron.core.models.common.embeddings import rope_utils
+
+    if rope_utils.fused_apply_rotary_pos_emb is None:
+        rope_utils.fused_apply_rotary_pos_emb = rope_bshd
+    if rope_utils.fused_apply_rotary_pos_emb_thd is None:
+        rope_utils.fused_apply_rotary_pos_emb_thd = rope_thd
+
+
 def swap_modules(gpt: nn.Module, kernels: FusedKernels) -> List[str]:
     """Swap ``gpt``'s torch RMSNorms and gated MLP activations for the fused ones; returns what was swapped."""
     from megatron.core.transformer.mlp import MLP
@@ -107,4 +169,4 @@ def swap_modules(gpt: nn.Module, kernels: FusedKernels) -> List[str]:
     return swapped
 
 
-__all__ = ["FusedKernels", "FusedRMSNorm", "FusedSwiGLU", "choose", "swap_modules"]
+__all__ = ["FusedKernels", "FusedRMSNorm", "FusedSwiGLU", "choose", "install_rope", "swap_modules"]
