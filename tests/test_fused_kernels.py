@@ -5,6 +5,7 @@ interpreter: its parity is a step of the device check (bench/device_check.py, st
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -274,3 +275,27 @@ def test_the_device_checks_fused_kernels_step_runs_with_stand_ins(monkeypatch):
         (64, "liger-kernel"),
     ]
     assert all(r["tokens_per_s"] > 0 for r in speed)
+
+
+def test_on_cuda_megatrons_compiled_regions_run_only_where_they_fuse_something(monkeypatch):
+    """megatron compiles its SwiGLU and bias-dropout-add (torch.compile), which recompiled as packed lengths varied
+    on an H100: without dropout or a bias the bias-dropout-add is one addition and runs uncompiled; with
+    liger-kernel's SwiGLU megatron's compiled one is off."""
+    from mindspeed_rl.models.builder import transformer_config
+
+    real_find_spec = importlib.util.find_spec
+    installed = {"transformer_engine": None}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: installed.get(name, real_find_spec(name, *a)))
+    monkeypatch.setitem(sys.modules, "transformer_engine", None)
+    model = tiny_model_config()
+    plain = transformer_config(model, MegatronConfig(model="tiny"), "cuda")
+    assert not plain.bias_dropout_fusion and plain.bias_activation_fusion
+    assert transformer_config(model, MegatronConfig(model="tiny", hidden_dropout=0.1), "cuda").bias_dropout_fusion
+    assert transformer_config(
+        tiny_model_config(disable_bias_linear=False), MegatronConfig(model="tiny"), "cuda"
+    ).bias_dropout_fusion
+    installed["liger_kernel"] = None  # not installed: megatron's compiled SwiGLU stays
+    assert transformer_config(model, MegatronConfig(model="tiny", use_fused_swiglu=True), "cuda").bias_activation_fusion
+    installed["liger_kernel"] = real_find_spec("json")
+    fused = transformer_config(model, MegatronConfig(model="tiny", use_fused_swiglu=True), "cuda")
+    assert not fused.bias_activation_fusion and fused.use_te_activation_func

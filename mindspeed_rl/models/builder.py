@@ -85,7 +85,9 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
         use_cpu_initialization=acc.cpu_initialization,
         perform_initialization=True,
         bias_activation_fusion=feats["bias_activation_fusion"] and model.swiglu,
-        bias_dropout_fusion=feats["bias_dropout_fusion"],
+        # megatron compiles its bias-dropout-add, recompiling as packed lengths vary: only where it fuses something
+        bias_dropout_fusion=feats["bias_dropout_fusion"]
+        and (megatron.hidden_dropout > 0 or not model.disable_bias_linear),
         masked_softmax_fusion=softmax_fusion,
         persist_layer_norm=False,
         apply_rope_fusion=rope_fusion,
