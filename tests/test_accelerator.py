@@ -271,18 +271,34 @@ def test_cpu_decisions(monkeypatch):
     }
 
 
-def test_cpu_kv_cache_budget_is_shared_by_the_engine_processes_of_a_host(monkeypatch):
-    import psutil
-
+def test_cpu_kv_cache_budget_is_shared_by_the_engine_processes_of_a_host(monkeypatch, caplog):
     from mindspeed_rl.accelerator.cpu import vllm_kv_cache_bytes
+    from mindspeed_rl.compat import vllm as compat_vllm
     from mindspeed_rl.config_cls import GenerateConfig
 
+    gib = 2**30
+    memory = {"node": (100 * gib, 60 * gib)}  # total, available
+    monkeypatch.setattr(compat_vllm, "cpu_node_memory", lambda: memory["node"])
     gen = GenerateConfig(gpu_memory_utilization=0.1)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    alone = vllm_kv_cache_bytes(gen)
-    assert alone == int(0.1 * psutil.virtual_memory().total)
+    assert vllm_kv_cache_bytes(gen) == 10 * gib
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    assert vllm_kv_cache_bytes(gen) == int(0.1 * psutil.virtual_memory().total / 4)
+    assert vllm_kv_cache_bytes(gen) == int(2.5 * gib)
+    # vLLM refuses a budget over the node's available memory: a loaded host gets 90% of what is free, said once
+    memory["node"] = (100 * gib, 8 * gib)
+    with caplog.at_level("WARNING"):
+        assert vllm_kv_cache_bytes(gen) == int(0.9 * 8 * gib / 4)
+    assert "2.50 GiB of KV cache per engine, but 8.00 GiB of host memory is free for 4 engine(s)" in caplog.text
+
+
+def test_cpu_node_memory_is_what_vllms_cpu_worker_checks():
+    resources = pytest.importorskip("vllm.utils.cpu_resource_utils")  # vLLM 0.32; older ones: psutil's figures
+
+    from mindspeed_rl.compat import vllm as compat_vllm
+
+    total, available = compat_vllm.cpu_node_memory()
+    info = resources.get_memory_node_info(resources.get_allowed_cpu_list()[0].numa_node)
+    assert total == info.total_memory and 0 < available <= total
 
 
 def test_vllm_head_dims_limit_cpu_only():

