@@ -15,6 +15,7 @@ import torch
 
 from mindspeed_rl.accelerator import accelerator_class
 from mindspeed_rl.config_cls import MegatronConfig
+from mindspeed_rl.features import fused_kernels as kernel_choice
 from mindspeed_rl.models import fused_kernels
 from tests.helpers import tiny_model_config
 
@@ -25,12 +26,12 @@ BOTH = dict(use_fused_rmsnorm=True, use_fused_swiglu=True, use_fused_rotary_pos_
 
 
 def choice(features, kind="cuda", model=None, **megatron):
-    return fused_kernels.choose(MegatronConfig(model="tiny", **megatron), model or tiny_model_config(), features, kind)
+    return kernel_choice.choose(MegatronConfig(model="tiny", **megatron), model or tiny_model_config(), features, kind)
 
 
 def test_the_flags_and_the_device_choose_the_kernels():
-    assert choice(LIGER) == fused_kernels.FusedKernels()  # not asked: torch's modules, no note
-    assert choice(LIGER, **BOTH) == fused_kernels.FusedKernels(rmsnorm=True, swiglu=True, rope=True)
+    assert choice(LIGER) == kernel_choice.FusedKernels()  # not asked: torch's modules, no note
+    assert choice(LIGER, **BOTH) == kernel_choice.FusedKernels(rmsnorm=True, swiglu=True, rope=True)
     assert choice(LIGER, use_fused_swiglu=True).config_fields() == dict(
         bias_activation_fusion=False, use_te_activation_func=True
     )
@@ -39,13 +40,13 @@ def test_the_flags_and_the_device_choose_the_kernels():
     for features, kind in ((accelerator_class("cpu").fused_features(), "cpu"), (CUDA, "cuda")):
         kernels = choice(features, kind, **BOTH)
         assert (kernels.rmsnorm, kernels.swiglu) == (False, False)
-        assert kernels.notes == tuple(f"{f}: no such kernel on {kind}; torch's runs" for f in BOTH)
+        assert kernels.notes == (f"{', '.join(BOTH)}: no such kernel on {kind}; torch's runs",)
     # Transformer Engine's layer spec fuses them itself; a LoRA role runs the local spec, so liger-kernel's
     te = dict(LIGER, transformer_engine=True, rope_fusion=True)
-    assert choice(te, **BOTH) == fused_kernels.FusedKernels()
+    assert choice(te, **BOTH) == kernel_choice.FusedKernels()
     assert choice(te, lora_r=4, lora_target_modules=["linear_qkv"], **BOTH).rmsnorm
     # NPU: MindSpeed's adaptor fuses them (no note, nothing swapped)
-    assert choice(accelerator_class("npu").fused_features(), "npu", **BOTH) == fused_kernels.FusedKernels()
+    assert choice(accelerator_class("npu").fused_features(), "npu", **BOTH) == kernel_choice.FusedKernels()
     layer_norm = choice(LIGER, model=tiny_model_config(normalization="LayerNorm"), **BOTH)
     assert (layer_norm.rmsnorm, layer_norm.swiglu) == (False, True)
     assert layer_norm.notes == ("use_fused_rmsnorm: LayerNorm is not fused",)
@@ -299,3 +300,20 @@ def test_on_cuda_megatrons_compiled_regions_run_only_where_they_fuse_something(m
     installed["liger_kernel"] = real_find_spec("json")
     fused = transformer_config(model, MegatronConfig(model="tiny", use_fused_swiglu=True), "cuda")
     assert not fused.bias_activation_fusion and fused.use_te_activation_func
+
+
+def test_the_batch_plan_says_which_kernels_each_role_gets(monkeypatch):
+    from mindspeed_rl.features import load_ppo_config
+    from mindspeed_rl.features.loop import plan_lines
+
+    asked = ["actor_config.use_fused_rmsnorm=true", "actor_config.use_fused_swiglu=true"]
+    cfg = load_ppo_config("ppo_tiny_cpu", asked)
+    assert not [x for x in plan_lines(load_ppo_config("ppo_tiny_cpu", [])) if x.startswith("  kernels   : actor")]
+    (line,) = [x for x in plan_lines(cfg) if x.startswith("  kernels   : actor")]
+    assert (
+        line
+        == "  kernels   : actor: torch's (use_fused_rmsnorm, use_fused_swiglu: no such kernel on cpu; torch's runs)"
+    )
+    pretend_liger_on_cpu(monkeypatch)
+    (line,) = [x for x in plan_lines(cfg) if x.startswith("  kernels   : actor")]
+    assert line == "  kernels   : actor: liger-kernel's RMSNorm, SwiGLU"

@@ -268,11 +268,11 @@ def vllm_kv_cache_bytes(gen: Any) -> int:
     wanted = int(gen.gpu_memory_utilization * total / processes)
     room = int(0.9 * available / processes)
     if wanted > room:
+        free = available / 2**30
         log.warning(
-            "gpu_memory_utilization %s: %.2f GiB of KV cache per engine, but %.2f GiB of host memory is free for "
-            "%d engine(s); taking %.2f GiB each",
-            gen.gpu_memory_utilization, wanted / 2**30, available / 2**30, processes, room / 2**30,
-        )  # fmt: skip
+            f"gpu_memory_utilization {gen.gpu_memory_utilization}: {wanted / 2**30:.2f} GiB of KV cache per engine, "
+            f"but {free:.2f} GiB of host memory is free for {processes} engine(s); taking {room / 2**30:.2f} GiB each"
+        )
     return min(wanted, room)
 
 

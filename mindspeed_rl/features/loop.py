@@ -25,6 +25,7 @@ from . import (
     dynamic_sampling,
     evaluation,
     fault_tolerance,
+    fused_kernels,
     judge,
     lora,
     memory,
@@ -69,6 +70,7 @@ FEATURES = (
     architecture,
     batches,  # after the layouts: a role's DP is theirs
     memory,
+    fused_kernels,
     training,
     placement,
     sequence_lengths,

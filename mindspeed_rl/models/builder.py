@@ -18,6 +18,7 @@ from ..compat import megatron_core as compat_megatron
 from ..config_cls.megatron_config import MegatronConfig
 from ..config_cls.model_config import ModelConfig
 from ..families import get_family
+from ..features.fused_kernels import choose as choose_kernels
 from ..features.precision import trained_precision
 from . import fused_kernels
 
@@ -53,7 +54,7 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
     softmax_fusion = not megatron.no_masked_softmax_fusion and feats["masked_softmax_fusion"]
     if megatron.use_flash_attn and not feats["flash_attn"]:
         _say_once(f"use_flash_attn: no such kernel on {kind}; using the torch implementation")
-    kernels = fused_kernels.choose(megatron, model, feats, kind)
+    kernels = choose_kernels(megatron, model, feats, kind)
     for note in kernels.notes:
         _say_once(note)
     dtype = params_dtype(megatron)
@@ -97,6 +98,8 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
         deallocate_pipeline_outputs=False,
     )
     kwargs.update(kernels.config_fields())
+    if kernels.rope:
+        fused_kernels.install_rope()
     kwargs.update(get_family(model.model_type_hf).transformer_config_fields(model))
     kwargs["expert_model_parallel_size"] = megatron.expert_model_parallel_size
     if megatron.context_parallel_size > 1:
@@ -219,7 +222,7 @@ def build_gpt_model(
     with compat_megatron.building_virtual_stage(vp_stage) as stage_kwargs:
         gpt = _gpt_model(model, megatron, config, acc.kind, vocab, pre_process, post_process, stage_kwargs)
     get_family(model.model_type_hf).post_build(gpt, model)
-    fused_kernels.swap_modules(gpt, fused_kernels.choose(megatron, model, acc.fused_features(), acc.kind))
+    fused_kernels.swap_modules(gpt, choose_kernels(megatron, model, acc.fused_features(), acc.kind))
     return acc.place_model(gpt)
 
 

@@ -12,65 +12,17 @@ attributes, same checkpoint), so it changes the arithmetic only:
     RoPE(t)_p  = t_p * cos(p theta) + rotate_half(t_p) * sin(p theta),  p the token's position in its row
 
 Per model, not per process: a role built without the flags keeps torch's modules even where another role in the
-same process took the kernels.
+same process took the kernels. Which role gets which kernel: ``features/fused_kernels.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List
 
 import torch
 from torch import nn
 
-
-@dataclass(frozen=True)
-class FusedKernels:
-    """Which of a model's modules run fused kernels, and why the others do not (one line each)."""
-
-    rmsnorm: bool = False
-    swiglu: bool = False
-    rope: bool = False
-    notes: Tuple[str, ...] = ()
-
-    def config_fields(self) -> dict:
-        """TransformerConfig fields: the fused SwiGLU is the MLP's activation module (megatron calls it on the
-        fused gate-up output when ``use_te_activation_func`` is set), so megatron's compiled one is off; the fused
-        RoPE is megatron's ``apply_rope_fusion`` hook, filled by ``install_rope``."""
-        fields = dict(bias_activation_fusion=False, use_te_activation_func=True) if self.swiglu else {}
-        if self.rope:
-            install_rope()
-            fields["apply_rope_fusion"] = True
-        return fields
-
-
-def choose(megatron, model, features: dict, kind: str) -> FusedKernels:
-    """The kernels this role gets on device ``kind`` whose ``fused_features`` are ``features``: liger-kernel's
-    where the device has them and the local spec runs (Transformer Engine's spec fuses its own; on NPU MindSpeed's
-    adaptor patches the local modules)."""
-    rope = megatron.use_fused_rotary_pos_emb
-    asked = (
-        ("use_fused_rmsnorm", megatron.use_fused_rmsnorm, features["fused_rmsnorm"]),
-        ("use_fused_swiglu", megatron.use_fused_swiglu and model.swiglu, features["fused_swiglu"]),
-        ("use_fused_rotary_pos_emb", rope, features["rope_fusion"]),
-    )
-    te_spec = features["transformer_engine"] and not megatron.lora_r
-    if te_spec or not features.get("liger_kernels"):
-        notes = (f"{flag}: no such kernel on {kind}; torch's runs" for flag, wanted, has in asked if wanted and not has)
-        return FusedKernels(notes=tuple(notes))
-    notes = []
-    rmsnorm = megatron.use_fused_rmsnorm and model.normalization == "RMSNorm"
-    if megatron.use_fused_rmsnorm and not rmsnorm:
-        notes.append(f"use_fused_rmsnorm: {model.normalization} is not fused")
-    # the hook serves the standard attention's RoPE; multi-latent attention scales its own (mscale), and a
-    # context-parallel rank holds two chunks of each row
-    why_not = "multi-latent attention" if model.multi_latent_attention else ""
-    why_not = why_not or ("context parallelism" if megatron.context_parallel_size > 1 else "")
-    why_not = why_not or ("" if model.position_embedding_type == "rope" else model.position_embedding_type)
-    if rope and why_not:
-        notes.append(f"use_fused_rotary_pos_emb: not with {why_not}; torch's runs")
-    rope = rope and not why_not and not features["rope_fusion"]  # Transformer Engine's hook where installed
-    return FusedKernels(rmsnorm, bool(asked[1][1]), rope, tuple(notes))
+from ..features.fused_kernels import FusedKernels
 
 
 class FusedRMSNorm(nn.Module):
@@ -169,4 +121,4 @@ def swap_modules(gpt: nn.Module, kernels: FusedKernels) -> List[str]:
     return swapped
 
 
-__all__ = ["FusedKernels", "FusedRMSNorm", "FusedSwiGLU", "choose", "install_rope", "swap_modules"]
+__all__ = ["FusedRMSNorm", "FusedSwiGLU", "install_rope", "swap_modules"]

@@ -1,0 +1,73 @@
+"""Fused kernels (``use_fused_rmsnorm``, ``use_fused_swiglu``, ``use_fused_rotary_pos_emb``): which kernels each
+role gets on the device, and the batch plan's line saying so. The device answers with its ``fused_features``; the
+kernels and the module swap are ``models/fused_kernels.py``'s."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Tuple
+
+from ..accelerator import get_accelerator
+
+
+@dataclass(frozen=True)
+class FusedKernels:
+    """Which of a model's modules run fused kernels, and why the others do not (one line each)."""
+
+    rmsnorm: bool = False
+    swiglu: bool = False
+    rope: bool = False
+    notes: Tuple[str, ...] = ()
+
+    def config_fields(self) -> dict:
+        """TransformerConfig fields: the fused SwiGLU is the MLP's activation module (megatron calls it on the
+        fused gate-up output when ``use_te_activation_func`` is set), so megatron's compiled one is off; the fused
+        RoPE is megatron's ``apply_rope_fusion`` hook (models/fused_kernels.py fills it)."""
+        fields = dict(bias_activation_fusion=False, use_te_activation_func=True) if self.swiglu else {}
+        return dict(fields, apply_rope_fusion=True) if self.rope else fields
+
+    def summary(self) -> str:
+        fused = [name for name, on in (("RMSNorm", self.rmsnorm), ("SwiGLU", self.swiglu), ("RoPE", self.rope)) if on]
+        head = f"liger-kernel's {', '.join(fused)}" if fused else "torch's"
+        return head + (f" ({'; '.join(self.notes)})" if self.notes else "")
+
+
+def choose(megatron, model, features: dict, kind: str) -> FusedKernels:
+    """The kernels this role gets on device ``kind`` whose ``fused_features`` are ``features``: liger-kernel's
+    where the device has them and the local spec runs (Transformer Engine's spec fuses its own; on NPU MindSpeed's
+    adaptor patches the local modules)."""
+    rope = megatron.use_fused_rotary_pos_emb
+    asked = (
+        ("use_fused_rmsnorm", megatron.use_fused_rmsnorm, features["fused_rmsnorm"]),
+        ("use_fused_swiglu", megatron.use_fused_swiglu and model.swiglu, features["fused_swiglu"]),
+        ("use_fused_rotary_pos_emb", rope, features["rope_fusion"]),
+    )
+    te_spec = features["transformer_engine"] and not megatron.lora_r
+    if te_spec or not features.get("liger_kernels"):
+        missing = ", ".join(flag for flag, wanted, has in asked if wanted and not has)
+        return FusedKernels(notes=(f"{missing}: no such kernel on {kind}; torch's runs",) if missing else ())
+    notes = []
+    rmsnorm = megatron.use_fused_rmsnorm and model.normalization == "RMSNorm"
+    if megatron.use_fused_rmsnorm and not rmsnorm:
+        notes.append(f"use_fused_rmsnorm: {model.normalization} is not fused")
+    # the hook serves the standard attention's RoPE; multi-latent attention scales its own (mscale), and a
+    # context-parallel rank holds two chunks of each row
+    why_not = "multi-latent attention" if model.multi_latent_attention else ""
+    why_not = why_not or ("context parallelism" if megatron.context_parallel_size > 1 else "")
+    why_not = why_not or ("" if model.position_embedding_type == "rope" else model.position_embedding_type)
+    if rope and why_not:
+        notes.append(f"use_fused_rotary_pos_emb: not with {why_not}; torch's runs")
+    rope = rope and not why_not and not features["rope_fusion"]  # Transformer Engine's hook where installed
+    return FusedKernels(rmsnorm, bool(asked[1][1]), rope, tuple(notes))
+
+
+def plan_lines(cfg: Any) -> List[str]:
+    """One line per distinct choice among the roles that ask for a fused kernel, on this process's device."""
+    acc = get_accelerator()
+    features = acc.fused_features()
+    lines: Dict[str, List[str]] = {}
+    for role in cfg.roles:
+        m = role.megatron
+        if m.use_fused_rmsnorm or m.use_fused_swiglu or m.use_fused_rotary_pos_emb:
+            lines.setdefault(choose(m, role.model, features, acc.kind).summary(), []).append(role.name)
+    return [f"  kernels   : {', '.join(names)}: {summary}" for summary, names in lines.items()]
