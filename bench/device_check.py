@@ -21,8 +21,8 @@ error and the next one runs):
                against the device's busy time, and the operators that take the most device time
   fused_kernels liger-kernel's RMSNorm, SwiGLU and RoPE (use_fused_rmsnorm, use_fused_swiglu,
                use_fused_rotary_pos_emb) against torch's on the same weights: log-prob, loss and gradient-norm
-               differences in fp32 and bf16, then the training step of the first shape at 1K and 4K packed with
-               each (skipped where liger-kernel is absent)
+               differences in fp32 and bf16, then the training step of the first shape at 4K packed with each
+               (skipped where liger-kernel is absent)
   training_7b  Qwen2.5-7B's widths (hidden 3584, 28 / 4 heads, MLP 18944, vocabulary 152,064, untied) with as
                many layers as fit the device with Adam (at most 8), 4K rows packed and split by a token budget
                of 16,384 (dynamic batch size), bf16: tokens/s, MFU, peak memory; with torch's modules, then
