@@ -93,6 +93,8 @@ class TorchRMSNorm(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, eps, offset, casting_mode, in_place):
+        # torch's arithmetic is liger-kernel's "gemma" casting; in place would overwrite what a recomputation reads
+        assert (offset, casting_mode, in_place) == (0.0, "gemma", False)
         ctx.save_for_backward(x, w)
         ctx.eps = eps
         return torch.nn.functional.rms_norm(x, w.shape, w, eps)

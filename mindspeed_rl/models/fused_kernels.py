@@ -26,8 +26,9 @@ from ..features.fused_kernels import FusedKernels
 
 
 class FusedRMSNorm(nn.Module):
-    """liger-kernel's RMSNorm holding the parameter of the torch norm it replaces (Llama's casting: the inverse
-    RMS in fp32, the product in the input's dtype)."""
+    """liger-kernel's RMSNorm holding the parameter of the torch norm it replaces, in its "gemma" casting: input and
+    weight in fp32, one cast of the result, which is torch's RMSNorm arithmetic (its "llama" casting would round to
+    the input's dtype before the weight)."""
 
     def __init__(self, norm: nn.RMSNorm):
         super().__init__()
@@ -39,7 +40,7 @@ class FusedRMSNorm(nn.Module):
         from liger_kernel.ops import LigerRMSNormFunction
 
         # not in place: megatron keeps the norm's input for recomputation
-        return LigerRMSNormFunction.apply(x, self.weight, self.eps, 0.0, "llama", False)
+        return LigerRMSNormFunction.apply(x, self.weight, self.eps, 0.0, "gemma", False)
 
 
 class FusedSwiGLU(nn.Module):
