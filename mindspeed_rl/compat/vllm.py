@@ -209,11 +209,12 @@ def cpu_node_memory() -> Tuple[int, int]:
 
     try:
         from vllm.utils.cpu_resource_utils import get_allowed_cpu_list, get_memory_node_info
-    except ImportError:
+
+        info = get_memory_node_info(get_allowed_cpu_list()[0].numa_node)
+        return int(info.total_memory), int(info.available_memory)
+    except (ImportError, AttributeError, TypeError, IndexError, KeyError, OSError):  # another release's helpers
         host = psutil.virtual_memory()
         return int(host.total), int(host.available)
-    info = get_memory_node_info(get_allowed_cpu_list()[0].numa_node)
-    return int(info.total_memory), int(info.available_memory)
 
 
 def keep_external_launcher_on_cpu() -> None:
