@@ -30,8 +30,8 @@ def choice(features, kind="cuda", model=None, **megatron):
 
 
 def test_the_flags_and_the_device_choose_the_kernels():
-    assert choice(LIGER) == kernel_choice.FusedKernels()  # not asked: torch's modules, no note
-    assert choice(LIGER, **BOTH) == kernel_choice.FusedKernels(rmsnorm=True, swiglu=True, rope=True)
+    assert choice(LIGER) == kernel_choice.FusedKernels(by="liger-kernel")  # not asked: torch's modules, no note
+    assert choice(LIGER, **BOTH) == kernel_choice.FusedKernels(True, True, True, by="liger-kernel")
     assert choice(LIGER, use_fused_swiglu=True).config_fields() == dict(
         bias_activation_fusion=False, use_te_activation_func=True
     )
@@ -43,10 +43,11 @@ def test_the_flags_and_the_device_choose_the_kernels():
         assert kernels.notes == (f"{', '.join(BOTH)}: no such kernel on {kind}; torch's runs",)
     # Transformer Engine's layer spec fuses them itself; a LoRA role runs the local spec, so liger-kernel's
     te = dict(LIGER, transformer_engine=True, rope_fusion=True)
-    assert choice(te, **BOTH) == kernel_choice.FusedKernels()
+    assert choice(te, **BOTH) == kernel_choice.FusedKernels(by="Transformer Engine")
     assert choice(te, lora_r=4, lora_target_modules=["linear_qkv"], **BOTH).rmsnorm
     # NPU: MindSpeed's adaptor fuses them (no note, nothing swapped)
-    assert choice(accelerator_class("npu").fused_features(), "npu", **BOTH) == kernel_choice.FusedKernels()
+    npu = choice(accelerator_class("npu").fused_features(), "npu", **BOTH)
+    assert npu == kernel_choice.FusedKernels(by="MindSpeed") and npu.summary() == "MindSpeed's"
     layer_norm = choice(LIGER, model=tiny_model_config(normalization="LayerNorm"), **BOTH)
     assert (layer_norm.rmsnorm, layer_norm.swiglu) == (False, True)
     assert layer_norm.notes == ("use_fused_rmsnorm: LayerNorm is not fused",)
@@ -314,6 +315,17 @@ def test_the_batch_plan_says_which_kernels_each_role_gets(monkeypatch):
         line
         == "  kernels   : actor: torch's (use_fused_rmsnorm, use_fused_swiglu: no such kernel on cpu; torch's runs)"
     )
+    # a cluster's config checked where its device is not: the kind asked for answers (no device needed)
+    from mindspeed_rl.accelerator import reset_accelerator
+
+    monkeypatch.setenv("MINDSPEED_RL_DEVICE", "npu")
+    reset_accelerator()
+    try:
+        (line,) = [x for x in plan_lines(cfg) if x.startswith("  kernels   : actor")]
+    finally:
+        monkeypatch.delenv("MINDSPEED_RL_DEVICE")
+        reset_accelerator()
+    assert line == "  kernels   : actor: MindSpeed's"
     pretend_liger_on_cpu(monkeypatch)
     (line,) = [x for x in plan_lines(cfg) if x.startswith("  kernels   : actor")]
     assert line == "  kernels   : actor: liger-kernel's RMSNorm, SwiGLU"

@@ -7,17 +7,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Tuple
 
-from ..accelerator import get_accelerator
+from ..accelerator import accelerator_class, get_accelerator
+from ..accelerator.detect import DeviceUnavailable, forced_device_kind
 
 
 @dataclass(frozen=True)
 class FusedKernels:
-    """Which of a model's modules run fused kernels, and why the others do not (one line each)."""
+    """Which of a model's modules run liger-kernel's kernels, who fuses them otherwise (``by``: Transformer Engine's
+    layer spec, MindSpeed's adaptor, or nobody: torch), and why a flag is not served (one note each)."""
 
     rmsnorm: bool = False
     swiglu: bool = False
     rope: bool = False
     notes: Tuple[str, ...] = ()
+    by: str = "torch"
 
     def config_fields(self) -> dict:
         """TransformerConfig fields: the fused SwiGLU is the MLP's activation module (megatron calls it on the
@@ -28,7 +31,7 @@ class FusedKernels:
 
     def summary(self) -> str:
         fused = [name for name, on in (("RMSNorm", self.rmsnorm), ("SwiGLU", self.swiglu), ("RoPE", self.rope)) if on]
-        head = f"liger-kernel's {', '.join(fused)}" if fused else "torch's"
+        head = f"liger-kernel's {', '.join(fused)}" if fused else f"{self.by}'s"
         return head + (f" ({'; '.join(self.notes)})" if self.notes else "")
 
 
@@ -42,10 +45,12 @@ def choose(megatron, model, features: dict, kind: str) -> FusedKernels:
         ("use_fused_swiglu", megatron.use_fused_swiglu and model.swiglu, features["fused_swiglu"]),
         ("use_fused_rotary_pos_emb", rope, features["rope_fusion"]),
     )
-    te_spec = features["transformer_engine"] and not megatron.lora_r
-    if te_spec or not features.get("liger_kernels"):
+    if features["transformer_engine"] and not megatron.lora_r:
+        return FusedKernels(by="Transformer Engine")
+    if not features.get("liger_kernels"):
         missing = ", ".join(flag for flag, wanted, has in asked if wanted and not has)
-        return FusedKernels(notes=(f"{missing}: no such kernel on {kind}; torch's runs",) if missing else ())
+        by = "MindSpeed" if kind == "npu" else "torch"
+        return FusedKernels(notes=(f"{missing}: no such kernel on {kind}; torch's runs",) if missing else (), by=by)
     notes = []
     rmsnorm = megatron.use_fused_rmsnorm and model.normalization == "RMSNorm"
     if megatron.use_fused_rmsnorm and not rmsnorm:
@@ -58,16 +63,25 @@ def choose(megatron, model, features: dict, kind: str) -> FusedKernels:
     if rope and why_not:
         notes.append(f"use_fused_rotary_pos_emb: not with {why_not}; torch's runs")
     rope = rope and not why_not and not features["rope_fusion"]  # Transformer Engine's hook where installed
-    return FusedKernels(rmsnorm, bool(asked[1][1]), rope, tuple(notes))
+    return FusedKernels(rmsnorm, bool(asked[1][1]), rope, tuple(notes), by="liger-kernel")
+
+
+def device_kind() -> str:
+    """This process's device kind, or the one MINDSPEED_RL_DEVICE names where that device is not here (a dry run
+    of a cluster's config on a laptop): its class answers for its kernels."""
+    try:
+        return get_accelerator().kind
+    except DeviceUnavailable:
+        return forced_device_kind() or "cpu"
 
 
 def plan_lines(cfg: Any) -> List[str]:
     """One line per distinct choice among the roles that ask for a fused kernel, on this process's device."""
-    acc = get_accelerator()
-    features = acc.fused_features()
+    kind = device_kind()
+    features = accelerator_class(kind).fused_features()
     lines: Dict[str, List[str]] = {}
     for role in cfg.roles:
         m = role.megatron
         if m.use_fused_rmsnorm or m.use_fused_swiglu or m.use_fused_rotary_pos_emb:
-            lines.setdefault(choose(m, role.model, features, acc.kind).summary(), []).append(role.name)
+            lines.setdefault(choose(m, role.model, features, kind).summary(), []).append(role.name)
     return [f"  kernels   : {', '.join(names)}: {summary}" for summary, names in lines.items()]
