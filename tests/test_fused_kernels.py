@@ -46,7 +46,14 @@ def test_the_flags_and_the_device_choose_the_kernels():
     assert choice(te, **BOTH) == kernel_choice.FusedKernels(by="Transformer Engine")
     assert choice(te, lora_r=4, lora_target_modules=["linear_qkv"], **BOTH).rmsnorm
     # NPU: MindSpeed's adaptor fuses them (no note, nothing swapped)
-    npu = choice(accelerator_class("npu").fused_features(), "npu", **BOTH)
+    npu_class = accelerator_class("npu")
+    npu = kernel_choice.choose(
+        MegatronConfig(model="tiny", **BOTH),
+        tiny_model_config(),
+        npu_class.fused_features(),
+        "npu",
+        npu_class.fused_kernels_by,
+    )
     assert npu == kernel_choice.FusedKernels(by="MindSpeed") and npu.summary() == "MindSpeed's"
     layer_norm = choice(LIGER, model=tiny_model_config(normalization="LayerNorm"), **BOTH)
     assert (layer_norm.rmsnorm, layer_norm.swiglu) == (False, True)

@@ -15,6 +15,7 @@ class Accelerator:
     that depends on the kind (the defaults here are those of a device with its own memory)."""
 
     kind: str = ""
+    fused_kernels_by = "torch"  # who fuses the norm, SwiGLU and RoPE when liger-kernel does not (the plan line)
     dist_backend: str = ""
     ray_resource: str = ""
     pin_memory: bool = True

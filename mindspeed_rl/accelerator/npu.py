@@ -20,6 +20,7 @@ class NpuAccelerator(Accelerator):
     dist_backend = "hccl"
     ray_resource = "NPU"
     runs_mindspeed = True
+    fused_kernels_by = "MindSpeed"
     VLLM_QUANTIZATION_MISSING = (
         "Ascend A2/A3 have no FP8 arithmetic, and vllm-ascend's W8A8 INT8 has a format of its own "
         "(quant_model_description.json) whose in-place reload has not been run on a device: not set up yet"

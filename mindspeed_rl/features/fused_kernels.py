@@ -35,10 +35,11 @@ class FusedKernels:
         return head + (f" ({'; '.join(self.notes)})" if self.notes else "")
 
 
-def choose(megatron, model, features: dict, kind: str) -> FusedKernels:
+def choose(megatron, model, features: dict, kind: str, by: str = "torch") -> FusedKernels:
     """The kernels this role gets on device ``kind`` whose ``fused_features`` are ``features``: liger-kernel's
     where the device has them and the local spec runs (Transformer Engine's spec fuses its own; on NPU MindSpeed's
-    adaptor patches the local modules)."""
+    adaptor patches the local modules). ``by``: who fuses them where liger-kernel does not (the kind's
+    ``fused_kernels_by``)."""
     rope = megatron.use_fused_rotary_pos_emb
     asked = (
         ("use_fused_rmsnorm", megatron.use_fused_rmsnorm, features["fused_rmsnorm"]),
@@ -49,7 +50,6 @@ def choose(megatron, model, features: dict, kind: str) -> FusedKernels:
         return FusedKernels(by="Transformer Engine")
     if not features.get("liger_kernels"):
         missing = ", ".join(flag for flag, wanted, has in asked if wanted and not has)
-        by = "MindSpeed" if kind == "npu" else "torch"
         return FusedKernels(notes=(f"{missing}: no such kernel on {kind}; torch's runs",) if missing else (), by=by)
     notes = []
     rmsnorm = megatron.use_fused_rmsnorm and model.normalization == "RMSNorm"
@@ -78,10 +78,13 @@ def device_kind() -> str:
 def plan_lines(cfg: Any) -> List[str]:
     """One line per distinct choice among the roles that ask for a fused kernel, on this process's device."""
     kind = device_kind()
-    features = accelerator_class(kind).fused_features()
+    acc = accelerator_class(kind)
+    features = acc.fused_features()
     lines: Dict[str, List[str]] = {}
     for role in cfg.roles:
         m = role.megatron
         if m.use_fused_rmsnorm or m.use_fused_swiglu or m.use_fused_rotary_pos_emb:
-            lines.setdefault(choose(m, role.model, features, kind).summary(), []).append(role.name)
+            lines.setdefault(choose(m, role.model, features, kind, acc.fused_kernels_by).summary(), []).append(
+                role.name
+            )
     return [f"  kernels   : {', '.join(names)}: {summary}" for summary, names in lines.items()]
