@@ -119,7 +119,7 @@ class Accelerator:
             "bias_activation_fusion": True,
             "bias_dropout_fusion": True,
             "ring_attention": False,  # context_parallel_algo megatron_cp_algo
-            "liger_kernels": False,  # liger-kernel's RMSNorm and SwiGLU for the local spec (models/fused_kernels.py)
+            "liger_kernels": False,  # liger-kernel's RMSNorm, SwiGLU, RoPE for the local spec (models/fused_kernels.py)
         }
 
     @classmethod

@@ -96,7 +96,7 @@ class CudaAccelerator(Accelerator):
     @classmethod
     def fused_features(cls) -> Dict[str, bool]:
         """Transformer Engine (when importable) brings fused RoPE and gradient-accumulation fusion; without it,
-        liger-kernel (when installed, with Triton) fuses the local spec's RMSNorm and SwiGLU."""
+        liger-kernel (when installed, with Triton) fuses the local spec's RMSNorm, SwiGLU and RoPE."""
         try:
             import transformer_engine  # noqa: F401
 

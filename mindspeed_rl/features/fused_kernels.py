@@ -40,10 +40,10 @@ def choose(megatron, model, features: dict, kind: str, by: str = "torch") -> Fus
     where the device has them and the local spec runs (Transformer Engine's spec fuses its own; on NPU MindSpeed's
     adaptor patches the local modules). ``by``: who fuses them where liger-kernel does not (the kind's
     ``fused_kernels_by``)."""
-    rope = megatron.use_fused_rotary_pos_emb
+    rope, swiglu = megatron.use_fused_rotary_pos_emb, megatron.use_fused_swiglu and model.swiglu
     asked = (
         ("use_fused_rmsnorm", megatron.use_fused_rmsnorm, features["fused_rmsnorm"]),
-        ("use_fused_swiglu", megatron.use_fused_swiglu and model.swiglu, features["fused_swiglu"]),
+        ("use_fused_swiglu", swiglu, features["fused_swiglu"]),
         ("use_fused_rotary_pos_emb", rope, features["rope_fusion"]),
     )
     if features["transformer_engine"] and not megatron.lora_r:
@@ -63,7 +63,7 @@ def choose(megatron, model, features: dict, kind: str, by: str = "torch") -> Fus
     if rope and why_not:
         notes.append(f"use_fused_rotary_pos_emb: not with {why_not}; torch's runs")
     rope = rope and not why_not and not features["rope_fusion"]  # Transformer Engine's hook where installed
-    return FusedKernels(rmsnorm, bool(asked[1][1]), rope, tuple(notes), by="liger-kernel")
+    return FusedKernels(rmsnorm, swiglu, rope, tuple(notes), by="liger-kernel")
 
 
 def device_kind() -> str:

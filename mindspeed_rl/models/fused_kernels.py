@@ -17,8 +17,6 @@ same process took the kernels. Which role gets which kernel: ``features/fused_ke
 
 from __future__ import annotations
 
-from typing import List
-
 import torch
 from torch import nn
 
@@ -103,23 +101,18 @@ def install_rope() -> None:
         rope_utils.fused_apply_rotary_pos_emb_thd = rope_thd
 
 
-def swap_modules(gpt: nn.Module, kernels: FusedKernels) -> List[str]:
-    """Swap ``gpt``'s torch RMSNorms and gated MLP activations for the fused ones; returns what was swapped."""
+def swap_modules(gpt: nn.Module, kernels: FusedKernels) -> None:
+    """Swap ``gpt``'s torch RMSNorms and gated MLP activations for the fused ones."""
     from megatron.core.transformer.mlp import MLP
 
-    swapped: List[str] = []
     for parent_name, parent in list(gpt.named_modules()):
         for name, child in list(parent.named_children()):
-            path = f"{parent_name}.{name}" if parent_name else name
             if kernels.rmsnorm and type(child) is nn.RMSNorm and child.weight is not None:
                 setattr(parent, name, FusedRMSNorm(child))
-                swapped.append(path)
         if kernels.swiglu and isinstance(parent, MLP):
             if not parent.config.gated_linear_unit:
                 raise ValueError(f"fused SwiGLU: {parent_name} is not a gated MLP")
             parent.activation_func = FusedSwiGLU()
-            swapped.append(f"{parent_name}.activation_func")
-    return swapped
 
 
 __all__ = ["FusedRMSNorm", "FusedSwiGLU", "install_rope", "swap_modules"]
