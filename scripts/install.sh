@@ -136,8 +136,13 @@ for text in requires(sys.argv[1]) or []:
 EOF
 )"
     mapfile -t VLLM_REQS <<<"$VLLM_DEPS"
+    # resolved under the pin file's versions: unconstrained, pip takes the newest transformers and its newest
+    # dependencies, and the later downgrade to the pinned one leaves them behind (transformers 5.25 brought
+    # kernels 0.19, which breaks importing transformers 5.5.4's activations)
+    grep -vE '^\s*(#|$)' "$PINS" | grep -viE '#\s*ascend-index' | sed -E 's/\s*#.*$//; s/\[[^]]*\]//' \
+      > "$VENV/.constraints.txt"
     say "installing ${#VLLM_REQS[@]} requirements of $VLLM_DIST"
-    "${PIP[@]}" "${FIRST[@]}" "${VLLM_REQS[@]}"
+    "${PIP[@]}" -c "$VENV/.constraints.txt" "${FIRST[@]}" "${VLLM_REQS[@]}"
     say "installing the rest of ${PINS#$ROOT/}"
     # a pin marked '# no-deps' goes in without its declared dependencies (they would pull
     # packages that break the stack); everything else with them. On NPU vllm-ascend's own pins
