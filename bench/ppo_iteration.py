@@ -228,7 +228,8 @@ def run(args, work: str) -> dict:
             args.workload,
             args.packing,
             args.micro_batch,
-        ),
+        )
+        + args.set,
         "training",
     )
     rows = [r for r in done.rows if "timing/all" in r]
@@ -246,6 +247,7 @@ def main() -> None:
     p.add_argument("--workload", choices=("fixed", "variable"), default="fixed")
     p.add_argument("--packing", action="store_true", help="remove padding + token-budget micro-batches + DP balance")
     p.add_argument("--micro-batch", type=int, default=16, help="training micro-batch rows (budget base with --packing)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a further config override")
     args = p.parse_args()
     args.new_tokens = args.new_tokens or (64 if args.workload == "fixed" else 256)
     from mindspeed_rl.demo.assets import prepare

@@ -162,6 +162,37 @@ def test_megatron_core_on_cpu_is_imported_without_compiled_fusers():
     assert out.stdout.split() == ["True", "function", "False", "False", "True"], out.stderr[-2000:]
 
 
+def test_cpu_vllm_compiles_only_when_its_engine_is_not_eager():
+    """generate_config.enforce_eager false on CPU lets vLLM compile its model: torch.compile works in the process;
+    true (the default) keeps every thread eager, a rollout worker's Ray thread among them."""
+    import subprocess
+
+    code = (
+        "import threading, torch\n"
+        "from mindspeed_rl.accelerator.cpu import allow_torch_compile\n"
+        "traced = []\n"
+        "def backend(gm, inputs):\n"
+        "    traced.append(1)\n"
+        "    return gm.forward\n"
+        "def compiles():\n"
+        "    torch._dynamo.reset()\n"
+        "    before = len(traced)\n"
+        "    torch.compile(lambda x: x * 2 + 1, backend=backend)(torch.ones(3))\n"
+        "    return len(traced) > before\n"
+        "def in_thread():\n"
+        "    out = []\n"
+        "    t = threading.Thread(target=lambda: out.append(compiles()))\n"
+        "    t.start()\n"
+        "    t.join()\n"
+        "    return out[0]\n"
+        "for compiled in (False, True, False):\n"
+        "    allow_torch_compile(compiled)\n"
+        "    print(compiles(), in_thread())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.getcwd())
+    assert out.stdout.split() == ["False", "False", "True", "True", "False", "False"], out.stderr[-2000:]
+
+
 def test_megatron_core_imported_first_by_a_model_module_has_no_compiled_fusers_either():
     """A process whose first megatron-core import is one of our model modules (a test module, a CLI tool building a
     model in-process) gets the CPU accelerator's import: no inductor kernels beside the workers' uncompiled ones."""

@@ -67,8 +67,9 @@ class Accelerator:
 
         importlib.import_module("megatron.core")
 
-    def prepare_vllm(self) -> None:
-        """Device-specific adjustments to vLLM before an in-process engine starts (none by default)."""
+    def prepare_vllm(self, compiled: bool = False) -> None:
+        """Device-specific adjustments to vLLM before an in-process engine starts (none by default); ``compiled``:
+        the engine will compile its model (``enforce_eager`` false)."""
 
     def release_vllm(self) -> None:
         """Device-specific clean-up after an in-process engine stopped (none by default)."""

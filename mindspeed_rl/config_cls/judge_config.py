@@ -68,7 +68,7 @@ class JudgeConfig:
     gpu_memory_utilization: float = opt(
         0.8, "engines: device memory share of the engine (CPU: share of host memory for its KV cache).", gt=0, le=1
     )
-    enforce_eager: bool = opt(True, "engines: no CUDA/NPU graphs.")
+    enforce_eager: bool = opt(True, "engines: no CUDA/NPU graphs (CPU: no compiling).")
     # serve: http
     base_url: Optional[str] = opt(None, "http: the endpoint, e.g. http://10.0.0.5:8000/v1.")
     model_name: Optional[str] = opt(None, "http: the model name the endpoint serves.")

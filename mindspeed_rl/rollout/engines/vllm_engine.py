@@ -130,7 +130,7 @@ def text_llm(hf_dir: str, gen: GenerateConfig, seed: int = 0):
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
 
-    get_accelerator().prepare_vllm()
+    get_accelerator().prepare_vllm(compiled=not gen.enforce_eager)
     return LLM(model=hf_dir, tokenizer=hf_dir, **engine_kwargs(gen, seed))
 
 
@@ -155,7 +155,7 @@ class VllmEngine(RolloutEngine):
         if unavailable:
             raise RuntimeError(f"router replay: {unavailable}")
 
-        get_accelerator().prepare_vllm()
+        get_accelerator().prepare_vllm(compiled=not gen.enforce_eager)
 
         self.model, self.gen, self.kind = model, gen, kind
         acc = accelerator_class(kind)
