@@ -101,6 +101,10 @@ ray_failed() {  # ray_failed LOG: the reason `ray start` gave, on the console
   echo "[launcher] error: ray start failed (${reason:-see $1}); the whole output is in $1" >&2
 }
 
+own_raylet_alive() {  # the raylet of the session this launcher started Ray in still runs
+  [ -f "$SID_FILE" ] && ps -s "$(cat "$SID_FILE")" -o comm= 2>/dev/null | grep -qx raylet
+}
+
 head_registers_late() {  # head_registers_late LOG: `ray start` gave up on a raylet that registers later
   # Ray waits a fixed 30 s for its raylet to register with the GCS; on a loaded host that can pass while both
   # keep starting. Then the node is taken if its devices reach the cluster within another 60 s.
@@ -108,10 +112,27 @@ head_registers_late() {  # head_registers_late LOG: `ray start` gave up on a ray
   echo "[launcher] ray start: the head's raylet did not register within Ray's 30 s; waiting 60 s more for it"
   local until=$((SECONDS + 60))
   while [ "$SECONDS" -lt "$until" ]; do
+    own_raylet_alive || return 1
     [ "$(cluster_devices 2>/dev/null || echo 0)" -ge "$NPUS_PER_NODE" ] && return 0
     sleep 2
   done
   return 1
+}
+
+start_head() {  # start_head LOG: the head's `ray start`, again while its raylet dies starting, until WAIT_SECONDS
+  # On a loaded host the raylet can also die while it starts: it waits about 20 s for its metrics agent (a Python
+  # process) to write its port, then aborts. Waiting is no use then; a stopped and restarted head is.
+  local log=$1 deadline=$((SECONDS + WAIT_SECONDS))
+  while true; do
+    start_own_ray "$log" --head --port "$RAY_PORT" --node-ip-address "$CURRENT_IP" \
+      --temp-dir "$RAY_TMP" --include-dashboard false --disable-usage-stats "${RESOURCES[@]}" && return 0
+    head_registers_late "$log" && return 0
+    grep -q "timed out during startup" "$log" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ] || return 1
+    echo "[launcher] ray start: the head's raylet never registered; starting the head again"
+    cp "$log" "$log.failed"
+    stop_own_ray
+    sleep 2
+  done
 }
 
 LOG_DIR=${LOG_DIR:-logs}
@@ -120,9 +141,7 @@ if [ "$NODE_RANK" = "0" ]; then
   # the config first, in seconds: a typo must not wait for Ray and the other nodes
   "$PY" "$ENTRY" --config-name "$CONFIG" --check "$@" > "$LOG_DIR/plan.txt" || exit $?
   echo "[launcher] head $CURRENT_IP: ray start --head --port $RAY_PORT (${NPUS_PER_NODE} x $DEVICE_RESOURCE)"
-  if ! start_own_ray "$LOG_DIR/ray_head.log" --head --port "$RAY_PORT" --node-ip-address "$CURRENT_IP" \
-      --temp-dir "$RAY_TMP" --include-dashboard false --disable-usage-stats "${RESOURCES[@]}" \
-      && ! head_registers_late "$LOG_DIR/ray_head.log"; then
+  if ! start_head "$LOG_DIR/ray_head.log"; then
     ray_failed "$LOG_DIR/ray_head.log"
     exit 2
   fi
