@@ -37,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench.train_run import train  # noqa: E402
 
-# Qwen2-shaped, untied, GQA; head_dim 64 (vLLM's CPU attention)
+# Qwen2-shaped, untied, GQA; head dims vLLM's CPU attention takes (64, 128)
 SHAPES = {
     "tiny": dict(
         num_layers=4,
@@ -60,6 +60,14 @@ SHAPES = {
         hidden_size=640,
         ffn_hidden_size=1728,
         num_attention_heads=10,
+        num_query_groups=2,
+        padded_vocab_size=8192,
+    ),
+    "wide": dict(  # Qwen2.5-1.5B's widths (head_dim 128), 4 layers: where matmuls outweigh element-wise work
+        num_layers=4,
+        hidden_size=1536,
+        ffn_hidden_size=8960,
+        num_attention_heads=12,
         num_query_groups=2,
         padded_vocab_size=8192,
     ),

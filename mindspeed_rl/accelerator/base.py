@@ -28,6 +28,8 @@ class Accelerator:
     """vLLM's sleep mode frees the engine's memory between rollouts."""
     runs_mindspeed: bool = False
     """MindSpeed's switches (swap_optimizer, reuse_fp32_param, recompute_norm, ...) reach MindSpeed here."""
+    fused_adam: bool = False
+    """Step megatron-core's torch AdamW (no Transformer Engine or Apex optimizer here) with torch's fused kernel."""
     roles_start_together: bool = False
     """Build the roles' worker groups side by side. Not where vLLM sizes its KV cache from the device memory it
     finds free while it starts: another role loading its weights meanwhile would change that."""

@@ -30,7 +30,7 @@ from .builder import build_gpt_model
 from .cross_rank import broadcast_from_last_stage, reduce_metrics
 from .engine_weights import EngineWeights
 from .heads import attach_value_head, chunked_log_probs, output_weight, return_hidden_states
-from .optimizer import build_optimizer, wrap_ddp
+from .optimizer import build_optimizer, fuse_adam_steps, wrap_ddp
 from .packing import ModelInput, pack, restore_order, round_up, token_budget_groups, trim
 
 Batch = Dict[str, torch.Tensor]
@@ -332,6 +332,7 @@ class MegatronEngine(EngineWeights):
                 metrics=metrics,
                 skipped=True,
             )
+        fuse_adam_steps(self.optimizer)
         update_successful, grad_norm, _ = self.optimizer.step()
         grad_norm = float(grad_norm or 0.0)
         # the norm over all ranks can overflow where no rank's own share does (all_finite): megatron then clipped

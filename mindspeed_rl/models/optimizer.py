@@ -66,3 +66,21 @@ def build_optimizer(model: List, config, m: MegatronConfig, total_steps: int) ->
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
     return optimizer, scheduler
+
+
+def fuse_adam_steps(optimizer) -> None:
+    """torch's fused Adam(W) step where the accelerator has it (``fused_adam``): megatron-core builds torch's AdamW
+    when neither Transformer Engine's nor Apex's optimizer is installed, and torch would step it tensor by tensor.
+    Cheap and idempotent: the engine applies it before each step, as a loaded checkpoint brings its own param
+    groups (their ``fused`` key included)."""
+    import torch
+
+    from ..accelerator import get_accelerator
+
+    if not get_accelerator().fused_adam:
+        return
+    for sub in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        inner = getattr(sub, "optimizer", None)
+        if isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
+            for group in inner.param_groups:
+                group["foreach"], group["fused"] = None, True
