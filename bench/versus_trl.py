@@ -24,8 +24,9 @@ OURS = re.compile(r"^\| timing/all \| ([0-9.]+) \|", re.M)
 THEIRS = re.compile(r": iteration ([0-9.]+) s")
 
 
-def seconds(command: list, pattern: re.Pattern, env: dict) -> float:
-    """The iteration seconds ``command`` prints (``pattern``'s group); its output's tail where it printed none."""
+def seconds(command: list, pattern: re.Pattern, env) -> float:
+    """The iteration seconds ``command`` prints (``pattern``'s group); where it fails or prints none, exit with the
+    tail of its output."""
     proc = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     found = pattern.search(proc.stdout)
     if proc.returncode != 0 or found is None:
@@ -60,7 +61,7 @@ def main() -> None:
     print("| round | ours | TRL | TRL / ours |\n|---|---|---|---|")
     ratios = []
     for round_ in range(1, args.rounds + 1):
-        mine = seconds(ours, OURS, dict(os.environ))
+        mine = seconds(ours, OURS, os.environ)
         peer = seconds(theirs, THEIRS, trl_env)
         ratios.append(peer / mine)
         print(f"| {round_} | {mine:.3f} s | {peer:.3f} s | {peer / mine:.2f}x |", flush=True)

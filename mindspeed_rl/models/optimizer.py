@@ -76,10 +76,11 @@ def fuse_adam_steps(optimizer) -> None:
     import torch
 
     from ..accelerator import get_accelerator
+    from ..checkpoint.optimizer_state import sub_optimizers
 
     if not get_accelerator().fused_adam:
         return
-    for sub in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+    for sub in sub_optimizers(optimizer):
         inner = getattr(sub, "optimizer", None)
         if isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
             for group in inner.param_groups:
