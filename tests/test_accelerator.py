@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import resource
 import sys
 import types
 
@@ -123,6 +124,65 @@ def test_the_micro_batch_steps_run_outside_the_cpu_compat_mode():
         step()
         assert _get_current_function_mode() is mode and torch.zeros(1, device="cuda").device.type == "cpu"
     assert seen == [None, None]
+
+
+def test_cpu_multi_tensor_kernels_equal_megatrons_local_fallbacks():
+    """Gradient clipping's scale (in place, one foreach call) and the gradient norm on the CPU give megatron's
+    local fallbacks' numbers, and megatron's optimizer modules call them once the compatibility is applied."""
+    from megatron.core import utils
+
+    from mindspeed_rl.accelerator.megatron_cpu_compat import CudaToCpuMode, apply
+    from mindspeed_rl.accelerator.megatron_cpu_kernels import cpu_multi_tensor_l2norm, cpu_multi_tensor_scale
+
+    apply()
+    from megatron.core.optimizer import clip_grads
+
+    assert clip_grads.multi_tensor_scale_impl is cpu_multi_tensor_scale
+    assert clip_grads.l2_norm_impl is cpu_multi_tensor_l2norm
+    g = torch.Generator().manual_seed(3)
+    grads = [torch.randn(shape, generator=g) for shape in ((7, 5), (11,), (3, 4, 2))]
+    theirs, ours = [t.clone() for t in grads], [t.clone() for t in grads]
+    storage = [t.data_ptr() for t in ours]
+    utils.local_multi_tensor_scale(0, None, [theirs, theirs], 0.37)
+    cpu_multi_tensor_scale(0, None, [ours, ours], 0.37)
+    assert all(torch.equal(a, b) for a, b in zip(theirs, ours)) and [t.data_ptr() for t in ours] == storage
+    bf16 = [torch.empty_like(t, dtype=torch.bfloat16) for t in grads]
+    cpu_multi_tensor_scale(0, None, [grads, bf16], 1.0)  # a copy into another dtype
+    assert all(torch.equal(a, b.to(torch.bfloat16)) for a, b in zip(bf16, grads))
+    with CudaToCpuMode():
+        expected, _ = utils.local_multi_tensor_l2_norm(0, None, [grads], False)
+    norm, _ = cpu_multi_tensor_l2norm(0, None, [grads], False)
+    assert norm.dtype == torch.float32 and norm.shape == (1,)
+    assert torch.allclose(norm, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("user_env", [{}, {"MALLOC_ARENA_MAX_": "2"}])
+def test_a_cpu_worker_reuses_freed_host_memory_unless_the_user_tunes_malloc(user_env):
+    """After the CPU worker's allocator settings a 64 MiB tensor allocated again and again, each freed before the
+    next, soon faults in none of its pages; glibc's default maps and faults in all 16k every time. A user's
+    MALLOC_*_ settings are left alone."""
+    import subprocess
+
+    code = (
+        "import resource, torch\n"
+        "from mindspeed_rl.accelerator.cpu import keep_freed_host_memory\n"
+        "applied = keep_freed_host_memory()\n"
+        "faults = []\n"
+        "for _ in range(6):\n"
+        "    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "    t = torch.ones(16 << 20)\n"
+        "    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n"
+        "    del t\n"
+        "print(applied, sum(faults[3:]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**env, **user_env})
+    applied, faults = out.stdout.split()
+    pages = (64 << 20) // resource.getpagesize()
+    if user_env:  # glibc's own behaviour: every allocation faults its pages in
+        assert applied == "False" and int(faults) >= 3 * pages, out.stdout
+    else:
+        assert applied == "True" and int(faults) < pages // 2, out.stdout
 
 
 def test_cpu_rng_tracker_forks_and_restores():

@@ -25,16 +25,35 @@ def test_log_probs_and_entropy_match_full_softmax():
         assert torch.allclose(entropy, -(ref.exp() * ref).sum(-1), atol=1e-5)
 
 
-def test_log_prob_gradient_matches_autograd_of_log_softmax():
-    logits = torch.randn(2, 5, 30, requires_grad=True)
-    tokens = torch.randint(0, 30, (2, 5))
-    log_p, entropy = log_probs_and_entropy(logits, tokens)
-    (log_p.sum() + entropy.sum()).backward()
-    ours = logits.grad.clone()
-    logits.grad = None
-    ref = torch.log_softmax(logits, -1)
-    (ref.gather(-1, tokens[..., None]).sum() - (ref.exp() * ref).sum()).backward()
-    assert torch.allclose(ours, logits.grad, atol=1e-5)
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("uses", ["both", "log_p", "entropy"])
+def test_the_heads_gradient_is_autograds_of_log_softmax(temperature, uses):
+    """The head's hand-written backward against autograd through torch's log_softmax (float64), in chunks and
+    whole, with the loss using log p, the entropy, or both."""
+    from mindspeed_rl.models.heads import chunked_log_probs
+
+    g = torch.Generator().manual_seed(7)
+    hidden, weight = torch.randn(2, 5, 12, generator=g), torch.randn(30, 12, generator=g) * 0.5
+    tokens = torch.randint(0, 30, (2, 5), generator=g)
+    a, b = torch.randn(2, 5, generator=g), torch.randn(2, 5, generator=g)
+
+    def loss(log_p, entropy):
+        return (a * log_p).sum() * (uses != "entropy") + (b * entropy).sum() * (uses != "log_p")
+
+    h64, w64 = hidden.double().requires_grad_(True), weight.double().requires_grad_(True)
+    ref = torch.log_softmax(h64 @ w64.T / temperature, -1)
+    loss(ref.gather(-1, tokens[..., None])[..., 0], -(ref.exp() * ref).sum(-1)).backward()
+    for chunk in (0, 4):
+        h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+        log_p, entropy = chunked_log_probs(h, w, tokens, temperature, True, chunk)
+        if uses == "log_p":
+            (a * log_p).sum().backward()
+        elif uses == "entropy":
+            (b * entropy).sum().backward()
+        else:
+            loss(log_p, entropy).backward()
+        assert torch.allclose(h.grad.double(), h64.grad, atol=1e-5), chunk
+        assert torch.allclose(w.grad.double(), w64.grad, atol=1e-5), chunk
 
 
 def test_last_token_values_left_and_right_padding():

@@ -69,6 +69,9 @@ class Accelerator:
 
         importlib.import_module("megatron.core")
 
+    def prepare_process(self) -> None:
+        """Settings of a worker process on this kind, made before it builds anything (none by default)."""
+
     def prepare_vllm(self, compiled: bool = False) -> None:
         """Device-specific adjustments to vLLM before an in-process engine starts (none by default); ``compiled``:
         the engine will compile its model (``enforce_eager`` false)."""

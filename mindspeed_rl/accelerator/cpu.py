@@ -38,6 +38,29 @@ def allow_torch_compile(compiled: bool) -> None:
         log.info("vLLM compiles its model with inductor (generate_config.enforce_eager false): about 25 s per engine")
 
 
+# glibc's mallopt parameters, and the values a CPU worker sets (mallopt takes an int)
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+HOST_ALLOCATOR = ((M_MMAP_THRESHOLD, 1 << 30), (M_TRIM_THRESHOLD, 1 << 30), (M_TOP_PAD, 64 << 20))
+
+
+def keep_freed_host_memory() -> bool:
+    """Make glibc's malloc keep freed blocks of up to 1 GiB for reuse. By default it serves a block above its mmap
+    threshold (32 MiB at most) with fresh pages and unmaps them when freed, so each large activation or gradient of
+    every step faults its pages in again (the ``wide`` bench shape's MLP output: 89 MB, 22k faults): the kernel's
+    time was a third of a bf16 step. Kept, the next step reuses them (docs/performance.md). Nothing where the
+    user tunes malloc (MALLOC_*_ or GLIBC_TUNABLES) or the C library has no mallopt; returns whether it applied."""
+    import ctypes
+
+    if "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", "") or any(
+        k.startswith("MALLOC_") and k.endswith("_") for k in os.environ
+    ):
+        return False
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
+    if mallopt is None:
+        return False
+    return all(mallopt(ctypes.c_int(param), ctypes.c_int(value)) == 1 for param, value in HOST_ALLOCATOR)
+
+
 class CpuAccelerator(Accelerator):
     """The device is the host: no pinning, no offload, no vLLM sleep, no fused kernels."""
 
@@ -55,6 +78,9 @@ class CpuAccelerator(Accelerator):
 
     def device_count(self) -> int:
         return os.cpu_count() or 1
+
+    def prepare_process(self) -> None:
+        keep_freed_host_memory()
 
     def device(self, local_rank: int = 0) -> torch.device:
         return torch.device("cpu")

@@ -15,6 +15,7 @@ megatron-core assumes CUDA in a few places (measured with megatron-core 0.12 and
   Python dispatch (5 % of the test suite's CPU time).
 - ``jit_fuser`` (``torch.compile`` on its fused element-wise functions, fixed when megatron-core is imported):
   megatron-core is imported with ``torch.compile`` as the identity (``import_without_compiled_fusers``).
+- megatron's local stand-ins for Apex's multi-tensor kernels (gradient clipping): ours, ``megatron_cpu_kernels``.
 Everything is idempotent and refuses to run when CUDA is actually available.
 """
 
@@ -36,6 +37,7 @@ except ImportError:  # pragma: no cover - a torch without them
     _current_function_mode = None  # type: ignore[assignment]
 
 from ..compat.megatron_core import reset_rng_tracker
+from . import megatron_cpu_kernels
 
 log = logging.getLogger(__name__)
 _APPLIED = False
@@ -283,6 +285,7 @@ def apply() -> None:
         ),
     )
 
+    megatron_cpu_kernels.install()
     for module_name, attr in SCOPED:
         _wrap(module_name, attr)
     for module_name, attr in SET_ASIDE:

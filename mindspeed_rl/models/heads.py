@@ -14,7 +14,6 @@ from typing import Optional, Tuple
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 
 def _tp_group():
@@ -27,11 +26,39 @@ def _tp_group():
     )
 
 
-def _tp_sum(x: torch.Tensor) -> torch.Tensor:
-    """Sum over TP ranks; the backward passes the gradient through unchanged."""
-    from megatron.core.tensor_parallel.mappings import reduce_from_tensor_model_parallel_region
-
-    return reduce_from_tensor_model_parallel_region(x)
+def _log_softmax_terms(
+    logits: torch.Tensor, tokens: torch.Tensor, temperature: float, with_entropy: bool, vocab_parallel: bool
+) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """log p(token), entropy, and what the gradient needs: the shift m, log Z and E_p[z - m]. No autograd:
+    the shifted logits are formed in place."""
+    group, tp, rank = _tp_group() if vocab_parallel else (None, 1, 0)
+    z = logits.float()
+    if temperature != 1.0:
+        z = z / temperature
+    m = z.max(dim=-1, keepdim=True).values
+    if tp > 1:
+        dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
+    shifted = z.sub_(m) if z is not logits else z - m
+    exp = shifted.exp()
+    sum_exp = exp.sum(dim=-1)
+    if tp > 1:
+        dist.all_reduce(sum_exp, group=group)
+    log_z = sum_exp.log()
+    vocab_part = z.shape[-1]
+    local = tokens - rank * vocab_part
+    inside = (local >= 0) & (local < vocab_part)
+    target = shifted.gather(-1, local.clamp(0, vocab_part - 1).unsqueeze(-1)).squeeze(-1) * inside
+    if tp > 1:
+        dist.all_reduce(target, group=group)
+    log_p = target - log_z
+    entropy = mean_shifted = None
+    if with_entropy:
+        weighted = exp.mul_(shifted).sum(dim=-1)
+        if tp > 1:
+            dist.all_reduce(weighted, group=group)
+        mean_shifted = weighted / sum_exp
+        entropy = log_z - mean_shifted
+    return log_p, entropy, m, log_z, mean_shifted
 
 
 def log_probs_and_entropy(
@@ -41,7 +68,8 @@ def log_probs_and_entropy(
     with_entropy: bool = True,
     vocab_parallel: bool = True,
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """Per-token log p(token) and entropy from vocab-parallel logits.
+    """Per-token log p(token) and entropy from vocab-parallel logits (no gradient: forward passes and sampling;
+    training goes through ``chunked_log_probs``).
 
     logits: [..., V/TP] this rank's vocabulary slice (``vocab_parallel`` false: the whole vocabulary, no TP
     group needed), tokens: [...] global token ids.
@@ -49,30 +77,55 @@ def log_probs_and_entropy(
         log p(t) = (z_t - m) - log Z
         H = log Z - sum_v softmax(z)_v (z_v - m)
     """
-    group, tp, rank = _tp_group() if vocab_parallel else (None, 1, 0)
-    z = logits.float()
-    if temperature != 1.0:
-        z = z / temperature
     with torch.no_grad():
-        m = z.max(dim=-1, keepdim=True).values
-        if tp > 1:
-            dist.all_reduce(m, op=dist.ReduceOp.MAX, group=group)
-    shifted = z - m
-    exp = shifted.exp()
-    sum_exp = _tp_sum(exp.sum(dim=-1)) if tp > 1 else exp.sum(dim=-1)
-    log_z = sum_exp.log()
-    vocab_part = z.shape[-1]
-    local = tokens - rank * vocab_part
-    inside = (local >= 0) & (local < vocab_part)
-    picked = shifted.gather(-1, local.clamp(0, vocab_part - 1).unsqueeze(-1)).squeeze(-1) * inside
-    target = _tp_sum(picked) if tp > 1 else picked
-    log_p = target - log_z
-    entropy = None
-    if with_entropy:
-        weighted = (exp * shifted).sum(dim=-1)
-        weighted = _tp_sum(weighted) if tp > 1 else weighted
-        entropy = log_z - weighted / sum_exp
+        log_p, entropy, _, _, _ = _log_softmax_terms(logits, tokens, temperature, with_entropy, vocab_parallel)
     return log_p, entropy
+
+
+class _LinearLogProbs(torch.autograd.Function):
+    """log p(t) and entropy of z = h W^T / temperature for one chunk of tokens, in a forward and a backward of
+    few passes over the chunk's [tokens, V/TP] logits, which are recomputed in the backward, never kept. With
+    p = softmax(z) and g, g_H the incoming gradients of log p(t) and H:
+        d/dz_v [g log p(t) + g_H H] = g (1[v = t] - p_v) - g_H p_v (z_v - E_p[z])
+        dL/dh = (dL/dz / temperature) W,   dL/dW = (dL/dz / temperature)^T h
+    Each rank's vocabulary slice gives its share of dL/dh; the caller's TP identity sums them."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, tokens, temperature, with_entropy, vocab_parallel):
+        logits = torch.nn.functional.linear(hidden, weight)
+        log_p, entropy, m, log_z, mean_shifted = _log_softmax_terms(
+            logits, tokens, temperature, with_entropy, vocab_parallel
+        )
+        ctx.save_for_backward(hidden, weight, tokens, m, log_z, *([mean_shifted] if with_entropy else []))
+        ctx.temperature, ctx.vocab_parallel = temperature, vocab_parallel
+        ctx.set_materialize_grads(False)  # an output the loss does not use costs no pass
+        return (log_p, entropy) if with_entropy else (log_p,)
+
+    @staticmethod
+    def backward(ctx, grad_log_p, grad_entropy=None):
+        hidden, weight, tokens, m, log_z, *mean_shifted = ctx.saved_tensors
+        rank = _tp_group()[2] if ctx.vocab_parallel else 0
+        z = torch.nn.functional.linear(hidden, weight).float()
+        if ctx.temperature != 1.0:
+            z.div_(ctx.temperature)
+        shifted = z.sub_(m)
+        grad = shifted.sub(log_z.unsqueeze(-1)).exp_()  # p
+        g = (grad_log_p if grad_log_p is not None else torch.zeros_like(log_z)).float().unsqueeze(-1)
+        if grad_entropy is not None:
+            coefficient = shifted.sub_(mean_shifted[0].unsqueeze(-1)).mul_(grad_entropy.float().unsqueeze(-1)).add_(g)
+            grad.mul_(coefficient).neg_()
+        else:
+            grad.mul_(g).neg_()
+        vocab_part = grad.shape[-1]
+        local = tokens - rank * vocab_part
+        inside = (local >= 0) & (local < vocab_part)
+        grad.scatter_add_(-1, local.clamp(0, vocab_part - 1).unsqueeze(-1), g * inside.unsqueeze(-1))
+        if ctx.temperature != 1.0:
+            grad.div_(ctx.temperature)
+        grad = grad.to(weight.dtype)
+        grad_hidden = grad @ weight if ctx.needs_input_grad[0] else None
+        grad_weight = grad.t() @ hidden if ctx.needs_input_grad[1] else None
+        return grad_hidden, grad_weight, None, None, None, None
 
 
 def chunked_log_probs(
@@ -86,27 +139,16 @@ def chunked_log_probs(
     """``log_probs_and_entropy`` of logits = hidden W^T, ``chunk_size`` tokens at a time (0: all at once).
 
     hidden: [..., h] (already gathered over sequence parallelism), weight: [V/TP, h] this rank's vocabulary
-    rows, labels: [...] global token ids. With gradients on, each chunk is recomputed in the backward
-    (activation checkpointing), so at most one chunk's logits exist at a time in either pass:
+    rows, labels: [...] global token ids. With gradients on, each chunk's logits are recomputed in its backward
+    (``_LinearLogProbs``), so at most one chunk's logits exist at a time in either pass:
         log p(t_i) = log_softmax(h_i W^T / temperature)[t_i]   for i in chunk c, c = 1..ceil(n / chunk_size)
     """
     shape = labels.shape
     flat_hidden, flat_labels = hidden.reshape(-1, hidden.shape[-1]), labels.reshape(-1)
     n = flat_labels.numel()
     size = chunk_size if 0 < chunk_size < n else max(n, 1)
-
-    def chunk(h, w, t):
-        log_p, entropy = log_probs_and_entropy(torch.nn.functional.linear(h, w), t, temperature, with_entropy)
-        return (log_p, entropy) if entropy is not None else (log_p,)
-
-    recompute = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad) and size < n
-    parts = []
-    for start in range(0, n, size):
-        args = (flat_hidden[start : start + size], weight, flat_labels[start : start + size])
-        if recompute:
-            parts.append(checkpoint(chunk, *args, use_reentrant=False))
-        else:
-            parts.append(chunk(*args))
+    chunks = [(flat_hidden[start : start + size], flat_labels[start : start + size]) for start in range(0, n, size)]
+    parts = [_LinearLogProbs.apply(h, weight, t, temperature, with_entropy, True) for h, t in chunks]
     log_p = torch.cat([p[0] for p in parts]).view(shape)
     entropy = torch.cat([p[1] for p in parts]).view(shape) if with_entropy else None
     return log_p, entropy

@@ -19,8 +19,8 @@ from .profiling import StageProfiler
 
 def start_worker_process(world: WorldSpec):
     """What every worker process does first: its output routed (rl_config.library_logs) before vLLM or megatron
-    print anything, its rank's environment and thread count, then its torch.distributed world (the group's own
-    master port). Returns the process's accelerator."""
+    print anything, its rank's environment and thread count, the device's process settings, then its
+    torch.distributed world (the group's own master port). Returns the process's accelerator."""
     from ..utils.library_logs import route_process_output
 
     route_process_output()
@@ -42,6 +42,7 @@ def start_worker_process(world: WorldSpec):
     from ..utils import dist
 
     accelerator = get_accelerator()
+    accelerator.prepare_process()
     dist.init_distributed(
         world.rank, world.world_size, world.master_addr, world.master_port, local_rank=accelerator.local_rank()
     )
