@@ -38,17 +38,19 @@ def allow_torch_compile(compiled: bool) -> None:
         log.info("vLLM compiles its model with inductor (generate_config.enforce_eager false): about 25 s per engine")
 
 
-# glibc's mallopt parameters, and the values a CPU worker sets (mallopt takes an int)
+# glibc's mallopt parameters, and the values a CPU worker sets (mallopt takes an int; a trim threshold of -1: never)
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
-HOST_ALLOCATOR = ((M_MMAP_THRESHOLD, 1 << 30), (M_TRIM_THRESHOLD, 1 << 30), (M_TOP_PAD, 64 << 20))
+HOST_ALLOCATOR = ((M_MMAP_THRESHOLD, 1 << 30), (M_TRIM_THRESHOLD, -1), (M_TOP_PAD, 64 << 20))
 
 
 def keep_freed_host_memory() -> bool:
-    """Make glibc's malloc keep freed blocks of up to 1 GiB for reuse. By default it serves a block above its mmap
-    threshold (32 MiB at most) with fresh pages and unmaps them when freed, so each large activation or gradient of
-    every step faults its pages in again (the ``wide`` bench shape's MLP output: 89 MB, 22k faults): the kernel's
-    time was a third of a bf16 step. Kept, the next step reuses them (docs/performance.md). Nothing where the
-    user tunes malloc (MALLOC_*_ or GLIBC_TUNABLES) or the C library has no mallopt; returns whether it applied."""
+    """Make glibc's malloc keep freed memory for reuse, as a GPU's caching allocator does. By default it serves a
+    block above its mmap threshold (32 MiB at most) with fresh pages and unmaps them when freed, and gives the top
+    of its heap back past 128 KiB, so the large activations and gradients of every step fault their pages in again
+    (the ``wide`` bench shape's MLP output: 89 MB, 22k faults; 0.5-0.9M faults per actor step): blocks up to 1 GiB
+    now come from the heap, which is never trimmed. The process keeps its peak (the wide shape's actor: 8.5 GB
+    against 8.3 GB) and steps without faults (docs/performance.md). Nothing where the user tunes malloc (MALLOC_*_
+    or GLIBC_TUNABLES) or the C library has no mallopt; returns whether it applied."""
     import ctypes
 
     if "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", "") or any(
