@@ -15,6 +15,8 @@ def cpu_multi_tensor_scale(chunk_size: int, noop_flag: Any, tensor_lists: list, 
     """amp_C's ``multi_tensor_scale`` on the CPU: dst = src x scale, in place (one pass) where the two lists are
     the same tensors, as in gradient clipping; otherwise megatron's own ``dst.copy_(src * scale)``."""
     sources, targets = tensor_lists
+    if not targets:
+        return
     if all(s is t for s, t in zip(sources, targets)):
         torch._foreach_mul_(list(targets), scale)
         return
@@ -25,8 +27,8 @@ def cpu_multi_tensor_scale(chunk_size: int, noop_flag: Any, tensor_lists: list, 
 def cpu_multi_tensor_l2norm(chunk_size: int, noop_flag: Any, tensor_lists: list, per_tensor: bool, *args: Any):
     """amp_C's ``multi_tensor_l2norm`` on the CPU: the 2-norm of all tensors of the first list together (the norm
     of their norms, as megatron's local fallback computes it) in one foreach call, as a float32 [1] tensor."""
-    norms = torch._foreach_norm(list(tensor_lists[0]))
-    total = torch.linalg.vector_norm(torch.stack(norms).float()) if norms else torch.zeros(())
+    tensors = list(tensor_lists[0])
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(tensors)).float()) if tensors else torch.zeros(())
     return total.reshape(1).to(torch.float32), None
 
 
