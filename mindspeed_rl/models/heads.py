@@ -26,6 +26,14 @@ def _tp_group():
     )
 
 
+def _local_tokens(tokens: torch.Tensor, rank: int, vocab_part: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Each token's column in this rank's vocabulary slice ([..., 1], clamped into it) and whether the slice holds
+    the token."""
+    local = tokens - rank * vocab_part
+    inside = (local >= 0) & (local < vocab_part)
+    return local.clamp(0, vocab_part - 1).unsqueeze(-1), inside
+
+
 def _log_softmax_terms(
     logits: torch.Tensor, tokens: torch.Tensor, temperature: float, with_entropy: bool, vocab_parallel: bool
 ) -> Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
@@ -44,10 +52,8 @@ def _log_softmax_terms(
     if tp > 1:
         dist.all_reduce(sum_exp, group=group)
     log_z = sum_exp.log()
-    vocab_part = z.shape[-1]
-    local = tokens - rank * vocab_part
-    inside = (local >= 0) & (local < vocab_part)
-    target = shifted.gather(-1, local.clamp(0, vocab_part - 1).unsqueeze(-1)).squeeze(-1) * inside
+    column, inside = _local_tokens(tokens, rank, z.shape[-1])
+    target = shifted.gather(-1, column).squeeze(-1) * inside
     if tp > 1:
         dist.all_reduce(target, group=group)
     log_p = target - log_z
@@ -116,10 +122,8 @@ class _LinearLogProbs(torch.autograd.Function):
             grad.mul_(coefficient).neg_()
         else:
             grad.mul_(g).neg_()
-        vocab_part = grad.shape[-1]
-        local = tokens - rank * vocab_part
-        inside = (local >= 0) & (local < vocab_part)
-        grad.scatter_add_(-1, local.clamp(0, vocab_part - 1).unsqueeze(-1), g * inside.unsqueeze(-1))
+        column, inside = _local_tokens(tokens, rank, grad.shape[-1])
+        grad.scatter_add_(-1, column, g * inside.unsqueeze(-1))
         if ctx.temperature != 1.0:
             grad.div_(ctx.temperature)
         grad = grad.to(weight.dtype)
