@@ -158,6 +158,34 @@ def test_cpu_multi_tensor_kernels_equal_megatrons_local_fallbacks():
     assert float(cpu_multi_tensor_l2norm(0, None, [[]], False)[0]) == 0.0
 
 
+def test_a_narrow_16_bit_weight_gradient_operand_is_laid_out_transposed_with_its_values_kept():
+    """megatron's linear layers prepare grad_output and input for grad_output^T @ input through our stand-in on the
+    CPU: the values are megatron's, a bf16 grad_output no wider than the input is stored transposed (its
+    transpose contiguous, as oneDNN's fast path wants), a wider or float32 one stays row-major."""
+    from megatron.core.tensor_parallel import layers
+
+    from mindspeed_rl.accelerator.megatron_cpu_compat import apply
+
+    apply()
+    prepare = layers.prepare_input_tensors_for_wgrad_compute
+    megatron_prepare = prepare.megatron_prepare
+    g = torch.Generator().manual_seed(5)
+    for out_width, dtype, transposed in (
+        (8, torch.bfloat16, True),
+        (32, torch.bfloat16, False),
+        (8, torch.float32, False),
+    ):
+        grad_output = torch.randn(3, 4, out_width, generator=g).to(dtype)  # [sequence, batch, features]
+        inputs = torch.randn(3, 4, 16, generator=g).to(dtype)
+        ours, theirs = prepare(grad_output, inputs), megatron_prepare(grad_output, inputs)
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs)) and ours[0].shape == (12, out_width)
+        assert ours[0].t().is_contiguous() is transposed and ours[0].is_contiguous() is not transposed
+        expected = grad_output.double().reshape(12, -1).t() @ inputs.double().reshape(12, -1)
+        assert torch.allclose(ours[0].t().matmul(ours[1]).double(), expected, rtol=2e-2, atol=5e-2)
+    apply()  # idempotent: megatron's own function stays the one underneath
+    assert layers.prepare_input_tensors_for_wgrad_compute.megatron_prepare is megatron_prepare
+
+
 def _glibc_at_least(version: tuple) -> bool:
     name, found = platform.libc_ver()
     return name == "glibc" and tuple(int(x) for x in found.split(".")[:2]) >= version

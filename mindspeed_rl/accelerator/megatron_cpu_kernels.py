@@ -1,7 +1,14 @@
-"""CPU stand-ins for the multi-tensor kernels megatron-core's optimizer calls (Apex's ``amp_C``, Transformer
-Engine's) where neither is installed. megatron's own local fallbacks scale every gradient for clipping by
-allocating the product and copying it back, and take the gradient norm one tensor at a time; these do each in one
-foreach call, with the same numbers (applied by the CPU compatibility, ``megatron_cpu_compat.apply``)."""
+"""CPU stand-ins for what megatron-core hands to fused kernels on a GPU (applied by the CPU compatibility,
+``megatron_cpu_compat.apply``):
+
+- the multi-tensor kernels its optimizer calls (Apex's ``amp_C``, Transformer Engine's) where neither is
+  installed: megatron's own local fallbacks scale every gradient for clipping by allocating the product and
+  copying it back, and take the gradient norm one tensor at a time; these do each in one foreach call, with the
+  same numbers;
+- the operands of a linear layer's weight gradient, grad_output^T @ input: oneDNN's bf16 / fp16 matmul runs
+  about half as fast when its first operand is a transposed view, so a narrow grad_output is laid out
+  transposed first (a small copy).
+"""
 
 from __future__ import annotations
 
@@ -32,6 +39,22 @@ def cpu_multi_tensor_l2norm(chunk_size: int, noop_flag: Any, tensor_lists: list,
     return total.reshape(1).to(torch.float32), None
 
 
+def wgrad_operands(prepare: Callable) -> Callable:
+    """megatron's ``prepare_input_tensors_for_wgrad_compute`` (``prepare``: contiguous 2-D grad_output and input)
+    with a 16-bit grad_output no wider than the input stored transposed, so that ``grad_output.t()`` in the weight
+    gradient is a contiguous matrix. Wider ones (an MLP's first layer) stay: there the copy costs about what it
+    saves. float32 stays too: MKL's sgemm takes transposed operands at full speed."""
+
+    def prepare_for_cpu_matmul(grad_output: torch.Tensor, inputs: torch.Tensor):
+        grad_output, inputs = prepare(grad_output, inputs)
+        if grad_output.dtype in (torch.bfloat16, torch.float16) and grad_output.shape[-1] <= inputs.shape[-1]:
+            grad_output = grad_output.t().contiguous().t()
+        return grad_output, inputs
+
+    prepare_for_cpu_matmul.megatron_prepare = prepare  # type: ignore[attr-defined]
+    return prepare_for_cpu_matmul
+
+
 def _replace_local_fallback(name: str, fallback: str, replacement: Callable) -> None:
     """Point megatron's optimizer modules' ``name`` at ``replacement`` where it is megatron's local ``fallback``
     (Transformer Engine's and Apex's kernels, where installed, stay)."""
@@ -47,9 +70,14 @@ def _replace_local_fallback(name: str, fallback: str, replacement: Callable) -> 
 
 
 def install() -> None:
-    """megatron's optimizer modules call these where they hold megatron's local fallbacks."""
+    """megatron's optimizer modules call these where they hold megatron's local fallbacks; its linear layers
+    prepare their weight gradient's operands with ``wgrad_operands``."""
     for name, fallback, replacement in (
         ("multi_tensor_scale_impl", "local_multi_tensor_scale", cpu_multi_tensor_scale),
         ("l2_norm_impl", "local_multi_tensor_l2_norm", cpu_multi_tensor_l2norm),
     ):
         _replace_local_fallback(name, fallback, replacement)
+    layers = importlib.import_module("megatron.core.tensor_parallel.layers")
+    prepare = getattr(layers, "prepare_input_tensors_for_wgrad_compute", None)
+    if prepare is not None and not hasattr(prepare, "megatron_prepare"):
+        layers.prepare_input_tensors_for_wgrad_compute = wgrad_operands(prepare)

@@ -30,11 +30,10 @@ from .builder import build_gpt_model
 from .cross_rank import broadcast_from_last_stage, reduce_metrics
 from .engine_weights import EngineWeights
 from .heads import attach_value_head, chunked_log_probs, output_weight, return_hidden_states
-from .optimizer import build_optimizer, fuse_adam_steps, wrap_ddp
+from .optimizer import build_optimizer, fuse_adam_steps, step_unless_nonfinite, wrap_ddp
 from .packing import ModelInput, pack, restore_order, round_up, token_budget_groups, trim
 
 Batch = Dict[str, torch.Tensor]
-FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 LossFn = Callable[[Dict[str, torch.Tensor], Batch], Tuple[torch.Tensor, Dict[str, float]]]
 
 
@@ -77,7 +76,9 @@ class MegatronEngine(EngineWeights):
             raise ValueError(f"head must be 'lm' or 'value', got {head!r}")
         self.role, self.head, self.trainable = role, head, trainable
         self.remove_padding = remove_padding  # rl_config.use_remove_padding
-        self.nonfinite_streak = 0  # consecutive optimizer steps skipped for a non-finite loss or gradient
+        self.nonfinite_streak = (
+            0  # consecutive steps skipped for a non-finite loss or gradient (not fp16 scale backoffs)
+        )
         self.megatron = role.megatron
         self.acc = get_accelerator()
         self.device = self.acc.current_device()
@@ -318,56 +319,36 @@ class MegatronEngine(EngineWeights):
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         stores, _ = self._run(batch, micro_batch_size, loss_fn, False, temperature, True, token_budget=token_budget)
-        if not self.all_finite(stores):
-            for chunk in self.model:  # skip the step: the weights, optimizer state and lr stay as they were
+        fuse_adam_steps(self.optimizer)
+        losses_finite = all(math.isfinite(float(s["loss"])) for s in stores if "loss" in s)
+        stepped, grad_norm, nonfinite = step_unless_nonfinite(self.optimizer, losses_finite, self._everywhere)
+        if stepped:
+            self.nonfinite_streak = 0
+            self.scheduler.step(increment=1)
+        else:  # the weights, optimizer state and lr stay as they were
+            for chunk in self.model:
                 chunk.zero_grad_buffer()
             self.optimizer.zero_grad()
-            self.nonfinite_streak += 1
-            metrics = reduce_metrics(stores, self.pp_last, self.dp_size, self._comm_device())
-            return StepResult(
-                loss=metrics.pop("loss", float("nan")),
-                grad_norm=float("nan"),
-                lr=self.current_lr(),
-                update_successful=False,
-                metrics=metrics,
-                skipped=True,
-            )
-        fuse_adam_steps(self.optimizer)
-        update_successful, grad_norm, _ = self.optimizer.step()
-        grad_norm = float(grad_norm or 0.0)
-        # the norm over all ranks can overflow where no rank's own share does (all_finite): megatron then clipped
-        # the gradient to zero, so the step counts as non-finite
-        finite_norm = math.isfinite(grad_norm)
-        self.nonfinite_streak = 0 if finite_norm else self.nonfinite_streak + 1
-        update_successful = bool(update_successful) and finite_norm
-        if update_successful:
-            self.scheduler.step(increment=1)
+            self.nonfinite_streak += int(nonfinite)
         metrics = reduce_metrics(stores, self.pp_last, self.dp_size, self._comm_device())
         return StepResult(
-            loss=metrics.pop("loss", 0.0),
+            loss=metrics.pop("loss", float("nan") if not stepped else 0.0),
             grad_norm=grad_norm,
             lr=self.current_lr(),
-            update_successful=update_successful,
+            update_successful=stepped,
             metrics=metrics,
-            skipped=not finite_norm,
+            skipped=not stepped,
         )
 
-    def all_finite(self, stores: Optional[List[Dict]] = None) -> bool:
-        """Whether this step's losses, gradients and gradient norm (or, without ``stores``, the weights) are
-        finite on every rank of the role's world. The optimizer computes the squared norm in float32: finite
-        gradients can overflow it (e.g. a loss scaled by 1e30), and megatron would then clip them to zero."""
-        finite = True
-        if stores is not None:
-            finite = all(math.isfinite(float(s["loss"])) for s in stores if "loss" in s)
-            squares = 0.0  # this rank's share of the squared norm, in float64 (NaN or Inf when a value is)
-            for chunk in self.model:  # megatron DDP's gradient buffers (after the DP reduction)
-                for buffer in getattr(chunk, "buffers", []) + getattr(chunk, "expert_parallel_buffers", []):
-                    norm = float(torch.linalg.vector_norm(buffer.grad_data))
-                    squares += norm * norm
-            finite = finite and squares <= FLOAT32_MAX
-        else:
-            finite = all(bool(torch.isfinite(t).all()) for _, t in self.named_weights() if t.is_floating_point())
-        flag = torch.tensor([0.0 if finite else 1.0], device=self._comm_device())
+    def all_finite(self) -> bool:
+        """Whether every weight of the engine is finite on every rank of the role's world."""
+        return self._everywhere(
+            all(bool(torch.isfinite(t).all()) for _, t in self.named_weights() if t.is_floating_point())
+        )
+
+    def _everywhere(self, holds: bool) -> bool:
+        """Whether ``holds`` is true on every rank of the role's world (a collective: every rank calls it)."""
+        flag = torch.tensor([0.0 if holds else 1.0], device=self._comm_device())
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return flag.item() == 0.0
 

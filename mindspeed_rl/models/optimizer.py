@@ -4,7 +4,8 @@ all from the role's megatron section."""
 
 from __future__ import annotations
 
-from typing import List, Tuple
+import math
+from typing import Callable, List, Tuple
 
 from ..config_cls.megatron_config import MegatronConfig
 from .builder import params_dtype
@@ -45,7 +46,8 @@ def build_optimizer(model: List, config, m: MegatronConfig, total_steps: int) ->
         fp16=m.fp16,
         params_dtype=params_dtype(m),
         use_distributed_optimizer=m.use_distributed_optimizer,
-        loss_scale=None if m.fp16 else 1.0,
+        loss_scale=None,  # fp16: a dynamic loss scale; bf16 and fp32 need none
+        initial_loss_scale=2.0**16,  # torch's GradScaler's start: fewer overflowing first steps than megatron's 2^32
     )
     optimizer = get_megatron_optimizer(opt_config, model, use_gloo_process_groups=True)
     decay_steps = max(1, m.lr_decay_iters or total_steps)
@@ -85,3 +87,37 @@ def fuse_adam_steps(optimizer) -> None:
         if isinstance(inner, (torch.optim.Adam, torch.optim.AdamW)):
             for group in inner.param_groups:
                 group["foreach"], group["fused"] = None, True
+
+
+def step_unless_nonfinite(optimizer, losses_finite: bool, agree: Callable[[bool], bool]) -> Tuple[bool, float, bool]:
+    """megatron's optimizer step split at its public seams, with one gradient norm for both the finiteness
+    check and the clipping: (stepped, grad_norm, nonfinite).
+
+    The gradients are made ready (fp16: unscaled, checked, and the loss scale updated), their norm is taken
+    once over the model-parallel ranks (float32: a norm whose square overflows is Inf), and ``agree`` (every
+    rank of the role's world agreeing) decides; a non-finite loss, gradient or norm anywhere skips the step:
+    weights and optimizer state stay as they were. ``nonfinite`` is false for an fp16 step that overflowed
+    while its loss scale could still back off: that is the scale finding its level, not a diverging run."""
+    from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+    from ..checkpoint.optimizer_state import sub_optimizers
+
+    subs = sub_optimizers(optimizer)
+    can_back_off = any(_loss_scale_above_minimum(sub) for sub in subs)
+    found_inf = bool(optimizer.prepare_grads())
+    grad_norm = float("nan") if found_inf else float(optimizer.get_grad_norm())
+    if not agree(losses_finite and math.isfinite(grad_norm)):
+        return False, grad_norm, not (found_inf and can_back_off and losses_finite)
+    for sub in subs:
+        params = [] if getattr(sub, "is_stub_optimizer", False) else sub.get_parameters()
+        if params and sub.config.clip_grad > 0.0:  # no precision-aware optimizer here: gradients sit in .grad
+            clip_grad_by_total_norm_fp32(params, sub.config.clip_grad, grad_norm)
+    optimizer.step_with_ready_grads()
+    return True, grad_norm, False
+
+
+def _loss_scale_above_minimum(sub) -> bool:
+    """Whether ``sub`` has a dynamic loss scale (fp16) that an overflow would still lower."""
+    scaler = getattr(sub, "grad_scaler", None)
+    floor = getattr(scaler, "min_scale", None)
+    return floor is not None and float(scaler.scale) > float(floor)
