@@ -72,5 +72,42 @@ def test_fp16_overflows_lower_the_loss_scale_until_steps_go_through_without_coun
         assert any(not torch.equal(before[k], v) for k, v in engine.named_weights())
         nan_loss = engine.train_step(batch, lambda outputs, mb: (sft_loss(outputs, mb)[0] * float("nan"), {}), 2)
         assert nan_loss.skipped and engine.nonfinite_streak == 1
+        scaler = engine.optimizer.chained_optimizers[0].grad_scaler
+        scaler._scale.fill_(float(scaler.min_scale))  # at its floor an overflow is the run's, not the scale's
+        huge = engine.train_step(batch, lambda outputs, mb: (sft_loss(outputs, mb)[0] * 1e30, {}), 2)
+        assert huge.skipped and engine.nonfinite_streak == 2 and not huge.grad_norm < float("inf")
+    finally:
+        dist.destroy()
+
+
+def test_the_split_step_takes_megatrons_own_step():
+    """The engine's step (one norm for the check and the clipping) moves the weights exactly as megatron's
+    ``optimizer.step()`` does, with clipping at work (bf16 and fp32)."""
+    import mindspeed_rl.models.engine as engine_module
+    from mindspeed_rl.models.engine import MegatronEngine
+    from mindspeed_rl.utils import dist
+    from tests.helpers import make_batch, sft_loss, tiny_role
+
+    def megatrons_step(optimizer, losses_finite, agree):
+        stepped, grad_norm, _ = optimizer.step()
+        return bool(stepped), float(grad_norm), False
+
+    dist.init_distributed()
+    try:
+        for bf16 in (True, False):
+            weights, norms = [], []
+            for step in (engine_module.step_unless_nonfinite, megatrons_step):
+                dist.init_model_parallel(seed=1)
+                engine = MegatronEngine(tiny_role(bf16=bf16, clip_grad=0.05), head="lm", trainable=True, total_steps=10)
+                original, engine_module.step_unless_nonfinite = engine_module.step_unless_nonfinite, step
+                try:
+                    results = [engine.train_step(make_batch(4, 12), sft_loss, 2) for _ in range(2)]
+                finally:
+                    engine_module.step_unless_nonfinite = original
+                assert all(r.update_successful for r in results)
+                norms.append([r.grad_norm for r in results])
+                weights.append({k: v.clone() for k, v in engine.named_weights()})
+            assert norms[0] == norms[1] and min(norms[0]) > 0.05, norms  # clipped
+            assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     finally:
         dist.destroy()

@@ -342,15 +342,15 @@ class MegatronEngine(EngineWeights):
 
     def all_finite(self) -> bool:
         """Whether every weight of the engine is finite on every rank of the role's world."""
-        return self._everywhere(
-            all(bool(torch.isfinite(t).all()) for _, t in self.named_weights() if t.is_floating_point())
-        )
+        finite = all(bool(torch.isfinite(t).all()) for _, t in self.named_weights() if t.is_floating_point())
+        return self._everywhere([finite])[0]
 
-    def _everywhere(self, holds: bool) -> bool:
-        """Whether ``holds`` is true on every rank of the role's world (a collective: every rank calls it)."""
-        flag = torch.tensor([0.0 if holds else 1.0], device=self._comm_device())
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return flag.item() == 0.0
+    def _everywhere(self, holds: List[bool]) -> List[bool]:
+        """Each flag of ``holds``: whether it is true on every rank of the role's world (one collective, which
+        every rank calls)."""
+        flags = torch.tensor([0.0 if h else 1.0 for h in holds], device=self._comm_device())
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return [flag == 0.0 for flag in flags.tolist()]
 
     def current_lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer else 0.0

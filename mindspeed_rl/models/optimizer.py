@@ -94,20 +94,23 @@ def step_unless_nonfinite(optimizer, losses_finite: bool, agree: Callable[[bool]
     check and the clipping: (stepped, grad_norm, nonfinite).
 
     The gradients are made ready (fp16: unscaled, checked, and the loss scale updated), their norm is taken
-    once over the model-parallel ranks (float32: a norm whose square overflows is Inf), and ``agree`` (every
-    rank of the role's world agreeing) decides; a non-finite loss, gradient or norm anywhere skips the step:
-    weights and optimizer state stay as they were. ``nonfinite`` is false for an fp16 step that overflowed
-    while its loss scale could still back off: that is the scale finding its level, not a diverging run."""
+    once over the ranks megatron reduces it over (float32: a norm whose square overflows is Inf), and
+    ``agree`` (each flag true on every rank of the role's world) decides; a non-finite loss, gradient or norm
+    anywhere skips the step: weights and optimizer state stay as they were, and the reported norm is NaN or
+    Inf. ``nonfinite`` is false for an fp16 step that overflowed while its loss scale could still back off:
+    that is the scale finding its level, not a diverging run."""
     from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
 
     from ..checkpoint.optimizer_state import sub_optimizers
 
     subs = sub_optimizers(optimizer)
-    can_back_off = any(_loss_scale_above_minimum(sub) for sub in subs)
+    can_back_off = _loss_scale_above_minimum(subs[0])  # megatron scales the loss by the first one's scale
     found_inf = bool(optimizer.prepare_grads())
     grad_norm = float("nan") if found_inf else float(optimizer.get_grad_norm())
-    if not agree(losses_finite and math.isfinite(grad_norm)):
-        return False, grad_norm, not (found_inf and can_back_off and losses_finite)
+    losses_ok, gradients_ok = agree([losses_finite, math.isfinite(grad_norm)])
+    if not (losses_ok and gradients_ok):
+        reported = grad_norm if not math.isfinite(grad_norm) else float("nan")
+        return False, reported, not (found_inf and can_back_off and losses_ok)
     for sub in subs:
         params = [] if getattr(sub, "is_stub_optimizer", False) else sub.get_parameters()
         if params and sub.config.clip_grad > 0.0:  # no precision-aware optimizer here: gradients sit in .grad

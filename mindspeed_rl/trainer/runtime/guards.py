@@ -27,7 +27,7 @@ COLLAPSED_GRAD_NORM = 1e-8  # Adam's epsilon: below it a gradient is rounding no
 def collapsed(metrics: Dict[str, float]) -> Optional[bool]:
     """Whether the actor's policy has collapsed: (near) zero entropy and no gradient left, within
     COLLAPSED_ENTROPY and COLLAPSED_GRAD_NORM. None when the iteration cannot tell: a metric is missing or not
-    finite (a step skipped for a NaN/Inf loss reports a NaN gradient norm)."""
+    finite (a skipped step reports a NaN or Inf gradient norm)."""
     entropy, grad_norm = metrics.get("actor/entropy"), metrics.get("grad_norm")
     if entropy is None or grad_norm is None or not (math.isfinite(entropy) and math.isfinite(grad_norm)):
         return None
