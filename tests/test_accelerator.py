@@ -160,7 +160,7 @@ def test_cpu_multi_tensor_kernels_equal_megatrons_local_fallbacks():
 
 def test_a_narrow_16_bit_weight_gradient_operand_is_laid_out_transposed_with_its_values_kept():
     """megatron's linear layers prepare grad_output and input for grad_output^T @ input through our stand-in on the
-    CPU: the values are megatron's, a bf16 grad_output no wider than the input is stored transposed (its
+    CPU: the values are megatron's, a bf16 grad_output at most half as wide as the input is stored transposed (its
     transpose contiguous, as oneDNN's fast path wants), a wider or float32 one stays row-major."""
     from megatron.core.tensor_parallel import layers
 

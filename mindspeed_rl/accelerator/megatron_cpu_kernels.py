@@ -6,7 +6,7 @@
   copying it back, and take the gradient norm one tensor at a time; these do each in one foreach call, with the
   same numbers;
 - the operands of a linear layer's weight gradient, grad_output^T @ input: oneDNN's bf16 / fp16 matmul runs
-  about half as fast when its first operand is a transposed view, so a narrow grad_output is laid out
+  up to half as fast when its first operand is a transposed view, so a narrow grad_output is laid out
   transposed first (a small copy).
 """
 
@@ -41,13 +41,14 @@ def cpu_multi_tensor_l2norm(chunk_size: int, noop_flag: Any, tensor_lists: list,
 
 def wgrad_operands(prepare: Callable) -> Callable:
     """megatron's ``prepare_input_tensors_for_wgrad_compute`` (``prepare``: contiguous 2-D grad_output and input)
-    with a 16-bit grad_output no wider than the input stored transposed, so that ``grad_output.t()`` in the weight
-    gradient is a contiguous matrix. Wider ones (an MLP's first layer) stay: there the copy costs about what it
-    saves. float32 stays too: MKL's sgemm takes transposed operands at full speed."""
+    with a 16-bit grad_output at most half as wide as the input (an MLP's down projection) stored transposed, so
+    that ``grad_output.t()`` in the weight gradient is a contiguous matrix. Wider ones stay: for a square layer
+    or an MLP's first one the copy costs about what it saves, or more. float32 stays too: MKL's sgemm takes
+    transposed operands at full speed."""
 
     def prepare_for_cpu_matmul(grad_output: torch.Tensor, inputs: torch.Tensor):
         grad_output, inputs = prepare(grad_output, inputs)
-        if grad_output.dtype in (torch.bfloat16, torch.float16) and grad_output.shape[-1] <= inputs.shape[-1]:
+        if grad_output.dtype in (torch.bfloat16, torch.float16) and 2 * grad_output.shape[-1] <= inputs.shape[-1]:
             grad_output = grad_output.t().contiguous().t()
         return grad_output, inputs
 
