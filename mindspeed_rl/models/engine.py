@@ -76,9 +76,7 @@ class MegatronEngine(EngineWeights):
             raise ValueError(f"head must be 'lm' or 'value', got {head!r}")
         self.role, self.head, self.trainable = role, head, trainable
         self.remove_padding = remove_padding  # rl_config.use_remove_padding
-        self.nonfinite_streak = (
-            0  # consecutive steps skipped for a non-finite loss or gradient (not fp16 scale backoffs)
-        )
+        self.nonfinite_streak = 0  # steps skipped in a row for a NaN/Inf loss or gradient (not fp16 backoffs)
         self.megatron = role.megatron
         self.acc = get_accelerator()
         self.device = self.acc.current_device()

@@ -89,7 +89,9 @@ def fuse_adam_steps(optimizer) -> None:
                 group["foreach"], group["fused"] = None, True
 
 
-def step_unless_nonfinite(optimizer, losses_finite: bool, agree: Callable[[bool], bool]) -> Tuple[bool, float, bool]:
+def step_unless_nonfinite(
+    optimizer, losses_finite: bool, agree: Callable[[List[bool]], List[bool]]
+) -> Tuple[bool, float, bool]:
     """megatron's optimizer step split at its public seams, with one gradient norm for both the finiteness
     check and the clipping: (stepped, grad_norm, nonfinite).
 
