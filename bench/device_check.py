@@ -27,6 +27,7 @@ error and the next one runs):
                many layers as fit the device with Adam (at most 8), 4K rows packed and split by a token budget
                of 16,384 (dynamic batch size), bf16: tokens/s, MFU, peak memory; with torch's modules, then
                with liger-kernel's where it is installed
+  profile_7b   torch.profiler over one step of the 7B-shaped row (liger-kernel's kernels where installed)
 
 `--smoke` runs every step at toy sizes on whatever device there is (the test suite runs it on CPU). Steps stop
 starting once `--minutes` are spent; those left are recorded as skipped. MFU counts model FLOPs of the real
@@ -61,7 +62,8 @@ STEP_FUNCTIONS: Dict[str, Callable] = {  # in the order they run
     "generation": device_steps.step_generation,
     "profile": device_training.profile_rows,
     "fused_kernels": device_kernels.kernel_rows,
-    "training_7b": device_training.wide_rows,  # last: the earlier rows stay comparable with older runs
+    "training_7b": device_training.wide_rows,  # late: the earlier rows stay comparable with older runs
+    "profile_7b": device_training.wide_profile_rows,
 }
 STEPS = tuple(STEP_FUNCTIONS)
 

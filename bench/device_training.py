@@ -120,9 +120,9 @@ def layers_that_fit(shape: Dict, memory_bytes: float, activations: float = 0.5, 
     return max(1, min(most, int(room // per_layer)))
 
 
-def wide_rows(ctx: Context) -> List[Dict]:
-    """The 7B-shaped row: Qwen2.5-7B's widths with as many layers as fit this device with the optimizer, 4K rows
-    packed (lengths drawn from [2K, 4K]) and split into micro-batches by a token budget (dynamic batch size), bf16."""
+def wide_shape(ctx: Context):
+    """Registers the 7B-widths shape in ``ctx.shapes``; returns its name, row length, token budget and a batch of
+    about four micro-batches of the budget."""
     if ctx.smoke:
         shape, seq, budget, layers = dict(TOY_WIDE), 64, 192, 2
     else:
@@ -132,8 +132,15 @@ def wide_rows(ctx: Context) -> List[Dict]:
     shape["num_layers"] = layers
     name = f"7B widths x {layers} layers"
     ctx.shapes[name] = shape
-    rows = 4 * budget // seq  # about four micro-batches of the budget
-    batch = random_batch(rows, seq, shape["padded_vocab_size"], seed=seq, ragged=True)
+    batch = random_batch(4 * budget // seq, seq, shape["padded_vocab_size"], seed=seq, ragged=True)
+    return name, seq, budget, batch
+
+
+def wide_rows(ctx: Context) -> List[Dict]:
+    """The 7B-shaped row: Qwen2.5-7B's widths with as many layers as fit this device with the optimizer, 4K rows
+    packed (lengths drawn from [2K, 4K]) and split into micro-batches by a token budget (dynamic batch size), bf16."""
+    name, seq, budget, batch = wide_shape(ctx)
+    rows = batch["input_ids"].shape[0]
     kernels = [("torch", {})] + [("liger-kernel", FUSED)] * (not available())
     out = []
     try:
@@ -199,23 +206,42 @@ def head_rows(ctx: Context) -> List[Dict]:
     return rows
 
 
-def profile_rows(ctx: Context, steps: int = 2, top: int = 30) -> List[Dict]:
-    """Where a training step's time goes: torch.profiler's operators by device time (CPU time on a CPU)."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
+def profile_rows(ctx: Context) -> List[Dict]:
+    """Where a training step of the first shape (1K, packed, torch's modules) goes."""
     shape = next(iter(ctx.shapes))
     seq = 32 if ctx.smoke else 1024
     micro = max(1, (64 if ctx.smoke else MICRO_BATCH_TOKENS) // seq)
     batch = random_batch(2 * micro, seq, ctx.shapes[shape]["padded_vocab_size"], seed=seq, ragged=True)
     engine = engine_for(ctx, shape, bf16=True)
     engine.remove_padding = True
-    unprofiled = timed_steps(ctx, engine, batch, micro, 2)  # also compiles and warms up outside the profile
+    return profiled(ctx, engine, batch, micro, steps=2)
+
+
+def wide_profile_rows(ctx: Context) -> List[Dict]:
+    """Where the 7B-shaped row's step goes, with liger-kernel's kernels where they are installed."""
+    name, _, budget, batch = wide_shape(ctx)
+    try:
+        engine = engine_for(ctx, name, bf16=True, **({} if available() else FUSED))
+        engine.remove_padding = True
+        return profiled(ctx, engine, batch, batch["input_ids"].shape[0], steps=1, token_budget=budget)
+    finally:
+        ctx.shapes.pop(name, None)
+
+
+def profiled(
+    ctx: Context, engine, batch, micro: int, steps: int, top: int = 30, token_budget: Optional[int] = None
+) -> List[Dict]:
+    """torch.profiler's operators by device time (CPU time on a CPU) over ``steps`` training steps, after two
+    unprofiled ones (the first row: their mean)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    unprofiled = timed_steps(ctx, engine, batch, micro, 2, token_budget)  # also compiles and warms up
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ctx.cuda else [])
     start = time.perf_counter()
     with profile(activities=activities) as prof:
         for _ in range(steps):
-            engine.train_step(batch, nll, micro)
+            engine.train_step(batch, nll, micro, token_budget=token_budget)
         ctx.sync()
     wall = (time.perf_counter() - start) / steps
     events = prof.key_averages()

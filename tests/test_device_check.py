@@ -35,7 +35,7 @@ def test_device_check_smoke_runs_every_step_without_ray_or_vllm(tmp_path):
     steps = report["steps"]
     assert list(steps) == [
         "environment", "parity", "training", "head", "algorithms", "generation", "profile", "fused_kernels",
-        "training_7b",
+        "training_7b", "profile_7b",
     ]  # fmt: skip
     assert all(s["status"] == "ok" for s in steps.values()), {k: s["error"] for k, s in steps.items()}
     fp32, bf16 = steps["parity"]["result"]
@@ -53,6 +53,8 @@ def test_device_check_smoke_runs_every_step_without_ray_or_vllm(tmp_path):
     ]
     (wide,) = steps["training_7b"]["result"]  # torch's modules only: liger-kernel's are CUDA's
     assert wide["model"] == "7B widths x 2 layers" and wide["tokens_per_s"] > 0 and wide["MFU"] > 0, wide
+    wide_profile = steps["profile_7b"]["result"]
+    assert wide_profile[0]["cpu_ms"] > 0 and len(wide_profile) > 5
     markdown = (out / "device_check.md").read_text()
     assert "### training: ok" in markdown and "| packed | full |" in markdown
 
