@@ -1,7 +1,8 @@
 """What this host's CPU does with bf16: the accelerator's answer to ``bf16: auto`` and the matmul rates behind it.
 
     .venv/bin/python bench/precision.py [--size 1024]
-    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 .venv/bin/python bench/precision.py   # an AVX2-only CPU
+    ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+        .venv/bin/python bench/precision.py   # as an AVX2-only CPU
 
 Prints torch's capability, oneDNN's bf16 answer, the decision and its reason, fp32 and bf16 GFLOP/s of a size^3
 matmul (best of a few, in this process), and the slowdown probe the warning of a set bf16 quotes.

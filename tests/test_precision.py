@@ -23,8 +23,8 @@ from tests.helpers import assert_refused
 
 NATIVE = HostPrecision(True, "this CPU runs bf16 natively: AVX512 with AMX")
 AVX2 = HostPrecision(False, "this CPU has no native bf16: AVX2", bf16_slowdown=97.0)
-# the environment that makes a bf16 CPU compute as an AVX2-only one does (oneDNN and ATen both capped)
-AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# the environment that makes a bf16 CPU compute as an AVX2-only one does (ATen, oneDNN and MKL capped)
+AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
 
 
 @pytest.mark.parametrize(
