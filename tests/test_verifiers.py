@@ -42,6 +42,39 @@ def test_acc_for_ppo(response, label, score):
     assert get_verifier("acc_for_ppo")(response, label) == score
 
 
+def test_the_symbolic_limit_counts_cpu_time_not_waiting(caplog):
+    """A host busy with other work (here: a sleep, no CPU) does not fail a comparison; computing past the limit
+    does, even where the code inside swallows the first interruption; the timer and handler are put back."""
+    import signal
+    import threading
+    import time
+
+    from mindspeed_rl.rewards.verifiers import answers_match, cpu_time_limit
+
+    before = signal.getsignal(signal.SIGVTALRM)
+    with cpu_time_limit(0.2) as over:
+        time.sleep(0.5)
+    assert not over()
+    start, caught = time.process_time(), 0
+    with pytest.raises(TimeoutError), cpu_time_limit(0.2) as over:
+        while time.process_time() - start < 5:
+            try:
+                sum(range(10_000))
+            except TimeoutError:
+                caught += 1
+                if caught == 1:
+                    continue  # swallowed once, as math-verify does: the next 50 ms of CPU raise again
+                raise
+    assert over() and caught == 2 and time.process_time() - start < 1.0
+    assert signal.getitimer(signal.ITIMER_VIRTUAL) == (0.0, 0.0) and signal.getsignal(signal.SIGVTALRM) is before
+    assert answers_match("0.5", "1/2") and not any("Timeout is disabled" in r.message for r in caplog.records)
+    found = []
+    worker = threading.Thread(target=lambda: found.extend([answers_match("0.5", "1/2"), answers_match("2.0", "2")]))
+    worker.start()
+    worker.join()
+    assert found == [False, True]  # no signal in a thread: numbers compare, symbols do not
+
+
 def test_format_rewards():
     good = "<think>add them</think> <answer>\\boxed{4}</answer>"
     assert get_verifier("format")(good, "4") == 1.0

@@ -2,19 +2,27 @@
 
 - acc_for_ppo (alias gsm8k, math): 1 when the response's final answer equals the label.
   The answer is taken from the last \\boxed{...}, else after the last '####', else the last
-  number; equality is numeric when both sides are numbers, else math-verify's symbolic check.
+  number; equality is numeric when both sides are numbers, else math-verify's symbolic check, limited to
+  ``SYMBOLIC_CPU_SECONDS`` of CPU time (not wall time: a host busy with other work cannot fail a quick parse).
 - format: 1 when the response has the <think>...</think><answer>...</answer> shape anywhere.
 - strict_format: 1 when the whole response is exactly that shape.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import re
-from typing import Optional
+import signal
+import threading
+from typing import Callable, Iterator, Optional
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 _FORMAT = re.compile(r"<think>.*?</think>\s*<answer>.*?</answer>", re.S)
 _STRICT_FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.S)
+# math-verify's own limits are wall-clock alarms (2 s each once failed "$1/2$" on a loaded host); ours counts the
+# CPU time the comparison takes, and stays under the rule-reward runner's per-sample timeout (10 s by default)
+SYMBOLIC_CPU_SECONDS = 5.0
 
 
 def last_boxed(text: str) -> Optional[str]:
@@ -72,14 +80,56 @@ def answers_match(answer: str, label: str) -> bool:
         return abs(a - b) <= 1e-6 * max(1.0, abs(b))
     if answer.strip() == label.strip():
         return True
+    if threading.current_thread() is not threading.main_thread():
+        return False  # the CPU-time limit is a signal, which only the main thread receives
     from math_verify import parse, verify
 
-    try:  # math-verify's own limits (2 + 2 + 2 s) stay under the runner's per-sample timeout (10 s default)
-        return bool(
-            verify(parse(f"${label}$", parsing_timeout=2), parse(f"${answer}$", parsing_timeout=2), timeout_seconds=2)
-        )
-    except Exception:  # noqa: BLE001 - an unparsable answer is simply wrong
+    _quiet_math_verify()
+    try:
+        with cpu_time_limit(SYMBOLIC_CPU_SECONDS) as over:
+            gold, given = parse(f"${label}$", parsing_timeout=None), parse(f"${answer}$", parsing_timeout=None)
+            same = bool(verify(gold, given, timeout_seconds=None))
+        return same and not over()  # math-verify catches what it raises, and may answer after the limit
+    except Exception:  # noqa: BLE001 - an unparsable answer, or one too costly to compare, is simply wrong
         return False
+
+
+@contextlib.contextmanager
+def cpu_time_limit(seconds: float) -> Iterator[Callable[[], bool]]:
+    """Raises TimeoutError inside the block once this process has computed ``seconds`` of CPU time in it, and
+    again every 50 ms of CPU after that, so code that catches it cannot run on (ITIMER_VIRTUAL: time spent waiting
+    for a core does not count). Yields a function saying whether the limit was reached. Main thread only."""
+    fired = []
+
+    def stop(signum, frame):
+        fired.append(True)
+        raise TimeoutError(f"over {seconds} s of CPU time")
+
+    previous = signal.signal(signal.SIGVTALRM, stop)
+    signal.setitimer(signal.ITIMER_VIRTUAL, seconds, 0.05)
+    try:
+        yield lambda: bool(fired)
+    finally:
+        while True:  # the timer may fire once more before it is off
+            try:
+                signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+                signal.signal(signal.SIGVTALRM, previous)
+                break
+            except TimeoutError:
+                continue
+
+
+class _DropTimeoutDisabled(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+def _quiet_math_verify() -> None:
+    """math-verify warns once that its timeouts are off; ``cpu_time_limit`` is the one it asks for."""
+    for name in ("math_verify.parser", "math_verify.grader"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _DropTimeoutDisabled) for f in log.filters):
+            log.addFilter(_DropTimeoutDisabled())
 
 
 def accuracy(response: str, label: str) -> float:
