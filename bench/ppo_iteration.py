@@ -82,6 +82,7 @@ PHASES = (
     "timing/adv",
     "timing/update",
     "timing/update_critic",
+    "timing/weight_sync",
 )
 
 
@@ -288,6 +289,8 @@ def main() -> None:
         if key in m:
             mfu = f"{per_phase[key] / (m[key] * peak):.1%}" if key in per_phase and m[key] > 0 else ""
             print(f"| {key} | {m[key]:.3f} | {mfu} |")
+    outside = m["timing/all"] - sum(m.get(key, 0.0) for key in PHASES[1:])
+    print(f"| (outside these phases) | {outside:.3f} | |")
     print(f"| e2e_tps | {m['e2e_tps']:.0f} | |")
     print(f"| iteration | {m['timing/all']:.3f} | {flops / (m['timing/all'] * peak):.1%} |")
     if "rollout/logprob_diff_max" in m:
