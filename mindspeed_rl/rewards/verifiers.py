@@ -84,7 +84,6 @@ def answers_match(answer: str, label: str) -> bool:
         return False  # the CPU-time limit is a signal, which only the main thread receives
     from math_verify import parse, verify
 
-    _quiet_math_verify()
     try:
         with cpu_time_limit(SYMBOLIC_CPU_SECONDS) as over:
             gold, given = parse(f"${label}$", parsing_timeout=None), parse(f"${answer}$", parsing_timeout=None)
@@ -120,16 +119,14 @@ def cpu_time_limit(seconds: float) -> Iterator[Callable[[], bool]]:
 
 
 class _DropTimeoutDisabled(logging.Filter):
+    """math-verify warns once that its timeouts are off; ``cpu_time_limit`` is the one it asks for."""
+
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith("Timeout is disabled")
 
 
-def _quiet_math_verify() -> None:
-    """math-verify warns once that its timeouts are off; ``cpu_time_limit`` is the one it asks for."""
-    for name in ("math_verify.parser", "math_verify.grader"):
-        log = logging.getLogger(name)
-        if not any(isinstance(f, _DropTimeoutDisabled) for f in log.filters):
-            log.addFilter(_DropTimeoutDisabled())
+for _name in ("math_verify.parser", "math_verify.grader"):  # once per process, at import
+    logging.getLogger(_name).addFilter(_DropTimeoutDisabled())
 
 
 def accuracy(response: str, label: str) -> float:
