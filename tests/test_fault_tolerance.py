@@ -270,7 +270,7 @@ def _run(tmp_path, demo_assets, name, faults, *extra, config="grpo_tiny_cpu_asyn
         "rl_config.rollout_fault_tolerance.health_check_timeout_s=5",
         "rl_config.rollout_fault_tolerance.weight_sync_timeout_s=20", *extra,
     ]  # fmt: skip
-    env = dict(os.environ, MINDSPEED_RL_INJECT_FAULTS=faults)
+    env = dict(os.environ, MINDSPEED_RL_INJECT_FAULTS=faults, **{RUN_MARK: str(tmp_path)})
     out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (run_dir,) = [os.path.join(tmp_path, name, d) for d in os.listdir(tmp_path / name)]
@@ -281,9 +281,27 @@ def _run(tmp_path, demo_assets, name, faults, *extra, config="grpo_tiny_cpu_asyn
     return out.stdout, rows, report
 
 
-def _workers_left() -> int:
-    found = subprocess.run(["pgrep", "-f", "ray::RolloutWorker"], capture_output=True, text=True)
-    return len(found.stdout.split())
+RUN_MARK = "MINDSPEED_RL_TEST_RUN"  # in the environment of every process a run starts, Ray's workers among them
+
+
+def _workers_left(tmp_path, wait_s: float = 15.0) -> int:
+    """The rollout workers this test's runs left alive (the other test stream's runs have workers of their own),
+    after up to ``wait_s`` for Ray's last kills to land."""
+    mark = f"{RUN_MARK}={tmp_path}".encode()
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = 0
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                    named = b"ray::RolloutWorker" in fh.read()
+                with open(f"/proc/{pid}/environ", "rb") as fh:
+                    left += named and mark in fh.read().split(b"\0")
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+        if left == 0 or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
 
 
 def test_engines_killed_mid_generation_and_mid_sync_leave_the_run_as_it_would_have_been(tmp_path, demo_assets):
@@ -298,7 +316,7 @@ def test_engines_killed_mid_generation_and_mid_sync_leave_the_run_as_it_would_ha
     assert "rollout engine faults (run total)" in report and "2 engine_restarts, 64 requests_moved" in report
     for key in ("critic/score/mean", "response_length/mean", "actor/kl_loss", "actor/pg_loss", "grad_norm"):
         assert [r[key] for r in faulty] == pytest.approx([r[key] for r in clean], abs=1e-6), key
-    assert _workers_left() == 0
+    assert _workers_left(tmp_path) == 0
 
 
 def test_an_engine_stopped_with_in_flight_updates_on_is_replaced_and_the_run_finishes(tmp_path, demo_assets):
@@ -312,7 +330,7 @@ def test_an_engine_stopped_with_in_flight_updates_on_is_replaced_and_the_run_fin
     assert sum(r["fleet/engine_failures"] for r in rows) == 1 and sum(r["fleet/engine_restarts"] for r in rows) == 1
     assert rows[-1]["fleet/engines_in_service"] == 2  # restarted at the update after the failure
     assert all(r["response_length/mean"] > 0 for r in rows) and rows[-1]["iteration"] == 3
-    assert _workers_left() == 0
+    assert _workers_left(tmp_path) == 0
 
 
 def test_below_min_healthy_engines_the_run_saves_its_iteration_and_exits_4(tmp_path, monkeypatch, capsys):
