@@ -17,7 +17,7 @@ from mindspeed_rl.config_cls import SamplingConfig
 from mindspeed_rl.protocol import RolloutOutput, RolloutRequest
 from mindspeed_rl.workers.engine_health import FaultLimits, answer_problem
 from mindspeed_rl.workers.fault_injection import parse_faults
-from tests.helpers import ROOT
+from tests.helpers import ROOT, RUN_MARK, processes_marked
 from tests.test_faults import train_ppo, user_error
 
 LIMITS = FaultLimits(
@@ -281,27 +281,12 @@ def _run(tmp_path, demo_assets, name, faults, *extra, config="grpo_tiny_cpu_asyn
     return out.stdout, rows, report
 
 
-RUN_MARK = "MINDSPEED_RL_TEST_RUN"  # in the environment of every process a run starts, Ray's workers among them
-
-
 def _workers_left(tmp_path, wait_s: float = 15.0) -> int:
-    """The rollout workers this test's runs left alive (the other test stream's runs have workers of their own),
-    after up to ``wait_s`` for Ray's last kills to land."""
-    mark = f"{RUN_MARK}={tmp_path}".encode()
+    """The rollout workers this test's runs left alive, after up to ``wait_s`` for Ray's last kills to land."""
     deadline = time.monotonic() + wait_s
-    while True:
-        left = 0
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    named = b"ray::RolloutWorker" in fh.read()
-                with open(f"/proc/{pid}/environ", "rb") as fh:
-                    left += named and mark in fh.read().split(b"\0")
-            except OSError:  # gone meanwhile, or not ours to read
-                continue
-        if left == 0 or time.monotonic() > deadline:
-            return left
+    while (left := len(processes_marked(str(tmp_path), "ray::RolloutWorker"))) and time.monotonic() < deadline:
         time.sleep(0.5)
+    return left
 
 
 def test_engines_killed_mid_generation_and_mid_sync_leave_the_run_as_it_would_have_been(tmp_path, demo_assets):

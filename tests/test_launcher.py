@@ -39,7 +39,8 @@ def test_two_node_launch_spans_nodes_and_leaves_other_ray_alone(tmp_path, demo_a
         "PYTHONWARNINGS": "ignore",
     }
     other_tmp = os.path.join(short, "b")
-    subprocess.run(
+    # in a session of its own: its agents outlive a SIGKILL of its raylet, and only the session finds them all
+    other = subprocess.Popen(
         [
             ray_bin(),
             "start",
@@ -54,10 +55,14 @@ def test_two_node_launch_spans_nodes_and_leaves_other_ray_alone(tmp_path, demo_a
             "false",
             "--disable-usage-stats",
         ],
-        check=True,
         env=env,
-        capture_output=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
     )
+    _, err = other.communicate(timeout=180)
+    assert other.returncode == 0, err
+    other_sid = other.pid  # the session's id: its leader's pid
     overrides = [
         f"megatron_training.tokenizer_name_or_path={paths['tokenizer']}",
         f"megatron_training.data_path={paths['data_prefix']}",
@@ -108,7 +113,7 @@ def test_two_node_launch_spans_nodes_and_leaves_other_ray_alone(tmp_path, demo_a
         assert subprocess.run(["pgrep", "-f", other_tmp], capture_output=True).returncode == 0
     finally:
         decoy.kill()
-        subprocess.run(["pkill", "-9", "-f", other_tmp])
+        subprocess.run(["pkill", "-9", "-s", str(other_sid)])
         subprocess.run(["pkill", "-9", "-f", env["RAY_TMP"]])
 
 
