@@ -35,14 +35,15 @@ def demo_assets(tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def control_run(tmp_path_factory, demo_assets) -> list:
     """The control of the learning tests, run once: the demo's initial policy never updated (actor lr 1e-12),
-    6 iterations of ppo_tiny_cpu validated at 5 and 6; its metrics per iteration. The tiny CPU twins share the
+    3 iterations of ppo_tiny_cpu validated at 2 and 3; its metrics per iteration. The tiny CPU twins share the
     model, the seed that initialises it and the prompts, and without an update the policy is the initial one
     whatever the algorithm: one control serves the PPO, GRPO and DAPO learning tests."""
     from mindspeed_rl.trainer.launch import train
     from tests.helpers import demo_config
 
     root = str(tmp_path_factory.mktemp("control"))
-    return train(demo_config("ppo_tiny_cpu", root, demo_assets, 6, **{"actor_config.lr": 1e-12}))
+    keys = {"actor_config.lr": 1e-12, "rl_config.test_freq": 2, "rl_config.val_before_train": "false"}
+    return train(demo_config("ppo_tiny_cpu", root, demo_assets, 3, **keys))
 
 
 LEARNED_ITERATIONS = 20  # the demo's length: greedy validation flips to the right answers by then (1.0 at 20)

@@ -218,24 +218,3 @@ def hf_vl_logits(hf_model, ids, mask, pixels, grids, image_token: int):
         image_grid_thw=grids,
         mm_token_type_ids=(ids == image_token).int(),
     ).logits
-
-
-RUN_MARK = "MINDSPEED_RL_TEST_RUN"  # set by a test in the environment of what it starts: Ray's processes inherit it
-
-
-def processes_marked(value: str, named: str = "") -> list:
-    """The pids of the processes whose environment holds RUN_MARK=``value`` (and whose command line holds
-    ``named``): what one test started, Ray's daemons and workers included, and not the other test stream's."""
-    mark = f"{RUN_MARK}={value}".encode()
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                if named.encode() not in fh.read():
-                    continue
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                if mark in fh.read().split(b"\0"):
-                    found.append(int(pid))
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-    return found

@@ -17,8 +17,8 @@ from mindspeed_rl.config_cls import SamplingConfig
 from mindspeed_rl.protocol import RolloutOutput, RolloutRequest
 from mindspeed_rl.workers.engine_health import FaultLimits, answer_problem
 from mindspeed_rl.workers.fault_injection import parse_faults
-from tests.helpers import ROOT, RUN_MARK, processes_marked
-from tests.test_faults import train_ppo, user_error
+from tests.helpers import ROOT
+from tests.test_faults import RUN_MARK, _read, ray_processes, train_ppo, user_error
 
 LIMITS = FaultLimits(
     enabled=True, generate_timeout_s=30, weight_sync_timeout_s=5, health_check_interval_s=0.2,
@@ -282,9 +282,20 @@ def _run(tmp_path, demo_assets, name, faults, *extra, config="grpo_tiny_cpu_asyn
 
 
 def _workers_left(tmp_path, wait_s: float = 15.0) -> int:
-    """The rollout workers this test's runs left alive, after up to ``wait_s`` for Ray's last kills to land."""
+    """The rollout workers this test's runs left alive (not the other test stream's), after up to ``wait_s`` for
+    Ray's last kills to land."""
+
+    def rollout_workers() -> int:
+        found = 0
+        for pid, _ in ray_processes(tmp_path):
+            try:
+                found += _read(pid, "cmdline").startswith(b"ray::RolloutWorker")
+            except OSError:  # gone meanwhile
+                continue
+        return found
+
     deadline = time.monotonic() + wait_s
-    while (left := len(processes_marked(str(tmp_path), "ray::RolloutWorker"))) and time.monotonic() < deadline:
+    while (left := rollout_workers()) and time.monotonic() < deadline:
         time.sleep(0.5)
     return left
 

@@ -747,7 +747,8 @@ def start_training(root, paths, *extra):
     cmd = [
         sys.executable,
         os.path.join(ROOT, "cli", "train_ppo.py"),
-        *train_args(root, paths, "megatron_training.save_interval=1", *extra),
+        # (no validation: these runs are about stopping, and it would only lengthen them)
+        *train_args(root, paths, "megatron_training.save_interval=1", "rl_config.test_freq=0", *extra),
     ]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -781,7 +782,7 @@ def test_sigterm_stops_cleanly_and_a_dead_worker_restarts_the_run_which_ends_as_
         with open(os.path.join(run_dir, "metrics.jsonl")) as fh:
             return [m for m in map(json.loads, fh) if m["iteration"] == iteration][-1]
 
-    proc = start_training(tmp_path / "dead", paths, "megatron_training.train_iters=4", "rl_config.max_restarts=1")
+    proc = start_training(tmp_path / "dead", paths, "megatron_training.train_iters=3", "rl_config.max_restarts=1")
     lines = wait_for(proc, "saved iteration 1")
     seen = ray_processes(tmp_path / "dead")
     kill_workers(tmp_path / "dead", "ray::CriticWorker")
@@ -795,7 +796,7 @@ def test_sigterm_stops_cleanly_and_a_dead_worker_restarts_the_run_which_ends_as_
         f"critic_config.load={tmp_path}/dead/ckpt/critic critic_config.no_load_optim=false"
     ) in message[0]
     assert "ActorDiedError" not in out and "resumed at iteration" in out
-    assert metrics_of(out, 4)["iteration"] == 4  # the restarted run went to the end
+    assert metrics_of(out, 3)["iteration"] == 3  # the restarted run went to the end
     a, b = metrics_of(term_out, 2), metrics_of(out, 2)
     for key in ("critic/score/mean", "actor/pg_loss", "critic/vf_loss", "grad_norm", "response_length/mean"):
         assert a[key] == pytest.approx(b[key], abs=1e-6), key

@@ -47,6 +47,7 @@ def cfg_for(root, paths, name, iters, **extra):
         f"critic_config.save={root}/{name}/critic",
         "actor_config.no_load_optim=false",
         "actor_config.no_load_rng=false",
+        "actor_config.save_hf=false",  # (the HF copy beside each checkpoint: tests/test_save_hf.py)
         "critic_config.no_load_optim=false",
         "critic_config.no_load_rng=false",
     ]
