@@ -300,6 +300,7 @@ def _workers_left(tmp_path, wait_s: float = 15.0) -> int:
     return left
 
 
+@pytest.mark.slow
 def test_engines_killed_mid_generation_and_mid_sync_leave_the_run_as_it_would_have_been(tmp_path, demo_assets):
     """Engine 1 killed 0.2 s into its first generate call, engine 0 killed after the first piece of its second weight
     sync (after iteration 1): both restart, every sample is generated, and each iteration equals the run without
@@ -315,6 +316,7 @@ def test_engines_killed_mid_generation_and_mid_sync_leave_the_run_as_it_would_ha
     assert _workers_left(tmp_path) == 0
 
 
+@pytest.mark.slow
 def test_an_engine_stopped_with_in_flight_updates_on_is_replaced_and_the_run_finishes(tmp_path, demo_assets):
     """The fully asynchronous twin: engine 0 stops (SIGSTOP) in its second generate call, its health probe tells
     within 5 s, its requests finish on engine 1, and it restarts at the next in-flight update."""
