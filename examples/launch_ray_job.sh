@@ -7,8 +7,8 @@
 #
 # The head (CURRENT_IP == MASTER_ADDR, or NODE_RANK=0) starts Ray with the device resource, waits
 # until NNODES x NPUS_PER_NODE devices have joined, runs $ENTRY (cli/train_ppo.py: one trainer for PPO, GRPO,
-# DAPO: the config's rl_config decides) and tees logs/training.log. Other nodes join and wait until the
-# head's cluster goes away. Each node stops only the Ray it started (the session it started Ray in,
+# DAPO: the config's rl_config decides) and tees logs/training.log. Other nodes join once the head answers and
+# wait until the head's cluster goes away. Each node stops only the Ray it started (the session it started Ray in,
 # recorded in $RAY_TMP.launcher_sid.<pid>), never other processes. Logs go to $LOG_DIR (default logs/).
 set -euo pipefail
 CALLER_DIR=$PWD
@@ -163,6 +163,15 @@ if [ "$NODE_RANK" = "0" ]; then
 else
   echo "[launcher] node $CURRENT_IP joins $MASTER_ADDR:$RAY_PORT"
   deadline=$((SECONDS + WAIT_SECONDS))
+  # the head's GCS first: a `ray start --address` begun before it listens gives up after its own timeout (about a
+  # minute, seen here), even when the head comes up meanwhile
+  until timeout 5 bash -c "echo > /dev/tcp/$MASTER_ADDR/$RAY_PORT" 2>/dev/null; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "[launcher] error: the head $MASTER_ADDR:$RAY_PORT did not answer within ${WAIT_SECONDS}s" >&2
+      exit 2
+    fi
+    sleep 1
+  done
   until start_own_ray "$LOG_DIR/ray_node.log" --address "$MASTER_ADDR:$RAY_PORT" --node-ip-address "$CURRENT_IP" \
         --temp-dir "$RAY_TMP" --disable-usage-stats "${RESOURCES[@]}"; do
     if [ "$SECONDS" -ge "$deadline" ]; then

@@ -117,6 +117,27 @@ def test_two_node_launch_spans_nodes_and_leaves_other_ray_alone(tmp_path, demo_a
         subprocess.run(["pkill", "-9", "-f", env["RAY_TMP"]])
 
 
+def test_a_node_waits_for_the_heads_port_before_ray_start_and_gives_up_after_wait_seconds(tmp_path):
+    """A node started before its head does not begin `ray start --address` (which would give up after a minute
+    even once the head came up): it waits for the head's GCS port, and after WAIT_SECONDS stops with exit 2."""
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "NNODES": "2",
+        "NODE_RANK": "1",
+        "LOG_DIR": str(tmp_path / "logs"),
+        "MASTER_ADDR": "127.0.0.1",
+        "CURRENT_IP": "127.0.0.1",
+        "RAY_PORT": "1",  # nothing listens there
+        "WAIT_SECONDS": "3",
+        "RAY": "/bin/false",  # a `ray start` would fail loudly: it must not be reached
+    }
+    proc = subprocess.run(["bash", SCRIPT], cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "[launcher] error: the head 127.0.0.1:1 did not answer within 3s" in proc.stderr
+    assert "ray start failed" not in proc.stderr and not os.path.exists(tmp_path / "logs" / "ray_node.log")
+
+
 def test_a_config_typo_through_the_launcher_is_refused_before_ray_starts(tmp_path, demo_assets):
     """The head validates the config (cli/train_ppo.py --check) before `ray start`: a typo costs seconds,
     and a run from another folder is told where relative paths are read from."""
