@@ -101,6 +101,10 @@ ray_failed() {  # ray_failed LOG: the reason `ray start` gave, on the console
   echo "[launcher] error: ray start failed (${reason:-see $1}); the whole output is in $1" >&2
 }
 
+head_answers() {  # the head's GCS port accepts a TCP connection within 5 s
+  timeout 5 bash -c "echo > /dev/tcp/$MASTER_ADDR/$RAY_PORT" 2>/dev/null
+}
+
 own_raylet_alive() {  # the raylet of the session this launcher started Ray in still runs
   [ -f "$SID_FILE" ] && ps -s "$(cat "$SID_FILE")" -o comm= 2>/dev/null | grep -qx raylet
 }
@@ -165,7 +169,7 @@ else
   deadline=$((SECONDS + WAIT_SECONDS))
   # the head's GCS first: a `ray start --address` begun before it listens gives up after its own timeout (about a
   # minute, seen here), even when the head comes up meanwhile
-  until timeout 5 bash -c "echo > /dev/tcp/$MASTER_ADDR/$RAY_PORT" 2>/dev/null; do
+  until head_answers; do
     if [ "$SECONDS" -ge "$deadline" ]; then
       echo "[launcher] error: the head $MASTER_ADDR:$RAY_PORT did not answer within ${WAIT_SECONDS}s" >&2
       exit 2
@@ -183,7 +187,7 @@ else
     sleep 2
   done
   # wait while the head's GCS port answers
-  while timeout 5 bash -c "echo > /dev/tcp/$MASTER_ADDR/$RAY_PORT" 2>/dev/null; do sleep 1; done
+  while head_answers; do sleep 1; done
   echo "[launcher] the head's cluster is gone; stopping"
   STOP_CLEANLY=0  # nothing to stop cleanly for: without their GCS this node's processes would wait 10 s and more
 fi

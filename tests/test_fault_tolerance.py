@@ -18,7 +18,7 @@ from mindspeed_rl.protocol import RolloutOutput, RolloutRequest
 from mindspeed_rl.workers.engine_health import FaultLimits, answer_problem
 from mindspeed_rl.workers.fault_injection import parse_faults
 from tests.helpers import ROOT
-from tests.test_faults import RUN_MARK, _read, ray_processes, train_ppo, user_error
+from tests.test_faults import RUN_MARK, orphaned_after, train_ppo, user_error
 
 LIMITS = FaultLimits(
     enabled=True, generate_timeout_s=30, weight_sync_timeout_s=5, health_check_interval_s=0.2,
@@ -281,25 +281,6 @@ def _run(tmp_path, demo_assets, name, faults, *extra, config="grpo_tiny_cpu_asyn
     return out.stdout, rows, report
 
 
-def _workers_left(tmp_path, wait_s: float = 15.0) -> int:
-    """The rollout workers this test's runs left alive (not the other test stream's), after up to ``wait_s`` for
-    Ray's last kills to land."""
-
-    def rollout_workers() -> int:
-        found = 0
-        for pid, _ in ray_processes(tmp_path):
-            try:
-                found += _read(pid, "cmdline").startswith(b"ray::RolloutWorker")
-            except OSError:  # gone meanwhile
-                continue
-        return found
-
-    deadline = time.monotonic() + wait_s
-    while (left := rollout_workers()) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return left
-
-
 @pytest.mark.slow
 def test_engines_killed_mid_generation_and_mid_sync_leave_the_run_as_it_would_have_been(tmp_path, demo_assets):
     """Engine 1 killed 0.2 s into its first generate call, engine 0 killed after the first piece of its second weight
@@ -313,7 +294,7 @@ def test_engines_killed_mid_generation_and_mid_sync_leave_the_run_as_it_would_ha
     assert "rollout engine faults (run total)" in report and "2 engine_restarts, 64 requests_moved" in report
     for key in ("critic/score/mean", "response_length/mean", "actor/kl_loss", "actor/pg_loss", "grad_norm"):
         assert [r[key] for r in faulty] == pytest.approx([r[key] for r in clean], abs=1e-6), key
-    assert _workers_left(tmp_path) == 0
+    assert orphaned_after(tmp_path, set(), seconds=15.0) == set()  # no Ray process of its runs left
 
 
 @pytest.mark.slow
@@ -328,7 +309,7 @@ def test_an_engine_stopped_with_in_flight_updates_on_is_replaced_and_the_run_fin
     assert sum(r["fleet/engine_failures"] for r in rows) == 1 and sum(r["fleet/engine_restarts"] for r in rows) == 1
     assert rows[-1]["fleet/engines_in_service"] == 2  # restarted at the update after the failure
     assert all(r["response_length/mean"] > 0 for r in rows) and rows[-1]["iteration"] == 3
-    assert _workers_left(tmp_path) == 0
+    assert orphaned_after(tmp_path, set(), seconds=15.0) == set()  # no Ray process of its runs left
 
 
 def test_below_min_healthy_engines_the_run_saves_its_iteration_and_exits_4(tmp_path, monkeypatch, capsys):
