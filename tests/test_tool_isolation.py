@@ -544,13 +544,14 @@ def test_answer_validation_at_unit_level():
 
 # ----- the parser --------------------------------------------------------------------------------------------
 def test_the_parser_is_bounded_in_depth_size_count_and_time():
-    start = time.perf_counter()
+    # CPU time, not the wall clock: about 2 ms here alone; in make test's two streams the wall clock once read 1.3 s
+    start = time.process_time()
     unclosed = parse_hermes("<tool_call>" * 100_000)
     nested = parse_hermes('<tool_call>{"name": "python", "arguments": ' + "[" * 3000 + "]" * 3000 + "}</tool_call>")
     deep_string = parse_hermes('<tool_call>{"name": "a", "arguments": "' + '{\\"a\\": ' * 3000 + '"}</tool_call>')
     many = parse_hermes('<tool_call>{"name": "calculator", "arguments": {"expression": "1"}}</tool_call>' * 10_000)
     huge = parse_hermes('<tool_call>{"name": "python", "arguments": {"code": "' + "x" * 300_000 + '"}}</tool_call>')
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
     assert unclosed.calls == [] and unclosed.errors == ["malformed tool call: <tool_call> without </tool_call>"]
     assert nested.errors == ["malformed tool call: nested deeper than 32 levels"]
     assert deep_string.calls == [] and len(deep_string.errors) == 1
