@@ -259,10 +259,10 @@ def test_an_interpolation_bomb_or_cycle_is_refused_naming_the_key_before_resolvi
     levels = ["a0: xxxxxxxxxx"] + [f"a{i}: [" + ", ".join([refs[i - 1]] * 9) + "]" for i in range(1, 9)]
     bomb = tmp_path / "bomb.yaml"
     bomb.write_text("\n".join(levels) + "\n")
-    start = time.perf_counter()
+    start = time.process_time()  # the work done, not the wall clock of a loaded host
     with pytest.raises(ConfigError, match=r"a7: .*resolve to more than 8,388,608"):
         load_yaml(str(bomb))
-    assert time.perf_counter() - start < 2
+    assert time.process_time() - start < 2
     folder = config_dir(tmp_path, bomb.read_bytes())  # the composed config of a run, through the CLI
     assert train_ppo.main(["--config-path", folder, "--config-name", "bad", "dry_run=true"]) == 2
     err = capsys.readouterr().err

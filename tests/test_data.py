@@ -235,9 +235,9 @@ def test_a_huge_row_is_skipped_as_too_long_without_being_tokenised(tokenizer_dir
     encoded = []
     real_encode = tokenizer.encode
     tokenizer.encode = lambda text, **kw: encoded.append(len(text)) or real_encode(text, **kw)
-    start = time.perf_counter()
+    start = time.process_time()  # the work done: the wall clock also counts waits for a core under load
     assert handler.process({"question": "word " * 4_000_000, "answer": "#### 1"}) == (None, "too_long")
-    assert encoded == [] and time.perf_counter() - start < 2
+    assert encoded == [] and time.process_time() - start < 2
     # a row just within the bound is still tokenised and judged by its real length
     sample, why = handler.process({"question": "What is 2 + 3?", "answer": "#### 5"})
     assert why is None and sample["labels"] == "5" and len(encoded) == 1

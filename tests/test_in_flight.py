@@ -47,7 +47,7 @@ def test_a_pause_returns_once_the_step_in_progress_ends_and_no_step_runs_until_t
     assert events[-1] == ("paused",) and gate.paused  # no step ran while paused
     gate.resume(recompute=True)
     thread.join()
-    assert 0.05 < waited < 0.5
+    assert 0.05 < waited < 1.0  # the events below show it did not wait for the later steps
     assert events == [("step", 0, False), ("paused",), ("step", 1, True), ("step", 2, False)]
     assert gate.pause(0.01)  # nothing generates: at once
     gate.resume()

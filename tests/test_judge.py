@@ -188,10 +188,10 @@ def test_a_calls_deadline_fails_what_is_unfinished_and_keeps_what_is_done(server
 
 def test_parsing_takes_linear_time_and_a_users_pattern_a_bounded_one():
     for spaces in (20000, 60000):  # 9 s and ~80 s with the old pattern
-        start = time.perf_counter()
+        start = time.process_time()  # the work done, not the wait for a core another test holds
         assert parse_score("Score:" + " " * spaces + "x") == (None, "no_score")
         assert parse_score("Score:" + " " * (spaces // 10) + "7") == (0.7, None)
-        assert time.perf_counter() - start < 0.1
+        assert time.process_time() - start < 0.1
     start = time.perf_counter()  # a user's pattern that backtracks exponentially gives up at its time limit
     assert parse_score("x" * 5000, pattern=r"(x+x+)+y(\d)") == (None, "parse_timeout")
     assert parse_score("x" * 5000, pattern=r"(x+x+)+y(\d)", seconds=0.05) == (None, "parse_timeout")

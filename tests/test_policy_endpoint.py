@@ -186,7 +186,7 @@ def test_a_hanging_harness_is_dropped_after_its_timeout(agent):
     started = time.monotonic()
     trajectories, _ = roll(function, ["What is 6*7?"], n=4)
     assert all(t.dropped.startswith("no request, reward or exit within 1 s") for t in trajectories)
-    assert time.monotonic() - started < 2.5  # one deadline for the batch: four silent harnesses do not add up
+    assert time.monotonic() - started < 3.5  # one deadline for the batch: four silent harnesses would take 4 s
 
 
 def wait_for_episode(function, timeout=10.0):
