@@ -355,6 +355,7 @@ FEATURES = {
     "bias_dropout_fusion",
     "ring_attention",
     "liger_kernels",
+    "vendor_attention",
 }
 
 
@@ -483,6 +484,7 @@ def test_device_kinds_answer_without_their_device(monkeypatch):
         gradient_accumulation_fusion=True,
         masked_softmax_fusion=False,
         ring_attention=True,
+        vendor_attention=True,  # MindSpeed's flash attention replaces megatron's padded core attention
     )
     cuda = accelerator.accelerator_class("cuda")
     monkeypatch.setitem(sys.modules, "transformer_engine", None)  # not installed
@@ -501,6 +503,7 @@ def test_device_kinds_answer_without_their_device(monkeypatch):
         gradient_accumulation_fusion=False,
         masked_softmax_fusion=False,  # no Apex / fused_kernels: megatron's unfused softmax
         ring_attention=False,
+        vendor_attention=False,
     )
     found["liger_kernel"] = real_find_spec("json")  # any spec: installed
     assert cuda.fused_features()["liger_kernels"] == (real_find_spec("triton") is not None)
@@ -515,6 +518,7 @@ def test_device_kinds_answer_without_their_device(monkeypatch):
         gradient_accumulation_fusion=True,
         masked_softmax_fusion=True,
         ring_attention=True,
+        vendor_attention=False,
     )
     with pytest.raises(detect.DeviceUnavailable, match="is not a device kind"):
         accelerator.accelerator_class("tpu")

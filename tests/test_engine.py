@@ -318,5 +318,13 @@ def test_adam_steps_with_torchs_fused_kernel_on_cpu_to_the_same_weights(monkeypa
     (_, per_tensor), (_, fused) = weights
     moved = max((per_tensor[k].float() - weights[0][0][k].float()).abs().max().item() for k in per_tensor)
     assert moved > 1e-3  # the steps did train
+    if bf16:  # fp32 main weights a rounding apart (7e-6 of 0.03) can round to neighbouring bf16 values: rarely
+        flips = [(per_tensor[k] != fused[k]) for k in per_tensor]
+        assert sum(int(f.sum()) for f in flips) <= 1e-3 * sum(f.numel() for f in flips)
+        for k in per_tensor:  # one bf16 step, or near zero the main weights' own rounding
+            a, b = per_tensor[k].float(), fused[k].float()
+            step = torch.finfo(torch.bfloat16).eps * torch.maximum(a.abs(), b.abs()) + 1e-6 * moved
+            assert ((a - b).abs() <= step).all(), k
+        return
     worst = max((per_tensor[k].float() - fused[k].float()).abs().max().item() for k in per_tensor)
-    assert worst <= 1e-3 * moved, worst  # rounding: fp32 7e-6 of 0.03 here, bf16 weights identical
+    assert worst <= 1e-3 * moved, worst  # rounding: 7e-6 of 0.03 here

@@ -105,8 +105,15 @@ class NpuAccelerator(Accelerator):
 
     @classmethod
     def fused_features(cls) -> Dict[str, bool]:
-        """MindSpeed's kernels: fused RoPE, gradient-accumulation fusion and its ring attention."""
-        return dict(super().fused_features(), rope_fusion=True, gradient_accumulation_fusion=True, ring_attention=True)
+        """MindSpeed's kernels: fused RoPE, gradient-accumulation fusion, its ring attention and its flash attention
+        in megatron's core attention."""
+        return dict(
+            super().fused_features(),
+            rope_fusion=True,
+            gradient_accumulation_fusion=True,
+            ring_attention=True,
+            vendor_attention=True,
+        )
 
     def prepare_megatron(self) -> None:
         """MindSpeed patches megatron-core for NPU (fused kernels, hccl) when installed."""

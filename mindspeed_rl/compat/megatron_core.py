@@ -126,6 +126,16 @@ def reset_rng_tracker() -> None:
     random.initialize_rng_tracker()
 
 
+def masked_softmax(attention, scores, mask):
+    """``attention.scale_mask_softmax`` of ``scores`` as its release calls it: megatron-core 0.16 passes the
+    learnable softmax offset (``softmax_offset``; None unless configured), 0.12 has neither the attribute nor
+    the argument."""
+    offset = getattr(attention, "softmax_offset", None)
+    if offset is None:
+        return attention.scale_mask_softmax(scores, mask)
+    return attention.scale_mask_softmax(scores, mask, offset)
+
+
 def uneven_pipeline_fields(counts: List[int]) -> Dict[str, object]:
     """TransformerConfig fields that give pipeline stage i ``counts[i]`` transformer layers.
 

@@ -176,7 +176,7 @@ def layer_spec(
         from .attention import with_packed_attention
 
         spec = with_packed_attention(
-            gpt_layer_specs.get_gpt_layer_local_spec(normalization=model.normalization, **family)
+            gpt_layer_specs.get_gpt_layer_local_spec(normalization=model.normalization, **family), kind
         )
     if ulysses:
         from .context_parallel import with_ulysses_attention
