@@ -15,7 +15,8 @@ megatron-core assumes CUDA in a few places (measured with megatron-core 0.12 and
   Python dispatch (5 % of the test suite's CPU time).
 - ``jit_fuser`` (``torch.compile`` on its fused element-wise functions, fixed when megatron-core is imported):
   megatron-core is imported with ``torch.compile`` as the identity (``import_without_compiled_fusers``).
-- megatron's local stand-ins for Apex's multi-tensor kernels (gradient clipping): ours, ``megatron_cpu_kernels``.
+- megatron's local stand-ins for Apex's multi-tensor kernels (gradient clipping), and on AMD its linear layers'
+  fp32 products: ours, ``megatron_cpu_kernels``.
 Everything is idempotent and refuses to run when CUDA is actually available.
 """
 
@@ -285,7 +286,9 @@ def apply() -> None:
         ),
     )
 
-    megatron_cpu_kernels.install()
+    from .cpu import cpu_vendor
+
+    megatron_cpu_kernels.install(cpu_vendor())
     for module_name, attr in SCOPED:
         _wrap(module_name, attr)
     for module_name, attr in SET_ASIDE:

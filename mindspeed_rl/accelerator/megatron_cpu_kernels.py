@@ -7,12 +7,18 @@
   same numbers;
 - the operands of a linear layer's weight gradient, grad_output^T @ input: oneDNN's bf16 / fp16 matmul runs
   up to half as fast when its first operand is a transposed view, so a narrow grad_output is laid out
-  transposed first (a small copy).
+  transposed first (a small copy);
+- on AMD CPUs, the fp32 products of its linear layers: torch multiplies fp32 matrices with MKL, which runs its
+  AVX2 code on AMD (about 200 GFLOP/s on a 2-core EPYC with AVX-512, where oneDNN's fp32 matmul reaches 420-510;
+  capped at AVX2, 200-220 against 235-250), so there the forward and the input's gradient go through oneDNN
+  (``OneDnnLinear``). The weight's gradient stays MKL's: oneDNN is no faster with its transposed operands.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -56,6 +62,64 @@ def wgrad_operands(prepare: Callable) -> Callable:
     return prepare_for_cpu_matmul
 
 
+def onednn_linear(x2d: torch.Tensor, weight: torch.Tensor, bias: Any) -> torch.Tensor:
+    """x2d [M, K] @ weight^T ([N, K], a strided view allowed) + bias, by oneDNN's matmul."""
+    return torch.ops.mkldnn._linear_pointwise(x2d, weight, bias, "none", [], "")
+
+
+class OneDnnLinear(torch.autograd.Function):
+    """y = x W^T + b and its gradients, as megatron's linear computes them (dx = dy W, dW = dy^T x, db = sum dy),
+    the forward and dx by oneDNN, dW by torch's matmul."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Any) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        out = onednn_linear(x.reshape(-1, x.shape[-1]), weight, bias)
+        return out.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        flat = grad.reshape(-1, grad.shape[-1])
+        need_x, need_w, need_b = ctx.needs_input_grad
+        grad_x = onednn_linear(flat, weight.t(), None).view(x.shape) if need_x else None
+        grad_w = flat.t().matmul(x.reshape(-1, x.shape[-1])) if need_w else None
+        grad_b = flat.sum(0) if ctx.has_bias and need_b else None
+        return grad_x, grad_w, grad_b
+
+
+def fp32_by_onednn(linear: Callable) -> Callable:
+    """megatron's linear function ``linear`` (trained or frozen weight) with its fp32 products on oneDNN where
+    nothing else is asked of it: no gradient-accumulation fusion, tensor-parallel all-reduce, sequence parallelism
+    or deferred weight gradient, and no torch function mode watching (the batch-invariant mode's tiled products)."""
+    signature = inspect.signature(linear)
+
+    @functools.wraps(linear)
+    def routed(*args, **kwargs):
+        call = signature.bind(*args, **kwargs)
+        named = call.arguments
+        x, weight = named["input"], named["weight"]
+        extra = ("gradient_accumulation_fusion", "allreduce_dgrad", "sequence_parallel", "grad_output_buffer")
+        if (
+            x.device.type == "cpu"
+            and x.dtype == weight.dtype == torch.float32
+            and not any(named.get(key) for key in extra)
+            and not torch.overrides._get_current_function_mode_stack()
+        ):
+            return OneDnnLinear.apply(x, weight, named.get("bias"))
+        return linear(*args, **kwargs)
+
+    routed.megatron_linear = linear  # type: ignore[attr-defined]
+    return routed
+
+
+def fp32_gemm_library(vendor: str) -> str:
+    """Which library multiplies fp32 matrices in megatron's linear layers on a CPU of ``vendor`` (/proc/cpuinfo's
+    vendor_id): oneDNN on AMD (MKL's AVX2 code there), else MKL (torch's own; about 84% of the fp32 peak on Intel)."""
+    return "onednn" if vendor == "AuthenticAMD" and torch.backends.mkldnn.is_available() else "mkl"
+
+
 def _replace_local_fallback(name: str, fallback: str, replacement: Callable) -> None:
     """Point megatron's optimizer modules' ``name`` at ``replacement`` where it is megatron's local ``fallback``
     (Transformer Engine's and Apex's kernels, where installed, stay)."""
@@ -70,9 +134,10 @@ def _replace_local_fallback(name: str, fallback: str, replacement: Callable) -> 
             setattr(module, name, replacement)
 
 
-def install() -> None:
+def install(vendor: str = "") -> None:
     """megatron's optimizer modules call these where they hold megatron's local fallbacks; its linear layers
-    prepare their weight gradient's operands with ``wgrad_operands``."""
+    prepare their weight gradient's operands with ``wgrad_operands`` and, on a CPU of ``vendor`` whose fp32
+    products are oneDNN's (``fp32_gemm_library``), run them through ``fp32_by_onednn``."""
     for name, fallback, replacement in (
         ("multi_tensor_scale_impl", "local_multi_tensor_scale", cpu_multi_tensor_scale),
         ("l2_norm_impl", "local_multi_tensor_l2_norm", cpu_multi_tensor_l2norm),
@@ -82,3 +147,8 @@ def install() -> None:
     prepare = getattr(layers, "prepare_input_tensors_for_wgrad_compute", None)
     if prepare is not None and not hasattr(prepare, "megatron_prepare"):
         layers.prepare_input_tensors_for_wgrad_compute = wgrad_operands(prepare)
+    if fp32_gemm_library(vendor) == "onednn":
+        for name in ("linear_with_grad_accumulation_and_async_allreduce", "linear_with_frozen_weight"):
+            linear = getattr(layers, name, None)
+            if linear is not None and not hasattr(linear, "megatron_linear"):
+                setattr(layers, name, fp32_by_onednn(linear))
