@@ -28,7 +28,7 @@ def test_the_fp32_library_follows_the_cpu_vendor():
 def test_this_hosts_megatron_linears_take_the_library_its_vendor_gets():
     from megatron.core.tensor_parallel import layers
 
-    from mindspeed_rl.accelerator.cpu import cpu_vendor
+    from mindspeed_rl.accelerator.base import cpu_vendor
     from mindspeed_rl.accelerator.megatron_cpu_compat import apply
 
     apply()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -260,3 +261,10 @@ def host_rss_gib() -> float:
     except ImportError:  # pragma: no cover - psutil ships with ray
         with open("/proc/self/statm", encoding="ascii") as fh:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor_id in /proc/cpuinfo (GenuineIntel, AuthenticAMD, ...); "" where there is none."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+        return next((line.split(":", 1)[1].strip() for line in fh if line.startswith("vendor_id")), "")
+    return ""

@@ -289,18 +289,6 @@ def cpu_bf16_facts() -> Tuple[str, bool, List[str]]:
     return torch.backends.cpu.get_cpu_capability(), bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()), units
 
 
-def cpu_vendor() -> str:
-    """The CPU's vendor_id in /proc/cpuinfo (GenuineIntel, AuthenticAMD, ...); "" where there is none."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
 def matmul_seconds(dtype: torch.dtype, size: int, repeats: int) -> float:
     """The best of ``repeats`` timings of one size^3 matmul in ``dtype``, after a first call that sets up oneDNN's
     kernel."""

@@ -39,6 +39,7 @@ except ImportError:  # pragma: no cover - a torch without them
 
 from ..compat.megatron_core import reset_rng_tracker
 from . import megatron_cpu_kernels
+from .base import cpu_vendor
 
 log = logging.getLogger(__name__)
 _APPLIED = False
@@ -285,8 +286,6 @@ def apply() -> None:
             "megatron.core.models.common.embeddings.yarn_rotary_pos_embedding",
         ),
     )
-
-    from .cpu import cpu_vendor
 
     megatron_cpu_kernels.install(cpu_vendor())
     for module_name, attr in SCOPED:
