@@ -7,8 +7,9 @@ it. As in ReTool, RL starts from a short cold-start SFT, run by the SFT stage (c
 ``sft_tiny_cpu_tools``) on a randomly initialised model: its rows are tool conversations in the order they are
 trained (``no_shuffle``), first examples that call the calculator half of the time (copying the expression and
 the result is learnt there), then a sixth of the steps on examples that mostly guess (``tool_share`` call the
-tool). The model starts RL calling the tool now and then, and is right then; RL has to make that the habit. A
-control run without the tool loop (``rollout_function: single_turn``) can only guess.
+tool), while the learning rate decays (cosine) so that the model ends at that phase's average rather than at
+its last few batches. The model starts RL calling the tool now and then, and is right then; RL has to make that
+the habit. A control run without the tool loop (``rollout_function: single_turn``) can only guess.
 
 Everything is written under ``root``: the tokenizer (digits are single tokens, the tool tags special tokens,
 ``<|im_end|>`` the end of a turn), the prompts preprocessed with the calculator in their system line (train and
