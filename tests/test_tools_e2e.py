@@ -16,7 +16,7 @@ import pytest
 from mindspeed_rl.checkpoint import megatron_layout as ml
 from tests.helpers import checkpoints_up_to, demo_config
 
-ITERATIONS = 12
+ITERATIONS = 10
 ACCURACY = "acc_for_ppo_rewards/mean"  # over the groups scored in the iteration, those dynamic sampling drops included
 COMPARED = (
     "critic/score/mean",
@@ -75,8 +75,8 @@ def test_the_four_way_tool_twin_learns_and_resumes_exactly(assets):
     calls = [round(m["tool_calls/rate"], 3) for m in straight]
     # learning: the last three iterations use the tool and are right far more often than the first three
     first3, last3 = (lambda xs: sum(xs[:3]) / 3), (lambda xs: sum(xs[-3:]) / 3)
-    # (measured on an AVX2-only AMD EPYC, cold-start seeds 1 and 2, first three -> last three: accuracy 0.14 -> 0.82
-    # and 0.14 -> 0.89, tool-call rate 0.17 -> 0.77 and 0.18 -> 0.86; a guess is right once in ~9000)
+    # (measured on an AVX2-only AMD EPYC, cold-start seeds 1 and 2, first three -> last three: accuracy 0.14 -> 0.72
+    # and 0.14 -> 0.84, tool-call rate 0.17 -> 0.68 and 0.18 -> 0.77; a guess is right once in ~9000)
     assert first3(accuracy) < 0.3 and last3(accuracy) > max(0.25, first3(accuracy) + 0.15), (accuracy, calls)
     assert last3(calls) > max(0.25, first3(calls) + 0.15), (accuracy, calls)
     # the four modes were on: batches one version old, parked trajectories, filtered groups, tool turns
