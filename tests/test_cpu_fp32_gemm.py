@@ -1,4 +1,4 @@
-"""megatron's linear layers on AMD CPUs: fp32 products through oneDNN (MKL runs its AVX2 code there), with
+"""megatron's linear layers on AMD CPUs with AVX-512: fp32 products through oneDNN (MKL runs its AVX2 code there), with
 megatron's values and gradients, and megatron's own function wherever anything else is asked of it."""
 
 import inspect
@@ -19,10 +19,11 @@ def megatron_linear():
     return getattr(linear, "megatron_linear", linear)
 
 
-def test_the_fp32_library_follows_the_cpu_vendor():
+def test_the_fp32_library_follows_the_cpu_vendor_and_its_vector_isa():
     onednn = "onednn" if torch.backends.mkldnn.is_available() else "mkl"
-    assert fp32_gemm_library("AuthenticAMD") == onednn
-    assert fp32_gemm_library("GenuineIntel") == fp32_gemm_library("") == "mkl"
+    assert fp32_gemm_library("AuthenticAMD", "AVX512") == onednn
+    assert fp32_gemm_library("AuthenticAMD", "AVX2") == fp32_gemm_library("AuthenticAMD", "") == "mkl"
+    assert fp32_gemm_library("GenuineIntel", "AVX512") == fp32_gemm_library("", "AVX2") == "mkl"
 
 
 def test_this_hosts_megatron_linears_take_the_library_its_vendor_gets():
@@ -32,7 +33,7 @@ def test_this_hosts_megatron_linears_take_the_library_its_vendor_gets():
     from mindspeed_rl.accelerator.megatron_cpu_compat import apply
 
     apply()
-    routed = fp32_gemm_library(cpu_vendor()) == "onednn"
+    routed = fp32_gemm_library(cpu_vendor(), torch.backends.cpu.get_cpu_capability()) == "onednn"
     for name in ("linear_with_grad_accumulation_and_async_allreduce", "linear_with_frozen_weight"):
         assert hasattr(getattr(layers, name), "megatron_linear") == routed, name
 

@@ -287,7 +287,7 @@ def apply() -> None:
         ),
     )
 
-    megatron_cpu_kernels.install(cpu_vendor())
+    megatron_cpu_kernels.install(cpu_vendor(), torch.backends.cpu.get_cpu_capability())
     for module_name, attr in SCOPED:
         _wrap(module_name, attr)
     for module_name, attr in SET_ASIDE:

@@ -8,10 +8,11 @@
 - the operands of a linear layer's weight gradient, grad_output^T @ input: oneDNN's bf16 / fp16 matmul runs
   up to half as fast when its first operand is a transposed view, so a narrow grad_output is laid out
   transposed first (a small copy);
-- on AMD CPUs, the fp32 products of its linear layers: torch multiplies fp32 matrices with MKL, which runs its
-  AVX2 code on AMD (about 200 GFLOP/s on a 2-core EPYC with AVX-512, where oneDNN's fp32 matmul reaches 420-510;
-  capped at AVX2, 200-220 against 235-250), so there the forward and the input's gradient go through oneDNN
-  (``OneDnnLinear``). The weight's gradient stays MKL's: oneDNN is no faster with its transposed operands.
+- on AMD CPUs with AVX-512, the fp32 products of its linear layers: torch multiplies fp32 matrices with MKL,
+  which runs its AVX2 code on AMD (about 200 GFLOP/s on a 2-core EPYC with AVX-512, where oneDNN's fp32 matmul
+  reaches 420-510), so there the forward and the input's gradient go through oneDNN (``OneDnnLinear``). The
+  weight's gradient stays MKL's: oneDNN is no faster with its transposed operands. Where the CPU has only AVX2,
+  MKL's kernels are the faster (170-175 against 140-160 GFLOP/s on a 2-core AVX2-only EPYC) and stay.
 """
 
 from __future__ import annotations
@@ -114,10 +115,13 @@ def fp32_by_onednn(linear: Callable) -> Callable:
     return routed
 
 
-def fp32_gemm_library(vendor: str) -> str:
+def fp32_gemm_library(vendor: str, isa: str) -> str:
     """Which library multiplies fp32 matrices in megatron's linear layers on a CPU of ``vendor`` (/proc/cpuinfo's
-    vendor_id): oneDNN on AMD (MKL's AVX2 code there), else MKL (torch's own; about 84% of the fp32 peak on Intel)."""
-    return "onednn" if vendor == "AuthenticAMD" and torch.backends.mkldnn.is_available() else "mkl"
+    vendor_id) whose widest vector ISA is ``isa`` (ATen's, e.g. AVX512, AVX2): oneDNN on AMD CPUs with AVX-512
+    (MKL runs its AVX2 code there), else MKL (torch's own; about 84% of the fp32 peak on Intel, and on AMD CPUs
+    without AVX-512 10-20% faster than oneDNN at the bench shapes)."""
+    wide = vendor == "AuthenticAMD" and isa.upper().startswith("AVX512")
+    return "onednn" if wide and torch.backends.mkldnn.is_available() else "mkl"
 
 
 def _replace_local_fallback(name: str, fallback: str, replacement: Callable) -> None:
@@ -134,10 +138,10 @@ def _replace_local_fallback(name: str, fallback: str, replacement: Callable) -> 
             setattr(module, name, replacement)
 
 
-def install(vendor: str = "") -> None:
+def install(vendor: str = "", isa: str = "") -> None:
     """megatron's optimizer modules call these where they hold megatron's local fallbacks; its linear layers
-    prepare their weight gradient's operands with ``wgrad_operands`` and, on a CPU of ``vendor`` whose fp32
-    products are oneDNN's (``fp32_gemm_library``), run them through ``fp32_by_onednn``."""
+    prepare their weight gradient's operands with ``wgrad_operands`` and, on a CPU (``vendor``, ``isa``) whose
+    fp32 products are oneDNN's (``fp32_gemm_library``), run them through ``fp32_by_onednn``."""
     for name, fallback, replacement in (
         ("multi_tensor_scale_impl", "local_multi_tensor_scale", cpu_multi_tensor_scale),
         ("l2_norm_impl", "local_multi_tensor_l2_norm", cpu_multi_tensor_l2norm),
@@ -147,7 +151,7 @@ def install(vendor: str = "") -> None:
     prepare = getattr(layers, "prepare_input_tensors_for_wgrad_compute", None)
     if prepare is not None and not hasattr(prepare, "megatron_prepare"):
         layers.prepare_input_tensors_for_wgrad_compute = wgrad_operands(prepare)
-    if fp32_gemm_library(vendor) == "onednn":
+    if fp32_gemm_library(vendor, isa) == "onednn":
         for name in ("linear_with_grad_accumulation_and_async_allreduce", "linear_with_frozen_weight"):
             linear = getattr(layers, name, None)
             if linear is not None and not hasattr(linear, "megatron_linear"):
