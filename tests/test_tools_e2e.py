@@ -1,7 +1,7 @@
 """All four rollout modes at once on the whole pipeline (Ray + megatron-core + vLLM on CPU, the sandbox): the tool
 twin dapo_tiny_cpu_async_tools runs the tool agent with dynamic sampling, partial rollout (a trajectory parked
 mid-turn or waiting for its tool continues with the next weights) and asynchronous rollout on a rollout worker
-of its own. It learns to use the calculator: accuracy and the tool-call rate rise from near 0 within 10
+of its own. It learns to use the calculator: accuracy and the tool-call rate rise from near 0 within 9
 iterations. Exact resume: iterations 3 and 4 resumed from the checkpoint of iteration 2 == the straight run's within
 1e-6, the checkpoint holding the batch produced ahead and the parked trajectories. The cold-start SFT takes about 50 s.
 (The control that cannot call the tool stays at guessing: bench/tool_learning.py.)
@@ -16,7 +16,7 @@ import pytest
 from mindspeed_rl.checkpoint import megatron_layout as ml
 from tests.helpers import checkpoints_up_to, demo_config
 
-ITERATIONS = 10
+ITERATIONS = 9
 ACCURACY = "acc_for_ppo_rewards/mean"  # over the groups scored in the iteration, those dynamic sampling drops included
 COMPARED = (
     "critic/score/mean",
@@ -75,8 +75,8 @@ def test_the_four_way_tool_twin_learns_and_resumes_exactly(assets):
     calls = [round(m["tool_calls/rate"], 3) for m in straight]
     # learning: the last three iterations use the tool and are right far more often than the first three
     first3, last3 = (lambda xs: sum(xs[:3]) / 3), (lambda xs: sum(xs[-3:]) / 3)
-    # (measured on an AVX2-only AMD EPYC, cold-start seeds 1 and 2, first three -> last three: accuracy 0.14 -> 0.59
-    # and 0.14 -> 0.69, tool-call rate 0.17 -> 0.58 and 0.18 -> 0.60; a guess is right once in ~9000)
+    # (measured on an AVX2-only AMD EPYC, cold-start seeds 1 and 2, first three -> last three: accuracy 0.14 -> 0.52
+    # and 0.14 -> 0.54, tool-call rate 0.17 -> 0.50 and 0.18 -> 0.44; a guess is right once in ~9000)
     assert first3(accuracy) < 0.3 and last3(accuracy) > max(0.25, first3(accuracy) + 0.15), (accuracy, calls)
     assert last3(calls) > max(0.25, first3(calls) + 0.15), (accuracy, calls)
     # the four modes were on: batches one version old, parked trajectories, filtered groups, tool turns
