@@ -18,6 +18,7 @@ def test_sigterm_during_async_training_leaves_a_checkpoint_the_hint_resumes(tmp_
     import signal
     import subprocess
     import sys
+    import time
 
     from tests.helpers import ROOT, wait_for
 
@@ -53,9 +54,11 @@ def test_sigterm_during_async_training_leaves_a_checkpoint_the_hint_resumes(tmp_
     proc.send_signal(signal.SIGTERM)
     try:
         out = proc.communicate(timeout=120)[0]
-    except subprocess.TimeoutExpired:  # say where the shutdown hung
+    except subprocess.TimeoutExpired:  # say where the shutdown hung: the driver's threads' stacks (SIGUSR1)
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(5)
         proc.kill()
-        pytest.fail("no exit within 120 s of SIGTERM; its output:\n" + proc.communicate()[0][-4000:])
+        pytest.fail("no exit within 120 s of SIGTERM; its output and stacks:\n" + proc.communicate()[0][-8000:])
     assert proc.returncode == 143, out[-3000:]
     assert "stopped by SIGTERM" in out and "Traceback (most recent" not in out
     assert "weights over vllm_native" in head, head[-3000:]

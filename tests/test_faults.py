@@ -996,6 +996,31 @@ def test_sigterm_during_worker_start_up_exits_143_with_a_message_within_30_s(ass
     assert orphaned_after(tmp_path / "early", seen) == set()
 
 
+def test_sigusr1_prints_every_threads_stack_and_the_command_goes_on():
+    """A run that seems hung says where it waits: SIGUSR1 to any of our commands prints its threads' Python stacks
+    on stderr, and the command carries on."""
+    code = (
+        "import time\n"
+        "from mindspeed_rl.utils.cli import report_user_errors\n"
+        "@report_user_errors\n"
+        "def waits_here(argv=None):\n"
+        "    print('ready', flush=True)\n"
+        "    time.sleep(3)\n"
+        "    print('went on', flush=True)\n"
+        "    return 0\n"
+        "raise SystemExit(waits_here())\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert "ready" in proc.stdout.readline()
+    proc.send_signal(signal.SIGUSR1)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, out
+    assert "most recent call first" in out and "in waits_here" in out and "went on" in out, out
+
+
 def test_sigterm_maps_to_143_whatever_ray_makes_of_the_interrupt(tmp_path, monkeypatch, capsys):
     """Ray's blocking calls (ray.get, ray.wait) turn the Terminated our handler raises into a plain
     KeyboardInterrupt, and ray.init's own handler calls sys.exit(15): both still end as SIGTERM (143)."""

@@ -1,9 +1,11 @@
-"""Shared command-line behaviour: a user error prints one clear line and exits 2; SIGTERM exits 143."""
+"""Shared command-line behaviour: a user error prints one clear line and exits 2; SIGTERM exits 143; SIGUSR1 prints
+every thread's Python stack to stderr (where a run that seems hung waits)."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import functools
 import signal
 import sys
@@ -89,10 +91,12 @@ def raise_if_terminated() -> None:
 
 def report_user_errors(main: Callable[..., int]) -> Callable[..., int]:
     """Wrap a CLI ``main(argv) -> int``: ConfigError/UserError -> message on stderr, exit code 2; Ctrl-C 130;
-    SIGTERM 143 (when the CLI handles it with ``stop_on_sigterm``)."""
+    SIGTERM 143 (when the CLI handles it with ``stop_on_sigterm``); SIGUSR1 dumps the threads' stacks."""
 
     @functools.wraps(main)
     def wrapper(argv: Optional[Sequence[str]] = None) -> int:
+        if hasattr(signal, "SIGUSR1"):  # not on Windows
+            faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
         try:
             return main(argv)
         except ConfigError as exc:
