@@ -89,14 +89,22 @@ def raise_if_terminated() -> None:
         raise Terminated()
 
 
+def dump_stacks_on_sigusr1() -> None:
+    """SIGUSR1 prints every thread's Python stack on the process's own stderr (fd 2, whatever replaced
+    ``sys.stderr``: a test's capture has no file descriptor); nothing where there is no SIGUSR1 (Windows) or no
+    stderr."""
+    if hasattr(signal, "SIGUSR1") and sys.__stderr__ is not None:
+        with contextlib.suppress(OSError, ValueError):  # a stderr without a descriptor (an embedding host)
+            faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True, chain=False)
+
+
 def report_user_errors(main: Callable[..., int]) -> Callable[..., int]:
     """Wrap a CLI ``main(argv) -> int``: ConfigError/UserError -> message on stderr, exit code 2; Ctrl-C 130;
     SIGTERM 143 (when the CLI handles it with ``stop_on_sigterm``); SIGUSR1 dumps the threads' stacks."""
 
     @functools.wraps(main)
     def wrapper(argv: Optional[Sequence[str]] = None) -> int:
-        if hasattr(signal, "SIGUSR1"):  # not on Windows
-            faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+        dump_stacks_on_sigusr1()
         try:
             return main(argv)
         except ConfigError as exc:
