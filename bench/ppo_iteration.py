@@ -86,6 +86,13 @@ PHASES = (
 )
 
 
+# with --set rl_config.blocking=false: the actor's worker's phases (first) beside the critic's (second)
+LANES = {
+    "forwards": (("timing/reference_model", "timing/old_log_p"), ("timing/critic_model",)),
+    "updates": (("timing/update",), ("timing/update_critic",)),
+}
+
+
 def matmul_weights(shape: dict, head: str) -> int:
     """Weights that take part in matmuls: every layer's projections and the output head (LM or value)."""
     h, f, layers = shape["hidden_size"], shape["ffn_hidden_size"], shape["num_layers"]
@@ -283,13 +290,22 @@ def main() -> None:
         f"-> floor {flops / peak:.2f} s"
     )
     per_phase = phase_flops(shape, tokens, seq)
+    beside = "rl_config.blocking=false" in [item.replace(" ", "") for item in args.set]
     print("| phase | seconds (median of iterations 2..N) | MFU |")
     print("|---|---|---|")
     for key in PHASES:
         if key in m:
-            mfu = f"{per_phase[key] / (m[key] * peak):.1%}" if key in per_phase and m[key] > 0 else ""
-            print(f"| {key} | {m[key]:.3f} | {mfu} |")
-    outside = m["timing/all"] - sum(m.get(key, 0.0) for key in PHASES[1:])
+            # side by side, a phase has part of the cores: its MFU is its pair's (below)
+            alone = key in per_phase and m[key] > 0 and not (beside and any(key in a + c for a, c in LANES.values()))
+            print(f"| {key} | {m[key]:.3f} | {f'{per_phase[key] / (m[key] * peak):.1%}' if alone else ''} |")
+    walls = 0.0
+    for name, lanes in LANES.items() if beside else ():
+        wall = max(sum(m.get(key, 0.0) for key in lane) for lane in lanes)
+        work = sum(per_phase[key] for lane in lanes for key in lane if key in m)
+        walls += wall
+        print(f"| {name} side by side (blocking false) | {wall:.3f} | {work / (wall * peak):.1%} |")
+    paired = {key for lanes in LANES.values() for lane in lanes for key in lane} if beside else set()
+    outside = m["timing/all"] - walls - sum(m.get(key, 0.0) for key in PHASES[1:] if key not in paired)
     print(f"| (outside these phases) | {outside:.3f} | |")
     print(f"| e2e_tps | {m['e2e_tps']:.0f} | |")
     print(f"| iteration | {m['timing/all']:.3f} | {flops / (m['timing/all'] * peak):.1%} |")

@@ -72,7 +72,6 @@ def user_error(capsys, fn, args):
             "rl_config.use_integrated_worker: false (actor, reference and critic "
             "in workers on devices of their own) is not implemented",
         ),
-        ("rl_config.blocking=false", "rl_config.blocking: false is not implemented"),
         (
             "actor_config.lora_target_modules=[q_proj]",
             "actor_config.lora_target_modules: ['q_proj']: choose among "

@@ -1,7 +1,8 @@
 """Exact resume with finetune=false: iterations 3 and 4 resumed from the checkpoints of iteration 2 == the straight
 run's (rewards, losses, final weights), when the run stopped between the actor's and the critic's save of iteration 3;
-a save killed half-way never becomes the latest checkpoint. The straight run also profiles iteration 2
-(profiler_config): traces of the chosen stages only, and the report's top-operator tables."""
+a save killed half-way never becomes the latest checkpoint. The runs put the critic beside the actor (blocking
+false: values beside the reference's forward, the two updates at once, one thread each). The straight run also
+profiles iteration 2 (profiler_config): traces of the chosen stages only, and the report's top-operator tables."""
 
 import glob
 import json
@@ -43,6 +44,7 @@ def cfg_for(root, paths, name, iters, **extra):
         "rl_config.mini_batch_size=32",
         "rl_config.shuffle_mini_batch=true",
         "rl_config.init_kl_coef=0.01",
+        "rl_config.blocking=false",
         f"actor_config.save={root}/{name}/actor",
         f"critic_config.save={root}/{name}/critic",
         "actor_config.no_load_optim=false",
@@ -93,6 +95,9 @@ def test_resume_reproduces_the_straight_run(tmp_path, demo_assets):
         "+profiler_config.critic.profile_step_end": 3,
     }
     straight = train(cfg_for(root, paths, "straight", 4, **{"megatron_training.save_interval": 1, **profiled}))
+    for m in straight:  # side by side the phases' times add up past the iteration's (in turn they cannot)
+        phases = ("rollout", "reference_model", "critic_model", "update", "update_critic")
+        assert sum(m[f"timing/{phase}"] for phase in phases) > m["timing/all"], m
     check_profiles(glob.glob(f"{root}/logs/*/profiler")[0])
     # what a driver leaves when it dies after the actor committed iteration 3 and before the critic did: the
     # straight run's checkpoints up to iteration 3, the critic's iteration 3 still its staging folder and its

@@ -38,6 +38,11 @@ class Accelerator:
     def device_count(self) -> int:
         raise NotImplementedError
 
+    def sharing_cores(self, ways: int) -> contextlib.AbstractContextManager:
+        """Around a call that runs while ``ways - 1`` other roles' calls run on the same devices
+        (``rl_config.blocking: false``): a device with its own cores has nothing to split."""
+        return contextlib.nullcontext()
+
     def use_mindspeed_switches(self, argv: List[str]) -> None:
         """Hand a role's MindSpeed flags to MindSpeed before megatron-core is patched (a device without MindSpeed
         refuses them before start: trainer/startup/preflight.py)."""

@@ -71,8 +71,11 @@ class RLConfig(LoggingKeys):
     )
     blocking: bool = opt(
         True,
-        "Each stage finishes before the next starts (false is refused: overlap "
-        "generation and training with max_head_offpolicyness).",
+        "true: each stage finishes before the next starts. false: the critic's "
+        "stages run beside the actor's worker's (values beside the reference's "
+        "and old log-probs, the critic's update beside the actor's), splitting "
+        "the cores on CPU; generation and training overlap with "
+        "max_head_offpolicyness.",
     )
     num_cpus_for_local_task: float = opt(
         1.0,

@@ -1,9 +1,10 @@
-"""Where the roles run: integrated mode (the roles share the actor's devices, which they must fit), the frozen roles'
-weights, and MindSpeed-RL's switches we name but do not implement."""
+"""Where the roles run: integrated mode (the roles share the actor's devices, which they must fit), whether the critic's
+stages run beside the actor's (``blocking``), the frozen roles' weights, and MindSpeed-RL's switches we name but do
+not implement."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, List
 
 from ..config_cls.base import ConfigError
 from ..config_cls.megatron_config import STAGE_ENTRY_POINTS
@@ -25,13 +26,6 @@ def check_worker_modes(cfg: PPOConfig) -> None:
             "of their own) is not implemented: the roles share the "
             "actor's devices; for rollout on devices of its own set "
             "rl_config.rollout_resource",
-        )
-    if not rl.blocking:
-        raise ConfigError(
-            "rl_config.blocking",
-            "false is not implemented: the stages of an iteration run one after "
-            "the other; to overlap generation with training use "
-            "rl_config.max_head_offpolicyness (asynchronous rollout)",
         )
 
 
@@ -73,3 +67,15 @@ def check_role_resources(cfg: PPOConfig) -> None:
 def check(cfg: PPOConfig) -> None:
     check_worker_modes(cfg)
     check_role_resources(cfg)
+
+
+def plan_lines(cfg: PPOConfig) -> List[str]:
+    """With ``blocking: false``, what runs beside what."""
+    if cfg.rl.blocking:
+        return []
+    if not cfg.uses_critic:
+        return ["  stages    : blocking false, but no critic: the actor's worker runs every stage in turn"]
+    return [
+        "  stages    : the critic's beside the actor's worker's (blocking false): values beside the reference's and "
+        "old log-probs, the two updates together; the devices' cores split between them"
+    ]

@@ -26,6 +26,11 @@ class Clock:
             self.add(name, elapsed)
             self.spans.append((name, wall, wall + elapsed))
 
+    def record(self, name: str, start: float, end: float) -> None:
+        """A measurement taken elsewhere: its span, ``start`` and ``end`` in time.time() seconds."""
+        self.add(name, end - start)
+        self.spans.append((name, start, end))
+
     def add(self, name: str, seconds: float) -> None:
         self.timing[name] = self.timing.get(name, 0.0) + seconds
 

@@ -35,7 +35,7 @@ from ..protocol import (
     WorldSpec,
     response_part,
 )
-from .base_worker import MegatronWorker, token_budget, train_on_mini_batches
+from .base_worker import MegatronWorker, shares_cores, token_budget, train_on_mini_batches
 from .profiling import StageProfiler, profiled
 from .reference import ReferencePolicy
 
@@ -226,6 +226,7 @@ class IntegratedActorWorker(MegatronWorker):
         )
 
     # ----- forward passes -----------------------------------------------------------------------------
+    @shares_cores
     @profiled(lambda rows, which="actor": "reference_compute_log_prob" if which == "ref" else "actor_compute_log_prob")
     def compute_log_prob(self, rows: Experience, which: str = "actor") -> ForwardAnswer:
         """Log-probs [B, R] of the response tokens under the actor ("old") or the reference."""
@@ -263,6 +264,7 @@ class IntegratedActorWorker(MegatronWorker):
         return mismatch_metrics(counts.cpu())
 
     # ----- update ----------------------------------------------------------------------------------------
+    @shares_cores
     @profiled("actor_update")
     def update(self, mini_batches: List[MiniBatch], kl_coef: float) -> Dict[str, float]:
         """One optimizer step per mini-batch (this DP rank's share of it); averaged metrics.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import sys
 import time
@@ -47,6 +49,24 @@ def start_worker_process(world: WorldSpec):
         world.rank, world.world_size, world.master_addr, world.master_port, local_rank=accelerator.local_rank()
     )
     return accelerator
+
+
+def shares_cores(method: Callable) -> Callable:
+    """A worker method another role's may run beside (``rl_config.blocking: false``): ``ways``, the calls running at
+    once on these devices (1: alone), is the accelerator's to act on (on CPU, a share of the threads)."""
+
+    @functools.wraps(method)
+    def inner(self, *args, ways: int = 1, **kwargs):
+        with self.acc.sharing_cores(ways):
+            return method(self, *args, **kwargs)
+
+    # Ray checks a call's arguments against the signature of the unwrapped method, which has no ``ways``: this one
+    # is not unwrapped, and its signature is the method's with ``ways``
+    signature = inspect.signature(method)
+    extra = inspect.Parameter("ways", inspect.Parameter.KEYWORD_ONLY, default=1, annotation=int)
+    del inner.__wrapped__  # type: ignore[attr-defined]
+    inner.__signature__ = signature.replace(parameters=[*signature.parameters.values(), extra])  # type: ignore[attr-defined]
+    return inner
 
 
 class MegatronWorker:

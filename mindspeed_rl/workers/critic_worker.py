@@ -10,7 +10,14 @@ from ..config_cls.ppo_config import RoleConfig
 from ..config_cls.rl_config import RLConfig
 from ..features.algorithm import resolve_algorithm
 from ..protocol import Experience, ForwardAnswer, LoadedState, MiniBatch, WorldSpec, response_part
-from .base_worker import MegatronWorker, load_trainable, save_trainable, token_budget, train_on_mini_batches
+from .base_worker import (
+    MegatronWorker,
+    load_trainable,
+    save_trainable,
+    shares_cores,
+    token_budget,
+    train_on_mini_batches,
+)
 from .profiling import StageProfiler, profiled
 
 
@@ -60,6 +67,7 @@ class CriticWorker(MegatronWorker):
         if self.offload_when_idle:
             self.offloader.offload()
 
+    @shares_cores
     @profiled("critic_compute_values")
     def compute_values(self, rows: Experience) -> ForwardAnswer:
         """Values [B, R] of the response positions."""
@@ -72,6 +80,7 @@ class CriticWorker(MegatronWorker):
         values = response_part(out["values"], rows.prompt_width, rows.response_width) if self.is_output_rank else None
         return ForwardAnswer(values, {"timing/critic_forward": time.perf_counter() - t0})
 
+    @shares_cores
     @profiled("critic_update")
     def update(self, mini_batches: List[MiniBatch]) -> Dict[str, float]:
         mode = self.loss_agg_mode

@@ -48,6 +48,14 @@ class PendingGeneration:
     firsts: List[int]
 
 
+@dataclass
+class PendingForward:
+    """A forward in flight: every rank's result reference and each DP group's rows (experience row indices)."""
+
+    refs: List[Any]
+    shares: List[np.ndarray]
+
+
 def engine_prompt_split(num_prompts: int, engines: int) -> List[np.ndarray]:
     """Contiguous, near-equal prompt ranges, one per engine."""
     return np.array_split(np.arange(num_prompts), engines)
@@ -152,14 +160,33 @@ class WorkerGroup:
         """``method(rows, *extra)`` with each DP group's share of the rows; the output ranks' answers joined
         in the experience's row order (timings: the slowest group's). With ``balance`` the shares have
         near-equal token sums (use_dp_batch_balance), else they are contiguous."""
+        return self.collect_forward(self.submit_forward(method, experience, fields, *extra, balance=balance))
+
+    def submit_forward(
+        self,
+        method: str,
+        experience: Experience,
+        fields: Sequence[str] = MODEL_INPUTS,
+        *extra,
+        balance: bool = False,
+        **kwargs,
+    ) -> PendingForward:
+        """As ``forward``, without waiting (``kwargs`` go to every rank's call)."""
         if balance and self.dp_size > 1:
             shares = balanced_split(experience.attention_mask.sum(1).tolist(), self.dp_size)
         else:
             shares = split_rows(experience.num_rows, self.dp_size)
-        results = self.call_per_dp(method, [experience.select(rows, fields) for rows in shares], extra)
+        refs = self.submit_per_dp(method, [experience.select(rows, fields) for rows in shares], extra, **kwargs)
+        return PendingForward(refs, shares)
+
+    def collect_forward(self, pending: PendingForward) -> ForwardAnswer:
+        """Wait for a submitted forward: its answer as ``forward`` gives it."""
+        import ray
+
+        results = ray.get(pending.refs)
         answers: List[ForwardAnswer] = [results[rank] for rank in self.output_ranks()]
         joined = restore_order(
-            torch.cat([answer.per_row for answer in answers]), torch.as_tensor(np.concatenate(shares))
+            torch.cat([answer.per_row for answer in answers]), torch.as_tensor(np.concatenate(pending.shares))
         )
         return ForwardAnswer(joined, slowest(answer.timing for answer in answers), answers[0].metrics)
 
@@ -178,6 +205,21 @@ class WorkerGroup:
         seq-mean-token-sum-norm; default the response width); ``balance`` gives the DP ranks near-equal token
         sums (use_dp_batch_balance). Returns the first output rank's answer
         (metrics are reduced across DP inside the engine)."""
+        pending = self.submit_update(method, experience, plan, fields, *extra, horizon=horizon, balance=balance)
+        return self.collect_update(pending)
+
+    def submit_update(
+        self,
+        method: str,
+        experience: Experience,
+        plan: Sequence[np.ndarray],
+        fields: Sequence[str],
+        *extra,
+        horizon: Optional[float] = None,
+        balance: bool = False,
+        **kwargs,
+    ) -> List[Any]:
+        """As ``update``, without waiting: every rank's result reference (``kwargs`` go to every rank's call)."""
         per_dp: List[List[MiniBatch]] = [[] for _ in range(self.dp_size)]
         for rows in plan:
             scale = LossScale.of(experience.loss_mask[rows], horizon)
@@ -189,14 +231,27 @@ class WorkerGroup:
             )
             for dp, part in enumerate(parts):
                 per_dp[dp].append(MiniBatch(experience.select(part, fields), scale))
-        return self.call_per_dp(method, per_dp, extra)[self.output_ranks()[0]]
+        return self.submit_per_dp(method, per_dp, extra, **kwargs)
 
-    def call_per_dp(self, method: str, per_dp: Sequence[Any], extra: tuple) -> List[Any]:
-        """``method(per_dp[d], *extra)`` on every rank of DP group d (one object-store copy per group)."""
+    def collect_update(self, refs: List[Any]) -> Any:
+        """Wait for a submitted update: the first output rank's answer."""
+        import ray
+
+        return ray.get(refs)[self.output_ranks()[0]]
+
+    def submit_per_dp(self, method: str, per_dp: Sequence[Any], extra: tuple, **kwargs) -> List[Any]:
+        """``method(per_dp[d], *extra, **kwargs)`` on every rank of DP group d (one object-store copy per group),
+        without waiting: the result references by rank."""
         import ray
 
         shares = [ray.put(value) for value in per_dp]
-        return self.call(method, per_rank=[(shares[lay.dp_rank],) + extra for lay in self.layouts])
+        return self.call_async(method, per_rank=[(shares[lay.dp_rank],) + extra for lay in self.layouts], **kwargs)
+
+    def call_per_dp(self, method: str, per_dp: Sequence[Any], extra: tuple) -> List[Any]:
+        """``method(per_dp[d], *extra)`` on every rank of DP group d, waiting: the results by rank."""
+        import ray
+
+        return ray.get(self.submit_per_dp(method, per_dp, extra))
 
     def describe_engines(self) -> str:
         return ", ".join(f"engine {e}: ranks {ranks}" for e, ranks in enumerate(self.engines()))

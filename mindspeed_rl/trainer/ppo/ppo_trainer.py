@@ -9,7 +9,6 @@ import time
 from contextlib import contextmanager
 from typing import Dict, List
 
-import numpy as np
 import torch
 
 from ...algorithms.advantages import estimate, sequence_rewards, token_level_rewards
@@ -19,7 +18,7 @@ from ...algorithms.rollout_correction import mismatch_metrics, truncated_is_weig
 from ...config_cls.ppo_config import PPOConfig
 from ...datasets.prompt_dataset import PromptBatch
 from ...features.algorithm import skips_old_log_prob
-from ...protocol import ACTOR_INPUTS, MODEL_INPUTS, Experience, ForwardAnswer, build_experience, mini_batch_plan
+from ...protocol import Experience, build_experience
 from ...rollout.experts.expert_load import ExpertLoad
 from ...rollout.service import DisaggregatedRollout
 from ...utils.cli import raise_if_terminated
@@ -28,13 +27,14 @@ from ..report.metrics import data_metrics, throughput, timeline_spans
 from ..runtime.guards import TooFewEngines, next_collapse_streak, save_due, stop_on_nonfinite_steps
 from .batches import Batches
 from .evaluation import SuiteEvaluation, validation_metrics
+from .model_steps import ModelSteps
 
 
 def format_validation(metrics: Dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.3f}" for k, v in metrics.items())
 
 
-class PPOTrainer:
+class PPOTrainer(ModelSteps):
     def __init__(
         self,
         cfg: PPOConfig,
@@ -104,28 +104,15 @@ class PPOTrainer:
                 self.clock.merge(batch.clock)
                 exp, reward_metrics = batch.experience, dict(batch.metrics)
                 self.count_expert_load(exp)
-                if self.use_ref:
-                    with self.timer("timing/reference_model"):
-                        exp.set("ref_log_probs", self.log_probs(exp, "ref"))
                 if self.teacher is not None:
                     with self.timer("timing/teacher"):
                         exp.set("teacher_log_probs", self.teacher_log_probs(exp))
-                if not self.skip_old_log_prob:
-                    with self.timer("timing/old_log_p"):
-                        exp.set("old_log_probs", self.log_probs(exp, "actor"))
-                if self.use_critic:
-                    with self.timer("timing/critic_model"):
-                        exp.set("values", self.values(exp))
+                self.forwards(exp)  # the reference's, the old log-probs, the values
                 with self.timer("timing/adv"):
                     self.compute_advantages(exp)
                     reward_metrics.update(self.add_distillation(exp))
                     reward_metrics.update(self.correct_rollout(exp))
-                update_metrics = {}
-                if self.use_critic:
-                    with self.timer("timing/update_critic"):
-                        update_metrics.update(self.update_critic(exp))
-                with self.timer("timing/update"):
-                    update_metrics.update(self.update_actor(exp))
+                update_metrics = self.updates(exp)
                 self.source.settle(self.clock)  # the batches produced ahead keep the weights they started with
                 with self.timer("timing/weight_sync"):
                     self.rollout_service.update_weights(self.iteration + 1)
@@ -258,26 +245,6 @@ class PPOTrainer:
             self.evaluation.saved(self.iteration)
 
     # ----- steps ---------------------------------------------------------------------------------------------
-    def log_probs(self, exp: Experience, which: str) -> torch.Tensor:
-        fields = ACTOR_INPUTS if which == "actor" else MODEL_INPUTS
-        return self.taken(
-            self.actor.forward("compute_log_prob", exp, fields, which, balance=self.rl.use_dp_batch_balance)
-        )
-
-    def teacher_log_probs(self, exp: Experience) -> torch.Tensor:
-        return self.taken(self.teacher.forward("compute_log_prob", exp, balance=self.rl.use_dp_batch_balance))
-
-    def taken(self, answer: ForwardAnswer) -> torch.Tensor:
-        """A forward's per-row values; its phases (onload/offload of a model waiting on host) join the
-        iteration's timing, its metrics (router replay's mismatch) the iteration's metrics."""
-        for key, seconds in answer.timing.items():
-            self.clock.add(key, seconds)
-        self.forward_metrics.update(answer.metrics)
-        return answer.per_row.float()
-
-    def values(self, exp: Experience) -> torch.Tensor:
-        return self.critic.forward("compute_values", exp, balance=self.rl.use_dp_batch_balance).per_row.float()
-
     def compute_advantages(self, exp: Experience) -> None:
         """KL (when a reference is used), token rewards (score on the last token, - beta x KL when the KL
         is in the reward), then the registered estimator."""
@@ -345,42 +312,6 @@ class PPOTrainer:
                 exp.set("rollout_is_weights", torch.where(stale, weights, exp.loss_mask.float()))
                 metrics.update(is_metrics)
         return metrics
-
-    def update_plan(self, exp: Experience) -> List[np.ndarray]:
-        """Rows of every optimizer step (epochs x mini-batches), seeded by the iteration."""
-        return mini_batch_plan(
-            exp.num_rows,
-            self.rl.mini_batch_size,
-            self.rl.epochs,
-            self.rl.shuffle_mini_batch,
-            self.cfg.megatron_training.seed + 7919 * self.iteration,
-        )
-
-    def update_critic(self, exp: Experience) -> Dict[str, float]:
-        return self.critic.update(
-            "update",
-            exp,
-            self.update_plan(exp),
-            ("values", "returns"),
-            horizon=self.gen.sampling_config.max_tokens,
-            balance=self.rl.use_dp_batch_balance,
-        )
-
-    def update_actor(self, exp: Experience) -> Dict[str, float]:
-        fields = ["advantages"] + [
-            k
-            for k in ("old_log_probs", "ref_log_probs", "rollout_is_weights", "routed_experts")
-            if getattr(exp, k) is not None
-        ]
-        return self.actor.update(
-            "update",
-            exp,
-            self.update_plan(exp),
-            fields,
-            self.kl_ctrl.value,
-            horizon=self.gen.sampling_config.max_tokens,
-            balance=self.rl.use_dp_batch_balance,
-        )
 
     def collect_metrics(self, exp: Experience, reward_metrics, update_metrics, version: int) -> Dict[str, float]:
         metrics: Dict[str, float] = {"iteration": self.iteration}

@@ -233,7 +233,8 @@ def figures(rows: List[Dict[str, float]]) -> List[Tuple[str, str]]:
         ax.plot(x, [r["timing/all"] for r in trained], color="black", linewidth=1, label="timing/all")
         _finish(
             ax,
-            "Time per iteration by phase (stacked; validation runs outside timing/all)",
+            "Time per iteration by phase (stacked; validation runs outside timing/all, and phases side by side "
+            "(blocking: false) add up past it)",
             "seconds",
             legend_outside=True,
         )
