@@ -86,7 +86,7 @@ PHASES = (
 )
 
 
-# with --set rl_config.blocking=false: the actor's worker's phases (first) beside the critic's (second)
+# with blocking false (ppo_tiny_cpu's): the actor's worker's phases (first) beside the critic's (second)
 LANES = {
     "forwards": (("timing/reference_model", "timing/old_log_p"), ("timing/critic_model",)),
     "updates": (("timing/update",), ("timing/update_critic",)),
@@ -290,7 +290,9 @@ def main() -> None:
         f"-> floor {flops / peak:.2f} s"
     )
     per_phase = phase_flops(shape, tokens, seq)
-    beside = "rl_config.blocking=false" in [item.replace(" ", "") for item in args.set]
+    from mindspeed_rl.features import load_ppo_config
+
+    beside = not load_ppo_config("ppo_tiny_cpu", args.set).rl.blocking  # the critic beside the actor
     print("| phase | seconds (median of iterations 2..N) | MFU |")
     print("|---|---|---|")
     for key in PHASES:
