@@ -200,7 +200,7 @@ def test_a_cpu_worker_reuses_freed_host_memory_unless_the_user_tunes_malloc():
 
     code = (
         "import resource, torch\n"
-        "from mindspeed_rl.accelerator.cpu import keep_freed_host_memory\n"
+        "from mindspeed_rl.accelerator.host_memory import keep_freed_host_memory\n"
         "applied = keep_freed_host_memory()\n"
         "faults = []\n"
         "for _ in range(6):\n"

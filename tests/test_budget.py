@@ -16,8 +16,6 @@ SOFT_MODULE_LINES = 350  # past this a module names why it is still one module, 
 
 # module (relative to mindspeed_rl/) -> why it stands over SOFT_MODULE_LINES
 LONG_MODULES = {
-    "trainer/ppo/ppo_trainer.py": "the single controller: fit() and every phase of an iteration in reading order; "
-    "its validation and checkpointing would move to modules of their own in ppo/",
     "checkpoint/convert.py": "both converter directions with their per-family steps; one module per direction would "
     "split it",
     "models/engine.py": "the megatron-core engine's forward, train step, micro-batching and non-finite guard",

@@ -16,6 +16,7 @@ from ..compat import vllm as compat_vllm
 from ..compat import vllm_cpu_experts, vllm_cpu_reload
 from ..config_cls.run_config import HostPrecision
 from .base import Accelerator, host_rss_gib
+from .host_memory import keep_freed_host_memory
 
 log = logging.getLogger(__name__)
 
@@ -39,37 +40,6 @@ def allow_torch_compile(compiled: bool) -> None:
         log.info("vLLM compiles its model with inductor (generate_config.enforce_eager false): about 25 s per engine")
 
 
-# glibc's mallopt parameters, and the values a CPU worker sets (mallopt takes an int; a trim threshold of -1: never)
-M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
-HOST_ALLOCATOR = ((M_MMAP_THRESHOLD, 1 << 30), (M_TRIM_THRESHOLD, -1), (M_TOP_PAD, 64 << 20))
-GLIBC_MMAP_THRESHOLD_CAP = 32 << 20  # glibc before 2.35 refuses a larger mmap threshold
-
-
-def keep_freed_host_memory() -> bool:
-    """Make glibc's malloc keep freed memory for reuse, as a GPU's caching allocator does. By default it serves a
-    block above its mmap threshold (32 MiB at most) with fresh pages and unmaps them when freed, and gives the top
-    of its heap back past 128 KiB, so the large activations and gradients of every step fault their pages in again
-    (the ``wide`` bench shape's MLP output: 89 MB, 22k faults; 0.5-0.9M faults per actor step): blocks up to 1 GiB
-    now come from the heap, which is never trimmed. The process keeps its peak (the wide shape's actor: 8.5 GB
-    against 8.3 GB) and steps without faults (docs/performance.md). glibc before 2.35 caps the threshold at 32 MiB:
-    there the blocks above it are still mapped anew. Nothing where the user tunes malloc (MALLOC_*_ or
-    GLIBC_TUNABLES) or the C library has no mallopt; returns whether every setting took."""
-    import ctypes
-
-    if "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", "") or any(
-        k.startswith("MALLOC_") and k.endswith("_") for k in os.environ
-    ):
-        return False
-    mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
-    if mallopt is None:
-        return False
-    taken = [mallopt(ctypes.c_int(param), ctypes.c_int(value)) == 1 for param, value in HOST_ALLOCATOR]
-    if not taken[0]:
-        mallopt(ctypes.c_int(M_MMAP_THRESHOLD), ctypes.c_int(GLIBC_MMAP_THRESHOLD_CAP))
-        log.info("host allocator: glibc refuses an mmap threshold of 1 GiB; 32 MiB, the heap never trimmed")
-    return all(taken)
-
-
 class CpuAccelerator(Accelerator):
     """The device is the host: no pinning, no offload, no vLLM sleep, no fused kernels."""
 
@@ -90,10 +60,9 @@ class CpuAccelerator(Accelerator):
 
     @contextlib.contextmanager
     def sharing_cores(self, ways: int):
-        """The host's cores are the device: a call beside ``ways - 1`` others takes its share of this worker's
-        threads, so that the processes together use each core once (oversubscribed, two roles at two threads each on
-        two cores run more than twice as slow as in turn)."""
-        # torch._C's: vLLM's CPU worker replaces torch.set_num_threads with a no-op in the process that runs its engine
+        """A call beside ``ways - 1`` others takes its share of this worker's threads: oversubscribed, two roles at
+        two threads each on two cores run over twice as slow as in turn. (torch._C's setter: vLLM's CPU worker makes
+        torch.set_num_threads a no-op in its process.)"""
         threads = torch.get_num_threads()
         torch._C.set_num_threads(max(1, threads // max(1, ways)))
         try:

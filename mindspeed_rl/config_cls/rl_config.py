@@ -71,11 +71,8 @@ class RLConfig(LoggingKeys):
     )
     blocking: bool = opt(
         True,
-        "true: each stage finishes before the next starts. false: the critic's "
-        "stages run beside the actor's worker's (values beside the reference's "
-        "and old log-probs, the critic's update beside the actor's), splitting "
-        "the cores on CPU; generation and training overlap with "
-        "max_head_offpolicyness.",
+        "false: the critic's forward and update run beside the actor's worker's (on CPU each with part of the "
+        "cores); true: each stage in turn. Generation beside training: max_head_offpolicyness.",
     )
     num_cpus_for_local_task: float = opt(
         1.0,
