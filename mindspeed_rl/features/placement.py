@@ -76,6 +76,6 @@ def plan_lines(cfg: PPOConfig) -> List[str]:
     if not cfg.uses_critic:
         return ["  stages    : blocking false, but no critic: the actor's worker runs every stage in turn"]
     return [
-        "  stages    : the critic's beside the actor's worker's (blocking false): values beside the reference's and "
-        "old log-probs, the two updates together; the devices' cores split between them"
+        "  stages    : the critic's beside the actor's worker's (blocking false): the values forward beside the "
+        "actor's worker's forwards, the two updates together (on CPU each with part of the cores)"
     ]
