@@ -190,23 +190,9 @@ class WorkerGroup:
         )
         return ForwardAnswer(joined, slowest(answer.timing for answer in answers), answers[0].metrics)
 
-    def update(
-        self,
-        method: str,
-        experience: Experience,
-        plan: Sequence[np.ndarray],
-        fields: Sequence[str],
-        *extra,
-        horizon: Optional[float] = None,
-        balance: bool = False,
-    ) -> Any:
-        """One optimizer step per mini-batch of ``plan`` (row indices): each DP rank gets its share and the
-        whole mini-batch's counts (valid tokens, responses, and ``horizon``, the fixed length of
-        seq-mean-token-sum-norm; default the response width); ``balance`` gives the DP ranks near-equal token
-        sums (use_dp_batch_balance). Returns the first output rank's answer
-        (metrics are reduced across DP inside the engine)."""
-        pending = self.submit_update(method, experience, plan, fields, *extra, horizon=horizon, balance=balance)
-        return self.collect_update(pending)
+    def update(self, method: str, experience: Experience, plan: Sequence[np.ndarray], *args, **options) -> Any:
+        """``submit_update``, waiting for the first output rank's answer."""
+        return self.collect_update(self.submit_update(method, experience, plan, *args, **options))
 
     def submit_update(
         self,
@@ -219,7 +205,11 @@ class WorkerGroup:
         balance: bool = False,
         **kwargs,
     ) -> List[Any]:
-        """As ``update``, without waiting: every rank's result reference (``kwargs`` go to every rank's call)."""
+        """One optimizer step per mini-batch of ``plan`` (row indices): each DP rank gets its share and the
+        whole mini-batch's counts (valid tokens, responses, and ``horizon``, the fixed length of
+        seq-mean-token-sum-norm; default the response width); ``balance`` gives the DP ranks near-equal token
+        sums (use_dp_batch_balance); ``kwargs`` go to every rank's call. Returns every rank's result reference
+        without waiting (metrics are reduced across DP inside the engine)."""
         per_dp: List[List[MiniBatch]] = [[] for _ in range(self.dp_size)]
         for rows in plan:
             scale = LossScale.of(experience.loss_mask[rows], horizon)

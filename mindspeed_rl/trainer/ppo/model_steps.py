@@ -36,6 +36,11 @@ def wait_side_by_side(clock: Clock, lanes: Sequence[Lane]) -> None:
                 begins[i], nexts[i] = now, nexts[i] + 1
 
 
+def forward_fields(which: str) -> Sequence[str]:
+    """The experience fields a forward of the actor's worker takes: the actor's ("actor") or the reference's."""
+    return ACTOR_INPUTS if which == "actor" else MODEL_INPUTS
+
+
 class ModelSteps:
     """The PPO trainer's calls on its actor, critic and teacher groups (``self.actor``, ``self.critic``,
     ``self.teacher``), timed on ``self.clock``; the forwards' metrics go to ``self.forward_metrics``."""
@@ -60,14 +65,7 @@ class ModelSteps:
         ways, balance = 2 if on_actor else 1, self.rl.use_dp_batch_balance
         values = self.critic.submit_forward("compute_values", exp, balance=balance, ways=ways)
         logps = [
-            self.actor.submit_forward(
-                "compute_log_prob",
-                exp,
-                ACTOR_INPUTS if which == "actor" else MODEL_INPUTS,
-                which,
-                balance=balance,
-                ways=ways,
-            )
+            self.actor.submit_forward("compute_log_prob", exp, forward_fields(which), which, balance=balance, ways=ways)
             for _, _, which in on_actor
         ]
         lanes = [[(name, p.refs) for (name, _, _), p in zip(on_actor, logps)], [("timing/critic_model", values.refs)]]
@@ -91,9 +89,10 @@ class ModelSteps:
         return metrics
 
     def log_probs(self, exp: Experience, which: str) -> torch.Tensor:
-        fields = ACTOR_INPUTS if which == "actor" else MODEL_INPUTS
         return self.taken(
-            self.actor.forward("compute_log_prob", exp, fields, which, balance=self.rl.use_dp_batch_balance)
+            self.actor.forward(
+                "compute_log_prob", exp, forward_fields(which), which, balance=self.rl.use_dp_batch_balance
+            )
         )
 
     def teacher_log_probs(self, exp: Experience) -> torch.Tensor:
