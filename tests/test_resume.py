@@ -95,7 +95,9 @@ def test_resume_reproduces_the_straight_run(tmp_path, demo_assets):
         "+profiler_config.critic.profile_step_end": 3,
     }
     straight = train(cfg_for(root, paths, "straight", 4, **{"megatron_training.save_interval": 1, **profiled}))
-    for m in straight:  # side by side the phases' times add up past the iteration's (in turn they cannot)
+    # side by side the phases' times add up past the iteration's (in turn they cannot); after the first iteration,
+    # whose untimed first calls can outweigh the overlap
+    for m in straight[1:]:
         phases = ("rollout", "reference_model", "critic_model", "update", "update_critic")
         assert sum(m[f"timing/{phase}"] for phase in phases) > m["timing/all"], m
     check_profiles(glob.glob(f"{root}/logs/*/profiler")[0])
