@@ -113,6 +113,29 @@ def test_rule_reward_runner_weights_and_hung_verifier(capsys):
     sleepy_runner.close()
 
 
+def test_samples_go_to_each_worker_in_one_call_and_the_timeout_still_counts_per_sample():
+    """Each worker scores its share in one call; a share that takes longer than the timeout in all is not hung
+    while each of its samples ends within it, and with two workers the hung sample is the one scored 0, its
+    worker's other samples sent again to a new pool."""
+    import time
+
+    import tests.verifier_plugins  # noqa: F401  (registers test_sleepy)
+    from mindspeed_rl.rewards.runner import RuleRewardRunner
+
+    runner = RuleRewardRunner(["test_sleepy"], [1.0], timeout=1.0)
+    scores, metrics = runner.score(["slow 0.4"] * 4, [""] * 4)  # 1.6 s in one call, 0.4 s a sample
+    assert scores.tolist() == [1.0] * 4 and metrics["rule_reward/timeouts"] == 0
+    runner.close()
+    runner = RuleRewardRunner(["test_sleepy"], [1.0], timeout=1.0, workers=2)
+    responses = ["ok", "slow 0.4", "hang", "slow 0.4", "ok", "slow 0.4", "boom", "ok"]
+    start = time.time()
+    scores, metrics = runner.score(responses, [""] * len(responses))
+    assert time.time() - start < 10
+    assert scores.tolist() == [1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0]
+    assert metrics["rule_reward/timeouts"] == 1 and metrics["rule_reward/failures"] == 1
+    runner.close()
+
+
 def test_each_worker_is_warmed_up_before_its_samples_are_timed():
     """A verifier whose first call in a process is slow (math-verify importing sympy on a busy host) must not
     hit the per-sample timeout in a new worker, nor in the one that replaces a hung worker."""

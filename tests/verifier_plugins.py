@@ -16,6 +16,8 @@ def sleepy(response, label):
         raise RuntimeError("bad verifier")
     if response == "inf":
         return float("inf")
+    if response.startswith("slow"):  # "slow 0.4": that many seconds, under the timeout
+        time.sleep(float(response.split()[1]))
     return 1.0
 
 

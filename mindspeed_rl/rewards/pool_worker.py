@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import importlib
-from typing import List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Tuple
 
 from .registry import get_verifier
 
 # an answer only a symbolic comparison can settle: exercises every lazy import of the math verifiers
 WARM_UP_RESPONSE, WARM_UP_LABEL = "The answer is \\boxed{\\frac{1}{2}}", "0.5"
 _START_ERROR: Optional[str] = None
+_VALUES: Any = None  # (the write end of the pool's value pipe, the lock its writers share)
 
 
-def start_worker(modules: Sequence[str]) -> None:
-    """Pool initializer: no logging; the verifiers' modules imported (registering them). A failing import is
-    kept and reported by :func:`warm_up` (an initializer that raises would only be restarted, silently)."""
-    global _START_ERROR
+def start_worker(modules: Sequence[str], values: Any = None) -> None:
+    """Pool initializer: no logging; the verifiers' modules imported (registering them); ``values``: where
+    :func:`run_chunk` sends each sample's value. A failing import is kept and reported by :func:`warm_up` (an
+    initializer that raises would only be restarted, silently)."""
+    global _START_ERROR, _VALUES
     import logging
+
+    _VALUES = values
 
     logging.disable(logging.CRITICAL)
     for module in modules:
@@ -53,3 +57,17 @@ def run_one(name: str, response: str, label: str) -> float:
         return float(get_verifier(name)(response, label))
     except Exception:  # noqa: BLE001 - a failing verifier scores 0, counted by the caller
         return float("nan")
+
+
+def run_chunk(chunk: int, tasks: Sequence[Tuple[int, str, str, str]]) -> int:
+    """Score ``(index, verifier, response, label)`` tasks in order: ``(chunk, None, None)`` when it starts, then
+    ``(chunk, index, value)`` as each one ends. One call for many samples, while the driver still sees which
+    sample runs (and may hang)."""
+    connection, lock = _VALUES
+    with lock:
+        connection.send((chunk, None, None))
+    for index, name, response, label in tasks:
+        value = run_one(name, response, label)
+        with lock:
+            connection.send((chunk, index, value))
+    return len(tasks)

@@ -4,6 +4,10 @@ score_i = sum_k w_k * verifier_k(response_i, label_i); a verifier that raises or
 (said once per verifier for Inf) and one that runs past ``timeout`` seconds scores 0; both are counted
 (a hung worker is replaced).
 
+Each worker gets its samples in one call and sends each value as it ends (``pool_worker.run_chunk``): one
+message per sample and no call per sample, which in a busy driver cost 2-3 ms each (its pool threads waiting
+for the interpreter lock), while the driver still knows which sample runs past the timeout.
+
 Workers come from a fork server, not from forking the driver: the driver runs threads (Ray's,
 logging's) whose locks a forked child can inherit held, and such a child hangs on its first write
 or import; in the suite that showed as 2-13 verifier timeouts of 10 s per iteration, mostly in the
@@ -15,11 +19,12 @@ from __future__ import annotations
 
 import math
 import multiprocessing as mp
-from typing import Dict, List, Sequence, Tuple
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .pool_worker import run_one, start_worker, warm_up
+from .pool_worker import run_chunk, start_worker, warm_up
 from .registry import get_verifier
 
 
@@ -32,6 +37,7 @@ class RuleRewardRunner:
         self.names, self.weights = list(names), list(weights)
         self.timeout, self.workers = timeout, workers
         self._pool = None
+        self._values = None  # the read end of the pipe the pool's workers send values into
         self._warned = set()  # verifiers already named for a non-finite score
 
     def _get_pool(self):
@@ -43,7 +49,12 @@ class RuleRewardRunner:
                 context.set_forkserver_preload(
                     ["mindspeed_rl.rewards.pool_worker", "mindspeed_rl.rewards.verifiers", "sympy", "math_verify"]
                 )
-            pool = context.Pool(self.workers, initializer=start_worker, initargs=(self.modules,))
+            # a pipe per pool: a worker stopped while it writes leaves a message cut short in its pool's pipe only
+            reader, writer = context.Pipe(duplex=False)
+            pool = context.Pool(
+                self.workers, initializer=start_worker, initargs=(self.modules, (writer, context.Lock()))
+            )
+            writer.close()  # the workers hold it; the driver only reads
             try:
                 reports = pool.map_async(warm_up, [self.names] * self.workers, chunksize=1).get(self.WARM_UP_TIMEOUT)
             except mp.TimeoutError:
@@ -56,7 +67,7 @@ class RuleRewardRunner:
             if problems:
                 pool.terminate()
                 raise RuntimeError("rule reward workers cannot run the verifiers: " + "; ".join(problems))
-            self._pool = pool
+            self._pool, self._values = pool, reader
         return self._pool
 
     def _restart(self) -> None:
@@ -64,6 +75,9 @@ class RuleRewardRunner:
             self._pool.terminate()
             self._pool.join()
             self._pool = None
+        if self._values is not None:
+            self._values.close()
+            self._values = None
 
     def score(self, responses: Sequence[str], labels: Sequence[str]) -> Tuple[torch.Tensor, Dict[str, float]]:
         """The weighted score of every response, and the metrics."""
@@ -80,28 +94,17 @@ class RuleRewardRunner:
         """Each verifier's value for every response (unweighted), and the metrics."""
         tasks = [(k, name, r, lab) for k, name in enumerate(self.names) for r, lab in zip(responses, labels)]
         results: List[float] = [0.0] * len(tasks)
-        timeouts = failures = 0
-        start = 0
-        while start < len(tasks):
-            pool = self._get_pool()
-            pending = [pool.apply_async(run_one, task[1:]) for task in tasks[start:]]
-            restarted = False
-            for offset, job in enumerate(pending):
-                index = start + offset
-                try:
-                    value = job.get(timeout=self.timeout)
-                except mp.TimeoutError:  # hung: score 0, replace the pool, resubmit what follows
-                    timeouts += 1
-                    self._restart()
-                    start, restarted = index + 1, True
-                    break
-                if not math.isfinite(value):  # nan: the verifier raised; inf: it returned one
-                    if value == value:
-                        self._warn_nonfinite(tasks[index][1], value)
-                    value, failures = 0.0, failures + 1
-                results[index] = value
-            if not restarted:
-                break
+        todo, timeouts, failures = list(range(len(tasks))), 0, 0
+        while todo:
+            hung, todo = self._run(todo, tasks, results)
+            if hung is not None:  # scored 0; the pool replaced, the samples it had not scored sent again
+                timeouts += 1
+                self._restart()
+        for index, value in enumerate(results):
+            if not math.isfinite(value):  # nan: the verifier raised; inf: it returned one
+                if value == value:
+                    self._warn_nonfinite(tasks[index][1], value)
+                results[index], failures = 0.0, failures + 1
         per_verifier: Dict[str, torch.Tensor] = {}
         metrics: Dict[str, float] = {}
         n = len(responses)
@@ -111,6 +114,35 @@ class RuleRewardRunner:
         metrics["rule_reward/timeouts"] = float(timeouts)
         metrics["rule_reward/failures"] = float(failures)
         return per_verifier, metrics
+
+    def _run(self, todo: List[int], tasks: list, results: List[float]) -> Tuple[Optional[int], List[int]]:
+        """Score tasks ``todo`` (indices into ``tasks``), split in order over the workers, into ``results``. Returns
+        a sample that ran past the timeout (nothing more of its chunk arrived for that long) or None, and the
+        samples of ``todo`` still unscored besides it (none when all arrived). A chunk not yet started waits on a
+        worker busy with another: its deadline moves with every message."""
+        pool = self._get_pool()
+        chunks = [todo[w :: self.workers] for w in range(self.workers) if todo[w :: self.workers]]
+        for c, chunk in enumerate(chunks):
+            pool.apply_async(run_chunk, (c, [(i, *tasks[i][1:]) for i in chunk]))
+        started, nexts = [False] * len(chunks), [0] * len(chunks)
+        deadlines = [time.monotonic() + self.timeout] * len(chunks)
+        left = len(todo)
+        while left:
+            # the earliest deadline; a started chunk before one that is not, at the same deadline
+            late = min(
+                (c for c in range(len(chunks)) if nexts[c] < len(chunks[c])),
+                key=lambda c: (deadlines[c], not started[c]),
+            )
+            if not self._values.poll(max(0.0, deadlines[late] - time.monotonic())):
+                hung = chunks[late][nexts[late]]
+                return hung, [i for c, chunk in enumerate(chunks) for i in chunk[nexts[c] :] if i != hung]
+            c, index, value = self._values.recv()
+            now = time.monotonic()
+            started[c], deadlines[c] = True, now + self.timeout
+            deadlines = [d if started[k] else now + self.timeout for k, d in enumerate(deadlines)]
+            if index is not None:
+                results[index], nexts[c], left = value, nexts[c] + 1, left - 1
+        return None, []
 
     def _warn_nonfinite(self, name: str, value: float) -> None:
         """Once per verifier: it returned a non-finite score (scored 0, counted in rule_reward/failures)."""
@@ -127,3 +159,6 @@ class RuleRewardRunner:
             self._pool.close()
             self._pool.join()
             self._pool = None
+        if self._values is not None:
+            self._values.close()
+            self._values = None
