@@ -136,6 +136,44 @@ def test_samples_go_to_each_worker_in_one_call_and_the_timeout_still_counts_per_
     runner.close()
 
 
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_worker_that_dies_in_a_sample_scores_it_0_as_hung_and_the_runner_goes_on(workers):
+    """A verifier that ends its process (a crash in native code): the pool replaces the worker but not its call, so
+    the sample it died in is the one that runs past the timeout, and the others are scored; the next call works."""
+    import tests.verifier_plugins  # noqa: F401  (registers test_sleepy)
+    from mindspeed_rl.rewards.runner import RuleRewardRunner
+
+    runner = RuleRewardRunner(["test_sleepy"], [1.0], timeout=1.0, workers=workers)
+    scores, metrics = runner.score(["ok", "die", "ok", "ok", "slow 0.2", "ok"], [""] * 6)
+    assert scores.tolist() == [1.0, 0.0, 1.0, 1.0, 1.0, 1.0] and metrics["rule_reward/timeouts"] == 1
+    assert runner.score(["ok", "ok"], ["", ""])[0].tolist() == [1.0, 1.0]
+    runner.close()
+
+
+def test_an_interrupted_call_leaves_no_values_for_the_next():
+    """Values of a call cut short (a KeyboardInterrupt in the driver) must not land on the next call's samples."""
+    import tests.verifier_plugins  # noqa: F401  (registers test_sleepy)
+    from mindspeed_rl.rewards.runner import RuleRewardRunner
+
+    runner = RuleRewardRunner(["test_sleepy"], [1.0], timeout=5.0)
+    runner.score(["ok"], [""])  # the pool started
+    real_poll = runner._pipe[0].poll
+    calls = []
+
+    def interrupted(timeout):
+        calls.append(timeout)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_poll(timeout)
+
+    runner._pipe[0].poll = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        runner.score(["slow 0.1", "inf", "inf", "inf"], [""] * 4)
+    scores, metrics = runner.score(["ok", "ok"], ["", ""])
+    assert scores.tolist() == [1.0, 1.0] and metrics["rule_reward/failures"] == 0
+    runner.close()
+
+
 def test_each_worker_is_warmed_up_before_its_samples_are_timed():
     """A verifier whose first call in a process is slow (math-verify importing sympy on a busy host) must not
     hit the per-sample timeout in a new worker, nor in the one that replaces a hung worker."""

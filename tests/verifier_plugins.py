@@ -1,6 +1,7 @@
 """Verifiers the rule-reward tests register (at import, as a user's plug-in module would: the runner imports
 a verifier's module in each worker)."""
 
+import os
 import time
 
 from mindspeed_rl.rewards.registry import register_verifier
@@ -16,6 +17,8 @@ def sleepy(response, label):
         raise RuntimeError("bad verifier")
     if response == "inf":
         return float("inf")
+    if response == "die":  # the worker process ends at once, as in a segfault
+        os._exit(1)
     if response.startswith("slow"):  # "slow 0.4": that many seconds, under the timeout
         time.sleep(float(response.split()[1]))
     return 1.0

@@ -37,7 +37,7 @@ class RuleRewardRunner:
         self.names, self.weights = list(names), list(weights)
         self.timeout, self.workers = timeout, workers
         self._pool = None
-        self._values = None  # the read end of the pipe the pool's workers send values into
+        self._pipe: Tuple = ()  # (read end, write end) of the pipe the pool's workers send values into
         self._warned = set()  # verifiers already named for a non-finite score
 
     def _get_pool(self):
@@ -49,35 +49,37 @@ class RuleRewardRunner:
                 context.set_forkserver_preload(
                     ["mindspeed_rl.rewards.pool_worker", "mindspeed_rl.rewards.verifiers", "sympy", "math_verify"]
                 )
-            # a pipe per pool: a worker stopped while it writes leaves a message cut short in its pool's pipe only
-            reader, writer = context.Pipe(duplex=False)
-            pool = context.Pool(
-                self.workers, initializer=start_worker, initargs=(self.modules, (writer, context.Lock()))
+            # a pipe per pool: a worker stopped while it writes leaves a message cut short in its pool's pipe only.
+            # The driver keeps the write end open: the pool hands it to a worker that replaces a dead one
+            self._pipe = context.Pipe(duplex=False)
+            self._pool = context.Pool(
+                self.workers, initializer=start_worker, initargs=(self.modules, (self._pipe[1], context.Lock()))
             )
-            writer.close()  # the workers hold it; the driver only reads
             try:
-                reports = pool.map_async(warm_up, [self.names] * self.workers, chunksize=1).get(self.WARM_UP_TIMEOUT)
+                reports = self._pool.map_async(warm_up, [self.names] * self.workers, chunksize=1).get(
+                    self.WARM_UP_TIMEOUT
+                )
             except mp.TimeoutError:
-                pool.terminate()
+                self._restart()
                 raise RuntimeError(
                     f"rule reward workers did not start within {self.WARM_UP_TIMEOUT:.0f}s "
                     f"(verifiers {', '.join(self.names)})"
                 ) from None
             problems = sorted({p for report in reports for p in report})
             if problems:
-                pool.terminate()
+                self._restart()
                 raise RuntimeError("rule reward workers cannot run the verifiers: " + "; ".join(problems))
-            self._pool, self._values = pool, reader
         return self._pool
 
     def _restart(self) -> None:
+        """The pool stopped and its pipe closed: the next call starts both anew."""
         if self._pool is not None:
             self._pool.terminate()
             self._pool.join()
             self._pool = None
-        if self._values is not None:
-            self._values.close()
-            self._values = None
+        for end in self._pipe:
+            end.close()
+        self._pipe = ()
 
     def score(self, responses: Sequence[str], labels: Sequence[str]) -> Tuple[torch.Tensor, Dict[str, float]]:
         """The weighted score of every response, and the metrics."""
@@ -96,7 +98,11 @@ class RuleRewardRunner:
         results: List[float] = [0.0] * len(tasks)
         todo, timeouts, failures = list(range(len(tasks))), 0, 0
         while todo:
-            hung, todo = self._run(todo, tasks, results)
+            try:
+                hung, todo = self._run(todo, tasks, results)
+            except BaseException:  # interrupted: the pool's pipe may still carry this call's values
+                self._restart()
+                raise
             if hung is not None:  # scored 0; the pool replaced, the samples it had not scored sent again
                 timeouts += 1
                 self._restart()
@@ -133,10 +139,10 @@ class RuleRewardRunner:
                 (c for c in range(len(chunks)) if nexts[c] < len(chunks[c])),
                 key=lambda c: (deadlines[c], not started[c]),
             )
-            if not self._values.poll(max(0.0, deadlines[late] - time.monotonic())):
+            if not self._pipe[0].poll(max(0.0, deadlines[late] - time.monotonic())):
                 hung = chunks[late][nexts[late]]
                 return hung, [i for c, chunk in enumerate(chunks) for i in chunk[nexts[c] :] if i != hung]
-            c, index, value = self._values.recv()
+            c, index, value = self._pipe[0].recv()
             now = time.monotonic()
             started[c], deadlines[c] = True, now + self.timeout
             deadlines = [d if started[k] else now + self.timeout for k, d in enumerate(deadlines)]
@@ -159,6 +165,6 @@ class RuleRewardRunner:
             self._pool.close()
             self._pool.join()
             self._pool = None
-        if self._values is not None:
-            self._values.close()
-            self._values = None
+        for end in self._pipe:
+            end.close()
+        self._pipe = ()
