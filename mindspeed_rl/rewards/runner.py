@@ -5,8 +5,8 @@ score_i = sum_k w_k * verifier_k(response_i, label_i); a verifier that raises or
 (a hung worker is replaced).
 
 Each worker gets its samples in one call and sends each value as it ends (``pool_worker.run_chunk``): one
-message per sample and no call per sample, which in a busy driver cost 2-3 ms each (its pool threads waiting
-for the interpreter lock), while the driver still knows which sample runs past the timeout.
+message per sample instead of one call (a round trip through the pool's handler threads: 128 quick samples
+13-26 ms, now 2-8 ms), while the driver still knows which sample runs past the timeout.
 
 Workers come from a fork server, not from forking the driver: the driver runs threads (Ray's,
 logging's) whose locks a forked child can inherit held, and such a child hangs on its first write
@@ -77,6 +77,9 @@ class RuleRewardRunner:
             self._pool.terminate()
             self._pool.join()
             self._pool = None
+        self._close_pipe()
+
+    def _close_pipe(self) -> None:
         for end in self._pipe:
             end.close()
         self._pipe = ()
@@ -165,6 +168,4 @@ class RuleRewardRunner:
             self._pool.close()
             self._pool.join()
             self._pool = None
-        for end in self._pipe:
-            end.close()
-        self._pipe = ()
+        self._close_pipe()
