@@ -351,6 +351,7 @@ FEATURES = {
     "flash_attn",
     "fused_rmsnorm",
     "fused_swiglu",
+    "compiled_kernels",
     "bias_activation_fusion",
     "bias_dropout_fusion",
     "ring_attention",
@@ -385,7 +386,12 @@ def test_cpu_decisions(monkeypatch):
     assert acc.comm_device(torch.device("cpu")) == torch.device("cpu")
     module = torch.nn.Linear(2, 2)
     assert acc.place_model(module) is module
+    # torch.compile's RMSNorm, SwiGLU and RoPE where inductor finds its C++ compiler (CXX, else g++)
+    monkeypatch.setenv("CXX", sys.executable)  # any program found
+    assert acc.fused_features() == dict(dict.fromkeys(FEATURES, False), compiled_kernels=True)
+    monkeypatch.setenv("CXX", "no-such-compiler")
     assert acc.fused_features() == dict.fromkeys(FEATURES, False)
+    monkeypatch.delenv("CXX")
     assert acc.bundle_spec(3.0) == {"CPU": 3.0}
     assert acc.actor_options(1.5) == {"num_cpus": 1.5}
     monkeypatch.setitem(sys.modules, "ray", fake_ray({"CPU": ["5"]}))
@@ -478,6 +484,7 @@ def test_device_kinds_answer_without_their_device(monkeypatch):
     )
     assert accelerator.accelerator_class("npu").fused_features() == dict(
         always,
+        compiled_kernels=False,
         liger_kernels=False,  # MindSpeed's adaptor fuses the norm and SwiGLU there
         transformer_engine=False,
         rope_fusion=True,
@@ -497,6 +504,7 @@ def test_device_kinds_answer_without_their_device(monkeypatch):
         always,
         fused_rmsnorm=False,  # neither Transformer Engine nor liger-kernel
         fused_swiglu=False,
+        compiled_kernels=False,
         liger_kernels=False,
         transformer_engine=False,
         rope_fusion=False,
@@ -512,6 +520,7 @@ def test_device_kinds_answer_without_their_device(monkeypatch):
         monkeypatch.setitem(sys.modules, kernel, types.ModuleType(kernel))
     assert cuda.fused_features() == dict(
         always,
+        compiled_kernels=False,
         liger_kernels=real_find_spec("triton") is not None,
         transformer_engine=True,
         rope_fusion=True,

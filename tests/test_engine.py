@@ -207,12 +207,15 @@ def test_activation_recompute_gives_the_same_step(recompute):
     assert recomputed.grad_norm == pytest.approx(plain.grad_norm, rel=1e-5)
 
 
-def test_device_only_flags_are_mapped_on_cpu_with_one_log_line(caplog):
+def test_device_only_flags_are_mapped_on_cpu_with_one_log_line(caplog, monkeypatch):
+    """On a CPU without a C++ compiler (no torch.compile kernels either)."""
+    from mindspeed_rl.accelerator import cpu
     from mindspeed_rl.compat.megatron_core import uneven_pipeline_fields
     from mindspeed_rl.config_cls import MegatronConfig
     from mindspeed_rl.models import builder
     from tests.helpers import tiny_model_config
 
+    monkeypatch.setattr(cpu, "inductor_compiler_found", lambda: False)
     builder._LOGGED.clear()
     m = MegatronConfig(
         model="t",

@@ -20,7 +20,8 @@ from mindspeed_rl.models import fused_kernels
 from tests.helpers import tiny_model_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CUDA = dict(accelerator_class("cpu").fused_features(), sequence_parallel=True, flash_attn=True)
+CUDA = dict(accelerator_class("cpu").fused_features(), sequence_parallel=True, flash_attn=True, compiled_kernels=False)
+COMPILED = dict(accelerator_class("cpu").fused_features(), compiled_kernels=True)
 LIGER = dict(CUDA, liger_kernels=True, fused_rmsnorm=True, fused_swiglu=True)
 BOTH = dict(use_fused_rmsnorm=True, use_fused_swiglu=True, use_fused_rotary_pos_emb=True)
 
@@ -36,11 +37,15 @@ def test_the_flags_and_the_device_choose_the_kernels():
         bias_activation_fusion=False, use_te_activation_func=True
     )
     assert choice(LIGER, use_fused_rmsnorm=True).config_fields() == {}
-    # no liger-kernel (CPU, or CUDA without it): torch's modules, one note per flag
-    for features, kind in ((accelerator_class("cpu").fused_features(), "cpu"), (CUDA, "cuda")):
+    # no liger-kernel (CUDA without it, a CPU without a C++ compiler): torch's modules, one note per flag
+    for features, kind in ((dict(COMPILED, compiled_kernels=False), "cpu"), (CUDA, "cuda")):
         kernels = choice(features, kind, **BOTH)
         assert (kernels.rmsnorm, kernels.swiglu) == (False, False)
         assert kernels.notes == (f"{', '.join(BOTH)}: no such kernel on {kind}; torch's runs",)
+    # a CPU that compiles C++: torch.compile's, with the same exceptions as liger-kernel's
+    assert choice(COMPILED, "cpu", **BOTH) == kernel_choice.FusedKernels(True, True, True, by="torch.compile")
+    assert choice(dict(LIGER, compiled_kernels=True), **BOTH).by == "liger-kernel"  # the library first
+    assert not choice(COMPILED, "cpu", use_fused_rotary_pos_emb=True, context_parallel_size=2).rope
     # Transformer Engine's layer spec fuses them itself; a LoRA role runs the local spec, so liger-kernel's
     te = dict(LIGER, transformer_engine=True, rope_fusion=True)
     assert choice(te, **BOTH) == kernel_choice.FusedKernels(by="Transformer Engine")
@@ -178,9 +183,49 @@ def test_a_built_model_swaps_its_modules_and_keeps_its_parameters(monkeypatch):
         dist.destroy()
 
 
-def rope_hooks_parity() -> float:
-    """liger-kernel's RoPE through megatron's hooks against megatron's unfused RoPE, padded [s, b] and packed rows,
-    whole and partial rotary dimensions: the largest difference of outputs and gradients (fp32)."""
+def test_on_cpu_torch_compiles_the_kernels_even_where_torch_compile_is_off(monkeypatch):
+    """A CPU that compiles C++: the built model's norms and MLP activations are torch.compile's and its RoPE hook
+    too; with torch.compile off in the process (what ``allow_torch_compile(False)`` sets beside an eager vLLM
+    engine) they still compile, and the model computes what the unfused one does (fp32, 1e-5); the RoPE hooks'
+    packed layout rotates each token by its position in its row."""
+    import torch._dynamo
+    from megatron.core.models.common.embeddings import rope_utils
+    from megatron.core.transformer.mlp import MLP
+    from torch._dynamo.utils import counters
+
+    from mindspeed_rl.utils import dist
+
+    monkeypatch.setattr(accelerator_class("cpu"), "fused_features", classmethod(lambda cls: dict(COMPILED)))
+    for hook in ("fused_apply_rotary_pos_emb", "fused_apply_rotary_pos_emb_thd"):
+        monkeypatch.setattr(rope_utils, hook, None)
+    dist.init_distributed()
+    try:
+        with torch.compiler.set_stance("force_eager"), torch._dynamo.config.patch(disable=True):
+            plain = build(MegatronConfig(model="tiny"))
+            fused = build(MegatronConfig(model="tiny", **BOTH))
+            assert len([m for m in fused.modules() if isinstance(m, fused_kernels.CompiledRMSNorm)]) == 2 * 2 + 1
+            mlps = [m for m in fused.modules() if isinstance(m, MLP)]
+            assert all(isinstance(m.activation_func, fused_kernels.CompiledSwiGLU) for m in mlps)
+            assert rope_utils.fused_apply_rotary_pos_emb is fused_kernels.compiled_rope_bshd
+            fused.load_state_dict(plain.state_dict())
+            tokens = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(1))
+            captured = counters["stats"]["unique_graphs"]
+            (want, want_grads), (got, got_grads) = forward_backward(plain, tokens), forward_backward(fused, tokens)
+            assert counters["stats"]["unique_graphs"] >= captured + 3  # compiled, not run eagerly
+        assert float((got - want).abs().max()) <= 1e-5
+        for name in want_grads:
+            assert float((got_grads[name] - want_grads[name]).abs().max()) <= 1e-5, name
+        # the hooks' layouts (padded, packed rows, partial rotary dims) with the formula they compile, uncompiled
+        monkeypatch.setattr(fused_kernels, "rotate", fused_kernels.rotate.__wrapped__)
+        assert rope_hooks_parity(fused_kernels.compiled_rope_bshd, fused_kernels.compiled_rope_thd) <= 1e-6
+    finally:
+        torch._dynamo.reset()
+        dist.destroy()
+
+
+def rope_hooks_parity(bshd=None, thd=None, rotaries=(16, 8)) -> float:
+    """A RoPE through megatron's hooks (default: liger-kernel's) against megatron's unfused RoPE, padded [s, b] and
+    packed rows, whole and partial rotary dimensions: the largest difference of outputs and gradients (fp32)."""
     from megatron.core.models.common.embeddings import rope_utils
 
     class OneRank:
@@ -192,7 +237,8 @@ def rope_hooks_parity() -> float:
 
     g = torch.Generator().manual_seed(4)
     worst = 0.0
-    for rotary in (16, 8):
+    bshd, thd = bshd or fused_kernels.rope_bshd, thd or fused_kernels.rope_thd
+    for rotary in rotaries:
         inverse = 1.0 / 10000 ** (torch.arange(0, rotary, 2).float() / rotary)
         angles = torch.arange(40).float()[:, None] * inverse
         freqs = torch.cat([angles, angles], -1)[:, None, None, :]
@@ -201,10 +247,10 @@ def rope_hooks_parity() -> float:
             (
                 torch.randn(12, 3, 4, 16, generator=g),
                 rope_utils._apply_rotary_pos_emb_bshd,
-                fused_kernels.rope_bshd,
+                bshd,
                 (),
             ),
-            (torch.randn(17, 4, 16, generator=g), rope_utils._apply_rotary_pos_emb_thd, fused_kernels.rope_thd, (cu,)),
+            (torch.randn(17, 4, 16, generator=g), rope_utils._apply_rotary_pos_emb_thd, thd, (cu,)),
         )
         for t, unfused, fused, rows in cases:
             t.requires_grad_(True)
@@ -217,7 +263,7 @@ def rope_hooks_parity() -> float:
             worst = max(worst, float((got - want).abs().max()), float((got_grad - want_grad).abs().max()))
     # tokens after the last packed row keep position 0: unrotated
     tail = torch.randn(20, 4, 16, generator=g)
-    out = fused_kernels.rope_thd(tail, torch.tensor([0, 5, 9, 17], dtype=torch.int32), freqs)
+    out = thd(tail, torch.tensor([0, 5, 9, 17], dtype=torch.int32), freqs)
     worst = max(worst, float((out[17:] - tail[17:]).abs().max()))
     return worst
 
@@ -317,11 +363,17 @@ def test_the_batch_plan_says_which_kernels_each_role_gets(monkeypatch):
     asked = ["actor_config.use_fused_rmsnorm=true", "actor_config.use_fused_swiglu=true"]
     cfg = load_ppo_config("ppo_tiny_cpu", asked)
     assert not [x for x in plan_lines(load_ppo_config("ppo_tiny_cpu", [])) if x.startswith("  kernels   : actor")]
+    cpu = accelerator_class("cpu")
+    monkeypatch.setattr(cpu, "fused_features", classmethod(lambda cls: dict(COMPILED)))
+    (line,) = [x for x in plan_lines(cfg) if x.startswith("  kernels   : actor")]
+    assert line == "  kernels   : actor: torch.compile's RMSNorm, SwiGLU"
+    monkeypatch.setattr(cpu, "fused_features", classmethod(lambda cls: dict(COMPILED, compiled_kernels=False)))
     (line,) = [x for x in plan_lines(cfg) if x.startswith("  kernels   : actor")]
     assert (
         line
         == "  kernels   : actor: torch's (use_fused_rmsnorm, use_fused_swiglu: no such kernel on cpu; torch's runs)"
     )
+    monkeypatch.undo()
     # a cluster's config checked where its device is not: the kind asked for answers (no device needed)
     from mindspeed_rl.accelerator import reset_accelerator
 

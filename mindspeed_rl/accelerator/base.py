@@ -132,6 +132,8 @@ class Accelerator:
             "bias_dropout_fusion": True,
             "ring_attention": False,  # context_parallel_algo megatron_cp_algo
             "liger_kernels": False,  # liger-kernel's RMSNorm, SwiGLU, RoPE for the local spec (models/fused_kernels.py)
+            # the same three compiled by torch.compile where no library has them (models/fused_kernels.py)
+            "compiled_kernels": False,
             # a vendor library patches megatron's padded core attention (its flash attention): the local spec keeps
             # megatron's forward there, where elsewhere it attends each query group at once (models/attention.py)
             "vendor_attention": False,

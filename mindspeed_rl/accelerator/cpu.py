@@ -7,6 +7,7 @@ import gc
 import logging
 import os
 import platform
+import shutil
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -38,6 +39,11 @@ def allow_torch_compile(compiled: bool) -> None:
     torch.compiler.set_stance("default" if compiled else "force_eager")
     if compiled:
         log.info("vLLM compiles its model with inductor (generate_config.enforce_eager false): about 25 s per engine")
+
+
+def inductor_compiler_found() -> bool:
+    """Whether torch.compile can build C++ kernels here: the compiler inductor calls (``CXX``, else g++)."""
+    return shutil.which(os.environ.get("CXX") or "g++") is not None
 
 
 class CpuAccelerator(Accelerator):
@@ -124,7 +130,8 @@ class CpuAccelerator(Accelerator):
 
     @classmethod
     def fused_features(cls) -> Dict[str, bool]:
-        return dict.fromkeys(super().fused_features(), False)
+        """No library kernels; torch.compile's C++ ones (inductor) where a C++ compiler is installed."""
+        return dict(dict.fromkeys(super().fused_features(), False), compiled_kernels=inductor_compiler_found())
 
     # per-output-channel weights, per-token dynamic activations: FP8 (vLLM 0.32's CPU scaled-mm kernel, quantized
     # online by vLLM) and INT8 (its oneDNN W8A8 kernel, weights quantized by us in the compressed-tensors format)

@@ -7,7 +7,7 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 _APPLIED = False
 
@@ -134,6 +134,11 @@ def masked_softmax(attention, scores, mask):
     if offset is None:
         return attention.scale_mask_softmax(scores, mask)
     return attention.scale_mask_softmax(scores, mask, offset)
+
+
+def glu_options(config) -> Tuple[float, Optional[float]]:
+    """The gated MLP's linear offset and clamp (megatron-core 0.12 has neither: 0 and none)."""
+    return float(getattr(config, "glu_linear_offset", 0.0)), getattr(config, "activation_func_clamp_value", None)
 
 
 def uneven_pipeline_fields(counts: List[int]) -> Dict[str, object]:

@@ -41,10 +41,14 @@ class MegatronConfig:
     )
     fp16: bool = opt(False, "Train in float16 with loss scaling.")
     use_fused_rmsnorm: bool = opt(
-        False, "Fused RMSNorm kernel (NPU: MindSpeed; CUDA: TE's spec, else liger-kernel's; CPU: torch)."
+        False, "Fused RMSNorm kernel (NPU: MindSpeed; CUDA: TE's spec, else liger-kernel's; CPU: torch.compile's)."
     )
-    use_fused_swiglu: bool = opt(False, "Fused SwiGLU kernel (NPU: MindSpeed; CUDA: liger-kernel's; CPU: torch).")
-    use_fused_rotary_pos_emb: bool = opt(False, "Fused RoPE kernel (NPU: MindSpeed; CUDA: TE's, else liger-kernel's).")
+    use_fused_swiglu: bool = opt(
+        False, "Fused SwiGLU kernel (NPU: MindSpeed; CUDA: liger-kernel's; CPU: torch.compile's)."
+    )
+    use_fused_rotary_pos_emb: bool = opt(
+        False, "Fused RoPE kernel (NPU: MindSpeed; CUDA: TE's, else liger-kernel's; CPU: torch.compile's)."
+    )
     use_flash_attn: bool = opt(False, "Flash attention where the device has it.")
     no_masked_softmax_fusion: bool = opt(False, "Disable the fused masked softmax.")
     attention_softmax_in_fp32: bool = opt(True, "Attention softmax in fp32.")

@@ -1,6 +1,7 @@
 """Fused kernels (``use_fused_rmsnorm``, ``use_fused_swiglu``, ``use_fused_rotary_pos_emb``): which kernels each
-role gets on the device, and the batch plan's line saying so. The device answers with its ``fused_features``; the
-kernels and the module swap are ``models/fused_kernels.py``'s."""
+role gets on the device, and the batch plan's line saying so. The device answers with its ``fused_features``:
+liger-kernel's Triton kernels (CUDA), else torch.compile's (inductor's C++ loops on the CPU). The kernels and the
+module swap are ``models/fused_kernels.py``'s."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ from typing import Any, Dict, List, Tuple
 from ..accelerator import accelerator_class, get_accelerator
 from ..accelerator.detect import DeviceUnavailable, forced_device_kind
 
+# the libraries of kernels swapped into the local spec, first choice first: (fused_features key, name)
+SWAPPED_KERNELS = (("liger_kernels", "liger-kernel"), ("compiled_kernels", "torch.compile"))
+
 
 @dataclass(frozen=True)
 class FusedKernels:
-    """Which of a model's modules run liger-kernel's kernels, who fuses them otherwise (``by``: Transformer Engine's
-    layer spec, MindSpeed's adaptor, or nobody: torch), and why a flag is not served (one note each)."""
+    """Which of a model's modules run swapped-in kernels and whose (``by``: liger-kernel or torch.compile), or who
+    fuses them otherwise (Transformer Engine's layer spec, MindSpeed's adaptor, or nobody: torch), and why a flag
+    is not served (one note each)."""
 
     rmsnorm: bool = False
     swiglu: bool = False
@@ -31,15 +36,15 @@ class FusedKernels:
 
     def summary(self) -> str:
         fused = [name for name, on in (("RMSNorm", self.rmsnorm), ("SwiGLU", self.swiglu), ("RoPE", self.rope)) if on]
-        head = f"liger-kernel's {', '.join(fused)}" if fused else f"{self.by}'s"
+        head = f"{self.by}'s {', '.join(fused)}" if fused else f"{self.by}'s"
         return head + (f" ({'; '.join(self.notes)})" if self.notes else "")
 
 
 def choose(megatron, model, features: dict, kind: str, by: str = "torch") -> FusedKernels:
     """The kernels this role gets on device ``kind`` whose ``fused_features`` are ``features``: liger-kernel's
-    where the device has them and the local spec runs (Transformer Engine's spec fuses its own; on NPU MindSpeed's
-    adaptor patches the local modules). ``by``: who fuses them where liger-kernel does not (the kind's
-    ``fused_kernels_by``)."""
+    where the device has them and the local spec runs, else torch.compile's where the device compiles them (the
+    CPU); Transformer Engine's spec fuses its own, and on NPU MindSpeed's adaptor patches the local modules.
+    ``by``: who fuses them where neither is swapped in (the kind's ``fused_kernels_by``)."""
     rope, swiglu = megatron.use_fused_rotary_pos_emb, megatron.use_fused_swiglu and model.swiglu
     asked = (
         ("use_fused_rmsnorm", megatron.use_fused_rmsnorm, features["fused_rmsnorm"]),
@@ -48,7 +53,8 @@ def choose(megatron, model, features: dict, kind: str, by: str = "torch") -> Fus
     )
     if features["transformer_engine"] and not megatron.lora_r:
         return FusedKernels(by="Transformer Engine")
-    if not features.get("liger_kernels"):
+    library = next((name for key, name in SWAPPED_KERNELS if features.get(key)), None)
+    if library is None:
         missing = ", ".join(flag for flag, wanted, has in asked if wanted and not has)
         return FusedKernels(notes=(f"{missing}: no such kernel on {kind}; torch's runs",) if missing else (), by=by)
     notes = []
@@ -63,7 +69,7 @@ def choose(megatron, model, features: dict, kind: str, by: str = "torch") -> Fus
     if rope and why_not:
         notes.append(f"use_fused_rotary_pos_emb: not with {why_not}; torch's runs")
     rope = rope and not why_not and not features["rope_fusion"]  # Transformer Engine's hook where installed
-    return FusedKernels(rmsnorm, swiglu, rope, tuple(notes), by="liger-kernel")
+    return FusedKernels(rmsnorm, swiglu, rope, tuple(notes), by=library)
 
 
 def device_kind() -> str:

@@ -99,7 +99,7 @@ def transformer_config(model: ModelConfig, megatron: MegatronConfig, kind: Optio
     )
     kwargs.update(kernels.config_fields())
     if kernels.rope:
-        fused_kernels.install_rope()
+        fused_kernels.install_rope(kernels.by)
     kwargs.update(get_family(model.model_type_hf).transformer_config_fields(model))
     kwargs["expert_model_parallel_size"] = megatron.expert_model_parallel_size
     if megatron.context_parallel_size > 1:

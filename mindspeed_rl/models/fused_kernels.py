@@ -1,21 +1,31 @@
-"""Fused RMSNorm, SwiGLU and RoPE kernels for the local (non-Transformer-Engine) layer spec, from liger-kernel.
+"""Fused RMSNorm, SwiGLU and RoPE kernels for the local (non-Transformer-Engine) layer spec: liger-kernel's Triton
+kernels, or torch.compile's where no library has them (inductor's C++ loops on the CPU).
 
 ``use_fused_rmsnorm``, ``use_fused_swiglu`` and ``use_fused_rotary_pos_emb`` ask for a fused kernel; the accelerator
-says whether the device has one (``fused_features()["liger_kernels"]``: CUDA with liger-kernel importable). Where it
-does, a built model's norms and gated MLP activations are swapped, module by module, for liger-kernel's Triton
-kernels, and megatron's fused-RoPE hook (Transformer Engine's otherwise) gets liger-kernel's kernel; elsewhere the
-torch implementation runs unchanged (the exact fallback). The swap keeps every parameter object (same names, same
-attributes, same checkpoint), so it changes the arithmetic only:
+says whether the device has one (``fused_features()``: ``liger_kernels`` on CUDA with liger-kernel importable,
+``compiled_kernels`` on a CPU with a C++ compiler). Where it does, a built model's norms and gated MLP activations
+are swapped, module by module, for the fused ones, and megatron's fused-RoPE hook (Transformer Engine's otherwise)
+gets the fused RoPE; elsewhere the torch implementation runs unchanged (the exact fallback). The swap keeps every
+parameter object (same names, same attributes, same checkpoint), so it changes the arithmetic only:
 
     RMSNorm(x) = x / sqrt(mean(x^2) + eps) * w      one kernel forward, one backward (x and w)
     SwiGLU(y)  = silu(y_gate) * y_up,  y = [y_gate | y_up] = linear_fc1(x)      read from the fused buffer in place
     RoPE(t)_p  = t_p * cos(p theta) + rotate_half(t_p) * sin(p theta),  p the token's position in its row
+
+torch.compile's kernels are these torch formulas compiled into one loop nest forward and one backward, where
+eager torch makes a pass over memory per operation (SwiGLU's backward: five, and a concatenation of the two
+halves' gradients). Sizes are symbolic (``dynamic=True``: a new sequence length or packed micro-batch compiles
+nothing), and the loops take their thread count from ``torch.set_num_threads`` when they run, not when they
+were compiled (two workers side by side on one thread each stay on theirs).
 
 Per model, not per process: a role built without the flags keeps torch's modules even where another role in the
 same process took the kernels. Which role gets which kernel: ``features/fused_kernels.py``.
 """
 
 from __future__ import annotations
+
+import functools
+from typing import Callable, Optional
 
 import torch
 from torch import nn
@@ -77,42 +87,149 @@ def rope_bshd(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -
     return _rope(t.contiguous(), freqs[: t.shape[0], :, 0, :])  # megatron's [s, b] as liger-kernel's [batch, seq]
 
 
+def packed_positions(cu_seqlens: torch.Tensor, tokens: int) -> torch.Tensor:
+    """Each packed token's position in its row (rows starting at ``cu_seqlens[:-1]``; tokens after the last row:
+    position 0)."""
+    bounds = cu_seqlens.to(torch.long)
+    tail = tokens - int(bounds[-1])
+    starts = torch.cat([bounds[:-1].repeat_interleave(torch.diff(bounds)), bounds.new_full((tail,), -1)])
+    positions = torch.arange(tokens, device=cu_seqlens.device)
+    return torch.where(starts >= 0, positions - starts.clamp(min=0), 0)
+
+
 def rope_thd(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, cp_size: int = 1, cp_rank: int = 0):
     """megatron's fused-RoPE hook, packed layout: t [tokens, h, d], rows starting at ``cu_seqlens[:-1]``; each
     token's angle is its position in its row (tokens after the last row: position 0)."""
     if cp_size != 1:
         raise ValueError("use_fused_rotary_pos_emb: liger-kernel's packed RoPE runs without context parallelism")
-    bounds = cu_seqlens.to(torch.long)
-    tail = t.shape[0] - int(bounds[-1])
-    starts = torch.cat([bounds[:-1].repeat_interleave(torch.diff(bounds)), bounds.new_full((tail,), -1)])
-    positions = torch.arange(t.shape[0], device=t.device)
-    positions = torch.where(starts >= 0, positions - starts.clamp(min=0), 0)
+    positions = packed_positions(cu_seqlens, t.shape[0])
     return _rope(t.contiguous().unsqueeze(0), freqs[positions, 0, 0, :].unsqueeze(0))[0]
 
 
-def install_rope() -> None:
-    """Fill megatron's fused-RoPE hook with liger-kernel's kernel where Transformer Engine has not; only models
-    whose TransformerConfig sets ``apply_rope_fusion`` call it."""
+def compiled(fn: Callable) -> Callable:
+    """``fn`` compiled by torch.compile on its first call: symbolic sizes, the C++ loops' threads as set when they
+    run. A CPU process with an eager vLLM engine keeps torch.compile off (``allow_torch_compile``): each call
+    turns it on for itself only. Inside a region being compiled, ``fn`` is traced as written."""
+
+    @functools.cache
+    def kernel() -> Callable:
+        return torch.compile(fn, dynamic=True, options={"cpp.dynamic_threads": True})
+
+    @functools.wraps(fn)
+    def run(*args):
+        if torch.compiler.is_compiling():
+            return fn(*args)
+        compiled_fn = kernel()
+        with torch.compiler.set_stance("default"), torch._dynamo.config.patch(disable=False):
+            return compiled_fn(*args)
+
+    return run
+
+
+@compiled
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: Optional[float]) -> torch.Tensor:
+    """x / sqrt(mean(x^2) + eps) * w over the last dimension: torch's nn.RMSNorm."""
+    return torch.nn.functional.rms_norm(x, weight.shape, weight, eps)
+
+
+@compiled
+def swiglu(y: torch.Tensor, offset: float, clamp: Optional[float]) -> torch.Tensor:
+    """silu(y_gate) * (y_up + offset), y = [y_gate | y_up], each half clamped first where ``clamp`` is set:
+    megatron's gated linear unit."""
+    gate, up = torch.chunk(y, 2, dim=-1)
+    if clamp is not None:
+        gate, up = gate.clamp(max=clamp), up.clamp(min=-clamp, max=clamp)
+    return torch.nn.functional.silu(gate) * (up + offset)
+
+
+@compiled
+def rotate(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
+    """t * cos(f) + rotate_half(t) * sin(f) on the first ``rotary dims`` of t's last dimension, the rest as it is
+    (t [..., d], angles f [..., rotary dims], broadcast): megatron's unfused RoPE, halves rotated."""
+    rotary = freqs.shape[-1]
+    x, rest = t[..., :rotary], t[..., rotary:]
+    first, second = torch.chunk(x, 2, dim=-1)
+    cos, sin = torch.cos(freqs).to(t.dtype), torch.sin(freqs).to(t.dtype)
+    return torch.cat((x * cos + torch.cat((-second, first), dim=-1) * sin, rest), dim=-1)
+
+
+def compiled_rope_bshd(t: torch.Tensor, freqs: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """megatron's fused-RoPE hook, padded layout, compiled: t [s, b, h, d], freqs [s, 1 or b, 1, rotary dims]."""
+    if interleaved:
+        raise ValueError("use_fused_rotary_pos_emb: torch.compile's RoPE rotates halves, not interleaved pairs")
+    return rotate(t, freqs[: t.shape[0]])
+
+
+def compiled_rope_thd(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, cp_size: int = 1, cp_rank=0):
+    """megatron's fused-RoPE hook, packed layout, compiled: t [tokens, h, d], each token at its position in its
+    row."""
+    if cp_size != 1:
+        raise ValueError("use_fused_rotary_pos_emb: the packed RoPE runs without context parallelism")
+    return rotate(t, freqs[packed_positions(cu_seqlens, t.shape[0]), 0])  # angles [tokens, 1, rotary dims]
+
+
+class CompiledRMSNorm(nn.Module):
+    """torch.compile's RMSNorm holding the parameter of the torch norm it replaces."""
+
+    def __init__(self, norm: nn.RMSNorm):
+        super().__init__()
+        self.weight = norm.weight
+        self.eps = norm.eps
+        self.normalized_shape = tuple(norm.normalized_shape)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class CompiledSwiGLU(nn.Module):
+    """torch.compile's gated linear unit over megatron's fused [..., 2 x ffn] gate-up output, with the MLP's
+    linear offset and clamp."""
+
+    def __init__(self, config):
+        from ..compat.megatron_core import glu_options
+
+        super().__init__()
+        self.offset, self.clamp = glu_options(config)
+
+    def forward(self, y: torch.Tensor) -> torch.Tensor:
+        return swiglu(y, self.offset, self.clamp)
+
+
+ROPE_HOOKS = {"liger-kernel": (rope_bshd, rope_thd), "torch.compile": (compiled_rope_bshd, compiled_rope_thd)}
+
+
+def install_rope(by: str) -> None:
+    """Fill megatron's fused-RoPE hook with ``by``'s kernel (liger-kernel's or torch.compile's) where Transformer
+    Engine has not; only models whose TransformerConfig sets ``apply_rope_fusion`` call it."""
     from megatron.core.models.common.embeddings import rope_utils
 
+    bshd, thd = ROPE_HOOKS[by]
     if rope_utils.fused_apply_rotary_pos_emb is None:
-        rope_utils.fused_apply_rotary_pos_emb = rope_bshd
+        rope_utils.fused_apply_rotary_pos_emb = bshd
     if rope_utils.fused_apply_rotary_pos_emb_thd is None:
-        rope_utils.fused_apply_rotary_pos_emb_thd = rope_thd
+        rope_utils.fused_apply_rotary_pos_emb_thd = thd
 
 
 def swap_modules(gpt: nn.Module, kernels: FusedKernels) -> None:
-    """Swap ``gpt``'s torch RMSNorms and gated MLP activations for the fused ones."""
+    """Swap ``gpt``'s torch RMSNorms and gated MLP activations for the fused ones of ``kernels.by``."""
     from megatron.core.transformer.mlp import MLP
 
+    compiled_ones = kernels.by == "torch.compile"
     for parent_name, parent in list(gpt.named_modules()):
         for name, child in list(parent.named_children()):
             if kernels.rmsnorm and type(child) is nn.RMSNorm and child.weight is not None:
-                setattr(parent, name, FusedRMSNorm(child))
+                setattr(parent, name, CompiledRMSNorm(child) if compiled_ones else FusedRMSNorm(child))
         if kernels.swiglu and isinstance(parent, MLP):
             if not parent.config.gated_linear_unit:
                 raise ValueError(f"fused SwiGLU: {parent_name} is not a gated MLP")
-            parent.activation_func = FusedSwiGLU()
+            parent.activation_func = CompiledSwiGLU(parent.config) if compiled_ones else FusedSwiGLU()
 
 
-__all__ = ["FusedRMSNorm", "FusedSwiGLU", "install_rope", "swap_modules"]
+__all__ = [
+    "CompiledRMSNorm",
+    "CompiledSwiGLU",
+    "FusedRMSNorm",
+    "FusedSwiGLU",
+    "install_rope",
+    "swap_modules",
+]
