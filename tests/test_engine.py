@@ -215,7 +215,7 @@ def test_device_only_flags_are_mapped_on_cpu_with_one_log_line(caplog, monkeypat
     from mindspeed_rl.models import builder
     from tests.helpers import tiny_model_config
 
-    monkeypatch.setattr(cpu, "inductor_compiler_found", lambda: False)
+    monkeypatch.setattr(cpu, "torch_compile_can_build", lambda: False)
     builder._LOGGED.clear()
     m = MegatronConfig(
         model="t",

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from mindspeed_rl.accelerator import accelerator_class
+from mindspeed_rl.accelerator import cpu as cpu_accelerator
 from mindspeed_rl.config_cls import MegatronConfig
 from mindspeed_rl.features import fused_kernels as kernel_choice
 from mindspeed_rl.models import fused_kernels
@@ -183,6 +184,52 @@ def test_a_built_model_swaps_its_modules_and_keeps_its_parameters(monkeypatch):
         dist.destroy()
 
 
+def test_a_kernel_torch_compile_cannot_build_runs_as_written(caplog):
+    """A compiler that fails (here: one that exits 1): one warning naming the kernel, then torch's version."""
+    import torch._inductor.config
+
+    @fused_kernels.compiled
+    def cube_plus_one(x):
+        return x * x * x + 1.0
+
+    x = torch.randn(5, 3)
+    with torch._inductor.config.patch({"cpp.cxx": (None, "false"), "fx_graph_cache": False}):
+        with caplog.at_level("WARNING"):
+            first, second = cube_plus_one(x), cube_plus_one(x)
+    assert torch.equal(first, x * x * x + 1.0) and torch.equal(second, first)
+    assert caplog.text.count("torch.compile could not build cube_plus_one") == 1
+
+
+def test_threads_inside_kernel_calls_at_once_leave_the_process_stance_as_it_was():
+    """The stance is the process's: the last thread out of overlapping kernel calls restores force_eager (what an
+    eager vLLM engine's process set), not the first one's view of it."""
+    import threading
+
+    from torch._dynamo import eval_frame
+
+    inside, leave = threading.Barrier(3), threading.Event()
+    seen = []
+
+    def call(wait: bool):
+        with fused_kernels.torch_compile_on():
+            seen.append(eval_frame._stance.stance)
+            inside.wait()
+            if wait:
+                leave.wait()
+
+    with torch.compiler.set_stance("force_eager"):
+        threads = [threading.Thread(target=call, args=(wait,)) for wait in (False, True)]
+        for t in threads:
+            t.start()
+        inside.wait()  # both inside; the first leaves while the second stays
+        threads[0].join()
+        assert eval_frame._stance.stance == "default"
+        leave.set()
+        threads[1].join()
+        assert seen == ["default", "default"] and eval_frame._stance.stance == "force_eager"
+
+
+@pytest.mark.skipif(not cpu_accelerator.torch_compile_can_build(), reason="torch.compile cannot build C++ here")
 def test_on_cpu_torch_compiles_the_kernels_even_where_torch_compile_is_off(monkeypatch):
     """A CPU that compiles C++: the built model's norms and MLP activations are torch.compile's and its RoPE hook
     too; with torch.compile off in the process (what ``allow_torch_compile(False)`` sets beside an eager vLLM

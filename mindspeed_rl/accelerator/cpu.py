@@ -8,6 +8,7 @@ import logging
 import os
 import platform
 import shutil
+import sysconfig
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -41,13 +42,17 @@ def allow_torch_compile(compiled: bool) -> None:
         log.info("vLLM compiles its model with inductor (generate_config.enforce_eager false): about 25 s per engine")
 
 
-def inductor_compiler_found() -> bool:
-    """Whether torch.compile can build C++ kernels here: the compiler inductor calls (``CXX``, else g++)."""
-    return shutil.which(os.environ.get("CXX") or "g++") is not None
+def torch_compile_can_build() -> bool:
+    """Whether torch.compile can build its C++ kernels here: the compiler inductor calls (``CXX``, else g++) and
+    Python's headers (inductor builds each kernel as an extension module), unless TORCH_COMPILE_DISABLE=1."""
+    if os.environ.get("TORCH_COMPILE_DISABLE") == "1":
+        return False
+    headers = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+    return shutil.which(os.environ.get("CXX") or "g++") is not None and os.path.exists(headers)
 
 
 class CpuAccelerator(Accelerator):
-    """The device is the host: no pinning, no offload, no vLLM sleep, no fused kernels."""
+    """The device is the host: no pinning, no offload, no vLLM sleep, no library kernels (torch.compile's instead)."""
 
     kind = "cpu"
     dist_backend = "gloo"
@@ -131,7 +136,7 @@ class CpuAccelerator(Accelerator):
     @classmethod
     def fused_features(cls) -> Dict[str, bool]:
         """No library kernels; torch.compile's C++ ones (inductor) where a C++ compiler is installed."""
-        return dict(dict.fromkeys(super().fused_features(), False), compiled_kernels=inductor_compiler_found())
+        return dict(dict.fromkeys(super().fused_features(), False), compiled_kernels=torch_compile_can_build())
 
     # per-output-channel weights, per-token dynamic activations: FP8 (vLLM 0.32's CPU scaled-mm kernel, quantized
     # online by vLLM) and INT8 (its oneDNN W8A8 kernel, weights quantized by us in the compressed-tensors format)

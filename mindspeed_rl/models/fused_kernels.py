@@ -25,12 +25,17 @@ same process took the kernels. Which role gets which kernel: ``features/fused_ke
 from __future__ import annotations
 
 import functools
-from typing import Callable, Optional
+import logging
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import torch
 from torch import nn
 
 from ..features.fused_kernels import FusedKernels
+
+log = logging.getLogger(__name__)
 
 
 class FusedRMSNorm(nn.Module):
@@ -106,22 +111,49 @@ def rope_thd(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, cp_
     return _rope(t.contiguous().unsqueeze(0), freqs[positions, 0, 0, :].unsqueeze(0))[0]
 
 
+_STANCE_LOCK = threading.Lock()
+_STANCE_USERS: List[Any] = []  # the stance set by the first of the threads inside a kernel call, restored by the last
+
+
+@contextmanager
+def torch_compile_on() -> Iterator[None]:
+    """torch.compile on for the calls inside, whatever the process set (``allow_torch_compile``). The stance is the
+    process's: threads inside at once share one change, undone when the last one leaves."""
+    with _STANCE_LOCK:
+        _STANCE_USERS.append(_STANCE_USERS[0] if _STANCE_USERS else torch.compiler.set_stance("default"))
+    try:
+        # the dynamo flags are this thread's; each kernel's graphs (train and no-grad, fp32 and bf16, one per
+        # head count or norm width) stay compiled well past the default limit of 8
+        with torch._dynamo.config.patch(disable=False, recompile_limit=64):
+            yield
+    finally:
+        with _STANCE_LOCK:
+            stance = _STANCE_USERS.pop()
+            if not _STANCE_USERS:
+                stance.__exit__(None, None, None)
+
+
 def compiled(fn: Callable) -> Callable:
     """``fn`` compiled by torch.compile on its first call: symbolic sizes, the C++ loops' threads as set when they
     run. A CPU process with an eager vLLM engine keeps torch.compile off (``allow_torch_compile``): each call
-    turns it on for itself only. Inside a region being compiled, ``fn`` is traced as written."""
-
-    @functools.cache
-    def kernel() -> Callable:
-        return torch.compile(fn, dynamic=True, options={"cpp.dynamic_threads": True})
+    turns it on for itself. Where the compilation fails, ``fn`` runs as written from then on (one warning).
+    Inside a region being compiled, ``fn`` is traced as written."""
+    state: Dict[str, Any] = {}
 
     @functools.wraps(fn)
     def run(*args):
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() or state.get("failed"):
             return fn(*args)
-        compiled_fn = kernel()
-        with torch.compiler.set_stance("default"), torch._dynamo.config.patch(disable=False):
-            return compiled_fn(*args)
+        if "kernel" not in state:
+            state["kernel"] = torch.compile(fn, dynamic=True, options={"cpp.dynamic_threads": True})
+        try:
+            with torch_compile_on():
+                return state["kernel"](*args)
+        except torch._dynamo.exc.BackendCompilerFailed as exc:
+            state["failed"] = True
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            log.warning("torch.compile could not build %s (%s): torch's version runs", fn.__name__, why)
+            return fn(*args)
 
     return run
 
