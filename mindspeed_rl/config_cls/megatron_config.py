@@ -40,14 +40,10 @@ class MegatronConfig:
         choices=(False, True, "auto"),
     )
     fp16: bool = opt(False, "Train in float16 with loss scaling.")
-    use_fused_rmsnorm: bool = opt(
-        False, "Fused RMSNorm kernel (NPU: MindSpeed; CUDA: TE's spec, else liger-kernel's; CPU: torch.compile's)."
-    )
-    use_fused_swiglu: bool = opt(
-        False, "Fused SwiGLU kernel (NPU: MindSpeed; CUDA: liger-kernel's; CPU: torch.compile's)."
-    )
+    use_fused_rmsnorm: bool = opt(False, "Fused RMSNorm (NPU: MindSpeed; CUDA: TE, liger-kernel; CPU: torch.compile)")
+    use_fused_swiglu: bool = opt(False, "Fused SwiGLU (NPU: MindSpeed; CUDA: liger-kernel; CPU: torch.compile).")
     use_fused_rotary_pos_emb: bool = opt(
-        False, "Fused RoPE kernel (NPU: MindSpeed; CUDA: TE's, else liger-kernel's; CPU: torch.compile's)."
+        False, "Fused RoPE (NPU: MindSpeed; CUDA: TE, else liger-kernel; CPU: torch.compile)."
     )
     use_flash_attn: bool = opt(False, "Flash attention where the device has it.")
     no_masked_softmax_fusion: bool = opt(False, "Disable the fused masked softmax.")
