@@ -28,7 +28,7 @@ import functools
 import logging
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 import torch
 from torch import nn
@@ -112,7 +112,8 @@ def rope_thd(t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, cp_
 
 
 _STANCE_LOCK = threading.Lock()
-_STANCE_USERS: List[Any] = []  # the stance set by the first of the threads inside a kernel call, restored by the last
+# the threads inside a kernel call, and the stance change the first of them made (undone by the last)
+_STANCE: Dict[str, Any] = {"threads": 0, "change": None}
 
 
 @contextmanager
@@ -120,7 +121,9 @@ def torch_compile_on() -> Iterator[None]:
     """torch.compile on for the calls inside, whatever the process set (``allow_torch_compile``). The stance is the
     process's: threads inside at once share one change, undone when the last one leaves."""
     with _STANCE_LOCK:
-        _STANCE_USERS.append(_STANCE_USERS[0] if _STANCE_USERS else torch.compiler.set_stance("default"))
+        if not _STANCE["threads"]:
+            _STANCE["change"] = torch.compiler.set_stance("default")
+        _STANCE["threads"] += 1
     try:
         # the dynamo flags are this thread's; each kernel's graphs (train and no-grad, fp32 and bf16, one per
         # head count or norm width) stay compiled well past the default limit of 8
@@ -128,9 +131,9 @@ def torch_compile_on() -> Iterator[None]:
             yield
     finally:
         with _STANCE_LOCK:
-            stance = _STANCE_USERS.pop()
-            if not _STANCE_USERS:
-                stance.__exit__(None, None, None)
+            _STANCE["threads"] -= 1
+            if not _STANCE["threads"]:
+                _STANCE["change"].__exit__(None, None, None)
 
 
 def compiled(fn: Callable) -> Callable:
@@ -151,7 +154,7 @@ def compiled(fn: Callable) -> Callable:
                 return state["kernel"](*args)
         except torch._dynamo.exc.BackendCompilerFailed as exc:
             state["failed"] = True
-            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            why = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             log.warning("torch.compile could not build %s (%s): torch's version runs", fn.__name__, why)
             return fn(*args)
 
@@ -227,7 +230,12 @@ class CompiledSwiGLU(nn.Module):
         return swiglu(y, self.offset, self.clamp)
 
 
-ROPE_HOOKS = {"liger-kernel": (rope_bshd, rope_thd), "torch.compile": (compiled_rope_bshd, compiled_rope_thd)}
+# each library's kernels: (norm module from a torch RMSNorm, gated activation from the MLP's config, padded RoPE
+# hook, packed RoPE hook)
+LIBRARIES = {
+    "liger-kernel": (FusedRMSNorm, lambda config: FusedSwiGLU(), rope_bshd, rope_thd),
+    "torch.compile": (CompiledRMSNorm, CompiledSwiGLU, compiled_rope_bshd, compiled_rope_thd),
+}
 
 
 def install_rope(by: str) -> None:
@@ -235,7 +243,7 @@ def install_rope(by: str) -> None:
     Engine has not; only models whose TransformerConfig sets ``apply_rope_fusion`` call it."""
     from megatron.core.models.common.embeddings import rope_utils
 
-    bshd, thd = ROPE_HOOKS[by]
+    _, _, bshd, thd = LIBRARIES[by]
     if rope_utils.fused_apply_rotary_pos_emb is None:
         rope_utils.fused_apply_rotary_pos_emb = bshd
     if rope_utils.fused_apply_rotary_pos_emb_thd is None:
@@ -246,15 +254,17 @@ def swap_modules(gpt: nn.Module, kernels: FusedKernels) -> None:
     """Swap ``gpt``'s torch RMSNorms and gated MLP activations for the fused ones of ``kernels.by``."""
     from megatron.core.transformer.mlp import MLP
 
-    compiled_ones = kernels.by == "torch.compile"
+    if not (kernels.rmsnorm or kernels.swiglu):
+        return
+    norm, activation, _, _ = LIBRARIES[kernels.by]
     for parent_name, parent in list(gpt.named_modules()):
         for name, child in list(parent.named_children()):
             if kernels.rmsnorm and type(child) is nn.RMSNorm and child.weight is not None:
-                setattr(parent, name, CompiledRMSNorm(child) if compiled_ones else FusedRMSNorm(child))
+                setattr(parent, name, norm(child))
         if kernels.swiglu and isinstance(parent, MLP):
             if not parent.config.gated_linear_unit:
                 raise ValueError(f"fused SwiGLU: {parent_name} is not a gated MLP")
-            parent.activation_func = CompiledSwiGLU(parent.config) if compiled_ones else FusedSwiGLU()
+            parent.activation_func = activation(parent.config)
 
 
 __all__ = [
