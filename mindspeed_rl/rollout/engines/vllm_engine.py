@@ -8,6 +8,7 @@ layer-wise ``reload_weights`` where the worker has it, else through the model's 
 
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -125,12 +126,22 @@ def kept_experts(model: ModelConfig, gen: GenerateConfig) -> Optional[FrozenSet[
     return frozenset(range(*owned_experts(model.num_experts, ep, rank % coupled_ranks(gen)))) | {-1}
 
 
+def freeze_heap() -> None:
+    """Take every object alive now out of the cyclic collector's rounds (``gc.freeze``, after one collection),
+    before an engine is built: vLLM collects the whole heap while it loads a model and freezes it once built, and
+    in a worker that holds torch, megatron-core and the training model that heap is ~700k objects (an engine built
+    in 1.2 s instead of 2.6 s on the 2-core CPU host). Reference counting still frees what is frozen."""
+    gc.collect()
+    gc.freeze()
+
+
 def text_llm(hf_dir: str, gen: GenerateConfig, seed: int = 0):
     """A vLLM engine of a HF folder as it is (its weights and tokenizer): text in, text out (the judge)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
 
     get_accelerator().prepare_vllm(compiled=not gen.enforce_eager)
+    freeze_heap()
     return LLM(model=hf_dir, tokenizer=hf_dir, **engine_kwargs(gen, seed))
 
 
@@ -196,6 +207,7 @@ class VllmEngine(RolloutEngine):
             kwargs["mamba_ssm_cache_dtype"] = "float32"
         if method is not None:  # FP8: quantized by vLLM when the (dummy) weights load, again at every reload
             kwargs["quantization"] = method
+        freeze_heap()
         with compat_vllm.engine_rank(coupled_ranks(gen), gen.infer_data_parallel_size):
             self.llm = LLM(**kwargs)
         self.weight_load_method = compat_vllm.weight_load_method(self.llm)
