@@ -6,8 +6,9 @@ A decode step multiplies `--rows` tokens (one per running sequence) by every wei
 fused QKV, the attention output, the fused gate-up and the down projection, then the LM head
 (`bench/ppo_iteration.py`'s shapes). The routes: torch's `F.linear` (MKL on x86), vLLM's CPU route (oneDNN with
 the weight packed once, `create_onednn_mm`) and MKL's packed GEMM (`_mkl_reorder_linear_weight`). Floors: the
-step's FLOPs at a large fp32 product's speed measured here, and its weights' bytes at the speed a large copy reads
-memory here. All fp32; the printed error is each route's largest difference from `F.linear`.
+step's FLOPs at a 2048^3 fp32 product's speed measured here (`bench/engine.py`'s `matmul_peak`), and its weights'
+bytes at the speed a large copy reads memory here. All fp32; the printed error is each route's largest difference
+from `F.linear`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from bench.engine import matmul_peak  # noqa: E402
 from bench.ppo_iteration import SHAPES  # noqa: E402
 
 
@@ -61,8 +63,7 @@ def main() -> None:
     flops = sum(2 * args.rows * w.numel() for w in weights)
     wbytes = sum(w.numel() * 4 for w in weights)
 
-    big = torch.randn(2048, 2048)
-    peak = 2 * 2048**3 / seconds([lambda: big @ big], 5)
+    peak = matmul_peak(torch.float32)
     stream = torch.randn(64 * 2**20)
     read = stream.numel() * 4 / seconds([lambda: stream.sum()], 5)
     print(
