@@ -4,11 +4,11 @@
 
 A decode step multiplies `--rows` tokens (one per running sequence) by every weight of the model: per layer the
 fused QKV, the attention output, the fused gate-up and the down projection, then the LM head
-(`bench/ppo_iteration.py`'s shapes). The routes: torch's `F.linear` (MKL on x86), vLLM's CPU route (oneDNN with
-the weight packed once, `create_onednn_mm`) and MKL's packed GEMM (`_mkl_reorder_linear_weight`). Floors: the
-step's FLOPs at a 2048^3 fp32 product's speed measured here (`bench/engine.py`'s `matmul_peak`), and its weights'
-bytes at the speed a large copy reads memory here. All fp32; the printed error is each route's largest difference
-from `F.linear`.
+(`bench/ppo_iteration.py`'s shapes, its `matmul_shapes`). The routes: torch's `F.linear` (MKL on x86), vLLM's CPU
+route (oneDNN with the weight packed once, `create_onednn_mm`) and MKL's packed GEMM (`_mkl_reorder_linear_weight`).
+Floors: the step's FLOPs at a 2048^3 fp32 product's speed measured here (`bench/engine.py`'s `matmul_peak`), and its
+weights' bytes at the speed a large copy reads memory here. All fp32; the printed error is each route's largest
+difference from `F.linear`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 import time
-from typing import Callable, List, Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -25,15 +25,7 @@ import torch.nn.functional as F
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from bench.engine import matmul_peak  # noqa: E402
-from bench.ppo_iteration import SHAPES  # noqa: E402
-
-
-def weight_shapes(shape: dict) -> List[tuple]:
-    """[out, in] of every product of a decode step."""
-    h, f = shape["hidden_size"], shape["ffn_hidden_size"]
-    kv = h // shape["num_attention_heads"] * shape["num_query_groups"]
-    layer = [(h + 2 * kv, h), (h, h), (2 * f, h), (h, f)]
-    return layer * shape["num_layers"] + [(shape["padded_vocab_size"], h)]
+from bench.ppo_iteration import SHAPES, matmul_shapes  # noqa: E402
 
 
 def seconds(calls: Sequence[Callable[[], torch.Tensor]], repeats: int) -> float:
@@ -58,7 +50,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    weights = [torch.randn(out, inp) * 0.02 for out, inp in weight_shapes(SHAPES[args.shape])]
+    weights = [torch.randn(out, inp) * 0.02 for out, inp in matmul_shapes(SHAPES[args.shape], "lm")]
     xs = [torch.randn(args.rows, w.shape[1]) for w in weights]
     flops = sum(2 * args.rows * w.numel() for w in weights)
     wbytes = sum(w.numel() * 4 for w in weights)

@@ -32,6 +32,7 @@ import os
 import statistics
 import sys
 import tempfile
+from typing import List, Tuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -93,12 +94,18 @@ LANES = {
 }
 
 
+def matmul_shapes(shape: dict, head: str) -> List[Tuple[int, int]]:
+    """[out, in] of every weight that takes part in matmuls, as the engines hold them: per layer the fused QKV, the
+    attention output, the fused gate-up and the down projection; then the output head (LM or value)."""
+    h, f = shape["hidden_size"], shape["ffn_hidden_size"]
+    kv = h // shape["num_attention_heads"] * shape["num_query_groups"]
+    layer = [(h + 2 * kv, h), (h, h), (2 * f, h), (h, f)]
+    return layer * shape["num_layers"] + [(shape["padded_vocab_size"] if head == "lm" else 1, h)]
+
+
 def matmul_weights(shape: dict, head: str) -> int:
     """Weights that take part in matmuls: every layer's projections and the output head (LM or value)."""
-    h, f, layers = shape["hidden_size"], shape["ffn_hidden_size"], shape["num_layers"]
-    kv = h // shape["num_attention_heads"] * shape["num_query_groups"]
-    per_layer = h * h + 2 * h * kv + h * h + 3 * h * f  # q, k, v, o; gate, up, down
-    return layers * per_layer + (h * shape["padded_vocab_size"] if head == "lm" else h)
+    return sum(out * inp for out, inp in matmul_shapes(shape, head))
 
 
 def iteration_flops(shape: dict, tokens: float, seq: float, old_log_probs: bool = True) -> float:
